@@ -1,0 +1,177 @@
+"""Loop detectors: repeated (exact and near-duplicate) tool calls, ping-pong delegation,
+step-budget exhaustion and duplicate side effects."""
+
+from __future__ import annotations
+
+import logging
+
+import duckdb
+import numpy as np
+import pandas as pd
+
+from analytics._evidence import EVIDENCE, THRESHOLD, TIMES
+from analytics.registry import register
+from analytics.sql_loader import run_sql
+from analytics.thresholds import current_threshold
+from analytics.types import Filters, Window
+
+logger = logging.getLogger(__name__)
+
+# A loop of failing calls needs 2 members (the same failure twice); a loop of calls that did not
+# fail needs 3 (re-checking something once is normal, a third near-identical call is not).
+MIN_FAILING_REPEATS = 2
+MIN_SUCCEEDING_REPEATS = 3
+MIN_PING_PONG_DELEGATIONS = 3
+
+
+def connected_components(n: int, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """Component label (smallest member index) of each of ``n`` nodes joined by edges.
+
+    Vectorised min-label propagation: each round pushes the smaller label across every edge.
+    """
+    labels = np.arange(n)
+    if len(left) == 0:
+        return labels
+    while True:
+        before = labels.copy()
+        low = np.minimum(labels[left], labels[right])
+        np.minimum.at(labels, left, low)
+        np.minimum.at(labels, right, low)
+        labels = labels[labels]
+        if np.array_equal(labels, before):
+            return labels
+
+
+def group_loops(calls: pd.DataFrame) -> pd.DataFrame:
+    """Turn candidate calls (with ``similar_later`` edges) into one row per loop."""
+    n = len(calls)
+    pairs = calls[["call_idx", "similar_later"]].explode("similar_later").dropna()
+    left = pairs["call_idx"].to_numpy(dtype=np.int64)
+    right = pairs["similar_later"].to_numpy(dtype=np.int64)
+    order = calls["call_idx"].to_numpy(dtype=np.int64)
+    position = np.empty(order.max() + 1 if n else 0, dtype=np.int64)
+    position[order] = np.arange(n)
+    labels = connected_components(n, position[left], position[right]) if n else np.array([], int)
+    calls = calls.assign(loop=labels)
+    sizes = calls.groupby("loop")["call_idx"].transform("size")
+    needed = np.where(calls["failing"], MIN_FAILING_REPEATS, MIN_SUCCEEDING_REPEATS)
+    members = calls[sizes >= needed].sort_values(["loop", "start_ns", "SpanId"])
+    if members.empty:
+        return pd.DataFrame(columns=_LOOP_COLUMNS)
+    grouped = members.groupby("loop", sort=False)
+    out = pd.DataFrame(
+        {
+            "trace_id": grouped["TraceId"].first(),
+            "span_ids": grouped["SpanId"].agg(list),
+            "run_id": grouped["run_id"].first(),
+            "agent": grouped["agent"].first(),
+            "tool_name": grouped["tool_name"].first(),
+            "kind": np.where(grouped["norm_args"].nunique() == 1, "exact", "near_duplicate"),
+            "failing": grouped["failing"].first(),
+            "calls": grouped.size(),
+            "distinct_arguments": grouped["norm_args"].nunique(),
+            "min_similarity": grouped["min_similarity"].min().astype(float),
+            "signature": grouped["norm_args"].first(),
+            "first_seen": grouped["Timestamp"].min(),
+            "last_seen": grouped["Timestamp"].max(),
+        }
+    )
+    return out.sort_values(["first_seen", "run_id", "tool_name"]).reset_index(drop=True)
+
+
+_LOOP_COLUMNS = [
+    "trace_id", "span_ids", "run_id", "agent", "tool_name", "kind", "failing", "calls",
+    "distinct_arguments", "min_similarity", "signature", "first_seen", "last_seen",
+]  # fmt: skip
+
+
+@register(
+    "repeated_calls",
+    description="Loops of repeated tool calls: identical or near-identical arguments, same outcome.",
+    columns={
+        **EVIDENCE,
+        "agent": "agent that repeated the call",
+        "tool_name": "tool called",
+        "kind": "'exact' (one normalized signature) or 'near_duplicate' (similar arguments)",
+        "failing": "True when every call in the loop failed (error, rejected or status Error)",
+        "calls": "number of calls in the loop",
+        "distinct_arguments": "distinct normalized argument strings in the loop",
+        "min_similarity": "lowest token-set Jaccard similarity that links a member, 0..1",
+        "signature": "normalized arguments of the first call (lower case, whitespace collapsed)",
+        **TIMES,
+        **THRESHOLD,
+    },
+    row="one loop (a group of repeated calls of one tool by one agent in one run)",
+    failure_mode="step repetition: the agent retries the same call without progress",
+    mast_category="specification issues",
+)
+def repeated_calls(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
+    """Exact and near-duplicate repeated tool calls, each loop reported once with its members."""
+    info = current_threshold(conn, "near_duplicate_similarity")
+    calls = run_sql(conn, "repeated_calls", window, filters, similarity=info.value)
+    out = group_loops(calls)
+    out["threshold"] = info.value
+    out["threshold_version"] = info.version
+    out["calibrated"] = info.calibrated
+    return out
+
+
+@register(
+    "ping_pong",
+    description="Delegations bouncing between the same two agents (A -> B -> A -> B ...).",
+    columns={
+        **EVIDENCE,
+        "agents": "the two agents",
+        "delegations": "consecutive delegations in the cycle",
+        "round_trips": "delegations // 2",
+        **TIMES,
+    },
+    row="one ping-pong cycle in one run",
+    failure_mode="delegation loop without progress",
+    mast_category="inter-agent misalignment",
+)
+def ping_pong(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
+    """Maximal alternating delegation sequences of at least three delegations."""
+    return run_sql(conn, "ping_pong", window, filters, min_delegations=MIN_PING_PONG_DELEGATIONS)
+
+
+@register(
+    "budget_exhaustion",
+    description="Agents that reached their step budget or were refused a step for budget.",
+    columns={
+        **EVIDENCE,
+        "agent": "agent that exhausted its budget",
+        "max_step": "highest driftscope.step reached",
+        "budget_max_steps": "step budget in force (driftscope.budget.max_steps)",
+        "budget_rejections": "steps refused with reject_reason = step_budget",
+        **TIMES,
+    },
+    row="one agent in one run that hit its step budget",
+    failure_mode="unaware of termination conditions",
+    mast_category="specification issues",
+)
+def budget_exhaustion(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
+    """Runs whose agents hit their step budget."""
+    return run_sql(conn, "budget_exhaustion", window, filters)
+
+
+@register(
+    "duplicate_side_effects",
+    description="Side effects executed more than once in a run (same idempotency key or arguments).",
+    columns={
+        **EVIDENCE,
+        "agents": "agents that executed it",
+        "tool_name": "side-effecting tool",
+        "matched_by": "'idempotency_key' or 'arguments'",
+        "idempotency_key": "shared idempotency key (matched_by = idempotency_key)",
+        "arguments": "normalized arguments (matched_by = arguments)",
+        "executions": "times it was executed",
+        **TIMES,
+    },
+    row="one repeated side effect in one run",
+    failure_mode="duplicate side effect (double send / double charge)",
+    mast_category="task verification",
+)
+def duplicate_side_effects(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
+    """Side effects executed twice or more, by key or by identical normalized arguments."""
+    return run_sql(conn, "duplicate_side_effects", window, filters)

@@ -1,0 +1,43 @@
+-- Shared fragment: one cell per (origin task, constraint, delegation span). The ledger of an
+-- origin task is every constraint id it declares (driftscope.constraints.ledger) or that any of
+-- its delegations carried or waived. A cell is carried / waived / missing; a missing cell is an
+-- unwaived drop unless the constraint was waived at the same or an earlier hop.
+SELECT * FROM (
+    WITH s AS ({filtered_spans}),
+    deleg AS (
+        SELECT * FROM s
+        WHERE op = 'delegate' AND origin_task_id IS NOT NULL AND hop IS NOT NULL
+          AND ($origin_task::VARCHAR IS NULL OR origin_task_id = $origin_task::VARCHAR)
+    ),
+    ledger AS (
+        SELECT DISTINCT origin_task_id, constraint_id FROM (
+            SELECT origin_task_id, unnest(constraints_ledger) AS constraint_id FROM s
+            WHERE origin_task_id IS NOT NULL AND constraints_ledger IS NOT NULL
+            UNION ALL
+            SELECT origin_task_id, unnest(constraints_carried) FROM deleg
+            WHERE constraints_carried IS NOT NULL
+            UNION ALL
+            SELECT origin_task_id, unnest(constraints_waived) FROM deleg
+            WHERE constraints_waived IS NOT NULL)
+    ),
+    cells AS (
+        SELECT l.origin_task_id, l.constraint_id, d.hop, d.TraceId, d.SpanId, d.run_id,
+               d.agent_id, d.delegate_to, d.Timestamp,
+               CASE WHEN list_contains(coalesce(d.constraints_carried, []), l.constraint_id) THEN 'carried'
+                    WHEN list_contains(coalesce(d.constraints_waived, []), l.constraint_id) THEN 'waived'
+                    ELSE 'missing' END AS status,
+               CASE WHEN list_contains(coalesce(d.constraints_waived, []), l.constraint_id)
+                    THEN d.waiver_reasons[list_position(d.constraints_waived, l.constraint_id)] END
+                   AS waiver_reason
+        FROM ledger l JOIN deleg d USING (origin_task_id)
+    ),
+    first_waiver AS (
+        SELECT origin_task_id, constraint_id, min(hop) AS waived_hop
+        FROM cells WHERE status = 'waived' GROUP BY ALL
+    )
+    SELECT c.*,
+           c.status = 'missing' AND (w.waived_hop IS NULL OR w.waived_hop > c.hop) AS unwaived_drop,
+           max(CASE WHEN c.status = 'carried' THEN c.hop END)
+               OVER (PARTITION BY c.origin_task_id, c.constraint_id) AS last_hop_seen
+    FROM cells c LEFT JOIN first_waiver w USING (origin_task_id, constraint_id)
+)

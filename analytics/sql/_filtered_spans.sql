@@ -1,0 +1,11 @@
+-- Shared filter fragment: spans in the window, of the service and run asked for, and (for an
+-- origin-task filter) of the runs that worked on that origin task. The agent filter is applied
+-- by each detector to its findings, because most findings involve several agents.
+SELECT *
+FROM spans
+WHERE ($since::TIMESTAMP IS NULL OR Timestamp >= $since::TIMESTAMP)
+  AND ($until::TIMESTAMP IS NULL OR Timestamp < $until::TIMESTAMP)
+  AND ($service::VARCHAR IS NULL OR ServiceName = $service::VARCHAR)
+  AND ($run::VARCHAR IS NULL OR run_id = $run::VARCHAR)
+  AND ($origin_task::VARCHAR IS NULL
+       OR run_id IN (SELECT run_id FROM spans WHERE origin_task_id = $origin_task::VARCHAR))

@@ -1,0 +1,21 @@
+-- One row per run (conversation id) with spans in the window, newest first.
+SELECT
+    run_id,
+    min(Timestamp)                                   AS first_seen,
+    max(Timestamp)                                   AS last_seen,
+    count(*)                                         AS spans,
+    count(DISTINCT TraceId)                          AS traces,
+    list_sort(list_distinct(list(agent_id) FILTER (WHERE agent_id IS NOT NULL))) AS agents,
+    list_sort(list_distinct(list(ServiceName)))      AS services,
+    count(*) FILTER (WHERE outcome = 'rejected')     AS rejected,
+    count(*) FILTER (WHERE outcome = 'error' OR StatusCode = 'Error') AS errors,
+    max(hop)                                         AS max_hop,
+    any_value(SpanAttributes['driftscope.scenario']) AS scenario
+FROM spans
+WHERE ($since IS NULL OR Timestamp >= $since)
+  AND ($until IS NULL OR Timestamp <= $until)
+  AND ($service IS NULL OR ServiceName = $service)
+  AND ($agent IS NULL OR agent_id = $agent)
+GROUP BY run_id
+ORDER BY last_seen DESC
+LIMIT $limit

@@ -1,0 +1,44 @@
+-- lost_updates: a successful write that replaced another agent's write which nobody else read,
+-- while being unversioned (no expected version) or based on an already superseded version.
+WITH s AS ({filtered_spans}),
+writes AS (
+    SELECT *,
+           lag(agent_id) OVER w AS prev_agent,
+           lag(state_version) OVER w AS prev_version,
+           lag(SpanId) OVER w AS prev_span,
+           lag(Timestamp) OVER w AS prev_ts,
+           lag(start_ns) OVER w AS prev_start_ns
+    FROM s
+    WHERE op = 'write' AND state_key IS NOT NULL AND coalesce(outcome, 'ok') = 'ok'
+      AND StatusCode <> 'Error'
+    WINDOW w AS (PARTITION BY run_id, state_key ORDER BY start_ns, SpanId)
+),
+lost AS (
+    SELECT o.*
+    FROM writes o
+    WHERE o.prev_span IS NOT NULL
+      AND o.prev_agent IS DISTINCT FROM o.agent_id
+      AND (o.state_expected_version IS NULL OR o.state_expected_version IS DISTINCT FROM o.prev_version)
+      AND NOT EXISTS (
+          SELECT 1 FROM s r
+          WHERE r.op = 'read' AND r.run_id = o.run_id AND r.state_key = o.state_key
+            AND r.state_version = o.prev_version
+            AND r.agent_id IS DISTINCT FROM o.prev_agent
+            AND r.start_ns > o.prev_start_ns AND r.start_ns < o.start_ns)
+)
+SELECT TraceId AS trace_id,
+       [prev_span, SpanId] AS span_ids,
+       run_id,
+       [prev_agent, agent_id] AS agents,
+       state_key,
+       agent_id AS agent,
+       state_version AS written_version,
+       state_expected_version AS expected_version,
+       CASE WHEN state_expected_version IS NULL THEN 'unversioned' ELSE 'stale_base' END AS kind,
+       prev_agent AS clobbered_agent,
+       prev_version AS clobbered_version,
+       prev_ts AS first_seen,
+       Timestamp AS last_seen
+FROM lost
+WHERE $agent::VARCHAR IS NULL OR $agent::VARCHAR IN (agent_id, prev_agent)
+ORDER BY first_seen, state_key

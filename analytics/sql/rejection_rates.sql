@@ -1,0 +1,32 @@
+-- rejection_rates: guarded calls (spans with driftscope.outcome) per tool, state key, agent and
+-- time bucket. Rejections (a guard refused) are counted apart from errors (the tool failed).
+WITH s AS ({filtered_spans}),
+calls AS (
+    SELECT time_bucket(to_seconds($bucket_seconds::BIGINT), Timestamp) AS bucket_start,
+           coalesce(tool_name, SpanName) AS tool_name, state_key, agent_id,
+           outcome, SpanId, run_id, Timestamp
+    FROM s
+    WHERE outcome IS NOT NULL
+      AND ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
+),
+buckets AS (
+    SELECT bucket_start, tool_name, state_key, agent_id AS agent,
+           count(*) AS attempts,
+           count(*) FILTER (WHERE outcome = 'rejected') AS rejections,
+           count(*) FILTER (WHERE outcome = 'error') AS errors,
+           coalesce(list_sort(list(SpanId) FILTER (WHERE outcome = 'rejected')), []::VARCHAR[]) AS span_ids,
+           list_sort(list(DISTINCT run_id)) AS run_ids,
+           min(Timestamp) AS first_seen,
+           max(Timestamp) AS last_seen
+    FROM calls
+    GROUP BY ALL
+)
+SELECT *,
+       rejections / attempts AS rejection_rate,
+       errors / attempts AS error_rate,
+       CASE WHEN count(*) OVER g > 1
+            THEN coalesce(regr_slope(rejections / attempts, epoch(bucket_start)) OVER g * 3600, 0.0)
+            ELSE 0.0 END AS trend_per_hour
+FROM buckets
+WINDOW g AS (PARTITION BY tool_name, state_key, agent)
+ORDER BY tool_name, state_key NULLS FIRST, agent NULLS FIRST, bucket_start

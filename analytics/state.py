@@ -1,0 +1,121 @@
+"""Shared-state detectors: divergent reads, lost updates, rejection rates."""
+
+from __future__ import annotations
+
+import logging
+
+import duckdb
+import pandas as pd
+
+from analytics._evidence import EVIDENCE, THRESHOLD, TIMES
+from analytics.registry import register
+from analytics.sql_loader import filter_params, load_sql, query_df, run_sql
+from analytics.thresholds import current_threshold
+from analytics.types import Filters, Window
+
+logger = logging.getLogger(__name__)
+
+_BUCKETS_S = (60, 300, 900, 3600, 6 * 3600, 86400, 7 * 86400)
+_MAX_BUCKETS = 48
+
+
+@register(
+    "divergent_reads",
+    description="Agents that held different versions of the same state key at the same time.",
+    columns={
+        **EVIDENCE,
+        "agents": "the two agents, [agent_a, agent_b]",
+        "state_key": "shared-state key (driftscope.state.key)",
+        "agent_a": "first agent",
+        "version_a": "version agent_a read",
+        "agent_b": "second agent",
+        "version_b": "version agent_b read",
+        "overlap_s": "longest time both held their versions at once, seconds",
+        **TIMES,
+    },
+    row="one pair of agents x pair of versions of one key in one run",
+    failure_mode="acting on stale or inconsistent shared state",
+    mast_category="inter-agent misalignment",
+)
+def divergent_reads(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
+    """Reads by different agents that saw different versions while both were still acting."""
+    return run_sql(conn, "divergent_reads", window, filters)
+
+
+@register(
+    "lost_updates",
+    description="Writes that silently replaced another agent's unread write.",
+    columns={
+        **EVIDENCE,
+        "agents": "[clobbered writer, clobbering writer]",
+        "state_key": "shared-state key",
+        "agent": "agent whose write clobbered the other",
+        "written_version": "version token after the clobbering write",
+        "expected_version": "base version of the clobbering write (None = unversioned)",
+        "kind": "'unversioned' or 'stale_base' (based on a superseded version)",
+        "clobbered_agent": "agent whose write was lost",
+        "clobbered_version": "version that was lost",
+        **TIMES,
+    },
+    row="one clobbering write (and the write it replaced)",
+    failure_mode="lost update: concurrent writes without version check",
+    mast_category="inter-agent misalignment",
+)
+def lost_updates(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
+    """Unversioned or stale-based writes that replaced another agent's write nobody read."""
+    return run_sql(conn, "lost_updates", window, filters)
+
+
+def choose_bucket_seconds(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> int:
+    """Smallest standard bucket (1 min .. 1 week) giving at most 48 buckets over the data."""
+    params = filter_params(window, filters)
+    sql = "SELECT min(Timestamp), max(Timestamp) FROM ({filtered_spans}) WHERE outcome IS NOT NULL"
+    sql = sql.replace("{filtered_spans}", load_sql("_filtered_spans"))
+    frame = query_df(conn, sql, params)
+    start = window.since if window.since is not None else frame.iloc[0, 0]
+    end = window.until if window.until is not None else frame.iloc[0, 1]
+    if start is None or end is None or pd.isna(start) or pd.isna(end):
+        return _BUCKETS_S[0]
+    span_s = max((pd.Timestamp(end) - pd.Timestamp(start)).total_seconds(), 1.0)
+    for seconds in _BUCKETS_S:
+        if span_s / seconds <= _MAX_BUCKETS:
+            return seconds
+    return _BUCKETS_S[-1]
+
+
+@register(
+    "rejection_rates",
+    description="Guarded-call rejections / attempts by tool, key, agent and time bucket, with trend.",
+    columns={
+        "bucket_start": "start of the time bucket (naive UTC)",
+        "bucket_seconds": "bucket width, seconds",
+        "tool_name": "tool (or span name) of the guarded call",
+        "state_key": "state key of the call, None if not a state operation",
+        "agent": "calling agent",
+        "attempts": "guarded calls in the bucket (spans with driftscope.outcome)",
+        "rejections": "calls a guard refused (outcome = rejected)",
+        "errors": "calls where the tool failed (outcome = error); not rejections",
+        "rejection_rate": "rejections / attempts, 0..1",
+        "error_rate": "errors / attempts, 0..1",
+        "trend_per_hour": "least-squares slope of rejection_rate over the buckets, per hour",
+        **THRESHOLD,
+        "over_threshold": "rejection_rate above the threshold",
+        "span_ids": "SpanId of the rejected calls",
+        "run_ids": "runs with calls in the bucket",
+        **TIMES,
+    },
+    row="one tool x key x agent x time bucket",
+    failure_mode="guards refusing calls: agents repeatedly act on stale or invalid state",
+    mast_category="inter-agent misalignment",
+)
+def rejection_rates(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
+    """Rejection and error rates of guarded calls per bucket, flagged against the threshold."""
+    bucket_seconds = choose_bucket_seconds(conn, window, filters)
+    frame = run_sql(conn, "rejection_rates", window, filters, bucket_seconds=bucket_seconds)
+    info = current_threshold(conn, "rejection_rate")
+    frame["bucket_seconds"] = bucket_seconds
+    frame["threshold"] = info.value
+    frame["threshold_version"] = info.version
+    frame["calibrated"] = info.calibrated
+    frame["over_threshold"] = frame["rejection_rate"] > info.value
+    return frame

@@ -1,0 +1,113 @@
+"""Versioned thresholds with provenance (table ``thresholds``); detectors use the newest.
+
+Until a threshold is calibrated, its default below is in force and every result that uses it
+says so (``calibrated = False``, ``threshold_version = 0``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import duckdb
+
+logger = logging.getLogger(__name__)
+
+# Defaults in force until calibrated. The goal-divergence default only suits short, clean task
+# statements; calibrate it on your own crews (labelled pairs or a healthy baseline window).
+DEFAULTS: dict[str, tuple[float, str]] = {
+    "goal_divergence": (
+        0.45,
+        "uncalibrated default 0.45 (1 - cosine, all-MiniLM-L6-v2); only suits short, clean task "
+        "statements - run `driftscope calibrate`",
+    ),
+    "near_duplicate_similarity": (
+        0.75,
+        "uncalibrated default 0.75 (token-set Jaccard of normalized tool arguments)",
+    ),
+    "rejection_rate": (
+        0.25,
+        "uncalibrated default 0.25 (rejected / attempted guarded calls per bucket)",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ThresholdInfo:
+    """The threshold in force: value, version (0 = default), method, provenance JSON text."""
+
+    value: float
+    version: int
+    method: str
+    provenance: str
+    calibrated: bool
+
+
+def default_threshold(name: str) -> ThresholdInfo:
+    """The uncalibrated default for ``name`` (raises ``KeyError`` for unknown names)."""
+    value, note = DEFAULTS[name]
+    return ThresholdInfo(value, 0, "default", json.dumps({"note": note}), False)
+
+
+def current_threshold(conn: duckdb.DuckDBPyConnection, name: str) -> ThresholdInfo:
+    """The newest stored threshold for ``name``, else its uncalibrated default."""
+    row = conn.execute(
+        "SELECT value, version, method, provenance FROM thresholds WHERE name = ? "
+        "ORDER BY version DESC LIMIT 1",
+        [name],
+    ).fetchone()
+    if row is None:
+        return default_threshold(name)
+    value, version, method, provenance = row
+    return ThresholdInfo(float(value), int(version), method, provenance, method != "default")
+
+
+def store_threshold(
+    conn: duckdb.DuckDBPyConnection,
+    name: str,
+    value: float,
+    method: str,
+    provenance: dict[str, Any],
+) -> ThresholdInfo:
+    """Store a new version of threshold ``name``; return what is now in force."""
+    provenance = dict(provenance)
+    provenance.setdefault("created_at", datetime.now(UTC).isoformat())
+    text = json.dumps(provenance, sort_keys=True, default=str)
+    conn.execute("BEGIN TRANSACTION")
+    try:
+        (version,) = conn.execute(
+            "SELECT coalesce(max(version), 0) + 1 FROM thresholds WHERE name = ?", [name]
+        ).fetchone()
+        conn.execute(
+            "INSERT INTO thresholds VALUES (?, ?, ?, ?, ?, now()::TIMESTAMP)",
+            [name, version, float(value), method, text],
+        )
+        conn.execute("COMMIT")
+    except Exception:
+        conn.execute("ROLLBACK")
+        raise
+    logger.info("stored threshold %s v%s = %.4f (%s)", name, version, value, method)
+    return ThresholdInfo(float(value), int(version), method, text, method != "default")
+
+
+def list_thresholds(conn: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
+    """Every threshold in force (newest stored version, or the default), one dict per name."""
+    names = set(DEFAULTS)
+    names.update(row[0] for row in conn.execute("SELECT DISTINCT name FROM thresholds").fetchall())
+    out = []
+    for name in sorted(names):
+        info = current_threshold(conn, name)
+        out.append(
+            {
+                "name": name,
+                "value": info.value,
+                "version": info.version,
+                "method": info.method,
+                "calibrated": info.calibrated,
+                "provenance": info.provenance,
+            }
+        )
+    return out
