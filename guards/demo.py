@@ -1,0 +1,105 @@
+"""Stream the simulator's scripted crews to a running collector over OTLP/HTTP.
+
+``run_demo`` is what ``driftscope demo`` and ``driftscope up --demo`` call. Each run gets fresh
+ids (seeded from the current time) so repeated demos add new runs instead of duplicating spans.
+Without ``live`` every run is sent in one request with timestamps starting now; with ``live`` the
+spans are exported one by one as they end, at a pace a person can watch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from guards.embedding import SentenceTransformerEmbedder
+from guards.simulator.catalog import SCENARIOS, VARIANTS, run_scenario
+from guards.simulator.runtime import FakeClock, PacedClock
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_ENDPOINT = "http://127.0.0.1:4318"
+LIVE_PACE_S = 0.25
+
+
+def traces_url(endpoint: str | None) -> str:
+    """The OTLP/HTTP traces URL for a collector base URL (``/v1/traces`` appended if missing)."""
+    base = endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or DEFAULT_ENDPOINT
+    base = base.rstrip("/")
+    return base if base.endswith("/v1/traces") else f"{base}/v1/traces"
+
+
+class _ResultCountingExporter(SpanExporter):
+    """Forwards to the real exporter and remembers whether every export succeeded."""
+
+    def __init__(self, inner: SpanExporter):
+        self.inner = inner
+        self.failures = 0
+        self.exported = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        result = self.inner.export(spans)
+        if result is SpanExportResult.SUCCESS:
+            self.exported += len(spans)
+        else:
+            self.failures += 1
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.inner.force_flush(timeout_millis)
+
+
+def run_demo(
+    endpoint: str | None,
+    scenario: str | None,
+    live: bool,
+    *,
+    token: str | None = None,
+    pace_s: float = LIVE_PACE_S,
+) -> int:
+    """Send every scenario (or only ``scenario``), guarded and unguarded, to ``endpoint``.
+
+    Returns 0 when every export succeeded, 1 otherwise. Raises ``ValueError`` for an unknown
+    scenario name.
+    """
+    if scenario is not None and scenario not in SCENARIOS:
+        raise ValueError(f"Unknown scenario {scenario!r}; expected one of: {', '.join(SCENARIOS)}")
+    url = traces_url(endpoint)
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    names = [scenario] if scenario else list(SCENARIOS)
+    embedder = SentenceTransformerEmbedder()
+    seed_base = time.time_ns() // 1000
+    failures = 0
+    for index, name in enumerate(n for n in names for _ in VARIANTS):
+        variant = VARIANTS[index % len(VARIANTS)]
+        exporter = _ResultCountingExporter(OTLPSpanExporter(endpoint=url, headers=headers, timeout=10))
+        seed = seed_base + index
+        if live:
+            run, spans = run_scenario(
+                name, variant, seed=seed, clock=PacedClock(pace_s), exporters=[exporter], embedder=embedder
+            )
+        else:
+            run, spans = run_scenario(
+                name, variant, seed=seed, clock=FakeClock(time.time_ns(), 20_000_000), embedder=embedder
+            )
+            exporter.export(spans)
+            exporter.shutdown()
+        failures += exporter.failures
+        logger.info(
+            "%s %s: run %s, %d spans sent to %s%s",
+            name,
+            variant,
+            run.run_id,
+            exporter.exported,
+            url,
+            f" ({exporter.failures} failed exports)" if exporter.failures else "",
+        )
+    return 0 if failures == 0 else 1
