@@ -1,0 +1,367 @@
+"""Decode OTLP trace payloads (protobuf or OTLP JSON) into storage rows.
+
+Pure functions: bytes or a parsed ``ExportTraceServiceRequest`` in, a ``DecodedBatch`` out. No I/O.
+Spans that fail validation inside an otherwise good request are counted as rejected with a
+message (OTLP ``partial_success``); a payload that cannot be decoded at all raises
+``DecodeError`` (HTTP 400 / gRPC INVALID_ARGUMENT).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError as _ProtoDecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from collector.conventions import COORDINATION_COLUMNS, map_coordination
+
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+
+SPAN_KINDS = ("Unspecified", "Internal", "Server", "Client", "Producer", "Consumer")
+STATUS_CODES = ("Unset", "Ok", "Error")
+
+# Columns of `spans` in table order (collector/migrations/0001_initial.sql).
+OTEL_COLUMNS = (
+    "Timestamp",
+    "TraceId",
+    "SpanId",
+    "ParentSpanId",
+    "TraceState",
+    "SpanName",
+    "SpanKind",
+    "ServiceName",
+    "ResourceAttributes",
+    "ScopeName",
+    "ScopeVersion",
+    "SpanAttributes",
+    "Duration",
+    "StatusCode",
+    "StatusMessage",
+    "Events",
+    "Links",
+    "start_ns",
+    "end_ns",
+)
+SPAN_COLUMNS = OTEL_COLUMNS + COORDINATION_COLUMNS + ("ingested_at",)
+
+_MAX_NS = 2**63 - 1
+_ZERO_TRACE = b"\x00" * 16
+_ZERO_SPAN = b"\x00" * 8
+_ID_FIELDS = ("traceId", "spanId", "parentSpanId")
+
+
+class DecodeError(ValueError):
+    """The payload as a whole could not be decoded; the message says what was wrong."""
+
+
+@dataclass(frozen=True)
+class DecodeLimits:
+    """Bounds on hostile values (issue: reliability)."""
+
+    max_attribute_bytes: int = 64 * 1024
+    max_depth: int = 8
+    max_array_items: int = 1000
+
+
+@dataclass
+class DecodedBatch:
+    """Rows of one request, column-wise, plus what was rejected and why."""
+
+    columns: dict[str, list] = field(default_factory=lambda: {c: [] for c in SPAN_COLUMNS})
+    accepted: int = 0
+    rejected: int = 0
+    errors: list[str] = field(default_factory=list)
+    payload_bytes: int = 0
+
+    @property
+    def error_message(self) -> str:
+        """One message for ``partial_success.error_message``: the first few distinct reasons."""
+        if not self.errors:
+            return ""
+        distinct = list(dict.fromkeys(self.errors))
+        more = len(self.errors) - 5 if len(distinct) > 5 else 0
+        text = "; ".join(distinct[:5])
+        return f"{self.rejected} span(s) rejected: {text}" + (f" (and {more} more)" if more else "")
+
+
+def parse_protobuf(payload: bytes) -> ExportTraceServiceRequest:
+    """Parse a binary ``ExportTraceServiceRequest``; raise ``DecodeError`` saying why not."""
+    request = ExportTraceServiceRequest()
+    try:
+        request.ParseFromString(payload)
+    except (_ProtoDecodeError, RuntimeError, ValueError) as exc:
+        raise DecodeError(
+            f"Could not decode the body as an OTLP ExportTraceServiceRequest protobuf ({exc}); "
+            "check that Content-Type matches the encoding and the body is not truncated"
+        ) from exc
+    return request
+
+
+def _hex_to_b64(value: Any, where: str, bad: list[str]) -> str:
+    if not isinstance(value, str):
+        bad.append(f"{where} must be a hex string, got {type(value).__name__}")
+        return ""
+    try:
+        raw = bytes.fromhex(value)
+    except ValueError:
+        bad.append(f"{where} {value[:40]!r} is not hex")
+        return base64.b64encode(b"\xff").decode()  # fails the length check below
+    return base64.b64encode(raw).decode()
+
+
+def _rewrite_ids(node: dict, where: str, bad: list[str]) -> None:
+    for key in _ID_FIELDS:
+        if key in node and node[key] is not None:
+            node[key] = _hex_to_b64(node[key], f"{where}.{key}", bad)
+
+
+def parse_json(payload: bytes) -> tuple[ExportTraceServiceRequest, list[str]]:
+    """Parse an OTLP JSON ``ExportTraceServiceRequest`` (hex ids, lowerCamelCase, int enums).
+
+    Returns the message and the id problems found (those spans are rejected later, the rest
+    kept). Raises ``DecodeError`` for a body that is not OTLP JSON.
+    """
+    try:
+        document = json.loads(payload)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise DecodeError(f"Body is not valid JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise DecodeError(
+            f"Expected a JSON object (an ExportTraceServiceRequest), got {type(document).__name__}"
+        )
+    bad: list[str] = []
+    resource_spans = document.get("resourceSpans", document.get("resource_spans")) or []
+    if not isinstance(resource_spans, list):
+        raise DecodeError("resourceSpans must be a JSON array")
+    for r_index, rs in enumerate(resource_spans):
+        if not isinstance(rs, dict):
+            continue
+        for s_index, ss in enumerate(rs.get("scopeSpans", rs.get("scope_spans")) or []):
+            if not isinstance(ss, dict):
+                continue
+            for p_index, span in enumerate(ss.get("spans") or []):
+                if not isinstance(span, dict):
+                    continue
+                where = f"resourceSpans[{r_index}].scopeSpans[{s_index}].spans[{p_index}]"
+                _rewrite_ids(span, where, bad)
+                for link in span.get("links") or []:
+                    if isinstance(link, dict):
+                        _rewrite_ids(link, f"{where}.links", bad)
+    try:
+        request = json_format.ParseDict(document, ExportTraceServiceRequest(), ignore_unknown_fields=True)
+    except (json_format.ParseError, TypeError, ValueError, AttributeError) as exc:
+        raise DecodeError(f"Body is not a valid OTLP JSON ExportTraceServiceRequest: {exc}") from exc
+    return request, bad
+
+
+def _truncate(text: str, limits: DecodeLimits) -> str:
+    encoded = text.encode("utf-8", "surrogatepass")
+    if len(encoded) <= limits.max_attribute_bytes:
+        return text.replace("\x00", "\ufffd") if "\x00" in text else text
+    cut = encoded[: limits.max_attribute_bytes].decode("utf-8", "ignore")
+    return cut.replace("\x00", "\ufffd") + f"...[truncated {len(encoded) - len(cut.encode())} bytes]"
+
+
+def any_value(value, limits: DecodeLimits, depth: int = 0) -> Any:
+    """Convert an OTLP ``AnyValue`` to a Python value, cutting depth, size and array length."""
+    kind = value.WhichOneof("value")
+    if kind == "string_value":
+        return _truncate(value.string_value, limits)
+    if kind == "int_value":
+        return value.int_value
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "double_value":
+        number = value.double_value
+        return number if math.isfinite(number) else str(number)
+    if kind == "bytes_value":
+        return base64.b64encode(value.bytes_value[: limits.max_attribute_bytes]).decode()
+    if kind in ("array_value", "kvlist_value"):
+        if depth >= limits.max_depth:
+            return f"[truncated: nesting deeper than {limits.max_depth}]"
+        if kind == "array_value":
+            items = value.array_value.values
+            out = [any_value(v, limits, depth + 1) for v in items[: limits.max_array_items]]
+            if len(items) > limits.max_array_items:
+                out.append(f"[truncated {len(items) - limits.max_array_items} items]")
+            return out
+        return {
+            _truncate(kv.key, limits): any_value(kv.value, limits, depth + 1)
+            for kv in value.kvlist_value.values[: limits.max_array_items]
+        }
+    return None
+
+
+def attributes_to_dict(key_values, limits: DecodeLimits) -> dict[str, Any]:
+    """Convert repeated ``KeyValue`` to a dict (last duplicate key wins, as in the SDKs)."""
+    return {_truncate(kv.key, limits): any_value(kv.value, limits) for kv in key_values}
+
+
+def _as_string_map(attrs: dict[str, Any]) -> list[tuple[str, str]]:
+    out = []
+    for key, value in attrs.items():
+        if isinstance(value, str):
+            out.append((key, value))
+        elif isinstance(value, bool):
+            out.append((key, "true" if value else "false"))
+        elif value is None:
+            out.append((key, ""))
+        else:
+            out.append((key, json.dumps(value, ensure_ascii=False, separators=(",", ":"))))
+    return out
+
+
+def _check_span(span) -> str | None:
+    trace_id, span_id, parent = span.trace_id, span.span_id, span.parent_span_id
+    if len(trace_id) != 16 or trace_id == _ZERO_TRACE:
+        return f"span {span.name[:60]!r}: trace_id must be 16 non-zero bytes, got {len(trace_id)} bytes"
+    if len(span_id) != 8 or span_id == _ZERO_SPAN:
+        return f"span {span.name[:60]!r}: span_id must be 8 non-zero bytes, got {len(span_id)} bytes"
+    if len(parent) not in (0, 8):
+        return f"span {span.name[:60]!r}: parent_span_id must be empty or 8 bytes, got {len(parent)} bytes"
+    start, end = span.start_time_unix_nano, span.end_time_unix_nano
+    if start == 0:
+        return f"span {span.name[:60]!r}: start_time_unix_nano is 0 (unset)"
+    if start > _MAX_NS or end > _MAX_NS:
+        return f"span {span.name[:60]!r}: timestamp beyond year 2262 (nanoseconds overflow int64)"
+    if end < start:
+        return f"span {span.name[:60]!r}: end_time_unix_nano {end} is before start_time_unix_nano {start}"
+    return None
+
+
+def _events_json(span, limits: DecodeLimits) -> str:
+    if not span.events:
+        return "[]"
+    events = [
+        {
+            "Timestamp": e.time_unix_nano,
+            "Name": _truncate(e.name, limits),
+            "Attributes": attributes_to_dict(e.attributes, limits),
+        }
+        for e in span.events[: limits.max_array_items]
+    ]
+    return json.dumps(events, ensure_ascii=False, separators=(",", ":"))
+
+
+def _links_json(span, limits: DecodeLimits) -> str:
+    if not span.links:
+        return "[]"
+    links = [
+        {
+            "TraceId": link.trace_id.hex(),
+            "SpanId": link.span_id.hex(),
+            "TraceState": link.trace_state,
+            "Attributes": attributes_to_dict(link.attributes, limits),
+        }
+        for link in span.links[: limits.max_array_items]
+    ]
+    return json.dumps(links, ensure_ascii=False, separators=(",", ":"))
+
+
+def decode_export_request(
+    request: ExportTraceServiceRequest,
+    limits: DecodeLimits = DecodeLimits(),
+    now: datetime | None = None,
+    id_errors: list[str] | None = None,
+) -> DecodedBatch:
+    """Turn a parsed request into column-wise rows for `spans` (validated, mapped, bounded)."""
+    batch = DecodedBatch()
+    cols = batch.columns
+    ingested_at = (now or datetime.now(UTC)).replace(tzinfo=None)
+    for resource_spans in request.resource_spans:
+        resource = attributes_to_dict(resource_spans.resource.attributes, limits)
+        service = resource.get("service.name")
+        service = service if isinstance(service, str) and service else "unknown_service"
+        resource_map = _as_string_map(resource)
+        for scope_spans in resource_spans.scope_spans:
+            scope_name = _truncate(scope_spans.scope.name, limits)
+            scope_version = _truncate(scope_spans.scope.version, limits)
+            for span in scope_spans.spans:
+                problem = _check_span(span)
+                if problem:
+                    batch.rejected += 1
+                    batch.errors.append(problem)
+                    continue
+                attrs = attributes_to_dict(span.attributes, limits)
+                start, end = span.start_time_unix_nano, span.end_time_unix_nano
+                trace_hex = span.trace_id.hex()
+                cols["Timestamp"].append(start // 1000)
+                cols["TraceId"].append(trace_hex)
+                cols["SpanId"].append(span.span_id.hex())
+                cols["ParentSpanId"].append(span.parent_span_id.hex())
+                cols["TraceState"].append(span.trace_state)
+                cols["SpanName"].append(_truncate(span.name, limits))
+                kind = span.kind
+                cols["SpanKind"].append(SPAN_KINDS[kind] if 0 <= kind < len(SPAN_KINDS) else "Unspecified")
+                cols["ServiceName"].append(service)
+                cols["ResourceAttributes"].append(resource_map)
+                cols["ScopeName"].append(scope_name)
+                cols["ScopeVersion"].append(scope_version)
+                cols["SpanAttributes"].append(_as_string_map(attrs))
+                cols["Duration"].append(end - start)
+                code = span.status.code
+                cols["StatusCode"].append(STATUS_CODES[code] if 0 <= code < 3 else "Unset")
+                cols["StatusMessage"].append(_truncate(span.status.message, limits))
+                cols["Events"].append(_events_json(span, limits))
+                cols["Links"].append(_links_json(span, limits))
+                cols["start_ns"].append(start)
+                cols["end_ns"].append(end)
+                mapped = map_coordination(attrs, resource)
+                if mapped["run_id"] is None:
+                    mapped["run_id"] = trace_hex
+                for column in COORDINATION_COLUMNS:
+                    cols[column].append(mapped[column])
+                cols["ingested_at"].append(ingested_at)
+                batch.accepted += 1
+    if id_errors:
+        # JSON ids that were not hex fail the length check above; say the real cause first.
+        batch.errors = id_errors + batch.errors
+    return batch
+
+
+def decode_payload(
+    payload: bytes, content_type: str, limits: DecodeLimits = DecodeLimits(), now: datetime | None = None
+) -> DecodedBatch:
+    """Decode an OTLP/HTTP trace body by content type (``PROTOBUF`` or ``JSON``)."""
+    if content_type == PROTOBUF:
+        batch = decode_export_request(parse_protobuf(payload), limits, now)
+    elif content_type == JSON:
+        request, id_errors = parse_json(payload)
+        batch = decode_export_request(request, limits, now, id_errors)
+    else:
+        raise DecodeError(f"Unsupported content type {content_type!r}; use {PROTOBUF} or {JSON}")
+    batch.payload_bytes = len(payload)
+    return batch
+
+
+def encode_hex_ids(document: dict) -> dict:
+    """Rewrite base64 ids of a ``MessageToDict`` result to OTLP JSON's hex (for writers/tests)."""
+
+    def fix(node: dict) -> None:
+        for key in _ID_FIELDS:
+            if node.get(key):
+                try:
+                    node[key] = base64.b64decode(node[key]).hex()
+                except (binascii.Error, ValueError):
+                    pass
+
+    for rs in document.get("resourceSpans", []):
+        for ss in rs.get("scopeSpans", []):
+            for span in ss.get("spans", []):
+                fix(span)
+                for link in span.get("links", []):
+                    fix(link)
+    return document
+
+
+def timestamp_of(start_ns: int) -> datetime:
+    """The `Timestamp` column value for a start time in ns (naive UTC, microseconds)."""
+    return datetime.fromtimestamp(start_ns / 1e9, UTC).replace(tzinfo=None)

@@ -1,0 +1,180 @@
+"""OTLP/HTTP receiver: POST /v1/traces (protobuf + JSON, gzip), /v1/metrics and /v1/logs.
+
+Decodes into the shared ``DecodedBatch`` form and hands it to the same ``IngestQueue.submit``
+the gRPC receiver uses; it never touches storage. Answers only after the writer has committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import zlib
+from dataclasses import dataclass
+
+from google.protobuf import json_format
+from google.rpc import status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from collector.auth import token_matches
+from collector.decode import JSON, PROTOBUF, DecodedBatch, DecodeError, DecodeLimits, decode_payload
+from collector.stats import IngestStats
+from collector.writer import IngestQueue, QueueFullError, ShuttingDownError, StoreUnavailableError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReceiverConfig:
+    """What both receivers need to know: limits and the optional token."""
+
+    max_body_bytes: int = 64 * 1024 * 1024
+    token: str | None = None
+    limits: DecodeLimits = DecodeLimits()
+
+
+class BodyTooLargeError(ValueError):
+    pass
+
+
+def _status_body(content_type: str, code: int, message: str) -> bytes:
+    """A google.rpc.Status body in the request's encoding, as OTLP/HTTP asks for errors."""
+    status = status_pb2.Status(code=code, message=message)
+    if content_type == PROTOBUF:
+        return status.SerializeToString()
+    return json.dumps({"code": code, "message": message}).encode()
+
+
+def _error(content_type: str, http_status: int, grpc_code: int, message: str, headers=None) -> Response:
+    media = PROTOBUF if content_type == PROTOBUF else JSON
+    return Response(
+        _status_body(media, grpc_code, message), status_code=http_status, media_type=media, headers=headers
+    )
+
+
+def gunzip_bounded(data: bytes, limit: int) -> bytes:
+    """Decompress gzip ``data``; raise ``BodyTooLargeError`` past ``limit`` bytes (gzip bombs)."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(data, limit + 1)
+    except zlib.error as exc:
+        raise DecodeError(f"Content-Encoding is gzip but the body is not valid gzip: {exc}") from exc
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise BodyTooLargeError(f"decompressed body exceeds the {limit}-byte limit")
+    if not inflater.eof:
+        raise DecodeError("Content-Encoding is gzip but the gzip stream is truncated")
+    return out
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLargeError(f"body of {declared} bytes exceeds the {limit}-byte limit")
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLargeError(f"body exceeds the {limit}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def build_ingest_routes(queue: IngestQueue, config: ReceiverConfig, stats: IngestStats) -> list[Route]:
+    """Starlette routes for the OTLP/HTTP endpoints, bound to ``queue``."""
+
+    async def receive(request: Request) -> tuple[str, bytes] | Response:
+        media = _media_type(request)
+        if not token_matches(request.headers.get("authorization"), config.token):
+            stats.add("http_unauthenticated")
+            return _error(media, 401, 16, "missing or wrong bearer token (Authorization: Bearer <token>)")
+        if media not in (PROTOBUF, JSON):
+            stats.add("http_unsupported_media")
+            return Response(
+                f"Unsupported Content-Type {media or '(none)'!r}; send {PROTOBUF} or {JSON}".encode(),
+                status_code=415,
+                media_type="text/plain",
+            )
+        try:
+            body = await _read_body(request, config.max_body_bytes)
+            encoding = request.headers.get("content-encoding", "").strip().lower()
+            if encoding == "gzip":
+                body = gunzip_bounded(body, config.max_body_bytes)
+            elif encoding not in ("", "identity"):
+                return _error(media, 415, 3, f"Unsupported Content-Encoding {encoding!r}; use gzip or none")
+        except BodyTooLargeError as exc:
+            stats.add("http_too_large")
+            return _error(media, 413, 8, f"Request too large: {exc}; split the export into smaller batches")
+        except DecodeError as exc:
+            stats.add("http_bad_request")
+            return _error(media, 400, 3, str(exc))
+        except ClientDisconnect:
+            return Response(status_code=400)
+        return media, body
+
+    async def traces(request: Request) -> Response:
+        received = await receive(request)
+        if isinstance(received, Response):
+            return received
+        media, body = received
+        try:
+            batch = decode_payload(body, media, config.limits)
+        except DecodeError as exc:
+            stats.add("http_bad_request")
+            return _error(media, 400, 3, str(exc))
+        if batch.accepted:
+            try:
+                future = queue.submit(batch)
+            except QueueFullError as exc:
+                stats.add("http_throttled")
+                return _error(
+                    media,
+                    429,
+                    8,
+                    "ingest queue is full; retry later",
+                    headers={"Retry-After": str(exc.retry_after)},
+                )
+            except ShuttingDownError as exc:
+                return _error(media, 503, 14, str(exc), headers={"Retry-After": "5"})
+            try:
+                await asyncio.wrap_future(future)
+            except StoreUnavailableError as exc:
+                stats.add("http_store_unavailable")
+                return _error(media, 503, 14, str(exc), headers={"Retry-After": "2"})
+        stats.add("http_trace_requests")
+        stats.add("spans_accepted", batch.accepted)
+        stats.add("spans_rejected", batch.rejected)
+        return _success(media, batch)
+
+    async def discard(request: Request) -> Response:
+        received = await receive(request)
+        if isinstance(received, Response):
+            return received
+        media, _ = received
+        stats.add(f"discarded_{request.url.path.rsplit('/', 1)[-1]}_requests")
+        # Empty Export*ServiceResponse: no fields set, identical bytes for metrics and logs.
+        return Response(b"" if media == PROTOBUF else b"{}", media_type=media)
+
+    return [
+        Route("/v1/traces", traces, methods=["POST"]),
+        Route("/v1/metrics", discard, methods=["POST"]),
+        Route("/v1/logs", discard, methods=["POST"]),
+    ]
+
+
+def _success(media: str, batch: DecodedBatch) -> Response:
+    response = ExportTraceServiceResponse()
+    if batch.rejected:
+        response.partial_success.rejected_spans = batch.rejected
+        response.partial_success.error_message = batch.error_message
+    if media == PROTOBUF:
+        return Response(response.SerializeToString(), media_type=PROTOBUF)
+    payload = json_format.MessageToDict(response)
+    return Response(json.dumps(payload).encode(), media_type=JSON)

@@ -1,0 +1,183 @@
+"""The single writer: a byte-bounded ingest queue and the thread that group-commits it.
+
+Receivers call ``IngestQueue.submit`` and wait on the returned future; the ``SpanWriter`` thread
+drains whatever is queued, inserts it in one transaction, commits, and only then resolves the
+futures. A request is therefore acknowledged only after its spans are durable.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+
+import duckdb
+
+from collector.decode import DecodedBatch
+from collector.store import bump_counter, insert_batches
+
+logger = logging.getLogger(__name__)
+
+
+class QueueFullError(RuntimeError):
+    """The ingest queue is at its byte limit; the client should retry later (429)."""
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(f"ingest queue full, retry after {retry_after}s")
+        self.retry_after = retry_after
+
+
+class StoreUnavailableError(RuntimeError):
+    """A commit failed (disk full, file not writable); nothing of the request was stored (503)."""
+
+
+class ShuttingDownError(RuntimeError):
+    """The server is stopping and accepts no new spans (503)."""
+
+
+class IngestQueue:
+    """A FIFO of (batch, future) bounded by total payload bytes, not by item count."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: deque[tuple[DecodedBatch, Future, int]] = deque()
+        self._bytes = 0
+        self._cond = threading.Condition()
+        self._closed = False
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def submit(self, batch: DecodedBatch) -> Future:
+        """Queue a batch; return a future resolved with the rows stored, after commit."""
+        size = max(batch.payload_bytes, 1)
+        future: Future = Future()
+        with self._cond:
+            if self._closed:
+                raise ShuttingDownError("driftscope is shutting down and accepts no new spans")
+            # One oversized request still gets in when the queue is empty, so a body under the
+            # body limit but over the queue limit is never refused forever.
+            if self._items and self._bytes + size > self.max_bytes:
+                raise QueueFullError(retry_after=1)
+            self._items.append((batch, future, size))
+            self._bytes += size
+            self._cond.notify()
+        return future
+
+    def take(self, max_rows: int, timeout: float) -> list[tuple[DecodedBatch, Future, int]]:
+        """Block up to ``timeout`` for work, then take queued items up to ``max_rows`` rows."""
+        with self._cond:
+            if not self._items:
+                self._cond.wait(timeout)
+            taken: list[tuple[DecodedBatch, Future, int]] = []
+            rows = 0
+            while self._items and (not taken or rows + self._items[0][0].accepted <= max_rows):
+                item = self._items.popleft()
+                taken.append(item)
+                rows += item[0].accepted
+            return taken
+
+    def release(self, items: list[tuple[DecodedBatch, Future, int]]) -> None:
+        """Give back the bytes of items that were committed or failed."""
+        with self._cond:
+            self._bytes -= sum(size for _, _, size in items)
+
+    def close(self) -> None:
+        """Refuse new submissions; queued items are still drained by the writer."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+class SpanWriter(threading.Thread):
+    """The one thread that owns the write connection and group-commits queued batches."""
+
+    def __init__(
+        self,
+        conn: duckdb.DuckDBPyConnection,
+        queue: IngestQueue,
+        max_rows_per_commit: int = 50_000,
+        on_commit: Callable[[int], None] | None = None,
+        fault: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(name="driftscope-writer", daemon=True)
+        self.conn = conn
+        self.queue = queue
+        self.max_rows_per_commit = max_rows_per_commit
+        self.on_commit = on_commit
+        self._fault = fault
+        self._stop_requested = threading.Event()
+        self.committed_spans = 0
+        self.commits = 0
+        self.failed_commits = 0
+        self.last_error: str | None = None
+        self.healthy = True
+
+    def run(self) -> None:
+        backoff = 0.05
+        while True:
+            items = self.queue.take(self.max_rows_per_commit, timeout=0.2)
+            if not items:
+                if self._stop_requested.is_set() and len(self.queue) == 0:
+                    return
+                continue
+            try:
+                stored = self._commit([batch for batch, _, _ in items])
+            except Exception as exc:  # noqa: BLE001 - any store failure must be answered, not crash the thread
+                self.failed_commits += 1
+                self.healthy = False
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                logger.error("commit failed, %d request(s) answered 503: %s", len(items), self.last_error)
+                error = StoreUnavailableError(f"the span store could not commit: {self.last_error}")
+                for _, future, _ in items:
+                    future.set_exception(error)
+                self.queue.release(items)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            backoff = 0.05
+            self.healthy = True
+            self.last_error = None
+            self.queue.release(items)
+            self.committed_spans += stored
+            self.commits += 1
+            for batch, future, _ in items:
+                future.set_result(batch.accepted)
+            if self.on_commit is not None and stored:
+                self.on_commit(stored)
+
+    def _commit(self, batches: list[DecodedBatch]) -> int:
+        conn = self.conn
+        conn.execute("BEGIN TRANSACTION")
+        try:
+            if self._fault is not None:
+                self._fault()
+            stored = insert_batches(conn, batches)
+            rejected = sum(b.rejected for b in batches)
+            if rejected:
+                bump_counter(conn, "spans_rejected", rejected)
+            conn.execute("COMMIT")
+        except BaseException:
+            try:
+                conn.execute("ROLLBACK")
+            except duckdb.Error:
+                pass
+            raise
+        return stored
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Close the queue, drain and commit what is queued, then end the thread."""
+        self.queue.close()
+        self._stop_requested.set()
+        self.join(timeout)

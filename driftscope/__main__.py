@@ -1,0 +1,5 @@
+import sys
+
+from driftscope.cli import main
+
+sys.exit(main())

@@ -1,0 +1,198 @@
+"""The read API the dashboard and reports use: /api/v1/... on the serve process's HTTP port.
+
+Every parameter is validated against a fixed list; no request carries SQL, a path or a database
+name. Queries run on cursors of the serve process's own connection, off the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable
+from datetime import date, datetime
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from collector.auth import token_matches
+from driftscope import queries
+from driftscope.timeparse import parse_instant
+
+logger = logging.getLogger(__name__)
+
+ARROW = "application/vnd.apache.arrow.stream"
+FILTER_PARAMS = ("service", "agent", "run", "origin_task")
+WINDOW_PARAMS = ("since", "until")
+MAX_PARAM_CHARS = 512
+
+
+class BadParameterError(ValueError):
+    pass
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (datetime, date, pd.Timestamp)):
+        return value.isoformat()
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return None if math.isnan(value) else float(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (bytes, bytearray)):
+        return value.hex()
+    if isinstance(value, pd.Timedelta):
+        return value.total_seconds()
+    return str(value)
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if value is pd.NaT:
+        return None
+    return value
+
+
+def frame_payload(frame: pd.DataFrame) -> dict:
+    """Rows of a DataFrame as JSON-ready dicts (NaN -> null, timestamps ISO-8601)."""
+    records = frame.to_dict(orient="records")
+    return {
+        "columns": [str(c) for c in frame.columns],
+        "rows": [{k: _clean(v) for k, v in row.items()} for row in records],
+    }
+
+
+def dumps(payload: Any) -> bytes:
+    return json.dumps(payload, default=_json_default, ensure_ascii=False, allow_nan=False).encode()
+
+
+def frame_response(request: Request, frame: pd.DataFrame, extra: dict | None = None) -> Response:
+    """Arrow IPC stream when the client asks for it, else JSON."""
+    if ARROW in request.headers.get("accept", ""):
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        return Response(sink.getvalue().to_pybytes(), media_type=ARROW)
+    payload = dict(extra or {})
+    payload.update(frame_payload(frame))
+    return Response(dumps(payload), media_type="application/json")
+
+
+def _text_param(name: str, raw: str) -> str:
+    if len(raw) > MAX_PARAM_CHARS:
+        raise BadParameterError(f"{name} is longer than {MAX_PARAM_CHARS} characters")
+    if any(ord(ch) < 32 for ch in raw):
+        raise BadParameterError(f"{name} contains control characters")
+    return raw
+
+
+def parse_query(request: Request, allowed: tuple[str, ...]) -> dict[str, Any]:
+    """Validate query parameters: only ``allowed`` names, each once, each of its type."""
+    params: dict[str, Any] = {}
+    for name, raw in request.query_params.multi_items():
+        if name not in allowed:
+            raise BadParameterError(
+                f"unknown parameter {name[:40]!r}; allowed here: {', '.join(allowed) or 'none'}"
+            )
+        if name in params:
+            raise BadParameterError(f"parameter {name!r} given more than once")
+        if name in WINDOW_PARAMS:
+            try:
+                params[name] = parse_instant(name, raw)
+            except ValueError as exc:
+                raise BadParameterError(str(exc)) from None
+        elif name == "limit":
+            if not raw.isdigit() or not 1 <= int(raw) <= 100_000:
+                raise BadParameterError(f"limit must be an integer between 1 and 100000, got {raw[:20]!r}")
+            params[name] = int(raw)
+        else:
+            params[name] = _text_param(name, raw)
+    if params.get("since") and params.get("until") and params["since"] > params["until"]:
+        raise BadParameterError("since is after until")
+    return params
+
+
+def build_api_routes(
+    cursor_factory: Callable, token: str | None, health_extra: Callable[[], dict]
+) -> list[Route]:
+    """Routes of /api/v1, reading through cursors from ``cursor_factory``."""
+
+    def guarded(handler):
+        async def wrapper(request: Request) -> Response:
+            if not token_matches(request.headers.get("authorization"), token):
+                return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)
+            try:
+                return await handler(request)
+            except BadParameterError as exc:
+                return JSONResponse({"error": str(exc)}, status_code=400)
+
+        return wrapper
+
+    def run(fn, *args):
+        def call():
+            cursor = cursor_factory()
+            try:
+                return fn(cursor, *args)
+            finally:
+                cursor.close()
+
+        return run_in_threadpool(call)
+
+    async def health(request: Request) -> Response:
+        parse_query(request, ())
+        payload = await run(queries.store_health)
+        payload.update(health_extra())
+        return Response(dumps(payload), media_type="application/json")
+
+    async def list_metrics(request: Request) -> Response:
+        parse_query(request, ())
+        return Response(dumps({"metrics": queries.describe_metrics()}), media_type="application/json")
+
+    async def metric(request: Request) -> Response:
+        name = request.path_params["name"]
+        known = queries.metric_names()
+        if name not in known:
+            return JSONResponse(
+                {"error": f"unknown metric {name[:60]!r}; known: {', '.join(sorted(known))}"}, status_code=404
+            )
+        params = parse_query(request, WINDOW_PARAMS + FILTER_PARAMS)
+        frame, info = await run(queries.run_metric_frame, name, params)
+        return frame_response(request, frame, {"metric": name, **info})
+
+    async def runs(request: Request) -> Response:
+        params = parse_query(request, WINDOW_PARAMS + ("service", "agent", "limit"))
+        frame = await run(queries.list_runs, params)
+        return frame_response(request, frame)
+
+    async def run_spans(request: Request) -> Response:
+        run_id = _text_param("run id", request.path_params["run_id"])
+        params = parse_query(request, ("limit",))
+        frame = await run(queries.run_spans, run_id, params.get("limit", 20_000))
+        if frame.empty:
+            return JSONResponse({"error": f"no spans for run {run_id[:80]!r}"}, status_code=404)
+        return frame_response(request, frame, {"run": run_id})
+
+    async def thresholds(request: Request) -> Response:
+        parse_query(request, ())
+        frame = await run(queries.list_thresholds)
+        return frame_response(request, frame)
+
+    return [
+        Route("/api/v1/health", guarded(health), methods=["GET"]),
+        Route("/api/v1/metrics", guarded(list_metrics), methods=["GET"]),
+        Route("/api/v1/metrics/{name}", guarded(metric), methods=["GET"]),
+        Route("/api/v1/runs", guarded(runs), methods=["GET"]),
+        Route("/api/v1/runs/{run_id:path}/spans", guarded(run_spans), methods=["GET"]),
+        Route("/api/v1/thresholds", guarded(thresholds), methods=["GET"]),
+    ]

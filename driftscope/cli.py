@@ -1,0 +1,221 @@
+"""The `driftscope` command line. Options come from the one settings table (driftscope.settings)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from driftscope.settings import BY_NAME, SETTINGS, ConfigError, resolve, settings_markdown
+
+logger = logging.getLogger("driftscope")
+
+COMMANDS = {
+    "serve": "Run the collector: OTLP http + grpc ingest into DuckDB, analytics and the read API.",
+    "up": "Start the collector and the dashboard together (with --demo, feed them the demo crews).",
+    "ingest": "Load OTLP JSON / JSON Lines files into a database file or a running collector.",
+    "dashboard": "Open the Streamlit dashboard on a running collector or a DuckDB file.",
+    "demo": "Stream the simulator's scripted crews to a running collector.",
+    "report": "Write a drift report (html, md or json) for a time window or a run.",
+    "calibrate": "Compute and store calibrated detector thresholds.",
+    "settings": "Print every setting as a Markdown table (the README's settings section).",
+}
+
+
+def _add_settings(parser: argparse.ArgumentParser, command: str) -> None:
+    for setting in SETTINGS:
+        if command not in setting.commands:
+            continue
+        env_note = f"[env {setting.env}" + (f", {setting.otel_env}" if setting.otel_env else "") + "]"
+        default = f" (default: {setting.default})" if setting.default not in (None, False) else ""
+        if setting.flag_kind == "switch":
+            parser.add_argument(
+                setting.flag,
+                dest=setting.name,
+                action="store_const",
+                const="true",
+                default=None,
+                help=f"{setting.help} {env_note}",
+            )
+        else:
+            parser.add_argument(
+                setting.flag,
+                dest=setting.name,
+                default=None,
+                metavar=setting.metavar,
+                help=f"{setting.help}{default} {env_note}",
+            )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="driftscope",
+        description="See how crews of LLM agents fail each other.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    subparsers = {}
+    for name, help_text in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        _add_settings(p, name)
+        subparsers[name] = p
+    subparsers["ingest"].add_argument(
+        "files", nargs="+", metavar="FILE", help="OTLP JSON or JSON Lines files"
+    )
+    subparsers["up"].add_argument("--demo", action="store_true", help="Feed the demo crews once both are up.")
+    subparsers["demo"].add_argument("--scenario", default=None, help="Only this scenario (default: all).")
+    subparsers["demo"].add_argument(
+        "--live", action="store_true", help="Human-watchable pace, current timestamps."
+    )
+    report = subparsers["report"]
+    scope = report.add_mutually_exclusive_group()
+    scope.add_argument("--since", default=None, help="Window start: a duration ago (2h) or ISO-8601 time.")
+    scope.add_argument("--run", default=None, help="Report on one run (conversation id).")
+    report.add_argument("--format", dest="fmt", choices=("html", "md", "json"), default="html")
+    report.add_argument("-o", "--output", required=True, help="File to write.")
+    cal = subparsers["calibrate"]
+    cal.add_argument("--db", default=None, help="Database file (offline; the collector must not hold it).")
+    cal.add_argument("--pairs", default=None, help="Labelled pairs CSV (root_goal,subtask,drifted).")
+    cal.add_argument(
+        "--target-fpr", type=float, default=None, help="Pick the threshold at this false-positive rate."
+    )
+    cal.add_argument("--baseline-since", default=None, help="Healthy baseline window start (e.g. 24h).")
+    cal.add_argument("--baseline-until", default=None, help="Healthy baseline window end.")
+    cal.add_argument("--quantile", type=float, default=0.99, help="Quantile for baseline thresholds.")
+    subparsers["settings"].add_argument("--markdown", action="store_true", help="Markdown table (default).")
+    return parser
+
+
+def settings_for(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """Resolve every setting the command uses (flag > DRIFTSCOPE_* > OTEL_* > default)."""
+    return {s.name: resolve(s, getattr(args, s.name, None)) for s in SETTINGS if command in s.commands}
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+
+
+def cmd_serve(values: dict[str, Any]) -> int:
+    from driftscope.serve import ServeConfig, run_serve
+
+    fields = ServeConfig.__dataclass_fields__
+    return run_serve(ServeConfig(**{k: v for k, v in values.items() if k in fields}))
+
+
+def cmd_ingest(args: argparse.Namespace, values: dict[str, Any]) -> int:
+    from driftscope.ingest import ingest_to_db, ingest_to_endpoint
+
+    endpoint = values.get("endpoint")
+    explicit_db = args.db is not None or os.environ.get(BY_NAME["db"].env)
+    if endpoint and explicit_db:
+        raise ConfigError("Give either --db PATH (no server holds the file) or --endpoint URL, not both")
+    missing = [f for f in args.files if not os.path.isfile(f)]
+    if missing:
+        raise ConfigError(f"No such file: {', '.join(missing)}")
+    if endpoint:
+        return ingest_to_endpoint(endpoint, args.files, values.get("token"))
+    return ingest_to_db(values["db"], args.files)
+
+
+def _wait_for_health(url: str, token: str | None, process: subprocess.Popen, timeout: float = 60) -> None:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ConfigError("driftscope serve exited during start-up; see its messages above")
+        try:
+            if httpx.get(f"{url}/api/v1/health", headers=headers, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise ConfigError(f"driftscope serve did not answer on {url} within {timeout:.0f}s")
+
+
+def cmd_up(args: argparse.Namespace, values: dict[str, Any]) -> int:
+    serve_args = [sys.executable, "-m", "driftscope", "serve"]
+    for name in (
+        "db",
+        "host",
+        "http_port",
+        "grpc_port",
+        "token",
+        "max_body_bytes",
+        "queue_max_bytes",
+        "max_attribute_bytes",
+        "log_level",
+    ):
+        if values.get(name) is not None:
+            serve_args += [BY_NAME[name].flag, str(values[name])]
+    if values.get("insecure"):
+        serve_args.append("--insecure")
+    if values.get("retention"):
+        serve_args += ["--retention", f"{int(values['retention'])}s"]
+    host = values["host"]
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{values['http_port']}"
+    children: list[subprocess.Popen] = []
+    serve = subprocess.Popen(serve_args)
+    children.append(serve)
+    try:
+        _wait_for_health(url, values.get("token"), serve)
+        from dashboard.launch import run_dashboard
+
+        dash = run_dashboard(url, values["dashboard_port"], token=values.get("token"))
+        children.append(dash)
+        logger.info("collector on %s, dashboard on http://127.0.0.1:%d", url, values["dashboard_port"])
+        if args.demo:
+            from guards.demo import run_demo
+
+            run_demo(url, None, live=True)
+        while all(child.poll() is None for child in children):
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for child in reversed(children):
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in children:
+            try:
+                child.wait(40)
+            except subprocess.TimeoutExpired:
+                child.kill()
+    return max((child.returncode or 0) for child in children) if children else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        values = settings_for(args, args.command)
+        _configure_logging(values.get("log_level", "INFO"))
+        if args.command == "serve":
+            return cmd_serve(values)
+        if args.command == "ingest":
+            return cmd_ingest(args, values)
+        if args.command == "up":
+            return cmd_up(args, values)
+        if args.command == "settings":
+            print(settings_markdown())
+            return 0
+        from driftscope import commands
+
+        return commands.run(args.command, args, values)
+    except ConfigError as exc:
+        print(f"driftscope {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

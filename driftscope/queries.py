@@ -1,0 +1,68 @@
+"""What the read API asks of the store, as plain functions of a DuckDB cursor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import duckdb
+import pandas as pd
+
+import analytics  # noqa: F401 - importing the package registers every detector
+from analytics import browse, registry
+from analytics.types import Filters, Window
+
+
+def store_health(cursor: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    """Span count, newest span and schema version of the store."""
+    spans, newest = cursor.execute("SELECT count(*), max(Timestamp) FROM spans").fetchone()
+    version = cursor.execute("SELECT max(version) FROM schema_migrations").fetchone()[0]
+    embedded = cursor.execute("SELECT count(*) FROM embeddings").fetchone()[0]
+    return {"spans": spans, "newest_span": newest, "schema_version": version, "embeddings": embedded}
+
+
+def describe_metrics() -> list[dict[str, Any]]:
+    """Every registered metric with its parameters and documented columns."""
+    return [
+        {
+            "name": m.name,
+            "description": m.description,
+            "row": m.row,
+            "columns": m.columns,
+            "failure_mode": m.failure_mode,
+            "mast_category": m.mast_category,
+            "params": ["since", "until", "service", "agent", "run", "origin_task"],
+        }
+        for m in registry.list_metrics()
+    ]
+
+
+def metric_names() -> set[str]:
+    return set(registry.METRICS)
+
+
+def run_metric_frame(cursor: duckdb.DuckDBPyConnection, name: str, params: dict) -> tuple[pd.DataFrame, dict]:
+    window = Window(since=params.get("since"), until=params.get("until"))
+    filters = Filters(
+        service=params.get("service"),
+        agent=params.get("agent"),
+        run=params.get("run"),
+        origin_task=params.get("origin_task"),
+    )
+    frame = registry.run_metric(cursor, name, window, filters)
+    return frame, {}
+
+
+def list_runs(cursor: duckdb.DuckDBPyConnection, params: dict) -> pd.DataFrame:
+    window = Window(since=params.get("since"), until=params.get("until"))
+    filters = Filters(service=params.get("service"), agent=params.get("agent"))
+    return browse.list_runs(cursor, window, filters, params.get("limit", 500))
+
+
+def run_spans(cursor: duckdb.DuckDBPyConnection, run_id: str, limit: int) -> pd.DataFrame:
+    return browse.run_spans(cursor, run_id, limit)
+
+
+def list_thresholds(cursor: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    return cursor.execute(
+        "SELECT name, version, value, method, provenance, created_at FROM thresholds ORDER BY name, version DESC"
+    ).df()

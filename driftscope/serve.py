@@ -1,0 +1,204 @@
+"""`driftscope serve`: one process wiring receivers, the single writer, analytics and the read API."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+from starlette.applications import Starlette
+
+from collector.decode import DecodeLimits
+from collector.grpc_receiver import start_grpc_server
+from collector.http_receiver import ReceiverConfig, build_ingest_routes
+from collector.stats import IngestStats
+from collector.store import StoreLockedError, open_store
+from collector.writer import IngestQueue, SpanWriter
+from driftscope.api import build_api_routes
+from driftscope.settings import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ServeConfig:
+    db: str
+    host: str = "127.0.0.1"
+    http_port: int = 4318
+    grpc_port: int = 4317
+    token: str | None = None
+    insecure: bool = False
+    max_body_bytes: int = 64 * 1024 * 1024
+    queue_max_bytes: int = 256 * 1024 * 1024
+    max_attribute_bytes: int = 64 * 1024
+    retention: float | None = None
+    embeddings: bool = True
+
+
+def check_exposure(config: ServeConfig) -> None:
+    """Refuse to listen beyond loopback without a token unless --insecure says so."""
+    if ipaddress.ip_address(config.host).is_loopback or config.token or config.insecure:
+        return
+    raise ConfigError(
+        f"Refusing to bind {config.host} without a token: anyone who can reach it could read your "
+        "agents' spans and write fake ones. Set --token (or DRIFTSCOPE_TOKEN), or pass --insecure "
+        "if the network is trusted."
+    )
+
+
+class RetentionWorker(threading.Thread):
+    """Deletes spans older than the retention period, in small batches, in the background."""
+
+    def __init__(self, conn, retention_seconds: float, interval: float = 60.0) -> None:
+        super().__init__(name="driftscope-retention", daemon=True)
+        self.conn = conn.cursor()
+        self.retention_seconds = retention_seconds
+        self.interval = interval
+        self.deleted = 0
+        self._stop_event = threading.Event()
+
+    def run_once(self) -> int:
+        cutoff_ns = int((time.time() - self.retention_seconds) * 1e9)
+        total = 0
+        while not self._stop_event.is_set():
+            # Small deletes keep each transaction short so ingest commits are never held up long.
+            deleted = self.conn.execute(
+                "DELETE FROM spans WHERE rowid IN (SELECT rowid FROM spans WHERE end_ns < ? LIMIT 10000)",
+                [cutoff_ns],
+            ).fetchone()[0]
+            total += deleted
+            if deleted < 10000:
+                break
+        self.deleted += total
+        if total:
+            logger.info("retention deleted %d span(s) older than %ss", total, self.retention_seconds)
+        return total
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            try:
+                self.run_once()
+            except Exception as exc:  # noqa: BLE001 - retention must never take the server down
+                logger.warning("retention pass failed (will retry): %s", exc)
+            self._stop_event.wait(self.interval)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+
+def run_serve(config: ServeConfig) -> int:
+    """Run until SIGTERM/SIGINT; then stop accepting, drain, commit, and exit 0."""
+    check_exposure(config)
+    try:
+        conn = open_store(config.db)
+    except StoreLockedError as exc:
+        raise ConfigError(str(exc)) from exc
+    stats = IngestStats()
+    queue = IngestQueue(config.queue_max_bytes)
+    receiver_config = ReceiverConfig(
+        max_body_bytes=config.max_body_bytes,
+        token=config.token,
+        limits=DecodeLimits(max_attribute_bytes=config.max_attribute_bytes),
+    )
+    worker = None
+    if config.embeddings:
+        worker = _start_embedding_worker(conn)
+    writer = SpanWriter(conn.cursor(), queue, on_commit=(lambda n: worker.notify()) if worker else None)
+    writer.start()
+    retention = None
+    if config.retention:
+        retention = RetentionWorker(conn, config.retention)
+        retention.start()
+
+    def health_extra() -> dict:
+        return {
+            "status": "ok" if writer.healthy else "store_unavailable",
+            "writer_error": writer.last_error,
+            "queued_requests": len(queue),
+            "queued_bytes": queue.queued_bytes,
+            "committed_spans": writer.committed_spans,
+            "commits": writer.commits,
+            "counters": stats.snapshot(),
+            "retention_deleted": retention.deleted if retention else 0,
+            "token_required": bool(config.token),
+        }
+
+    routes = build_ingest_routes(queue, receiver_config, stats) + build_api_routes(
+        conn.cursor, config.token, health_extra
+    )
+    app = Starlette(routes=routes)
+    grpc_server = start_grpc_server(config.host, config.grpc_port, queue, receiver_config, stats)
+    server = _QuietServer(
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.http_port,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=30,
+            limit_concurrency=2048,
+        )
+    )
+    logger.info(
+        "driftscope serve: OTLP/HTTP http://%s:%d/v1/traces, OTLP/gRPC %s:%d, db %s",
+        config.host,
+        config.http_port,
+        config.host,
+        config.grpc_port,
+        Path(config.db).resolve(),
+    )
+
+    def request_stop(signum, frame):  # noqa: ARG001 - signal handler signature
+        logger.info("received %s: stop accepting, drain and commit", signal.Signals(signum).name)
+        server.should_exit = True
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.run()  # returns after SIGTERM/SIGINT once in-flight requests are answered
+    finally:
+        grpc_server.stop(grace=10).wait(15)
+        writer.stop()
+        if retention:
+            retention.stop()
+        if worker is not None:
+            worker.stop()
+        try:
+            conn.execute("CHECKPOINT")
+        except Exception as exc:  # noqa: BLE001 - the WAL replays on next start anyway
+            logger.warning("final checkpoint failed (the WAL will replay on restart): %s", exc)
+        conn.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        logger.info("driftscope serve stopped; %d span(s) committed this run", writer.committed_spans)
+    if not server.started:
+        raise ConfigError(
+            f"Could not listen on {config.host}:{config.http_port}; is another process using the port? "
+            "Choose another with --http-port."
+        )
+    return 0
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn re-raises the captured signal after shutdown, which would kill the process before
+    the writer drains; driftscope installs its own handlers instead."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+def _start_embedding_worker(conn):
+    try:
+        from analytics.embeddings import EmbeddingWorker
+    except ImportError as exc:
+        logger.warning("embedding worker unavailable, goal divergence will embed on demand: %s", exc)
+        return None
+    worker = EmbeddingWorker(conn.cursor)
+    worker.start()
+    return worker

@@ -1,0 +1,257 @@
+"""The one settings table: every option of every command, declared once.
+
+The CLI builds its flags from it, the README's settings section is generated from it
+(``driftscope settings --markdown``), and a test fails if a setting is missing from the README.
+Precedence: CLI flag > ``DRIFTSCOPE_*`` > standard ``OTEL_*`` where one applies > default.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A setting has a value a person must fix; the message says what and how."""
+
+
+def parse_port(name: str, raw: Any) -> int:
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise ConfigError(
+            f"Expected {name} to be an integer between 1 and 65535 (0 = any free port), got {raw!r}"
+        )
+    return value
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmg]i?b?|b)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def parse_size(name: str, raw: Any) -> int:
+    match = _SIZE.match(str(raw))
+    if not match:
+        raise ConfigError(f"Expected {name} to be a size such as 67108864, 64MiB or 512KiB, got {raw!r}")
+    unit = (match.group(2) or "").lower()[:1]
+    value = int(match.group(1)) * _SIZE_UNITS[unit]
+    if value <= 0:
+        raise ConfigError(f"Expected {name} to be a positive size, got {raw!r}")
+    return value
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$", re.IGNORECASE)
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(name: str, raw: Any) -> float:
+    """Seconds from ``30s``, ``15m``, ``2h``, ``7d``, ``1w``."""
+    match = _DURATION.match(str(raw))
+    if not match:
+        raise ConfigError(f"Expected {name} to be a duration such as 30s, 15m, 2h or 7d, got {raw!r}")
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2).lower()]
+
+
+def parse_bool(name: str, raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"Expected {name} to be true or false, got {raw!r}")
+
+
+def parse_host(name: str, raw: Any) -> str:
+    text = str(raw).strip().strip("[]")
+    if text == "localhost":
+        return "127.0.0.1"
+    try:
+        ipaddress.ip_address(text)
+    except ValueError as exc:
+        raise ConfigError(
+            f"Expected {name} to be an IP address such as 127.0.0.1 or ::1, got {raw!r}"
+        ) from exc
+    return text
+
+
+def parse_text(name: str, raw: Any) -> str:
+    return str(raw)
+
+
+def parse_log_level(name: str, raw: Any) -> str:
+    text = str(raw).strip().upper()
+    if text not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ConfigError(f"Expected {name} to be one of debug, info, warning, error, got {raw!r}")
+    return text
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: Any
+    help: str
+    parse: Callable[[str, Any], Any] = parse_text
+    commands: tuple[str, ...] = ()
+    otel_env: str | None = None
+    flag_kind: str = "value"  # "value" or "switch"
+    metavar: str | None = None
+    choices: tuple[str, ...] = field(default=())
+
+    @property
+    def env(self) -> str:
+        return "DRIFTSCOPE_" + self.name.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+SERVE = ("serve", "up")
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "db",
+        "./driftscope-data/driftscope.duckdb",
+        "DuckDB database file the collector owns.",
+        commands=SERVE + ("ingest",),
+        metavar="PATH",
+    ),
+    Setting(
+        "host",
+        "127.0.0.1",
+        "Address to bind. Anything but loopback needs --token or --insecure.",
+        parse_host,
+        SERVE,
+        metavar="ADDR",
+    ),
+    Setting(
+        "http_port",
+        4318,
+        "OTLP/HTTP port; also serves the read API (/api/v1).",
+        parse_port,
+        SERVE,
+        metavar="PORT",
+    ),
+    Setting("grpc_port", 4317, "OTLP/gRPC port.", parse_port, SERVE, metavar="PORT"),
+    Setting(
+        "token",
+        None,
+        "Bearer token required on ingest and the read API (Authorization: Bearer ...).",
+        commands=SERVE + ("ingest", "dashboard", "report", "demo"),
+        metavar="TOKEN",
+    ),
+    Setting(
+        "insecure",
+        False,
+        "Allow binding a non-loopback address without a token.",
+        parse_bool,
+        SERVE,
+        flag_kind="switch",
+    ),
+    Setting(
+        "max_body_bytes",
+        64 * 1024**2,
+        "Largest accepted request body, checked again after gzip.",
+        parse_size,
+        SERVE,
+        metavar="SIZE",
+    ),
+    Setting(
+        "queue_max_bytes",
+        256 * 1024**2,
+        "Ingest queue byte limit; past it requests get 429 / RESOURCE_EXHAUSTED with Retry-After.",
+        parse_size,
+        SERVE,
+        metavar="SIZE",
+    ),
+    Setting(
+        "max_attribute_bytes",
+        64 * 1024,
+        "Attribute values longer than this are truncated with a marker.",
+        parse_size,
+        SERVE,
+        metavar="SIZE",
+    ),
+    Setting(
+        "retention",
+        None,
+        "Delete spans older than this duration in the background (e.g. 7d).",
+        parse_duration,
+        SERVE,
+        metavar="DURATION",
+    ),
+    Setting(
+        "embeddings",
+        True,
+        "Run the background embedding worker for goal divergence.",
+        parse_bool,
+        SERVE,
+        metavar="BOOL",
+    ),
+    Setting(
+        "endpoint",
+        None,
+        "Collector base URL to send spans to (http://127.0.0.1:4318).",
+        commands=("ingest", "demo"),
+        otel_env="OTEL_EXPORTER_OTLP_ENDPOINT",
+        metavar="URL",
+    ),
+    Setting(
+        "source",
+        "http://127.0.0.1:4318",
+        "Read API URL of a running serve, or a DuckDB file path.",
+        commands=("dashboard", "report"),
+        metavar="URL|PATH",
+    ),
+    Setting(
+        "dashboard_port",
+        8501,
+        "Port of the Streamlit dashboard.",
+        parse_port,
+        ("dashboard", "up"),
+        metavar="PORT",
+    ),
+    Setting(
+        "log_level",
+        "INFO",
+        "Log level: debug, info, warning, error.",
+        parse_log_level,
+        ("serve", "up", "ingest", "dashboard", "demo", "report", "calibrate"),
+        metavar="LEVEL",
+    ),
+)
+BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def resolve(setting: Setting, cli_value: Any, environ: dict[str, str] | None = None) -> Any:
+    """Apply the precedence rule to one setting and parse the winner."""
+    environ = os.environ if environ is None else environ
+    if cli_value is not None:
+        return setting.parse(setting.flag, cli_value)
+    if setting.env in environ and environ[setting.env] != "":
+        return setting.parse(setting.env, environ[setting.env])
+    if setting.otel_env and environ.get(setting.otel_env):
+        return setting.parse(setting.otel_env, environ[setting.otel_env])
+    if setting.default is None:
+        return None
+    return setting.parse(setting.flag, setting.default)
+
+
+def settings_markdown() -> str:
+    """The README table of every setting."""
+    lines = [
+        "| flag | environment | default | commands | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for s in SETTINGS:
+        env = f"`{s.env}`" + (f" (or `{s.otel_env}`)" if s.otel_env else "")
+        default = "" if s.default is None else f"`{s.default}`"
+        lines.append(f"| `{s.flag}` | {env} | {default} | {', '.join(s.commands)} | {s.help} |")
+    return "\n".join(lines)

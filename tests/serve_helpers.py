@@ -1,0 +1,102 @@
+"""Start the real `driftscope serve` as a subprocess on free loopback ports, for tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class ServeProcess:
+    db: Path
+    http_port: int
+    grpc_port: int
+    token: str | None = None
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen | None = None
+    log_path: Path | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_endpoint(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def start(self, timeout: float = 60.0) -> ServeProcess:
+        args = [
+            sys.executable, "-m", "driftscope", "serve",
+            "--db", str(self.db),
+            "--http-port", str(self.http_port),
+            "--grpc-port", str(self.grpc_port),
+            "--embeddings", "false",
+            *self.extra_args,
+        ]  # fmt: skip
+        if self.token:
+            args += ["--token", self.token]
+        self.log_path = self.db.parent / f"serve-{self.http_port}.log"
+        log = self.log_path.open("ab")
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", **self.env}
+        self.process = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"serve exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                response = httpx.get(f"{self.http_url}/api/v1/health", headers=self.headers, timeout=2)
+                if response.status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"serve did not become healthy:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+
+    def stop(self, timeout: float = 40.0) -> int:
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else 0
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+
+    def health(self) -> dict:
+        return httpx.get(f"{self.http_url}/api/v1/health", headers=self.headers, timeout=10).json()
+
+
+def new_serve(tmp_path: Path, **kwargs) -> ServeProcess:
+    return ServeProcess(
+        db=tmp_path / "driftscope.duckdb", http_port=free_port(), grpc_port=free_port(), **kwargs
+    )

@@ -1,0 +1,120 @@
+import duckdb
+import pytest
+
+from collector.decode import PROTOBUF, decode_payload
+from collector.migrations_runner import apply_migrations, list_migrations
+from collector.store import StoreLockedError, insert_batches, open_store
+from tests.otlp_builders import make_request
+
+TRACE = b"\x07" * 16
+ROOT, CHILD, GRANDCHILD = b"\x01" * 8, b"\x02" * 8, b"\x03" * 8
+
+
+def _insert(conn, spans):
+    batch = decode_payload(make_request(spans).SerializeToString(), PROTOBUF)
+    conn.execute("BEGIN")
+    stored = insert_batches(conn, [batch])
+    conn.execute("COMMIT")
+    return stored
+
+
+@pytest.fixture
+def conn():
+    connection = duckdb.connect(":memory:")
+    apply_migrations(connection)
+    yield connection
+    connection.close()
+
+
+def test_migrations_are_recorded_and_applied_once(conn):
+    versions = conn.execute("SELECT version, name FROM schema_migrations ORDER BY version").fetchall()
+    assert versions == [(n, name) for n, name, _ in list_migrations()]
+    assert apply_migrations(conn) == []
+
+
+def test_database_from_an_earlier_run_opens_with_its_data(tmp_path):
+    path = tmp_path / "old.duckdb"
+    first = open_store(path)
+    _insert(first, [{"name": "kept", "trace_id": TRACE, "span_id": ROOT}])
+    first.close()
+    again = open_store(path)
+    assert again.execute("SELECT SpanName FROM spans").fetchall() == [("kept",)]
+    again.close()
+
+
+def test_same_span_twice_is_stored_once(conn):
+    span = {"name": "retry", "trace_id": TRACE, "span_id": ROOT}
+    assert _insert(conn, [span, span]) == 1
+    assert _insert(conn, [span]) == 0
+    assert conn.execute("SELECT count(*) FROM spans").fetchone()[0] == 1
+
+
+def test_tool_span_takes_the_agent_of_its_nearest_agent_ancestor(conn):
+    _insert(
+        conn,
+        [
+            {
+                "trace_id": TRACE,
+                "span_id": ROOT,
+                "attrs": {"gen_ai.agent.id": "planner", "gen_ai.conversation.id": "r1"},
+            },
+            {"trace_id": TRACE, "span_id": CHILD, "parent": ROOT, "attrs": {"gen_ai.operation.name": "chat"}},
+            {
+                "trace_id": TRACE,
+                "span_id": GRANDCHILD,
+                "parent": CHILD,
+                "attrs": {"gen_ai.tool.name": "search"},
+            },
+        ],
+    )
+    rows = conn.execute("SELECT SpanId, agent_id, agent_source, run_id FROM spans ORDER BY SpanId").fetchall()
+    assert rows == [
+        (ROOT.hex(), "planner", "attribute", "r1"),
+        (CHILD.hex(), "planner", "ancestor", "r1"),
+        (GRANDCHILD.hex(), "planner", "ancestor", "r1"),
+    ]
+
+
+def test_agent_ancestor_arriving_in_a_later_request_is_applied(conn):
+    _insert(
+        conn,
+        [{"trace_id": TRACE, "span_id": GRANDCHILD, "parent": CHILD, "attrs": {"gen_ai.tool.name": "t"}}],
+    )
+    _insert(conn, [{"trace_id": TRACE, "span_id": CHILD, "parent": ROOT}])
+    assert conn.execute("SELECT count(*) FROM spans WHERE agent_id IS NOT NULL").fetchone()[0] == 0
+    _insert(
+        conn,
+        [{"trace_id": TRACE, "span_id": ROOT, "attrs": {"agent.name": "researcher", "session.id": "s1"}}],
+    )
+    rows = conn.execute("SELECT agent_id, run_id FROM spans ORDER BY SpanId").fetchall()
+    assert rows == [("researcher", "s1")] * 3
+
+
+def test_nearest_agent_wins_over_a_farther_one(conn):
+    _insert(
+        conn,
+        [
+            {"trace_id": TRACE, "span_id": ROOT, "attrs": {"gen_ai.agent.id": "planner"}},
+            {"trace_id": TRACE, "span_id": CHILD, "parent": ROOT, "attrs": {"gen_ai.agent.id": "worker"}},
+            {"trace_id": TRACE, "span_id": GRANDCHILD, "parent": CHILD, "attrs": {"gen_ai.tool.name": "t"}},
+        ],
+    )
+    agent = conn.execute("SELECT agent_id FROM spans WHERE SpanId = ?", [GRANDCHILD.hex()]).fetchone()[0]
+    assert agent == "worker"
+
+
+def test_a_second_writer_process_gets_a_clear_message(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "held.duckdb"
+    holder = open_store(path)
+    code = (
+        "import sys\nfrom collector.store import open_store, StoreLockedError\n"
+        f"try:\n    open_store({str(path)!r})\nexcept StoreLockedError as e:\n    print(e); sys.exit(3)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    holder.close()
+    assert result.returncode == 3, result.stderr
+    assert "held by another process" in result.stdout and "--endpoint" in result.stdout
+    assert StoreLockedError.__doc__
