@@ -1,0 +1,36 @@
+"""Streamlit entry script: `streamlit run dashboard/app.py` (the source comes in DRIFTSCOPE_SOURCE)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import streamlit as st
+
+# `streamlit run` puts this file's folder on sys.path, not the project root; without an installed
+# package the `dashboard` and `analytics` imports below need the root.
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from dashboard import ui  # noqa: E402
+
+PAGES = [
+    st.Page("views/overview.py", title="Overview", icon="🧭", url_path="overview", default=True),
+    st.Page("views/split_brain.py", title="Split-brain", icon="🧠", url_path="split_brain"),
+    st.Page("views/rejections.py", title="Rejections & enforcement", icon="🛡️", url_path="rejections"),
+    st.Page("views/constraints.py", title="Constraints", icon="📜", url_path="constraints"),
+    st.Page("views/goal_drift.py", title="Goal drift", icon="🎯", url_path="goal_drift"),
+    st.Page("views/context_drift.py", title="Context drift", icon="🕰️", url_path="context_drift"),
+    st.Page("views/loops.py", title="Loops & budgets", icon="🔁", url_path="loops"),
+    st.Page("views/run_explorer.py", title="Run explorer", icon="🔎", url_path="run_explorer"),
+    st.Page("views/calibration.py", title="Calibration", icon="📐", url_path="calibration"),
+]
+
+st.set_page_config(page_title="driftscope", page_icon="🔭", layout="wide")
+navigation = st.navigation(PAGES)
+context = ui.sidebar()
+# Without a readable source the banner is the whole page: no page script runs to fail on it.
+if context is not None:
+    ui.report_download(context)
+    navigation.run()

@@ -1,0 +1,356 @@
+"""One object the dashboard and the reports read through: the read API over HTTP, or a DuckDB file.
+
+``HttpSource`` talks to a running ``driftscope serve`` (Arrow IPC for metric frames, JSON for the
+rest). ``DuckDBFileSource`` opens an incident copy of the database read-only and runs the analytics
+registry in-process. Both raise ``SourceUnavailable`` with a message a person can act on; the
+pages turn it into a banner instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import duckdb
+import httpx
+import pandas as pd
+import pyarrow as pa
+
+from analytics.types import Filters, Window
+
+logger = logging.getLogger(__name__)
+
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+DEFAULT_URL = "http://127.0.0.1:4318"
+
+# Columns of analytics.browse.list_runs / GET /api/v1/runs.
+RUN_COLUMNS = [
+    "run_id",
+    "first_seen",
+    "last_seen",
+    "spans",
+    "traces",
+    "agents",
+    "services",
+    "rejected",
+    "errors",
+    "max_hop",
+    "scenario",
+]
+
+
+class SourceUnavailable(RuntimeError):
+    """The data source cannot be read; the message says what to do about it."""
+
+
+@dataclass(frozen=True)
+class Health:
+    """Whether the source answers, and a one-line description for the sidebar."""
+
+    ok: bool
+    detail: str
+
+
+class DataSource(Protocol):
+    """What every page and the report builder read through."""
+
+    description: str
+
+    def health(self) -> Health: ...
+
+    def list_metrics(self) -> list[dict]: ...
+
+    def metric(self, name: str, window: Window, filters: Filters) -> pd.DataFrame: ...
+
+    def runs(self, window: Window, filters: Filters) -> pd.DataFrame: ...
+
+    def run_spans(self, run_id: str) -> pd.DataFrame: ...
+
+    def thresholds(self) -> pd.DataFrame: ...
+
+
+def window_params(window: Window, filters: Filters) -> dict[str, str]:
+    """Query parameters of the read API for a window and filters (ISO-8601 UTC times)."""
+    params: dict[str, str] = {}
+    if window.since is not None:
+        params["since"] = window.since.isoformat()
+    if window.until is not None:
+        params["until"] = window.until.isoformat()
+    for key in ("service", "agent", "run", "origin_task"):
+        value = getattr(filters, key)
+        if value:
+            params[key] = value
+    return params
+
+
+class HttpSource:
+    """The read API of a running ``driftscope serve``."""
+
+    def __init__(self, url: str = DEFAULT_URL, token: str | None = None, timeout: float = 30.0):
+        self.url = url.rstrip("/")
+        self.description = f"collector at {self.url}"
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def _get(self, path: str, params: dict | None = None, accept: str = "application/json"):
+        try:
+            response = self._client.get(path, params=params, headers={"Accept": accept})
+        except httpx.HTTPError as exc:
+            raise SourceUnavailable(
+                f"Cannot reach the driftscope collector at {self.url} ({type(exc).__name__}). "
+                "Start it with `driftscope serve` (or `driftscope up`), or open an incident copy "
+                "with `driftscope dashboard --source PATH.duckdb`."
+            ) from exc
+        if response.status_code in (401, 403):
+            raise SourceUnavailable(
+                f"The collector at {self.url} refused the request (HTTP {response.status_code}): "
+                "pass its token (DRIFTSCOPE_TOKEN)."
+            )
+        if response.status_code >= 400:
+            raise SourceUnavailable(
+                f"The collector at {self.url} answered HTTP {response.status_code} for {path}: "
+                f"{response.text[:300]}"
+            )
+        return response
+
+    def health(self) -> Health:
+        """Ask ``/api/v1/health``; never raises."""
+        try:
+            body = self._get("/api/v1/health").json()
+        except (SourceUnavailable, ValueError) as exc:
+            return Health(False, str(exc))
+        status = body.get("status", "ok") if isinstance(body, dict) else "ok"
+        return Health(status in ("ok", "healthy", True), f"{self.description}: {status}")
+
+    def list_metrics(self) -> list[dict]:
+        """Metric descriptions as the API lists them."""
+        body = self._get("/api/v1/metrics").json()
+        return body.get("metrics", []) if isinstance(body, dict) else list(body)
+
+    def metric(self, name: str, window: Window, filters: Filters) -> pd.DataFrame:
+        """One metric's frame, transferred as an Arrow IPC stream."""
+        response = self._get(f"/api/v1/metrics/{name}", window_params(window, filters), ARROW_STREAM)
+        if response.headers.get("content-type", "").startswith(ARROW_STREAM):
+            with pa.ipc.open_stream(response.content) as reader:
+                return reader.read_pandas()
+        body = response.json()
+        return pd.DataFrame(body.get("rows", []), columns=body.get("columns"))
+
+    def runs(self, window: Window, filters: Filters) -> pd.DataFrame:
+        """Runs in the window, newest first."""
+        body = self._get("/api/v1/runs", window_params(window, filters)).json()
+        return normalise_runs(_rows_of(body, "runs"))
+
+    def run_spans(self, run_id: str) -> pd.DataFrame:
+        """Every span of one run, in start order."""
+        body = self._get(f"/api/v1/runs/{run_id}/spans").json()
+        return normalise_spans(_rows_of(body, "spans"))
+
+    def thresholds(self) -> pd.DataFrame:
+        """The thresholds in force, with provenance."""
+        body = self._get("/api/v1/thresholds").json()
+        return normalise_thresholds(_rows_of(body, "thresholds"))
+
+
+def _rows_of(body, key: str) -> pd.DataFrame:
+    """Accept ``[...]``, ``{key: [...]}`` or ``{"columns": [...], "rows": [[...]]}``."""
+    if isinstance(body, list):
+        return pd.DataFrame(body)
+    if "columns" in body and "rows" in body:
+        return pd.DataFrame(body["rows"], columns=body["columns"])
+    return pd.DataFrame(body.get(key, []))
+
+
+class DuckDBFileSource:
+    """An incident copy of the database, opened read-only; analytics run in this process."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.description = f"database file {self.path}"
+        self._lock = threading.Lock()
+        self._conn: duckdb.DuckDBPyConnection | None = None
+
+    def _connection(self) -> duckdb.DuckDBPyConnection:
+        if self._conn is None:
+            if not self.path.exists():
+                raise SourceUnavailable(
+                    f"No database file at {self.path}. Create one with `driftscope ingest FILE --db "
+                    f"{self.path}` or `driftscope demo`, or point --source at a running collector."
+                )
+            try:
+                self._conn = duckdb.connect(str(self.path), read_only=True)
+            except duckdb.Error as exc:
+                raise SourceUnavailable(
+                    f"Cannot open {self.path} read-only ({exc}). If a `driftscope serve` holds it, "
+                    "use its URL as the source, or copy the file and open the copy."
+                ) from exc
+        return self._conn
+
+    def _query(self, sql: str, params: list | None = None) -> pd.DataFrame:
+        with self._lock:
+            try:
+                return self._connection().execute(sql, params or []).df()
+            except duckdb.CatalogException as exc:
+                raise SourceUnavailable(
+                    f"{self.path} is not a driftscope database ({exc}). Create one with "
+                    "`driftscope ingest FILE --db PATH`."
+                ) from exc
+
+    def health(self) -> Health:
+        """Count spans; never raises."""
+        try:
+            count = int(self._query("SELECT count(*) AS n FROM spans")["n"].iloc[0])
+        except (SourceUnavailable, duckdb.Error) as exc:
+            return Health(False, str(exc))
+        return Health(True, f"{self.description}: {count} spans")
+
+    def list_metrics(self) -> list[dict]:
+        """The analytics registry, in the read API's shape."""
+        from analytics.registry import list_metrics
+
+        return [metric_description(m) for m in list_metrics()]
+
+    def metric(self, name: str, window: Window, filters: Filters) -> pd.DataFrame:
+        """Run one registered detector on the file."""
+        from analytics.registry import run_metric
+
+        with self._lock:
+            conn = self._connection()
+            # A cursor keeps detector temp state (registered frames) off the shared connection.
+            cursor = conn.cursor()
+            try:
+                return run_metric(cursor, name, window, filters)
+            finally:
+                cursor.close()
+
+    def _browse(self, func, *args) -> pd.DataFrame:
+        with self._lock:
+            cursor = self._connection().cursor()
+            try:
+                return func(cursor, *args)
+            except duckdb.CatalogException as exc:
+                raise SourceUnavailable(
+                    f"{self.path} is not a driftscope database ({exc}). Create one with "
+                    "`driftscope ingest FILE --db PATH`."
+                ) from exc
+            finally:
+                cursor.close()
+
+    def runs(self, window: Window, filters: Filters) -> pd.DataFrame:
+        """Runs in the window, newest first (the read API's ``/runs`` query, run in-process)."""
+        from analytics.browse import list_runs
+
+        frame = normalise_runs(self._browse(list_runs, window, filters))
+        if filters.run:
+            frame = frame[frame["run_id"] == filters.run].reset_index(drop=True)
+        return frame
+
+    def run_spans(self, run_id: str) -> pd.DataFrame:
+        """Every span of one run, in start order."""
+        from analytics.browse import run_spans
+
+        return normalise_spans(self._browse(run_spans, run_id))
+
+    def thresholds(self) -> pd.DataFrame:
+        """The thresholds in force (newest calibrated version, else the default), with provenance."""
+        from analytics.thresholds import list_thresholds
+
+        with self._lock:
+            cursor = self._connection().cursor()
+            try:
+                return normalise_thresholds(pd.DataFrame(list_thresholds(cursor)))
+            finally:
+                cursor.close()
+
+    def close(self) -> None:
+        """Release the file."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+def metric_description(metric) -> dict:
+    """A registry ``Metric`` as a plain dict (the read API's list shape)."""
+    return {
+        "name": metric.name,
+        "description": metric.description,
+        "columns": dict(metric.columns),
+        "row": getattr(metric, "row", ""),
+        "failure_mode": getattr(metric, "failure_mode", None),
+        "mast_category": getattr(metric, "mast_category", None),
+    }
+
+
+def normalise_runs(frame: pd.DataFrame) -> pd.DataFrame:
+    """Give a runs frame the documented columns whatever the transport returned."""
+    frame = frame.copy()
+    for column in RUN_COLUMNS:
+        if column not in frame.columns:
+            frame[column] = None
+    for column in ("first_seen", "last_seen"):
+        frame[column] = pd.to_datetime(frame[column], errors="coerce", utc=True).dt.tz_localize(None)
+    for column in ("spans", "traces", "errors", "rejected"):
+        frame[column] = pd.to_numeric(frame[column], errors="coerce").fillna(0).astype(int)
+    for column in ("services", "agents"):
+        frame[column] = frame[column].map(_as_list)
+    return frame[RUN_COLUMNS + [c for c in frame.columns if c not in RUN_COLUMNS]]
+
+
+def normalise_spans(frame: pd.DataFrame) -> pd.DataFrame:
+    """Spans frame (analytics.browse.run_spans columns) with ints for ns and ``attributes`` a dict."""
+    frame = frame.copy()
+    if frame.empty:
+        return frame
+    for column in ("start_ns", "end_ns", "duration_ns"):
+        if column in frame.columns:
+            frame[column] = pd.to_numeric(frame[column], errors="coerce").fillna(0).astype("int64")
+    for column in ("attributes",):
+        if column in frame.columns:
+            frame[column] = frame[column].map(_as_dict)
+    if "Timestamp" in frame.columns:
+        frame["Timestamp"] = pd.to_datetime(frame["Timestamp"], errors="coerce", utc=True).dt.tz_localize(
+            None
+        )
+    return frame.sort_values(["start_ns"], kind="stable").reset_index(drop=True)
+
+
+def normalise_thresholds(frame: pd.DataFrame) -> pd.DataFrame:
+    """Thresholds frame with the schema's columns."""
+    columns = ["name", "value", "version", "method", "calibrated", "provenance"]
+    frame = frame.copy()
+    for column in columns:
+        if column not in frame.columns:
+            frame[column] = None
+    return frame
+
+
+def _as_list(value) -> list:
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return []
+    if isinstance(value, str):
+        return [value]
+    return [v for v in list(value) if v is not None]
+
+
+def _as_dict(value) -> dict:
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return {}
+    if isinstance(value, dict):
+        return value
+    # DuckDB returns MAP columns as {'key': [...], 'value': [...]} or a list of pairs.
+    if isinstance(value, list | tuple):
+        return {k: v for k, v in value}
+    return dict(value)
+
+
+def open_source(source: str | None, token: str | None = None) -> DataSource:
+    """A URL opens the read API; anything else is a DuckDB file path."""
+    if not source:
+        return HttpSource(DEFAULT_URL, token)
+    if source.startswith(("http://", "https://")):
+        return HttpSource(source, token)
+    return DuckDBFileSource(source)

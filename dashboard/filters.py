@@ -1,0 +1,71 @@
+"""The sidebar's time-window presets and query-parameter handling, as pure functions."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from analytics.types import Filters, Window
+
+WINDOW_PRESETS: dict[str, timedelta | None] = {
+    "Last 15 min": timedelta(minutes=15),
+    "Last 1 h": timedelta(hours=1),
+    "Last 24 h": timedelta(hours=24),
+    "All time": None,
+    "Custom": None,
+}
+DEFAULT_PRESET = "All time"
+
+# Relative windows are rounded so reruns within a few seconds share a cache entry.
+_ROUND_SECONDS = 10
+
+
+def utc_now() -> datetime:
+    """Now, as naive UTC (the form spans.Timestamp uses)."""
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+def window_for(
+    preset: str,
+    now: datetime | None = None,
+    custom_since: datetime | None = None,
+    custom_until: datetime | None = None,
+) -> Window:
+    """The ``Window`` a sidebar preset stands for (raises ``ValueError`` for unknown presets)."""
+    if preset not in WINDOW_PRESETS:
+        raise ValueError(f"Expected a window preset among {list(WINDOW_PRESETS)}, got {preset!r}")
+    if preset == "Custom":
+        return Window(custom_since, custom_until)
+    span = WINDOW_PRESETS[preset]
+    if span is None:
+        return Window()
+    now = now or utc_now()
+    rounded = now.replace(microsecond=0) - timedelta(seconds=now.second % _ROUND_SECONDS)
+    return Window(since=rounded - span, until=None)
+
+
+def describe_window(window: Window) -> str:
+    """A short human description of a window."""
+    if window.since is None and window.until is None:
+        return "all time"
+    since = window.since.isoformat(sep=" ", timespec="seconds") if window.since else "the beginning"
+    until = window.until.isoformat(sep=" ", timespec="seconds") if window.until else "now"
+    return f"{since} to {until} UTC"
+
+
+def describe_filters(filters: Filters) -> str:
+    """``service=a, run=b`` or ``no filters``."""
+    parts = [
+        f"{k}={getattr(filters, k)}"
+        for k in ("service", "agent", "run", "origin_task")
+        if getattr(filters, k)
+    ]
+    return ", ".join(parts) or "no filters"
+
+
+def run_link(run_id: str | None, page: str = "run_explorer") -> str | None:
+    """A relative link to the run explorer showing ``run_id``."""
+    if not run_id:
+        return None
+    from urllib.parse import quote
+
+    return f"{page}?run={quote(str(run_id), safe='')}"

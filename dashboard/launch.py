@@ -1,0 +1,54 @@
+"""Start the Streamlit dashboard as a child process (the CLI's `driftscope dashboard` / `up`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+from dashboard import app_main
+
+logger = logging.getLogger(__name__)
+
+SOURCE_ENV = "DRIFTSCOPE_SOURCE"
+TOKEN_ENV = "DRIFTSCOPE_TOKEN"
+
+
+def dashboard_command(port: int, host: str = "127.0.0.1") -> list[str]:
+    """The ``streamlit run`` command line for the dashboard on ``host:port``."""
+    return [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        app_main,
+        "--server.port",
+        str(port),
+        "--server.address",
+        host,
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+        "--server.fileWatcherType",
+        "none",
+    ]
+
+
+def run_dashboard(
+    source: str, port: int, host: str = "127.0.0.1", token: str | None = None
+) -> subprocess.Popen:
+    """Start the dashboard reading ``source`` (read-API URL or DuckDB file path); return the process.
+
+    The source travels in ``DRIFTSCOPE_SOURCE`` (and a token in ``DRIFTSCOPE_TOKEN``) because
+    ``streamlit run`` passes no arguments of its own to the script. The caller owns the process:
+    terminate and wait for it when done.
+    """
+    env = dict(os.environ)
+    env[SOURCE_ENV] = source
+    if token:
+        env[TOKEN_ENV] = token
+    command = dashboard_command(port, host)
+    logger.info("starting dashboard on http://%s:%s for %s", host, port, source)
+    return subprocess.Popen(command, env=env)

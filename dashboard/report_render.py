@@ -1,0 +1,251 @@
+"""HTML and Markdown renderings of a drift report.
+
+HTML is one self-contained file: inline CSS, plotly.js embedded once, no external requests. Every
+value that may come from a span goes through ``html.escape`` (HTML) or ``md_escape`` (Markdown).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+
+import pandas as pd
+
+from dashboard.figures import findings_by_mode_figure, rejection_rate_figure
+from dashboard.filters import describe_filters, describe_window
+from dashboard.findings import EVIDENCE_COLUMNS, MAST_CATEGORIES
+from dashboard.report import ReportData, provenance_object, report_document
+
+MAST_HELP = {
+    "specification": "the task or role was specified badly or not followed (constraints lost, loops, budgets)",
+    "inter-agent misalignment": "agents worked from different views of the task or state (split-brain, drift)",
+    "task verification": "results were not checked before they took effect (stale sends, duplicate side effects)",
+}
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;max-width:1200px;color:#1d2433;padding:0 1rem}
+h1{margin-bottom:.2rem}h2{border-bottom:2px solid #e3e8ee;padding-bottom:.3rem;margin-top:2.2rem}
+.meta{color:#5b6675}table{border-collapse:collapse;width:100%;margin:.6rem 0;font-size:.88rem}
+th,td{border:1px solid #dde3ea;padding:.3rem .5rem;text-align:left;vertical-align:top}
+th{background:#f4f6f8}td.text{font-family:ui-monospace,monospace;white-space:pre-wrap;word-break:break-word}
+.finding{border:1px solid #dde3ea;border-left:5px solid #d62728;border-radius:4px;padding:.6rem 1rem;margin:1rem 0}
+.tag{display:inline-block;border-radius:3px;padding:0 .4rem;margin-right:.4rem;font-size:.8rem;color:#fff}
+.specification{background:#9467bd}.inter-agent{background:#d62728}.task{background:#ff7f0e}.unclassified{background:#9aa5b1}
+pre{background:#f4f6f8;padding:.5rem;overflow-x:auto;white-space:pre-wrap;word-break:break-word}
+.error{color:#a61b1b}
+"""
+
+
+def _e(value) -> str:
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return ""
+    return html.escape(str(value))
+
+
+def _tag_class(category: str) -> str:
+    return {
+        "specification": "specification",
+        "inter-agent misalignment": "inter-agent",
+        "task verification": "task",
+    }.get(category, "unclassified")
+
+
+def _html_table(frame: pd.DataFrame, text_columns: tuple[str, ...] = ()) -> str:
+    if frame is None or frame.empty:
+        return "<p class='meta'>none</p>"
+    head = "".join(f"<th>{_e(c)}</th>" for c in frame.columns)
+    rows = []
+    for record in frame.to_dict("records"):
+        cells = "".join(
+            f"<td class='text'>{_e(_cell(v))}</td>" if c in text_columns else f"<td>{_e(_cell(v))}</td>"
+            for c, v in record.items()
+        )
+        rows.append(f"<tr>{cells}</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+def _cell(value) -> str:
+    if isinstance(value, list | tuple):
+        return ", ".join(str(v) for v in value)
+    if isinstance(value, pd.Timestamp):
+        return value.isoformat(sep=" ")
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return ""
+    return str(value)
+
+
+def _figures_html(data: ReportData) -> str:
+    figures = [findings_by_mode_figure(data.summary)]
+    rates = data.frames.get("rejection_rates")
+    if rates is not None and not rates.empty:
+        figures.append(rejection_rate_figure(rates))
+    parts = []
+    for index, fig in enumerate(figures):
+        # plotly.js goes inline exactly once, with the first figure, so the file works offline.
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=index == 0, config={"displaylogo": False}))
+    return "\n".join(parts)
+
+
+def render_html(data: ReportData) -> str:
+    """The report as one self-contained HTML document."""
+    doc = report_document(data)
+    summary = doc["summary"]
+    out = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>",
+        f"<title>driftscope report — {_e(describe_window(data.window))}</title>",
+        f"<style>{_CSS}</style></head><body>",
+        "<h1>driftscope coordination-failure report</h1>",
+        f"<p class='meta'>Generated {_e(doc['generated_at'])} UTC from {_e(data.source)}. "
+        f"Window: {_e(describe_window(data.window))}; {_e(describe_filters(data.filters))}.</p>",
+        "<h2>Summary</h2>",
+        f"<p><b>{summary['findings']}</b> findings in <b>{summary['runs_with_findings']}</b> of "
+        f"<b>{summary['runs']}</b> runs.</p>",
+        "<table><thead><tr><th>MAST category</th><th>findings</th><th>meaning</th></tr></thead><tbody>",
+    ]
+    for category, count in summary["by_mast_category"].items():
+        out.append(
+            f"<tr><td><span class='tag {_tag_class(category)}'>{_e(category)}</span></td><td>{count}</td>"
+            f"<td>{_e(MAST_HELP.get(category, ''))}</td></tr>"
+        )
+    out.append("</tbody></table>")
+    out.append(_html_table(data.summary))
+    out.append(_figures_html(data))
+    out.append("<h2>Findings</h2>")
+    if not doc["findings"]:
+        out.append("<p>No coordination failures were found in this scope.</p>")
+    for finding in doc["findings"]:
+        out.append(_finding_html(finding))
+    out.append("<h2>Thresholds in force</h2>")
+    out.append(_thresholds_html(doc["thresholds"]))
+    if doc["errors"]:
+        out.append("<h2>Detectors that failed</h2><ul>")
+        out.extend(f"<li class='error'><b>{_e(k)}</b>: {_e(v)}</li>" for k, v in doc["errors"].items())
+        out.append("</ul>")
+    out.append(_runs_html(data.runs))
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+def _finding_html(finding: dict) -> str:
+    category = finding["mast_category"]
+    details = "".join(
+        f"<tr><th>{_e(k)}</th><td class='text'>{_e(v)}</td></tr>" for k, v in finding["details"].items()
+    )
+    evidence = pd.DataFrame(finding["evidence"], columns=EVIDENCE_COLUMNS)
+    return (
+        f"<div class='finding' id='{_e(finding['id'])}'>"
+        f"<h3>{_e(finding['id'])}: {_e(finding['failure_mode'])}</h3>"
+        f"<p><span class='tag {_tag_class(category)}'>MAST: {_e(category)}</span>"
+        f"detector <code>{_e(finding['metric'])}</code> · run <code>{_e(finding['run_id'])}</code> · "
+        f"agents {_e(', '.join(finding['agents']))} · {_e(finding['first_seen'])} – {_e(finding['last_seen'])}</p>"
+        f"<table><tbody>{details}</tbody></table>"
+        f"<p><b>Evidence spans</b> (trace <code>{_e(finding['trace_id'])}</code>)</p>"
+        f"{_html_table(evidence, text_columns=('text',))}</div>"
+    )
+
+
+def _thresholds_html(thresholds: list[dict]) -> str:
+    if not thresholds:
+        return "<p class='meta'>No thresholds recorded.</p>"
+    rows = []
+    for t in thresholds:
+        state = "calibrated" if t["calibrated"] else "uncalibrated default"
+        provenance = json.dumps(t["provenance"], indent=2, sort_keys=True, default=str)
+        rows.append(
+            f"<tr><td>{_e(t['name'])}</td><td>{_e(t['value'])}</td><td>{_e(t['version'])}</td>"
+            f"<td>{_e(t['method'])}</td><td>{_e(state)}</td><td><pre>{_e(provenance)}</pre></td></tr>"
+        )
+    return (
+        "<table><thead><tr><th>name</th><th>value</th><th>version</th><th>method</th><th>state</th>"
+        f"<th>provenance</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+def _runs_html(runs: pd.DataFrame) -> str:
+    if runs is None or runs.empty:
+        return "<h2>Runs</h2><p class='meta'>No runs in this scope.</p>"
+    columns = [
+        c for c in ("run_id", "first_seen", "last_seen", "spans", "agents", "rejected", "errors") if c in runs
+    ]
+    return "<h2>Runs</h2>" + _html_table(runs[columns])
+
+
+_MD_SPECIALS = re.compile(r"([\\`*_{}\[\]()#+!|~])")
+
+
+def md_escape(value) -> str:
+    """Text safe inside Markdown (and a table cell): HTML-escaped, specials backslashed, one line."""
+    text = html.escape(_cell(value), quote=False)
+    text = _MD_SPECIALS.sub(r"\\\1", text)
+    return re.sub(r"[\r\n]+", " ", text)
+
+
+def _md_table(frame: pd.DataFrame) -> list[str]:
+    if frame is None or frame.empty:
+        return ["_none_", ""]
+    lines = ["| " + " | ".join(md_escape(c) for c in frame.columns) + " |", "|" + "---|" * len(frame.columns)]
+    for record in frame.to_dict("records"):
+        lines.append("| " + " | ".join(md_escape(v) for v in record.values()) + " |")
+    return [*lines, ""]
+
+
+def render_markdown(data: ReportData) -> str:
+    """The report as Markdown for a ticket or pull request."""
+    doc = report_document(data)
+    summary = doc["summary"]
+    out = [
+        "# driftscope coordination-failure report",
+        "",
+        f"Generated {md_escape(doc['generated_at'])} UTC from {md_escape(data.source)}. "
+        f"Window: {md_escape(describe_window(data.window))}; {md_escape(describe_filters(data.filters))}.",
+        "",
+        "## Summary",
+        "",
+        f"**{summary['findings']}** findings in **{summary['runs_with_findings']}** of **{summary['runs']}** runs.",
+        "",
+        "| MAST category | findings | meaning |",
+        "|---|---|---|",
+    ]
+    for category in list(MAST_CATEGORIES) + [
+        c for c in summary["by_mast_category"] if c not in MAST_CATEGORIES
+    ]:
+        count = summary["by_mast_category"].get(category, 0)
+        out.append(f"| {md_escape(category)} | {count} | {md_escape(MAST_HELP.get(category, ''))} |")
+    out.append("")
+    out.extend(_md_table(data.summary))
+    out += ["## Findings", ""]
+    if not doc["findings"]:
+        out += ["No coordination failures were found in this scope.", ""]
+    for finding in doc["findings"]:
+        out += [
+            f"### {finding['id']}: {md_escape(finding['failure_mode'])}",
+            "",
+            f"- MAST category: **{md_escape(finding['mast_category'])}**",
+            f"- detector: {md_escape(finding['metric'])}, run: {md_escape(finding['run_id'])}, "
+            f"trace: {md_escape(finding['trace_id'])}",
+            f"- agents: {md_escape(', '.join(finding['agents']))}; "
+            f"seen {md_escape(finding['first_seen'])} to {md_escape(finding['last_seen'])}",
+        ]
+        out += [f"- {md_escape(k)}: {md_escape(v)}" for k, v in finding["details"].items()]
+        out += ["", "Evidence spans:", ""]
+        out.extend(_md_table(pd.DataFrame(finding["evidence"], columns=EVIDENCE_COLUMNS)))
+    out += ["## Thresholds in force", ""]
+    rows = [
+        {
+            "name": t["name"],
+            "value": t["value"],
+            "version": t["version"],
+            "method": t["method"],
+            "state": "calibrated" if t["calibrated"] else "uncalibrated default",
+            "provenance": json.dumps(provenance_object(t["provenance"]), sort_keys=True, default=str),
+        }
+        for t in doc["thresholds"]
+    ]
+    out.extend(_md_table(pd.DataFrame(rows)))
+    if doc["errors"]:
+        out += ["## Detectors that failed", ""]
+        out += [f"- {md_escape(k)}: {md_escape(v)}" for k, v in doc["errors"].items()]
+        out.append("")
+    return "\n".join(out)

@@ -1,0 +1,283 @@
+"""Streamlit glue shared by every page: the source, the cached reads, the sidebar, banners, tables.
+
+Span text reaches the screen only through ``st.dataframe``, ``st.code``, ``st.text`` and
+``st.json`` (which never interpret HTML) or through Plotly figures whose labels the figure
+functions escape; nothing here uses ``unsafe_allow_html``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from datetime import time as dtime
+
+import pandas as pd
+import streamlit as st
+
+from analytics.types import Filters, Window
+from dashboard.datasource import DataSource, SourceUnavailable, open_source
+from dashboard.filters import (
+    DEFAULT_PRESET,
+    WINDOW_PRESETS,
+    describe_filters,
+    describe_window,
+    run_link,
+    utc_now,
+    window_for,
+)
+from dashboard.launch import SOURCE_ENV, TOKEN_ENV
+
+logger = logging.getLogger(__name__)
+
+CACHE_TTL = 30
+REFRESH_SECONDS = 15
+EMPTY_HELP = (
+    "Point your agents at the collector, for example "
+    "`export OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318`, or load the sample crews with "
+    "`driftscope demo`. If spans exist outside the window, widen it in the sidebar."
+)
+
+
+@dataclass(frozen=True)
+class PageContext:
+    """What a page needs: the source key, the window and filters chosen in the sidebar."""
+
+    source_key: str
+    window: Window
+    filters: Filters
+
+
+def source_key() -> str:
+    """The configured source (URL or file path) from ``DRIFTSCOPE_SOURCE``."""
+    return os.environ.get(SOURCE_ENV, "http://127.0.0.1:4318")
+
+
+@st.cache_resource(show_spinner=False)
+def get_source(key: str) -> DataSource:
+    """One data-source object per configured source, shared by all sessions."""
+    return open_source(key, os.environ.get(TOKEN_ENV) or None)
+
+
+def _window(since, until) -> Window:
+    return Window(since, until)
+
+
+@st.cache_data(ttl=CACHE_TTL, show_spinner=False)
+def cached_metric(key: str, name: str, window: Window, filters: Filters) -> pd.DataFrame:
+    """A metric frame, cached by source, name, window and filters."""
+    return get_source(key).metric(name, window, filters)
+
+
+@st.cache_data(ttl=CACHE_TTL, show_spinner=False)
+def cached_runs(key: str, window: Window, filters: Filters) -> pd.DataFrame:
+    """Runs in the window, cached by source, window and filters."""
+    return get_source(key).runs(window, filters)
+
+
+@st.cache_data(ttl=CACHE_TTL, show_spinner=False)
+def cached_run_spans(key: str, run_id: str) -> pd.DataFrame:
+    """Spans of one run."""
+    return get_source(key).run_spans(run_id)
+
+
+@st.cache_data(ttl=CACHE_TTL, show_spinner=False)
+def cached_thresholds(key: str) -> pd.DataFrame:
+    """Thresholds in force."""
+    return get_source(key).thresholds()
+
+
+@st.cache_data(ttl=300, show_spinner=False)
+def cached_metrics_list(key: str) -> list[dict]:
+    """The registry's metric descriptions."""
+    return get_source(key).list_metrics()
+
+
+def unavailable_banner(message: str) -> None:
+    """The banner shown instead of a traceback when the source cannot be read."""
+    st.error(f"**Data source unavailable.** {message}", icon="🚫")
+
+
+def empty_state(what: str) -> None:
+    """An empty result that says what to do next."""
+    st.info(f"No {what} in this window ({_context_line()}). {EMPTY_HELP}", icon="ℹ️")
+
+
+def _context_line() -> str:
+    ctx = st.session_state.get("_page_context")
+    if ctx is None:
+        return "no data"
+    return f"{describe_window(ctx.window)}, {describe_filters(ctx.filters)}"
+
+
+def sidebar() -> PageContext | None:
+    """Render the shared sidebar; return the context, or None after a banner if the source is down."""
+    key = source_key()
+    source = get_source(key)
+    health = source.health()
+    st.sidebar.caption(f"Source: {source.description}")
+    if not health.ok:
+        unavailable_banner(health.detail)
+        return None
+    preset = st.sidebar.selectbox(
+        "Time window", list(WINDOW_PRESETS), index=list(WINDOW_PRESETS).index(DEFAULT_PRESET), key="window"
+    )
+    since = until = None
+    if preset == "Custom":
+        now = utc_now()
+        day = st.sidebar.date_input("From (UTC)", value=now.date(), key="custom_from")
+        day_to = st.sidebar.date_input("To (UTC)", value=now.date(), key="custom_to")
+        since = datetime.combine(day, dtime.min)
+        until = datetime.combine(day_to, dtime.max)
+    window = window_for(preset, custom_since=since, custom_until=until)
+    try:
+        runs = cached_runs(key, window, Filters())
+    except SourceUnavailable as exc:
+        unavailable_banner(str(exc))
+        return None
+    services = sorted({s for row in runs["services"] for s in row})
+    agents = sorted({a for row in runs["agents"] for a in row})
+    run_ids = [str(r) for r in runs["run_id"]]
+    service = _choice("Service", services, "service")
+    agent = _choice("Agent", agents, "agent")
+    wanted_run = st.query_params.get("run")
+    if wanted_run and wanted_run not in run_ids:
+        run_ids = [wanted_run, *run_ids]
+    run = _choice("Run", run_ids, "run_filter")
+    filters = Filters(service=service, agent=agent, run=run)
+    ctx = PageContext(key, window, filters)
+    st.session_state["_page_context"] = ctx
+    if st.sidebar.toggle("Auto-refresh", key="auto_refresh", help=f"Re-read every {REFRESH_SECONDS} s"):
+        _auto_refresh(REFRESH_SECONDS)
+    return ctx
+
+
+def _choice(label: str, options: list[str], key: str) -> str | None:
+    value = st.sidebar.selectbox(label, ["(all)", *options], key=key)
+    return None if value == "(all)" else value
+
+
+def _auto_refresh(seconds: int) -> None:
+    """Rerun the whole app every ``seconds`` while the toggle is on."""
+    st.session_state["_last_full_run"] = time.monotonic()
+
+    @st.fragment(run_every=seconds)
+    def ticker() -> None:
+        if time.monotonic() - st.session_state.get("_last_full_run", 0) >= seconds * 0.9:
+            st.cache_data.clear()
+            st.rerun()
+        st.sidebar.caption(f"Auto-refresh every {seconds} s")
+
+    ticker()
+
+
+def load_metric(ctx: PageContext, name: str) -> pd.DataFrame | None:
+    """A metric frame, or None after showing why it could not be read."""
+    try:
+        return cached_metric(ctx.source_key, name, ctx.window, ctx.filters)
+    except SourceUnavailable as exc:
+        unavailable_banner(str(exc))
+    except KeyError as exc:
+        st.warning(f"The metric `{name}` is not available from this source ({exc}).")
+    except Exception as exc:  # a broken detector shows its error, the rest of the page still renders
+        logger.exception("metric %s failed", name)
+        st.warning(f"The metric `{name}` failed: {type(exc).__name__}: {exc}")
+    return None
+
+
+def with_run_links(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """Add an ``explore`` link column to the run explorer; return frame and column config."""
+    frame = frame.copy()
+    config: dict = {}
+    if "run_id" in frame.columns:
+        frame.insert(0, "explore", [run_link(r) for r in frame["run_id"]])
+        config["explore"] = st.column_config.LinkColumn(
+            "run", display_text=r"run=(.*)$", help="Open in the run explorer"
+        )
+    for column in frame.columns:
+        if frame[column].map(lambda v: isinstance(v, list | tuple)).any():
+            frame[column] = frame[column].map(
+                lambda v: ", ".join(map(str, v)) if isinstance(v, list | tuple) else v
+            )
+    return frame, config
+
+
+def findings_table(frame: pd.DataFrame, what: str, key: str | None = None) -> None:
+    """A findings frame as an escaped table with links to the run explorer, or an empty state."""
+    if frame is None:
+        return
+    if frame.empty:
+        empty_state(what)
+        return
+    shown, config = with_run_links(_plain_cells(frame))
+    st.dataframe(shown, hide_index=True, column_config=config, key=key)
+
+
+def _plain_cells(frame: pd.DataFrame) -> pd.DataFrame:
+    """Arrays (numpy, from Arrow) as lists so tables show them as text."""
+    frame = frame.copy()
+    for column in frame.columns:
+        if frame[column].dtype == object:
+            frame[column] = frame[column].map(
+                lambda v: list(v) if hasattr(v, "tolist") and not isinstance(v, str) else v
+            )
+    return frame
+
+
+def plot(figure, key: str | None = None) -> None:
+    """A Plotly figure at full width."""
+    st.plotly_chart(figure, key=key, config={"displaylogo": False})
+
+
+def page_context() -> PageContext:
+    """The context the app script stored for this run (pages call this first)."""
+    return st.session_state["_page_context"]
+
+
+def report_download(ctx: PageContext) -> None:
+    """Sidebar download of the drift report for the current window and filters (built on click)."""
+    from dashboard.report import build_report
+
+    fmt = st.sidebar.selectbox("Report format", ["html", "md", "json"], key="report_format")
+    mime = {"html": "text/html", "md": "text/markdown", "json": "application/json"}[fmt]
+
+    def make() -> str:
+        return build_report(get_source(ctx.source_key), ctx.window, ctx.filters, None, fmt)
+
+    st.sidebar.download_button(
+        "Download report",
+        data=make,
+        file_name=f"driftscope-report.{fmt}",
+        mime=mime,
+        key="download_report",
+        on_click="ignore",
+        icon="📄",
+    )
+
+
+@st.cache_data(ttl=CACHE_TTL, show_spinner="Running detectors…")
+def cached_findings(key: str, window: Window, filters: Filters):
+    """(findings, frames by metric, errors by metric) for the window and filters."""
+    from dashboard.findings import collect_findings
+
+    return collect_findings(get_source(key), window, filters)
+
+
+def load_findings(ctx: PageContext):
+    """Findings for the page, or None after a banner when the source is down."""
+    try:
+        findings, frames, errors = cached_findings(ctx.source_key, ctx.window, ctx.filters)
+    except SourceUnavailable as exc:
+        unavailable_banner(str(exc))
+        return None
+    for name, message in errors.items():
+        st.warning(f"Detector `{name}` failed: {message}")
+    return findings, frames
+
+
+def table(frame: pd.DataFrame, key: str | None = None) -> None:
+    """A plain escaped table (lists shown as comma-separated text, run ids linked)."""
+    shown, config = with_run_links(_plain_cells(frame))
+    st.dataframe(shown, hide_index=True, column_config=config, key=key)

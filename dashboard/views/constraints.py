@@ -1,0 +1,34 @@
+"""Constraints: per origin task, which constraint each hop carried, waived or lost, and who dropped it."""
+
+import streamlit as st
+
+from dashboard import ui
+from dashboard.figures import constraint_heatmap_figure
+
+ctx = ui.page_context()
+st.title("Constraints along delegation chains")
+st.caption(
+    "Each delegation hop should carry every constraint of the origin task verbatim, or waive it with a reason."
+)
+
+ledger = ui.load_metric(ctx, "constraint_ledger")
+drops = ui.load_metric(ctx, "constraint_drops")
+if ledger is not None:
+    tasks = sorted(ledger["origin_task_id"].dropna().unique())
+    if not tasks:
+        ui.empty_state("delegations with a constraint ledger")
+    else:
+        dropped = set(drops["origin_task_id"]) if drops is not None and not drops.empty else set()
+        default = next((i for i, t in enumerate(tasks) if t in dropped), 0)
+        task = st.selectbox("Origin task", tasks, index=default, key="origin_task")
+        ui.plot(constraint_heatmap_figure(ledger, task), key="heatmap")
+        waivers = ledger[(ledger["origin_task_id"] == task) & (ledger["status"] == "waived")]
+        st.subheader("Waivers")
+        if waivers.empty:
+            st.caption("No constraint of this task was waived.")
+        else:
+            ui.table(
+                waivers[["constraint_id", "hop", "waiver_reason", "agents", "delegate_to"]], key="waivers"
+            )
+st.subheader("Dropped constraints (hop and agent that dropped each)")
+ui.findings_table(drops, "dropped constraints", key="drops")

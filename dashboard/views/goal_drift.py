@@ -1,0 +1,23 @@
+"""Goal drift: divergence of each delegated subtask from the root goal, hop by hop."""
+
+import streamlit as st
+
+from dashboard import ui
+from dashboard.figures import goal_divergence_figure
+from dashboard.findings import finding_rows
+
+ctx = ui.page_context()
+st.title("Goal drift")
+st.caption(
+    "Each delegated subtask's statement is embedded and compared with the chain's root goal; "
+    "subtasks above the threshold (red band) drifted from what was asked."
+)
+
+frame = ui.load_metric(ctx, "goal_divergence")
+if frame is not None:
+    if frame.empty:
+        ui.empty_state("delegated subtasks with goal texts")
+    else:
+        ui.plot(goal_divergence_figure(frame), key="divergence")
+        st.subheader("Subtasks above the threshold")
+        ui.findings_table(finding_rows(frame), "subtasks above the threshold", key="drifted")

@@ -1,0 +1,42 @@
+"""Overview: one tile per failure mode, the rejection rate against its threshold, the worst runs."""
+
+import streamlit as st
+
+from dashboard import ui
+from dashboard.figures import findings_by_mode_figure, rejection_rate_figure
+from dashboard.findings import finding_metrics, summarise, tile_for, worst_runs
+
+ctx = ui.page_context()
+st.title("Coordination failures")
+st.caption(
+    "Counts of each failure mode in the window; a red status means it occurred (or crossed its threshold)."
+)
+
+loaded = ui.load_findings(ctx)
+if loaded is not None:
+    findings, frames = loaded
+    metrics = finding_metrics(ui.cached_metrics_list(ctx.source_key))
+    tiles = [tile_for(m, frames.get(m["name"])) for m in metrics]
+    for start in range(0, len(tiles), 4):
+        for column, tile in zip(st.columns(4), tiles[start : start + 4], strict=False):
+            column.metric(
+                tile.failure_mode,
+                tile.count,
+                delta="breached" if tile.breached else "clear",
+                delta_color="red" if tile.breached else "green",
+                delta_arrow="off",
+                chart_data=tile.trend,
+                chart_type="bar",
+                border=True,
+                help=f"MAST: {tile.mast_category}; detector `{tile.metric}`",
+            )
+    left, right = st.columns(2)
+    with left:
+        ui.plot(findings_by_mode_figure(summarise(findings)), key="by_mode")
+    with right:
+        ui.plot(rejection_rate_figure(frames.get("rejection_rates")), key="rejection_rate")
+    st.subheader("Worst runs")
+    runs = ui.cached_runs(ctx.source_key, ctx.window, ctx.filters)
+    ui.findings_table(
+        worst_runs(runs, findings), "runs with findings, rejections or errors", key="worst_runs"
+    )

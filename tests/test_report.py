@@ -1,0 +1,145 @@
+"""Drift reports in all three formats, from a real DuckDB file, against the injected failures."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from analytics.types import Filters, Window
+from dashboard.datasource import DuckDBFileSource
+from dashboard.report import build_report
+from dashboard.report_render import md_escape
+from tests.test_dashboard_db import BOUNCE_RUN, CREW_RUN, EXPECTED, XSS, build_dashboard_db
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "reports.md"
+MAST = {"specification", "inter-agent misalignment", "task verification"}
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    src = DuckDBFileSource(build_dashboard_db(tmp_path_factory.mktemp("report") / "crew.duckdb"))
+    yield src
+    src.close()
+
+
+@pytest.fixture(scope="module")
+def reports(source):
+    return {fmt: build_report(source, Window(), Filters(), None, fmt) for fmt in ("html", "md", "json")}
+
+
+def _documented_fields(section: str) -> list[str]:
+    """Field names of the table that follows ``section`` in docs/reports.md."""
+    text = DOCS.read_text(encoding="utf-8")
+    start = text.index(section)
+    fields = []
+    for line in text[start:].splitlines()[1:]:
+        if line.startswith("| `"):
+            fields.append(line.split("`")[1])
+        elif fields and not line.startswith("|"):
+            break
+    return fields
+
+
+def test_json_report_findings_match_the_injected_failures(reports):
+    doc = json.loads(reports["json"])
+    found: dict[str, set[str]] = {}
+    for finding in doc["findings"]:
+        if finding["run_id"]:
+            found.setdefault(finding["run_id"], set()).add(finding["metric"])
+    rejection_buckets = {"rejection_rates"}  # guard refusals per bucket: symptoms, not injected
+    assert {run: metrics - rejection_buckets for run, metrics in found.items()} == EXPECTED
+    assert doc["errors"] == {}
+    assert doc["summary"]["findings"] == len(doc["findings"])
+    assert doc["summary"]["runs"] == 2 and doc["summary"]["runs_with_findings"] == 2
+
+
+def test_every_finding_is_named_by_failure_mode_and_mast_category(reports):
+    doc = json.loads(reports["json"])
+    assert set(doc["summary"]["by_mast_category"]) == MAST
+    for finding in doc["findings"]:
+        assert finding["failure_mode"] and finding["mast_category"] in MAST
+    drop = next(f for f in doc["findings"] if f["metric"] == "constraint_drops")
+    assert drop["details"]["constraint_id"] == "cite-sources"
+    assert [e["agent"] for e in drop["evidence"]] == ["planner"]
+
+
+def test_json_report_follows_the_documented_schema(reports):
+    doc = json.loads(reports["json"])
+    assert list(doc) == _documented_fields("Top level:")
+    assert list(doc["scope"]) == _documented_fields("`scope`:")
+    assert list(doc["summary"]) == _documented_fields("`summary`:")
+    assert list(doc["findings"][0]) == _documented_fields("Each element of `findings`:")
+    assert list(doc["findings"][0]["evidence"][0]) == _documented_fields("Each element of `evidence`:")
+    assert list(doc["thresholds"][0]) == _documented_fields("Each element of `thresholds`:")
+    assert doc["schema"] == "driftscope.report" and doc["schema_version"] == 1
+    goal = next(t for t in doc["thresholds"] if t["name"] == "goal_divergence")
+    assert goal["calibrated"] is False and goal["version"] == 0 and "note" in goal["provenance"]
+
+
+def test_json_report_escapes_markup_but_keeps_the_text(reports):
+    assert "<script" not in reports["json"] and "<img" not in reports["json"]
+    doc = json.loads(reports["json"])
+    texts = [e["text"] for f in doc["findings"] for e in f["evidence"]]
+    assert any(XSS in t for t in texts)
+
+
+def test_html_report_escapes_span_text(reports):
+    html = reports["html"]
+    assert XSS not in html
+    assert "<img src=x" not in html and 'alert("driftscope-xss")' not in html
+    assert "&lt;script&gt;alert(&quot;driftscope-xss&quot;)&lt;/script&gt;" in html
+    # the only script elements are plotly.js and the figures' own calls
+    for script in re.findall(r"<script[^>]*>(.*?)</script>", html, flags=re.S):
+        assert "driftscope-xss" not in script
+
+
+def test_html_report_is_self_contained_with_plotly_embedded_once(reports):
+    html = reports["html"]
+    assert not re.search(r"<(script|link|img|iframe)[^>]+(src|href)=[\"']?(https?:)?//", html)
+    assert html.count("* plotly.js v") == 1  # the bundle's licence banner
+    assert html.count("Plotly.newPlot(") == 2  # findings by mode, rejection rate
+    for section in ("Summary", "Findings", "Thresholds in force"):
+        assert f"<h2>{section}</h2>" in html
+    assert "MAST: inter-agent misalignment" in html and "MAST: specification" in html
+
+
+def test_markdown_report_has_the_same_findings_escaped(reports):
+    md = reports["md"]
+    doc = json.loads(reports["json"])
+    headings = re.findall(r"^### (F\d+): (.*)$", md, flags=re.M)
+    assert [h[0] for h in headings] == [f["id"] for f in doc["findings"]]
+    assert [h[1] for h in headings] == [md_escape(f["failure_mode"]) for f in doc["findings"]]
+    assert "<script" not in md and "<img" not in md
+    assert "&lt;script&gt;" in md
+    assert "## Thresholds in force" in md
+
+
+def test_markdown_escape_neutralises_markdown_and_html():
+    assert md_escape("[x](javascript:alert(1)) <b>|</b> *a*\nb") == (
+        "\\[x\\]\\(javascript:alert\\(1\\)\\) &lt;b&gt;\\|&lt;/b&gt; \\*a\\* b"
+    )
+
+
+def test_report_for_one_run_only_names_that_run(source):
+    doc = json.loads(build_report(source, Window(), Filters(), BOUNCE_RUN, "json"))
+    assert doc["scope"]["run"] == BOUNCE_RUN
+    assert {f["run_id"] for f in doc["findings"]} == {BOUNCE_RUN}
+    assert {f["metric"] for f in doc["findings"]} >= EXPECTED[BOUNCE_RUN]
+    assert CREW_RUN not in json.dumps(doc["findings"])
+
+
+def test_report_window_outside_the_data_has_no_findings(source):
+    from datetime import datetime
+
+    doc = json.loads(build_report(source, Window(since=datetime(2030, 1, 1)), Filters(), None, "json"))
+    assert doc["findings"] == [] and doc["summary"]["runs"] == 0
+    html = build_report(source, Window(since=datetime(2030, 1, 1)), Filters(), None, "html")
+    assert "No coordination failures were found" in html
+
+
+def test_unknown_format_is_refused_with_the_choices(source):
+    with pytest.raises(ValueError, match="html, md, json"):
+        build_report(source, Window(), Filters(), None, "pdf")
