@@ -10,8 +10,8 @@ from tests.fixtures_analytics import insert_spans, make_span, new_db
 
 DETECTORS = [
     "divergent_reads", "lost_updates", "rejection_rates", "constraint_ledger", "constraint_drops",
-    "context_drift_holders", "stale_policy_sends", "repeated_calls", "ping_pong",
-    "budget_exhaustion", "duplicate_side_effects",
+    "goal_divergence", "context_drift_holders", "stale_policy_sends", "repeated_calls", "ping_pong",
+    "budget_exhaustion", "duplicate_side_effects", "enforcement_coverage", "run_summary",
 ]  # fmt: skip
 
 

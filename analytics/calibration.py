@@ -1,0 +1,250 @@
+"""Calibrate thresholds and store them, versioned, with provenance.
+
+* ``calibrate_from_pairs``: goal-divergence threshold from labelled (root goal, subtask,
+  drifted) pairs - ROC curve, threshold at maximal Youden J or at a target false-positive rate,
+  AUROC, precision and recall at the chosen point.
+* ``calibrate_from_baseline``: thresholds from a healthy window of the user's own crews - the
+  divergence, rejection-rate and near-duplicate-similarity thresholds at a quantile (or mean +
+  k sigma) of what that window shows, and per-run finding counts of every detector.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import logging
+import pathlib
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import numpy as np
+
+from analytics.embeddings import MODEL_NAME
+from analytics.goals import goal_pairs, score_pairs
+from analytics.sql_loader import run_sql
+from analytics.tasks import extract_task
+from analytics.thresholds import store_threshold
+from analytics.types import Filters, Window
+
+logger = logging.getLogger(__name__)
+
+REQUIRED_COLUMNS = ("root_goal", "subtask", "drifted")
+_TRUE = {"1", "yes", "y", "true", "t", "drifted"}
+_FALSE = {"0", "no", "n", "false", "f", "on_goal", "ok"}
+COUNT_DETECTORS = (
+    "divergent_reads", "lost_updates", "constraint_drops", "context_drift_holders",
+    "stale_policy_sends", "repeated_calls", "ping_pong", "budget_exhaustion",
+    "duplicate_side_effects",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RocPoint:
+    """Operating point: flag ``score > threshold``."""
+
+    threshold: float
+    tpr: float
+    fpr: float
+    precision: float
+    recall: float
+    tp: int
+    fp: int
+    tn: int
+    fn: int
+
+
+def read_pairs(csv_path: str | pathlib.Path) -> tuple[list[str], list[str], np.ndarray]:
+    """Read a labelled pairs CSV (header with root_goal, subtask, drifted); return its columns."""
+    path = pathlib.Path(csv_path)
+    with path.open(newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        missing = [column for column in REQUIRED_COLUMNS if column not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"Expected columns {list(REQUIRED_COLUMNS)} in {path}, missing {missing}")
+        roots, subtasks, labels = [], [], []
+        for line, row in enumerate(reader, start=2):
+            label = str(row["drifted"]).strip().lower()
+            if label not in _TRUE | _FALSE:
+                raise ValueError(f"{path}:{line}: expected drifted to be 1/0 or yes/no, got {label!r}")
+            root, subtask = extract_task(row["root_goal"]), extract_task(row["subtask"])
+            if not root or not subtask:
+                raise ValueError(f"{path}:{line}: empty root_goal or subtask")
+            roots.append(root)
+            subtasks.append(subtask)
+            labels.append(label in _TRUE)
+    if not labels:
+        raise ValueError(f"{path} holds no pairs")
+    return roots, subtasks, np.asarray(labels, dtype=bool)
+
+
+def auroc(labels: np.ndarray, scores: np.ndarray) -> float:
+    """Area under the ROC curve (Mann-Whitney U with average ranks for ties)."""
+    labels = np.asarray(labels, dtype=bool)
+    positives, negatives = labels.sum(), (~labels).sum()
+    if positives == 0 or negatives == 0:
+        raise ValueError("AUROC needs both drifted and on-goal pairs")
+    order = np.argsort(scores, kind="mergesort")
+    ranks = np.empty(len(scores), dtype=np.float64)
+    ranks[order] = np.arange(1, len(scores) + 1)
+    sorted_scores = np.asarray(scores)[order]
+    _, first, counts = np.unique(sorted_scores, return_index=True, return_counts=True)
+    for start, count in zip(first, counts, strict=True):  # average rank within ties
+        if count > 1:
+            ranks[order[start : start + count]] = start + (count + 1) / 2
+    u = ranks[labels].sum() - positives * (positives + 1) / 2
+    return float(u / (positives * negatives))
+
+
+def roc_points(labels: np.ndarray, scores: np.ndarray) -> list[RocPoint]:
+    """Every operating point, from strictest to loosest; thresholds sit between distinct scores."""
+    labels = np.asarray(labels, dtype=bool)
+    scores = np.asarray(scores, dtype=np.float64)
+    distinct = np.unique(scores)[::-1]
+    cuts = np.append((distinct[:-1] + distinct[1:]) / 2, distinct[-1] - 1e-6)
+    cuts = np.insert(cuts, 0, distinct[0] + 1e-6)
+    flagged = scores[None, :] > cuts[:, None]
+    tp = (flagged & labels).sum(axis=1)
+    fp = (flagged & ~labels).sum(axis=1)
+    fn = labels.sum() - tp
+    tn = (~labels).sum() - fp
+    points = []
+    for i, cut in enumerate(cuts):
+        precision = tp[i] / (tp[i] + fp[i]) if tp[i] + fp[i] else 1.0
+        recall = tp[i] / (tp[i] + fn[i]) if tp[i] + fn[i] else 0.0
+        fpr = fp[i] / (fp[i] + tn[i]) if fp[i] + tn[i] else 0.0
+        points.append(
+            RocPoint(float(cut), float(recall), float(fpr), float(precision), float(recall),
+                     int(tp[i]), int(fp[i]), int(tn[i]), int(fn[i]))
+        )  # fmt: skip
+    return points
+
+
+def choose_point(points: list[RocPoint], target_fpr: float | None = None) -> RocPoint:
+    """Maximal Youden J (tpr - fpr), or the best recall with fpr <= ``target_fpr``."""
+    if target_fpr is not None:
+        if not 0.0 <= target_fpr <= 1.0:
+            raise ValueError(f"Expected target_fpr between 0 and 1, got {target_fpr}")
+        allowed = [point for point in points if point.fpr <= target_fpr]
+        return max(allowed, key=lambda point: (point.tpr, point.threshold))
+    return max(points, key=lambda point: (point.tpr - point.fpr, point.threshold))
+
+
+def calibrate_from_pairs(
+    conn: duckdb.DuckDBPyConnection, csv_path: str | pathlib.Path, target_fpr: float | None = None
+) -> dict[str, Any]:
+    """Calibrate the goal-divergence threshold on labelled pairs and store it.
+
+    Returns the stored version and value with AUROC, the chosen point's precision, recall,
+    false-positive rate and Youden J, and the ROC curve.
+    """
+    path = pathlib.Path(csv_path)
+    roots, subtasks, labels = read_pairs(path)
+    scores = score_pairs(roots, subtasks, conn)
+    area = auroc(labels, scores)
+    points = roc_points(labels, scores)
+    chosen = choose_point(points, target_fpr)
+    method = "target_fpr" if target_fpr is not None else "youden_j"
+    metrics = {
+        "auroc": area,
+        "precision": chosen.precision,
+        "recall": chosen.recall,
+        "fpr": chosen.fpr,
+        "tpr": chosen.tpr,
+        "youden_j": chosen.tpr - chosen.fpr,
+        "confusion": {"tp": chosen.tp, "fp": chosen.fp, "tn": chosen.tn, "fn": chosen.fn},
+    }
+    provenance = {
+        "model": MODEL_NAME,
+        "data": str(path),
+        "data_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "pairs": int(len(labels)),
+        "drifted": int(labels.sum()),
+        "target_fpr": target_fpr,
+        "metrics": metrics,
+    }
+    info = store_threshold(conn, "goal_divergence", chosen.threshold, method, provenance)
+    logger.info("goal_divergence calibrated: %.4f (AUROC %.3f, %s)", chosen.threshold, area, method)
+    return {
+        "name": "goal_divergence",
+        "version": info.version,
+        "value": info.value,
+        "method": method,
+        "pairs": int(len(labels)),
+        **metrics,
+        "roc": [{"threshold": p.threshold, "tpr": p.tpr, "fpr": p.fpr} for p in points],
+    }
+
+
+def baseline_value(values: np.ndarray, quantile: float, k_sigma: float | None) -> tuple[float, str]:
+    """Threshold from baseline values: ``mean + k_sigma * std`` if given, else the quantile."""
+    values = np.asarray(values, dtype=np.float64)
+    if k_sigma is not None:
+        return float(values.mean() + k_sigma * values.std()), "mean_k_sigma"
+    if not 0.0 < quantile <= 1.0:
+        raise ValueError(f"Expected quantile in (0, 1], got {quantile}")
+    return float(np.quantile(values, quantile)), "quantile"
+
+
+def _consecutive_call_similarity(
+    conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters
+) -> np.ndarray:
+    frame = run_sql(conn, "call_similarity", window, filters)
+    return frame["similarity"].to_numpy(dtype=np.float64)
+
+
+def calibrate_from_baseline(
+    conn: duckdb.DuckDBPyConnection,
+    window: Window,
+    quantile: float = 0.99,
+    k_sigma: float | None = None,
+    filters: Filters = Filters(),
+) -> dict[str, Any]:
+    """Calibrate thresholds from a healthy baseline window and store those with data.
+
+    Returns ``{"window": ..., "thresholds": {name: {...}}, "skipped": {name: reason}}``.
+    """
+    from analytics.registry import run_metric
+
+    stored: dict[str, Any] = {}
+    skipped: dict[str, str] = {}
+    window_info = {
+        "since": window.since.isoformat() if window.since else None,
+        "until": window.until.isoformat() if window.until else None,
+        "filters": {key: value for key, value in vars(filters).items() if value is not None},
+    }
+
+    def store(name: str, values: np.ndarray, unit: str, clip: tuple[float, float] | None = None) -> None:
+        if len(values) == 0:
+            skipped[name] = "no data in the baseline window"
+            return
+        value, method = baseline_value(values, quantile, k_sigma)
+        if clip is not None:
+            value = float(np.clip(value, *clip))
+        provenance = {
+            "model": MODEL_NAME if name == "goal_divergence" else None,
+            "data": "baseline window",
+            "window": window_info,
+            "quantile": quantile if k_sigma is None else None,
+            "k_sigma": k_sigma,
+            "unit": unit,
+            "metrics": {"n": int(len(values)), "mean": float(np.mean(values)),
+                        "std": float(np.std(values)), "max": float(np.max(values))},
+        }  # fmt: skip
+        info = store_threshold(conn, name, value, method, provenance)
+        stored[name] = {"value": info.value, "version": info.version, "method": method, "n": len(values)}
+
+    pairs = goal_pairs(conn, window, filters)
+    divergences = score_pairs(list(pairs["root_goal"]), list(pairs["subtask"]), conn)
+    store("goal_divergence", divergences, "1 - cosine")
+    rates = run_metric(conn, "rejection_rates", window, filters)["rejection_rate"].to_numpy()
+    store("rejection_rate", rates, "rejections / attempts per bucket", clip=(0.0, 1.0))
+    # A loop threshold must sit above the similarity healthy consecutive calls already show.
+    similarity = _consecutive_call_similarity(conn, window, filters)
+    store("near_duplicate_similarity", similarity, "token-set Jaccard", clip=(0.5, 1.0))
+    runs = run_metric(conn, "run_summary", window, filters)
+    for detector in COUNT_DETECTORS:
+        column = f"{detector}_count"
+        if column in runs.columns and len(runs):
+            store(f"count_per_run:{detector}", runs[column].to_numpy(), "findings per run")
+    return {"window": window_info, "thresholds": stored, "skipped": skipped}

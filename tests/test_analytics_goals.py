@@ -1,0 +1,111 @@
+"""Goal divergence with the real all-MiniLM-L6-v2 model, the embedding cache and worker."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import duckdb
+import numpy as np
+
+from analytics import run_metric
+from analytics.embeddings import EmbeddingWorker, embed_texts, text_hash
+from analytics.goals import cosine_divergence
+from tests.fixtures_analytics import insert_spans, make_span, new_db
+
+GOAL = "Plan a three-day team offsite in Lisbon for 25 people under a 20,000 EUR budget"
+
+
+def _delegations() -> list[dict]:
+    deleg = dict(op="delegate", origin_task_id="T1")
+    return [
+        make_span(0, agent_id="planner", op="objective", origin_task_id="T1", goal_root=GOAL, hop=0),
+        make_span(1, agent_id="planner", delegate_to="venues", hop=1,
+                  goal_text="Find venues in Lisbon that can host 25 people for three days", **deleg),
+        make_span(2, agent_id="venues", delegate_to="writer", hop=2,
+                  goal_text="Write a blog post about the history of Portuguese tiles", **deleg),
+    ]  # fmt: skip
+
+
+def test_cosine_divergence_rowwise():
+    a = np.array([[1.0, 0.0], [0.0, 1.0]])
+    b = np.array([[1.0, 0.0], [1.0, 0.0]])
+    assert list(cosine_divergence(a, b)) == [0.0, 1.0]
+
+
+def test_goal_divergence_flags_drifted_delegation_with_uncalibrated_default():
+    conn = new_db()
+    insert_spans(conn, _delegations())
+    found = run_metric(conn, "goal_divergence").set_index("delegate_to")
+    assert found.loc["venues", "divergence"] < 0.45 < found.loc["writer", "divergence"]
+    assert bool(found.loc["writer", "drifted"]) and not bool(found.loc["venues", "drifted"])
+    assert (found["threshold"] == 0.45).all() and (found["threshold_version"] == 0).all()
+    assert not found["calibrated"].any()
+    assert (found["root_goal"] == GOAL).all() and (found["source"] == "driftscope").all()
+
+
+def test_embeddings_cached_by_sha256_and_reused():
+    conn = new_db()
+    vectors = embed_texts(["alpha task", "beta task", "alpha task"], conn)
+    assert vectors.shape == (3, 384)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert np.allclose(vectors[0], vectors[2])
+    rows = conn.execute("SELECT text_hash, dim FROM embeddings ORDER BY text_hash").fetchall()
+    assert sorted(key for key, _ in rows) == sorted([text_hash("alpha task"), text_hash("beta task")])
+    assert conn.execute("SELECT sha256('alpha task')").fetchone()[0] == text_hash("alpha task")
+
+
+def test_inferred_goals_for_openinference_style_agent_spans():
+    conn = new_db()
+    trace = dict(run="oi-run")
+    root_input = json.dumps({"messages": [{"role": "system", "content": "You are a crew supervisor."},
+                                          {"role": "user", "content": GOAL}]})  # fmt: skip
+    root = make_span(0, span_family="chain", input_text=root_input, SpanName="LangGraph", **trace)
+    insert_spans(
+        conn,
+        [
+            root,
+            make_span(1, span_family="agent", agent_id="venue_agent", ParentSpanId=root["SpanId"],
+                      input_text=json.dumps({"task": "Find venues in Lisbon for 25 people"}), **trace),
+            make_span(2, span_family="agent", agent_id="tiles_agent", ParentSpanId=root["SpanId"],
+                      input_text="You are a writer.\nTask: Write a poem about the sea", **trace),
+            make_span(3, span_family="llm", agent_id="venue_agent", input_text="ignored", **trace),
+        ],
+    )  # fmt: skip
+    found = run_metric(conn, "goal_divergence").set_index("agent")
+    assert set(found.index) == {"venue_agent", "tiles_agent"}
+    assert (found["source"] == "inferred").all() and (found["root_goal"] == GOAL).all()
+    assert found.loc["tiles_agent", "subtask"] == "Write a poem about the sea"
+    assert bool(found.loc["tiles_agent", "drifted"]) and not bool(found.loc["venue_agent", "drifted"])
+
+
+def test_embedding_worker_embeds_pending_texts_in_background(tmp_path):
+    path = tmp_path / "serve.duckdb"
+    conn = duckdb.connect(str(path))
+    from collector.migrations_runner import apply_migrations
+
+    apply_migrations(conn)
+    insert_spans(conn, _delegations())
+    worker = EmbeddingWorker(lambda: conn.cursor(), interval_s=60.0).start()
+    try:
+        worker.notify()
+        deadline = time.monotonic() + 120
+        expected = 3  # the root goal and two distinct subtask statements
+        while time.monotonic() < deadline:
+            (count,) = conn.cursor().execute("SELECT count(*) FROM embeddings").fetchone()
+            if count >= expected:
+                break
+            time.sleep(0.2)
+    finally:
+        worker.stop()
+    assert count == expected, worker.last_error
+    assert worker.embedded == expected
+
+
+def test_goal_divergence_same_with_cold_and_warm_cache():
+    conn = new_db()
+    insert_spans(conn, _delegations())
+    cold = run_metric(conn, "goal_divergence")["divergence"].to_numpy()
+    assert conn.execute("SELECT count(*) FROM embeddings").fetchone()[0] == 3
+    warm = run_metric(conn, "goal_divergence")["divergence"].to_numpy()
+    assert len(cold) == 2 and np.allclose(cold, warm, atol=1e-6)
