@@ -64,6 +64,7 @@ def run_demo(
     *,
     token: str | None = None,
     pace_s: float = LIVE_PACE_S,
+    timeout_s: float = 10.0,
 ) -> int:
     """Send every scenario (or only ``scenario``), guarded and unguarded, to ``endpoint``.
 
@@ -80,7 +81,7 @@ def run_demo(
     failures = 0
     for index, name in enumerate(n for n in names for _ in VARIANTS):
         variant = VARIANTS[index % len(VARIANTS)]
-        exporter = _ResultCountingExporter(OTLPSpanExporter(endpoint=url, headers=headers, timeout=10))
+        exporter = _ResultCountingExporter(OTLPSpanExporter(endpoint=url, headers=headers, timeout=timeout_s))
         seed = seed_base + index
         if live:
             run, spans = run_scenario(

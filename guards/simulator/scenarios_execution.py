@@ -124,6 +124,7 @@ def step_budget(run: SimRun) -> None:
                             steps_taken=guard.steps_of(agent),
                             span_id=run.last_span,
                         )
+                        run.record("prevented", reason=decision.reason, agent=agent, span_id=run.last_span)
                         traced_call(
                             run.telemetry, "return_partial", decision.degraded or {}, lambda: "partial"
                         )
