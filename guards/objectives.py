@@ -45,6 +45,11 @@ class ObjectiveRegistry:
         self._sequence += 1
         return hashlib.sha256(f"{self._salt}|{task_id}|{self._sequence}|{text}".encode()).hexdigest()[:20]
 
+    @property
+    def telemetry(self) -> Telemetry:
+        """Where this registry's spans go (shared by a PolicyGate built on it)."""
+        return self._telemetry
+
     def current(self, task_id: str) -> dict[str, str]:
         """``{"objective", "version", "as_of"}`` of the current version, without registering a holder."""
         version, text, as_of = self._objectives[task_id].versions[-1]
@@ -180,7 +185,7 @@ class PolicyGate:
         telemetry: Telemetry | None = None,
     ):
         self._registry = registry
-        self._telemetry = telemetry or registry._telemetry
+        self._telemetry = telemetry or registry.telemetry
         self.policy_id = policy_id
         self.outbox: list[dict[str, Any]] = []
 

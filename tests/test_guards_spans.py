@@ -217,8 +217,7 @@ def test_unguarded_calls_carry_no_guard_fields(harness):
     assert spans[-1].status.status_code.name == "ERROR"
 
 
-def test_bound_conversation_id_is_recorded_on_every_guard_span(harness):
-    telemetry, _ = harness
+def test_bound_conversation_id_is_recorded_on_every_guard_span():
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
