@@ -1,0 +1,1 @@
+"""driftscope benchmarks: `python -m benchmarks.run [--smoke] [--sizes ...]` (docs/performance.md)."""

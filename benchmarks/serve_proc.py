@@ -1,0 +1,115 @@
+"""A fresh `driftscope serve` subprocess on free loopback ports, and its memory use from /proc."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+logger = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def proc_status_kib(pid: int, field: str) -> int | None:
+    """A ``/proc/<pid>/status`` field in KiB (``VmRSS`` now, ``VmHWM`` peak), None if unreadable."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+class ServeProcess:
+    """`python -m driftscope serve` on 127.0.0.1 with its own database; use as a context manager."""
+
+    def __init__(self, db: Path, embeddings: bool = False, extra_args: list[str] | None = None) -> None:
+        self.db = Path(db)
+        self.embeddings = embeddings
+        self.extra_args = extra_args or []
+        self.http_port = free_port()
+        self.grpc_port = free_port()
+        self.process: subprocess.Popen | None = None
+        self.log_path = self.db.with_suffix(".serve.log")
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def start(self, timeout: float = 120.0) -> ServeProcess:
+        args = [
+            sys.executable, "-m", "driftscope", "serve",
+            "--db", str(self.db),
+            "--host", "127.0.0.1",
+            "--http-port", str(self.http_port),
+            "--grpc-port", str(self.grpc_port),
+            "--embeddings", "true" if self.embeddings else "false",
+            *self.extra_args,
+        ]  # fmt: skip
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"serve exited with {self.process.returncode}: {self.log()[-2000:]}")
+            try:
+                if httpx.get(f"{self.http_url}/api/v1/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"serve did not become healthy: {self.log()[-2000:]}")
+
+    def health(self) -> dict:
+        return httpx.get(f"{self.http_url}/api/v1/health", timeout=60).json()
+
+    def peak_rss_bytes(self) -> int | None:
+        kib = proc_status_kib(self.pid, "VmHWM")
+        return kib * 1024 if kib is not None else None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, timeout: float = 120.0) -> int:
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else 0
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            logger.warning("serve did not stop within %ss; killing it", timeout)
+            self.process.kill()
+            return self.process.wait()
+
+    def __enter__(self) -> ServeProcess:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
