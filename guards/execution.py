@@ -109,7 +109,7 @@ class ExecutionGuard:
         signature = call_signature(tool, args)
         divergence = None
         if subtask_text is not None and self.root_goal is not None:
-            divergence = round(self.divergence(subtask_text), 4)
+            divergence = round(self.divergence(subtask_text), 3)
         with self._lock:
             step = self._steps[agent] + 1
             total = self.total_steps

@@ -143,6 +143,10 @@ class SimRun:
             **{category: [] for category in TRUTH_CATEGORIES},
         }
 
+    def scoped(self, task_id: str) -> str:
+        """A task id unique to this run (each simulated run is its own world; ids must not collide)."""
+        return f"{task_id}-{self.run_id.rsplit('-', 1)[1]}"
+
     def salt(self) -> str:
         """A per-run deterministic salt for version tokens."""
         return format(self.rng.getrandbits(64), "016x")

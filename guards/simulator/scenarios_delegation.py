@@ -43,15 +43,16 @@ def constraint_drop(run: SimRun) -> None:
 
 
 def _constraint_drop_unguarded(run: SimRun) -> None:
+    origin = run.scoped(OFFSITE)
     handoff = FreeTextDelegation(run.telemetry)
-    handoff.open_task(OFFSITE, OFFSITE_GOAL)
+    handoff.open_task(origin, OFFSITE_GOAL)
     kept = [c for c in OFFSITE_CONSTRAINTS if c["id"] != "C2"]
-    with run.agent("planner", OFFSITE):
+    with run.agent("planner", origin):
         t1 = handoff.delegate(
             "Research venues and costs for the offsite",
             _context(OFFSITE_CONSTRAINTS),
             to_agent="researcher",
-            parent_task_id=OFFSITE,
+            parent_task_id=origin,
         )
     with run.agent("researcher", t1):
         traced_call(
@@ -71,7 +72,7 @@ def _constraint_drop_unguarded(run: SimRun) -> None:
         )
     run.record(
         "constraint_drops",
-        origin_task_id=OFFSITE,
+        origin_task_id=origin,
         constraint_id="C2",
         constraint_text="Venue must be wheelchair accessible",
         hop=2,
@@ -83,13 +84,14 @@ def _constraint_drop_unguarded(run: SimRun) -> None:
 
 
 def _constraint_drop_guarded(run: SimRun) -> None:
+    origin = run.scoped(OFFSITE)
     ledger = ConstraintLedger(run.telemetry)
-    with run.agent("planner", OFFSITE):
-        ledger.open_task(OFFSITE, OFFSITE_GOAL, OFFSITE_CONSTRAINTS, to_agent="planner")
+    with run.agent("planner", origin):
+        ledger.open_task(origin, OFFSITE_GOAL, OFFSITE_CONSTRAINTS, to_agent="planner")
         try:
             ledger.delegate(
                 "Research venues and costs for the offsite",
-                OFFSITE,
+                origin,
                 OFFSITE_CONSTRAINTS,
                 [{"text": "Looks good to the planner", "constraint_ids": []}],
                 {},
@@ -106,7 +108,7 @@ def _constraint_drop_guarded(run: SimRun) -> None:
             )
         t1 = ledger.delegate(
             "Research venues and costs for the offsite",
-            OFFSITE,
+            origin,
             OFFSITE_CONSTRAINTS,
             CRITERIA,
             {},
@@ -120,7 +122,7 @@ def _constraint_drop_guarded(run: SimRun) -> None:
         try:
             ledger.delegate(
                 "Draft the venue proposal for Casa Verde",
-                OFFSITE,
+                origin,
                 kept,
                 CRITERIA[::2],
                 {},
@@ -140,7 +142,7 @@ def _constraint_drop_guarded(run: SimRun) -> None:
             )
         t2 = ledger.delegate(
             "Draft the venue proposal for Casa Verde",
-            OFFSITE,
+            origin,
             OFFSITE_CONSTRAINTS,
             CRITERIA,
             {},
@@ -151,7 +153,7 @@ def _constraint_drop_guarded(run: SimRun) -> None:
         reason = "the critic reviews copy only; dates were fixed with the venue at hop 2"
         t3 = ledger.delegate(
             "Review the proposal copy",
-            OFFSITE,
+            origin,
             OFFSITE_CONSTRAINTS[:2],
             CRITERIA[:2],
             {"C3": reason},
@@ -199,17 +201,18 @@ def goal_drift(run: SimRun) -> None:
     Unguarded: every drifting subtask is delegated. Guarded: the execution guard refuses the first
     subtask past the divergence threshold and the analyst re-scopes it to the root goal.
     """
+    origin = run.scoped(REVENUE)
     embedder = run.embedder or SentenceTransformerEmbedder()
     root_vector = embedder([ROOT_GOAL])[0]
 
     def divergence(text: str) -> float:
-        return round(cosine_distance(root_vector, embedder([text])[0]), 4)
+        return round(cosine_distance(root_vector, embedder([text])[0]), 3)
 
     with run.crew("Finance crew: analyze Q3 revenue trends"):
         if not run.guarded:
             handoff = FreeTextDelegation(run.telemetry)
-            handoff.open_task(REVENUE, ROOT_GOAL)
-            parent = REVENUE
+            handoff.open_task(origin, ROOT_GOAL)
+            parent = origin
             for hop, (sender, receiver, subtask) in enumerate(DRIFT_CHAIN, start=1):
                 with run.agent(sender, parent):
                     parent = handoff.delegate(
@@ -231,9 +234,9 @@ def goal_drift(run: SimRun) -> None:
             return
         ledger = ConstraintLedger(run.telemetry)
         guard = ExecutionGuard(run.telemetry, root_goal=ROOT_GOAL, embedder=embedder)
-        with run.agent("planner", REVENUE):
-            ledger.open_task(REVENUE, ROOT_GOAL, AUDITED, to_agent="planner")
-        parent = REVENUE
+        with run.agent("planner", origin):
+            ledger.open_task(origin, ROOT_GOAL, AUDITED, to_agent="planner")
+        parent = origin
         for hop, (sender, receiver, subtask) in enumerate(DRIFT_CHAIN, start=1):
             with run.agent(sender, parent):
                 decision = guard.check(
@@ -254,7 +257,7 @@ def goal_drift(run: SimRun) -> None:
                         sender, "delegate", {"subtask": subtask, "to": receiver}, subtask_text=subtask
                     )
                 parent = ledger.delegate(
-                    subtask, REVENUE, AUDITED, AUDITED_CRITERIA, {}, to_agent=receiver, parent_task_id=parent
+                    subtask, origin, AUDITED, AUDITED_CRITERIA, {}, to_agent=receiver, parent_task_id=parent
                 )["task_id"]
             if receiver == "writer":
                 break
@@ -281,9 +284,10 @@ def ping_pong(run: SimRun) -> None:
 
 
 def _ping_pong_unguarded(run: SimRun) -> None:
+    origin = run.scoped(CHURN)
     handoff = FreeTextDelegation(run.telemetry)
-    handoff.open_task(CHURN, CHURN_TASK)
-    parent, spans = CHURN, []
+    handoff.open_task(origin, CHURN_TASK)
+    parent, spans = origin, []
     for _ in range(3):
         with run.agent("planner", parent):
             parent = handoff.delegate(
@@ -294,20 +298,21 @@ def _ping_pong_unguarded(run: SimRun) -> None:
             parent = handoff.delegate(CHURN_TASK, BOUNCE, to_agent="planner", parent_task_id=parent)
             spans.append(run.last_span)
     with run.agent("planner", parent):
-        traced_call(run.telemetry, "report_status", {"task_id": CHURN, "status": "stalled"}, lambda: "noted")
+        traced_call(run.telemetry, "report_status", {"task_id": origin, "status": "stalled"}, lambda: "noted")
     run.record(
-        "ping_pong", agents=["planner", "worker"], origin_task_id=CHURN, handoffs=len(spans), span_ids=spans
+        "ping_pong", agents=["planner", "worker"], origin_task_id=origin, handoffs=len(spans), span_ids=spans
     )
 
 
 def _ping_pong_guarded(run: SimRun) -> None:
+    origin = run.scoped(CHURN)
     ledger = ConstraintLedger(run.telemetry)
     guard = ExecutionGuard(run.telemetry, max_identical_calls=1)
     constraints = [{"id": "C1", "text": "Churn as defined in the Q3 metrics glossary"}]
     criteria = [{"text": "Numbers reconcile with the glossary definition", "constraint_ids": ["C1"]}]
-    with run.agent("planner", CHURN):
-        ledger.open_task(CHURN, CHURN_TASK, constraints, to_agent="planner")
-    parent = CHURN
+    with run.agent("planner", origin):
+        ledger.open_task(origin, CHURN_TASK, constraints, to_agent="planner")
+    parent = origin
     for sender, receiver in [("planner", "worker"), ("worker", "planner"), ("planner", "worker")]:
         with run.agent(sender, parent):
             decision = guard.check(sender, "delegate", {"subtask": CHURN_TASK, "to": receiver})
@@ -322,10 +327,10 @@ def _ping_pong_guarded(run: SimRun) -> None:
                 traced_call(
                     run.telemetry,
                     "escalate",
-                    {"task_id": CHURN, "reason": decision.message},
+                    {"task_id": origin, "reason": decision.message},
                     lambda: "ticket-88",
                 )
                 break
             parent = ledger.delegate(
-                CHURN_TASK, CHURN, constraints, criteria, {}, to_agent=receiver, parent_task_id=parent
+                CHURN_TASK, origin, constraints, criteria, {}, to_agent=receiver, parent_task_id=parent
             )["task_id"]

@@ -38,7 +38,7 @@ def recursion_loop(run: SimRun) -> None:
     guard = ExecutionGuard(run.telemetry, max_identical_calls=2) if run.guarded else None
     tool_spans: list[str] = []
     check_spans: list[str] = []
-    with run.crew("Finance crew: EU revenue query"), run.agent("analyst", "T-sql"):
+    with run.crew("Finance crew: EU revenue query"), run.agent("analyst", run.scoped("T-sql")):
         for args in LOOP_VARIANTS[:UNGUARDED_LOOP_LIMIT]:
             if guard is not None:
                 decision = guard.check("analyst", LOOP_TOOL, args)
@@ -95,11 +95,11 @@ def step_budget(run: SimRun) -> None:
     """
     with run.crew("Research crew: Q3 revenue background"):
         if not run.guarded:
-            with run.agent("researcher", "T-bg"):
+            with run.agent("researcher", run.scoped("T-bg")):
                 for topic in SEARCH_TOPICS:
                     traced_call(run.telemetry, "search_web", {"query": topic}, lambda: ["result"])
             run.record("runaway_steps", agent="researcher", tool="search_web", steps=len(SEARCH_TOPICS))
-            with run.agent("writer", "T-bg"):
+            with run.agent("writer", run.scoped("T-bg")):
                 traced_call(
                     run.telemetry, "write_summary", {"sources": len(SEARCH_TOPICS)}, lambda: "summary.md"
                 )
@@ -111,7 +111,7 @@ def step_budget(run: SimRun) -> None:
             ("researcher", "search_web", SEARCH_TOPICS),
             ("writer", "draft_section", SEARCH_TOPICS),
         ]:
-            with run.agent(agent, "T-bg"):
+            with run.agent(agent, run.scoped("T-bg")):
                 for topic in topics:
                     decision = guard.check(agent, tool, {"query": topic})
                     if not decision.allowed:
@@ -146,6 +146,7 @@ def healthy(run: SimRun) -> None:
 
 
 def _healthy_guarded(run: SimRun) -> None:
+    origin = run.scoped("T-q3")
     store = VersionedStore(run.telemetry, salt=run.salt())
     ledger = ConstraintLedger(run.telemetry)
     registry = ObjectiveRegistry(run.telemetry, salt=run.salt())
@@ -155,13 +156,13 @@ def _healthy_guarded(run: SimRun) -> None:
     invoice = IdempotentTool("send_invoice", lambda payload: {"invoice_id": "INV-9001"}, run.telemetry)
     constraints = [{"id": "C1", "text": "Use only audited Q3 figures"}]
     criteria = [{"text": "Every figure traces to the audited Q3 ledger", "constraint_ids": ["C1"]}]
-    with run.agent("planner", "T-q3"):
+    with run.agent("planner", origin):
         gate.publish_policy("External messages must not include unaudited numbers.")
-        ledger.open_task("T-q3", "Analyze Q3 revenue trends", constraints, to_agent="planner")
+        ledger.open_task(origin, "Analyze Q3 revenue trends", constraints, to_agent="planner")
         store.write_state("report/q3/draft", {"sections": ["outline"]}, None)
         subtask = "Break down Q3 revenue trends by region and product line"
         guard.check("planner", "delegate", {"subtask": subtask, "to": "researcher"}, subtask_text=subtask)
-        t1 = ledger.delegate(subtask, "T-q3", constraints, criteria, {}, to_agent="researcher")["task_id"]
+        t1 = ledger.delegate(subtask, origin, constraints, criteria, {}, to_agent="researcher")["task_id"]
     with run.agent("researcher", t1):
         guard.check("researcher", "read_state", {"key": "report/q3/draft"})
         draft = store.read_state("report/q3/draft")
@@ -172,7 +173,7 @@ def _healthy_guarded(run: SimRun) -> None:
         subtask = "Draft the Q3 revenue trends report for the leadership team"
         guard.check("researcher", "delegate", {"subtask": subtask, "to": "writer"}, subtask_text=subtask)
         t2 = ledger.delegate(
-            subtask, "T-q3", constraints, criteria, {}, to_agent="writer", parent_task_id=t1
+            subtask, origin, constraints, criteria, {}, to_agent="writer", parent_task_id=t1
         )["task_id"]
     with run.agent("writer", t2):
         draft = store.read_state("report/q3/draft")
@@ -188,18 +189,19 @@ def _healthy_guarded(run: SimRun) -> None:
 
 
 def _healthy_unguarded(run: SimRun) -> None:
+    origin = run.scoped("T-q3")
     plain = PlainStore(run.telemetry)
     notes = Scratchpad(run.telemetry, name="report/q3/notes")
     handoff = FreeTextDelegation(run.telemetry)
     outbox = UnguardedOutbox(run.telemetry)
-    handoff.open_task("T-q3", "Analyze Q3 revenue trends")
-    with run.agent("planner", "T-q3"):
+    handoff.open_task(origin, "Analyze Q3 revenue trends")
+    with run.agent("planner", origin):
         plain.set("report/q3/draft", {"sections": ["outline"]})
         t1 = handoff.delegate(
             "Break down Q3 revenue trends by region and product line",
             "Constraints: [C1] Use only audited Q3 figures",
             to_agent="researcher",
-            parent_task_id="T-q3",
+            parent_task_id=origin,
         )
     with run.agent("researcher", t1):
         draft = plain.get("report/q3/draft")
