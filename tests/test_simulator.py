@@ -246,3 +246,27 @@ def test_same_seed_same_bytes_and_different_seed_different_ids():
     other = json.dumps(spans_to_otlp_json(run_scenario("healthy", "guarded", seed=7, embedder=embed)[1]))
     assert first == second
     assert first != other
+
+
+@pytest.mark.slow
+def test_only_the_subtasks_the_truth_calls_drifted_are_past_the_threshold():
+    from guards.embedding import SentenceTransformerEmbedder, cosine_distance
+
+    embed = SentenceTransformerEmbedder()
+    for scenario, variant in PAIRS:
+        trace, truth = load(scenario, variant)
+        drifted = {d["span_id"] for d in truth["drifted_subtasks"]}
+        refused = {p["span_id"] for p in truth["prevented"] if p["reason"] == "goal_divergence"}
+        for span in flat_spans(trace):
+            a = span["attrs"]
+            if a.get("driftscope.outcome") != "ok" and span["spanId"] not in refused:
+                continue
+            if "driftscope.goal.text" not in a or a.get("driftscope.hop") == 0:
+                continue
+            root, text = embed([a["driftscope.goal.root"], a["driftscope.goal.text"]])
+            far = cosine_distance(root, text) > 0.45
+            assert far == (span["spanId"] in drifted | refused), (
+                scenario,
+                variant,
+                a["driftscope.goal.text"],
+            )

@@ -49,7 +49,7 @@ def _constraint_drop_unguarded(run: SimRun) -> None:
     kept = [c for c in OFFSITE_CONSTRAINTS if c["id"] != "C2"]
     with run.agent("planner", origin):
         t1 = handoff.delegate(
-            "Research venues and costs for the offsite",
+            "Research venues and costs for the Q3 customer advisory board offsite",
             _context(OFFSITE_CONSTRAINTS),
             to_agent="researcher",
             parent_task_id=origin,
@@ -59,12 +59,18 @@ def _constraint_drop_unguarded(run: SimRun) -> None:
             run.telemetry, "search_venues", {"city": "Lisbon", "capacity": 40}, lambda: ["Palacio Azul"]
         )
         t2 = handoff.delegate(
-            "Draft the venue proposal for Palacio Azul", _context(kept), to_agent="writer", parent_task_id=t1
+            "Draft the venue proposal for the Q3 customer advisory board offsite",
+            _context(kept),
+            to_agent="writer",
+            parent_task_id=t1,
         )
         drop_span = run.last_span
     with run.agent("writer", t2):
         t3 = handoff.delegate(
-            "Review the proposal copy", _context(kept), to_agent="critic", parent_task_id=t2
+            "Review the Q3 customer advisory board offsite proposal",
+            _context(kept),
+            to_agent="critic",
+            parent_task_id=t2,
         )
     with run.agent("critic", t3):
         traced_call(
@@ -90,7 +96,7 @@ def _constraint_drop_guarded(run: SimRun) -> None:
         ledger.open_task(origin, OFFSITE_GOAL, OFFSITE_CONSTRAINTS, to_agent="planner")
         try:
             ledger.delegate(
-                "Research venues and costs for the offsite",
+                "Research venues and costs for the Q3 customer advisory board offsite",
                 origin,
                 OFFSITE_CONSTRAINTS,
                 [{"text": "Looks good to the planner", "constraint_ids": []}],
@@ -107,7 +113,7 @@ def _constraint_drop_guarded(run: SimRun) -> None:
                 span_id=run.last_span,
             )
         t1 = ledger.delegate(
-            "Research venues and costs for the offsite",
+            "Research venues and costs for the Q3 customer advisory board offsite",
             origin,
             OFFSITE_CONSTRAINTS,
             CRITERIA,
@@ -121,7 +127,7 @@ def _constraint_drop_guarded(run: SimRun) -> None:
         kept = [c for c in OFFSITE_CONSTRAINTS if c["id"] != "C2"]
         try:
             ledger.delegate(
-                "Draft the venue proposal for Casa Verde",
+                "Draft the venue proposal for the Q3 customer advisory board offsite",
                 origin,
                 kept,
                 CRITERIA[::2],
@@ -141,7 +147,7 @@ def _constraint_drop_guarded(run: SimRun) -> None:
                 span_id=run.last_span,
             )
         t2 = ledger.delegate(
-            "Draft the venue proposal for Casa Verde",
+            "Draft the venue proposal for the Q3 customer advisory board offsite",
             origin,
             OFFSITE_CONSTRAINTS,
             CRITERIA,
@@ -152,7 +158,7 @@ def _constraint_drop_guarded(run: SimRun) -> None:
     with run.agent("writer", t2):
         reason = "the critic reviews copy only; dates were fixed with the venue at hop 2"
         t3 = ledger.delegate(
-            "Review the proposal copy",
+            "Review the Q3 customer advisory board offsite proposal",
             origin,
             OFFSITE_CONSTRAINTS[:2],
             CRITERIA[:2],
