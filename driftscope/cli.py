@@ -158,8 +158,9 @@ def cmd_up(args: argparse.Namespace, values: dict[str, Any]) -> int:
             serve_args += [BY_NAME[name].flag, str(values[name])]
     if values.get("insecure"):
         serve_args.append("--insecure")
-    if values.get("retention"):
-        serve_args += ["--retention", f"{int(values['retention'])}s"]
+    for name in ("retention", "retention_interval"):
+        if values.get(name):
+            serve_args += [BY_NAME[name].flag, f"{values[name]:g}s"]
     host = values["host"]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{values['http_port']}"
     children: list[subprocess.Popen] = []

@@ -38,6 +38,7 @@ class ServeConfig:
     queue_max_bytes: int = 256 * 1024 * 1024
     max_attribute_bytes: int = 64 * 1024
     retention: float | None = None
+    retention_interval: float = 60.0
     embeddings: bool = True
 
 
@@ -113,7 +114,7 @@ def run_serve(config: ServeConfig) -> int:
     writer.start()
     retention = None
     if config.retention:
-        retention = RetentionWorker(conn, config.retention)
+        retention = RetentionWorker(conn, config.retention, config.retention_interval)
         retention.start()
 
     def health_extra() -> dict:

@@ -188,6 +188,14 @@ SETTINGS: tuple[Setting, ...] = (
         metavar="DURATION",
     ),
     Setting(
+        "retention_interval",
+        "60s",
+        "How often the retention pass runs.",
+        parse_duration,
+        SERVE,
+        metavar="DURATION",
+    ),
+    Setting(
         "embeddings",
         True,
         "Run the background embedding worker for goal divergence.",

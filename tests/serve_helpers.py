@@ -32,6 +32,7 @@ class ServeProcess:
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen | None = None
     log_path: Path | None = None
+    log_dir: Path | None = None
 
     @property
     def http_url(self) -> str:
@@ -56,7 +57,7 @@ class ServeProcess:
         ]  # fmt: skip
         if self.token:
             args += ["--token", self.token]
-        self.log_path = self.db.parent / f"serve-{self.http_port}.log"
+        self.log_path = (self.log_dir or self.db.parent) / f"serve-{self.http_port}.log"
         log = self.log_path.open("ab")
         env = {**os.environ, "HF_HUB_OFFLINE": "1", **self.env}
         self.process = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -96,7 +97,7 @@ class ServeProcess:
         return httpx.get(f"{self.http_url}/api/v1/health", headers=self.headers, timeout=10).json()
 
 
-def new_serve(tmp_path: Path, **kwargs) -> ServeProcess:
+def new_serve(tmp_path: Path, db: Path | None = None, **kwargs) -> ServeProcess:
     return ServeProcess(
-        db=tmp_path / "driftscope.duckdb", http_port=free_port(), grpc_port=free_port(), **kwargs
+        db=db or tmp_path / "driftscope.duckdb", http_port=free_port(), grpc_port=free_port(), **kwargs
     )
