@@ -17,11 +17,12 @@ from analytics.types import Filters, Window
 
 logger = logging.getLogger(__name__)
 
-# A loop of failing calls needs 2 members (the same failure twice); a loop of calls that did not
-# fail needs 3 (re-checking something once is normal, a third near-identical call is not).
-MIN_FAILING_REPEATS = 2
-MIN_SUCCEEDING_REPEATS = 3
-MIN_PING_PONG_DELEGATIONS = 3
+# A loop is the same (or nearly the same) call executed 3+ times; calls a guard refused did not
+# execute, so they count towards a loop only when 3+ of them were refused (the agent hammering
+# a guard). A retry after one failure, or one re-check, is normal.
+MIN_REPEATS = 3
+# Ping-pong: 4+ alternating hand-offs (A -> B -> A -> B); a single return hand-off is normal.
+MIN_PING_PONG_DELEGATIONS = 4
 
 
 def connected_components(n: int, left: np.ndarray, right: np.ndarray) -> np.ndarray:
@@ -53,9 +54,11 @@ def group_loops(calls: pd.DataFrame) -> pd.DataFrame:
     position[order] = np.arange(n)
     labels = connected_components(n, position[left], position[right]) if n else np.array([], int)
     calls = calls.assign(loop=labels)
-    sizes = calls.groupby("loop")["call_idx"].transform("size")
-    needed = np.where(calls["failing"], MIN_FAILING_REPEATS, MIN_SUCCEEDING_REPEATS)
-    members = calls[sizes >= needed].sort_values(["loop", "start_ns", "SpanId"])
+    calls["rejected"] = calls["rejected"].astype(bool)
+    refused = calls.groupby("loop")["rejected"].transform("sum")
+    executed = calls.groupby("loop")["rejected"].transform("size") - refused
+    is_loop = (executed >= MIN_REPEATS) | (refused >= MIN_REPEATS)
+    members = calls[is_loop].sort_values(["loop", "start_ns", "SpanId"])
     if members.empty:
         return pd.DataFrame(columns=_LOOP_COLUMNS)
     grouped = members.groupby("loop", sort=False)
@@ -69,6 +72,7 @@ def group_loops(calls: pd.DataFrame) -> pd.DataFrame:
             "kind": np.where(grouped["norm_args"].nunique() == 1, "exact", "near_duplicate"),
             "failing": grouped["failing"].first(),
             "calls": grouped.size(),
+            "refused": grouped["rejected"].sum().astype(int),
             "distinct_arguments": grouped["norm_args"].nunique(),
             "min_similarity": grouped["min_similarity"].min().astype(float),
             "signature": grouped["norm_args"].first(),
@@ -80,7 +84,7 @@ def group_loops(calls: pd.DataFrame) -> pd.DataFrame:
 
 
 _LOOP_COLUMNS = [
-    "trace_id", "span_ids", "run_id", "agent", "tool_name", "kind", "failing", "calls",
+    "trace_id", "span_ids", "run_id", "agent", "tool_name", "kind", "failing", "calls", "refused",
     "distinct_arguments", "min_similarity", "signature", "first_seen", "last_seen",
 ]  # fmt: skip
 
@@ -94,10 +98,11 @@ _LOOP_COLUMNS = [
         "tool_name": "tool called",
         "kind": "'exact' (one normalized signature) or 'near_duplicate' (similar arguments)",
         "failing": "True when every call in the loop failed (error, rejected or status Error)",
-        "calls": "number of calls in the loop",
+        "calls": "number of calls in the loop (executed and refused)",
+        "refused": "calls of the loop a guard refused (did not execute)",
         "distinct_arguments": "distinct normalized argument strings in the loop",
         "min_similarity": "lowest token-set Jaccard similarity that links a member, 0..1",
-        "signature": "normalized arguments of the first call (lower case, whitespace collapsed)",
+        "signature": "normalized arguments of the first call: its argument words, lower case, sorted",
         **TIMES,
         **THRESHOLD,
     },
@@ -131,7 +136,7 @@ def repeated_calls(conn: duckdb.DuckDBPyConnection, window: Window, filters: Fil
     mast_category="inter-agent misalignment",
 )
 def ping_pong(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
-    """Maximal alternating delegation sequences of at least three delegations."""
+    """Maximal alternating delegation sequences of at least four delegations."""
     return run_sql(conn, "ping_pong", window, filters, min_delegations=MIN_PING_PONG_DELEGATIONS)
 
 

@@ -33,7 +33,7 @@ def load_sql(name: str) -> str:
         raise ValueError(f"Expected a metric SQL name like 'lost_updates', got {name!r}")
     text = _read(name)
     # Fragments may include fragments; expand until none is left (fragments never recurse).
-    for fragment in ("constraint_cells", "filtered_spans"):
+    for fragment in ("constraint_cells", "held_versions", "filtered_spans"):
         placeholder = "{" + fragment + "}"
         if placeholder in text:
             text = text.replace(placeholder, _read("_" + fragment))

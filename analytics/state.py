@@ -21,24 +21,22 @@ _MAX_BUCKETS = 48
 
 @register(
     "divergent_reads",
-    description="Agents that held different versions of the same state key at the same time.",
+    description="Split brain: two agents read the same version and both wrote before seeing the other's write.",
     columns={
         **EVIDENCE,
-        "agents": "the two agents, [agent_a, agent_b]",
+        "agents": "the two agents, sorted",
         "state_key": "shared-state key (driftscope.state.key)",
-        "agent_a": "first agent",
-        "version_a": "version agent_a read",
-        "agent_b": "second agent",
-        "version_b": "version agent_b read",
-        "overlap_s": "longest time both held their versions at once, seconds",
+        "version": "version both agents read",
+        "read_span_ids": "the two reads",
+        "write_span_ids": "the write each reader then attempted (ok, rejected or failed)",
         **TIMES,
     },
-    row="one pair of agents x pair of versions of one key in one run",
+    row="one pair of agents x one version of one key in one run",
     failure_mode="acting on stale or inconsistent shared state",
     mast_category="inter-agent misalignment",
 )
 def divergent_reads(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
-    """Reads by different agents that saw different versions while both were still acting."""
+    """Pairs of agents whose views of a key diverged: same version read, both wrote on it."""
     return run_sql(conn, "divergent_reads", window, filters)
 
 

@@ -9,10 +9,15 @@ from analytics.registry import register, run_metric
 from analytics.sql_loader import run_sql
 from analytics.types import Filters, Window
 
-# Findings that mean a coordination failure happened (not merely prevented by a guard).
-FAILURE_DETECTORS = (
+COUNTED_DETECTORS = (
     "divergent_reads", "lost_updates", "constraint_drops", "context_drift_holders",
     "repeated_calls", "ping_pong", "budget_exhaustion", "duplicate_side_effects",
+)  # fmt: skip
+# Findings that mean a coordination failure took effect. The others (divergent reads whose
+# writes a guard sorted out, budgets that stopped an agent, stale holders that refreshed,
+# refused calls) are warnings: the crew degraded but a guard or the agent caught it.
+FAILING_DETECTORS = (
+    "lost_updates", "constraint_drops", "repeated_calls", "ping_pong", "duplicate_side_effects",
 )  # fmt: skip
 
 
@@ -75,12 +80,15 @@ def _counts_by_run(frame: pd.DataFrame) -> pd.Series:
         "traces": "traces in the run",
         "errors": "spans that failed (outcome error or status Error)",
         "rejections": "calls refused by a guard (failures prevented)",
-        **{f"{name}_count": f"{name} findings in the run" for name in FAILURE_DETECTORS},
+        **{f"{name}_count": f"{name} findings in the run" for name in COUNTED_DETECTORS},
+        "stale_holders_unrefreshed": "context_drift_holders that never refreshed",
         "stale_policy_sends_count": "sends against a superseded policy (refused or allowed)",
         "stale_sends_allowed": "stale-policy sends that went out",
         "drifted_subtasks": "subtasks over the goal-divergence threshold",
         "worst_divergence": "highest goal divergence in the run (1 - cosine), None without subtasks",
-        "verdict": "'failing' (a failure happened), 'degraded' (only prevented ones), or 'healthy'",
+        "verdict": "'failing' (lost update, dropped constraint, loop, ping-pong, duplicate side effect, "
+        "drifted subtask, unrefreshed stale holder or allowed stale send), 'degraded' (only "
+        "refused calls, divergent reads, budget stops, refreshed holders), or 'healthy'",
         "first_seen": "first span (naive UTC)",
         "last_seen": "last span (naive UTC)",
     },  # fmt: skip
@@ -97,10 +105,18 @@ def run_summary(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filter
     base = run_sql(conn, "run_summary", window, filters).set_index("run_id", drop=False)
     allowed = _count_thresholds(conn)
     failing = pd.Series(False, index=base.index)
-    for name in FAILURE_DETECTORS:
-        counts = _counts_by_run(run_metric(conn, name, window, filters))
-        base[f"{name}_count"] = counts.reindex(base.index, fill_value=0).astype("int64")
-        failing |= base[f"{name}_count"] > allowed.get(name, 0.0)
+    degraded = base["rejections"] > 0
+    findings = {name: run_metric(conn, name, window, filters) for name in COUNTED_DETECTORS}
+    for name, frame in findings.items():
+        base[f"{name}_count"] = _counts_by_run(frame).reindex(base.index, fill_value=0).astype("int64")
+        over = base[f"{name}_count"] > allowed.get(name, 0.0)
+        if name in FAILING_DETECTORS:
+            failing |= over
+        else:
+            degraded |= over
+    holders = findings["context_drift_holders"]
+    unrefreshed = holders[~holders["refreshed"].astype(bool)] if not holders.empty else holders
+    base["stale_holders_unrefreshed"] = _counts_by_run(unrefreshed).reindex(base.index, fill_value=0)
     sends = run_metric(conn, "stale_policy_sends", window, filters)
     base["stale_policy_sends_count"] = _counts_by_run(sends).reindex(base.index, fill_value=0)
     allowed_sends = sends[sends["allowed"].astype(bool)] if not sends.empty else sends
@@ -111,7 +127,8 @@ def run_summary(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filter
     worst = goals.groupby("run_id")["divergence"].max() if not goals.empty else pd.Series(dtype=float)
     base["worst_divergence"] = worst.reindex(base.index)
     failing |= (base["stale_sends_allowed"] > 0) | (base["drifted_subtasks"] > 0)
-    degraded = (base["rejections"] > 0) | (base["stale_policy_sends_count"] > 0)
+    failing |= base["stale_holders_unrefreshed"] > 0
+    degraded |= base["stale_policy_sends_count"] > 0
     base["verdict"] = "healthy"
     base.loc[degraded, "verdict"] = "degraded"
     base.loc[failing, "verdict"] = "failing"

@@ -72,12 +72,33 @@ def test_repeated_calls_ignores_one_successful_reread_and_distinct_arguments():
     assert run_metric(conn, "repeated_calls").empty
 
 
-def test_exact_failing_repeat_is_an_exact_loop():
+def test_exact_failing_repeat_is_an_exact_loop_and_key_order_does_not_matter():
     conn = new_db()
-    call = dict(agent_id="a", tool_name="deploy", tool_args={"env": "prod"}, outcome="rejected")
-    insert_spans(conn, [make_span(0, **call), make_span(5, **call)])
+    call = dict(agent_id="a", tool_name="deploy", outcome="error")
+    insert_spans(
+        conn,
+        [
+            make_span(0, tool_args='{"env": "prod", "force": true}', **call),
+            make_span(5, tool_args='{"force": true, "env": "PROD"}', **call),
+            make_span(9, tool_args='{"env":"prod","force":true}', **call),
+        ],
+    )
     loop = run_metric(conn, "repeated_calls").iloc[0]
-    assert loop.kind == "exact" and loop.calls == 2
+    assert loop.kind == "exact" and loop.calls == 3 and loop.refused == 0
+
+
+def test_two_failures_and_a_refused_third_call_is_not_a_loop():
+    conn = new_db()
+    call = dict(agent_id="a", tool_name="deploy", tool_args={"env": "prod"})
+    insert_spans(
+        conn,
+        [
+            make_span(0, outcome="error", **call),
+            make_span(1, outcome="error", **call),
+            make_span(2, outcome="rejected", reject_reason="repeated_call", **call),
+        ],
+    )
+    assert run_metric(conn, "repeated_calls").empty
 
 
 def test_connected_components_joins_transitive_edges():
@@ -85,22 +106,27 @@ def test_connected_components_joins_transitive_edges():
     assert list(labels) == [0, 1, 2, 0, 0]
 
 
-def test_ping_pong_needs_three_alternating_delegations():
+def test_ping_pong_needs_four_alternating_delegations_that_happened():
     conn = new_db()
+    deleg = dict(op="delegate")
     insert_spans(
         conn,
         [
-            make_span(0, agent_id="a", op="delegate", delegate_to="b"),
-            make_span(1, agent_id="b", op="delegate", delegate_to="a"),
-            make_span(2, agent_id="a", op="delegate", delegate_to="b"),
-            make_span(3, agent_id="b", op="delegate", delegate_to="c"),
-            make_span(4, agent_id="c", op="delegate", delegate_to="b", run="run-2"),
-            make_span(5, agent_id="b", op="delegate", delegate_to="c", run="run-2"),
+            make_span(0, agent_id="a", delegate_to="b", **deleg),
+            make_span(1, agent_id="b", delegate_to="a", **deleg),
+            make_span(2, agent_id="a", delegate_to="b", **deleg),
+            make_span(3, agent_id="b", delegate_to="a", **deleg),
+            make_span(4, agent_id="a", delegate_to="c", **deleg),
+            make_span(4, agent_id="c", delegate_to="b", run="run-2", **deleg),
+            make_span(5, agent_id="b", delegate_to="c", run="run-2", **deleg),
+            make_span(6, agent_id="c", delegate_to="b", run="run-2", **deleg),
+            make_span(7, agent_id="b", delegate_to="c", run="run-2", outcome="rejected", **deleg),
         ],
     )
     found = run_metric(conn, "ping_pong")
     assert len(found) == 1
-    assert list(found.iloc[0].agents) == ["a", "b"] and found.iloc[0].delegations == 3
+    assert list(found.iloc[0].agents) == ["a", "b"] and found.iloc[0].delegations == 4
+    assert found.iloc[0].round_trips == 2
 
 
 def test_budget_exhaustion_and_duplicate_side_effects():

@@ -50,15 +50,32 @@ def test_every_detector_returns_its_documented_columns_on_empty_db(name):
     assert frame.empty
 
 
-def test_divergent_reads_pairs_stale_holder_with_reader_of_new_version():
+def test_divergent_reads_pairs_agents_that_read_same_version_and_both_wrote():
     conn = new_db()
     insert_spans(conn, _stale_write_crew())
     found = run_metric(conn, "divergent_reads")
     assert len(found) == 1
     row = found.iloc[0]
-    assert (row.agent_a, row.version_a, row.agent_b, row.version_b) == ("a", "v1", "c", "v2")
-    assert row.overlap_s == pytest.approx(1.0)
-    assert len(row.span_ids) == 2
+    assert list(row.agents) == ["a", "b"] and row.version == "v1" and row.state_key == "plan"
+    assert len(row.read_span_ids) == 2 and len(row.write_span_ids) == 2
+    assert set(row.span_ids) == set(row.read_span_ids) | set(row.write_span_ids)
+
+
+def test_divergent_reads_ignores_reader_who_saw_the_write_before_writing():
+    conn = new_db()
+    read = dict(op="read", state_key="k", outcome="ok")
+    write = dict(op="write", state_key="k", outcome="ok")
+    insert_spans(
+        conn,
+        [
+            make_span(0, agent_id="a", state_version="v1", **read),
+            make_span(1, agent_id="b", state_version="v1", **read),
+            make_span(2, agent_id="a", state_version="v2", state_expected_version="v1", **write),
+            make_span(3, agent_id="b", state_version="v2", **read),  # b refreshes first
+            make_span(4, agent_id="b", state_version="v3", state_expected_version="v2", **write),
+        ],
+    )
+    assert run_metric(conn, "divergent_reads").empty
 
 
 def test_divergent_reads_ignores_sequential_handoff():
@@ -140,8 +157,8 @@ def test_filters_window_run_and_agent_restrict_findings():
     insert_spans(conn, _stale_write_crew("run-1") + _stale_write_crew("run-2"))
     assert len(run_metric(conn, "divergent_reads")) == 2
     assert len(run_metric(conn, "divergent_reads", filters=Filters(run="run-2"))) == 1
-    assert run_metric(conn, "divergent_reads", filters=Filters(agent="b")).empty
-    assert len(run_metric(conn, "divergent_reads", filters=Filters(agent="c"))) == 2
+    assert run_metric(conn, "divergent_reads", filters=Filters(agent="c")).empty
+    assert len(run_metric(conn, "divergent_reads", filters=Filters(agent="b"))) == 2
     assert run_metric(conn, "divergent_reads", filters=Filters(service="other")).empty
     from tests.fixtures_analytics import BASE_TIME
 

@@ -1,12 +1,22 @@
 -- Shared fragment: one cell per (origin task, constraint, delegation span). The ledger of an
 -- origin task is every constraint id it declares (driftscope.constraints.ledger) or that any of
 -- its delegations carried or waived. A cell is carried / waived / missing; a missing cell is an
--- unwaived drop unless the constraint was waived at the same or an earlier hop.
+-- unwaived drop unless the constraint was waived at the same or an earlier hop. Delegations a
+-- guard refused did not happen and are left out. A delegation without structured constraint
+-- fields (an unguarded free-text hand-off) carries the constraint ids its arguments cite as
+-- "[C1]" - the convention of driftscope's free-text context.
 SELECT * FROM (
     WITH s AS ({filtered_spans}),
     deleg AS (
-        SELECT * FROM s
+        SELECT * REPLACE (
+                   coalesce(constraints_carried,
+                            CASE WHEN constraints_waived IS NULL THEN
+                                list_distinct(regexp_extract_all(coalesce(tool_args, input_text, ''),
+                                                                 '\[([A-Za-z][A-Za-z0-9_.-]*)\]', 1))
+                            END) AS constraints_carried)
+        FROM s
         WHERE op = 'delegate' AND origin_task_id IS NOT NULL AND hop IS NOT NULL
+          AND coalesce(outcome, 'ok') <> 'rejected'
           AND ($origin_task::VARCHAR IS NULL OR origin_task_id = $origin_task::VARCHAR)
     ),
     ledger AS (

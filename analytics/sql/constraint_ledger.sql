@@ -12,8 +12,8 @@ agg AS (
            min(TraceId) AS trace_id,
            min(run_id) AS run_id,
            list_sort(list(DISTINCT SpanId)) AS span_ids,
-           list_sort(list(DISTINCT agent_id) FILTER (WHERE agent_id IS NOT NULL)) AS agents,
-           list_sort(list(DISTINCT delegate_to) FILTER (WHERE delegate_to IS NOT NULL)) AS delegate_to,
+           coalesce(list_sort(list(DISTINCT agent_id) FILTER (WHERE agent_id IS NOT NULL)), []::VARCHAR[]) AS agents,
+           coalesce(list_sort(list(DISTINCT delegate_to) FILTER (WHERE delegate_to IS NOT NULL)), []::VARCHAR[]) AS delegate_to,
            min(Timestamp) AS first_seen,
            max(Timestamp) AS last_seen
     FROM cells

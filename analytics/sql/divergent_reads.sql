@@ -1,49 +1,45 @@
--- divergent_reads: different agents holding different versions of one state key at once.
--- A "holding" starts at an agent's read of the key and ends at that agent's next read or
--- successful write of the same key (it then holds something else), else at the agent's last
--- span in the run (it stops acting). Two reads diverge when their versions differ and their
--- holdings overlap in time: both agents acted on the key before either saw the other's version.
+-- divergent_reads (split brain): two agents read the same version of a state key and each then
+-- attempted a write of that key before either saw the other's write: each read happened before
+-- the other agent's write, and neither re-read the key between its read and its own write. From
+-- there on their views of the key diverge (one write is lost or rejected).
 WITH s AS ({filtered_spans}),
 touches AS (
-    SELECT run_id, TraceId, SpanId, agent_id, state_key, state_version, op, Timestamp, start_ns
+    SELECT run_id, TraceId, SpanId, agent_id, state_key, state_version, op, Timestamp, start_ns,
+           lead(op) OVER w AS next_op, lead(SpanId) OVER w AS next_span,
+           lead(start_ns) OVER w AS next_ns, lead(Timestamp) OVER w AS next_ts
     FROM s
-    WHERE state_key IS NOT NULL AND agent_id IS NOT NULL
-      AND (op = 'read' OR (op = 'write' AND coalesce(outcome, 'ok') = 'ok'))
+    WHERE state_key IS NOT NULL AND agent_id IS NOT NULL AND op IN ('read', 'write')
+    WINDOW w AS (PARTITION BY run_id, agent_id, state_key ORDER BY start_ns, SpanId)
 ),
-agent_last AS (
-    SELECT run_id, agent_id, max(end_ns) AS last_ns FROM s WHERE agent_id IS NOT NULL GROUP BY ALL
+read_then_write AS (  -- a read followed directly (for this agent and key) by a write attempt
+    SELECT run_id, TraceId, agent_id, state_key, state_version AS version,
+           SpanId AS read_span, start_ns AS read_ns, Timestamp AS read_ts,
+           next_span AS write_span, next_ns AS write_ns, next_ts AS write_ts
+    FROM touches
+    WHERE op = 'read' AND next_op = 'write' AND state_version IS NOT NULL
 ),
-holds AS (
-    SELECT t.*,
-           coalesce(lead(t.start_ns) OVER (PARTITION BY t.run_id, t.agent_id, t.state_key
-                                           ORDER BY t.start_ns, t.SpanId),
-                    a.last_ns) AS hold_end_ns
-    FROM touches t JOIN agent_last a USING (run_id, agent_id)
-),
-reads AS (SELECT * FROM holds WHERE op = 'read' AND state_version IS NOT NULL),
 pairs AS (
-    SELECT a.run_id, a.state_key,
-           a.agent_id AS agent_a, a.state_version AS version_a,
-           b.agent_id AS agent_b, b.state_version AS version_b,
-           a.TraceId AS trace_a, a.SpanId AS span_a, b.SpanId AS span_b,
-           least(a.Timestamp, b.Timestamp) AS t0, greatest(a.Timestamp, b.Timestamp) AS t1,
-           (least(a.hold_end_ns, b.hold_end_ns) - greatest(a.start_ns, b.start_ns)) / 1e9 AS overlap_s
-    FROM reads a
-    JOIN reads b
-      ON a.run_id = b.run_id AND a.state_key = b.state_key
-     AND a.agent_id < b.agent_id AND a.state_version <> b.state_version
-     AND a.start_ns < b.hold_end_ns AND b.start_ns < a.hold_end_ns
+    SELECT a.run_id, a.TraceId, a.state_key, a.version,
+           a.agent_id AS agent_a, b.agent_id AS agent_b,
+           a.read_span AS read_a, b.read_span AS read_b, a.write_span AS write_a, b.write_span AS write_b,
+           least(a.read_ts, b.read_ts) AS t0, greatest(a.write_ts, b.write_ts) AS t1
+    FROM read_then_write a
+    JOIN read_then_write b
+      ON a.run_id = b.run_id AND a.state_key = b.state_key AND a.version = b.version
+     AND a.agent_id < b.agent_id
+     AND a.read_ns < b.write_ns AND b.read_ns < a.write_ns
 )
-SELECT min(trace_a) AS trace_id,
-       list_sort(list_distinct(flatten(list([span_a, span_b])))) AS span_ids,
+SELECT min(TraceId) AS trace_id,
+       list_sort(list_distinct(flatten(list([read_a, read_b, write_a, write_b])))) AS span_ids,
        run_id,
        [agent_a, agent_b] AS agents,
        state_key,
-       agent_a, version_a, agent_b, version_b,
-       max(overlap_s) AS overlap_s,
+       version,
+       list_sort(list_distinct(flatten(list([read_a, read_b])))) AS read_span_ids,
+       list_sort(list_distinct(flatten(list([write_a, write_b])))) AS write_span_ids,
        min(t0) AS first_seen,
        max(t1) AS last_seen
 FROM pairs
-GROUP BY run_id, state_key, agent_a, version_a, agent_b, version_b
+GROUP BY run_id, state_key, version, agent_a, agent_b
 HAVING $agent::VARCHAR IS NULL OR $agent::VARCHAR IN (agent_a, agent_b)
-ORDER BY first_seen, state_key, agent_a, agent_b
+ORDER BY first_seen, state_key, agents

@@ -16,7 +16,7 @@ by_key AS (
     SELECT 'idempotency_key' AS matched_by, run_id, min(tool_name) AS tool_name,
            idempotency_key, NULL::VARCHAR AS norm_args, count(*) AS executions,
            list(SpanId ORDER BY start_ns) AS span_ids, min(TraceId) AS trace_id,
-           list_sort(list(DISTINCT agent_id) FILTER (WHERE agent_id IS NOT NULL)) AS agents,
+           coalesce(list_sort(list(DISTINCT agent_id) FILTER (WHERE agent_id IS NOT NULL)), []::VARCHAR[]) AS agents,
            min(Timestamp) AS first_seen, max(Timestamp) AS last_seen
     FROM effects WHERE idempotency_key IS NOT NULL
     GROUP BY run_id, idempotency_key HAVING count(*) > 1
@@ -25,7 +25,7 @@ by_args AS (
     SELECT 'arguments' AS matched_by, run_id, tool_name,
            NULL::VARCHAR AS idempotency_key, norm_args, count(*) AS executions,
            list(SpanId ORDER BY start_ns) AS span_ids, min(TraceId) AS trace_id,
-           list_sort(list(DISTINCT agent_id) FILTER (WHERE agent_id IS NOT NULL)) AS agents,
+           coalesce(list_sort(list(DISTINCT agent_id) FILTER (WHERE agent_id IS NOT NULL)), []::VARCHAR[]) AS agents,
            min(Timestamp) AS first_seen, max(Timestamp) AS last_seen
     FROM effects WHERE side_effect AND tool_name IS NOT NULL
     GROUP BY run_id, tool_name, norm_args

@@ -23,8 +23,8 @@ per_tool AS (
            count(*) FILTER (WHERE op = 'send' AND policy_version IS NOT NULL) AS sends_with_policy,
            count(*) FILTER (WHERE side_effect) AS side_effects,
            count(*) FILTER (WHERE side_effect AND idempotency_key IS NOT NULL) AS side_effects_with_key,
-           list_sort(list(DISTINCT agent_id) FILTER (WHERE agent_id IS NOT NULL)) AS agents,
-           list_sort(list(DISTINCT reject_reason) FILTER (WHERE reject_reason IS NOT NULL))
+           coalesce(list_sort(list(DISTINCT agent_id) FILTER (WHERE agent_id IS NOT NULL)), []::VARCHAR[]) AS agents,
+           coalesce(list_sort(list(DISTINCT reject_reason) FILTER (WHERE reject_reason IS NOT NULL)), []::VARCHAR[])
                AS prevented_reasons,
            min(Timestamp) AS first_seen, max(Timestamp) AS last_seen
     FROM calls

@@ -4,6 +4,8 @@
 -- else the goal.root of its origin task, else of its trace.
 -- Other traces (OpenInference / OpenLLMetry, no driftscope.goal.* in the trace): root = the
 -- input of the trace's top agent/chain span, subtasks = the inputs of nested agent spans.
+-- Subtasks a guard refused are left out (they did not happen), and a guard's check span is
+-- folded into the delegation it checked.
 WITH s AS ({filtered_spans}),
 explicit AS (
     SELECT x.TraceId, x.SpanId, x.run_id, x.agent_id, x.delegate_to, x.origin_task_id, x.hop,
@@ -17,6 +19,10 @@ explicit AS (
            'driftscope' AS source
     FROM s x
     WHERE x.goal_text IS NOT NULL
+      AND coalesce(x.outcome, 'ok') <> 'rejected'            -- a refused subtask never ran
+      AND NOT (coalesce(x.op, '') = 'step'                    -- a guard's check of a delegation
+               AND EXISTS (SELECT 1 FROM s d WHERE d.op = 'delegate' AND d.run_id = x.run_id
+                                              AND d.goal_text = x.goal_text))
 ),
 plain_traces AS (
     SELECT TraceId FROM spans

@@ -1,10 +1,12 @@
 -- ping_pong: maximal runs of consecutive delegations in a run that bounce between the same two
--- agents (A -> B, B -> A, A -> B, ...). Delegations are driftscope.op = 'delegate' spans.
+-- agents (A -> B, B -> A, A -> B, ...). Delegations are driftscope.op = 'delegate' spans that a
+-- guard did not refuse.
 WITH s AS ({filtered_spans}),
 edges AS (
     SELECT TraceId, SpanId, run_id, agent_id AS src, delegate_to AS dst, Timestamp, start_ns
     FROM s
     WHERE op = 'delegate' AND agent_id IS NOT NULL AND delegate_to IS NOT NULL
+      AND agent_id <> delegate_to AND coalesce(outcome, 'ok') <> 'rejected'
 ),
 marked AS (
     SELECT *,

@@ -1,21 +1,25 @@
 -- repeated_calls (candidate pairs): tool calls of one agent in one run, with each pair of calls
 -- of the same tool and the same failing/succeeding class whose normalized arguments are
--- identical or nearly so (token-set Jaccard >= $similarity). Loops are the connected components
+-- identical (same sorted argument words) or nearly so (token-set Jaccard >= $similarity). Loops are the connected components
 -- of these pairs, formed in numpy (analytics.loops.group_loops).
 WITH s AS ({filtered_spans}),
 calls AS (
     SELECT row_number() OVER (ORDER BY run_id, start_ns, SpanId) - 1 AS call_idx,
            TraceId, SpanId, run_id, coalesce(agent_id, '') AS agent, tool_name, Timestamp, start_ns,
            tool_args,
-           regexp_replace(regexp_replace(lower(trim(coalesce(tool_args, ''))), '\s+', ' ', 'g'),
-                          '\s*([{}\[\]:,"])\s*', '\1', 'g') AS norm_args,
-           list_distinct(list_filter(string_split_regex(lower(coalesce(tool_args, '')), '[^a-z0-9]+'),
-                                     lambda x: x <> '')) AS tokens,
-           coalesce(outcome IN ('error', 'rejected') OR StatusCode = 'Error', false) AS failing
+           list_filter(string_split_regex(lower(coalesce(tool_args, '')), '[^a-z0-9_.]+'),
+                       lambda x: x <> '') AS words,
+           coalesce(outcome IN ('error', 'rejected') OR StatusCode = 'Error', false) AS failing,
+           coalesce(outcome = 'rejected', false) AS rejected
     FROM s
     WHERE tool_name IS NOT NULL
       AND coalesce(op, '') NOT IN ('delegate', 'objective')
       AND ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
+),
+signed AS (  -- signature: the argument words, lower case, sorted (whitespace/case/key order free)
+    SELECT * EXCLUDE (words), array_to_string(list_sort(words), ' ') AS norm_args,
+           list_distinct(words) AS tokens
+    FROM calls
 ),
 pairs AS (
     SELECT a.call_idx AS i, b.call_idx AS j,
@@ -24,7 +28,7 @@ pairs AS (
                 ELSE len(list_intersect(a.tokens, b.tokens))
                      / (len(a.tokens) + len(b.tokens) - len(list_intersect(a.tokens, b.tokens)))
            END AS similarity
-    FROM calls a JOIN calls b
+    FROM signed a JOIN signed b
       ON a.run_id = b.run_id AND a.agent = b.agent AND a.tool_name = b.tool_name
      AND a.failing = b.failing AND a.call_idx < b.call_idx
 )
@@ -33,5 +37,5 @@ SELECT c.*,
                 []::BIGINT[]) AS similar_later,
        (SELECT min(p.similarity) FROM pairs p
          WHERE (p.i = c.call_idx OR p.j = c.call_idx) AND p.similarity >= $similarity) AS min_similarity
-FROM calls c
+FROM signed c
 ORDER BY call_idx

@@ -2,7 +2,7 @@
 WITH s AS ({filtered_spans})
 SELECT run_id,
        min(TraceId) AS trace_id,
-       list_sort(list(DISTINCT agent_id) FILTER (WHERE agent_id IS NOT NULL)) AS agents,
+       coalesce(list_sort(list(DISTINCT agent_id) FILTER (WHERE agent_id IS NOT NULL)), []::VARCHAR[]) AS agents,
        coalesce(max(hop), 0) AS hops,
        count(*) AS spans,
        count(DISTINCT TraceId) AS traces,
