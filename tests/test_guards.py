@@ -396,3 +396,28 @@ def test_failing_side_effect_is_recorded_as_error_and_not_remembered(spans):
     assert first.attributes["driftscope.outcome"] == "error"
     assert first.status.status_code.name == "ERROR"
     assert second.attributes["driftscope.outcome"] == "ok"
+
+
+def test_concurrent_read_modify_write_loses_no_update(spans):
+    import threading
+
+    _, telemetry = spans
+    store = VersionedStore(telemetry)
+    store.write_state("counter", 0, None)
+    conflicts = []
+
+    def worker():
+        for _ in range(25):
+            while True:
+                current = store.read_state("counter")
+                result = store.write_state("counter", current["value"] + 1, current["version"])
+                if not result["rejected"]:
+                    break
+                conflicts.append(1)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert store.read_state("counter")["value"] == 100

@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import json
 import re
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -49,15 +51,36 @@ def flat_spans(trace: dict) -> list[dict]:
 
 @pytest.mark.slow
 def test_regeneration_is_byte_identical_to_the_committed_files(tmp_path):
-    written = regenerate(tmp_path)
-    assert len(written) == 2 * len(PAIRS)
-    for path in written:
-        committed = SAMPLES / path.name
-        assert committed.exists(), f"{path.name} is generated but not committed"
-        assert path.read_bytes() == committed.read_bytes(), f"{path.name} differs from sample_traces/"
-    generated = {p.name for p in written}
+    # the documented command, in a fresh process
+    subprocess.run(
+        [sys.executable, "-m", "guards.simulator", "regenerate", str(tmp_path)],
+        cwd=SAMPLES.parent,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    generated = {p.name for p in tmp_path.iterdir()}
+    assert len(generated) == 2 * len(PAIRS)
+    for name in sorted(generated):
+        committed = SAMPLES / name
+        assert committed.exists(), f"{name} is generated but not committed"
+        assert (tmp_path / name).read_bytes() == committed.read_bytes(), f"{name} differs from sample_traces/"
     committed_names = {p.name for p in SAMPLES.glob("*.json")}
     assert committed_names == generated, f"stale files in sample_traces/: {committed_names - generated}"
+
+
+def test_regenerate_writes_every_scenario_and_leaves_other_files_alone(tmp_path):
+    keep = tmp_path / "README.md"
+    keep.write_text("hand-written")
+
+    def embed(texts):
+        return [[1.0, 0.0] for _ in texts]
+
+    written = regenerate(tmp_path, embedder=embed)
+    assert {p.name for p in written} == {
+        f"{s}_{v}{ext}" for s, v in PAIRS for ext in (".json", ".truth.json")
+    }
+    assert keep.read_text() == "hand-written"
 
 
 @pytest.mark.parametrize(("scenario", "variant"), PAIRS)
