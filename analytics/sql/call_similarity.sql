@@ -3,8 +3,9 @@
 WITH s AS ({filtered_spans}),
 calls AS (
     SELECT run_id, coalesce(agent_id, '') AS agent, tool_name, start_ns, SpanId,
-           list_distinct(list_filter(string_split_regex(lower(coalesce(tool_args, '')), '[^a-z0-9]+'),
-                                     lambda x: x <> '')) AS tokens
+           list_distinct(list_filter(string_split_regex(lower(coalesce(tool_args, '')), '[^a-z0-9_.]+'),
+                       lambda x: x <> '' AND x NOT IN ('a', 'an', 'the', 'in', 'for', 'of', 'to',
+                                                       'and', 'or', 'on', 'at', 'by', 'with'))) AS tokens
     FROM s
     WHERE tool_name IS NOT NULL AND coalesce(op, '') NOT IN ('delegate', 'objective')
 ),

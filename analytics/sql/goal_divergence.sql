@@ -40,7 +40,8 @@ tops AS (
     WHERE rank = 1
 ),
 inferred AS (
-    SELECT x.TraceId, x.SpanId, x.run_id, x.agent_id, x.delegate_to, x.origin_task_id, x.hop,
+    SELECT x.TraceId, x.SpanId, x.run_id, coalesce(x.agent_id, x.graph_node_id, x.SpanName) AS agent_id,
+           x.delegate_to, x.origin_task_id, x.hop,
            x.Timestamp, t.root_raw, x.input_text AS subtask_raw, 'inferred' AS source
     FROM s x JOIN tops t USING (TraceId)
     WHERE x.span_family = 'agent' AND x.SpanId <> t.top_span AND x.input_text IS NOT NULL

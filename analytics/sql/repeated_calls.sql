@@ -1,6 +1,7 @@
 -- repeated_calls (candidate pairs): tool calls of one agent in one run, with each pair of calls
 -- of the same tool and the same failing/succeeding class whose normalized arguments are
--- identical (same sorted argument words) or nearly so (token-set Jaccard >= $similarity). Loops are the connected components
+-- identical (same sorted argument words, stop words dropped) or nearly so (token-set Jaccard of
+-- those words >= $similarity). Loops are the connected components
 -- of these pairs, formed in numpy (analytics.loops.group_loops).
 WITH s AS ({filtered_spans}),
 calls AS (
@@ -8,7 +9,9 @@ calls AS (
            TraceId, SpanId, run_id, coalesce(agent_id, '') AS agent, tool_name, Timestamp, start_ns,
            tool_args,
            list_filter(string_split_regex(lower(coalesce(tool_args, '')), '[^a-z0-9_.]+'),
-                       lambda x: x <> '') AS words,
+                       lambda x: x <> '' AND x NOT IN ('a', 'an', 'the', 'in', 'for', 'of', 'to',
+                                                       'and', 'or', 'on', 'at', 'by', 'with'))
+               AS words,
            coalesce(outcome IN ('error', 'rejected') OR StatusCode = 'Error', false) AS failing,
            coalesce(outcome = 'rejected', false) AS rejected
     FROM s
