@@ -202,7 +202,9 @@ class ConstraintLedger:
             )
         if reason is None:
             with self._lock:
+                # numbered at registration, so concurrent delegations from one parent never share an id
                 parent.children += 1
+                task_id = f"{parent.task_id}.{parent.children}"
                 self._tasks[task_id] = TaskRecord(
                     task_id, origin_task_id, parent.task_id, hop, subtask, to_agent
                 )

@@ -151,7 +151,24 @@ class ForceStore:
         """Write; a stale ``expected_version`` raises unless ``force=True``, which skips the check."""
         _, current = self._data.get(key, (None, None))
         if not force and expected_version != current:
-            raise RuntimeError(f"stale write to {key!r}")
+            # the tool fails (an error, not a guard rejection); agents learn to retry with force=True
+            message = f"stale write to {key!r}"
+            self._telemetry.emit(
+                "execute_tool write",
+                {
+                    **tool_attributes(
+                        "write",
+                        agent_id,
+                        {"key": key, "value": value, "expected_version": expected_version, "force": force},
+                        message,
+                    ),
+                    "driftscope.op": "write",
+                    "driftscope.state.key": key,
+                    "driftscope.outcome": "error",
+                },
+                error=message,
+            )
+            raise RuntimeError(message)
         self._sequence += 1
         version = hashlib.sha256(f"{self._salt}|{key}|{self._sequence}".encode()).hexdigest()[:20]
         self._data[key] = (value, version)

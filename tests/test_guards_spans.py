@@ -99,7 +99,7 @@ def harness():
             action()
         except DelegationRejected:
             pass
-        except LookupError:
+        except (LookupError, RuntimeError):
             pass
         new = exporter.get_finished_spans()[before:]
         assert len(new) == 1, f"{call} emitted {len(new)} spans"
@@ -190,6 +190,7 @@ def test_unguarded_calls_carry_no_guard_fields(harness):
         spans.append(one_span("scratchpad_append", "ok", lambda: pad.append("note")))
         spans.append(one_span("scratchpad_read", "ok", lambda: pad.read_all()))
         spans.append(one_span("write", "ok", lambda: forced.write("f", 1, "stale", force=True)))
+        spans.append(one_span("write", "error", lambda: forced.write("f", 2, "stale")))
         spans.append(
             one_span(
                 "free_text_delegate",
