@@ -43,10 +43,10 @@ def test_repeated_calls_groups_case_whitespace_and_near_duplicate_variants_into_
     insert_spans(
         conn,
         [
-            make_span(0, tool_args={"q": "weather in Paris"}, **search),
-            make_span(1, tool_args='{"q": "Weather  in paris"}', **search),
+            make_span(0, tool_args={"q": "current weather in Paris France"}, **search),
+            make_span(1, tool_args='{"q": "Current weather  in paris france"}', **search),
             make_span(2, agent_id="a", tool_name="fetch", tool_args={"url": "x"}, outcome="ok"),
-            make_span(3, tool_args={"q": "weather in paris today"}, **search),
+            make_span(3, tool_args={"q": "current weather in paris france today"}, **search),
             make_span(4, tool_args={"q": "stock prices"}, **search),
         ],
     )
@@ -55,7 +55,7 @@ def test_repeated_calls_groups_case_whitespace_and_near_duplicate_variants_into_
     loop = loops.iloc[0]
     assert loop.kind == "near_duplicate" and loop.calls == 3 and bool(loop.failing)
     assert loop.distinct_arguments == 2
-    assert loop.min_similarity == pytest.approx(0.8)
+    assert loop.min_similarity == pytest.approx(5 / 6)  # {q current weather paris france} + today
 
 
 def test_repeated_calls_ignores_one_successful_reread_and_distinct_arguments():
