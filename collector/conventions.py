@@ -124,6 +124,10 @@ _GENAI_FAMILY = {
 _FAMILY_OPERATION = {"agent": "invoke_agent", "tool": "execute_tool"}
 
 
+def _json_fallback(value: Any) -> str:
+    return value.hex() if isinstance(value, (bytes, bytearray)) else str(value)
+
+
 def _text(value: Any) -> str | None:
     """A scalar as text; structured values as compact JSON; None stays None."""
     if value is None:
@@ -136,7 +140,7 @@ def _text(value: Any) -> str | None:
         return str(value)
     if isinstance(value, bytes):
         return value.hex()
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_json_fallback)
 
 
 def _int(value: Any) -> int | None:
@@ -197,6 +201,18 @@ def _coerce(column: str, value: Any) -> Any:
     return _text(value)
 
 
+_COERCERS = {
+    column: _str_list
+    if column in LIST_COLUMNS
+    else _int
+    if column in INT_COLUMNS
+    else _bool
+    if column in BOOL_COLUMNS
+    else _text
+    for column in _DRIFTSCOPE_FIELDS.values()
+}
+
+
 def _first(attrs: dict[str, Any], *keys: str) -> Any:
     for key in keys:
         value = attrs.get(key)
@@ -213,10 +229,19 @@ def map_coordination(attrs: dict[str, Any], resource: dict[str, Any]) -> dict[st
     absent fields are None. Values of the wrong type are coerced when unambiguous, else None.
     """
     out: dict[str, Any] = dict.fromkeys(COORDINATION_COLUMNS)
-    for key, column in _DRIFTSCOPE_FIELDS.items():
-        value = attrs.get(key)
-        if value is not None:
-            out[column] = _coerce(column, value)
+    # Each driftscope.* key maps to its own column, so walking whichever of the two is smaller
+    # gives the same result; spans usually carry far fewer attributes than the 25 fields.
+    if len(attrs) < len(_DRIFTSCOPE_FIELDS):
+        fields = _DRIFTSCOPE_FIELDS
+        for key, value in attrs.items():
+            column = fields.get(key)
+            if column is not None and value is not None:
+                out[column] = _COERCERS[column](value)
+    else:
+        for key, column in _DRIFTSCOPE_FIELDS.items():
+            value = attrs.get(key)
+            if value is not None:
+                out[column] = _coerce(column, value)
 
     oi_kind = _text(attrs.get("openinference.span.kind"))
     tl_kind = _text(attrs.get("traceloop.span.kind"))

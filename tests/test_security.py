@@ -1,0 +1,96 @@
+"""The read API runs no SQL of a client's choosing and reads no files; tokens stay secret."""
+
+import httpx
+import pytest
+
+from tests.otlp_builders import make_request
+
+INJECTIONS = [
+    "' OR '1'='1",
+    "x'; DROP TABLE spans; --",
+    '" OR ""="',
+    "1) UNION SELECT * FROM read_csv('/etc/passwd') --",
+    "read_text('/etc/passwd')",
+    "ATTACH '/tmp/evil.duckdb' AS evil",
+    "../../../../etc/passwd",
+    "%27%20OR%201%3D1",
+    "$since",
+    "?",
+    "\\x00",
+    "☃' OR 1=1 /*",
+    "a" * 512,
+]
+
+
+@pytest.fixture
+def loaded(serve):
+    body = make_request(
+        [
+            {
+                "attrs": {
+                    "gen_ai.agent.id": "planner",
+                    "gen_ai.conversation.id": "run-1",
+                    "driftscope.op": "write",
+                }
+            }
+        ]
+    ).SerializeToString()
+    response = httpx.post(
+        f"{serve.http_url}/v1/traces", content=body, headers={"Content-Type": "application/x-protobuf"}
+    )
+    assert response.status_code == 200
+    return serve
+
+
+def test_injection_strings_in_every_filter_match_nothing_and_change_nothing(loaded):
+    base = loaded.http_url
+    metrics = [m["name"] for m in httpx.get(f"{base}/api/v1/metrics").json()["metrics"]]
+    with httpx.Client(timeout=120) as client:
+        for name in metrics:
+            for value in INJECTIONS:
+                # Every filter at once: each one is bound as a value, so none can match or inject.
+                params = dict.fromkeys(("service", "agent", "run", "origin_task"), value)
+                response = client.get(f"{base}/api/v1/metrics/{name}", params=params)
+                assert response.status_code == 200, (name, value, response.text[:200])
+                assert response.json()["rows"] == [], (name, value)
+        for value in INJECTIONS:
+            for param in ("since", "until"):
+                response = client.get(f"{base}/api/v1/runs", params={param: value})
+                assert response.status_code == 400 and "Expected" in response.json()["error"]
+            response = client.get(f"{base}/api/v1/runs", params={"agent": value})
+            assert response.status_code == 200 and response.json()["rows"] == []
+            response = client.get(f"{base}/api/v1/runs/{value}/spans", follow_redirects=True)
+            assert response.status_code in (400, 404)
+        too_long = client.get(f"{base}/api/v1/runs", params={"service": "x" * 513})
+        assert too_long.status_code == 400 and "longer than 512" in too_long.json()["error"]
+        control = client.get(f"{base}/api/v1/runs", params={"service": "a\x01b"})
+        assert control.status_code == 400
+    assert loaded.health()["spans"] == 1
+    runs = httpx.get(f"{base}/api/v1/runs").json()["rows"]
+    assert [r["run_id"] for r in runs] == ["run-1"]
+
+
+def test_no_route_accepts_sql_or_writes(loaded):
+    base = loaded.http_url
+    for path in ("/api/v1/sql", "/api/v1/query", "/api/v1/metrics/../../v1/traces"):
+        assert httpx.get(f"{base}{path}", params={"q": "select 1"}).status_code in (404, 405)
+    assert httpx.post(f"{base}/api/v1/runs", content=b"select 1").status_code == 405
+    assert httpx.delete(f"{base}/api/v1/runs/run-1/spans").status_code == 405
+
+
+def test_token_is_never_logged(serve_factory):
+    server = serve_factory(token="tok-very-secret-123").start()
+    httpx.get(f"{server.http_url}/api/v1/runs", headers={"Authorization": "Bearer wrong-guess"})
+    httpx.get(f"{server.http_url}/api/v1/runs", headers={"Authorization": "Bearer tok-very-secret-123"})
+    server.stop()
+    assert "tok-very-secret-123" not in server.log() and "wrong-guess" not in server.log()
+
+
+def test_token_comparison_is_constant_time():
+    import inspect
+
+    from collector import auth
+
+    assert "hmac.compare_digest" in inspect.getsource(auth.token_matches)
+    assert auth.token_matches("Bearer abc", "abc") and not auth.token_matches("Bearer abd", "abc")
+    assert not auth.token_matches("abc", "abc") and auth.token_matches(None, None)
