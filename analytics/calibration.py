@@ -32,6 +32,10 @@ logger = logging.getLogger(__name__)
 REQUIRED_COLUMNS = ("root_goal", "subtask", "drifted")
 _TRUE = {"1", "yes", "y", "true", "t", "drifted"}
 _FALSE = {"0", "no", "n", "false", "f", "on_goal", "ok"}
+# A baseline threshold from a handful of values is noise (a 0.99 quantile of 5 values is their
+# maximum); below these sizes a threshold is skipped and the reason reported.
+MIN_BASELINE_VALUES = 20
+MIN_BASELINE_RUNS = 10
 COUNT_DETECTORS = (
     "divergent_reads", "lost_updates", "constraint_drops", "context_drift_holders",
     "stale_policy_sends", "repeated_calls", "ping_pong", "budget_exhaustion",
@@ -200,9 +204,10 @@ def calibrate_from_baseline(
     k_sigma: float | None = None,
     filters: Filters = Filters(),
 ) -> dict[str, Any]:
-    """Calibrate thresholds from a healthy baseline window and store those with data.
+    """Calibrate thresholds from a healthy baseline window and store those with enough data.
 
-    Returns ``{"window": ..., "thresholds": {name: {...}}, "skipped": {name: reason}}``.
+    Needs at least ``MIN_BASELINE_VALUES`` values per threshold (``MIN_BASELINE_RUNS`` runs for
+    per-run counts). Returns ``{"window": ..., "thresholds": {name: {...}}, "skipped": {name: reason}}``.
     """
     from analytics.registry import run_metric
 
@@ -214,9 +219,12 @@ def calibrate_from_baseline(
         "filters": {key: value for key, value in vars(filters).items() if value is not None},
     }
 
-    def store(name: str, values: np.ndarray, unit: str, clip: tuple[float, float] | None = None) -> None:
-        if len(values) == 0:
-            skipped[name] = "no data in the baseline window"
+    def store(
+        name: str, values: np.ndarray, unit: str, clip: tuple[float, float] | None = None, minimum: int = 0
+    ) -> None:
+        minimum = minimum or MIN_BASELINE_VALUES
+        if len(values) < minimum:
+            skipped[name] = f"{len(values)} values in the baseline window; need at least {minimum}"
             return
         value, method = baseline_value(values, quantile, k_sigma)
         if clip is not None:
@@ -246,5 +254,6 @@ def calibrate_from_baseline(
     for detector in COUNT_DETECTORS:
         column = f"{detector}_count"
         if column in runs.columns and len(runs):
-            store(f"count_per_run:{detector}", runs[column].to_numpy(), "findings per run")
+            store(f"count_per_run:{detector}", runs[column].to_numpy(), "findings per run",
+                  minimum=MIN_BASELINE_RUNS)  # fmt: skip
     return {"window": window_info, "thresholds": stored, "skipped": skipped}

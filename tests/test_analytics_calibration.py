@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import pathlib
+from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -85,15 +86,33 @@ def test_bad_pairs_file_gives_actionable_error(tmp_path):
         read_pairs(bad)
 
 
+SUBTASKS = [
+    "List committed payroll and rent payments for the two quarters",
+    "Collect expected customer receipts for the next six months",
+    "Model the cash balance month by month for the next six months",
+    "Run a downside scenario where receipts arrive 30 days late",
+]
+
+
+def test_baseline_calibration_skips_thresholds_with_too_little_data():
+    conn = new_db()
+    insert_spans(conn, [make_span(0, agent_id="a", op="delegate", goal_root="Close the books",
+                                  goal_text="Reconcile the bank accounts")])  # fmt: skip
+    result = calibrate_from_baseline(conn, Window())
+    assert result["thresholds"] == {}
+    assert "need at least 20" in result["skipped"]["goal_divergence"]
+    assert current_threshold(conn, "goal_divergence").version == 0
+
+
 def test_baseline_calibration_stores_quantile_thresholds_with_window():
     conn = new_db()
     rows = []
-    for run in range(4):
+    for run in range(24):
         label = f"base-{run}"
         rows += [
             make_span(run * 100 + 0, run=label, agent_id="a", op="delegate", delegate_to="b",
                       goal_root="Prepare a cash-flow forecast for the next two quarters",
-                      goal_text="List committed payroll and rent payments for the two quarters"),
+                      goal_text=SUBTASKS[run % len(SUBTASKS)]),
             make_span(run * 100 + 1, run=label, agent_id="b", tool_name="state_write", op="write",
                       state_key="k", state_version="v1", state_expected_version="v0",
                       outcome="ok" if run else "rejected", tool_args={"key": "k", "value": run}),
@@ -102,7 +121,7 @@ def test_baseline_calibration_stores_quantile_thresholds_with_window():
                       tool_args={"key": "k", "value": run + 10}),
         ]  # fmt: skip
     insert_spans(conn, rows)
-    window = Window(since=BASE_TIME, until=BASE_TIME.replace(hour=10))
+    window = Window(since=BASE_TIME, until=BASE_TIME + timedelta(minutes=41))  # 1-minute buckets
     result = calibrate_from_baseline(conn, window, quantile=0.9)
     stored = result["thresholds"]
     assert {"goal_divergence", "rejection_rate", "near_duplicate_similarity"} <= set(stored)
@@ -112,6 +131,9 @@ def test_baseline_calibration_stores_quantile_thresholds_with_window():
     assert 0.0 <= current_threshold(conn, "rejection_rate").value <= 1.0
     assert 0.5 <= current_threshold(conn, "near_duplicate_similarity").value <= 1.0
     assert current_threshold(conn, "count_per_run:lost_updates").value == 0.0
+    divergences = run_metric(conn, "goal_divergence", window)["divergence"]
+    assert stored["goal_divergence"]["value"] == pytest.approx(np.quantile(divergences, 0.9))
+    assert stored["goal_divergence"]["n"] == 24
     sigma = calibrate_from_baseline(conn, window, k_sigma=3.0)
     assert sigma["thresholds"]["goal_divergence"]["method"] == "mean_k_sigma"
     assert sigma["thresholds"]["goal_divergence"]["version"] == 2
