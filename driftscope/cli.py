@@ -164,6 +164,11 @@ def cmd_up(args: argparse.Namespace, values: dict[str, Any]) -> int:
     host = values["host"]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{values['http_port']}"
     children: list[subprocess.Popen] = []
+
+    def stop_children(signum, frame):  # noqa: ARG001 - signal handler signature
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop_children)
     serve = subprocess.Popen(serve_args)
     children.append(serve)
     try:

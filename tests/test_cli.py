@@ -120,3 +120,41 @@ def test_ingest_through_a_running_collector(serve, tmp_path):
 def test_ingest_of_a_missing_file_says_so(tmp_path):
     result = _cli("ingest", str(tmp_path / "nope.json"), "--db", str(tmp_path / "d.duckdb"))
     assert result.returncode == 2 and "No such file" in result.stderr
+
+
+def test_up_starts_collector_and_dashboard_and_stops_on_sigterm(tmp_path):
+    import os
+    import signal
+    import time
+
+    import httpx
+
+    from tests.serve_helpers import free_port
+
+    http_port, grpc_port, dash_port = free_port(), free_port(), free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "driftscope", "up", "--db", str(tmp_path / "up.duckdb"),
+         "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--dashboard-port", str(dash_port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "DRIFTSCOPE_EMBEDDINGS": "false"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        ready = set()
+        while time.monotonic() < deadline and len(ready) < 2:
+            assert process.poll() is None, process.stdout.read().decode()
+            for name, url in (
+                ("collector", f"http://127.0.0.1:{http_port}/api/v1/health"),
+                ("dashboard", f"http://127.0.0.1:{dash_port}/_stcore/health"),
+            ):
+                try:
+                    if httpx.get(url, timeout=2).status_code == 200:
+                        ready.add(name)
+                except httpx.HTTPError:
+                    pass
+            time.sleep(0.3)
+        assert ready == {"collector", "dashboard"}
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=90)[0].decode()
+    assert process.returncode == 0, output
+    assert "driftscope serve stopped" in output
