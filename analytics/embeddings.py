@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import duckdb
@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 BATCH_SIZE = 64
+WATERMARK_MARGIN = timedelta(seconds=60)
 
 _model_lock = threading.Lock()
 _model: Any = None
@@ -130,11 +131,19 @@ def embed_texts(
     return np.stack([found[key] for key in hashes])
 
 
-def embed_pending(conn: duckdb.DuckDBPyConnection, batch_size: int = BATCH_SIZE, limit: int = 2048) -> int:
-    """Embed up to ``limit`` distinct span task texts that have no cached vector; return count."""
+def embed_pending(
+    conn: duckdb.DuckDBPyConnection,
+    batch_size: int = BATCH_SIZE,
+    limit: int = 2048,
+    ingested_after: datetime | None = None,
+) -> int:
+    """Embed up to ``limit`` distinct span task texts that have no cached vector; return count.
+
+    ``ingested_after`` restricts the search to subtask spans stored since then.
+    """
     from analytics.goals import pending_task_texts
 
-    texts = pending_task_texts(conn, limit)
+    texts = pending_task_texts(conn, limit, ingested_after)
     if not texts:
         return 0
     for start in range(0, len(texts), batch_size):
@@ -147,7 +156,9 @@ class EmbeddingWorker:
     """Background thread that embeds pending texts in batches.
 
     ``conn_factory`` returns a DuckDB connection (or cursor) to the serve database; it is called
-    in the worker thread. The worker wakes every ``interval_s`` seconds or on ``notify()``.
+    in the worker thread. The worker wakes every ``interval_s`` seconds or on ``notify()`` (at
+    most one pass per ``min_gap_s``, so a busy writer notifying on every commit does not keep it
+    scanning), and only looks at spans ingested since its last complete pass.
     """
 
     def __init__(
@@ -155,10 +166,13 @@ class EmbeddingWorker:
         conn_factory: Callable[[], duckdb.DuckDBPyConnection],
         interval_s: float = 5.0,
         batch_size: int = BATCH_SIZE,
+        min_gap_s: float = 1.0,
     ) -> None:
         self._conn_factory = conn_factory
         self._interval_s = interval_s
         self._batch_size = batch_size
+        self._min_gap_s = min_gap_s
+        self._watermark: datetime | None = None
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -185,20 +199,31 @@ class EmbeddingWorker:
             self._thread.join(timeout)
             self._thread = None
 
+    def _pass(self, conn: duckdb.DuckDBPyConnection) -> None:
+        """Embed everything pending among spans stored since the watermark."""
+        (newest,) = conn.execute("SELECT max(ingested_at) FROM spans").fetchone()
+        if newest is None or newest == self._watermark:
+            return
+        while not self._stopping.is_set():
+            # A batch decoded before `newest` may commit after it: look back a margin.
+            since = None if self._watermark is None else self._watermark - WATERMARK_MARGIN
+            done = embed_pending(conn, self._batch_size, limit=self._batch_size * 8, ingested_after=since)
+            self.embedded += done
+            if done == 0:
+                self._watermark = newest  # everything stored up to `newest` is embedded
+                return
+
     def _run(self) -> None:
         conn = None
         while not self._stopping.is_set():
             try:
                 if conn is None:
                     conn = self._conn_factory()
-                while not self._stopping.is_set():
-                    done = embed_pending(conn, self._batch_size, limit=self._batch_size * 8)
-                    self.embedded += done
-                    if done == 0:
-                        break
+                self._pass(conn)
             except Exception as error:  # keep serving; report and retry on the next pass
                 self.last_error = repr(error)
                 logger.exception("embedding worker pass failed")
+            self._stopping.wait(self._min_gap_s)
             self._wake.wait(self._interval_s)
             self._wake.clear()
         if conn is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
 import duckdb
 import numpy as np
@@ -26,9 +27,17 @@ def cosine_divergence(left: np.ndarray, right: np.ndarray) -> np.ndarray:
     return 1.0 - np.einsum("ij,ij->i", left, right).astype(np.float64)
 
 
-def goal_pairs(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
-    """Subtask rows with extracted ``root_goal`` and ``subtask`` task statements (no scores)."""
-    frame = run_sql(conn, "goal_divergence", window, filters)
+def goal_pairs(
+    conn: duckdb.DuckDBPyConnection,
+    window: Window,
+    filters: Filters,
+    ingested_after: datetime | None = None,
+) -> pd.DataFrame:
+    """Subtask rows with extracted ``root_goal`` and ``subtask`` task statements (no scores).
+
+    ``ingested_after`` keeps subtask spans stored at or after that time (the worker's watermark).
+    """
+    frame = run_sql(conn, "goal_divergence", window, filters, ingested_after=ingested_after)
     raw = pd.unique(pd.concat([frame["root_raw"], frame["subtask_raw"]]).dropna())
     tasks = {text: extract_task(text) for text in raw}  # per distinct text, not per span
     frame["root_goal"] = frame["root_raw"].map(tasks)
@@ -87,9 +96,11 @@ def goal_divergence(conn: duckdb.DuckDBPyConnection, window: Window, filters: Fi
     return frame
 
 
-def pending_task_texts(conn: duckdb.DuckDBPyConnection, limit: int = 2048) -> list[str]:
+def pending_task_texts(
+    conn: duckdb.DuckDBPyConnection, limit: int = 2048, ingested_after: datetime | None = None
+) -> list[str]:
     """Distinct extracted task texts of stored spans that have no cached embedding yet."""
-    frame = goal_pairs(conn, Window(), Filters())
+    frame = goal_pairs(conn, Window(), Filters(), ingested_after)
     texts = list(dict.fromkeys([*frame["root_goal"], *frame["subtask"]]))
     if not texts:
         return []

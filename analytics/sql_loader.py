@@ -54,6 +54,7 @@ def filter_params(window: Window, filters: Filters) -> dict[str, Any]:
         "agent": filters.agent,
         "run": filters.run,
         "origin_task": filters.origin_task,
+        "ingested_after": None,
     }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import timedelta
 
 import duckdb
 import numpy as np
@@ -11,7 +12,8 @@ import numpy as np
 from analytics import run_metric
 from analytics.embeddings import EmbeddingWorker, embed_texts, text_hash
 from analytics.goals import cosine_divergence
-from tests.fixtures_analytics import insert_spans, make_span, new_db
+from collector.migrations_runner import apply_migrations
+from tests.fixtures_analytics import BASE_TIME, insert_spans, make_span, new_db
 
 GOAL = "Plan a three-day team offsite in Lisbon for 25 people under a 20,000 EUR budget"
 
@@ -79,27 +81,37 @@ def test_inferred_goals_for_openinference_style_agent_spans():
     assert bool(found.loc["tiles_agent", "drifted"]) and not bool(found.loc["venue_agent", "drifted"])
 
 
-def test_embedding_worker_embeds_pending_texts_in_background(tmp_path):
-    path = tmp_path / "serve.duckdb"
-    conn = duckdb.connect(str(path))
-    from collector.migrations_runner import apply_migrations
+def _wait_for_embeddings(conn, expected: int) -> int:
+    deadline = time.monotonic() + 120
+    count = 0
+    while time.monotonic() < deadline:
+        (count,) = conn.cursor().execute("SELECT count(*) FROM embeddings").fetchone()
+        if count >= expected:
+            break
+        time.sleep(0.1)
+    return count
 
+
+def test_embedding_worker_embeds_pending_texts_in_background(tmp_path):
+    conn = duckdb.connect(str(tmp_path / "serve.duckdb"))
     apply_migrations(conn)
     insert_spans(conn, _delegations())
-    worker = EmbeddingWorker(lambda: conn.cursor(), interval_s=60.0).start()
+    worker = EmbeddingWorker(lambda: conn.cursor(), interval_s=60.0, min_gap_s=0.05).start()
     try:
         worker.notify()
-        deadline = time.monotonic() + 120
-        expected = 3  # the root goal and two distinct subtask statements
-        while time.monotonic() < deadline:
-            (count,) = conn.cursor().execute("SELECT count(*) FROM embeddings").fetchone()
-            if count >= expected:
-                break
-            time.sleep(0.2)
+        # the root goal and two distinct subtask statements
+        assert _wait_for_embeddings(conn, 3) == 3, worker.last_error
+        later = make_span(5, agent_id="planner", op="delegate", origin_task_id="T1", hop=1,
+                          delegate_to="budget", goal_text="Check the offsite costs against the budget",
+                          ingested_at=BASE_TIME + timedelta(hours=1))  # fmt: skip
+        insert_spans(conn, [later])
+        worker.notify()
+        assert _wait_for_embeddings(conn, 4) == 4, worker.last_error
     finally:
         worker.stop()
-    assert count == expected, worker.last_error
-    assert worker.embedded == expected
+    assert worker.embedded == 4 and worker.last_error is None
+    (stored,) = conn.execute("SELECT count(*) FROM embeddings WHERE dim = 384").fetchone()
+    assert stored == 4
 
 
 def test_goal_divergence_same_with_cold_and_warm_cache():
