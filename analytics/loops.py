@@ -22,7 +22,10 @@ logger = logging.getLogger(__name__)
 # a guard). A retry after one failure, or one re-check, is normal.
 MIN_REPEATS = 3
 # Ping-pong: 4+ alternating hand-offs (A -> B -> A -> B); a single return hand-off is normal.
+# Inferred from agent turns (no delegate spans), 6+: a supervisor going back to the same worker
+# for a second round is normal too.
 MIN_PING_PONG_DELEGATIONS = 4
+MIN_PING_PONG_INFERRED = 6
 
 
 def connected_components(n: int, left: np.ndarray, right: np.ndarray) -> np.ndarray:
@@ -127,8 +130,9 @@ def repeated_calls(conn: duckdb.DuckDBPyConnection, window: Window, filters: Fil
     columns={
         **EVIDENCE,
         "agents": "the two agents",
-        "delegations": "consecutive delegations in the cycle",
+        "delegations": "consecutive hand-offs in the cycle",
         "round_trips": "delegations // 2",
+        "source": "'driftscope' (delegate spans) or 'inferred' (changes of agent between agent turns)",
         **TIMES,
     },
     row="one ping-pong cycle in one run",
@@ -136,8 +140,15 @@ def repeated_calls(conn: duckdb.DuckDBPyConnection, window: Window, filters: Fil
     mast_category="inter-agent misalignment",
 )
 def ping_pong(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
-    """Maximal alternating delegation sequences of at least four delegations."""
-    return run_sql(conn, "ping_pong", window, filters, min_delegations=MIN_PING_PONG_DELEGATIONS)
+    """Maximal alternating hand-off sequences (4+ delegations, or 6+ inferred agent turns)."""
+    return run_sql(
+        conn,
+        "ping_pong",
+        window,
+        filters,
+        min_delegations=MIN_PING_PONG_DELEGATIONS,
+        min_inferred=MIN_PING_PONG_INFERRED,
+    )
 
 
 @register(

@@ -162,3 +162,59 @@ def test_openllmetry_workflow_with_agents_and_tools():
     loops = run_metric(conn, "repeated_calls")
     assert len(loops) == 1 and loops.iloc[0].kind == "exact" and loops.iloc[0].calls == 3
     assert loops.iloc[0].agent == "venue_scout"
+
+
+def _bouncing_graph_spans(rounds: int):
+    """LangGraph: researcher_agent and critic_agent hand the draft back and forth ``rounds`` times."""
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+    from langchain_core.messages import HumanMessage
+    from langgraph.graph import END, START, StateGraph
+    from openinference.instrumentation.langchain import LangChainInstrumentor
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    instrumentor = LangChainInstrumentor()
+    instrumentor.instrument(tracer_provider=provider)
+
+    class Draft(TypedDict, total=False):
+        question: str
+        round: int
+
+    llm = FakeListChatModel(responses=["draft", "needs work"])
+
+    def researcher_agent(state: Draft) -> Draft:
+        llm.invoke([HumanMessage(state["question"])])
+        return {"round": state.get("round", 0) + 1}
+
+    def critic_agent(state: Draft) -> Draft:
+        llm.invoke([HumanMessage("Review the draft")])
+        return {}
+
+    graph = StateGraph(Draft)
+    graph.add_node("researcher_agent", researcher_agent)
+    graph.add_node("critic_agent", critic_agent)
+    graph.add_edge(START, "researcher_agent")
+    graph.add_edge("researcher_agent", "critic_agent")
+    graph.add_conditional_edges(
+        "critic_agent", lambda state: END if state["round"] >= rounds else "researcher_agent"
+    )
+    try:
+        graph.compile().invoke({"question": "Summarise Q3 churn by segment"})
+    finally:
+        instrumentor.uninstrument()
+    return exporter.get_finished_spans()
+
+
+@pytest.mark.parametrize(("rounds", "expected_handoffs"), [(4, 7), (2, None)])
+def test_langgraph_ping_pong_inferred_from_agent_turns(rounds, expected_handoffs):
+    pytest.importorskip("langgraph")
+    conn = _store(_bouncing_graph_spans(rounds))
+    found = run_metric(conn, "ping_pong")
+    if expected_handoffs is None:  # researcher -> critic -> researcher -> critic: a normal revision
+        assert found.empty
+        return
+    assert len(found) == 1
+    row = found.iloc[0]
+    assert list(row.agents) == ["critic_agent", "researcher_agent"] and row.source == "inferred"
+    assert row.delegations == expected_handoffs and len(row.span_ids) == expected_handoffs
