@@ -15,19 +15,21 @@ if _ROOT not in sys.path:
 
 from dashboard import ui  # noqa: E402
 
+# No page icons: the current page's icon becomes the favicon, and Streamlit fetches material
+# favicons from the network (the dashboard must work offline; Debian's chromium has no emoji font).
 PAGES = [
-    st.Page("views/overview.py", title="Overview", icon="🧭", url_path="overview", default=True),
-    st.Page("views/split_brain.py", title="Split-brain", icon="🧠", url_path="split_brain"),
-    st.Page("views/rejections.py", title="Rejections & enforcement", icon="🛡️", url_path="rejections"),
-    st.Page("views/constraints.py", title="Constraints", icon="📜", url_path="constraints"),
-    st.Page("views/goal_drift.py", title="Goal drift", icon="🎯", url_path="goal_drift"),
-    st.Page("views/context_drift.py", title="Context drift", icon="🕰️", url_path="context_drift"),
-    st.Page("views/loops.py", title="Loops & budgets", icon="🔁", url_path="loops"),
-    st.Page("views/run_explorer.py", title="Run explorer", icon="🔎", url_path="run_explorer"),
-    st.Page("views/calibration.py", title="Calibration", icon="📐", url_path="calibration"),
+    st.Page("views/overview.py", title="Overview", url_path="overview", default=True),
+    st.Page("views/split_brain.py", title="Split-brain", url_path="split_brain"),
+    st.Page("views/rejections.py", title="Rejections & enforcement", url_path="rejections"),
+    st.Page("views/constraints.py", title="Constraints", url_path="constraints"),
+    st.Page("views/goal_drift.py", title="Goal drift", url_path="goal_drift"),
+    st.Page("views/context_drift.py", title="Context drift", url_path="context_drift"),
+    st.Page("views/loops.py", title="Loops & budgets", url_path="loops"),
+    st.Page("views/run_explorer.py", title="Run explorer", url_path="run_explorer"),
+    st.Page("views/calibration.py", title="Calibration", url_path="calibration"),
 ]
 
-st.set_page_config(page_title="driftscope", page_icon="🔭", layout="wide")
+st.set_page_config(page_title="driftscope", layout="wide")
 navigation = st.navigation(PAGES)
 context = ui.sidebar()
 # Without a readable source the banner is the whole page: no page script runs to fail on it.

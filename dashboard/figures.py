@@ -55,7 +55,7 @@ def findings_by_mode_figure(summary: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
     for category, part in summary.groupby("mast_category", sort=False):
         fig.add_bar(
-            y=[esc(m, 60) for m in part["failure_mode"]],
+            y=[esc(m, 60) for m in part.get("title", part["failure_mode"])],
             x=part["findings"],
             orientation="h",
             name=esc(category),
@@ -224,29 +224,31 @@ def constraint_heatmap_figure(ledger: pd.DataFrame, origin_task: str) -> go.Figu
     rows = rows.drop_duplicates(["constraint_id", "hop"])
     hops = sorted(int(h) for h in rows["hop"].dropna().unique())
     constraints = sorted(rows["constraint_id"].dropna().unique())
-    z, text = [], []
+    z, text, hover = [], [], []
     for cid in constraints:
-        zrow, trow = [], []
+        zrow, trow, hrow = [], [], []
         for hop in hops:
             cell = rows[(rows["constraint_id"] == cid) & (rows["hop"] == hop)]
-            if cell.empty:
-                zrow.append(None)
-                trow.append("")
-                continue
-            status = cell["status"].iloc[0]
-            reason = cell["waiver_reason"].iloc[0] if "waiver_reason" in cell else None
+            status = cell["status"].iloc[0] if not cell.empty else None
+            reason = cell["waiver_reason"].iloc[0] if not cell.empty and "waiver_reason" in cell else None
             zrow.append(_STATUS_CODES.get(status))
-            trow.append(esc(status) + (f": {esc(reason, 80)}" if isinstance(reason, str) and reason else ""))
+            trow.append(esc(status or ""))
+            hrow.append(
+                esc(status or "") + (f": {esc(reason, 160)}" if isinstance(reason, str) and reason else "")
+            )
         z.append(zrow)
         text.append(trow)
+        hover.append(hrow)
     fig = go.Figure(
         go.Heatmap(
             z=z,
             x=[f"hop {h}" for h in hops],
             y=[esc(c, 40) for c in constraints],
             text=text,
+            hovertext=hover,
             hoverinfo="text",
             texttemplate="%{text}",
+            textfont=dict(size=14, color="white"),
             colorscale=_STATUS_SCALE,
             zmin=-0.5,
             zmax=3.5,

@@ -11,6 +11,11 @@ import plotly.graph_objects as go
 from dashboard.figures import FAIL_COLOR, MUTED_COLOR, OK_COLOR, WARN_COLOR, _layout, empty_figure, esc
 
 
+def span_records(spans: pd.DataFrame) -> list[dict]:
+    """Span rows as dicts with missing values as None (NaN is truthy and unorderable)."""
+    return spans.astype(object).where(spans.notna(), None).to_dict("records")
+
+
 def _failed(row) -> bool:
     return row.get("outcome") in ("rejected", "error") or row.get("status_code") == "Error"
 
@@ -22,7 +27,7 @@ def waterfall_figure(spans: pd.DataFrame, highlight: set[str] | None = None) -> 
         return empty_figure(title, "No spans for this run")
     highlight = highlight or set()
     t0 = int(spans["start_ns"].min())
-    records = spans.to_dict("records")
+    records = span_records(spans)
     starts = [(int(r["start_ns"]) - t0) / 1e6 for r in records]
     widths = [max((int(r["end_ns"]) - int(r["start_ns"])) / 1e6, 0.05) for r in records]
     colors = [
@@ -84,13 +89,21 @@ def delegation_levels(edges: list[tuple[str, str]], nodes: list[str]) -> dict[st
     return level
 
 
+def delegation_edges(delegations: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    """Delegation spans grouped by (delegating agent, receiving agent), in first-seen order."""
+    grouped: dict[tuple[str, str], list[dict]] = {}
+    for r in delegations:
+        grouped.setdefault((r["agent_id"], r["delegate_to"]), []).append(r)
+    return grouped
+
+
 def delegation_graph_figure(spans: pd.DataFrame, failed_agents: set[str] | None = None) -> go.Figure:
     """Agents as nodes, delegations as arrows labelled by hop; failing agents and delegations in red."""
     title = "Delegation graph"
     if spans is None or spans.empty:
         return empty_figure(title, "No spans for this run")
     failed_agents = set(failed_agents or ())
-    records = spans.to_dict("records")
+    records = span_records(spans)
     for r in records:
         if _failed(r) and r.get("agent_id"):
             failed_agents.add(r["agent_id"])
@@ -103,6 +116,7 @@ def delegation_graph_figure(spans: pd.DataFrame, failed_agents: set[str] | None 
     if not nodes:
         return empty_figure(title, "No agents recorded in this run")
     edges = [(r["agent_id"], r["delegate_to"]) for r in delegations]
+    pairs = set(edges)
     level = delegation_levels(edges, nodes)
     positions: dict[str, tuple[float, float]] = {}
     for depth in sorted(set(level.values())):
@@ -110,19 +124,30 @@ def delegation_graph_figure(spans: pd.DataFrame, failed_agents: set[str] | None 
         for i, n in enumerate(members):
             positions[n] = (float(depth), (len(members) - 1) / 2 - i)
     fig = go.Figure()
-    for r in delegations:
-        (x0, y0), (x1, y1) = positions[r["agent_id"]], positions[r["delegate_to"]]
-        bad = _failed(r) or r["delegate_to"] in failed_agents
+    for (source, target), group in delegation_edges(delegations).items():
+        (x0, y0), (x1, y1) = positions[source], positions[target]
+        # A -> B and B -> A both exist in ping-pong: draw them a little apart.
+        shift = (
+            0.12
+            if (target, source) in pairs and source < target
+            else -0.12
+            if (target, source) in pairs
+            else 0
+        )
+        y0, y1 = y0 + shift, y1 + shift
+        bad = any(_failed(r) for r in group) or target in failed_agents
         fig.add_annotation(
             x=x1, y=y1, ax=x0, ay=y0, xref="x", yref="y", axref="x", ayref="y",
             showarrow=True, arrowhead=3, arrowwidth=2, standoff=14, startstandoff=14,
             arrowcolor=FAIL_COLOR if bad else MUTED_COLOR,
         )  # fmt: skip
-        hop = r.get("hop")
-        if hop is not None and not pd.isna(hop):
-            fig.add_annotation(
-                x=(x0 + x1) / 2, y=(y0 + y1) / 2, text=f"hop {int(hop)}", showarrow=False, yshift=10
-            )
+        hops = sorted({int(r["hop"]) for r in group if r.get("hop") is not None and not pd.isna(r["hop"])})
+        label = (
+            ("hop " if len(hops) == 1 else "hops ") + ", ".join(map(str, hops)) if hops else f"{len(group)}×"
+        )
+        fig.add_annotation(
+            x=(x0 + x1) / 2, y=(y0 + y1) / 2, text=label, showarrow=False, yshift=10 if shift >= 0 else -10
+        )
     fig.add_scatter(
         x=[positions[n][0] for n in nodes],
         y=[positions[n][1] for n in nodes],

@@ -82,17 +82,13 @@ def mast_category(text: str | None) -> str:
     return lowered or "unclassified"
 
 
-# Columns a detector may use to mark which of its rows are findings (others are context rows).
-_FLAG_COLUMNS = (
-    "is_finding",
-    "over_threshold",
-    "drifted",
-    "above_threshold",
-    "breached",
-    "flagged",
-    "dropped",
-    "stale",
-)
+# Detectors whose rows include non-failures, and the boolean column that marks the failures: a
+# bucket under the threshold, a subtask close to its goal, a stale send a guard refused.
+FLAG_COLUMNS = {
+    "rejection_rates": "over_threshold",
+    "goal_divergence": "drifted",
+    "stale_policy_sends": "allowed",
+}
 _EVIDENCE = ("run_id", "trace_id", "span_ids", "agents", "agent", "first_seen", "last_seen")
 
 
@@ -120,6 +116,12 @@ def finding_metrics(metrics: list[dict]) -> list[dict]:
     return [m for m in ordered if m.get("failure_mode", True)] + extra
 
 
+def short_title(name: str) -> str:
+    """A short label for a detector's failure mode (tiles and chart axes)."""
+    fallback = FAILURE_MODES.get(name)
+    return fallback.title if fallback else name.replace("_", " ")
+
+
 def naming(metric: dict) -> tuple[str, str]:
     """(failure mode, MAST category) for a metric description, registry first."""
     fallback = FAILURE_MODES.get(metric["name"])
@@ -128,11 +130,11 @@ def naming(metric: dict) -> tuple[str, str]:
     return mode, mast_category(category)
 
 
-def finding_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows of a detector frame that are findings (a boolean flag column selects them, if present)."""
-    for column in _FLAG_COLUMNS:
-        if column in frame.columns and frame[column].dtype == bool:
-            return frame[frame[column]]
+def finding_rows(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Rows of a detector frame that are findings (all, unless the metric has a flag column)."""
+    column = FLAG_COLUMNS.get(metric)
+    if column and column in frame.columns:
+        return frame[frame[column].fillna(False).astype(bool)]
     return frame
 
 
@@ -173,7 +175,7 @@ def findings_from_frame(metric: dict, frame: pd.DataFrame) -> list[Finding]:
     """Turn a detector frame into findings named by failure mode and MAST category."""
     mode, category = naming(metric)
     out = []
-    for record in finding_rows(frame).to_dict("records"):
+    for record in finding_rows(frame, metric["name"]).to_dict("records"):
         agents = as_list(record.get("agents")) or as_list(record.get("agent"))
         details = {k: cell_text(v) for k, v in record.items() if k not in _EVIDENCE}
         run_id = _opt_str(record.get("run_id"))
@@ -311,6 +313,7 @@ class Tile:
     """One overview tile: a failure mode's count, trend and whether its threshold is breached."""
 
     metric: str
+    title: str
     failure_mode: str
     mast_category: str
     page: str
@@ -336,10 +339,11 @@ def tile_for(metric: dict, frame: pd.DataFrame | None) -> Tile:
     """The tile of one finding metric (a count-based mode is breached when any finding exists)."""
     mode, category = naming(metric)
     fallback = FAILURE_MODES.get(metric["name"])
-    rows = finding_rows(frame) if frame is not None else pd.DataFrame()
+    rows = finding_rows(frame, metric["name"]) if frame is not None else pd.DataFrame()
     times = rows["first_seen"] if "first_seen" in rows.columns else pd.Series(dtype="datetime64[ns]")
     return Tile(
         metric=metric["name"],
+        title=short_title(metric["name"]),
         failure_mode=mode,
         mast_category=category,
         page=fallback.page if fallback else "overview",

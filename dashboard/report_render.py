@@ -14,7 +14,7 @@ import pandas as pd
 
 from dashboard.figures import findings_by_mode_figure, rejection_rate_figure
 from dashboard.filters import describe_filters, describe_window
-from dashboard.findings import EVIDENCE_COLUMNS, MAST_CATEGORIES
+from dashboard.findings import EVIDENCE_COLUMNS, MAST_CATEGORIES, short_title
 from dashboard.report import ReportData, provenance_object, report_document
 
 MAST_HELP = {
@@ -76,7 +76,9 @@ def _cell(value) -> str:
 
 
 def _figures_html(data: ReportData) -> str:
-    figures = [findings_by_mode_figure(data.summary)]
+    summary = data.summary
+    summary["title"] = summary["metric"].map(short_title)
+    figures = [findings_by_mode_figure(summary)]
     rates = data.frames.get("rejection_rates")
     if rates is not None and not rates.empty:
         figures.append(rejection_rate_figure(rates))

@@ -97,12 +97,12 @@ def cached_metrics_list(key: str) -> list[dict]:
 
 def unavailable_banner(message: str) -> None:
     """The banner shown instead of a traceback when the source cannot be read."""
-    st.error(f"**Data source unavailable.** {message}", icon="🚫")
+    st.error(f"**Data source unavailable.** {message}")
 
 
 def empty_state(what: str) -> None:
     """An empty result that says what to do next."""
-    st.info(f"No {what} in this window ({_context_line()}). {EMPTY_HELP}", icon="ℹ️")
+    st.info(f"No {what} in this window ({_context_line()}). {EMPTY_HELP}")
 
 
 def _context_line() -> str:
@@ -196,6 +196,9 @@ def with_run_links(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
         config["explore"] = st.column_config.LinkColumn(
             "run", display_text=r"run=(.*)$", help="Open in the run explorer"
         )
+    # What happened first, evidence ids last.
+    tail = [c for c in ("run_id", "trace_id", "span_ids", "run_ids") if c in frame.columns]
+    frame = frame[[c for c in frame.columns if c not in tail] + tail]
     for column in frame.columns:
         if frame[column].map(lambda v: isinstance(v, list | tuple)).any():
             frame[column] = frame[column].map(
@@ -253,7 +256,6 @@ def report_download(ctx: PageContext) -> None:
         mime=mime,
         key="download_report",
         on_click="ignore",
-        icon="📄",
     )
 
 

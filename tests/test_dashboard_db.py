@@ -1,118 +1,125 @@
 """The DuckDB file the dashboard, report and browser tests read, and checks that it is what they expect.
 
-It is built with the real schema and plain INSERTs (tests.fixtures_analytics): one crew run
-(``run-crew``) with a split-brain on key ``plan``, a dropped and a waived constraint, a looping
-search, a duplicated side effect and a send under a superseded policy; and a second run
-(``run-bounce``) with ping-pong delegation and a step budget exhausted. Span text carries an XSS
-payload so every renderer's escaping is exercised.
+It holds every simulator run of ``sample_traces/`` (ground truth in the ``*.truth.json`` files) and
+one extra run, ``run-xss``, whose span texts carry an XSS payload, all loaded through the real
+ingest path (``collector.files.ingest_files``: OTLP JSON decode, convention mapping, insert).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import duckdb
 
-from collector.migrations_runner import apply_migrations
-from tests.fixtures_analytics import insert_spans, make_span
+from collector.files import ingest_files
 
+SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 XSS = '<script>alert("driftscope-xss")</script><img src=x onerror=alert(1)>'
-CREW_RUN = "run-crew"
-BOUNCE_RUN = "run-bounce"
+XSS_RUN = "run-xss"
 
-# Failure modes (detector names) injected per run: the ground truth of this database.
-EXPECTED = {
-    CREW_RUN: {
-        "divergent_reads",
-        "constraint_drops",
-        "repeated_calls",
-        "duplicate_side_effects",
-        "stale_policy_sends",
-        "lost_updates",
-        "context_drift_holders",
-        "goal_divergence",
-    },
-    BOUNCE_RUN: {"ping_pong", "budget_exhaustion"},
+# truth category (simulator) -> detector that must find it
+TRUTH_METRICS = {
+    "divergent_reads": "divergent_reads",
+    "lost_updates": "lost_updates",
+    "constraint_drops": "constraint_drops",
+    "drifted_subtasks": "goal_divergence",
+    "stale_holders": "context_drift_holders",
+    "stale_policy_sends": "stale_policy_sends",
+    "looped_calls": "repeated_calls",
+    "ping_pong": "ping_pong",
+    "budget_exhaustion": "budget_exhaustion",
+    "duplicate_side_effects": "duplicate_side_effects",
 }
 
 
-def _crew_rows() -> list[dict]:
-    run = CREW_RUN
-    read = dict(op="read", tool_name="state_read", state_key="plan", outcome="ok", run=run)
-    write = dict(op="write", tool_name="state_write", state_key="plan", outcome="ok", run=run)
-    ledger = ["budget<=100", "deadline=friday", "cite-sources"]
-    rows = [
-        make_span(0, run=run, agent_id="planner", op="delegate", delegate_to="researcher", hop=1, task_id="t1",
-                  origin_task_id="task-report", constraints_ledger=ledger, constraints_carried=ledger[:2],
-                  goal_root="Write the quarterly report", goal_text="Research figures " + XSS),
-        make_span(0.5, run=run, agent_id="researcher", op="delegate", delegate_to="writer", hop=2, task_id="t2",
-                  origin_task_id="task-report", constraints_ledger=ledger, constraints_carried=ledger[:1],
-                  constraints_waived=[ledger[1]], waiver_reasons=["deadline moved " + XSS]),
-        make_span(1, agent_id="planner", state_version="v1", **read),
-        make_span(1.2, agent_id="researcher", state_version="v1", **read),
-        make_span(2, agent_id="researcher", state_version="v2", state_expected_version="v1", **write),
-        make_span(3, agent_id="writer", state_version="v2", **read),
-        make_span(4, agent_id="planner", state_version="v3", tool_result=XSS, **write),
-        make_span(4.5, run=run, agent_id="planner", op="write", tool_name="state_write", state_key="plan",
-                  state_version="v1", state_expected_version="v1", outcome="rejected",
-                  reject_reason="version_conflict"),
-        make_span(6, run=run, agent_id="writer", op="step"),
-        make_span(7, run=run, agent_id="planner", op="write", state_key="budget", state_version="b1",
-                  state_expected_version="b0", outcome="ok"),
-        make_span(7.5, run=run, agent_id="writer", op="write", state_key="budget", state_version="b2",
-                  outcome="ok"),
-        make_span(8, run=run, agent_id="researcher", op="read", state_key="budget", state_version="b2"),
-        make_span(30, run=run, agent_id="planner", op="objective", objective_id="O", objective_version="1"),
-        make_span(31, run=run, agent_id="writer", op="objective", objective_id="O", objective_version="1"),
-        make_span(35, run=run, agent_id="planner", op="objective", objective_id="O", objective_version="2"),
-        make_span(38, run=run, agent_id="writer", op="step", objective_id="O", objective_version="1"),
-        make_span(42, run=run, agent_id="writer", op="objective", objective_id="O", objective_version="2"),
-    ]  # fmt: skip
-    for i in range(4):
-        rows.append(
-            make_span(10 + i, run=run, agent_id="writer", tool_name="search", tool_args={"q": "same query " + XSS},
-                      outcome="error", StatusCode="Error")
-        )  # fmt: skip
-    for i in range(2):
-        rows.append(
-            make_span(20 + i, run=run, agent_id="writer", tool_name="send_email", side_effect=True,
-                      idempotency_key="mail-1", tool_args={"to": "cfo"}, outcome="ok")
-        )  # fmt: skip
-    rows.append(
-        make_span(25, run=run, agent_id="writer", op="send", tool_name="send_email", policy_version="p1",
-                  attrs={"driftscope.policy.current_version": "p2"}, outcome="ok")
-    )  # fmt: skip
-    return rows
+def trace_files() -> list[Path]:
+    """The simulator's OTLP JSON files (not the ground truth)."""
+    return sorted(p for p in SAMPLES.glob("*.json") if not p.name.endswith(".truth.json"))
 
 
-def _bounce_rows() -> list[dict]:
-    run = BOUNCE_RUN
-    rows = [
-        make_span(50 + i, run=run, agent_id="alice" if i % 2 == 0 else "bob", op="delegate",
-                  delegate_to="bob" if i % 2 == 0 else "alice", hop=i + 1, origin_task_id="task-bounce")
-        for i in range(6)
-    ]  # fmt: skip
-    rows += [
-        make_span(60 + i, run=run, agent_id="alice", op="step", step=i + 1, budget_max_steps=3,
-                  outcome="rejected" if i >= 3 else "ok", reject_reason="step_budget" if i >= 3 else None)
-        for i in range(5)
-    ]  # fmt: skip
-    return rows
+def truths() -> list[dict]:
+    """Every ground-truth document of the sample traces."""
+    return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(SAMPLES.glob("*.truth.json"))]
+
+
+def expected_findings() -> dict[str, dict[str, int]]:
+    """run id -> detector -> number of injected failures, from the ground truth (plus ``run-xss``)."""
+    expected: dict[str, dict[str, int]] = {}
+    for truth in truths():
+        counts = {TRUTH_METRICS[c]: len(truth[c]) for c in TRUTH_METRICS if truth.get(c)}
+        expected[truth["run_id"]] = counts
+    expected[XSS_RUN] = {"repeated_calls": 1}
+    return expected
+
+
+def _attr(key: str, value) -> dict:
+    if isinstance(value, bool):
+        return {"key": key, "value": {"boolValue": value}}
+    if isinstance(value, int):
+        return {"key": key, "value": {"intValue": str(value)}}
+    return {"key": key, "value": {"stringValue": value}}
+
+
+def xss_request() -> dict:
+    """One OTLP JSON request: agent ``mallory`` repeats a failing call whose text is markup."""
+    trace = "5" * 32
+    start = 1_768_600_000_000_000_000  # 2026-01-16T21:46:40Z, after the simulator's runs
+    common = [_attr("gen_ai.conversation.id", XSS_RUN), _attr("gen_ai.agent.id", "mallory")]
+    spans = [
+        {
+            "traceId": trace,
+            "spanId": "a" * 16,
+            "name": "invoke_agent mallory",
+            "kind": 1,
+            "startTimeUnixNano": str(start),
+            "endTimeUnixNano": str(start + 9_000_000_000),
+            "attributes": [*common, _attr("gen_ai.operation.name", "invoke_agent")],
+        }
+    ]
+    for i in range(3):
+        spans.append(
+            {
+                "traceId": trace,
+                "spanId": f"{i + 1:016x}",
+                "parentSpanId": "a" * 16,
+                "name": "execute_tool web_search",
+                "kind": 1,
+                "startTimeUnixNano": str(start + (i + 1) * 1_000_000_000),
+                "endTimeUnixNano": str(start + (i + 1) * 1_000_000_000 + 300_000_000),
+                "attributes": [
+                    *common,
+                    _attr("gen_ai.operation.name", "execute_tool"),
+                    _attr("gen_ai.tool.name", "web_search"),
+                    _attr("gen_ai.tool.call.arguments", json.dumps({"query": XSS})),
+                    _attr("gen_ai.tool.call.result", "error: " + XSS),
+                    _attr("driftscope.outcome", "error"),
+                ],
+                "status": {"code": 2, "message": XSS},
+            }
+        )
+    resource = {"attributes": [_attr("service.name", "xss-crew")]}
+    return {"resourceSpans": [{"resource": resource, "scopeSpans": [{"scope": {"name": "tests"}, "spans": spans}]}]}
 
 
 def build_dashboard_db(path: Path) -> Path:
-    """Write the test database to ``path`` (a new file) and return it."""
-    conn = duckdb.connect(str(path))
-    try:
-        apply_migrations(conn)
-        insert_spans(conn, _crew_rows() + _bounce_rows())
-    finally:
-        conn.close()
+    """Ingest the sample traces and the XSS run into a new database file at ``path``."""
+    xss_file = path.with_name(path.stem + "-xss.json")
+    xss_file.write_text(json.dumps(xss_request()), encoding="utf-8")
+    result = ingest_files(path, [*trace_files(), xss_file])
+    if result.rejected or result.errors:
+        raise AssertionError(f"ingest rejected spans: {result.errors}")
     return path
 
 
-def test_built_database_holds_both_runs(tmp_path):
+def test_built_database_holds_every_sample_run_and_the_xss_run(tmp_path):
+    assert len(trace_files()) >= 18, "sample_traces/ is missing: run `python -m guards.simulator regenerate`"
     path = build_dashboard_db(tmp_path / "d.duckdb")
     conn = duckdb.connect(str(path), read_only=True)
     runs = {r[0] for r in conn.execute("SELECT DISTINCT run_id FROM spans").fetchall()}
-    assert runs == set(EXPECTED)
+    assert runs == set(expected_findings())
+    texts = conn.execute(
+        "SELECT tool_args, tool_result FROM spans WHERE run_id = ? AND tool_name IS NOT NULL", [XSS_RUN]
+    ).fetchall()
+    assert len(texts) == 3
+    assert all(json.loads(args)["query"] == XSS and XSS in result for args, result in texts)

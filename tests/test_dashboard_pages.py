@@ -9,7 +9,7 @@ from streamlit.testing.v1 import AppTest
 
 from dashboard import app_main
 from dashboard.launch import SOURCE_ENV
-from tests.test_dashboard_db import BOUNCE_RUN, CREW_RUN, XSS, build_dashboard_db
+from tests.test_dashboard_db import XSS, XSS_RUN, build_dashboard_db, expected_findings, truths
 
 TIMEOUT = 120
 
@@ -32,6 +32,10 @@ def _run_page(monkeypatch, source: str, page: str | None, query: dict | None = N
     return at
 
 
+def _truth(scenario: str, variant: str = "unguarded") -> dict:
+    return next(t for t in truths() if t["scenario"] == scenario and t["variant"] == variant)
+
+
 def _table_text(at: AppTest) -> str:
     return "\n".join(df.value.to_string() for df in at.dataframe)
 
@@ -39,83 +43,112 @@ def _table_text(at: AppTest) -> str:
 def test_overview_tiles_count_each_injected_failure_mode(monkeypatch, db_path):
     at = _run_page(monkeypatch, str(db_path), None)
     assert at.title[0].value == "Coordination failures"
-    tiles = {m.label: m.value for m in at.metric}
-    breached = {label for label, value in tiles.items() if value not in ("0", 0)}
-    assert any("lost update" in label for label in breached)
-    assert any("duplicate side effect" in label for label in breached)
-    assert any("delegation loop" in label for label in breached)
-    worst = _table_text(at)
-    assert CREW_RUN in worst and BOUNCE_RUN in worst
+    tiles = {m.label: int(m.value) for m in at.metric}
+    expected = expected_findings()
+    for label, metric in (
+        ("lost updates (split-brain)", "lost_updates"),
+        ("ping-pong between agents", "ping_pong"),
+        ("duplicate side effect", "duplicate_side_effects"),
+        ("constraint dropped on delegation", "constraint_drops"),
+        ("goal drift along delegation", "goal_divergence"),
+    ):
+        assert tiles[label] == sum(runs.get(metric, 0) for runs in expected.values()), label
+    worst = at.dataframe[0].value
+    assert _truth("split_brain")["run_id"] in set(worst["run_id"])
+    assert not any(r.startswith("run-healthy") for r in worst["run_id"])
 
 
 def test_split_brain_lists_divergent_reads_and_lost_updates(monkeypatch, db_path):
     at = _run_page(monkeypatch, str(db_path), "split_brain")
-    text = _table_text(at)
-    assert "plan" in text and "budget" in text
+    truth = _truth("split_brain")
     reads, updates = at.dataframe[0].value, at.dataframe[1].value
-    assert set(reads["state_key"]) == {"plan"}
-    assert list(updates["clobbered_agent"]) == ["planner"] and list(updates["agent"]) == ["writer"]
+    unguarded = reads[reads["run_id"] == truth["run_id"]]
+    assert set(unguarded["state_key"]) == {r["key"] for r in truth["divergent_reads"]}
+    assert sorted(
+        zip(updates["state_key"], updates["clobbered_agent"], updates["agent"], strict=True)
+    ) == sorted((u["key"], u["clobbered_writer"], u["clobbered_by"]) for u in truth["lost_updates"])
     assert len(at.get("plotly_chart")) == 1  # the version timeline
 
 
-def test_rejections_page_shows_rates_and_over_threshold_buckets(monkeypatch, db_path):
+def test_rejections_page_shows_rates_prevention_and_coverage(monkeypatch, db_path):
     at = _run_page(monkeypatch, str(db_path), "rejections")
     assert len(at.get("plotly_chart")) == 2
-    over = at.dataframe[0].value
-    assert set(over["agent"]) == {"alice", "planner"} and (over["rejection_rate"] > over["threshold"]).all()
+    over, prevented, coverage = (df.value for df in at.dataframe)
+    assert (over["rejection_rate"] > over["threshold"]).all() and len(over) > 0
+    reasons = ", ".join(prevented["prevented_reasons"])
+    prevented_truth = {p["reason"] for t in truths() for p in t["prevented"]}
+    assert prevented_truth <= set(reasons.split(", "))
+    assert set(coverage["coverage"]) <= {"enforced", "partial", "watch_only"} and len(coverage) > 5
 
 
 def test_constraints_page_shows_dropped_constraint_with_hop_and_agent(monkeypatch, db_path):
     at = _run_page(monkeypatch, str(db_path), "constraints")
     drops = at.dataframe[-1].value
-    row = drops[drops["constraint_id"] == "cite-sources"].iloc[0]
-    assert row["hop"] == 1 and row["agent"] == "planner"
-    waivers = at.dataframe[0].value
-    assert list(waivers["constraint_id"]) == ["deadline=friday"]
-    assert XSS in waivers["waiver_reason"].iloc[0]  # shown as text in a grid, never rendered
-    assert len(at.get("plotly_chart")) == 1
+    truth = _truth("constraint_drop")["constraint_drops"]
+    assert sorted(
+        zip(drops["constraint_id"], drops["hop"], drops["agent"], drops["delegate_to"], strict=True)
+    ) == sorted((d["constraint_id"], d["hop"], d["from_agent"], d["to_agent"]) for d in truth)
+    assert len(at.get("plotly_chart")) == 1  # the constraint x hop heatmap
 
 
-def test_goal_drift_page_flags_the_drifted_subtask(monkeypatch, db_path):
+def test_goal_drift_page_flags_the_drifted_subtasks(monkeypatch, db_path):
     at = _run_page(monkeypatch, str(db_path), "goal_drift")
     drifted = at.dataframe[0].value
-    assert list(drifted["run_id"].str.contains("run-crew")) == [True]
+    truth = _truth("goal_drift")["drifted_subtasks"]
+    assert sorted(drifted["hop"]) == sorted(d["hop"] for d in truth)
+    assert set(drifted["subtask"]) == {d["text"] for d in truth}
     assert len(at.get("plotly_chart")) == 1
 
 
-def test_context_drift_page_names_the_stale_holder_and_stale_send(monkeypatch, db_path):
+def test_context_drift_page_names_stale_holders_and_the_stale_send(monkeypatch, db_path):
     at = _run_page(monkeypatch, str(db_path), "context_drift")
     holders, sends = at.dataframe[0].value, at.dataframe[1].value
-    assert list(holders["agent"]) == ["writer"]
-    assert list(sends["policy_version"]) == ["p1"] and list(sends["current_policy_version"]) == ["p2"]
+    truth = _truth("context_drift")
+    unguarded = holders[holders["run_id"] == truth["run_id"]]
+    assert set(unguarded["agent"]) == {h["agent"] for h in truth["stale_holders"]}
+    allowed = sends[sends["allowed"]]
+    assert list(allowed["agent"]) == [s["agent"] for s in truth["stale_policy_sends"]]
+    assert list(allowed["run_id"]) == [truth["run_id"]]
+    assert [m.value for m in at.metric] == ["1", "1"]  # one stale send went out, one was refused
 
 
 def test_loops_page_lists_all_four_loop_failures(monkeypatch, db_path):
     at = _run_page(monkeypatch, str(db_path), "loops")
     repeated, ping_pong, budget, dupes = (df.value for df in at.dataframe)
-    assert list(repeated["tool_name"]) == ["search"] and repeated["calls"].iloc[0] == 4
-    assert set(ping_pong["agents"].iloc[0].split(", ")) == {"alice", "bob"}
-    assert list(budget["agent"]) == ["alice"]
-    assert "mail-1" in dupes.to_string()
+    loop = _truth("recursion_loop")["looped_calls"][0]
+    row = repeated[repeated["run_id"] == _truth("recursion_loop")["run_id"]].iloc[0]
+    assert (row["agent"], row["tool_name"], row["calls"]) == (loop["agent"], loop["tool"], loop["count"])
+    assert set(ping_pong["agents"].iloc[0].split(", ")) == set(_truth("ping_pong")["ping_pong"][0]["agents"])
+    assert sorted(budget["agent"]) == sorted(
+        b["agent"] for b in _truth("step_budget", "guarded")["budget_exhaustion"]
+    )
+    assert list(dupes["tool_name"]) == [
+        d["tool"] for d in _truth("duplicate_side_effect")["duplicate_side_effects"]
+    ]
     # every finding links to its run in the run explorer
-    assert all(link.startswith("run_explorer?run=") for link in repeated["explore"])
+    assert all(
+        link == f"run_explorer?run={run}"
+        for link, run in zip(repeated["explore"], repeated["run_id"], strict=True)
+    )
+    # span text is data in a grid, not markup
+    assert XSS in " ".join(repeated["signature"]) or "xss" in " ".join(repeated["signature"])
 
 
 def test_run_explorer_opens_the_run_named_in_the_query(monkeypatch, db_path):
-    at = _run_page(monkeypatch, str(db_path), "run_explorer", {"run": BOUNCE_RUN})
-    assert at.selectbox(key="explorer_run").value == BOUNCE_RUN
+    run = _truth("ping_pong")["run_id"]
+    at = _run_page(monkeypatch, str(db_path), "run_explorer", {"run": run})
+    assert at.selectbox(key="explorer_run").value == run
     assert len(at.get("plotly_chart")) == 2  # waterfall and delegation graph
     findings = at.dataframe[0].value
-    assert {"delegation loop without progress", "unaware of termination conditions"} <= set(
-        findings["failure_mode"]
-    )
+    assert "delegation loop without progress" in set(findings["failure_mode"])
 
 
 def test_run_explorer_shows_span_text_as_json_not_markup(monkeypatch, db_path):
-    at = _run_page(monkeypatch, str(db_path), "run_explorer", {"run": CREW_RUN})
+    at = _run_page(monkeypatch, str(db_path), "run_explorer", {"run": XSS_RUN})
     spans = at.dataframe[-1].value
-    assert len(spans) > 10
-    assert all(XSS not in m.value for m in at.markdown)
+    assert len(spans) == 4
+    assert all("<script" not in m.value for m in at.markdown)
+    assert any("error: <script>alert(" in str(j.value) for j in at.json)  # shown as JSON text
 
 
 def test_calibration_page_lists_thresholds_with_provenance(monkeypatch, db_path):

@@ -12,7 +12,7 @@ from analytics.types import Filters, Window
 from dashboard.datasource import DuckDBFileSource
 from dashboard.report import build_report
 from dashboard.report_render import md_escape
-from tests.test_dashboard_db import BOUNCE_RUN, CREW_RUN, EXPECTED, XSS, build_dashboard_db
+from tests.test_dashboard_db import XSS, XSS_RUN, build_dashboard_db, expected_findings, truths
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "reports.md"
 MAST = {"specification", "inter-agent misalignment", "task verification"}
@@ -43,17 +43,44 @@ def _documented_fields(section: str) -> list[str]:
     return fields
 
 
-def test_json_report_findings_match_the_injected_failures(reports):
+def _ping_pong_run() -> str:
+    return next(t["run_id"] for t in truths() if t["scenario"] == "ping_pong" and t["variant"] == "unguarded")
+
+
+def test_json_report_findings_match_the_ground_truth(reports):
+    """Per run and detector, as many findings as the simulator injected; none in healthy runs."""
     doc = json.loads(reports["json"])
-    found: dict[str, set[str]] = {}
+    found: dict[str, dict[str, int]] = {}
     for finding in doc["findings"]:
-        if finding["run_id"]:
-            found.setdefault(finding["run_id"], set()).add(finding["metric"])
-    rejection_buckets = {"rejection_rates"}  # guard refusals per bucket: symptoms, not injected
-    assert {run: metrics - rejection_buckets for run, metrics in found.items()} == EXPECTED
+        if finding["metric"] == "rejection_rates":  # guard refusals per time bucket: symptoms, not injected
+            continue
+        per_run = found.setdefault(finding["run_id"], {})
+        per_run[finding["metric"]] = per_run.get(finding["metric"], 0) + 1
+    expected = {run: counts for run, counts in expected_findings().items() if counts}
+    assert found == expected
+    assert not any(run.startswith("run-healthy") for run in found)
     assert doc["errors"] == {}
     assert doc["summary"]["findings"] == len(doc["findings"])
-    assert doc["summary"]["runs"] == 2 and doc["summary"]["runs_with_findings"] == 2
+    assert doc["summary"]["runs"] == len(expected_findings())
+
+
+def test_report_evidence_spans_are_the_ground_truth_spans(reports):
+    doc = json.loads(reports["json"])
+    for truth in truths():
+        for drop in truth["constraint_drops"]:
+            finding = next(
+                f
+                for f in doc["findings"]
+                if f["metric"] == "constraint_drops" and f["run_id"] == truth["run_id"]
+            )
+            assert drop["span_id"] in [e["span_id"] for e in finding["evidence"]]
+        for loop in truth["looped_calls"]:
+            finding = next(
+                f
+                for f in doc["findings"]
+                if f["metric"] == "repeated_calls" and f["run_id"] == truth["run_id"]
+            )
+            assert set(loop["span_ids"]) <= set(finding["span_ids"])
 
 
 def test_every_finding_is_named_by_failure_mode_and_mast_category(reports):
@@ -62,8 +89,7 @@ def test_every_finding_is_named_by_failure_mode_and_mast_category(reports):
     for finding in doc["findings"]:
         assert finding["failure_mode"] and finding["mast_category"] in MAST
     drop = next(f for f in doc["findings"] if f["metric"] == "constraint_drops")
-    assert drop["details"]["constraint_id"] == "cite-sources"
-    assert [e["agent"] for e in drop["evidence"]] == ["planner"]
+    assert drop["details"]["constraint_id"] == "C2" and drop["failure_mode"].startswith("constraint dropped")
 
 
 def test_json_report_follows_the_documented_schema(reports):
@@ -124,11 +150,23 @@ def test_markdown_escape_neutralises_markdown_and_html():
 
 
 def test_report_for_one_run_only_names_that_run(source):
-    doc = json.loads(build_report(source, Window(), Filters(), BOUNCE_RUN, "json"))
-    assert doc["scope"]["run"] == BOUNCE_RUN
-    assert {f["run_id"] for f in doc["findings"]} == {BOUNCE_RUN}
-    assert {f["metric"] for f in doc["findings"]} >= EXPECTED[BOUNCE_RUN]
-    assert CREW_RUN not in json.dumps(doc["findings"])
+    run = _ping_pong_run()
+    doc = json.loads(build_report(source, Window(), Filters(), run, "json"))
+    assert doc["scope"]["run"] == run
+    assert {f["run_id"] for f in doc["findings"]} == {run}
+    assert {f["metric"] for f in doc["findings"]} == set(expected_findings()[run])
+    assert doc["summary"]["runs"] == 1
+
+
+def test_report_text_of_the_xss_run_is_escaped_in_every_format(source):
+    for fmt in ("html", "md", "json"):
+        text = build_report(source, Window(), Filters(), XSS_RUN, fmt)
+        assert "<script>alert" not in text and "<img src=x" not in text, fmt
+    html = build_report(source, Window(), Filters(), XSS_RUN, "html")
+    assert (
+        "error: &lt;script&gt;alert(&quot;driftscope-xss&quot;)&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;"
+        in html
+    )
 
 
 def test_report_window_outside_the_data_has_no_findings(source):

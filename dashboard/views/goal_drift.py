@@ -20,4 +20,6 @@ if frame is not None:
     else:
         ui.plot(goal_divergence_figure(frame), key="divergence")
         st.subheader("Subtasks above the threshold")
-        ui.findings_table(finding_rows(frame), "subtasks above the threshold", key="drifted")
+        ui.findings_table(
+            finding_rows(frame, "goal_divergence"), "subtasks above the threshold", key="drifted"
+        )

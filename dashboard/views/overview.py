@@ -4,7 +4,7 @@ import streamlit as st
 
 from dashboard import ui
 from dashboard.figures import findings_by_mode_figure, rejection_rate_figure
-from dashboard.findings import finding_metrics, summarise, tile_for, worst_runs
+from dashboard.findings import finding_metrics, short_title, summarise, tile_for, worst_runs
 
 ctx = ui.page_context()
 st.title("Coordination failures")
@@ -20,7 +20,7 @@ if loaded is not None:
     for start in range(0, len(tiles), 4):
         for column, tile in zip(st.columns(4), tiles[start : start + 4], strict=False):
             column.metric(
-                tile.failure_mode,
+                tile.title,
                 tile.count,
                 delta="breached" if tile.breached else "clear",
                 delta_color="red" if tile.breached else "green",
@@ -28,11 +28,13 @@ if loaded is not None:
                 chart_data=tile.trend,
                 chart_type="bar",
                 border=True,
-                help=f"MAST: {tile.mast_category}; detector `{tile.metric}`",
+                help=f"{tile.failure_mode} (MAST: {tile.mast_category}; detector `{tile.metric}`)",
             )
     left, right = st.columns(2)
     with left:
-        ui.plot(findings_by_mode_figure(summarise(findings)), key="by_mode")
+        summary = summarise(findings)
+        summary["title"] = summary["metric"].map(short_title)
+        ui.plot(findings_by_mode_figure(summary), key="by_mode")
     with right:
         ui.plot(rejection_rate_figure(frames.get("rejection_rates")), key="rejection_rate")
     st.subheader("Worst runs")

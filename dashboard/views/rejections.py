@@ -30,13 +30,26 @@ if rates is not None:
         over = rates[rates["over_threshold"]]
         ui.findings_table(over, "buckets over the rejection-rate threshold", key="over")
 
-names = {m["name"] for m in ui.cached_metrics_list(ctx.source_key)}
-st.subheader("What each guard prevented")
-if "enforcement_coverage" in names:
-    coverage = ui.load_metric(ctx, "enforcement_coverage")
-    if coverage is not None and not coverage.empty:
-        ui.table(coverage, key="coverage")
+coverage = ui.load_metric(ctx, "enforcement_coverage")
+if coverage is not None:
+    st.subheader("What each guard prevented")
+    prevented = coverage[coverage["prevented"] > 0]
+    if prevented.empty:
+        st.caption("No guard refused a call in this window.")
     else:
-        ui.empty_state("guarded or unguarded tool calls")
-else:
-    st.info("This source has no `enforcement_coverage` detector yet, so guard coverage cannot be shown.")
+        ui.table(
+            prevented[["service", "tool_name", "prevented", "prevented_reasons", "agents"]], key="prevented"
+        )
+    st.subheader("Guard coverage: guarded vs unguarded tools")
+    st.caption(
+        "`enforced`: every call went through a guard; `partial`: some anti-patterns (unversioned writes, "
+        "unstructured delegations, sends without policy, side effects without idempotency key); "
+        "`watch_only`: never guarded, driftscope can only detect failures after the fact."
+    )
+    if coverage.empty:
+        ui.empty_state("tool calls")
+    else:
+        columns = ["service", "tool_name", "coverage", "calls", "guarded_calls", "prevented", "anti_patterns",
+                   "writes", "versioned_writes", "delegations", "structured_delegations", "sends",
+                   "sends_with_policy", "side_effects", "side_effects_with_key"]  # fmt: skip
+        ui.table(coverage[columns], key="coverage")

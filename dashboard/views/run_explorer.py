@@ -40,9 +40,13 @@ def show_run(ctx: ui.PageContext, run: str) -> None:
         spans[columns], hide_index=True, on_select="rerun", selection_mode="single-row", key="span_table"
     )
     rows = picked.selection.rows if picked is not None else []
-    span = spans.iloc[rows[0] if rows else 0]
+    failing = spans.index[spans["outcome"].isin(["rejected", "error"]) | (spans["status_code"] == "Error")]
+    # Without a click, show the first failing span: what an on-call engineer looks at first.
+    span = spans.iloc[rows[0]] if rows else spans.loc[failing[0]] if len(failing) else spans.iloc[0]
     st.subheader(f"Attributes of span {span['span_id']}")
-    st.caption("Click a row above to inspect another span. Values are shown as text, never rendered.")
+    st.caption(
+        "Click a row above to inspect another span (default: the first failing one). Values are shown as text, never rendered."
+    )
     fields = {
         k: str(v) for k, v in span.items() if k != "attributes" and str(v) not in ("", "nan", "None", "NaT")
     }

@@ -36,7 +36,9 @@ else:
     if not keys:
         st.info("This run has no shared-state reads or writes.")
     else:
-        key = st.selectbox("State key", keys, key="split_brain_key")
+        flagged = [k for f in frames for k in f.loc[f["run_id"] == run, "state_key"] if k in keys]
+        first = keys.index(flagged[0]) if flagged else 0
+        key = st.selectbox("State key", keys, index=first, key="split_brain_key")
         evidence = {s for f in frames for ids in f.loc[f["run_id"] == run, "span_ids"] for s in as_list(ids)}
         ui.plot(version_timeline_figure(spans, key, evidence), key="version_timeline")
         st.page_link(

@@ -1,0 +1,168 @@
+"""Every dashboard page in a real headless Chromium, served by a real `streamlit run` process.
+
+Fails on any Streamlit exception element, browser console error, page error or JavaScript dialog
+(span text carries an XSS payload), and saves one screenshot per page under test-artifacts/.
+Needs Debian's chromium at /usr/bin/chromium (`apt-get install -y chromium`); it fails, never
+skips, when the browser is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dashboard.launch import run_dashboard
+from tests.test_dashboard_db import XSS_RUN, build_dashboard_db, truths
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+PING_PONG_RUN = next(
+    t["run_id"] for t in truths() if t["scenario"] == "ping_pong" and t["variant"] == "unguarded"
+)
+
+# url path, page title, how many Plotly charts the page draws on the test database
+PAGES = [
+    ("", "Coordination failures", 2),  # the default page lives at the root
+    ("split_brain", "Split-brain: shared state", 1),
+    ("rejections", "Rejections & enforcement", 2),
+    ("constraints", "Constraints along delegation chains", 1),
+    ("goal_drift", "Goal drift", 1),
+    ("context_drift", "Context drift", 1),
+    ("loops", "Loops & budgets", 0),
+    (f"run_explorer?run={PING_PONG_RUN}", "Run explorer", 2),
+    (f"run_explorer?run={XSS_RUN}", "Run explorer", 2),  # span text is markup: must stay text
+    ("calibration", "Calibration", 1),
+]
+
+pytestmark = pytest.mark.slow
+
+
+def _page_id(path: str) -> str:
+    """``overview``, ``split_brain``, ``run_explorer-run-xss`` ..."""
+    if not path:
+        return "overview"
+    page, _, query = path.partition("?run=")
+    return f"{page}-{query}" if query.startswith("run-xss") else page
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_healthy(base: str, process, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"streamlit exited early with code {process.returncode}")
+        try:
+            if httpx.get(f"{base}/_stcore/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"dashboard at {base} not healthy after {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def dashboard_url(tmp_path_factory):
+    db = build_dashboard_db(tmp_path_factory.mktemp("browser") / "crew.duckdb")
+    port = _free_port()
+    process = run_dashboard(str(db), port, "127.0.0.1")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(base, process)
+        yield base
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except Exception:
+            process.kill()
+            process.wait(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's browser with `apt-get install -y chromium`")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        instance = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield instance
+        instance.close()
+
+
+# Opened at a page's own URL, Streamlit's frontend first probes for a base path under that URL
+# (`/<page>/_stcore/health`, `/<page>/_stcore/host-config`) and falls back to the root on a 404.
+_BASE_PATH_PROBE = re.compile(r"^https?://[^/]+/[a-z_]+/_stcore/(health|host-config)$")
+
+
+def _bad_response(response) -> bool:
+    return response.status >= 400 and not _BASE_PATH_PROBE.match(response.url)
+
+
+def _console_problem(message, problems: list[str]) -> None:
+    if message.type != "error":
+        return
+    url = (message.location or {}).get("url", "")
+    if _BASE_PATH_PROBE.match(url) and "404" in message.text:
+        return
+    problems.append(f"console error: {message.text} ({url})")
+
+
+def _settle(page, title: str, charts: int) -> None:
+    """Wait until the page's title, its charts and the end of Streamlit's script run are visible."""
+    page.get_by_role("heading", name=title).first.wait_for(timeout=90_000)
+    if charts:
+        page.wait_for_function(
+            f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {charts}", timeout=90_000
+        )
+    page.wait_for_function(
+        "!document.querySelector('[data-testid=\"stStatusWidget\"]')"
+        " || !document.querySelector('[data-testid=\"stStatusWidget\"]').innerText.includes('Running')",
+        timeout=90_000,
+    )
+    page.wait_for_timeout(1000)
+
+
+@pytest.mark.parametrize(("path", "title", "charts"), PAGES, ids=[_page_id(p[0]) for p in PAGES])
+def test_page_renders_without_errors_in_chromium(browser, dashboard_url, path, title, charts):
+    ARTIFACTS.mkdir(exist_ok=True)
+    context = browser.new_context(viewport={"width": 1500, "height": 2400})
+    page = context.new_page()
+    problems: list[str] = []
+    page.on("console", lambda m: _console_problem(m, problems))
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.on("response", lambda r: problems.append(f"HTTP {r.status} {r.url}") if _bad_response(r) else None)
+    page.on("dialog", lambda d: (problems.append(f"dialog opened: {d.message}"), d.dismiss()))
+    try:
+        page.goto(f"{dashboard_url}/{path}", wait_until="domcontentloaded")
+        _settle(page, title, charts)
+        page.screenshot(path=str(ARTIFACTS / f"dashboard-{_page_id(path)}.png"), full_page=True)
+        exceptions = page.locator('[data-testid="stException"]')
+        assert exceptions.count() == 0, exceptions.all_inner_texts()
+        assert page.locator(".js-plotly-plot").count() == charts
+        if path.startswith("run_explorer"):
+            picker = page.locator('[data-testid="stMain"] [data-testid="stSelectbox"] input').first
+            assert picker.input_value() == path.partition("?run=")[2]
+        assert not problems, problems
+    finally:
+        context.close()
