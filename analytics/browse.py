@@ -26,6 +26,8 @@ def list_runs(
         "until": window.until,
         "service": filters.service,
         "agent": filters.agent,
+        "run": filters.run,
+        "origin_task": filters.origin_task,
         "limit": limit,
     }
     return query_df(conn, load_sql("list_runs"), params)

@@ -171,7 +171,7 @@ def build_api_routes(
         return frame_response(request, frame, {"metric": name, **info})
 
     async def runs(request: Request) -> Response:
-        params = parse_query(request, WINDOW_PARAMS + ("service", "agent", "limit"))
+        params = parse_query(request, WINDOW_PARAMS + FILTER_PARAMS + ("limit",))
         frame = await run(queries.list_runs, params)
         return frame_response(request, frame)
 

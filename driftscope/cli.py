@@ -181,7 +181,8 @@ def cmd_up(args: argparse.Namespace, values: dict[str, Any]) -> int:
         if args.demo:
             from guards.demo import run_demo
 
-            run_demo(url, None, live=True)
+            if run_demo(url, None, live=True, token=values.get("token")) != 0:
+                logger.warning("some demo spans were not accepted by the collector; see the messages above")
         while all(child.poll() is None for child in children):
             time.sleep(0.5)
     except KeyboardInterrupt:

@@ -54,7 +54,12 @@ def run_metric_frame(cursor: duckdb.DuckDBPyConnection, name: str, params: dict)
 
 def list_runs(cursor: duckdb.DuckDBPyConnection, params: dict) -> pd.DataFrame:
     window = Window(since=params.get("since"), until=params.get("until"))
-    filters = Filters(service=params.get("service"), agent=params.get("agent"))
+    filters = Filters(
+        service=params.get("service"),
+        agent=params.get("agent"),
+        run=params.get("run"),
+        origin_task=params.get("origin_task"),
+    )
     return browse.list_runs(cursor, window, filters, params.get("limit", 500))
 
 

@@ -15,7 +15,10 @@ FROM spans
 WHERE ($since IS NULL OR Timestamp >= $since)
   AND ($until IS NULL OR Timestamp <= $until)
   AND ($service IS NULL OR ServiceName = $service)
-  AND ($agent IS NULL OR agent_id = $agent)
+  AND ($run IS NULL OR run_id = $run)
+  -- agent / origin task select whole runs they took part in, so the run's totals stay whole
+  AND ($agent IS NULL OR run_id IN (SELECT run_id FROM spans WHERE agent_id = $agent))
+  AND ($origin_task IS NULL OR run_id IN (SELECT run_id FROM spans WHERE origin_task_id = $origin_task))
 GROUP BY run_id
 ORDER BY last_seen DESC
 LIMIT $limit
