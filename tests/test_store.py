@@ -32,6 +32,27 @@ def test_migrations_are_recorded_and_applied_once(conn):
     assert apply_migrations(conn) == []
 
 
+def test_database_written_by_an_older_version_upgrades_on_open(tmp_path):
+    path = tmp_path / "v1.duckdb"
+    number, name, sql = list_migrations()[0]
+    old = duckdb.connect(str(path))
+    # What version 1 of driftscope left on disk: the first migration and its bookkeeping only.
+    old.execute(
+        "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMP NOT NULL)"
+    )
+    old.execute(sql)
+    old.execute("INSERT INTO schema_migrations VALUES (?, ?, now()::TIMESTAMP)", [number, name])
+    _insert(old, [{"name": "from v1", "trace_id": TRACE, "span_id": ROOT}])
+    old.close()
+    upgraded = open_store(path)
+    versions = [
+        row[0] for row in upgraded.execute("SELECT version FROM schema_migrations ORDER BY 1").fetchall()
+    ]
+    assert versions == [n for n, _, _ in list_migrations()] and len(versions) >= 2
+    assert upgraded.execute("SELECT SpanName FROM otel_traces").fetchall() == [("from v1",)]
+    upgraded.close()
+
+
 def test_database_from_an_earlier_run_opens_with_its_data(tmp_path):
     path = tmp_path / "old.duckdb"
     first = open_store(path)
