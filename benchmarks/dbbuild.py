@@ -1,0 +1,108 @@
+"""Build DuckDB files with many stored spans fast, for the query, report and dashboard benchmarks.
+
+The ingest benchmark measures ingest; here a base of generated spans goes through the real
+decoder and ``collector.store.insert_batches`` once (so agent/run inheritance is the collector's
+own), and the database is then grown by copying that base in SQL, each copy moved to its own
+namespace (trace, run, task and ticket ids, as ``benchmarks.generator.stamp`` does to payloads)
+and later in time. The result is what ingesting ``generate_requests`` for consecutive namespaces
+would store, apart from ``ingested_at``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import duckdb
+
+from benchmarks.generator import TEMPLATE_NAMESPACE, template_payloads
+from collector.decode import PROTOBUF, SPAN_COLUMNS, decode_payload
+from collector.store import batch_to_arrow, insert_batches, open_store
+
+logger = logging.getLogger(__name__)
+
+BASE_SPANS = 8 * 512
+_MARK = f"{TEMPLATE_NAMESPACE:016x}"
+# Columns that carry the namespace (ids and the ticket named in goal texts).
+_STAMPED = ("TraceId", "run_id", "task_id", "origin_task_id", "idempotency_key", "goal_root", "goal_text")
+
+
+def _select_copy(base_minutes: int) -> str:
+    """SELECT of one copy ``k`` of ``_base`` (column order of `spans`)."""
+    shift_us = base_minutes * 60 * 1_000_000
+    exprs = []
+    for name in SPAN_COLUMNS:
+        if name in _STAMPED:
+            exprs.append(f"replace({name}, '{_MARK}', printf('%016x', k)) AS {name}")
+        elif name == "SpanAttributes":
+            exprs.append(
+                "map_from_entries(list_transform(map_entries(SpanAttributes), "
+                f"lambda e: {{'key': e.key, 'value': replace(e.value, '{_MARK}', printf('%016x', k))}})) "
+                "AS SpanAttributes"
+            )
+        elif name == "Timestamp":
+            exprs.append(f"Timestamp + to_microseconds(k * {shift_us}) AS Timestamp")
+        elif name in ("start_ns", "end_ns"):
+            exprs.append(f"{name} + k * {shift_us * 1000} AS {name}")
+        else:
+            exprs.append(name)
+    return "SELECT " + ", ".join(exprs) + " FROM _base, range(?, ?) AS r(k)"
+
+
+class SpanDatabase:
+    """A database file grown to a number of stored spans by copies of one generated base."""
+
+    def __init__(self, path: Path, seed: int = 7) -> None:
+        self.path = Path(path)
+        for stale in (self.path, Path(f"{self.path}.wal")):
+            stale.unlink(missing_ok=True)
+        self.conn = open_store(self.path)
+        payloads = template_payloads(BASE_SPANS, seed)
+        batches = [decode_payload(p, PROTOBUF) for p in payloads]
+        base = batch_to_arrow(batches)
+        first_ns, last_ns = min(base.column("start_ns").to_pylist()), max(base.column("end_ns").to_pylist())
+        self.base_minutes = int((last_ns - first_ns) // 60_000_000_000) + 1
+        # The base itself goes through insert_batches (inheritance as the collector does it) in
+        # a scratch database, then serves as the template for every copy.
+        scratch = duckdb.connect(":memory:")
+        from collector.migrations_runner import apply_migrations
+
+        apply_migrations(scratch)
+        scratch.execute("BEGIN")
+        insert_batches(scratch, batches)
+        scratch.execute("COMMIT")
+        self.base_table = scratch.execute("SELECT * FROM spans ORDER BY start_ns").to_arrow_table()
+        scratch.close()
+        self.conn.register("_base_arrow", self.base_table)
+        self.conn.execute("CREATE TEMP TABLE _base AS SELECT * FROM _base_arrow")
+        self.conn.unregister("_base_arrow")
+        self.copies = 0
+        self._copy_sql = _select_copy(self.base_minutes)
+
+    @property
+    def spans(self) -> int:
+        return self.copies * self.base_table.num_rows
+
+    def grow_to(self, spans: int, copies_per_statement: int = 200) -> float:
+        """Add copies until at least ``spans`` are stored; return the seconds it took."""
+        start = time.perf_counter()
+        target = -(-spans // self.base_table.num_rows)
+        while self.copies < target:
+            upto = min(target, self.copies + copies_per_statement)
+            self.conn.execute(f"INSERT INTO spans {self._copy_sql}", [self.copies + 1, upto + 1])
+            self.copies = upto
+        self.conn.execute("CHECKPOINT")
+        elapsed = time.perf_counter() - start
+        logger.info("database %s grown to %d spans in %.1fs", self.path, self.spans, elapsed)
+        return elapsed
+
+    def window(self):
+        """The ``analytics.types.Window`` covering every stored span."""
+        from analytics.types import Window
+
+        first, last = self.conn.execute("SELECT min(Timestamp), max(Timestamp) FROM spans").fetchone()
+        return Window(since=first, until=last)
+
+    def close(self) -> None:
+        self.conn.close()
