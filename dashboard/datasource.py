@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+from urllib.parse import quote
 
 import duckdb
 import httpx
@@ -95,7 +96,7 @@ class HttpSource:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
 
-    def _get(self, path: str, params: dict | None = None, accept: str = "application/json"):
+    def _get(self, path: str, params: dict | None = None, accept: str = "application/json", missing_ok=False):
         try:
             response = self._client.get(path, params=params, headers={"Accept": accept})
         except httpx.HTTPError as exc:
@@ -109,6 +110,8 @@ class HttpSource:
                 f"The collector at {self.url} refused the request (HTTP {response.status_code}): "
                 "pass its token (DRIFTSCOPE_TOKEN)."
             )
+        if missing_ok and response.status_code == 404:
+            return None
         if response.status_code >= 400:
             raise SourceUnavailable(
                 f"The collector at {self.url} answered HTTP {response.status_code} for {path}: "
@@ -122,8 +125,8 @@ class HttpSource:
             body = self._get("/api/v1/health").json()
         except (SourceUnavailable, ValueError) as exc:
             return Health(False, str(exc))
-        status = body.get("status", "ok") if isinstance(body, dict) else "ok"
-        return Health(status in ("ok", "healthy", True), f"{self.description}: {status}")
+        spans = body.get("spans") if isinstance(body, dict) else None
+        return Health(True, f"{self.description}: {spans if spans is not None else '?'} spans")
 
     def list_metrics(self) -> list[dict]:
         """Metric descriptions as the API lists them."""
@@ -132,7 +135,9 @@ class HttpSource:
 
     def metric(self, name: str, window: Window, filters: Filters) -> pd.DataFrame:
         """One metric's frame, transferred as an Arrow IPC stream."""
-        response = self._get(f"/api/v1/metrics/{name}", window_params(window, filters), ARROW_STREAM)
+        response = self._get(
+            f"/api/v1/metrics/{quote(name, safe='')}", window_params(window, filters), ARROW_STREAM
+        )
         if response.headers.get("content-type", "").startswith(ARROW_STREAM):
             with pa.ipc.open_stream(response.content) as reader:
                 return reader.read_pandas()
@@ -146,13 +151,15 @@ class HttpSource:
 
     def run_spans(self, run_id: str) -> pd.DataFrame:
         """Every span of one run, in start order."""
-        body = self._get(f"/api/v1/runs/{run_id}/spans").json()
-        return normalise_spans(_rows_of(body, "spans"))
+        response = self._get(f"/api/v1/runs/{quote(run_id, safe='')}/spans", missing_ok=True)
+        if response is None:  # the API answers 404 for a run without spans
+            return pd.DataFrame()
+        return normalise_spans(_rows_of(response.json(), "spans"))
 
     def thresholds(self) -> pd.DataFrame:
         """The thresholds in force, with provenance."""
         body = self._get("/api/v1/thresholds").json()
-        return normalise_thresholds(_rows_of(body, "thresholds"))
+        return thresholds_in_force(_rows_of(body, "thresholds"))
 
 
 def _rows_of(body, key: str) -> pd.DataFrame:
@@ -318,6 +325,33 @@ def normalise_spans(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values(["start_ns"], kind="stable").reset_index(drop=True)
 
 
+def thresholds_in_force(stored: pd.DataFrame) -> pd.DataFrame:
+    """Newest version per name of the stored thresholds, plus the defaults of names never stored.
+
+    The read API may list stored versions only; what a detector uses is this (see
+    ``analytics.thresholds.current_threshold``).
+    """
+    from analytics.thresholds import DEFAULTS, default_threshold
+
+    rows = []
+    if not stored.empty:
+        newest = stored.sort_values("version").groupby("name", sort=True).tail(1)
+        for row in newest.to_dict("records"):
+            calibrated = row.get("calibrated")
+            if calibrated is None or (isinstance(calibrated, float) and pd.isna(calibrated)):
+                calibrated = row["method"] != "default"
+            rows.append({**row, "calibrated": bool(calibrated)})
+    known = {r["name"] for r in rows}
+    for name in sorted(set(DEFAULTS) - known):
+        info = default_threshold(name)
+        rows.append(
+            {"name": name, "value": info.value, "version": info.version, "method": info.method,
+             "calibrated": info.calibrated, "provenance": info.provenance}
+        )  # fmt: skip
+    frame = pd.DataFrame(rows).sort_values("name").reset_index(drop=True) if rows else pd.DataFrame()
+    return normalise_thresholds(frame)
+
+
 def normalise_thresholds(frame: pd.DataFrame) -> pd.DataFrame:
     """Thresholds frame with the schema's columns."""
     columns = ["name", "value", "version", "method", "calibrated", "provenance"]
@@ -325,7 +359,7 @@ def normalise_thresholds(frame: pd.DataFrame) -> pd.DataFrame:
     for column in columns:
         if column not in frame.columns:
             frame[column] = None
-    return frame
+    return frame[columns].reset_index(drop=True)
 
 
 def _as_list(value) -> list:

@@ -81,6 +81,9 @@ def rejection_rate_figure(frame: pd.DataFrame, by: str = "tool_name") -> go.Figu
     data[by] = data[by].fillna("(none)")
     grouped = data.groupby(["bucket_start", by], sort=True)[["attempts", "rejections"]].sum().reset_index()
     grouped["rate"] = grouped["rejections"] / grouped["attempts"].where(grouped["attempts"] > 0)
+    refused = grouped.groupby(by)["rejections"].sum()
+    if (refused > 0).any():  # series that never refused anything only add noise at 0 %
+        grouped = grouped[grouped[by].isin(refused[refused > 0].index)]
     fig = go.Figure()
     for value, part in grouped.groupby(by, sort=True):
         fig.add_scatter(

@@ -160,7 +160,8 @@ def delegation_graph_figure(spans: pd.DataFrame, failed_agents: set[str] | None 
         showlegend=False,
     )
     fig.update_xaxes(visible=False, range=[-0.5, max(level.values()) + 0.5])
-    fig.update_yaxes(visible=False)
+    ys = [y for _, y in positions.values()]
+    fig.update_yaxes(visible=False, range=[min(ys) - 0.8, max(ys) + 0.8])
     return _layout(
         fig, title + " — red: agent or delegation with failures", height=260 + 40 * len(nodes) // 2
     )

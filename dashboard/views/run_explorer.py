@@ -12,6 +12,15 @@ SPAN_COLUMNS = (
 )  # fmt: skip
 
 
+def _text(value) -> str:
+    """A span field as display text (arrays joined)."""
+    if hasattr(value, "tolist") and not isinstance(value, str):
+        value = value.tolist()
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
+    return str(value)
+
+
 def show_run(ctx: ui.PageContext, run: str) -> None:
     """Findings, waterfall, delegation graph and span attributes of one run."""
     spans = ui.cached_run_spans(ctx.source_key, run)
@@ -45,11 +54,10 @@ def show_run(ctx: ui.PageContext, run: str) -> None:
     span = spans.iloc[rows[0]] if rows else spans.loc[failing[0]] if len(failing) else spans.iloc[0]
     st.subheader(f"Attributes of span {span['span_id']}")
     st.caption(
-        "Click a row above to inspect another span (default: the first failing one). Values are shown as text, never rendered."
+        "Click a row above to inspect another span (default: the first failing one). Shown as text, never rendered."
     )
-    fields = {
-        k: str(v) for k, v in span.items() if k != "attributes" and str(v) not in ("", "nan", "None", "NaT")
-    }
+    blank = ("", "nan", "None", "NaT", "<NA>")
+    fields = {k: _text(v) for k, v in span.items() if k != "attributes" and _text(v) not in blank}
     left, right = st.columns(2)
     left.json(fields, expanded=True)
     right.json(span.get("attributes") or {}, expanded=True)

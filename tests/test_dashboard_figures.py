@@ -1,0 +1,174 @@
+"""Pure functions behind the pages: figures (and their escaping), windows, tiles, thresholds, ROC."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pandas as pd
+import pytest
+
+from analytics.types import Window
+from dashboard.calibration import roc_points
+from dashboard.datasource import thresholds_in_force
+from dashboard.figures import (
+    constraint_heatmap_figure,
+    divergence_histogram_figure,
+    goal_divergence_figure,
+    rejection_rate_figure,
+    roc_figure,
+)
+from dashboard.figures_run import (
+    delegation_graph_figure,
+    delegation_levels,
+    version_timeline_figure,
+    waterfall_figure,
+)
+from dashboard.filters import describe_window, run_link, window_for
+from dashboard.findings import findings_from_frame, trend_counts
+
+XSS = "<script>alert(1)</script>"
+T0 = datetime(2026, 1, 15, 9)
+
+
+def _spans() -> pd.DataFrame:
+    rows = []
+    for i, (agent, op, to, outcome) in enumerate(
+        [
+            (XSS, "delegate", "bob", "ok"),
+            ("bob", "delegate", "carol", "rejected"),
+            ("carol", "read", None, "ok"),
+        ]
+    ):
+        start = 1_768_467_600_000_000_000 + i * 1_000_000_000
+        rows.append(
+            {
+                "span_id": f"{i:016x}", "span_name": f"tool {XSS}", "agent_id": agent, "op": op,
+                "delegate_to": to, "hop": i + 1, "outcome": outcome, "status_code": "Unset", "tool_name": XSS,
+                "reject_reason": None, "start_ns": start, "end_ns": start + 500_000_000,
+                "Timestamp": T0 + timedelta(seconds=i), "state_key": "k" if op == "read" else None,
+                "state_version": XSS, "state_expected_version": None,
+            }
+        )  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_run_figures_escape_span_text():
+    spans = _spans()
+    figures = [
+        waterfall_figure(spans, {"0000000000000000"}),
+        delegation_graph_figure(spans, {"bob"}),
+        version_timeline_figure(spans, "k"),
+    ]
+    for fig in figures:
+        text = fig.to_json()
+        assert "<script>" not in text
+        assert "&lt;script&gt;" in text
+
+
+def test_waterfall_marks_failed_spans_red_and_evidence_orange():
+    fig = waterfall_figure(_spans(), {"0000000000000000"})
+    assert list(fig.data[0].marker.color) == ["#ff7f0e", "#d62728", "#1f77b4"]
+    assert list(fig.data[0].base) == [0.0, 1000.0, 2000.0]
+
+
+def test_delegation_levels_layer_chains_and_survive_cycles():
+    assert delegation_levels([("a", "b"), ("b", "c")], ["a", "b", "c"]) == {"a": 0, "b": 1, "c": 2}
+    assert delegation_levels([("a", "b"), ("b", "a")], ["a", "b"]) == {"a": 0, "b": 1}
+
+
+def test_rejection_rate_figure_draws_threshold_and_only_refusing_series():
+    frame = pd.DataFrame(
+        {
+            "bucket_start": [T0, T0, T0 + timedelta(hours=1)],
+            "tool_name": ["write_state", "read_state", "write_state"],
+            "attempts": [4, 5, 2], "rejections": [1, 0, 2],
+            "threshold": 0.25, "calibrated": False, "threshold_version": 0,
+        }
+    )  # fmt: skip
+    fig = rejection_rate_figure(frame)
+    assert [t.name for t in fig.data] == ["write_state"]
+    assert list(fig.data[0].y) == [0.25, 1.0]
+    assert fig.layout.shapes[0].y0 == 0.25
+    assert "uncalibrated default" in fig.layout.annotations[0].text
+
+
+def test_constraint_heatmap_codes_statuses_and_escapes_reasons():
+    ledger = pd.DataFrame(
+        {
+            "origin_task_id": "T", "constraint_id": ["C1", "C1", "C2", "C2"], "hop": [1, 2, 1, 2],
+            "status": ["carried", "waived", "carried", "missing"], "waiver_reason": [None, XSS, None, None],
+        }
+    )  # fmt: skip
+    fig = constraint_heatmap_figure(ledger, "T")
+    assert [list(row) for row in fig.data[0].z] == [[0, 1], [0, 3]]
+    assert "<script>" not in fig.to_json()
+
+
+def test_goal_and_histogram_figures_carry_the_threshold():
+    frame = pd.DataFrame(
+        {"origin_task_id": ["T", "T"], "run_id": "r", "hop": [1, 2], "divergence": [0.2, 0.8], "subtask": [XSS, "b"],
+         "threshold": 0.45, "calibrated": True, "threshold_version": 3}
+    )  # fmt: skip
+    fig = goal_divergence_figure(frame)
+    assert fig.layout.shapes[-1].y0 == 0.45 and "calibrated v3" in fig.layout.annotations[0].text
+    assert "<script>" not in fig.to_json()
+    hist = divergence_histogram_figure(frame["divergence"], 0.45, "t")
+    assert [list(t.x) for t in hist.data] == [[0.2], [0.8]]
+
+
+def test_window_presets_round_now_and_all_time_is_open():
+    now = datetime(2026, 1, 15, 9, 30, 17, 500)
+    assert window_for("Last 15 min", now) == Window(since=datetime(2026, 1, 15, 9, 15, 10))
+    assert window_for("Last 24 h", now).since == datetime(2026, 1, 14, 9, 30, 10)
+    assert window_for("All time", now) == Window()
+    assert window_for("Custom", now, T0, T0 + timedelta(hours=1)) == Window(T0, T0 + timedelta(hours=1))
+    assert describe_window(Window()) == "all time"
+    with pytest.raises(ValueError, match="Last 1 h"):
+        window_for("yesterday", now)
+
+
+def test_run_link_quotes_the_run_id():
+    assert run_link("run a/b?c") == "run_explorer?run=run%20a%2Fb%3Fc"
+    assert run_link(None) is None
+
+
+def test_trend_counts_buckets_the_range():
+    times = pd.Series([T0, T0 + timedelta(minutes=1), T0 + timedelta(minutes=12)])
+    counts = trend_counts(times, buckets=4)
+    assert sum(counts) == 3 and counts[0] == 2 and counts[-1] == 1
+    assert trend_counts(pd.Series([T0]), buckets=3) == [0, 0, 1]
+
+
+def test_flagged_detectors_only_report_flagged_rows():
+    frame = pd.DataFrame(
+        {"run_id": ["r1", "r2"], "span_ids": [["a"], ["b"]], "agent": ["x", "y"], "allowed": [True, False]}
+    )
+    metric = {
+        "name": "stale_policy_sends",
+        "failure_mode": "stale policy",
+        "mast_category": "inter-agent misalignment",
+    }
+    found = findings_from_frame(metric, frame)
+    assert [(f.run_id, f.agents, f.span_ids) for f in found] == [("r1", ["x"], ["a"])]
+    spec = {"name": "budget_exhaustion", "failure_mode": "budget", "mast_category": "specification issues"}
+    assert findings_from_frame(spec, frame)[0].mast_category == "specification"
+
+
+def test_thresholds_in_force_take_the_newest_version_and_fill_defaults():
+    stored = pd.DataFrame(
+        {"name": ["goal_divergence", "goal_divergence"], "version": [1, 2], "value": [0.5, 0.38],
+         "method": ["youden_j", "youden_j"], "provenance": ["{}", '{"auc": 0.9}']}
+    )  # fmt: skip
+    frame = thresholds_in_force(stored).set_index("name")
+    assert frame.loc["goal_divergence", "value"] == 0.38 and frame.loc["goal_divergence", "calibrated"]
+    assert frame.loc["rejection_rate", "version"] == 0 and not frame.loc["rejection_rate", "calibrated"]
+
+
+def test_roc_points_from_provenance():
+    points, auc = roc_points(
+        {"metrics": {"roc": {"fpr": [0, 0.1, 1], "tpr": [0, 0.8, 1], "thresholds": [1, 0.4, 0]}, "auc": 0.93}}
+    )
+    assert list(points["tpr"]) == [0, 0.8, 1] and auc == 0.93
+    assert roc_points({"note": "default"}) == (None, None)
+    fig = roc_figure(points, 0.4, auc)
+    assert list(fig.data[-1].x) == [0.1] and "0.930" in fig.layout.title.text
