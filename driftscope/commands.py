@@ -67,7 +67,12 @@ def cmd_report(args: argparse.Namespace, values: dict[str, Any]) -> int:
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
     started = time.monotonic()
-    content = build_report(source, window, Filters(), run=args.run, fmt=args.fmt)
+    from dashboard.datasource import SourceUnavailable
+
+    try:
+        content = build_report(source, window, Filters(), run=args.run, fmt=args.fmt)
+    except SourceUnavailable as exc:
+        raise ConfigError(str(exc)) from exc
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(content, bytes):

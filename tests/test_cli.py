@@ -158,3 +158,44 @@ def test_up_starts_collector_and_dashboard_and_stops_on_sigterm(tmp_path):
         output = process.communicate(timeout=90)[0].decode()
     assert process.returncode == 0, output
     assert "driftscope serve stopped" in output
+
+
+def test_calibrate_then_report_from_the_command_line(tmp_path):
+    import glob
+    import json
+
+    db = tmp_path / "crew.duckdb"
+    traces = sorted(glob.glob(str(README.parent / "sample_traces" / "*_unguarded.json")))
+    assert _cli("ingest", *traces, "--db", str(db)).returncode == 0
+    pairs = README.parent / "sample_traces" / "calibration" / "goal_pairs.csv"
+    result = _cli("calibrate", "--db", str(db), "--pairs", str(pairs), timeout=300)
+    assert result.returncode == 0, result.stderr
+    calibrated = json.loads(result.stdout)["pairs"]
+    assert calibrated["auroc"] >= 0.85 and 0 < calibrated["value"] < 1 and calibrated["version"] == 1
+    for fmt in ("md", "json"):
+        out = tmp_path / f"report.{fmt}"
+        result = _cli("report", "--source", str(db), "--format", fmt, "-o", str(out), timeout=300)
+        assert result.returncode == 0, result.stderr
+    document = json.loads((tmp_path / "report.json").read_text())
+    assert document["findings"], "the unguarded crews must produce findings"
+    assert str(round(calibrated["value"], 3))[:4] in (tmp_path / "report.md").read_text()
+
+
+def test_calibrate_and_report_refuse_bad_input_clearly(tmp_path):
+    assert "--pairs" in _cli("calibrate", "--db", str(tmp_path / "x.duckdb")).stderr
+    missing = _cli("calibrate", "--db", str(tmp_path / "x.duckdb"), "--pairs", str(tmp_path / "none.csv"))
+    assert missing.returncode == 2 and "No such file" in missing.stderr
+    bad = _cli("report", "--source", str(tmp_path / "nope.duckdb"), "-o", str(tmp_path / "r.html"))
+    assert bad.returncode == 2 and "neither an http(s) URL" in bad.stderr
+    since = _cli(
+        "report", "--source", "http://127.0.0.1:9", "--since", "yesterday", "-o", str(tmp_path / "r.html")
+    )
+    assert since.returncode == 2 and "Expected --since" in since.stderr
+
+
+def test_report_against_a_collector_that_is_down_says_so(tmp_path):
+    from tests.serve_helpers import free_port
+
+    result = _cli("report", "--source", f"http://127.0.0.1:{free_port()}", "-o", str(tmp_path / "r.html"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "driftscope serve" in result.stderr
