@@ -23,12 +23,15 @@ MAST_HELP = {
     "task verification": "results were not checked before they took effect (stale sends, duplicate side effects)",
 }
 
+# The trace id is named once above each evidence table (JSON keeps it per span).
+SHOWN_EVIDENCE = [c for c in EVIDENCE_COLUMNS if c != "trace_id"]
+
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;max-width:1200px;color:#1d2433;padding:0 1rem}
 h1{margin-bottom:.2rem}h2{border-bottom:2px solid #e3e8ee;padding-bottom:.3rem;margin-top:2.2rem}
 .meta{color:#5b6675}table{border-collapse:collapse;width:100%;margin:.6rem 0;font-size:.88rem}
 th,td{border:1px solid #dde3ea;padding:.3rem .5rem;text-align:left;vertical-align:top}
-th{background:#f4f6f8}td.text{font-family:ui-monospace,monospace;white-space:pre-wrap;word-break:break-word}
+th{background:#f4f6f8}td.text{font-family:ui-monospace,monospace;white-space:pre-wrap;word-break:break-word;min-width:22rem}
 .finding{border:1px solid #dde3ea;border-left:5px solid #d62728;border-radius:4px;padding:.6rem 1rem;margin:1rem 0}
 .tag{display:inline-block;border-radius:3px;padding:0 .4rem;margin-right:.4rem;font-size:.8rem;color:#fff}
 .specification{background:#9467bd}.inter-agent{background:#d62728}.task{background:#ff7f0e}.unclassified{background:#9aa5b1}
@@ -135,7 +138,7 @@ def _finding_html(finding: dict) -> str:
     details = "".join(
         f"<tr><th>{_e(k)}</th><td class='text'>{_e(v)}</td></tr>" for k, v in finding["details"].items()
     )
-    evidence = pd.DataFrame(finding["evidence"], columns=EVIDENCE_COLUMNS)
+    evidence = pd.DataFrame(finding["evidence"], columns=SHOWN_EVIDENCE)
     return (
         f"<div class='finding' id='{_e(finding['id'])}'>"
         f"<h3>{_e(finding['id'])}: {_e(finding['failure_mode'])}</h3>"
@@ -232,7 +235,7 @@ def render_markdown(data: ReportData) -> str:
         ]
         out += [f"- {md_escape(k)}: {md_escape(v)}" for k, v in finding["details"].items()]
         out += ["", "Evidence spans:", ""]
-        out.extend(_md_table(pd.DataFrame(finding["evidence"], columns=EVIDENCE_COLUMNS)))
+        out.extend(_md_table(pd.DataFrame(finding["evidence"], columns=SHOWN_EVIDENCE)))
     out += ["## Thresholds in force", ""]
     rows = [
         {
