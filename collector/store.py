@@ -80,44 +80,77 @@ def batch_to_arrow(batches: list[DecodedBatch]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=SPAN_SCHEMA)
 
 
+# The spans of the traces a commit touches, read from `spans` in one scan; the ancestor walks
+# below then join this small table instead of scanning `spans` once per step of the recursion.
+_TREE_SQL = """
+CREATE OR REPLACE TEMP TABLE _tree AS
+SELECT rowid AS rid, TraceId, SpanId, ParentSpanId, agent_id, agent_name, run_id
+FROM spans WHERE TraceId IN (SELECT TraceId FROM _incoming)
+"""
+
+_TREE_NEEDS_WORK_SQL = """
+SELECT count(*) FILTER (WHERE agent_id IS NULL), count(*) FILTER (WHERE run_id = TraceId)
+FROM _tree WHERE ParentSpanId <> ''
+"""
+
+# A span that names no agent takes its nearest ancestor's agent (an agent span or any span with
+# an agent id), however many agentless spans lie between them (up to 256).
 _INHERIT_AGENT_SQL = """
-WITH RECURSIVE walk(TraceId, SpanId, parent, depth) AS (
-    SELECT s.TraceId, s.SpanId, s.ParentSpanId, 0
-    FROM spans s JOIN _touched t ON s.TraceId = t.TraceId
+WITH RECURSIVE walk(rid, TraceId, parent, depth) AS (
+    SELECT s.rid, s.TraceId, s.ParentSpanId, 0
+    FROM _tree s
     WHERE s.agent_id IS NULL AND s.ParentSpanId <> ''
   UNION ALL
-    SELECT w.TraceId, w.SpanId, p.ParentSpanId, w.depth + 1
-    FROM walk w JOIN spans p ON p.TraceId = w.TraceId AND p.SpanId = w.parent
+    SELECT w.rid, w.TraceId, p.ParentSpanId, w.depth + 1
+    FROM walk w JOIN _tree p ON p.TraceId = w.TraceId AND p.SpanId = w.parent
     WHERE p.agent_id IS NULL AND p.ParentSpanId <> '' AND w.depth < 256
 ),
 found AS (
-    SELECT w.TraceId, w.SpanId, p.agent_id, p.agent_name
-    FROM walk w JOIN spans p ON p.TraceId = w.TraceId AND p.SpanId = w.parent
+    SELECT w.rid, p.agent_id, p.agent_name
+    FROM walk w JOIN _tree p ON p.TraceId = w.TraceId AND p.SpanId = w.parent
     WHERE p.agent_id IS NOT NULL
 )
 UPDATE spans SET agent_id = found.agent_id, agent_name = found.agent_name, agent_source = 'ancestor'
-FROM found WHERE spans.TraceId = found.TraceId AND spans.SpanId = found.SpanId
+FROM found WHERE spans.rowid = found.rid
 """
 
 # A span whose run fell back to its trace id takes the run of its nearest ancestor that has one.
 _INHERIT_RUN_SQL = """
-WITH RECURSIVE walk(TraceId, SpanId, parent, depth) AS (
-    SELECT s.TraceId, s.SpanId, s.ParentSpanId, 0
-    FROM spans s JOIN _touched t ON s.TraceId = t.TraceId
+WITH RECURSIVE walk(rid, TraceId, parent, depth) AS (
+    SELECT s.rid, s.TraceId, s.ParentSpanId, 0
+    FROM _tree s
     WHERE s.run_id = s.TraceId AND s.ParentSpanId <> ''
   UNION ALL
-    SELECT w.TraceId, w.SpanId, p.ParentSpanId, w.depth + 1
-    FROM walk w JOIN spans p ON p.TraceId = w.TraceId AND p.SpanId = w.parent
+    SELECT w.rid, w.TraceId, p.ParentSpanId, w.depth + 1
+    FROM walk w JOIN _tree p ON p.TraceId = w.TraceId AND p.SpanId = w.parent
     WHERE p.run_id = p.TraceId AND p.ParentSpanId <> '' AND w.depth < 256
 ),
 found AS (
-    SELECT w.TraceId, w.SpanId, p.run_id
-    FROM walk w JOIN spans p ON p.TraceId = w.TraceId AND p.SpanId = w.parent
+    SELECT w.rid, p.run_id
+    FROM walk w JOIN _tree p ON p.TraceId = w.TraceId AND p.SpanId = w.parent
     WHERE p.run_id <> p.TraceId
 )
 UPDATE spans SET run_id = found.run_id
-FROM found WHERE spans.TraceId = found.TraceId AND spans.SpanId = found.SpanId
+FROM found WHERE spans.rowid = found.rid
 """
+
+
+def _first_copies(batches: list[DecodedBatch], table: pa.Table) -> pa.Table:
+    """``table`` without repeated TraceId + SpanId rows (the first copy wins)."""
+    keys = [
+        key
+        for batch in batches
+        for key in zip(batch.columns["TraceId"], batch.columns["SpanId"], strict=True)
+    ]
+    if len(set(keys)) == len(keys):
+        return table
+    seen: set[tuple[str, str]] = set()
+    keep = []
+    for index, key in enumerate(keys):
+        if key not in seen:
+            seen.add(key)
+            keep.append(index)
+    return table.take(keep)
 
 
 def insert_batches(conn: duckdb.DuckDBPyConnection, batches: list[DecodedBatch]) -> int:
@@ -130,15 +163,17 @@ def insert_batches(conn: duckdb.DuckDBPyConnection, batches: list[DecodedBatch])
     table = batch_to_arrow(batches)
     if table.num_rows == 0:
         return 0
+    table = _first_copies(batches, table)
     conn.register("_incoming", table)
     try:
-        inserted = conn.execute(
-            "INSERT OR IGNORE INTO spans SELECT * FROM _incoming "
-            "QUALIFY row_number() OVER (PARTITION BY TraceId, SpanId) = 1"
-        ).fetchone()[0]
-        conn.execute("CREATE OR REPLACE TEMP TABLE _touched AS SELECT DISTINCT TraceId FROM _incoming")
-        conn.execute(_INHERIT_AGENT_SQL)
-        conn.execute(_INHERIT_RUN_SQL)
+        inserted = conn.execute("INSERT OR IGNORE INTO spans SELECT * FROM _incoming").fetchone()[0]
+        conn.execute(_TREE_SQL)
+        agentless, runless = conn.execute(_TREE_NEEDS_WORK_SQL).fetchone()
+        if agentless:
+            conn.execute(_INHERIT_AGENT_SQL)
+        if runless:
+            conn.execute(_INHERIT_RUN_SQL)
+        conn.execute("DROP TABLE _tree")
     finally:
         conn.unregister("_incoming")
     return inserted
