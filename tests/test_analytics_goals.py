@@ -121,3 +121,15 @@ def test_goal_divergence_same_with_cold_and_warm_cache():
     assert conn.execute("SELECT count(*) FROM embeddings").fetchone()[0] == 3
     warm = run_metric(conn, "goal_divergence")["divergence"].to_numpy()
     assert len(cold) == 2 and np.allclose(cold, warm, atol=1e-6)
+
+
+def test_goal_divergence_on_read_only_database_file(tmp_path):
+    path = tmp_path / "incident.duckdb"
+    conn = duckdb.connect(str(path))
+    apply_migrations(conn)
+    insert_spans(conn, _delegations())
+    conn.close()
+    readonly = duckdb.connect(str(path), read_only=True)
+    found = run_metric(readonly, "goal_divergence")
+    assert len(found) == 2 and found["drifted"].sum() == 1
+    assert readonly.execute("SELECT count(*) FROM embeddings").fetchone()[0] == 0
