@@ -33,6 +33,8 @@ def dashboard_command(port: int, host: str = "127.0.0.1") -> list[str]:
         "false",
         "--server.fileWatcherType",
         "none",
+        "--client.toolbarMode",
+        "viewer",
     ]
 
 

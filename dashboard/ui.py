@@ -32,8 +32,8 @@ from dashboard.launch import SOURCE_ENV, TOKEN_ENV
 
 logger = logging.getLogger(__name__)
 
-CACHE_TTL = 30
 REFRESH_SECONDS = 15
+CACHE_TTL = REFRESH_SECONDS
 EMPTY_HELP = (
     "Point your agents at the collector, for example "
     "`export OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318`, or load the sample crews with "
@@ -127,10 +127,13 @@ def sidebar() -> PageContext | None:
     since = until = None
     if preset == "Custom":
         now = utc_now()
-        day = st.sidebar.date_input("From (UTC)", value=now.date(), key="custom_from")
-        day_to = st.sidebar.date_input("To (UTC)", value=now.date(), key="custom_to")
-        since = datetime.combine(day, dtime.min)
-        until = datetime.combine(day_to, dtime.max)
+        left, right = st.sidebar.columns(2)
+        day = left.date_input("From (UTC)", value=now.date(), key="custom_from")
+        at = right.time_input("at", value=dtime(0, 0), key="custom_from_time")
+        day_to = left.date_input("To (UTC)", value=now.date(), key="custom_to")
+        at_to = right.time_input("at ", value=dtime(23, 59), key="custom_to_time")
+        since = datetime.combine(day, at)
+        until = datetime.combine(day_to, at_to)
     window = window_for(preset, custom_since=since, custom_until=until)
     try:
         runs = cached_runs(key, window, Filters())
@@ -165,8 +168,9 @@ def _auto_refresh(seconds: int) -> None:
 
     @st.fragment(run_every=seconds)
     def ticker() -> None:
+        # Cached reads expire after CACHE_TTL (= the refresh period), so a rerun reads fresh data
+        # without clearing other sessions' caches.
         if time.monotonic() - st.session_state.get("_last_full_run", 0) >= seconds * 0.9:
-            st.cache_data.clear()
             st.rerun()
         st.sidebar.caption(f"Auto-refresh every {seconds} s")
 

@@ -99,7 +99,11 @@ def xss_request() -> dict:
             }
         )
     resource = {"attributes": [_attr("service.name", "xss-crew")]}
-    return {"resourceSpans": [{"resource": resource, "scopeSpans": [{"scope": {"name": "tests"}, "spans": spans}]}]}
+    return {
+        "resourceSpans": [
+            {"resource": resource, "scopeSpans": [{"scope": {"name": "tests"}, "spans": spans}]}
+        ]
+    }
 
 
 def build_dashboard_db(path: Path) -> Path:

@@ -29,6 +29,8 @@ def _run_page(monkeypatch, source: str, page: str | None, query: dict | None = N
         at.query_params[key] = value
     at.run()
     assert not at.exception, [e.value for e in at.exception]
+    if not at.error:  # every working page offers the report for its filters
+        assert [b.proto.label for b in at.get("download_button")] == ["Download report"]
     return at
 
 
@@ -218,3 +220,18 @@ def test_auto_refresh_toggle_keeps_the_page_working(monkeypatch, db_path):
     at.toggle(key="auto_refresh").set_value(True).run()
     assert not at.exception
     assert any("Auto-refresh every" in c.value for c in at.sidebar.caption)
+
+
+def test_custom_window_selects_the_sample_day(monkeypatch, db_path):
+    from datetime import date, time
+
+    at = _run_page(monkeypatch, str(db_path), "loops")
+    at.selectbox(key="window").set_value("Custom").run()
+    at.date_input(key="custom_from").set_value(date(2026, 1, 15)).run()
+    at.date_input(key="custom_to").set_value(date(2026, 1, 15)).run()
+    at.time_input(key="custom_from_time").set_value(time(10, 30)).run()
+    assert not at.exception
+    # 10:30 to the end of January 15: the 10:40 ping-pong and 11:10 budget stops are inside, the
+    # 10:20 query loop and the January 16 XSS run are not.
+    assert [len(df.value) for df in at.dataframe] == [1, 2, 1]
+    assert "repeated tool calls" in at.info[0].value
