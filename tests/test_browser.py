@@ -1,5 +1,6 @@
 """Every dashboard page in a real headless Chromium, served by a real `streamlit run` process.
 
+Runs once on a DuckDB file of the sample traces and once on a `driftscope serve` fed by the demo.
 Fails on any Streamlit exception element, browser console error, page error or JavaScript dialog
 (span text carries an XSS payload), and saves one screenshot per page under test-artifacts/.
 Needs Debian's chromium at /usr/bin/chromium (`apt-get install -y chromium`); it fails, never
@@ -8,6 +9,7 @@ skips, when the browser is missing.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -17,10 +19,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from analytics.types import Filters, Window
+from dashboard.datasource import HttpSource
 from dashboard.launch import run_dashboard
-from tests.test_dashboard_db import XSS_RUN, build_dashboard_db, truths
+from tests.test_dashboard_db import XSS_RUN, build_dashboard_db, truths, xss_request
 
 CHROMIUM = "/usr/bin/chromium"
+TOKEN = "browser-test-token"
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -44,7 +49,7 @@ PAGES = [
     ("goal_drift", "Goal drift", 1),
     ("context_drift", "Context drift", 1),
     ("loops", "Loops & budgets", 0),
-    (f"run_explorer?run={PING_PONG_RUN}", "Run explorer", 2),
+    ("run_explorer?run={ping_pong}", "Run explorer", 2),
     (f"run_explorer?run={XSS_RUN}", "Run explorer", 2),  # span text is markup: must stay text
     ("calibration", "Calibration", 1),
 ]
@@ -80,22 +85,63 @@ def _wait_healthy(base: str, process, timeout: float = 90.0) -> None:
     raise AssertionError(f"dashboard at {base} not healthy after {timeout} s")
 
 
-@pytest.fixture(scope="module")
-def dashboard_url(tmp_path_factory):
-    db = build_dashboard_db(tmp_path_factory.mktemp("browser") / "crew.duckdb")
+def _start_dashboard(source: str, token: str | None = None):
     port = _free_port()
-    process = run_dashboard(str(db), port, "127.0.0.1")
+    process = run_dashboard(source, port, "127.0.0.1", token=token)
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(base, process)
-        yield base
-    finally:
-        process.terminate()
+    except BaseException:
+        _stop(process)
+        raise
+    return base, process
+
+
+def _stop(process) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=15)
+    except Exception:
+        process.kill()
+        process.wait(timeout=15)
+
+
+def _ping_pong_run(source) -> str:
+    runs = source.runs(Window(), Filters())
+    return next(r for r in runs["run_id"] if r.startswith("run-ping_pong-unguarded-"))
+
+
+@pytest.fixture(scope="module", params=["file", "demo"])
+def dashboard(request, tmp_path_factory):
+    """(dashboard URL, ping-pong run id): on a DuckDB file of the sample traces, or on a running
+    `driftscope serve` fed by the demo (real OTLP exporters) and read through its API."""
+    folder = tmp_path_factory.mktemp(f"browser-{request.param}")
+    if request.param == "file":
+        db = build_dashboard_db(folder / "crew.duckdb")
+        base, process = _start_dashboard(str(db))
         try:
-            process.wait(timeout=15)
-        except Exception:
-            process.kill()
-            process.wait(timeout=15)
+            yield base, PING_PONG_RUN
+        finally:
+            _stop(process)
+        return
+    from guards.demo import run_demo
+    from tests.serve_helpers import new_serve
+
+    server = new_serve(folder, token=TOKEN).start()
+    try:
+        assert run_demo(server.http_url, None, live=False, token=TOKEN) == 0
+        response = httpx.post(
+            f"{server.http_url}/v1/traces", content=json.dumps(xss_request()),
+            headers={"Content-Type": "application/json", **server.headers}, timeout=30,
+        )  # fmt: skip
+        assert response.status_code == 200, response.text
+        base, process = _start_dashboard(server.http_url, TOKEN)
+        try:
+            yield base, _ping_pong_run(HttpSource(server.http_url, TOKEN))
+        finally:
+            _stop(process)
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +190,10 @@ def _settle(page, title: str, charts: int) -> None:
 
 
 @pytest.mark.parametrize(("path", "title", "charts"), PAGES, ids=[_page_id(p[0]) for p in PAGES])
-def test_page_renders_without_errors_in_chromium(browser, dashboard_url, path, title, charts):
+def test_page_renders_without_errors_in_chromium(browser, dashboard, path, title, charts, request):
+    dashboard_url, ping_pong = dashboard
+    path = path.replace("{ping_pong}", ping_pong)
+    source = request.node.callspec.params["dashboard"]
     ARTIFACTS.mkdir(exist_ok=True)
     context = browser.new_context(viewport={"width": 1500, "height": 2400})
     page = context.new_page()
@@ -156,7 +205,7 @@ def test_page_renders_without_errors_in_chromium(browser, dashboard_url, path, t
     try:
         page.goto(f"{dashboard_url}/{path}", wait_until="domcontentloaded")
         _settle(page, title, charts)
-        page.screenshot(path=str(ARTIFACTS / f"dashboard-{_page_id(path)}.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / f"dashboard-{source}-{_page_id(path)}.png"), full_page=True)
         exceptions = page.locator('[data-testid="stException"]')
         assert exceptions.count() == 0, exceptions.all_inner_texts()
         assert page.locator(".js-plotly-plot").count() == charts
