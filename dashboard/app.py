@@ -14,6 +14,7 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 from dashboard import ui  # noqa: E402
+from dashboard.datasource import SourceUnavailable  # noqa: E402
 
 # No page icons: the current page's icon becomes the favicon, and Streamlit fetches material
 # favicons from the network (the dashboard must work offline; Debian's chromium has no emoji font).
@@ -35,4 +36,7 @@ context = ui.sidebar()
 # Without a readable source the banner is the whole page: no page script runs to fail on it.
 if context is not None:
     ui.report_download(context)
-    navigation.run()
+    try:
+        navigation.run()
+    except SourceUnavailable as exc:  # the collector went away between the health check and a read
+        ui.unavailable_banner(str(exc))

@@ -107,6 +107,11 @@ def rejection_rate_figure(frame: pd.DataFrame, by: str = "tool_name") -> go.Figu
         ),
         annotation_position="top left",
     )
+    if grouped["bucket_start"].nunique() == 1 and "bucket_seconds" in frame.columns:
+        # One bucket: give the axis the bucket's width instead of Plotly's sub-millisecond ticks.
+        start = pd.Timestamp(grouped["bucket_start"].iloc[0])
+        width = pd.Timedelta(seconds=int(frame["bucket_seconds"].iloc[0]))
+        fig.update_xaxes(range=[start - width / 2, start + width / 2])
     fig.update_yaxes(title="rejected / attempted", tickformat=".0%", rangemode="tozero")
     return _layout(fig, f"{title} by {by.replace('_', ' ')}")
 

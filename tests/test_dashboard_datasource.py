@@ -128,3 +128,18 @@ def test_window_params_are_iso_and_only_set_filters():
 
     params = window_params(Window(since=datetime(2026, 1, 15, 9)), Filters(run="r1"))
     assert params == {"since": "2026-01-15T09:00:00", "run": "r1"}
+
+
+@pytest.mark.slow
+def test_collector_stopping_mid_session_turns_into_a_banner(serve_factory, monkeypatch):
+    server = serve_factory().start()
+    monkeypatch.setenv(SOURCE_ENV, server.http_url)
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    at = AppTest.from_file(app_main, default_timeout=120)
+    at.run()
+    assert not at.exception and not at.error
+    assert at.info and all("OTEL_EXPORTER_OTLP_ENDPOINT" in i.value for i in at.info)  # empty: what to do
+    server.stop()
+    at.run()
+    assert not at.exception
+    assert len(at.error) == 1 and "Cannot reach the driftscope collector" in at.error[0].value
