@@ -184,33 +184,37 @@ def roc_figure(points: pd.DataFrame, chosen: float | None = None, auc: float | N
 
 
 def holders_figure(holders: pd.DataFrame) -> go.Figure:
-    """Bars from ``held_from`` to ``held_until`` per agent: how long each held a superseded objective."""
+    """How long each agent kept acting on a superseded objective, per run (s since the run's first hold)."""
     title = "Time spent on a superseded objective"
     if holders is None or holders.empty:
         return empty_figure(title, "No agent held a superseded objective")
     data = holders.dropna(subset=["held_from"]).copy()
     if data.empty:
         return empty_figure(title, "No hold intervals recorded")
-    data["held_until"] = data["held_until"].fillna(data["held_from"])
-    starts = pd.to_datetime(data["held_from"])
-    ms = (pd.to_datetime(data["held_until"]) - starts).dt.total_seconds().clip(lower=0.05) * 1000
+    data["held_from"] = pd.to_datetime(data["held_from"])
+    data["held_until"] = pd.to_datetime(data["held_until"]).fillna(data["held_from"])
+    first = data.groupby("run_id")["held_from"].transform("min")
+    starts = (data["held_from"] - first).dt.total_seconds()
+    widths = (data["held_until"] - data["held_from"]).dt.total_seconds().clip(lower=0.05)
+    labels = [f"{esc(a, 24)} · {esc(r, 40)}" for a, r in zip(data["agent"], data["run_id"], strict=True)]
     fig = go.Figure(
         go.Bar(
-            y=[esc(a, 30) for a in data["agent"]],
-            x=ms,
+            y=labels,
+            x=widths,
             base=starts,
             orientation="h",
             marker_color=FAIL_COLOR,
-            text=[
-                f"{esc(o, 20)} v{esc(v, 12)} → {esc(s, 12)}"
-                for o, v, s in zip(
-                    data["objective_id"], data["held_version"], data["superseded_by"], strict=True
+            hovertext=[
+                f"{esc(o, 40)}: held {esc(v, 20)}, superseded by {esc(n, 20)} for {w:.1f} s"
+                for o, v, n, w in zip(
+                    data["objective_id"], data["held_version"], data["superseded_by"], widths, strict=True
                 )
             ],
             hoverinfo="text",
         )  # fmt: skip
     )
-    fig.update_xaxes(type="date")
+    fig.update_xaxes(title="seconds since the run's first stale hold", rangemode="tozero")
+    fig.update_yaxes(autorange="reversed")
     return _layout(fig, title, height=160 + 30 * len(data))
 
 
