@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -207,6 +208,7 @@ def run_ingest(
         "bytes_per_span": round(db_bytes / stored, 1) if stored else None,
         "commits": health.get("commits"),
         "embedded_texts": None,
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
     }
     if embeddings:
         with duckdb.connect(str(db), read_only=True) as conn:

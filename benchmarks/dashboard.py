@@ -1,0 +1,107 @@
+"""Reports and dashboard: the HTML drift report and the Overview page (AppTest) on a span database.
+
+Both read the database file the way an incident responder would: ``DuckDBFileSource`` (read-only,
+analytics in this process). The window covers every stored span.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+def report_build(db: Path, window) -> dict:
+    """Seconds to build the HTML report for ``window`` (cold source, then a second build)."""
+    from analytics.types import Filters
+    from dashboard.datasource import DuckDBFileSource
+    from dashboard.report import build_report
+
+    timings = []
+    size = 0
+    for _ in range(2):
+        source = DuckDBFileSource(db)
+        start = time.perf_counter()
+        html = build_report(source, window, Filters(), None, "html")
+        timings.append(time.perf_counter() - start)
+        size = len(html)
+    return {"first_s": round(timings[0], 3), "second_s": round(timings[1], 3), "html_bytes": size}
+
+
+def overview_render(db: Path, window=None, timeout: float = 600.0) -> dict:
+    """Seconds for the Overview page (the app's default page) to render with AppTest.
+
+    The first run is cold (Streamlit's caches empty, detectors run); the second reruns the
+    script with warm caches, as a user's next interaction would. The page uses its default window
+    (all time), which covers every span of the benchmark databases; ``window`` is not used.
+    """
+    from streamlit.testing.v1 import AppTest
+
+    from dashboard import app_main
+    from dashboard.launch import SOURCE_ENV
+
+    previous = os.environ.get(SOURCE_ENV)
+    os.environ[SOURCE_ENV] = str(db)
+    try:
+        at = AppTest.from_file(app_main, default_timeout=timeout)
+        start = time.perf_counter()
+        at.run()
+        cold = time.perf_counter() - start
+        errors = [str(e.value) for e in at.exception]
+        start = time.perf_counter()
+        at.run()
+        warm = time.perf_counter() - start
+        title = at.title[0].value if len(at.title) else None
+        tiles = len(at.metric)
+    finally:
+        if previous is None:
+            os.environ.pop(SOURCE_ENV, None)
+        else:
+            os.environ[SOURCE_ENV] = previous
+    return {
+        "cold_s": round(cold, 3),
+        "warm_s": round(warm, 3),
+        "title": title,
+        "tiles": tiles,
+        "errors": errors,
+    }
+
+
+def in_subprocess(function: str, db: Path, window, timeout: float) -> dict:
+    """Run ``report_build`` or ``overview_render`` in a fresh Python process, killed at ``timeout``.
+
+    A fresh process also means cold imports and caches, as a user opening the dashboard has.
+    """
+    import json
+    import subprocess
+    import sys
+
+    since = window.since.isoformat() if window.since else None
+    until = window.until.isoformat() if window.until else None
+    code = (
+        "import json, sys\n"
+        "from datetime import datetime\n"
+        "from analytics.types import Window\n"
+        f"from benchmarks.dashboard import {function}\n"
+        f"w = Window(*(datetime.fromisoformat(v) if v else None for v in ({since!r}, {until!r})))\n"
+        f"result = {function}(__import__('pathlib').Path({str(db)!r}), w)\n"
+        "print('RESULT ' + json.dumps(result))\n"
+    )
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(repo)}
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], cwd=repo, env=env, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return {"timed_out_after_s": timeout}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        return {"error": done.stderr[-2000:], "returncode": done.returncode}
+    result = json.loads(lines[-1][len("RESULT ") :])
+    result["process_s"] = round(time.perf_counter() - start, 3)
+    return result

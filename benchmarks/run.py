@@ -1,0 +1,201 @@
+"""Run the benchmark suite: `python -m benchmarks.run [--smoke] [--sizes 100000 1000000 ...]`.
+
+Sections: ingest (http, grpc, memory/disk run, embedding worker busy vs idle), queries (every
+detector at each size), embeddings (texts/s, cache hits on sample_traces) and dashboard (HTML
+report, Overview page). Results are merged into ``benchmarks/results/<date>.json`` (or --out) and
+a Markdown table of targets against measurements is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from benchmarks.report import check_targets, markdown_table
+
+logger = logging.getLogger(__name__)
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SECTIONS = ("ingest", "queries", "embeddings", "dashboard")
+FULL = {
+    "ingest_spans": 200_000,
+    "memory_spans": 1_000_000,
+    "embedding_ingest_spans": 100_000,
+    "sizes": [100_000, 1_000_000, 10_000_000],
+    "repeats": 5,
+    "texts": 2048,
+    "base_spans": 4096,
+    "dashboard_spans": 1_000_000,
+    "query_limit_s": 300.0,
+    "dashboard_limit_s": 900.0,
+}
+# Smoke: every script runs once at a tiny size (the embedding-worker ingest pair is left out: it
+# loads the model inside serve, which alone takes longer than the whole smoke run should).
+SMOKE = {
+    "ingest_spans": 1024,
+    "memory_spans": 1024,
+    "embedding_ingest_spans": 0,
+    "sizes": [512, 1024],
+    "repeats": 1,
+    "texts": 8,
+    "base_spans": 512,
+    "dashboard_spans": 512,
+    "query_limit_s": 120.0,
+    "dashboard_limit_s": 300.0,
+}
+
+
+def machine() -> dict:
+    """Cores, memory and versions of the machine the numbers come from."""
+    import duckdb
+
+    memory_kib = 0
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemTotal:"):
+                memory_kib = int(line.split()[1])
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            model = next(
+                (line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), model
+            )
+    except OSError:
+        pass
+    return {
+        "cores": os.cpu_count(),
+        "cpu": model,
+        "memory_gib": round(memory_kib / 1024 / 1024, 1),
+        "python": platform.python_version(),
+        "duckdb": duckdb.__version__,
+        "load_average_at_start": os.getloadavg(),
+    }
+
+
+def run_sections(sections: list[str], config: dict, workdir: Path) -> dict:
+    """Run the chosen sections; return their results keyed by section."""
+    out: dict = {}
+    if "ingest" in sections:
+        from benchmarks.ingest import run_ingest
+
+        ingest = {
+            "http": run_ingest(workdir, config["ingest_spans"], "http"),
+            "grpc": run_ingest(workdir, config["ingest_spans"], "grpc"),
+        }
+        if config["memory_spans"] != config["ingest_spans"]:
+            ingest["memory_run"] = run_ingest(workdir, config["memory_spans"], "http")
+        else:
+            ingest["memory_run"] = ingest["http"]
+        if config["embedding_ingest_spans"]:
+            ingest["worker_idle"] = run_ingest(workdir, config["embedding_ingest_spans"], "http")
+            ingest["worker_busy"] = run_ingest(
+                workdir, config["embedding_ingest_spans"], "http", embeddings=True
+            )
+        out["ingest"] = ingest
+    keep = workdir / "dashboard.duckdb"
+    if "queries" in sections:
+        from benchmarks.queries import run_queries
+
+        out["queries"] = run_queries(
+            workdir,
+            config["sizes"],
+            config["repeats"],
+            keep=keep,
+            keep_at=config["dashboard_spans"],
+            limit_s=config["query_limit_s"],
+            base_spans=config["base_spans"],
+        )
+    if "embeddings" in sections:
+        from benchmarks.embeddings import sample_trace_cache, texts_per_second
+
+        out["embeddings"] = {
+            "throughput": texts_per_second(config["texts"]),
+            "sample_traces": sample_trace_cache(workdir),
+        }
+    if "dashboard" in sections:
+        import duckdb
+
+        from analytics.types import Window
+        from benchmarks.dashboard import in_subprocess
+        from benchmarks.dbbuild import SpanDatabase
+
+        if not keep.exists():
+            db = SpanDatabase(keep, base_spans=config["base_spans"])
+            db.grow_to(config["dashboard_spans"])
+            db.close()
+        with duckdb.connect(str(keep), read_only=True) as conn:
+            stored, first, last = conn.execute(
+                "SELECT count(*), min(Timestamp), max(Timestamp) FROM spans"
+            ).fetchone()
+        window = Window(since=first, until=last)
+        limit = config["dashboard_limit_s"]
+        out["dashboard"] = {
+            "spans": stored,
+            "report_html": in_subprocess("report_build", keep, window, limit),
+            "overview_page": in_subprocess("overview_render", keep, window, limit),
+        }
+        keep.unlink(missing_ok=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks the scripts work (CI)")
+    parser.add_argument("--sizes", type=int, nargs="+", help="stored-span sizes for the query benchmark")
+    parser.add_argument("--ingest-spans", type=int, help="spans per ingest run (http and grpc)")
+    parser.add_argument("--memory-spans", type=int, help="spans in the memory/disk ingest run")
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
+    parser.add_argument("--out", type=Path, help="results JSON (default benchmarks/results/<date>.json)")
+    parser.add_argument("--workdir", type=Path, help="scratch directory for databases")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    config = dict(SMOKE if args.smoke else FULL, smoke=args.smoke)
+    if args.sizes:
+        config["sizes"] = sorted(args.sizes)
+    if args.ingest_spans:
+        config["ingest_spans"] = args.ingest_spans
+    if args.memory_spans:
+        config["memory_spans"] = args.memory_spans
+    sections = args.only or list(SECTIONS)
+    today = datetime.now(UTC).date().isoformat()
+    out_path = args.out or (
+        Path(tempfile.gettempdir()) / f"driftscope-bench-smoke-{today}.json"
+        if args.smoke
+        else RESULTS / f"{today}.json"
+    )
+    existing = json.loads(out_path.read_text()) if out_path.exists() else {}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="driftscope-bench-", dir=args.workdir) as scratch:
+        results = run_sections(sections, config, Path(scratch))
+    document = {
+        **existing,
+        "date": today,
+        "machine": existing.get("machine") or machine(),
+        "config": {**existing.get("config", {}), **{k: v for k, v in config.items()}},
+        **results,
+    }
+    document.setdefault("elapsed_s", {})
+    if isinstance(document["elapsed_s"], dict):
+        document["elapsed_s"].update({section: None for section in sections})
+        document["elapsed_s"]["last_run"] = round(time.perf_counter() - started, 1)
+    document["targets"] = check_targets(document)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    print(markdown_table(document))
+    print(f"\nresults written to {out_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
