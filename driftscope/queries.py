@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import duckdb
 import pandas as pd
 
 import analytics  # noqa: F401 - importing the package registers every detector
-from analytics import browse, registry
+from analytics import browse, registry, thresholds
 from analytics.types import Filters, Window
 
 
@@ -68,6 +69,11 @@ def run_spans(cursor: duckdb.DuckDBPyConnection, run_id: str, limit: int) -> pd.
 
 
 def list_thresholds(cursor: duckdb.DuckDBPyConnection) -> pd.DataFrame:
-    return cursor.execute(
-        "SELECT name, version, value, method, provenance, created_at FROM thresholds ORDER BY name, version DESC"
-    ).df()
+    """The thresholds in force: the newest calibrated version per name, else the default."""
+    frame = pd.DataFrame(thresholds.list_thresholds(cursor))
+    if "provenance" in frame.columns:
+        # One JSON text column keeps Arrow responses well-typed whatever each provenance holds.
+        frame["provenance"] = frame["provenance"].map(
+            lambda value: value if isinstance(value, str) or value is None else json.dumps(value, default=str)
+        )
+    return frame
