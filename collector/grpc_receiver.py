@@ -10,6 +10,8 @@ import logging
 from concurrent import futures
 
 import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from collector.auth import token_matches
@@ -19,6 +21,19 @@ from collector.stats import IngestStats
 from collector.writer import IngestQueue, QueueFullError, ShuttingDownError, StoreUnavailableError
 
 logger = logging.getLogger(__name__)
+
+
+def _retry_metadata(seconds: int, message: str) -> tuple[tuple[str, bytes], ...]:
+    """RetryInfo for RESOURCE_EXHAUSTED, as the OTLP spec asks: the OpenTelemetry SDK exporters read
+    ``google.rpc.retryinfo-bin``; Collector-style clients read it from ``grpc-status-details-bin``."""
+    retry = error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=seconds))
+    detail = any_pb2.Any()
+    detail.Pack(retry)
+    status = status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=message, details=[detail])
+    return (
+        ("google.rpc.retryinfo-bin", retry.SerializeToString()),
+        ("grpc-status-details-bin", status.SerializeToString()),
+    )
 
 
 class TraceServiceReceiver(trace_service_pb2_grpc.TraceServiceServicer):
@@ -43,8 +58,9 @@ class TraceServiceReceiver(trace_service_pb2_grpc.TraceServiceServicer):
                 future = self.queue.submit(batch)
             except QueueFullError as exc:
                 self.stats.add("grpc_throttled")
-                # RetryInfo would be richer; the OTLP exporters retry RESOURCE_EXHAUSTED with backoff.
-                context.set_trailing_metadata((("retry-after", str(exc.retry_after)),))
+                context.set_trailing_metadata(
+                    _retry_metadata(exc.retry_after, "ingest queue is full; retry later")
+                )
                 context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "ingest queue is full; retry later")
             except ShuttingDownError as exc:
                 context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))

@@ -231,3 +231,62 @@ def test_sigterm_drains_and_commits_every_acknowledged_request(serve_factory):
     for ids in acked:
         assert ids <= stored
     assert "driftscope serve stopped" in server.log()
+
+
+@pytest.mark.slow
+def test_grpc_overload_gets_resource_exhausted_with_retry_info_and_sdk_retries_deliver(serve_factory):
+    import grpc
+    from google.rpc import error_details_pb2
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    server = serve_factory(extra_args=["--queue-max-bytes", "256KiB"]).start()
+    requests = [ExportTraceServiceRequest.FromString(body) for body, _ in _payloads(30)]
+    codes: list = []
+    retry_delays: set[int] = set()
+    stop = threading.Event()
+
+    def blast(offset: int) -> None:
+        with grpc.insecure_channel(server.grpc_endpoint) as channel:
+            stub = trace_service_pb2_grpc.TraceServiceStub(channel)
+            index = offset
+            while not stop.is_set():
+                try:
+                    stub.Export(requests[index % len(requests)], timeout=60)
+                    codes.append(grpc.StatusCode.OK)
+                except grpc.RpcError as error:
+                    codes.append(error.code())
+                    info = dict(error.trailing_metadata() or ()).get("google.rpc.retryinfo-bin")
+                    if info is not None:
+                        retry_delays.add(error_details_pb2.RetryInfo.FromString(info).retry_delay.seconds)
+                index += 1
+
+    recorder = AckRecorder(GrpcExporter(endpoint=server.grpc_endpoint, insecure=True, timeout=120))
+    provider = TracerProvider(resource=Resource.create({"service.name": "grpc-sdk-under-overload"}))
+    provider.add_span_processor(
+        BatchSpanProcessor(
+            recorder, max_queue_size=50_000, max_export_batch_size=500, schedule_delay_millis=50
+        )
+    )
+    tracer = provider.get_tracer("overload")
+    threads = [threading.Thread(target=blast, args=(i,), daemon=True) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    sent = set()
+    for index in range(3000):
+        with tracer.start_as_current_span(f"grpc-sdk-{index}") as span:
+            context = span.get_span_context()
+            sent.add((f"{context.trace_id:032x}", f"{context.span_id:016x}"))
+        if index % 500 == 0:
+            time.sleep(0.3)
+    time.sleep(3)
+    stop.set()
+    for thread in threads:
+        thread.join(120)
+    provider.force_flush(180_000)
+    provider.shutdown()
+    assert grpc.StatusCode.RESOURCE_EXHAUSTED in codes, "offered load never exceeded capacity"
+    assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
+    assert retry_delays == {1}
+    assert recorder.acked == sent
