@@ -41,7 +41,8 @@ def metric_names() -> set[str]:
     return set(registry.METRICS)
 
 
-def run_metric_frame(cursor: duckdb.DuckDBPyConnection, name: str, params: dict) -> tuple[pd.DataFrame, dict]:
+def window_and_filters(params: dict) -> tuple[Window, Filters]:
+    """The validated query parameters as the analytics window and filters."""
     window = Window(since=params.get("since"), until=params.get("until"))
     filters = Filters(
         service=params.get("service"),
@@ -49,18 +50,16 @@ def run_metric_frame(cursor: duckdb.DuckDBPyConnection, name: str, params: dict)
         run=params.get("run"),
         origin_task=params.get("origin_task"),
     )
-    frame = registry.run_metric(cursor, name, window, filters)
-    return frame, {}
+    return window, filters
+
+
+def run_metric_frame(cursor: duckdb.DuckDBPyConnection, name: str, params: dict) -> tuple[pd.DataFrame, dict]:
+    window, filters = window_and_filters(params)
+    return registry.run_metric(cursor, name, window, filters), {}
 
 
 def list_runs(cursor: duckdb.DuckDBPyConnection, params: dict) -> pd.DataFrame:
-    window = Window(since=params.get("since"), until=params.get("until"))
-    filters = Filters(
-        service=params.get("service"),
-        agent=params.get("agent"),
-        run=params.get("run"),
-        origin_task=params.get("origin_task"),
-    )
+    window, filters = window_and_filters(params)
     return browse.list_runs(cursor, window, filters, params.get("limit", 500))
 
 

@@ -50,6 +50,35 @@ def _rss_kib(pid: int) -> int:
     return 0
 
 
+def _sdk_spans_during_overload(exporter, service: str, count: int, threads: list, stop: threading.Event):
+    """Start the load ``threads``, emit ``count`` spans through a real SDK pipeline meanwhile, stop
+    the load and flush. Returns the recorder of acknowledged spans and the ids of all spans sent."""
+    recorder = AckRecorder(exporter)
+    provider = TracerProvider(resource=Resource.create({"service.name": service}))
+    provider.add_span_processor(
+        BatchSpanProcessor(
+            recorder, max_queue_size=50_000, max_export_batch_size=500, schedule_delay_millis=50
+        )
+    )
+    tracer = provider.get_tracer("overload")
+    for thread in threads:
+        thread.start()
+    sent = set()
+    for index in range(count):
+        with tracer.start_as_current_span(f"{service}-{index}") as span:
+            context = span.get_span_context()
+            sent.add((f"{context.trace_id:032x}", f"{context.span_id:016x}"))
+        if index % 500 == 0:
+            time.sleep(0.3)
+    time.sleep(3)
+    stop.set()
+    for thread in threads:
+        thread.join(120)
+    provider.force_flush(180_000)
+    provider.shutdown()
+    return recorder, sent
+
+
 @pytest.mark.slow
 def test_overload_gets_429_with_retry_after_and_sdk_retries_deliver_everything(serve_factory):
     server = serve_factory(extra_args=["--queue-max-bytes", "256KiB"]).start()
@@ -79,31 +108,10 @@ def test_overload_gets_429_with_retry_after_and_sdk_retries_deliver_everything(s
             health_latencies.append(time.monotonic() - started)
             time.sleep(0.2)
 
-    recorder = AckRecorder(HttpExporter(endpoint=f"{server.http_url}/v1/traces", timeout=120))
-    provider = TracerProvider(resource=Resource.create({"service.name": "sdk-under-overload"}))
-    provider.add_span_processor(
-        BatchSpanProcessor(
-            recorder, max_queue_size=50_000, max_export_batch_size=500, schedule_delay_millis=50
-        )
-    )
-    tracer = provider.get_tracer("overload")
     threads = [threading.Thread(target=blast, args=(i,), daemon=True) for i in range(10)]
     threads.append(threading.Thread(target=watch, daemon=True))
-    for thread in threads:
-        thread.start()
-    sent = set()
-    for index in range(5000):
-        with tracer.start_as_current_span(f"sdk-{index}") as span:
-            context = span.get_span_context()
-            sent.add((f"{context.trace_id:032x}", f"{context.span_id:016x}"))
-        if index % 500 == 0:
-            time.sleep(0.3)
-    time.sleep(3)
-    stop.set()
-    for thread in threads:
-        thread.join(120)
-    provider.force_flush(180_000)
-    provider.shutdown()
+    exporter = HttpExporter(endpoint=f"{server.http_url}/v1/traces", timeout=120)
+    recorder, sent = _sdk_spans_during_overload(exporter, "sdk-under-overload", 5000, threads, stop)
 
     assert statuses.count(429) > 0, "offered load never exceeded capacity; the test proves nothing"
     assert set(statuses) <= {200, 429}, set(statuses)
@@ -262,30 +270,9 @@ def test_grpc_overload_gets_resource_exhausted_with_retry_info_and_sdk_retries_d
                         retry_delays.add(error_details_pb2.RetryInfo.FromString(info).retry_delay.seconds)
                 index += 1
 
-    recorder = AckRecorder(GrpcExporter(endpoint=server.grpc_endpoint, insecure=True, timeout=120))
-    provider = TracerProvider(resource=Resource.create({"service.name": "grpc-sdk-under-overload"}))
-    provider.add_span_processor(
-        BatchSpanProcessor(
-            recorder, max_queue_size=50_000, max_export_batch_size=500, schedule_delay_millis=50
-        )
-    )
-    tracer = provider.get_tracer("overload")
     threads = [threading.Thread(target=blast, args=(i,), daemon=True) for i in range(8)]
-    for thread in threads:
-        thread.start()
-    sent = set()
-    for index in range(3000):
-        with tracer.start_as_current_span(f"grpc-sdk-{index}") as span:
-            context = span.get_span_context()
-            sent.add((f"{context.trace_id:032x}", f"{context.span_id:016x}"))
-        if index % 500 == 0:
-            time.sleep(0.3)
-    time.sleep(3)
-    stop.set()
-    for thread in threads:
-        thread.join(120)
-    provider.force_flush(180_000)
-    provider.shutdown()
+    exporter = GrpcExporter(endpoint=server.grpc_endpoint, insecure=True, timeout=120)
+    recorder, sent = _sdk_spans_during_overload(exporter, "grpc-sdk-under-overload", 3000, threads, stop)
     assert grpc.StatusCode.RESOURCE_EXHAUSTED in codes, "offered load never exceeded capacity"
     assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
     assert retry_delays == {1}

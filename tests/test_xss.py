@@ -17,16 +17,8 @@ from dashboard.datasource import HttpSource
 from dashboard.launch import run_dashboard
 from dashboard.report import build_report
 from tests.serve_helpers import free_port
+from tests.test_browser import CHROMIUM, CHROMIUM_ARGS
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-]
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 RUN = "run-xss"
 CORPUS = [
