@@ -128,6 +128,11 @@ def run_serve(config: ServeConfig) -> int:
             "counters": stats.snapshot(),
             "retention_deleted": retention.deleted if retention else 0,
             "token_required": bool(config.token),
+            "embedding_worker": (
+                {"enabled": True, "embedded": worker.embedded, "last_error": worker.last_error}
+                if worker is not None
+                else {"enabled": False}
+            ),
         }
 
     routes = build_ingest_routes(queue, receiver_config, stats) + build_api_routes(

@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import time
 
 import duckdb
 import httpx
@@ -229,3 +230,23 @@ def test_thresholds_endpoint_lists_what_is_in_force(serve):
     by_name = {row["name"]: row for row in rows}
     assert by_name["goal_divergence"]["value"] == 0.45 and by_name["goal_divergence"]["calibrated"] is False
     assert all({"value", "version", "method", "provenance", "calibrated"} <= set(row) for row in rows)
+
+
+def test_embedding_worker_embeds_goal_texts_in_the_background(serve_factory):
+    server = serve_factory(extra_args=["--embeddings", "true"]).start()
+    body = make_request(
+        [
+            {"attrs": {"gen_ai.agent.id": "planner", "driftscope.op": "delegate",
+                       "driftscope.goal.root": "Analyze Q3 revenue trends",
+                       "driftscope.goal.text": "Summarise the history of foreign-exchange markets"}},
+        ]
+    ).SerializeToString()  # fmt: skip
+    assert httpx.post(f"{server.http_url}/v1/traces", content=body, headers=PB).status_code == 200
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        health = server.health()
+        if health["embeddings"] >= 2:
+            break
+        time.sleep(0.5)
+    assert health["embeddings"] >= 2, health
+    assert health["embedding_worker"]["enabled"] and health["embedding_worker"]["last_error"] is None
