@@ -20,11 +20,17 @@ from analytics.types import Filters, Window
 logger = logging.getLogger(__name__)
 
 
+# The model's float32 output differs by ~1e-7 with batch composition (padding), so the same text
+# pair embedded in two processes can differ in the 7th decimal; results are rounded to this.
+DIVERGENCE_DECIMALS = 4
+
+
 def cosine_divergence(left: np.ndarray, right: np.ndarray) -> np.ndarray:
     """Row-wise ``1 - cos`` of two matrices of L2-normalised vectors."""
     if len(left) == 0:
         return np.zeros(0, dtype=np.float64)
-    return 1.0 - np.einsum("ij,ij->i", left, right).astype(np.float64)
+    left, right = np.asarray(left, dtype=np.float64), np.asarray(right, dtype=np.float64)
+    return 1.0 - np.einsum("ij,ij->i", left, right)
 
 
 def goal_pairs(
@@ -71,7 +77,7 @@ def score_pairs(
         "root_goal": "root goal task statement (extracted)",
         "subtask": "subtask task statement (extracted)",
         "source": "'driftscope' (driftscope.goal.*) or 'inferred' (top agent/chain span input vs nested agent inputs)",
-        "divergence": "1 - cosine similarity of the two statements, 0..2 (0 = same meaning)",
+        "divergence": "1 - cosine similarity of the two statements, 0..2 (0 = same meaning), 4 decimals",
         **THRESHOLD,
         "drifted": "divergence > threshold",
         **TIMES,
@@ -87,7 +93,8 @@ def goal_divergence(conn: duckdb.DuckDBPyConnection, window: Window, filters: Fi
     task statements; calibrate on labelled pairs or a healthy baseline window.
     """
     frame = goal_pairs(conn, window, filters)
-    frame["divergence"] = score_pairs(list(frame["root_goal"]), list(frame["subtask"]), conn)
+    scores = score_pairs(list(frame["root_goal"]), list(frame["subtask"]), conn)
+    frame["divergence"] = np.round(scores, DIVERGENCE_DECIMALS)
     info = current_threshold(conn, "goal_divergence")
     frame["threshold"] = info.value
     frame["threshold_version"] = info.version
