@@ -193,3 +193,25 @@ def markdown_table(document: dict) -> str:
         met = {True: "yes", False: "**no**", None: "not measured"}[row["met"]]
         lines.append(f"| {row['target']} | {row['limit']} | {row['measured']} | {met} | {row['note']} |")
     return "\n".join(lines)
+
+
+def detector_table(document: dict) -> str:
+    """Median seconds of every detector at each measured size, with the growth between sizes."""
+    by_size = (document.get("queries") or {}).get("by_size") or {}
+    if not by_size:
+        return ""
+    sizes = list(by_size)
+    names = sorted({name for entry in by_size.values() for name in entry["detectors"]})
+    header = ["detector"] + [f"{by_size[s]['spans']:,} spans (s)" for s in sizes]
+    header += [f"growth to {by_size[s]['spans']:,} (x{by_size[s]['span_growth']} spans)" for s in sizes[1:]]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name in names:
+        cells = [name]
+        for size in sizes:
+            timing = by_size[size]["detectors"].get(name, {})
+            cells.append("timed out" if timing.get("median_s") is None else f"{timing['median_s']:.3f}")
+        for size in sizes[1:]:
+            factor = by_size[size].get("time_growth", {}).get(name)
+            cells.append("-" if factor is None else f"x{factor}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
