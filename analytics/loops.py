@@ -70,7 +70,7 @@ def group_loops(calls: pd.DataFrame) -> pd.DataFrame:
             "trace_id": grouped["TraceId"].first(),
             "span_ids": grouped["SpanId"].agg(list),
             "run_id": grouped["run_id"].first(),
-            "agent": grouped["agent"].first(),
+            "agent": grouped["agent"].first().replace({"": None}),
             "tool_name": grouped["tool_name"].first(),
             "kind": np.where(grouped["norm_args"].nunique() == 1, "exact", "near_duplicate"),
             "failing": grouped["failing"].first(),

@@ -219,3 +219,13 @@ def test_healthy_crew_has_no_findings(db, name):
     goals = _run(db, name, "goal_divergence")
     assert len(goals) > 0 and not goals["drifted"].any()
     assert not _run(db, name, "rejection_rates")["over_threshold"].any()
+
+
+def test_origin_task_filter_selects_the_runs_of_that_task(db):
+    truth = _truth("constraint_drop_unguarded")
+    origin = truth["constraint_drops"][0]["origin_task_id"]
+    drops = run_metric(db, "constraint_drops", filters=Filters(origin_task=origin))
+    assert list(drops["origin_task_id"]) == [origin]
+    summary = run_metric(db, "run_summary", filters=Filters(origin_task=origin))
+    assert list(summary["run_id"]) == [truth["run_id"]]
+    assert run_metric(db, "constraint_drops", filters=Filters(origin_task="no-such-task")).empty
