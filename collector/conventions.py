@@ -221,6 +221,20 @@ def _first(attrs: dict[str, Any], *keys: str) -> Any:
     return None
 
 
+def _langgraph_node(metadata: Any) -> str | None:
+    """LangGraph's node name, which the OpenInference LangChain instrumentation puts in the
+    ``metadata`` attribute (a JSON object) rather than in ``graph.node.id``."""
+    if isinstance(metadata, str) and "langgraph_node" in metadata:
+        try:
+            metadata = json.loads(metadata)
+        except ValueError:
+            return None
+    if isinstance(metadata, dict):
+        node = metadata.get("langgraph_node")
+        return node if isinstance(node, str) and node else None
+    return None
+
+
 def map_coordination(attrs: dict[str, Any], resource: dict[str, Any]) -> dict[str, Any]:
     """Extract the coordination columns from one span's attributes.
 
@@ -261,7 +275,7 @@ def map_coordination(attrs: dict[str, Any], resource: dict[str, Any]) -> dict[st
     entity = _text(attrs.get("traceloop.entity.name"))
     out["input_text"] = _text(_first(attrs, "input.value", "traceloop.entity.input"))
     out["output_text"] = _text(_first(attrs, "output.value", "traceloop.entity.output"))
-    out["graph_node_id"] = _text(attrs.get("graph.node.id"))
+    out["graph_node_id"] = _text(attrs.get("graph.node.id")) or _langgraph_node(attrs.get("metadata"))
     out["graph_node_parent_id"] = _text(attrs.get("graph.node.parent_id"))
 
     agent_name = _first(attrs, "gen_ai.agent.name", "agent.name")

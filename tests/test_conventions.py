@@ -121,3 +121,11 @@ def test_wrongly_typed_values_are_coerced_or_dropped():
         {},
     )
     assert out["hop"] is None and out["constraints_ledger"] == ["c1", "c2"] and out["side_effect"] is True
+
+
+def test_langgraph_node_in_openinference_metadata_names_the_agent():
+    metadata = '{"langgraph_step": 2, "langgraph_node": "researcher", "thread_id": "t1"}'
+    agent = map_coordination({"openinference.span.kind": "AGENT", "metadata": metadata}, {})
+    assert (agent["graph_node_id"], agent["agent_id"]) == ("researcher", "researcher")
+    chain = map_coordination({"openinference.span.kind": "CHAIN", "metadata": "not json langgraph_node"}, {})
+    assert chain["graph_node_id"] is None and chain["agent_id"] is None
