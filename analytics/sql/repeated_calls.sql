@@ -38,7 +38,10 @@ pairs AS (
 SELECT c.*,
        coalesce((SELECT list(p.j) FROM pairs p WHERE p.i = c.call_idx AND p.similarity >= $similarity),
                 []::BIGINT[]) AS similar_later,
-       (SELECT min(p.similarity) FROM pairs p
-         WHERE (p.i = c.call_idx OR p.j = c.call_idx) AND p.similarity >= $similarity) AS min_similarity
+       -- Two equality lookups, not one `p.i = idx OR p.j = idx`: the OR made DuckDB compare every
+       -- call with every pair (a nested-loop join, quadratic in calls). least() skips NULLs.
+       least((SELECT min(p.similarity) FROM pairs p WHERE p.i = c.call_idx AND p.similarity >= $similarity),
+             (SELECT min(p.similarity) FROM pairs p WHERE p.j = c.call_idx AND p.similarity >= $similarity))
+           AS min_similarity
 FROM signed c
 ORDER BY call_idx
