@@ -8,6 +8,7 @@ futures. A request is therefore acknowledged only after its spans are durable.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -47,6 +48,7 @@ class IngestQueue:
         self._bytes = 0
         self._cond = threading.Condition()
         self._closed = False
+        self._overloaded_since: float | None = None
 
     @property
     def queued_bytes(self) -> int:
@@ -65,11 +67,22 @@ class IngestQueue:
             # One oversized request still gets in when the queue is empty, so a body under the
             # body limit but over the queue limit is never refused forever.
             if self._items and self._bytes + size > self.max_bytes:
-                raise QueueFullError(retry_after=1)
+                raise QueueFullError(retry_after=self._retry_after())
+            if self._bytes + size <= self.max_bytes // 2:
+                self._overloaded_since = None  # the queue has drained: the overload is over
             self._items.append((batch, future, size))
             self._bytes += size
             self._cond.notify()
         return future
+
+    def _retry_after(self) -> int:
+        """Seconds a refused client should wait: 1 at first, growing with how long the overload
+        has lasted (up to 30). The OTLP SDK exporters honour Retry-After but give up after six
+        tries, so a fixed short delay would turn a long overload into lost spans at the client."""
+        now = time.monotonic()
+        if self._overloaded_since is None:
+            self._overloaded_since = now
+        return int(min(30, max(1, math.ceil(now - self._overloaded_since))))
 
     def take(self, max_rows: int, timeout: float) -> list[tuple[DecodedBatch, Future, int]]:
         """Block up to ``timeout`` for work, then take queued items up to ``max_rows`` rows."""

@@ -115,7 +115,8 @@ def test_overload_gets_429_with_retry_after_and_sdk_retries_deliver_everything(s
 
     assert statuses.count(429) > 0, "offered load never exceeded capacity; the test proves nothing"
     assert set(statuses) <= {200, 429}, set(statuses)
-    assert retry_after == {"1"}
+    # Retry-After starts at 1 s and grows with the length of the overload (at most 30 s).
+    assert "1" in retry_after and all(1 <= int(value) <= 30 for value in retry_after)
     assert health_latencies and max(health_latencies) < 30
     assert recorder.acked == sent, f"{len(sent - recorder.acked)} SDK span(s) not delivered"
     peak_kib = _rss_kib(server.process.pid)
@@ -275,5 +276,5 @@ def test_grpc_overload_gets_resource_exhausted_with_retry_info_and_sdk_retries_d
     recorder, sent = _sdk_spans_during_overload(exporter, "grpc-sdk-under-overload", 3000, threads, stop)
     assert grpc.StatusCode.RESOURCE_EXHAUSTED in codes, "offered load never exceeded capacity"
     assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
-    assert retry_delays == {1}
+    assert 1 in retry_delays and all(1 <= delay <= 30 for delay in retry_delays)
     assert recorder.acked == sent
