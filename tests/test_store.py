@@ -139,3 +139,48 @@ def test_a_second_writer_process_gets_a_clear_message(tmp_path):
     assert result.returncode == 3, result.stderr
     assert "held by another process" in result.stdout and "--endpoint" in result.stdout
     assert StoreLockedError.__doc__
+
+
+def _reference_agents(parents: dict[int, int | None], agents: dict[int, str | None]) -> dict[int, str | None]:
+    """Nearest agent up the tree, computed naively: what the stored column must say."""
+    out = {}
+    for node in parents:
+        current = node
+        found = agents[current]
+        while found is None and parents[current] is not None:
+            current = parents[current]
+            found = agents[current]
+        out[node] = found
+    return out
+
+
+def test_agent_inheritance_matches_a_reference_for_any_arrival_order(conn):
+    import random
+
+    rng = random.Random(5)
+    for scenario in range(25):
+        trace = rng.randbytes(16)
+        size = rng.randint(3, 14)
+        parents = {0: None, **{n: rng.randrange(n) for n in range(1, size)}}
+        agents = {n: (f"agent{n}" if rng.random() < 0.3 else None) for n in range(size)}
+        ids = {n: (scenario * 100 + n + 1).to_bytes(8, "big") for n in range(size)}
+        order = list(range(size))
+        rng.shuffle(order)
+        cut = sorted(rng.sample(range(1, size), k=min(2, size - 1)))
+        for batch in (order[: cut[0]], order[cut[0] : cut[-1]], order[cut[-1] :]):
+            spans = [
+                {
+                    "trace_id": trace,
+                    "span_id": ids[n],
+                    "parent": ids[parents[n]] if parents[n] is not None else b"",
+                    "attrs": {"gen_ai.agent.id": agents[n]} if agents[n] else {},
+                }
+                for n in batch
+            ]
+            if spans:
+                _insert(conn, spans)
+        stored = dict(
+            conn.execute("SELECT SpanId, agent_id FROM spans WHERE TraceId = ?", [trace.hex()]).fetchall()
+        )
+        expected = _reference_agents(parents, agents)
+        assert {n: stored[ids[n].hex()] for n in range(size)} == expected, scenario
