@@ -37,7 +37,7 @@ class ReceiverConfig:
 
 
 class BodyTooLargeError(ValueError):
-    pass
+    """The body, or its gzip-decompressed form, is over the configured limit (413)."""
 
 
 def _status_body(content_type: str, code: int, message: str) -> bytes:

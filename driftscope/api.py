@@ -34,7 +34,7 @@ MAX_PARAM_CHARS = 512
 
 
 class BadParameterError(ValueError):
-    pass
+    """A query parameter is unknown, repeated or of the wrong form (400)."""
 
 
 def _json_default(value: Any) -> Any:
