@@ -1,0 +1,1942 @@
+/*
+ * collector._otlpfast: a compiled fast path for OTLP/HTTP protobuf trace requests.
+ *
+ * Parses the protobuf wire format of an ExportTraceServiceRequest directly (no upb objects) and
+ * builds the same rows as collector.decode.decode_export_request, including the port of
+ * collector.conventions.map_coordination. The Python wrapper is collector/fastdecode.py; its
+ * docstring lists what this code handles and when it returns None (the caller then decodes the
+ * whole request with the Python path).
+ *
+ * Two passes:
+ *   1. parse (GIL released): walk the wire data, validate everything upb would validate
+ *      (structure, varints, lengths, groups, UTF-8 of every string field) and record spans,
+ *      attributes and array items as slices of the payload. Anything unsupported or malformed
+ *      makes the call return None.
+ *   2. build (GIL held): create the Python column lists, attribute triples and error messages.
+ *
+ * Return codes inside the parser: OK (0), FALLBACK (-1: return None), NOMEM (-2).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define OK 0
+#define FALLBACK (-1)
+#define NOMEM (-2)
+
+#define MAX_ANY_DEPTH 16   /* AnyValue nesting validated before giving up (upb allows ~100 levels) */
+#define MAX_GROUP_DEPTH 16 /* nesting of unknown groups skipped before giving up */
+#define CACHE_SIZE 4096    /* string cache slots per call (power of two) */
+#define CACHE_MAX_LEN 64   /* values longer than this are not cached (keys always are) */
+#define KEY_TABLE_SIZE 1024
+
+/* ------------------------------------------------------------------------------------------ */
+/* Configuration (set by configure() from collector/conventions.py)                           */
+/* ------------------------------------------------------------------------------------------ */
+
+enum { CK_TEXT = 0, CK_INT, CK_BOOL, CK_LIST };
+
+/* Attribute keys read by map_coordination itself (not the driftscope.* table). */
+enum {
+    FK_OI_KIND,
+    FK_TL_KIND,
+    FK_GENAI_OP,
+    FK_TL_ENTITY,
+    FK_INPUT,
+    FK_TL_INPUT,
+    FK_OUTPUT,
+    FK_TL_OUTPUT,
+    FK_GRAPH_NODE,
+    FK_METADATA,
+    FK_GRAPH_PARENT,
+    FK_GENAI_AGENT_NAME,
+    FK_AGENT_NAME,
+    FK_GENAI_AGENT_ID,
+    FK_GENAI_TOOL_NAME,
+    FK_TOOL_NAME,
+    FK_GENAI_CALL_ID,
+    FK_TOOL_CALL_ID,
+    FK_GENAI_ARGS,
+    FK_TOOL_PARAMS,
+    FK_GENAI_RESULT,
+    FK_CONV,
+    FK_SESSION,
+    FK_TL_SESSION,
+    FK_TL_CONV,
+    FK_SERVICE,
+    NFIXED
+};
+static const char *FIXED_KEYS[NFIXED] = {
+    "openinference.span.kind",
+    "traceloop.span.kind",
+    "gen_ai.operation.name",
+    "traceloop.entity.name",
+    "input.value",
+    "traceloop.entity.input",
+    "output.value",
+    "traceloop.entity.output",
+    "graph.node.id",
+    "metadata",
+    "graph.node.parent_id",
+    "gen_ai.agent.name",
+    "agent.name",
+    "gen_ai.agent.id",
+    "gen_ai.tool.name",
+    "tool.name",
+    "gen_ai.tool.call.id",
+    "tool_call.id",
+    "gen_ai.tool.call.arguments",
+    "tool.parameters",
+    "gen_ai.tool.call.result",
+    "gen_ai.conversation.id",
+    "session.id",
+    "traceloop.association.properties.session_id",
+    "traceloop.association.properties.conversation_id",
+    "service.name",
+};
+
+/* Coordination columns written by map_coordination itself. */
+enum {
+    OC_SPAN_FAMILY,
+    OC_OPERATION,
+    OC_AGENT_ID,
+    OC_AGENT_NAME,
+    OC_AGENT_SOURCE,
+    OC_TOOL_NAME,
+    OC_TOOL_CALL_ID,
+    OC_TOOL_ARGS,
+    OC_TOOL_RESULT,
+    OC_RUN_ID,
+    OC_INPUT,
+    OC_OUTPUT,
+    OC_GRAPH_NODE,
+    OC_GRAPH_PARENT,
+    OC_OP,
+    NOC
+};
+static const char *OC_NAMES[NOC] = {
+    "span_family", "operation",   "agent_id",  "agent_name",   "agent_source",
+    "tool_name",   "tool_call_id", "tool_args", "tool_result",  "run_id",
+    "input_text",  "output_text", "graph_node_id", "graph_node_parent_id", "op",
+};
+
+typedef struct {
+    uint64_t h;
+    char *p; /* owned copy of the key's UTF-8 bytes; NULL = empty slot */
+    Py_ssize_t n;
+    int fixed;   /* FK_* or -1 */
+    int ds_col;  /* index in COORDINATION_COLUMNS or -1 */
+    int ds_kind; /* CK_* */
+} KeyEnt;
+
+static KeyEnt g_keys[KEY_TABLE_SIZE];
+static int g_configured = 0;
+static Py_ssize_t g_ncoord = 0;
+static int g_oc[NOC];
+static PyObject *g_text, *g_int, *g_bool, *g_str_list, *g_langgraph;
+static PyObject *g_genai_family, *g_oi_family, *g_tl_family, *g_family_op;
+
+/* Interned constants (module init). */
+static PyObject *S_empty, *S_tool, *S_other, *S_attribute, *S_brackets, *S_true, *S_false;
+static PyObject *S_unknown_service, *S_upper, *S_lower;
+static PyObject *S_kinds[6], *S_codes[3];
+
+/* ------------------------------------------------------------------------------------------ */
+/* Parsed structures (slices of the payload)                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    const uint8_t *p;
+    Py_ssize_t n;
+} Slice;
+
+enum { AK_NONE = 0, AK_STR, AK_BOOL, AK_INT, AK_DOUBLE, AK_ARRAY, AK_BYTES, AK_UNSUP };
+
+typedef struct {
+    Slice key;
+    Slice s; /* AK_STR / AK_BYTES */
+    int64_t i;
+    double d;
+    Py_ssize_t item0, nitems; /* AK_ARRAY: string items in Ctx.items */
+    uint64_t h;               /* hash of key */
+    int kind;
+    int bad; /* AK_ARRAY with a non-string item */
+} Attr;
+
+typedef struct {
+    Slice name, version;
+    Py_ssize_t res;
+} Scope;
+
+typedef struct {
+    Py_ssize_t a0, n; /* range in Ctx.rattrs */
+} Res;
+
+enum {
+    REASON_NONE = 0,
+    REASON_TRACE_ID,
+    REASON_SPAN_ID,
+    REASON_PARENT,
+    REASON_START_ZERO,
+    REASON_OVERFLOW,
+    REASON_END_BEFORE_START,
+};
+
+typedef struct {
+    Slice tid, sid, pid, tstate, name, smsg;
+    uint64_t start, end;
+    int32_t kind, code;
+    Py_ssize_t a0, na, scope;
+    int reason;
+    int has_events;
+} Span;
+
+typedef struct {
+    uint64_t h;
+    const uint8_t *p;
+    Py_ssize_t n;
+    PyObject *s;
+} CacheEnt;
+
+typedef struct {
+    Attr *attrs;
+    Py_ssize_t nattrs, cattrs;
+    Attr *rattrs;
+    Py_ssize_t nrattrs, crattrs;
+    Slice *items;
+    Py_ssize_t nitems, citems;
+    Span *spans;
+    Py_ssize_t nspans, cspans;
+    Scope *scopes;
+    Py_ssize_t nscopes, cscopes;
+    Res *res;
+    Py_ssize_t nres, cres;
+    Py_ssize_t max_bytes, max_items;
+    /* pass 2 */
+    CacheEnt *cache;
+    Py_ssize_t ncache;
+    char *buf;
+    Py_ssize_t cbuf;
+} Ctx;
+
+static int grow(void **ptr, Py_ssize_t *cap, size_t size) {
+    Py_ssize_t ncap = *cap ? *cap * 2 : 64;
+    if ((size_t)ncap > PY_SSIZE_T_MAX / size) return NOMEM;
+    void *np = PyMem_RawRealloc(*ptr, (size_t)ncap * size);
+    if (!np) return NOMEM;
+    *ptr = np;
+    *cap = ncap;
+    return OK;
+}
+#define ENSURE(arr, n, cap)                                                        \
+    do {                                                                           \
+        if ((n) >= (cap)) {                                                        \
+            int rc_ = grow((void **)&(arr), &(cap), sizeof(*(arr)));               \
+            if (rc_) return rc_;                                                   \
+        }                                                                          \
+    } while (0)
+#define CHECK(expr)                 \
+    do {                            \
+        int rc_ = (expr);           \
+        if (rc_) return rc_;        \
+    } while (0)
+
+/* ------------------------------------------------------------------------------------------ */
+/* Wire primitives                                                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+static inline int rd_varint(const uint8_t **pp, const uint8_t *end, uint64_t *out) {
+    const uint8_t *p = *pp;
+    uint64_t v = 0;
+    for (int i = 0; i < 10; i++) {
+        if (p >= end) return FALLBACK;
+        uint8_t b = *p++;
+        v |= (uint64_t)(b & 0x7f) << (7 * i);
+        if (!(b & 0x80)) {
+            *pp = p;
+            *out = v;
+            return OK;
+        }
+    }
+    return FALLBACK; /* more than 10 bytes: upb says malformed */
+}
+
+/* A tag as upb reads it: at most 5 bytes, fitting 32 bits, field number > 0, wire type 0-5. */
+static inline int rd_tag(const uint8_t **pp, const uint8_t *end, uint32_t *field, int *wt) {
+    const uint8_t *p = *pp;
+    uint64_t v = 0;
+    int i;
+    for (i = 0; i < 5; i++) {
+        if (p >= end) return FALLBACK;
+        uint8_t b = *p++;
+        v |= (uint64_t)(b & 0x7f) << (7 * i);
+        if (!(b & 0x80)) break;
+    }
+    if (i == 5 || v > 0xFFFFFFFFull) return FALLBACK;
+    *wt = (int)(v & 7);
+    *field = (uint32_t)(v >> 3);
+    if (*field == 0 || *wt > 5) return FALLBACK;
+    *pp = p;
+    return OK;
+}
+
+static inline int rd_len(const uint8_t **pp, const uint8_t *end, Slice *out) {
+    uint64_t n;
+    CHECK(rd_varint(pp, end, &n));
+    if (n >= INT32_MAX || n > (uint64_t)(end - *pp)) return FALLBACK;
+    out->p = *pp;
+    out->n = (Py_ssize_t)n;
+    *pp += n;
+    return OK;
+}
+
+static inline int rd_fixed64(const uint8_t **pp, const uint8_t *end, uint64_t *out) {
+    if (end - *pp < 8) return FALLBACK;
+    const uint8_t *p = *pp;
+    *out = (uint64_t)p[0] | (uint64_t)p[1] << 8 | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 24 |
+           (uint64_t)p[4] << 32 | (uint64_t)p[5] << 40 | (uint64_t)p[6] << 48 | (uint64_t)p[7] << 56;
+    *pp += 8;
+    return OK;
+}
+
+/* Skip one field's value (the tag is already read), as upb skips unknown fields. */
+static int skip_field(const uint8_t **pp, const uint8_t *end, uint32_t field, int wt, int depth) {
+    uint64_t v;
+    Slice s;
+    switch (wt) {
+    case 0:
+        return rd_varint(pp, end, &v);
+    case 1:
+        return rd_fixed64(pp, end, &v);
+    case 2:
+        return rd_len(pp, end, &s);
+    case 5:
+        if (end - *pp < 4) return FALLBACK;
+        *pp += 4;
+        return OK;
+    case 3:
+        if (depth >= MAX_GROUP_DEPTH) return FALLBACK;
+        for (;;) {
+            uint32_t f;
+            int w;
+            CHECK(rd_tag(pp, end, &f, &w));
+            if (w == 4) return f == field ? OK : FALLBACK;
+            CHECK(skip_field(pp, end, f, w, depth + 1));
+        }
+    default: /* a stray end-group tag */
+        return FALLBACK;
+    }
+}
+
+/* Strict UTF-8 (no overlongs, no surrogates, <= U+10FFFF), as upb requires of proto3 strings. */
+static int utf8_valid(const uint8_t *p, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    while (i < n) {
+        if (i + 8 <= n) {
+            uint64_t w;
+            memcpy(&w, p + i, 8);
+            if (!(w & 0x8080808080808080ull)) {
+                i += 8;
+                continue;
+            }
+        }
+        uint8_t c = p[i];
+        if (c < 0x80) {
+            i++;
+        } else if (c >= 0xC2 && c <= 0xDF) {
+            if (i + 1 >= n || (p[i + 1] & 0xC0) != 0x80) return 0;
+            i += 2;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            if (i + 2 >= n) return 0;
+            uint8_t c1 = p[i + 1], c2 = p[i + 2];
+            if ((c1 & 0xC0) != 0x80 || (c2 & 0xC0) != 0x80) return 0;
+            if (c == 0xE0 && c1 < 0xA0) return 0;
+            if (c == 0xED && c1 >= 0xA0) return 0;
+            i += 3;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            if (i + 3 >= n) return 0;
+            uint8_t c1 = p[i + 1], c2 = p[i + 2], c3 = p[i + 3];
+            if ((c1 & 0xC0) != 0x80 || (c2 & 0xC0) != 0x80 || (c3 & 0xC0) != 0x80) return 0;
+            if (c == 0xF0 && c1 < 0x90) return 0;
+            if (c == 0xF4 && c1 >= 0x90) return 0;
+            i += 4;
+        } else {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static inline int rd_str(const uint8_t **pp, const uint8_t *end, Slice *out) {
+    CHECK(rd_len(pp, end, out));
+    return utf8_valid(out->p, out->n) ? OK : FALLBACK;
+}
+
+static inline int is_ascii(const uint8_t *p, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        if (w & 0x8080808080808080ull) return 0;
+    }
+    for (; i < n; i++)
+        if (p[i] & 0x80) return 0;
+    return 1;
+}
+
+static inline uint64_t hash_bytes(const uint8_t *p, Py_ssize_t n) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ ((uint64_t)n * 0xC2B2AE3D27D4EB4Full);
+    while (n >= 8) {
+        uint64_t k;
+        memcpy(&k, p, 8);
+        h = (h ^ k) * 0xff51afd7ed558ccdull;
+        h ^= h >> 32;
+        p += 8;
+        n -= 8;
+    }
+    if (n) {
+        uint64_t k = 0;
+        memcpy(&k, p, (size_t)n);
+        h = (h ^ k) * 0xc4ceb9fe1a85ec53ull;
+        h ^= h >> 29;
+    }
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    return h;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Pass 1: parse and validate                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+static int parse_kv_validate(Ctx *c, Slice m, int depth);
+
+/* Validate a KeyValueList (kvlist_value) without keeping anything. */
+static int parse_kvlist_validate(Ctx *c, Slice m, int depth) {
+    const uint8_t *p = m.p, *end = m.p + m.n;
+    while (p < end) {
+        uint32_t f;
+        int wt;
+        Slice s;
+        CHECK(rd_tag(&p, end, &f, &wt));
+        if (f == 1 && wt == 2) {
+            CHECK(rd_len(&p, end, &s));
+            CHECK(parse_kv_validate(c, s, depth));
+        } else {
+            CHECK(skip_field(&p, end, f, wt, 0));
+        }
+    }
+    return OK;
+}
+
+/*
+ * Parse an AnyValue into *a, merging into what *a already holds (a repeated occurrence of a
+ * message field merges; the oneof keeps the last member set, and a second array_value while
+ * the array is the current member appends to it, as upb does). At depth 0 (an attribute's
+ * value) array items are kept; deeper, values are only validated and arrays/kvlists become
+ * AK_UNSUP.
+ */
+static int parse_any(Ctx *c, Slice m, Attr *a, int depth) {
+    if (depth > MAX_ANY_DEPTH) return FALLBACK;
+    const uint8_t *p = m.p, *end = m.p + m.n;
+    while (p < end) {
+        uint32_t f;
+        int wt;
+        uint64_t v;
+        Slice s;
+        CHECK(rd_tag(&p, end, &f, &wt));
+        if (f == 1 && wt == 2) {
+            CHECK(rd_str(&p, end, &a->s));
+            a->kind = AK_STR;
+        } else if (f == 2 && wt == 0) {
+            CHECK(rd_varint(&p, end, &v));
+            a->kind = AK_BOOL;
+            a->i = v != 0;
+        } else if (f == 3 && wt == 0) {
+            CHECK(rd_varint(&p, end, &v));
+            a->kind = AK_INT;
+            a->i = (int64_t)v;
+        } else if (f == 4 && wt == 1) {
+            CHECK(rd_fixed64(&p, end, &v));
+            a->kind = AK_DOUBLE;
+            memcpy(&a->d, &v, 8);
+        } else if (f == 5 && wt == 2) {
+            CHECK(rd_len(&p, end, &s));
+            if (depth == 0 && a->kind != AK_ARRAY) {
+                a->kind = AK_ARRAY;
+                a->item0 = c->nitems;
+                a->nitems = 0;
+                a->bad = 0;
+            } else if (depth > 0) {
+                a->kind = AK_UNSUP;
+            }
+            const uint8_t *q = s.p, *qend = s.p + s.n;
+            while (q < qend) {
+                uint32_t g;
+                int w;
+                Slice t;
+                CHECK(rd_tag(&q, qend, &g, &w));
+                if (g == 1 && w == 2) {
+                    CHECK(rd_len(&q, qend, &t));
+                    Attr item;
+                    memset(&item, 0, sizeof item);
+                    CHECK(parse_any(c, t, &item, depth + 1));
+                    if (depth == 0) {
+                        if (item.kind == AK_STR) {
+                            ENSURE(c->items, c->nitems, c->citems);
+                            c->items[c->nitems++] = item.s;
+                            a->nitems++;
+                        } else {
+                            a->bad = 1;
+                        }
+                    }
+                } else {
+                    CHECK(skip_field(&q, qend, g, w, 0));
+                }
+            }
+        } else if (f == 6 && wt == 2) {
+            CHECK(rd_len(&p, end, &s));
+            CHECK(parse_kvlist_validate(c, s, depth + 1));
+            a->kind = AK_UNSUP;
+        } else if (f == 7 && wt == 2) {
+            CHECK(rd_len(&p, end, &a->s));
+            a->kind = AK_BYTES;
+        } else if (f == 8 && wt == 0) { /* string_value_strindex: a oneof member any_value maps to None */
+            CHECK(rd_varint(&p, end, &v));
+            a->kind = AK_NONE;
+        } else {
+            CHECK(skip_field(&p, end, f, wt, 0));
+        }
+    }
+    return OK;
+}
+
+/* Parse a KeyValue into *a (which the caller zeroed). */
+static int parse_kv(Ctx *c, Slice m, Attr *a, int depth) {
+    const uint8_t *p = m.p, *end = m.p + m.n;
+    while (p < end) {
+        uint32_t f;
+        int wt;
+        Slice s;
+        CHECK(rd_tag(&p, end, &f, &wt));
+        if (f == 1 && wt == 2) {
+            CHECK(rd_str(&p, end, &a->key));
+        } else if (f == 2 && wt == 2) {
+            CHECK(rd_len(&p, end, &s));
+            CHECK(parse_any(c, s, a, depth));
+        } else {
+            CHECK(skip_field(&p, end, f, wt, 0));
+        }
+    }
+    a->h = hash_bytes(a->key.p, a->key.n);
+    return OK;
+}
+
+static int parse_kv_validate(Ctx *c, Slice m, int depth) {
+    Attr scratch;
+    memset(&scratch, 0, sizeof scratch);
+    return parse_kv(c, m, &scratch, depth);
+}
+
+/* Attributes of an accepted span or of a resource: anything the fast path does not build. */
+static int check_attrs(Ctx *c, const Attr *attrs, Py_ssize_t n) {
+    for (Py_ssize_t k = 0; k < n; k++) {
+        const Attr *a = &attrs[k];
+        if (a->kind == AK_UNSUP || (a->kind == AK_ARRAY && a->bad)) return FALLBACK;
+        /* keys that _truncate would change could collide after the change */
+        if (a->key.n > c->max_bytes || (a->key.n && memchr(a->key.p, 0, (size_t)a->key.n)))
+            return FALLBACK;
+    }
+    if (n < 2) return OK;
+    if (n <= 32) {
+        for (Py_ssize_t x = 0; x < n; x++)
+            for (Py_ssize_t y = x + 1; y < n; y++)
+                if (attrs[x].h == attrs[y].h && attrs[x].key.n == attrs[y].key.n &&
+                    memcmp(attrs[x].key.p, attrs[y].key.p, (size_t)attrs[x].key.n) == 0)
+                    return FALLBACK;
+        return OK;
+    }
+    size_t size = 64;
+    while (size < (size_t)n * 2) size *= 2;
+    Py_ssize_t *table = PyMem_RawMalloc(size * sizeof(Py_ssize_t));
+    if (!table) return NOMEM;
+    for (size_t t = 0; t < size; t++) table[t] = -1;
+    int rc = OK;
+    for (Py_ssize_t x = 0; x < n && rc == OK; x++) {
+        size_t slot = (size_t)attrs[x].h & (size - 1);
+        for (;;) {
+            Py_ssize_t y = table[slot];
+            if (y < 0) {
+                table[slot] = x;
+                break;
+            }
+            if (attrs[x].h == attrs[y].h && attrs[x].key.n == attrs[y].key.n &&
+                memcmp(attrs[x].key.p, attrs[y].key.p, (size_t)attrs[x].key.n) == 0) {
+                rc = FALLBACK;
+                break;
+            }
+            slot = (slot + 1) & (size - 1);
+        }
+    }
+    PyMem_RawFree(table);
+    return rc;
+}
+
+#define MAX_NS 0x7FFFFFFFFFFFFFFFull
+
+static int span_reason(const Span *sp) {
+    static const uint8_t zeros[16] = {0};
+    if (sp->tid.n != 16 || memcmp(sp->tid.p, zeros, 16) == 0) return REASON_TRACE_ID;
+    if (sp->sid.n != 8 || memcmp(sp->sid.p, zeros, 8) == 0) return REASON_SPAN_ID;
+    if (sp->pid.n != 0 && sp->pid.n != 8) return REASON_PARENT;
+    if (sp->start == 0) return REASON_START_ZERO;
+    if (sp->start > MAX_NS || sp->end > MAX_NS) return REASON_OVERFLOW;
+    if (sp->end < sp->start) return REASON_END_BEFORE_START;
+    return REASON_NONE;
+}
+
+/* Span.Event and Span.Link: validated only (a span of an accepted row with either falls back). */
+static int parse_event_or_link(Ctx *c, Slice m, int is_link) {
+    const uint8_t *p = m.p, *end = m.p + m.n;
+    while (p < end) {
+        uint32_t f;
+        int wt;
+        Slice s;
+        CHECK(rd_tag(&p, end, &f, &wt));
+        if (wt == 2 && ((!is_link && f == 2) || (is_link && f == 3))) {
+            CHECK(rd_str(&p, end, &s));
+        } else if (wt == 2 && ((!is_link && f == 3) || (is_link && f == 4))) {
+            CHECK(rd_len(&p, end, &s));
+            CHECK(parse_kv_validate(c, s, 1));
+        } else {
+            CHECK(skip_field(&p, end, f, wt, 0));
+        }
+    }
+    return OK;
+}
+
+static int parse_status(Span *sp, Slice m) {
+    const uint8_t *p = m.p, *end = m.p + m.n;
+    while (p < end) {
+        uint32_t f;
+        int wt;
+        uint64_t v;
+        CHECK(rd_tag(&p, end, &f, &wt));
+        if (f == 2 && wt == 2) {
+            CHECK(rd_str(&p, end, &sp->smsg));
+        } else if (f == 3 && wt == 0) {
+            CHECK(rd_varint(&p, end, &v));
+            sp->code = (int32_t)(uint32_t)v;
+        } else {
+            CHECK(skip_field(&p, end, f, wt, 0));
+        }
+    }
+    return OK;
+}
+
+static int parse_span(Ctx *c, Slice m, Py_ssize_t scope) {
+    ENSURE(c->spans, c->nspans, c->cspans);
+    Span *sp = &c->spans[c->nspans];
+    memset(sp, 0, sizeof *sp);
+    sp->scope = scope;
+    sp->a0 = c->nattrs;
+    const uint8_t *p = m.p, *end = m.p + m.n;
+    while (p < end) {
+        uint32_t f;
+        int wt;
+        uint64_t v;
+        Slice s;
+        CHECK(rd_tag(&p, end, &f, &wt));
+        if (wt == 2) {
+            switch (f) {
+            case 1:
+                CHECK(rd_len(&p, end, &sp->tid));
+                continue;
+            case 2:
+                CHECK(rd_len(&p, end, &sp->sid));
+                continue;
+            case 3:
+                CHECK(rd_str(&p, end, &sp->tstate));
+                continue;
+            case 4:
+                CHECK(rd_len(&p, end, &sp->pid));
+                continue;
+            case 5:
+                CHECK(rd_str(&p, end, &sp->name));
+                continue;
+            case 9: {
+                CHECK(rd_len(&p, end, &s));
+                ENSURE(c->attrs, c->nattrs, c->cattrs);
+                Attr *a = &c->attrs[c->nattrs];
+                memset(a, 0, sizeof *a);
+                CHECK(parse_kv(c, s, a, 0));
+                c->nattrs++;
+                continue;
+            }
+            case 11:
+            case 13:
+                CHECK(rd_len(&p, end, &s));
+                CHECK(parse_event_or_link(c, s, f == 13));
+                sp->has_events = 1;
+                continue;
+            case 15:
+                CHECK(rd_len(&p, end, &s));
+                CHECK(parse_status(sp, s));
+                continue;
+            default:
+                break;
+            }
+        } else if (wt == 0 && f == 6) {
+            CHECK(rd_varint(&p, end, &v));
+            sp->kind = (int32_t)(uint32_t)v;
+            continue;
+        } else if (wt == 1 && (f == 7 || f == 8)) {
+            CHECK(rd_fixed64(&p, end, f == 7 ? &sp->start : &sp->end));
+            continue;
+        }
+        CHECK(skip_field(&p, end, f, wt, 0));
+    }
+    sp->na = c->nattrs - sp->a0;
+    sp->reason = span_reason(sp);
+    if (sp->reason == REASON_NONE) {
+        if (sp->has_events) return FALLBACK;
+        CHECK(check_attrs(c, c->attrs + sp->a0, sp->na));
+    } else {
+        c->nattrs = sp->a0; /* a rejected span's attributes are never used */
+        sp->na = 0;
+    }
+    c->nspans++;
+    return OK;
+}
+
+static int parse_scope(Ctx *c, Slice m, Py_ssize_t idx) {
+    const uint8_t *p = m.p, *end = m.p + m.n;
+    while (p < end) {
+        uint32_t f;
+        int wt;
+        Slice s;
+        CHECK(rd_tag(&p, end, &f, &wt));
+        if (f == 1 && wt == 2) {
+            CHECK(rd_str(&p, end, &c->scopes[idx].name));
+        } else if (f == 2 && wt == 2) {
+            CHECK(rd_str(&p, end, &c->scopes[idx].version));
+        } else if (f == 3 && wt == 2) {
+            CHECK(rd_len(&p, end, &s));
+            CHECK(parse_kv_validate(c, s, 1));
+        } else {
+            CHECK(skip_field(&p, end, f, wt, 0));
+        }
+    }
+    return OK;
+}
+
+static int parse_scope_spans(Ctx *c, Slice m, Py_ssize_t res) {
+    ENSURE(c->scopes, c->nscopes, c->cscopes);
+    Py_ssize_t idx = c->nscopes++;
+    memset(&c->scopes[idx], 0, sizeof(Scope));
+    c->scopes[idx].res = res;
+    const uint8_t *p = m.p, *end = m.p + m.n;
+    while (p < end) {
+        uint32_t f;
+        int wt;
+        Slice s;
+        CHECK(rd_tag(&p, end, &f, &wt));
+        if (f == 1 && wt == 2) {
+            CHECK(rd_len(&p, end, &s));
+            CHECK(parse_scope(c, s, idx));
+        } else if (f == 2 && wt == 2) {
+            CHECK(rd_len(&p, end, &s));
+            CHECK(parse_span(c, s, idx));
+        } else if (f == 3 && wt == 2) {
+            CHECK(rd_str(&p, end, &s));
+        } else {
+            CHECK(skip_field(&p, end, f, wt, 0));
+        }
+    }
+    return OK;
+}
+
+static int parse_entity_ref(Slice m) {
+    const uint8_t *p = m.p, *end = m.p + m.n;
+    while (p < end) {
+        uint32_t f;
+        int wt;
+        Slice s;
+        CHECK(rd_tag(&p, end, &f, &wt));
+        if (f >= 1 && f <= 4 && wt == 2) {
+            CHECK(rd_str(&p, end, &s));
+        } else {
+            CHECK(skip_field(&p, end, f, wt, 0));
+        }
+    }
+    return OK;
+}
+
+static int parse_resource(Ctx *c, Slice m) {
+    const uint8_t *p = m.p, *end = m.p + m.n;
+    while (p < end) {
+        uint32_t f;
+        int wt;
+        Slice s;
+        CHECK(rd_tag(&p, end, &f, &wt));
+        if (f == 1 && wt == 2) {
+            CHECK(rd_len(&p, end, &s));
+            ENSURE(c->rattrs, c->nrattrs, c->crattrs);
+            Attr *a = &c->rattrs[c->nrattrs];
+            memset(a, 0, sizeof *a);
+            CHECK(parse_kv(c, s, a, 0));
+            c->nrattrs++;
+        } else if (f == 3 && wt == 2) {
+            CHECK(rd_len(&p, end, &s));
+            CHECK(parse_entity_ref(s));
+        } else {
+            CHECK(skip_field(&p, end, f, wt, 0));
+        }
+    }
+    return OK;
+}
+
+static int parse_resource_spans(Ctx *c, Slice m) {
+    ENSURE(c->res, c->nres, c->cres);
+    Py_ssize_t idx = c->nres++;
+    c->res[idx].a0 = c->nrattrs;
+    const uint8_t *p = m.p, *end = m.p + m.n;
+    while (p < end) {
+        uint32_t f;
+        int wt;
+        Slice s;
+        CHECK(rd_tag(&p, end, &f, &wt));
+        if (f == 1 && wt == 2) {
+            CHECK(rd_len(&p, end, &s));
+            CHECK(parse_resource(c, s));
+        } else if (f == 2 && wt == 2) {
+            CHECK(rd_len(&p, end, &s));
+            CHECK(parse_scope_spans(c, s, idx));
+        } else if (f == 3 && wt == 2) {
+            CHECK(rd_str(&p, end, &s));
+        } else {
+            CHECK(skip_field(&p, end, f, wt, 0));
+        }
+    }
+    c->res[idx].n = c->nrattrs - c->res[idx].a0;
+    return check_attrs(c, c->rattrs + c->res[idx].a0, c->res[idx].n);
+}
+
+static int parse_request(Ctx *c, const uint8_t *data, Py_ssize_t n) {
+    const uint8_t *p = data, *end = data + n;
+    while (p < end) {
+        uint32_t f;
+        int wt;
+        Slice s;
+        CHECK(rd_tag(&p, end, &f, &wt));
+        if (f == 1 && wt == 2) {
+            CHECK(rd_len(&p, end, &s));
+            CHECK(parse_resource_spans(c, s));
+        } else {
+            CHECK(skip_field(&p, end, f, wt, 0));
+        }
+    }
+    return OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Pass 2: Python objects                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+/* A str from bytes already validated as UTF-8. */
+static PyObject *new_str(const uint8_t *p, Py_ssize_t n) {
+    if (is_ascii(p, n)) {
+        PyObject *s = PyUnicode_New(n, 127);
+        if (s && n) memcpy(PyUnicode_1BYTE_DATA(s), p, (size_t)n);
+        return s;
+    }
+    return PyUnicode_DecodeUTF8((const char *)p, n, "strict");
+}
+
+static int ensure_buf(Ctx *c, Py_ssize_t n) {
+    if (n <= c->cbuf) return 0;
+    Py_ssize_t cap = c->cbuf ? c->cbuf : 256;
+    while (cap < n) cap *= 2;
+    char *nb = PyMem_Realloc(c->buf, (size_t)cap);
+    if (!nb) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    c->buf = nb;
+    c->cbuf = cap;
+    return 0;
+}
+
+/* NUL bytes as U+FFFD (EF BF BD), as str.replace("\x00", "\ufffd") does. */
+static PyObject *new_str_nul_replaced(Ctx *c, const uint8_t *p, Py_ssize_t n) {
+    if (!n || !memchr(p, 0, (size_t)n)) return new_str(p, n);
+    if (n > PY_SSIZE_T_MAX / 3 || ensure_buf(c, n * 3) < 0) return NULL;
+    Py_ssize_t o = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (p[i]) {
+            c->buf[o++] = (char)p[i];
+        } else {
+            c->buf[o++] = (char)0xEF;
+            c->buf[o++] = (char)0xBF;
+            c->buf[o++] = (char)0xBD;
+        }
+    }
+    return PyUnicode_DecodeUTF8(c->buf, o, "strict");
+}
+
+/* collector.decode._truncate of a wire string. */
+static PyObject *make_text(Ctx *c, const uint8_t *p, Py_ssize_t n);
+
+static PyObject *cached_str(Ctx *c, const uint8_t *p, Py_ssize_t n, uint64_t h) {
+    size_t mask = CACHE_SIZE - 1, slot = (size_t)h & mask;
+    for (;;) {
+        CacheEnt *e = &c->cache[slot];
+        if (!e->s) break;
+        if (e->h == h && e->n == n && memcmp(e->p, p, (size_t)n) == 0) {
+            Py_INCREF(e->s);
+            return e->s;
+        }
+        slot = (slot + 1) & mask;
+    }
+    PyObject *s = new_str(p, n);
+    if (s && c->ncache < CACHE_SIZE / 2) {
+        CacheEnt *e = &c->cache[slot];
+        e->h = h;
+        e->p = p;
+        e->n = n;
+        e->s = s;
+        Py_INCREF(s);
+        c->ncache++;
+    }
+    return s;
+}
+
+static PyObject *make_text(Ctx *c, const uint8_t *p, Py_ssize_t n) {
+    if (n <= c->max_bytes) {
+        if (n && memchr(p, 0, (size_t)n)) return new_str_nul_replaced(c, p, n);
+        if (n <= CACHE_MAX_LEN) return cached_str(c, p, n, hash_bytes(p, n));
+        return new_str(p, n);
+    }
+    /* encoded[:max].decode("utf-8", "ignore"): drop a character cut in two */
+    Py_ssize_t cut = c->max_bytes;
+    while (cut > 0 && (p[cut] & 0xC0) == 0x80) cut--;
+    PyObject *head = new_str_nul_replaced(c, p, cut);
+    if (!head) return NULL;
+    PyObject *out = PyUnicode_FromFormat("%U...[truncated %zd bytes]", head, n - cut);
+    Py_DECREF(head);
+    return out;
+}
+
+static PyObject *hex_str(const uint8_t *p, Py_ssize_t n) {
+    static const char digits[] = "0123456789abcdef";
+    PyObject *s = PyUnicode_New(n * 2, 127);
+    if (!s) return NULL;
+    Py_UCS1 *d = PyUnicode_1BYTE_DATA(s);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        d[2 * i] = (Py_UCS1)digits[p[i] >> 4];
+        d[2 * i + 1] = (Py_UCS1)digits[p[i] & 15];
+    }
+    return s;
+}
+
+static PyObject *b64_str(const uint8_t *p, Py_ssize_t n) {
+    static const char tbl[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    Py_ssize_t out_n = (n + 2) / 3 * 4;
+    PyObject *s = PyUnicode_New(out_n, 127);
+    if (!s) return NULL;
+    Py_UCS1 *d = PyUnicode_1BYTE_DATA(s);
+    Py_ssize_t i = 0, o = 0;
+    for (; i + 3 <= n; i += 3) {
+        uint32_t v = (uint32_t)p[i] << 16 | (uint32_t)p[i + 1] << 8 | p[i + 2];
+        d[o++] = (Py_UCS1)tbl[v >> 18];
+        d[o++] = (Py_UCS1)tbl[(v >> 12) & 63];
+        d[o++] = (Py_UCS1)tbl[(v >> 6) & 63];
+        d[o++] = (Py_UCS1)tbl[v & 63];
+    }
+    if (n - i == 1) {
+        uint32_t v = (uint32_t)p[i] << 16;
+        d[o++] = (Py_UCS1)tbl[v >> 18];
+        d[o++] = (Py_UCS1)tbl[(v >> 12) & 63];
+        d[o++] = '=';
+        d[o++] = '=';
+    } else if (n - i == 2) {
+        uint32_t v = (uint32_t)p[i] << 16 | (uint32_t)p[i + 1] << 8;
+        d[o++] = (Py_UCS1)tbl[v >> 18];
+        d[o++] = (Py_UCS1)tbl[(v >> 12) & 63];
+        d[o++] = (Py_UCS1)tbl[(v >> 6) & 63];
+        d[o++] = '=';
+    }
+    return s;
+}
+
+/* "[" + ",".join(json.encoder.encode_basestring(s) for s in items) + "]" */
+static PyObject *json_string_list(Ctx *c, PyObject *list) {
+    Py_ssize_t n = PyList_GET_SIZE(list), o = 0;
+    if (ensure_buf(c, 2) < 0) return NULL;
+    c->buf[o++] = '[';
+    int ascii = 1;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_ssize_t len;
+        const char *u = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(list, k), &len);
+        if (!u) return NULL;
+        /* worst case 6 bytes per input byte (\u00XX), plus quotes, comma and "]" */
+        if (len > (PY_SSIZE_T_MAX - o - 8) / 6 || ensure_buf(c, o + len * 6 + 8) < 0) {
+            if (!PyErr_Occurred()) PyErr_NoMemory();
+            return NULL;
+        }
+        if (k) c->buf[o++] = ',';
+        c->buf[o++] = '"';
+        for (Py_ssize_t i = 0; i < len; i++) {
+            unsigned char ch = (unsigned char)u[i];
+            switch (ch) {
+            case '"':
+                c->buf[o++] = '\\';
+                c->buf[o++] = '"';
+                break;
+            case '\\':
+                c->buf[o++] = '\\';
+                c->buf[o++] = '\\';
+                break;
+            case '\b':
+                c->buf[o++] = '\\';
+                c->buf[o++] = 'b';
+                break;
+            case '\f':
+                c->buf[o++] = '\\';
+                c->buf[o++] = 'f';
+                break;
+            case '\n':
+                c->buf[o++] = '\\';
+                c->buf[o++] = 'n';
+                break;
+            case '\r':
+                c->buf[o++] = '\\';
+                c->buf[o++] = 'r';
+                break;
+            case '\t':
+                c->buf[o++] = '\\';
+                c->buf[o++] = 't';
+                break;
+            default:
+                if (ch < 0x20) {
+                    static const char hx[] = "0123456789abcdef";
+                    c->buf[o++] = '\\';
+                    c->buf[o++] = 'u';
+                    c->buf[o++] = '0';
+                    c->buf[o++] = '0';
+                    c->buf[o++] = hx[ch >> 4];
+                    c->buf[o++] = hx[ch & 15];
+                } else {
+                    if (ch >= 0x80) ascii = 0;
+                    c->buf[o++] = (char)ch;
+                }
+            }
+        }
+        c->buf[o++] = '"';
+    }
+    c->buf[o++] = ']';
+    if (ascii) return new_str((const uint8_t *)c->buf, o);
+    return PyUnicode_DecodeUTF8(c->buf, o, "strict");
+}
+
+/* The list any_value builds for an array of strings: truncated items, then a marker. */
+static PyObject *array_items(Ctx *c, const Attr *a) {
+    Py_ssize_t keep = a->nitems < c->max_items ? a->nitems : c->max_items;
+    int marker = a->nitems > c->max_items;
+    PyObject *list = PyList_New(keep + marker);
+    if (!list) return NULL;
+    for (Py_ssize_t k = 0; k < keep; k++) {
+        const Slice *s = &c->items[a->item0 + k];
+        PyObject *item = make_text(c, s->p, s->n);
+        if (!item) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, k, item);
+    }
+    if (marker) {
+        PyObject *m = PyUnicode_FromFormat("[truncated %zd items]", a->nitems - c->max_items);
+        if (!m) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, keep, m);
+    }
+    return list;
+}
+
+/*
+ * The attribute's text in the attribute map (new ref in *map) and, when mv is not NULL, the
+ * Python value map_coordination would see (new ref in *mv).
+ */
+static int attr_values(Ctx *c, const Attr *a, PyObject **map, PyObject **mv) {
+    PyObject *m = NULL, *v = NULL;
+    char num[32];
+    switch (a->kind) {
+    case AK_STR:
+        m = make_text(c, a->s.p, a->s.n);
+        break;
+    case AK_BYTES: {
+        Py_ssize_t n = a->s.n < c->max_bytes ? a->s.n : c->max_bytes;
+        m = b64_str(a->s.p, n);
+        break;
+    }
+    case AK_NONE:
+        m = S_empty;
+        Py_INCREF(m);
+        if (mv) {
+            v = Py_None;
+            Py_INCREF(v);
+        }
+        break;
+    case AK_BOOL:
+        m = a->i ? S_true : S_false;
+        Py_INCREF(m);
+        if (mv) {
+            v = a->i ? Py_True : Py_False;
+            Py_INCREF(v);
+        }
+        break;
+    case AK_INT: {
+        int len = snprintf(num, sizeof num, "%lld", (long long)a->i);
+        m = new_str((const uint8_t *)num, len);
+        if (m && mv) v = PyLong_FromLongLong((long long)a->i);
+        break;
+    }
+    case AK_DOUBLE:
+        if (isfinite(a->d)) {
+            PyObject *f = PyFloat_FromDouble(a->d);
+            if (!f) return -1;
+            m = PyObject_Repr(f);
+            if (mv)
+                v = f;
+            else
+                Py_DECREF(f);
+        } else {
+            /* str(float): "nan", "inf" or "-inf" */
+            m = PyUnicode_FromString(isnan(a->d) ? "nan" : (a->d > 0 ? "inf" : "-inf"));
+        }
+        break;
+    case AK_ARRAY: {
+        PyObject *list = array_items(c, a);
+        if (!list) return -1;
+        m = json_string_list(c, list);
+        if (mv)
+            v = list;
+        else
+            Py_DECREF(list);
+        break;
+    }
+    default:
+        PyErr_SetString(PyExc_SystemError, "_otlpfast: unexpected attribute kind");
+        return -1;
+    }
+    if (!m) {
+        Py_XDECREF(v);
+        return -1;
+    }
+    if (mv && !v) {
+        if (PyErr_Occurred()) {
+            Py_DECREF(m);
+            return -1;
+        }
+        v = m; /* str, bytes (base64) and non-finite doubles: the same text */
+        Py_INCREF(v);
+    }
+    *map = m;
+    if (mv) *mv = v;
+    return 0;
+}
+
+static int key_lookup(const Attr *a) {
+    size_t slot = (size_t)a->h & (KEY_TABLE_SIZE - 1);
+    for (;;) {
+        const KeyEnt *e = &g_keys[slot];
+        if (!e->p) return -1;
+        if (e->h == a->h && e->n == a->key.n && memcmp(e->p, a->key.p, (size_t)a->key.n) == 0)
+            return (int)slot;
+        slot = (slot + 1) & (KEY_TABLE_SIZE - 1);
+    }
+}
+
+/* A coerced value for a driftscope.* column (new ref; Py_None allowed). */
+static PyObject *coerce(int kind, PyObject *v) {
+    switch (kind) {
+    case CK_TEXT:
+        if (PyUnicode_CheckExact(v)) {
+            Py_INCREF(v);
+            return v;
+        }
+        return PyObject_CallOneArg(g_text, v);
+    case CK_INT:
+        if (PyLong_CheckExact(v)) {
+            int overflow;
+            long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+            if (x == -1 && PyErr_Occurred()) return NULL;
+            if (!overflow && x >= -2147483648LL && x < 2147483648LL) {
+                Py_INCREF(v);
+                return v;
+            }
+            Py_RETURN_NONE;
+        }
+        return PyObject_CallOneArg(g_int, v);
+    case CK_BOOL:
+        if (PyBool_Check(v)) {
+            Py_INCREF(v);
+            return v;
+        }
+        return PyObject_CallOneArg(g_bool, v);
+    default: /* CK_LIST */
+        if (PyList_CheckExact(v)) {
+            Py_ssize_t n = PyList_GET_SIZE(v);
+            int all_str = 1;
+            for (Py_ssize_t k = 0; k < n && all_str; k++) all_str = PyUnicode_CheckExact(PyList_GET_ITEM(v, k));
+            if (all_str) return PyList_GetSlice(v, 0, n); /* [_text(s) or "" for s] of strs: a copy */
+        }
+        return PyObject_CallOneArg(g_str_list, v);
+    }
+}
+
+/* _text(value) for map_coordination: NULL stands for None (no exception set) on success. */
+static int text_of(PyObject *v, PyObject **out) {
+    *out = NULL;
+    if (!v || v == Py_None) return 0;
+    if (PyUnicode_CheckExact(v)) {
+        Py_INCREF(v);
+        *out = v;
+        return 0;
+    }
+    PyObject *r = PyObject_CallOneArg(g_text, v);
+    if (!r) return -1;
+    if (r == Py_None) {
+        Py_DECREF(r);
+        return 0;
+    }
+    *out = r;
+    return 0;
+}
+
+static inline int truthy_str(PyObject *s) { return s && PyUnicode_Check(s) && PyUnicode_GET_LENGTH(s) > 0; }
+
+/* _first(): the first value that is not None and not "" (borrowed; NULL for None). */
+static PyObject *first_of(PyObject **mv, const int *keys, int n) {
+    for (int k = 0; k < n; k++) {
+        PyObject *v = mv[keys[k]];
+        if (!v || v == Py_None) continue;
+        if (PyUnicode_Check(v) && PyUnicode_GET_LENGTH(v) == 0) continue;
+        return v;
+    }
+    return NULL;
+}
+
+static inline void set_col(PyObject **co, int col, PyObject *v /* stolen; NULL/None = None */) {
+    if (v == Py_None) {
+        Py_DECREF(v);
+        v = NULL;
+    }
+    Py_XSETREF(co[col], v);
+}
+
+static int is_family(PyObject *family, const char *name) {
+    return family && PyUnicode_Check(family) && PyUnicode_CompareWithASCIIString(family, name) == 0;
+}
+
+/*
+ * The port of collector.conventions.map_coordination (after the driftscope.* fields, which the
+ * caller already wrote into co). fmv: mapping values of this span's keys (FK_*), rmv: of the
+ * resource's. Returns -1 with an exception set on failure.
+ */
+static int map_fixed(PyObject **co, PyObject **fmv, PyObject **rmv) {
+    PyObject *oi_kind = NULL, *tl_kind = NULL, *operation = NULL, *entity = NULL;
+    PyObject *input_text = NULL, *output_text = NULL, *graph = NULL, *tmp = NULL;
+    PyObject *family = NULL; /* borrowed until `owned` holds it */
+    PyObject *owned = NULL;
+    int rc = -1;
+    if (text_of(fmv[FK_OI_KIND], &oi_kind) < 0 || text_of(fmv[FK_TL_KIND], &tl_kind) < 0 ||
+        text_of(fmv[FK_GENAI_OP], &operation) < 0)
+        goto done;
+    if (truthy_str(operation)) {
+        family = PyDict_GetItemWithError(g_genai_family, operation);
+        if (!family && PyErr_Occurred()) goto done;
+    }
+    if (!family && truthy_str(oi_kind)) {
+        tmp = PyObject_CallMethodNoArgs(oi_kind, S_upper);
+        if (!tmp) goto done;
+        family = PyDict_GetItemWithError(g_oi_family, tmp);
+        Py_CLEAR(tmp);
+        if (!family && PyErr_Occurred()) goto done;
+    }
+    if (!family && truthy_str(tl_kind)) {
+        tmp = PyObject_CallMethodNoArgs(tl_kind, S_lower);
+        if (!tmp) goto done;
+        family = PyDict_GetItemWithError(g_tl_family, tmp);
+        Py_CLEAR(tmp);
+        if (!family && PyErr_Occurred()) goto done;
+    }
+    if (!family && co[g_oc[OC_OP]]) family = S_tool;
+    Py_XINCREF(family); /* the dicts could change under a Python callback below */
+    owned = family;
+    int family_true = 0;
+    if (family) {
+        family_true = PyObject_IsTrue(family);
+        if (family_true < 0) goto done;
+    }
+    PyObject *fam_or_other = family_true ? family : S_other;
+    Py_INCREF(fam_or_other);
+    set_col(co, g_oc[OC_SPAN_FAMILY], fam_or_other);
+    if (truthy_str(operation)) {
+        Py_INCREF(operation);
+        set_col(co, g_oc[OC_OPERATION], operation);
+    } else {
+        PyObject *op = PyDict_GetItemWithError(g_family_op, family_true ? family : S_empty);
+        if (!op && PyErr_Occurred()) goto done;
+        Py_XINCREF(op);
+        set_col(co, g_oc[OC_OPERATION], op);
+    }
+    int is_agent = is_family(family, "agent"), is_tool = is_family(family, "tool");
+
+    static const int K_INPUT[] = {FK_INPUT, FK_TL_INPUT}, K_OUTPUT[] = {FK_OUTPUT, FK_TL_OUTPUT};
+    static const int K_AGENT_NAME[] = {FK_GENAI_AGENT_NAME, FK_AGENT_NAME}, K_AGENT_ID[] = {FK_GENAI_AGENT_ID};
+    static const int K_TOOL_NAME[] = {FK_GENAI_TOOL_NAME, FK_TOOL_NAME};
+    static const int K_CALL_ID[] = {FK_GENAI_CALL_ID, FK_TOOL_CALL_ID};
+    static const int K_ARGS[] = {FK_GENAI_ARGS, FK_TOOL_PARAMS}, K_RESULT[] = {FK_GENAI_RESULT};
+    static const int K_RUN[] = {FK_CONV, FK_SESSION, FK_TL_SESSION, FK_TL_CONV};
+    static const int K_RES_RUN[] = {0, 1};
+
+    if (text_of(fmv[FK_TL_ENTITY], &entity) < 0) goto done;
+    if (text_of(first_of(fmv, K_INPUT, 2), &input_text) < 0) goto done;
+    if (text_of(first_of(fmv, K_OUTPUT, 2), &output_text) < 0) goto done;
+    if (text_of(fmv[FK_GRAPH_NODE], &graph) < 0) goto done;
+    if (!truthy_str(graph)) {
+        Py_CLEAR(graph);
+        PyObject *md = fmv[FK_METADATA];
+        if (md && md != Py_None) {
+            graph = PyObject_CallOneArg(g_langgraph, md);
+            if (!graph) goto done;
+            if (graph == Py_None || (PyUnicode_Check(graph) && PyUnicode_GET_LENGTH(graph) == 0))
+                Py_CLEAR(graph); /* `"" or None` and `"" or ""` both end as falsy; None here */
+        }
+    }
+    PyObject *v;
+    /* agent */
+    PyObject *agent_name = first_of(fmv, K_AGENT_NAME, 2);
+    if (!agent_name && is_agent) agent_name = truthy_str(entity) ? entity : graph;
+    PyObject *agent_id = first_of(fmv, K_AGENT_ID, 1);
+    if (!agent_id) agent_id = agent_name;
+    if (text_of(agent_id, &v) < 0) goto done;
+    set_col(co, g_oc[OC_AGENT_ID], v);
+    if (text_of(agent_name, &v) < 0) goto done;
+    set_col(co, g_oc[OC_AGENT_NAME], v);
+    if (agent_id) Py_INCREF(S_attribute);
+    set_col(co, g_oc[OC_AGENT_SOURCE], agent_id ? S_attribute : NULL);
+    /* tool */
+    PyObject *tool_name = first_of(fmv, K_TOOL_NAME, 2);
+    if (!tool_name && is_tool) tool_name = entity;
+    if (text_of(tool_name, &v) < 0) goto done;
+    set_col(co, g_oc[OC_TOOL_NAME], v);
+    if (text_of(first_of(fmv, K_CALL_ID, 2), &v) < 0) goto done;
+    set_col(co, g_oc[OC_TOOL_CALL_ID], v);
+    PyObject *args = first_of(fmv, K_ARGS, 2);
+    if (!args && is_tool) args = input_text;
+    if (text_of(args, &v) < 0) goto done;
+    set_col(co, g_oc[OC_TOOL_ARGS], v);
+    PyObject *result = first_of(fmv, K_RESULT, 1);
+    if (!result && is_tool) result = output_text;
+    if (text_of(result, &v) < 0) goto done;
+    set_col(co, g_oc[OC_TOOL_RESULT], v);
+    /* run */
+    PyObject *run = first_of(fmv, K_RUN, 4);
+    if (!run) run = first_of(rmv, K_RES_RUN, 2);
+    if (text_of(run, &v) < 0) goto done;
+    set_col(co, g_oc[OC_RUN_ID], v);
+
+    set_col(co, g_oc[OC_INPUT], input_text);
+    input_text = NULL;
+    set_col(co, g_oc[OC_OUTPUT], output_text);
+    output_text = NULL;
+    set_col(co, g_oc[OC_GRAPH_NODE], graph);
+    graph = NULL;
+    if (text_of(fmv[FK_GRAPH_PARENT], &v) < 0) goto done;
+    set_col(co, g_oc[OC_GRAPH_PARENT], v);
+    rc = 0;
+done:
+    Py_XDECREF(owned);
+    Py_XDECREF(oi_kind);
+    Py_XDECREF(tl_kind);
+    Py_XDECREF(operation);
+    Py_XDECREF(entity);
+    Py_XDECREF(input_text);
+    Py_XDECREF(output_text);
+    Py_XDECREF(graph);
+    Py_XDECREF(tmp);
+    return rc;
+}
+
+static PyObject *reject_message(const Span *sp) {
+    PyObject *name = new_str(sp->name.p, sp->name.n);
+    if (!name) return NULL;
+    PyObject *head = PyUnicode_Substring(name, 0, 60);
+    Py_DECREF(name);
+    if (!head) return NULL;
+    PyObject *r = PyObject_Repr(head);
+    Py_DECREF(head);
+    if (!r) return NULL;
+    PyObject *msg = NULL;
+    switch (sp->reason) {
+    case REASON_TRACE_ID:
+        msg = PyUnicode_FromFormat("span %U: trace_id must be 16 non-zero bytes, got %zd bytes", r, sp->tid.n);
+        break;
+    case REASON_SPAN_ID:
+        msg = PyUnicode_FromFormat("span %U: span_id must be 8 non-zero bytes, got %zd bytes", r, sp->sid.n);
+        break;
+    case REASON_PARENT:
+        msg = PyUnicode_FromFormat("span %U: parent_span_id must be empty or 8 bytes, got %zd bytes", r,
+                                   sp->pid.n);
+        break;
+    case REASON_START_ZERO:
+        msg = PyUnicode_FromFormat("span %U: start_time_unix_nano is 0 (unset)", r);
+        break;
+    case REASON_OVERFLOW:
+        msg = PyUnicode_FromFormat("span %U: timestamp beyond year 2262 (nanoseconds overflow int64)", r);
+        break;
+    default:
+        msg = PyUnicode_FromFormat("span %U: end_time_unix_nano %llu is before start_time_unix_nano %llu", r,
+                                   (unsigned long long)sp->end, (unsigned long long)sp->start);
+    }
+    Py_DECREF(r);
+    return msg;
+}
+
+#define N_OTEL 17
+enum {
+    O_TIMESTAMP,
+    O_TRACE_ID,
+    O_SPAN_ID,
+    O_PARENT,
+    O_TRACE_STATE,
+    O_NAME,
+    O_KIND,
+    O_SERVICE,
+    O_SCOPE_NAME,
+    O_SCOPE_VERSION,
+    O_DURATION,
+    O_STATUS_CODE,
+    O_STATUS_MESSAGE,
+    O_EVENTS,
+    O_LINKS,
+    O_START,
+    O_END
+};
+
+typedef struct {
+    PyObject *otel[N_OTEL];
+    PyObject **coord; /* g_ncoord lists */
+    PyObject *soff, *skeys, *svals, *roff, *rkeys, *rvals, *errors;
+    /* per resource */
+    PyObject **rkey_obj, **rval_obj; /* nrattrs each */
+    PyObject **rmv;                  /* nres * 2: conversation id, session id */
+    PyObject **service;              /* nres */
+    PyObject **scope_obj;            /* nscopes * 2 */
+    PyObject **co;                   /* g_ncoord scratch */
+} Out;
+
+static void out_free(Ctx *c, Out *o) {
+    for (int k = 0; k < N_OTEL; k++) Py_XDECREF(o->otel[k]);
+    if (o->coord) {
+        for (Py_ssize_t k = 0; k < g_ncoord; k++) Py_XDECREF(o->coord[k]);
+        PyMem_Free(o->coord);
+    }
+    Py_XDECREF(o->soff);
+    Py_XDECREF(o->skeys);
+    Py_XDECREF(o->svals);
+    Py_XDECREF(o->roff);
+    Py_XDECREF(o->rkeys);
+    Py_XDECREF(o->rvals);
+    Py_XDECREF(o->errors);
+    if (o->rkey_obj) {
+        for (Py_ssize_t k = 0; k < c->nrattrs; k++) {
+            Py_XDECREF(o->rkey_obj[k]);
+            Py_XDECREF(o->rval_obj[k]);
+        }
+    }
+    if (o->rmv)
+        for (Py_ssize_t k = 0; k < c->nres * 2; k++) Py_XDECREF(o->rmv[k]);
+    if (o->service)
+        for (Py_ssize_t k = 0; k < c->nres; k++) Py_XDECREF(o->service[k]);
+    if (o->scope_obj)
+        for (Py_ssize_t k = 0; k < c->nscopes * 2; k++) Py_XDECREF(o->scope_obj[k]);
+    if (o->co)
+        for (Py_ssize_t k = 0; k < g_ncoord; k++) Py_XDECREF(o->co[k]);
+    PyMem_Free(o->rkey_obj);
+    PyMem_Free(o->rval_obj);
+    PyMem_Free(o->rmv);
+    PyMem_Free(o->service);
+    PyMem_Free(o->scope_obj);
+    PyMem_Free(o->co);
+}
+
+static PyObject **calloc_objs(Py_ssize_t n) {
+    PyObject **p = PyMem_Calloc((size_t)(n ? n : 1), sizeof(PyObject *));
+    if (!p) PyErr_NoMemory();
+    return p;
+}
+
+/* Per resource: its keys and texts, service name, and the values run_id may fall back to. */
+static int build_resources(Ctx *c, Out *o) {
+    if (!(o->rkey_obj = calloc_objs(c->nrattrs)) || !(o->rval_obj = calloc_objs(c->nrattrs)) ||
+        !(o->rmv = calloc_objs(c->nres * 2)) || !(o->service = calloc_objs(c->nres)))
+        return -1;
+    for (Py_ssize_t r = 0; r < c->nres; r++) {
+        const Res *res = &c->res[r];
+        for (Py_ssize_t k = res->a0; k < res->a0 + res->n; k++) {
+            const Attr *a = &c->rattrs[k];
+            PyObject *mv = NULL;
+            int kid = key_lookup(a);
+            int fixed = kid >= 0 ? g_keys[kid].fixed : -1;
+            int want = fixed == FK_SERVICE || fixed == FK_CONV || fixed == FK_SESSION;
+            if (!(o->rkey_obj[k] = cached_str(c, a->key.p, a->key.n, a->h))) return -1;
+            if (attr_values(c, a, &o->rval_obj[k], want ? &mv : NULL) < 0) return -1;
+            if (fixed == FK_SERVICE)
+                Py_XSETREF(o->service[r], mv);
+            else if (fixed == FK_CONV)
+                Py_XSETREF(o->rmv[2 * r], mv);
+            else if (fixed == FK_SESSION)
+                Py_XSETREF(o->rmv[2 * r + 1], mv);
+        }
+        PyObject *svc = o->service[r];
+        if (!(svc && PyUnicode_Check(svc) && PyUnicode_GET_LENGTH(svc) > 0)) {
+            Py_INCREF(S_unknown_service);
+            Py_XSETREF(o->service[r], S_unknown_service);
+        }
+    }
+    return 0;
+}
+
+static inline int set_long(PyObject *list, Py_ssize_t j, PyObject *v) {
+    if (!v) return -1;
+    PyList_SET_ITEM(list, j, v);
+    return 0;
+}
+
+static PyObject *build(Ctx *c) {
+    Out o;
+    memset(&o, 0, sizeof o);
+    PyObject *result = NULL;
+    PyObject *fmv[NFIXED];
+    for (int k = 0; k < NFIXED; k++) fmv[k] = NULL;
+    PyObject *last_tid = NULL, *last_pid = NULL;
+    const uint8_t *last_tid_p = NULL, *last_pid_p = NULL;
+
+    Py_ssize_t n = 0, nspairs = 0, nrpairs = 0, rejected = 0;
+    for (Py_ssize_t s = 0; s < c->nspans; s++) {
+        const Span *sp = &c->spans[s];
+        if (sp->reason) {
+            rejected++;
+            continue;
+        }
+        n++;
+        nspairs += sp->na;
+        nrpairs += c->res[c->scopes[sp->scope].res].n;
+    }
+    for (int k = 0; k < N_OTEL; k++)
+        if (!(o.otel[k] = PyList_New(n))) goto fail;
+    if (!(o.coord = calloc_objs(g_ncoord)) || !(o.co = calloc_objs(g_ncoord))) goto fail;
+    for (Py_ssize_t k = 0; k < g_ncoord; k++)
+        if (!(o.coord[k] = PyList_New(n))) goto fail;
+    if (!(o.soff = PyList_New(n + 1)) || !(o.skeys = PyList_New(nspairs)) || !(o.svals = PyList_New(nspairs)) ||
+        !(o.roff = PyList_New(n + 1)) || !(o.rkeys = PyList_New(nrpairs)) || !(o.rvals = PyList_New(nrpairs)) ||
+        !(o.errors = PyList_New(0)))
+        goto fail;
+    if (build_resources(c, &o) < 0) goto fail;
+    if (!(o.scope_obj = calloc_objs(c->nscopes * 2))) goto fail;
+    for (Py_ssize_t k = 0; k < c->nscopes; k++) {
+        if (!(o.scope_obj[2 * k] = make_text(c, c->scopes[k].name.p, c->scopes[k].name.n))) goto fail;
+        if (!(o.scope_obj[2 * k + 1] = make_text(c, c->scopes[k].version.p, c->scopes[k].version.n))) goto fail;
+    }
+    PyObject *zero = PyLong_FromLong(0);
+    if (!zero) goto fail;
+    PyList_SET_ITEM(o.soff, 0, zero);
+    Py_INCREF(zero);
+    PyList_SET_ITEM(o.roff, 0, zero);
+
+    Py_ssize_t j = 0, sp_pos = 0, rp_pos = 0;
+    for (Py_ssize_t s = 0; s < c->nspans; s++) {
+        const Span *sp = &c->spans[s];
+        if (sp->reason) {
+            PyObject *msg = reject_message(sp);
+            if (!msg) goto fail;
+            int rc = PyList_Append(o.errors, msg);
+            Py_DECREF(msg);
+            if (rc < 0) goto fail;
+            continue;
+        }
+        const Scope *scope = &c->scopes[sp->scope];
+        Py_ssize_t r = scope->res;
+        PyObject *v;
+        /* OTel columns */
+        if (set_long(o.otel[O_TIMESTAMP], j, PyLong_FromUnsignedLongLong(sp->start / 1000)) < 0) goto fail;
+        if (!last_tid || memcmp(last_tid_p, sp->tid.p, 16) != 0) {
+            Py_XDECREF(last_tid);
+            if (!(last_tid = hex_str(sp->tid.p, 16))) goto fail;
+            last_tid_p = sp->tid.p;
+        }
+        Py_INCREF(last_tid);
+        PyList_SET_ITEM(o.otel[O_TRACE_ID], j, last_tid);
+        if (!(v = hex_str(sp->sid.p, 8))) goto fail;
+        PyList_SET_ITEM(o.otel[O_SPAN_ID], j, v);
+        if (sp->pid.n == 0) {
+            v = S_empty;
+            Py_INCREF(v);
+        } else {
+            if (!last_pid || memcmp(last_pid_p, sp->pid.p, 8) != 0) {
+                Py_XDECREF(last_pid);
+                if (!(last_pid = hex_str(sp->pid.p, 8))) goto fail;
+                last_pid_p = sp->pid.p;
+            }
+            v = last_pid;
+            Py_INCREF(v);
+        }
+        PyList_SET_ITEM(o.otel[O_PARENT], j, v);
+        if (sp->tstate.n <= CACHE_MAX_LEN)
+            v = cached_str(c, sp->tstate.p, sp->tstate.n, hash_bytes(sp->tstate.p, sp->tstate.n));
+        else
+            v = new_str(sp->tstate.p, sp->tstate.n); /* trace_state is not truncated */
+        if (!v) goto fail;
+        PyList_SET_ITEM(o.otel[O_TRACE_STATE], j, v);
+        if (!(v = make_text(c, sp->name.p, sp->name.n))) goto fail;
+        PyList_SET_ITEM(o.otel[O_NAME], j, v);
+        v = (sp->kind >= 0 && sp->kind < 6) ? S_kinds[sp->kind] : S_kinds[0];
+        Py_INCREF(v);
+        PyList_SET_ITEM(o.otel[O_KIND], j, v);
+        v = o.service[r];
+        Py_INCREF(v);
+        PyList_SET_ITEM(o.otel[O_SERVICE], j, v);
+        v = o.scope_obj[2 * sp->scope];
+        Py_INCREF(v);
+        PyList_SET_ITEM(o.otel[O_SCOPE_NAME], j, v);
+        v = o.scope_obj[2 * sp->scope + 1];
+        Py_INCREF(v);
+        PyList_SET_ITEM(o.otel[O_SCOPE_VERSION], j, v);
+        if (set_long(o.otel[O_DURATION], j, PyLong_FromUnsignedLongLong(sp->end - sp->start)) < 0) goto fail;
+        v = (sp->code >= 0 && sp->code < 3) ? S_codes[sp->code] : S_codes[0];
+        Py_INCREF(v);
+        PyList_SET_ITEM(o.otel[O_STATUS_CODE], j, v);
+        if (!(v = make_text(c, sp->smsg.p, sp->smsg.n))) goto fail;
+        PyList_SET_ITEM(o.otel[O_STATUS_MESSAGE], j, v);
+        Py_INCREF(S_brackets);
+        PyList_SET_ITEM(o.otel[O_EVENTS], j, S_brackets);
+        Py_INCREF(S_brackets);
+        PyList_SET_ITEM(o.otel[O_LINKS], j, S_brackets);
+        if (set_long(o.otel[O_START], j, PyLong_FromUnsignedLongLong(sp->start)) < 0) goto fail;
+        if (set_long(o.otel[O_END], j, PyLong_FromUnsignedLongLong(sp->end)) < 0) goto fail;
+
+        /* span attributes and the driftscope.* columns */
+        for (Py_ssize_t k = 0; k < sp->na; k++) {
+            const Attr *a = &c->attrs[sp->a0 + k];
+            int kid = key_lookup(a);
+            PyObject *key = cached_str(c, a->key.p, a->key.n, a->h), *map, *mv = NULL;
+            if (!key) goto fail;
+            PyList_SET_ITEM(o.skeys, sp_pos, key);
+            if (attr_values(c, a, &map, kid >= 0 ? &mv : NULL) < 0) goto fail;
+            PyList_SET_ITEM(o.svals, sp_pos, map);
+            sp_pos++;
+            if (kid < 0) continue;
+            const KeyEnt *e = &g_keys[kid];
+            if (e->ds_col >= 0 && mv != Py_None) {
+                PyObject *cv = coerce(e->ds_kind, mv);
+                if (!cv) {
+                    Py_DECREF(mv);
+                    goto fail;
+                }
+                set_col(o.co, e->ds_col, cv);
+            }
+            if (e->fixed >= 0)
+                Py_XSETREF(fmv[e->fixed], mv);
+            else
+                Py_DECREF(mv);
+        }
+        if (set_long(o.soff, j + 1, PyLong_FromSsize_t(sp_pos)) < 0) goto fail;
+        /* resource attributes, repeated per span */
+        const Res *res = &c->res[r];
+        for (Py_ssize_t k = res->a0; k < res->a0 + res->n; k++) {
+            Py_INCREF(o.rkey_obj[k]);
+            PyList_SET_ITEM(o.rkeys, rp_pos, o.rkey_obj[k]);
+            Py_INCREF(o.rval_obj[k]);
+            PyList_SET_ITEM(o.rvals, rp_pos, o.rval_obj[k]);
+            rp_pos++;
+        }
+        if (set_long(o.roff, j + 1, PyLong_FromSsize_t(rp_pos)) < 0) goto fail;
+
+        if (map_fixed(o.co, fmv, o.rmv + 2 * r) < 0) goto fail;
+        if (!o.co[g_oc[OC_RUN_ID]]) {
+            Py_INCREF(last_tid);
+            o.co[g_oc[OC_RUN_ID]] = last_tid;
+        }
+        for (Py_ssize_t k = 0; k < g_ncoord; k++) {
+            v = o.co[k] ? o.co[k] : Py_None;
+            if (!o.co[k]) Py_INCREF(v);
+            o.co[k] = NULL;
+            PyList_SET_ITEM(o.coord[k], j, v);
+        }
+        for (int k = 0; k < NFIXED; k++) Py_CLEAR(fmv[k]);
+        j++;
+    }
+
+    {
+        PyObject *otel = PyTuple_New(N_OTEL), *coord = PyTuple_New(g_ncoord);
+        if (!otel || !coord) {
+            Py_XDECREF(otel);
+            Py_XDECREF(coord);
+            goto fail;
+        }
+        for (int k = 0; k < N_OTEL; k++) {
+            PyTuple_SET_ITEM(otel, k, o.otel[k]);
+            o.otel[k] = NULL;
+        }
+        for (Py_ssize_t k = 0; k < g_ncoord; k++) {
+            PyTuple_SET_ITEM(coord, k, o.coord[k]);
+            o.coord[k] = NULL;
+        }
+        result = Py_BuildValue("(NN(OOO)(OOO)nnO)", otel, coord, o.soff, o.skeys, o.svals, o.roff, o.rkeys,
+                               o.rvals, n, rejected, o.errors);
+    }
+fail:
+    for (int k = 0; k < NFIXED; k++) Py_XDECREF(fmv[k]);
+    Py_XDECREF(last_tid);
+    Py_XDECREF(last_pid);
+    out_free(c, &o);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Module functions                                                                           */
+/* ------------------------------------------------------------------------------------------ */
+
+static void ctx_free(Ctx *c) {
+    PyMem_RawFree(c->attrs);
+    PyMem_RawFree(c->rattrs);
+    PyMem_RawFree(c->items);
+    PyMem_RawFree(c->spans);
+    PyMem_RawFree(c->scopes);
+    PyMem_RawFree(c->res);
+    if (c->cache) {
+        for (Py_ssize_t k = 0; k < CACHE_SIZE; k++) Py_XDECREF(c->cache[k].s);
+        PyMem_Free(c->cache);
+    }
+    PyMem_Free(c->buf);
+}
+
+static PyObject *decode(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *payload;
+    Py_ssize_t max_bytes, max_items;
+    if (!PyArg_ParseTuple(args, "O!nn:decode", &PyBytes_Type, &payload, &max_bytes, &max_items)) return NULL;
+    if (!g_configured) {
+        PyErr_SetString(PyExc_RuntimeError, "collector._otlpfast.configure() has not been called");
+        return NULL;
+    }
+    if (max_bytes < 0 || max_items < 0) {
+        PyErr_SetString(PyExc_ValueError, "limits must not be negative");
+        return NULL;
+    }
+    Ctx c;
+    memset(&c, 0, sizeof c);
+    c.max_bytes = max_bytes;
+    c.max_items = max_items;
+    const uint8_t *data = (const uint8_t *)PyBytes_AS_STRING(payload);
+    Py_ssize_t n = PyBytes_GET_SIZE(payload);
+    int rc;
+    if (n >= INT32_MAX) {
+        rc = FALLBACK;
+    } else {
+        /* `payload` is an immutable bytes object we hold a reference to. */
+        Py_BEGIN_ALLOW_THREADS
+        rc = parse_request(&c, data, n);
+        Py_END_ALLOW_THREADS
+    }
+    PyObject *result = NULL;
+    if (rc == NOMEM) {
+        PyErr_NoMemory();
+    } else if (rc == FALLBACK) {
+        result = Py_None;
+        Py_INCREF(result);
+    } else {
+        c.cache = PyMem_Calloc(CACHE_SIZE, sizeof(CacheEnt));
+        if (!c.cache)
+            PyErr_NoMemory();
+        else
+            result = build(&c);
+    }
+    ctx_free(&c);
+    return result;
+}
+
+static void clear_config(void) {
+    for (int k = 0; k < KEY_TABLE_SIZE; k++) {
+        PyMem_Free(g_keys[k].p);
+        memset(&g_keys[k], 0, sizeof(KeyEnt));
+    }
+    Py_CLEAR(g_text);
+    Py_CLEAR(g_int);
+    Py_CLEAR(g_bool);
+    Py_CLEAR(g_str_list);
+    Py_CLEAR(g_langgraph);
+    Py_CLEAR(g_genai_family);
+    Py_CLEAR(g_oi_family);
+    Py_CLEAR(g_tl_family);
+    Py_CLEAR(g_family_op);
+    g_configured = 0;
+    g_ncoord = 0;
+}
+
+/* The key table entry for key (created if absent); -1 with an exception on failure. */
+static int key_entry(const char *key, Py_ssize_t n) {
+    uint64_t h = hash_bytes((const uint8_t *)key, n);
+    size_t slot = (size_t)h & (KEY_TABLE_SIZE - 1);
+    for (int probes = 0; probes < KEY_TABLE_SIZE / 2; probes++) {
+        KeyEnt *e = &g_keys[slot];
+        if (!e->p) {
+            e->p = PyMem_Malloc((size_t)(n ? n : 1));
+            if (!e->p) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            memcpy(e->p, key, (size_t)n);
+            e->n = n;
+            e->h = h;
+            e->fixed = -1;
+            e->ds_col = -1;
+            return (int)slot;
+        }
+        if (e->h == h && e->n == n && memcmp(e->p, key, (size_t)n) == 0) return (int)slot;
+        slot = (slot + 1) & (KEY_TABLE_SIZE - 1);
+    }
+    PyErr_SetString(PyExc_ValueError, "too many attribute keys for the fast decoder's key table");
+    return -1;
+}
+
+static PyObject *configure(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    static char *kwlist[] = {"fields",       "columns",       "list_columns", "int_columns",
+                             "bool_columns", "text",          "to_int",       "to_bool",
+                             "str_list",     "langgraph_node", "genai_family", "openinference_family",
+                             "traceloop_family", "family_operation", NULL};
+    PyObject *fields, *columns, *list_cols, *int_cols, *bool_cols, *text, *to_int, *to_bool, *str_list, *lg;
+    PyObject *genai, *oi, *tl, *fop;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OOOOOOOOO!O!O!O!:configure", kwlist, &PyDict_Type,
+                                     &fields, &PyTuple_Type, &columns, &list_cols, &int_cols, &bool_cols, &text,
+                                     &to_int, &to_bool, &str_list, &lg, &PyDict_Type, &genai, &PyDict_Type, &oi,
+                                     &PyDict_Type, &tl, &PyDict_Type, &fop))
+        return NULL;
+    clear_config();
+    Py_ssize_t ncols = PyTuple_GET_SIZE(columns);
+    for (int k = 0; k < NOC; k++) {
+        g_oc[k] = -1;
+        for (Py_ssize_t i = 0; i < ncols; i++) {
+            PyObject *name = PyTuple_GET_ITEM(columns, i);
+            if (PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, OC_NAMES[k]) == 0) g_oc[k] = (int)i;
+        }
+        if (g_oc[k] < 0) {
+            PyErr_Format(PyExc_ValueError, "coordination columns lack %s", OC_NAMES[k]);
+            goto fail;
+        }
+    }
+    for (int k = 0; k < NFIXED; k++) {
+        int slot = key_entry(FIXED_KEYS[k], (Py_ssize_t)strlen(FIXED_KEYS[k]));
+        if (slot < 0) goto fail;
+        g_keys[slot].fixed = k;
+    }
+    PyObject *key, *col;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(fields, &pos, &key, &col)) {
+        Py_ssize_t n, ci = -1;
+        if (!PyUnicode_Check(key) || !PyUnicode_Check(col)) {
+            PyErr_SetString(PyExc_TypeError, "fields must map str to str");
+            goto fail;
+        }
+        const char *k8 = PyUnicode_AsUTF8AndSize(key, &n);
+        if (!k8) goto fail;
+        for (Py_ssize_t i = 0; i < ncols; i++) {
+            int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(columns, i), col, Py_EQ);
+            if (eq < 0) goto fail;
+            if (eq) ci = i;
+        }
+        if (ci < 0) {
+            PyErr_Format(PyExc_ValueError, "field %R maps to %R, which is not a coordination column", key, col);
+            goto fail;
+        }
+        for (int k = 0; k < KEY_TABLE_SIZE; k++) {
+            if (g_keys[k].p && g_keys[k].ds_col == ci) {
+                PyErr_Format(PyExc_ValueError, "two driftscope fields map to column %R", col);
+                goto fail;
+            }
+        }
+        int slot = key_entry(k8, n);
+        if (slot < 0) goto fail;
+        int in_list = PySequence_Contains(list_cols, col), in_int = PySequence_Contains(int_cols, col),
+            in_bool = PySequence_Contains(bool_cols, col);
+        if (in_list < 0 || in_int < 0 || in_bool < 0) goto fail;
+        g_keys[slot].ds_col = (int)ci;
+        g_keys[slot].ds_kind = in_list ? CK_LIST : in_int ? CK_INT : in_bool ? CK_BOOL : CK_TEXT;
+    }
+    g_ncoord = ncols;
+    Py_INCREF(text);
+    g_text = text;
+    Py_INCREF(to_int);
+    g_int = to_int;
+    Py_INCREF(to_bool);
+    g_bool = to_bool;
+    Py_INCREF(str_list);
+    g_str_list = str_list;
+    Py_INCREF(lg);
+    g_langgraph = lg;
+    Py_INCREF(genai);
+    g_genai_family = genai;
+    Py_INCREF(oi);
+    g_oi_family = oi;
+    Py_INCREF(tl);
+    g_tl_family = tl;
+    Py_INCREF(fop);
+    g_family_op = fop;
+    g_configured = 1;
+    Py_RETURN_NONE;
+fail:
+    clear_config();
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
+     "configure(fields, columns, list_columns, int_columns, bool_columns, text, to_int, to_bool, str_list, "
+     "langgraph_node, genai_family, openinference_family, traceloop_family, family_operation)\n"
+     "Load the convention tables of collector.conventions (called once by collector.fastdecode)."},
+    {"decode", decode, METH_VARARGS,
+     "decode(payload: bytes, max_attribute_bytes: int, max_array_items: int) -> tuple | None\n"
+     "Decode an ExportTraceServiceRequest; None when the Python path must decode it."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "_otlpfast", "Compiled fast path for OTLP protobuf trace requests.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+static PyObject *intern(const char *s) { return PyUnicode_InternFromString(s); }
+
+PyMODINIT_FUNC PyInit__otlpfast(void) {
+    static const char *kinds[6] = {"Unspecified", "Internal", "Server", "Client", "Producer", "Consumer"};
+    static const char *codes[3] = {"Unset", "Ok", "Error"};
+    if (!(S_empty = intern("")) || !(S_tool = intern("tool")) || !(S_other = intern("other")) ||
+        !(S_attribute = intern("attribute")) || !(S_brackets = intern("[]")) || !(S_true = intern("true")) ||
+        !(S_false = intern("false")) || !(S_unknown_service = intern("unknown_service")) ||
+        !(S_upper = intern("upper")) || !(S_lower = intern("lower")))
+        return NULL;
+    for (int k = 0; k < 6; k++)
+        if (!(S_kinds[k] = intern(kinds[k]))) return NULL;
+    for (int k = 0; k < 3; k++)
+        if (!(S_codes[k] = intern(codes[k]))) return NULL;
+    return PyModule_Create(&moduledef);
+}

@@ -1,0 +1,138 @@
+"""A compiled fast path for OTLP/HTTP protobuf trace requests (``collector._otlpfast``).
+
+``decode_fast(payload, limits)`` parses the protobuf wire format of an
+``ExportTraceServiceRequest`` in C and returns the same rows as
+``collector.decode.decode_export_request(parse_protobuf(payload), limits)``, including the
+convention mapping of ``collector.conventions.map_coordination``, or ``None`` when the request
+must go through the Python path (the caller then decodes the *whole* request there).
+
+What it handles: every field of the OTLP trace protos (unknown fields of any wire type, groups
+included, are skipped as upb skips them; repeated occurrences of a message field merge as upb
+merges them); attribute values that are strings, ints, bools, doubles, bytes, unset, or arrays
+whose items are all strings; strings longer than ``limits.max_attribute_bytes`` (cut as
+``_truncate`` cuts them) or holding NUL; arrays longer than ``limits.max_array_items``; spans
+rejected by ``_check_span`` (same messages), whatever else they carry.
+
+It returns ``None`` (fall back) when:
+
+- the payload is not a valid protobuf ``ExportTraceServiceRequest`` as upb parses it (malformed
+  varint, tag, length or group; invalid UTF-8 in any string field), or is 2 GiB or larger;
+- an accepted span has events or links;
+- an attribute of an accepted span or of any resource is a ``kvlist_value``, or an array with an
+  item that is not a string;
+- two attributes of an accepted span (or of one resource) have the same key, or a key is longer
+  than ``limits.max_attribute_bytes`` bytes or contains NUL;
+- ``AnyValue`` nesting anywhere is deeper than 16 levels or unknown groups nest deeper than 16;
+- ``limits.max_depth`` is below 1 or a limit is negative;
+- the extension is not built (``AVAILABLE`` is False).
+
+The driftscope.* key -> column table, the column kinds, the family tables and the value coercions
+come from ``collector.conventions`` when this module is imported, so a field added there needs no
+C change; ``map_coordination``'s own logic (precedence of keys, fallbacks) is ported to C and kept
+equal to the Python one by tests/test_fastdecode.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from collector import conventions
+
+if TYPE_CHECKING:
+    from collector.decode import DecodeLimits
+
+logger = logging.getLogger(__name__)
+
+try:
+    from collector import _otlpfast
+except ImportError as exc:  # a source checkout without `setup.py build_ext --inplace`
+    _otlpfast = None
+    logger.info("collector._otlpfast is not built (%s); OTLP protobuf decoding uses the Python path", exc)
+
+AVAILABLE = _otlpfast is not None
+
+# collector.decode.OTEL_COLUMNS without the two attribute columns, in table order (not imported
+# from collector.decode so that decode.py can import this module).
+OTEL_OUTPUT_COLUMNS = (
+    "Timestamp",
+    "TraceId",
+    "SpanId",
+    "ParentSpanId",
+    "TraceState",
+    "SpanName",
+    "SpanKind",
+    "ServiceName",
+    "ScopeName",
+    "ScopeVersion",
+    "Duration",
+    "StatusCode",
+    "StatusMessage",
+    "Events",
+    "Links",
+    "start_ns",
+    "end_ns",
+)
+_MAX_LIMIT = 2**62
+
+AttributeTriple = tuple[list[int], list[str], list[str]]
+
+
+@dataclass
+class FastResult:
+    """Rows of one request, column-wise (see the module docstring for what equals what).
+
+    ``columns`` has one list per name of ``collector.decode.SPAN_COLUMNS`` except
+    SpanAttributes, ResourceAttributes and ingested_at ("Timestamp" holds ``start_ns // 1000``);
+    ``span_attributes`` / ``resource_attributes`` are ``(offsets, keys, values)``: span i's
+    pairs are ``keys[offsets[i]:offsets[i + 1]]`` with the values at the same positions.
+    """
+
+    columns: dict[str, list]
+    span_attributes: AttributeTriple
+    resource_attributes: AttributeTriple
+    accepted: int
+    rejected: int
+    errors: list[str]
+
+
+def _configure() -> None:
+    _otlpfast.configure(
+        fields=dict(conventions._DRIFTSCOPE_FIELDS),
+        columns=tuple(conventions.COORDINATION_COLUMNS),
+        list_columns=frozenset(conventions.LIST_COLUMNS),
+        int_columns=frozenset(conventions.INT_COLUMNS),
+        bool_columns=frozenset(conventions.BOOL_COLUMNS),
+        text=conventions._text,
+        to_int=conventions._int,
+        to_bool=conventions._bool,
+        str_list=conventions._str_list,
+        langgraph_node=conventions._langgraph_node,
+        genai_family=dict(conventions._GENAI_FAMILY),
+        openinference_family=dict(conventions._OPENINFERENCE_FAMILY),
+        traceloop_family=dict(conventions._TRACELOOP_FAMILY),
+        family_operation=dict(conventions._FAMILY_OPERATION),
+    )
+
+
+if AVAILABLE:
+    _configure()
+
+
+def decode_fast(payload: bytes, limits: DecodeLimits) -> FastResult | None:
+    """Decode a binary ``ExportTraceServiceRequest``, or None when the Python path must do it."""
+    if _otlpfast is None:
+        return None
+    max_bytes, max_items = limits.max_attribute_bytes, limits.max_array_items
+    if not (0 <= max_bytes <= _MAX_LIMIT and 0 <= max_items <= _MAX_LIMIT and limits.max_depth >= 1):
+        return None
+    if type(payload) is not bytes:
+        payload = bytes(payload)
+    out = _otlpfast.decode(payload, max_bytes, max_items)
+    if out is None:
+        return None
+    otel, coordination, span_attributes, resource_attributes, accepted, rejected, errors = out
+    columns = dict(zip(OTEL_OUTPUT_COLUMNS, otel, strict=True))
+    columns.update(zip(conventions.COORDINATION_COLUMNS, coordination, strict=True))
+    return FastResult(columns, span_attributes, resource_attributes, accepted, rejected, errors)
