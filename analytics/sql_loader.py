@@ -1,8 +1,10 @@
 """Load detector SQL from ``analytics/sql`` and run it with parameters only.
 
 A detector file may contain the placeholder ``{filtered_spans}``; it is replaced by the shared
-fragment ``_filtered_spans.sql`` (the window/service/run/origin-task filter), so every detector
-filters the same way (``{constraint_cells}`` likewise expands ``_constraint_cells.sql``). Values never enter SQL text: they are bound as DuckDB named parameters
+fragment ``_filtered_spans.sql`` (every column of the spans passing the window/service/run/
+origin-task filter), so every detector filters the same way. ``{span_filter}`` expands to that
+filter's WHERE condition alone (``_span_filter.sql``), for detectors that select only the columns
+they need; ``{constraint_cells}`` and ``{held_versions}`` expand their fragments likewise. Values never enter SQL text: they are bound as DuckDB named parameters
 (``$since``, ``$agent``, ...), and only the parameters a statement mentions are passed.
 """
 
@@ -33,10 +35,13 @@ def load_sql(name: str) -> str:
         raise ValueError(f"Expected a metric SQL name like 'lost_updates', got {name!r}")
     text = _read(name)
     # Fragments may include fragments; expand until none is left (fragments never recurse).
-    for fragment in ("constraint_cells", "held_versions", "filtered_spans"):
+    for fragment in ("constraint_cells", "held_versions", "filtered_spans", "span_filter"):
         placeholder = "{" + fragment + "}"
         if placeholder in text:
-            text = text.replace(placeholder, _read("_" + fragment))
+            body = _read("_" + fragment)
+            if fragment == "span_filter":  # a condition: parenthesised, on its own lines
+                body = "(\n" + body.strip() + "\n)"
+            text = text.replace(placeholder, body)
     return text
 
 

@@ -1,13 +1,6 @@
--- Shared filter fragment: spans in the window, of the service and run asked for, and (for an
--- origin-task filter) of the runs that worked on that origin task. The agent filter is applied
--- by each detector to its findings, because most findings involve several agents.
--- $ingested_after (internal, None for detectors) lets the embedding worker look at new spans only.
+-- Shared filter fragment: every column of the `spans` rows that pass the shared filter
+-- (_span_filter.sql: window, service, run, origin task). Detectors that need only a few columns
+-- use the span_filter placeholder directly instead, so no MAP/list column is carried through their CTEs.
 SELECT *
 FROM spans
-WHERE ($since::TIMESTAMP IS NULL OR Timestamp >= $since::TIMESTAMP)
-  AND ($until::TIMESTAMP IS NULL OR Timestamp < $until::TIMESTAMP)
-  AND ($service::VARCHAR IS NULL OR ServiceName = $service::VARCHAR)
-  AND ($run::VARCHAR IS NULL OR run_id = $run::VARCHAR)
-  AND ($origin_task::VARCHAR IS NULL
-       OR run_id IN (SELECT run_id FROM spans WHERE origin_task_id = $origin_task::VARCHAR))
-  AND ($ingested_after::TIMESTAMP IS NULL OR ingested_at >= $ingested_after::TIMESTAMP)
+WHERE {span_filter}
