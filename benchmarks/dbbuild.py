@@ -40,8 +40,8 @@ def _select_copy(base_minutes: int) -> str:
             exprs.append(f"replace({name}, '{_MARK}', printf('%016x', k)) AS {name}")
         elif name == "SpanAttributes":
             exprs.append(
-                "map_from_entries(list_transform(map_entries(SpanAttributes), "
-                f"lambda e: {{'key': e.key, 'value': replace(e.value, '{_MARK}', printf('%016x', k))}})) "
+                "list_transform(SpanAttributes, "
+                f"lambda e: {{'key': e.key, 'value': replace(e.value, '{_MARK}', printf('%016x', k))}}) "
                 "AS SpanAttributes"
             )
         elif name == "Timestamp":

@@ -51,6 +51,9 @@ COORDINATION_COLUMNS = (
     "budget_max_steps",
     "idempotency_key",
     "side_effect",
+    "guard",
+    "policy_current_version",
+    "scenario",
 )
 
 LIST_COLUMNS = frozenset(
@@ -92,6 +95,9 @@ _DRIFTSCOPE_FIELDS = {
     "driftscope.budget.max_steps": "budget_max_steps",
     "driftscope.idempotency_key": "idempotency_key",
     "driftscope.side_effect": "side_effect",
+    "driftscope.guard": "guard",
+    "driftscope.policy.current_version": "policy_current_version",
+    "driftscope.scenario": "scenario",
 }
 
 _OPENINFERENCE_FAMILY = {

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import pyarrow as pa
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError as _ProtoDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -52,6 +53,33 @@ OTEL_COLUMNS = (
     "end_ns",
 )
 SPAN_COLUMNS = OTEL_COLUMNS + COORDINATION_COLUMNS + ("ingested_at",)
+ATTRIBUTE_COLUMNS = ("ResourceAttributes", "SpanAttributes")
+
+# Arrow types of the `spans` columns (VARCHAR unless listed); attribute lists are
+# STRUCT(key, value)[] in DuckDB (collector/migrations/0003_attribute_lists.sql).
+KEY_VALUE = pa.struct([("key", pa.string()), ("value", pa.string())])
+_STR_LIST = pa.list_(pa.string())
+_TYPES = {
+    "Timestamp": pa.timestamp("us"),
+    "ResourceAttributes": pa.list_(KEY_VALUE),
+    "SpanAttributes": pa.list_(KEY_VALUE),
+    "Duration": pa.int64(),
+    "start_ns": pa.int64(),
+    "end_ns": pa.int64(),
+    "hop": pa.int32(),
+    "step": pa.int32(),
+    "budget_max_steps": pa.int32(),
+    "objective_superseded": pa.bool_(),
+    "side_effect": pa.bool_(),
+    "constraints_ledger": _STR_LIST,
+    "constraints_carried": _STR_LIST,
+    "constraints_waived": _STR_LIST,
+    "waiver_reasons": _STR_LIST,
+    "acceptance_constraint_ids": _STR_LIST,
+    "ingested_at": pa.timestamp("us"),
+}
+SPAN_SCHEMA = pa.schema([(name, _TYPES.get(name, pa.string())) for name in SPAN_COLUMNS])
+EMPTY_TABLE = SPAN_SCHEMA.empty_table()
 
 _MAX_NS = 2**63 - 1
 _ZERO_TRACE = b"\x00" * 16
@@ -76,13 +104,24 @@ class DecodeLimits:
 
 @dataclass
 class DecodedBatch:
-    """Rows of one request, column-wise, plus what was rejected and why."""
+    """Rows of one request as an Arrow table with the `spans` schema, plus what was rejected
+    and why. The table is built by the decoder (on the receiving thread), so the writer thread
+    only concatenates and inserts."""
 
-    columns: dict[str, list] = field(default_factory=lambda: {c: [] for c in SPAN_COLUMNS})
+    table: pa.Table = field(default_factory=SPAN_SCHEMA.empty_table)
     accepted: int = 0
     rejected: int = 0
     errors: list[str] = field(default_factory=list)
     payload_bytes: int = 0
+
+    @property
+    def columns(self) -> dict[str, list]:
+        """The rows column-wise as Python values (for tests and diagnostics; attribute lists
+        come back as lists of (key, value) tuples)."""
+        out = {name: self.table.column(name).to_pylist() for name in SPAN_COLUMNS}
+        for name in ATTRIBUTE_COLUMNS:
+            out[name] = [[(e["key"], e["value"]) for e in entries] for entries in out[name]]
+        return out
 
     @property
     def error_message(self) -> str:
@@ -386,17 +425,53 @@ def decode_export_request(
                     mapped["run_id"] = trace_hex
                 coordination_rows.append(coordination_values(mapped))
     if otel_rows:
-        cols = batch.columns
+        cols: dict[str, Any] = {}
         for name, values in zip(OTEL_COLUMNS, zip(*otel_rows, strict=True), strict=True):
-            cols[name] = list(values)
+            cols[name] = values
         for name, values in zip(COORDINATION_COLUMNS, zip(*coordination_rows, strict=True), strict=True):
-            cols[name] = list(values)
-        cols["ingested_at"] = [ingested_at] * len(otel_rows)
+            cols[name] = values
+        for name in ATTRIBUTE_COLUMNS:
+            cols[name] = flatten_pairs(cols[name])
+        batch.table = build_table(cols, len(otel_rows), ingested_at)
         batch.accepted = len(otel_rows)
     if id_errors:
         # JSON ids that were not hex fail the length check above; say the real cause first.
         batch.errors = id_errors + batch.errors
     return batch
+
+
+def flatten_pairs(per_row: Any) -> tuple[list[int], list[str], list[str]]:
+    """Lists of (key, value) pairs per row -> (offsets, keys, values), as Arrow lists want."""
+    offsets = [0]
+    total = 0
+    keys: list[str] = []
+    values: list[str] = []
+    for pairs in per_row:
+        total += len(pairs)
+        offsets.append(total)
+        for key, value in pairs:
+            keys.append(key)
+            values.append(value)
+    return offsets, keys, values
+
+
+def build_table(columns: dict[str, Any], rows: int, ingested_at: datetime) -> pa.Table:
+    """An Arrow table with the `spans` schema from column values: a sequence per column, and
+    for the attribute columns an (offsets, keys, values) triple (``flatten_pairs``)."""
+    arrays = []
+    for f in SPAN_SCHEMA:
+        name = f.name
+        if name == "ingested_at":
+            arrays.append(pa.array([ingested_at], type=f.type).take(pa.array([0] * rows, type=pa.int32())))
+        elif name in ATTRIBUTE_COLUMNS:
+            offsets, keys, values = columns[name]
+            entries = pa.StructArray.from_arrays(
+                [pa.array(keys, type=pa.string()), pa.array(values, type=pa.string())], fields=list(KEY_VALUE)
+            )
+            arrays.append(pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), entries, type=f.type))
+        else:
+            arrays.append(pa.array(columns[name], type=f.type))
+    return pa.Table.from_arrays(arrays, schema=SPAN_SCHEMA)
 
 
 def decode_payload(

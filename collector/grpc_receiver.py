@@ -1,7 +1,10 @@
 """OTLP/gRPC receiver: ``TraceService/Export`` (gzip handled by grpcio).
 
-Decodes into the same ``DecodedBatch`` as the HTTP receiver and submits to the same queue; it
-waits for the commit before answering.
+The method is registered with a pass-through request deserializer, so the handler gets the
+request bytes and decodes them exactly as the HTTP receiver does (``decode_payload``, with its
+compiled fast path) into the same ``DecodedBatch``, submitted to the same queue; it waits for the
+commit before answering. A body that is not an ``ExportTraceServiceRequest`` gets
+INVALID_ARGUMENT with the reason.
 """
 
 from __future__ import annotations
@@ -12,10 +15,10 @@ from concurrent import futures
 import grpc
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from collector.auth import token_matches
-from collector.decode import decode_export_request
+from collector.decode import PROTOBUF, DecodeError, decode_payload
 from collector.http_receiver import ReceiverConfig
 from collector.stats import IngestStats
 from collector.writer import IngestQueue, QueueFullError, ShuttingDownError, StoreUnavailableError
@@ -36,7 +39,10 @@ def _retry_metadata(seconds: int, message: str) -> tuple[tuple[str, bytes], ...]
     )
 
 
-class TraceServiceReceiver(trace_service_pb2_grpc.TraceServiceServicer):
+_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+
+
+class TraceServiceReceiver:
     """Implements ``opentelemetry.proto.collector.trace.v1.TraceService``."""
 
     def __init__(self, queue: IngestQueue, config: ReceiverConfig, stats: IngestStats) -> None:
@@ -44,15 +50,18 @@ class TraceServiceReceiver(trace_service_pb2_grpc.TraceServiceServicer):
         self.config = config
         self.stats = stats
 
-    def Export(self, request, context):  # noqa: N802 - name fixed by the protocol
+    def Export(self, request: bytes, context):  # noqa: N802 - name fixed by the protocol
         metadata = dict(context.invocation_metadata())
         if not token_matches(metadata.get("authorization"), self.config.token):
             self.stats.add("grpc_unauthenticated")
             context.abort(
                 grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token (authorization metadata)"
             )
-        batch = decode_export_request(request, self.config.limits)
-        batch.payload_bytes = request.ByteSize()
+        try:
+            batch = decode_payload(request, PROTOBUF, self.config.limits)
+        except DecodeError as exc:
+            self.stats.add("grpc_bad_requests")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         if batch.accepted:
             try:
                 future = self.queue.submit(batch)
@@ -90,9 +99,13 @@ def start_grpc_server(
             ("grpc.max_send_message_length", 4 * 1024 * 1024),
         ],
     )
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(
-        TraceServiceReceiver(queue, config, stats), server
+    receiver = TraceServiceReceiver(queue, config, stats)
+    handler = grpc.unary_unary_rpc_method_handler(
+        receiver.Export,
+        request_deserializer=None,  # the handler decodes the raw bytes itself
+        response_serializer=trace_service_pb2.ExportTraceServiceResponse.SerializeToString,
     )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, {"Export": handler}),))
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     bound = server.add_insecure_port(address)
     if bound == 0:

@@ -8,38 +8,20 @@ from __future__ import annotations
 
 import logging
 import os
+from datetime import datetime
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from collector.decode import SPAN_COLUMNS, DecodedBatch
+from collector.decode import SPAN_SCHEMA, DecodedBatch
 from collector.migrations_runner import apply_migrations
 
 logger = logging.getLogger(__name__)
 
-_STR_MAP = pa.map_(pa.string(), pa.string())
-_STR_LIST = pa.list_(pa.string())
-_TYPES = {
-    "Timestamp": pa.timestamp("us"),
-    "ResourceAttributes": _STR_MAP,
-    "SpanAttributes": _STR_MAP,
-    "Duration": pa.int64(),
-    "start_ns": pa.int64(),
-    "end_ns": pa.int64(),
-    "hop": pa.int32(),
-    "step": pa.int32(),
-    "budget_max_steps": pa.int32(),
-    "objective_superseded": pa.bool_(),
-    "side_effect": pa.bool_(),
-    "constraints_ledger": _STR_LIST,
-    "constraints_carried": _STR_LIST,
-    "constraints_waived": _STR_LIST,
-    "waiver_reasons": _STR_LIST,
-    "acceptance_constraint_ids": _STR_LIST,
-    "ingested_at": pa.timestamp("us"),
-}
-SPAN_SCHEMA = pa.schema([(name, _TYPES.get(name, pa.string())) for name in SPAN_COLUMNS])
+
+CHECKPOINT_THRESHOLD = "256MB"
 
 
 class StoreLockedError(RuntimeError):
@@ -66,27 +48,65 @@ def open_store(path: str | os.PathLike, read_only: bool = False) -> duckdb.DuckD
         raise
     if not read_only:
         apply_migrations(conn)
+        # DuckDB checkpoints (compresses the WAL into the file) inside the COMMIT that takes the
+        # WAL past this size. At the default 16 MB that is every ~80k spans, and those small
+        # checkpoints cost more than the inserts themselves; at 256 MB they are ~16x rarer and
+        # each is cheaper per row. The writer also checkpoints whenever ingest goes idle.
+        conn.execute(f"SET checkpoint_threshold = '{CHECKPOINT_THRESHOLD}'")
     return conn
 
 
 def batch_to_arrow(batches: list[DecodedBatch]) -> pa.Table:
     """Concatenate decoded batches into one Arrow table with the `spans` schema."""
-    arrays = []
-    for field in SPAN_SCHEMA:
-        values: list = []
-        for batch in batches:
-            values.extend(batch.columns[field.name])
-        arrays.append(pa.array(values, type=field.type))
-    return pa.Table.from_arrays(arrays, schema=SPAN_SCHEMA)
+    tables = [batch.table for batch in batches if batch.table.num_rows]
+    if not tables:
+        return SPAN_SCHEMA.empty_table()
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
 
 # The spans of the traces a commit touches, read from `spans` in one scan; the ancestor walks
 # below then join this small table instead of scanning `spans` once per step of the recursion.
+# `ingested_at >= $since` lets the scan skip every row group older than the touched traces'
+# first stored span (row-group min/max), so its cost follows recent traffic, not table size.
 _TREE_SQL = """
 CREATE OR REPLACE TEMP TABLE _tree AS
 SELECT rowid AS rid, TraceId, SpanId, ParentSpanId, agent_id, agent_name, run_id
-FROM spans WHERE TraceId IN (SELECT TraceId FROM _incoming)
+FROM spans WHERE ingested_at >= $since AND TraceId IN (SELECT TraceId FROM _incoming)
 """
+
+
+class TraceIndex:
+    """When each stored trace's earliest span was ingested, for the one process writing a file.
+
+    A commit's ancestor walk must see the earlier spans of the traces it touches; knowing the
+    earliest ``ingested_at`` of those traces bounds the scan to the recent part of `spans`
+    (traces seen for the first time need no scan of older rows at all). Loaded once from the
+    file (one entry per trace: ~150 bytes of memory per stored trace), then kept current by
+    ``insert_batches``. Entries of traces that retention deleted stay until the next start; they
+    only make a bound looser, never wrong.
+    """
+
+    def __init__(self, conn: duckdb.DuckDBPyConnection) -> None:
+        self._first: dict[str, object] = dict(
+            conn.execute("SELECT TraceId, min(ingested_at) FROM spans GROUP BY TraceId").fetchall()
+        )
+
+    def __len__(self) -> int:
+        return len(self._first)
+
+    def since(self, conn: duckdb.DuckDBPyConnection) -> object:
+        """The lower bound on ``ingested_at`` for the traces in ``_incoming``."""
+        incoming = conn.execute("SELECT TraceId, min(ingested_at) FROM _incoming GROUP BY TraceId").fetchall()
+        first = self._first
+        bound = None
+        for trace, at in incoming:
+            known = first.get(trace)
+            if known is None or at < known:
+                first[trace] = known = at
+            if bound is None or known < bound:
+                bound = known
+        return bound
+
 
 _TREE_NEEDS_WORK_SQL = """
 SELECT count(*) FILTER (WHERE agent_id IS NULL), count(*) FILTER (WHERE run_id = TraceId)
@@ -137,14 +157,11 @@ FROM found WHERE spans.rowid = found.rid
 
 def _first_copies(batches: list[DecodedBatch], table: pa.Table) -> pa.Table:
     """``table`` without repeated TraceId + SpanId rows (the first copy wins)."""
-    keys = [
-        key
-        for batch in batches
-        for key in zip(batch.columns["TraceId"], batch.columns["SpanId"], strict=True)
-    ]
-    if len(set(keys)) == len(keys):
+    joined = pc.binary_join_element_wise(table.column("TraceId"), table.column("SpanId"), "")
+    if pc.count_distinct(joined).as_py() == table.num_rows:
         return table
-    seen: set[tuple[str, str]] = set()
+    keys = joined.to_pylist()
+    seen: set[str] = set()
     keep = []
     for index, key in enumerate(keys):
         if key not in seen:
@@ -153,12 +170,16 @@ def _first_copies(batches: list[DecodedBatch], table: pa.Table) -> pa.Table:
     return table.take(keep)
 
 
-def insert_batches(conn: duckdb.DuckDBPyConnection, batches: list[DecodedBatch]) -> int:
+def insert_batches(
+    conn: duckdb.DuckDBPyConnection, batches: list[DecodedBatch], traces: TraceIndex | None = None
+) -> int:
     """Insert the batches' rows in the caller's transaction; return rows newly stored.
 
     Duplicates (same TraceId + SpanId, as exporter retries send) are stored once: the first
     copy wins. Spans without an agent take their nearest agent ancestor's, including ancestors
-    stored by earlier requests and descendants stored before their ancestor arrived.
+    stored by earlier requests and descendants stored before their ancestor arrived. With a
+    ``TraceIndex`` (kept by the one writer of the file) only recent rows are read for that;
+    without one the whole table is.
     """
     table = batch_to_arrow(batches)
     if table.num_rows == 0:
@@ -167,7 +188,8 @@ def insert_batches(conn: duckdb.DuckDBPyConnection, batches: list[DecodedBatch])
     conn.register("_incoming", table)
     try:
         inserted = conn.execute("INSERT OR IGNORE INTO spans SELECT * FROM _incoming").fetchone()[0]
-        conn.execute(_TREE_SQL)
+        since = traces.since(conn) if traces is not None else None
+        conn.execute(_TREE_SQL, {"since": since if since is not None else datetime.min})
         agentless, runless = conn.execute(_TREE_NEEDS_WORK_SQL).fetchone()
         if agentless:
             conn.execute(_INHERIT_AGENT_SQL)

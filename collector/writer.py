@@ -18,7 +18,7 @@ from concurrent.futures import Future
 import duckdb
 
 from collector.decode import DecodedBatch
-from collector.store import bump_counter, insert_batches
+from collector.store import TraceIndex, bump_counter, insert_batches
 
 logger = logging.getLogger(__name__)
 
@@ -136,15 +136,22 @@ class SpanWriter(threading.Thread):
         self.failed_commits = 0
         self.last_error: str | None = None
         self.healthy = True
+        self.checkpoints = 0
+        self.traces = TraceIndex(conn)
 
     def run(self) -> None:
         backoff = 0.05
+        dirty = False  # committed since the last checkpoint
+        idle_since = time.monotonic()
         while True:
             items = self.queue.take(self.max_rows_per_commit, timeout=0.2)
             if not items:
                 if self._stop_requested.is_set() and len(self.queue) == 0:
                     return
+                if dirty and time.monotonic() - idle_since >= self.IDLE_CHECKPOINT_S:
+                    dirty = not self._checkpoint()
                 continue
+            dirty = True
             try:
                 stored = self._commit([batch for batch, _, _ in items])
             except Exception as exc:  # noqa: BLE001 - any store failure must be answered, not crash the thread
@@ -169,6 +176,20 @@ class SpanWriter(threading.Thread):
                 future.set_result(batch.accepted)
             if self.on_commit is not None and stored:
                 self.on_commit(stored)
+            idle_since = time.monotonic()
+
+    # Seconds without work after which committed data is checkpointed into the file, so readers
+    # scan compressed row groups and a restart replays little WAL.
+    IDLE_CHECKPOINT_S = 1.0
+
+    def _checkpoint(self) -> bool:
+        try:
+            self.conn.execute("CHECKPOINT")
+        except duckdb.Error as exc:  # e.g. a reader's transaction is open; try again next idle
+            logger.debug("idle checkpoint skipped: %s", exc)
+            return False
+        self.checkpoints += 1
+        return True
 
     def _commit(self, batches: list[DecodedBatch]) -> int:
         conn = self.conn
@@ -176,7 +197,7 @@ class SpanWriter(threading.Thread):
         try:
             if self._fault is not None:
                 self._fault()
-            stored = insert_batches(conn, batches)
+            stored = insert_batches(conn, batches, self.traces)
             rejected = sum(b.rejected for b in batches)
             if rejected:
                 bump_counter(conn, "spans_rejected", rejected)

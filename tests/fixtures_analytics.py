@@ -31,7 +31,7 @@ _COLUMNS = [
     "delegate_to", "constraints_ledger", "constraints_carried", "constraints_waived",
     "waiver_reasons", "acceptance_constraint_ids", "goal_root", "goal_text", "objective_id",
     "objective_version", "objective_superseded", "policy_version", "step", "budget_max_steps",
-    "idempotency_key", "side_effect", "ingested_at",
+    "idempotency_key", "side_effect", "guard", "policy_current_version", "scenario", "ingested_at",
 ]  # fmt: skip
 
 
@@ -79,6 +79,10 @@ def make_span(t: float = 0.0, duration_s: float = 0.5, run: str = "run-1", **fie
         end_ns=start_ns + duration_ns,
         run_id=run,
         agent_source="attribute" if fields.get("agent_id") else None,
+        # Typed fields the collector extracts from these attributes (collector/conventions.py).
+        guard=attrs.get("driftscope.guard"),
+        policy_current_version=attrs.get("driftscope.policy.current_version"),
+        scenario=attrs.get("driftscope.scenario"),
         ingested_at=BASE_TIME,
     )
     unknown = set(fields) - set(_COLUMNS)
@@ -91,11 +95,11 @@ def make_span(t: float = 0.0, duration_s: float = 0.5, run: str = "run-1", **fie
 
 
 def insert_spans(conn: duckdb.DuckDBPyConnection, rows: list[dict]) -> None:
-    """INSERT the rows into ``spans`` (maps bound as key and value lists)."""
+    """INSERT the rows into ``spans`` (attribute dicts bound as key and value lists)."""
     placeholders = []
     for column in _COLUMNS:
         if column in ("ResourceAttributes", "SpanAttributes"):
-            placeholders.append("MAP(?::VARCHAR[], ?::VARCHAR[])")
+            placeholders.append("map_entries(MAP(?::VARCHAR[], ?::VARCHAR[]))")
         else:
             placeholders.append("?")
     sql = f"INSERT INTO spans ({', '.join(_COLUMNS)}) VALUES ({', '.join(placeholders)})"

@@ -10,6 +10,7 @@ from collector.decode import (
     DecodeLimits,
     decode_payload,
     encode_hex_ids,
+    timestamp_of,
 )
 from tests.otlp_builders import BASE_NS, make_request, spec_example_bytes
 
@@ -49,7 +50,7 @@ def test_protobuf_round_trip_keeps_every_field():
     assert row["ServiceName"] == "crew"
     assert row["ScopeName"] == "tests" and row["ScopeVersion"] == "1.0"
     assert row["Duration"] == 500
-    assert row["start_ns"] == BASE_NS and row["Timestamp"] == BASE_NS // 1000
+    assert row["start_ns"] == BASE_NS and row["Timestamp"] == timestamp_of(BASE_NS)
     attrs = dict(row["SpanAttributes"])
     assert attrs == {
         "gen_ai.agent.id": "writer",

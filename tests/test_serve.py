@@ -151,6 +151,21 @@ def test_bad_requests_get_documented_status_and_message_and_server_keeps_serving
     assert server.health()["spans"] == 1
 
 
+def test_grpc_body_that_is_not_an_export_request_gets_invalid_argument(serve):
+    import grpc
+
+    method = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+    with grpc.insecure_channel(serve.grpc_endpoint) as channel:
+        export = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
+        with pytest.raises(grpc.RpcError) as info:
+            export(b"\x0a\xff\xff\xff\xff\x0f", timeout=30)  # a length running past the end
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "ExportTraceServiceRequest" in info.value.details()
+        reply = export(make_request([{}]).SerializeToString(), timeout=30)
+    assert ExportTraceServiceResponse.FromString(reply).partial_success.rejected_spans == 0
+    assert serve.health()["spans"] == 1
+
+
 def test_token_guards_ingest_and_read_api_on_both_transports(serve_factory):
     import grpc
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc

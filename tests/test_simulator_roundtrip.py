@@ -33,7 +33,7 @@ def db(tmp_path_factory):
 def test_span_counts_by_scenario_and_outcome_match_the_truth(db):
     rows = db.execute(
         """
-        SELECT SpanAttributes['driftscope.scenario'], SpanAttributes['driftscope.variant'],
+        SELECT scenario, map_from_entries(SpanAttributes)['driftscope.variant'],
                coalesce(outcome, 'none'), count(*)
         FROM spans GROUP BY ALL
         """

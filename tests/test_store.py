@@ -42,14 +42,41 @@ def test_database_written_by_an_older_version_upgrades_on_open(tmp_path):
     )
     old.execute(sql)
     old.execute("INSERT INTO schema_migrations VALUES (?, ?, now()::TIMESTAMP)", [number, name])
-    _insert(old, [{"name": "from v1", "trace_id": TRACE, "span_id": ROOT}])
+    # A row as version 1 stored it: attributes in MAP columns, no guard/scenario columns.
+    old.execute(
+        """INSERT INTO spans (Timestamp, TraceId, SpanId, ParentSpanId, TraceState, SpanName, SpanKind,
+               ServiceName, ResourceAttributes, ScopeName, ScopeVersion, SpanAttributes, Duration,
+               StatusCode, StatusMessage, Events, Links, start_ns, end_ns, op, ingested_at)
+           VALUES ('2025-11-30 00:00:00', ?, ?, '', '', 'from v1', 'Internal', 'crew',
+               MAP {'service.name': 'crew'}, 'tests', '1', MAP {'driftscope.guard': 'versioned_store',
+               'driftscope.policy.current_version': 'p2', 'driftscope.scenario': 'split_brain',
+               'driftscope.op': 'write'}, 5, 'Unset', '', '[]', '[]', 1, 6, 'write', now()::TIMESTAMP)""",
+        [TRACE.hex(), ROOT.hex()],
+    )
     old.close()
     upgraded = open_store(path)
     versions = [
         row[0] for row in upgraded.execute("SELECT version FROM schema_migrations ORDER BY 1").fetchall()
     ]
-    assert versions == [n for n, _, _ in list_migrations()] and len(versions) >= 2
+    assert versions == [n for n, _, _ in list_migrations()] and len(versions) >= 3
     assert upgraded.execute("SELECT SpanName FROM otel_traces").fetchall() == [("from v1",)]
+    # Migration 0003: attribute lists keep every entry in order; the new typed fields are filled.
+    row = upgraded.execute(
+        "SELECT SpanAttributes, ResourceAttributes, guard, policy_current_version, scenario, op FROM spans"
+    ).fetchone()
+    assert [(e["key"], e["value"]) for e in row[0]] == [
+        ("driftscope.guard", "versioned_store"),
+        ("driftscope.policy.current_version", "p2"),
+        ("driftscope.scenario", "split_brain"),
+        ("driftscope.op", "write"),
+    ]
+    assert [(e["key"], e["value"]) for e in row[1]] == [("service.name", "crew")]
+    assert row[2:] == ("versioned_store", "p2", "split_brain", "write")
+    view = upgraded.execute("SELECT SpanAttributes['driftscope.op'], ResourceAttributes FROM otel_traces")
+    assert view.fetchone() == ("write", {"service.name": "crew"})
+    # New spans go into the upgraded table, and the primary key still deduplicates.
+    assert _insert(upgraded, [{"name": "after", "trace_id": TRACE, "span_id": CHILD}]) == 1
+    assert _insert(upgraded, [{"name": "again", "trace_id": TRACE, "span_id": ROOT}]) == 0
     upgraded.close()
 
 

@@ -11,7 +11,7 @@ calls AS (
 per_tool AS (
     SELECT ServiceName AS service, tool AS tool_name,
            count(*) AS calls,
-           count(*) FILTER (WHERE outcome IS NOT NULL OR SpanAttributes['driftscope.guard'] IS NOT NULL)
+           count(*) FILTER (WHERE outcome IS NOT NULL OR guard IS NOT NULL)
                AS guarded_calls,
            count(*) FILTER (WHERE outcome = 'rejected') AS prevented,
            count(*) FILTER (WHERE op = 'write') AS writes,

@@ -10,7 +10,7 @@ SELECT
     count(*) FILTER (WHERE outcome = 'rejected')     AS rejected,
     count(*) FILTER (WHERE outcome = 'error' OR StatusCode = 'Error') AS errors,
     max(hop)                                         AS max_hop,
-    any_value(SpanAttributes['driftscope.scenario']) AS scenario
+    any_value(scenario) AS scenario
 FROM spans
 WHERE ($since IS NULL OR Timestamp >= $since)
   AND ($until IS NULL OR Timestamp <= $until)

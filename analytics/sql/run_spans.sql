@@ -8,7 +8,7 @@ SELECT
     origin_task_id, hop, delegate_to, constraints_ledger, constraints_carried, constraints_waived,
     waiver_reasons, goal_root, goal_text, objective_id, objective_version, policy_version, step,
     budget_max_steps, idempotency_key, side_effect, input_text, output_text,
-    map_entries(SpanAttributes) AS attributes, Events AS events
+    SpanAttributes AS attributes, Events AS events
 FROM spans
 WHERE run_id = $run
 ORDER BY start_ns, SpanId

@@ -4,31 +4,46 @@
 -- in the run (else the run's policy_version values). The current policy at a send is the
 -- newest version of that subject first seen at or before it, or the version a guard stated
 -- (driftscope.policy.current_version) when it refused the send.
-WITH s AS ({filtered_spans}),
-obs AS ({held_versions}),
-versions AS (
-    SELECT run_id, subject, version, min(start_ns) AS first_ns FROM (
-        SELECT run_id, subject, version, start_ns FROM obs
-        UNION ALL
-        SELECT run_id, '(policy_version)', policy_version, start_ns FROM s
-        WHERE policy_version IS NOT NULL AND coalesce(outcome, 'ok') <> 'rejected')
+-- Performance: versions are gathered only for the runs and subjects the sends name.
+WITH sends AS (
+    SELECT TraceId, SpanId, run_id, agent_id, tool_name, policy_version,
+           policy_current_version AS stated_current, outcome, reject_reason, StatusCode,
+           Timestamp, start_ns
+    FROM spans
+    WHERE {span_filter} AND op = 'send' AND policy_version IS NOT NULL
+),
+obs AS NOT MATERIALIZED ({held_versions}),
+named AS (  -- the subject a policy version token names in its run (first by name)
+    SELECT o.run_id, o.version, min(o.subject) AS subject
+    FROM obs o SEMI JOIN sends d ON o.run_id = d.run_id AND o.version = d.policy_version
     GROUP BY ALL
 ),
-sends AS (
-    SELECT s.*, SpanAttributes['driftscope.policy.current_version'] AS stated_current,
-           coalesce((SELECT min(v.subject) FROM versions v
-                      WHERE v.run_id = s.run_id AND v.version = s.policy_version
-                        AND v.subject <> '(policy_version)'), '(policy_version)') AS subject
-    FROM s
-    WHERE s.op = 'send' AND s.policy_version IS NOT NULL
+cited AS (
+    SELECT d.*, coalesce(n.subject, '(policy_version)') AS subject
+    FROM sends d LEFT JOIN named n ON n.run_id = d.run_id AND n.version = d.policy_version
+),
+versions AS (  -- first sighting of every version of the cited subjects
+    SELECT run_id, subject, version, min(start_ns) AS first_ns FROM (
+        SELECT o.run_id, o.subject, o.version, o.start_ns
+        FROM obs o
+        SEMI JOIN (SELECT DISTINCT run_id, subject FROM cited WHERE subject <> '(policy_version)') d
+          ON o.run_id = d.run_id AND o.subject = d.subject
+        UNION ALL
+        SELECT run_id, '(policy_version)', policy_version, start_ns
+        FROM spans
+        WHERE {span_filter} AND policy_version IS NOT NULL AND coalesce(outcome, 'ok') <> 'rejected')
+    GROUP BY ALL
+),
+newest AS (  -- the newest version of the subject first seen at or before the send
+    SELECT d.TraceId, d.SpanId, arg_max(v.version, v.first_ns) AS version
+    FROM cited d
+    JOIN versions v ON v.run_id = d.run_id AND v.subject = d.subject AND v.first_ns <= d.start_ns
+    WHERE d.stated_current IS NULL
+    GROUP BY ALL
 ),
 judged AS (
-    SELECT d.*,
-           coalesce(d.stated_current,
-                    (SELECT arg_max(v.version, v.first_ns) FROM versions v
-                      WHERE v.run_id = d.run_id AND v.subject = d.subject
-                        AND v.first_ns <= d.start_ns)) AS current_version
-    FROM sends d
+    SELECT d.*, coalesce(d.stated_current, n.version) AS current_version
+    FROM cited d LEFT JOIN newest n USING (TraceId, SpanId)
 )
 SELECT TraceId AS trace_id, [SpanId] AS span_ids, run_id, agent_id AS agent, tool_name,
        subject AS policy_id, policy_version, current_version AS current_policy_version,
