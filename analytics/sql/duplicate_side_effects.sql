@@ -2,38 +2,62 @@
 -- by the same side-effecting tool with the same normalized arguments. Executed = not refused by a
 -- guard and not failed. A by-arguments group whose calls all share one idempotency key is the
 -- same finding as that key's group and is reported once.
-WITH s AS ({filtered_spans}),
-effects AS (
-    SELECT *,
-           regexp_replace(regexp_replace(lower(trim(coalesce(tool_args, ''))), '\s+', ' ', 'g'),
-                          '\s*([{}\[\]:,"])\s*', '\1', 'g') AS norm_args
-    FROM s
-    WHERE (side_effect OR idempotency_key IS NOT NULL)
-      AND coalesce(outcome, 'ok') = 'ok' AND StatusCode <> 'Error'
-      AND op IS DISTINCT FROM 'read'
+-- Cost: only the columns used are read (two scans, so each one's selective condition is pushed
+-- into it); arguments are normalized once per distinct string; groups that repeat are found by
+-- a hash of their key first, and the evidence lists are built for those groups only.
+WITH effects AS MATERIALIZED (
+    SELECT TraceId, SpanId, run_id, agent_id, tool_name, idempotency_key, side_effect, Timestamp,
+           start_ns, coalesce(tool_args, '') AS raw_args
+    FROM spans
+    WHERE {span_filter} AND side_effect
+      AND coalesce(outcome, 'ok') = 'ok' AND StatusCode <> 'Error' AND op IS DISTINCT FROM 'read'
+    UNION ALL
+    SELECT TraceId, SpanId, run_id, agent_id, tool_name, idempotency_key, side_effect, Timestamp,
+           start_ns, coalesce(tool_args, '') AS raw_args
+    FROM spans
+    WHERE {span_filter} AND idempotency_key IS NOT NULL AND side_effect IS NOT TRUE
+      AND coalesce(outcome, 'ok') = 'ok' AND StatusCode <> 'Error' AND op IS DISTINCT FROM 'read'
 ),
+keyed AS (SELECT *, hash(run_id, idempotency_key) AS h FROM effects WHERE idempotency_key IS NOT NULL),
 by_key AS (
     SELECT 'idempotency_key' AS matched_by, run_id, min(tool_name) AS tool_name,
            idempotency_key, NULL::VARCHAR AS norm_args, count(*) AS executions,
-           list(SpanId ORDER BY start_ns) AS span_ids, min(TraceId) AS trace_id,
-           coalesce(list_sort(list(DISTINCT agent_id) FILTER (WHERE agent_id IS NOT NULL)), []::VARCHAR[]) AS agents,
+           list_transform(list_sort(list({'t': start_ns, 'id': SpanId})), lambda x: x.id) AS span_ids, min(TraceId) AS trace_id,
+           list_sort(list_distinct(list(agent_id))) AS agents,
            min(Timestamp) AS first_seen, max(Timestamp) AS last_seen
-    FROM effects WHERE idempotency_key IS NOT NULL
-    GROUP BY run_id, idempotency_key HAVING count(*) > 1
+    FROM keyed
+    WHERE h IN (SELECT h FROM keyed GROUP BY h HAVING count(*) > 1)
+    GROUP BY run_id, idempotency_key
+    HAVING count(*) > 1
+),
+normalized AS MATERIALIZED (
+    SELECT raw_args, norm_args, dense_rank() OVER (ORDER BY norm_args) AS args_id  -- an integer to group by
+    FROM (
+        SELECT raw_args,
+               regexp_replace(regexp_replace(lower(trim(raw_args)), '\s+', ' ', 'g'),
+                              '\s*([{}\[\]:,"])\s*', '\1', 'g') AS norm_args
+        FROM (SELECT DISTINCT raw_args FROM effects WHERE side_effect AND tool_name IS NOT NULL)
+    )
+),
+with_args AS (
+    SELECT e.*, n.args_id, hash(e.run_id, e.tool_name, n.args_id) AS h
+    FROM effects e JOIN normalized n USING (raw_args)
+    WHERE e.side_effect AND e.tool_name IS NOT NULL
 ),
 by_args AS (
     SELECT 'arguments' AS matched_by, run_id, tool_name,
-           NULL::VARCHAR AS idempotency_key, norm_args, count(*) AS executions,
-           list(SpanId ORDER BY start_ns) AS span_ids, min(TraceId) AS trace_id,
-           coalesce(list_sort(list(DISTINCT agent_id) FILTER (WHERE agent_id IS NOT NULL)), []::VARCHAR[]) AS agents,
+           NULL::VARCHAR AS idempotency_key, any_value(n.norm_args) AS norm_args, count(*) AS executions,
+           list_transform(list_sort(list({'t': start_ns, 'id': SpanId})), lambda x: x.id) AS span_ids, min(TraceId) AS trace_id,
+           list_sort(list_distinct(list(agent_id))) AS agents,
            min(Timestamp) AS first_seen, max(Timestamp) AS last_seen
-    FROM effects WHERE side_effect AND tool_name IS NOT NULL
-    GROUP BY run_id, tool_name, norm_args
+    FROM with_args a JOIN normalized n USING (args_id)
+    WHERE h IN (SELECT h FROM with_args GROUP BY h HAVING count(*) > 1)
+    GROUP BY run_id, tool_name, args_id
     HAVING count(*) > 1
-       AND NOT (count(DISTINCT idempotency_key) = 1 AND count(idempotency_key) = count(*))
+       AND NOT (count(idempotency_key) = count(*) AND min(idempotency_key) = max(idempotency_key))
 )
 SELECT trace_id, span_ids, run_id, agents, tool_name, matched_by, idempotency_key,
        norm_args AS arguments, executions, first_seen, last_seen
 FROM (SELECT * FROM by_key UNION ALL SELECT * FROM by_args)
 WHERE $agent::VARCHAR IS NULL OR list_contains(agents, $agent::VARCHAR)
-ORDER BY first_seen
+ORDER BY first_seen, run_id, matched_by DESC, tool_name, idempotency_key, arguments

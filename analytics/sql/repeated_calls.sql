@@ -3,45 +3,84 @@
 -- identical (same sorted argument words, stop words dropped) or nearly so (token-set Jaccard of
 -- those words >= $similarity). Loops are the connected components
 -- of these pairs, formed in numpy (analytics.loops.group_loops).
-WITH s AS ({filtered_spans}),
-calls AS (
-    SELECT row_number() OVER (ORDER BY run_id, start_ns, SpanId) - 1 AS call_idx,
-           TraceId, SpanId, run_id, coalesce(agent_id, '') AS agent, tool_name, Timestamp, start_ns,
-           tool_args,
-           list_filter(string_split_regex(lower(coalesce(tool_args, '')), '[^a-z0-9_.]+'),
-                       lambda x: x <> '' AND x NOT IN ('a', 'an', 'the', 'in', 'for', 'of', 'to',
-                                                       'and', 'or', 'on', 'at', 'by', 'with'))
-               AS words,
-           coalesce(outcome IN ('error', 'rejected') OR StatusCode = 'Error', false) AS failing,
-           coalesce(outcome = 'rejected', false) AS rejected
-    FROM s
+-- A loop has 3+ members and every pair lies inside one (run, agent, tool, failing) group, so only
+-- calls of groups with 3+ calls are candidates: the rest can never be part of a loop. Arguments
+-- are split into words once per distinct argument string, not once per call.
+WITH keys AS (  -- (run, agent, tool, failing) groups with 3+ calls, by one hash (cheaper to group
+               -- than the four columns; a collision only keeps a few more candidates, the pairs
+               -- below compare the columns themselves)
+    SELECT hash(run_id, coalesce(agent_id, ''), tool_name,
+                coalesce(outcome IN ('error', 'rejected') OR StatusCode = 'Error', false)) AS h
+    FROM ({filtered_spans}) s
     WHERE tool_name IS NOT NULL
       AND coalesce(op, '') NOT IN ('delegate', 'objective')
       AND ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
+    GROUP BY h
+    HAVING count(*) >= 3
 ),
-signed AS (  -- signature: the argument words, lower case, sorted (whitespace/case/key order free)
-    SELECT * EXCLUDE (words), array_to_string(list_sort(words), ' ') AS norm_args,
-           list_distinct(words) AS tokens
-    FROM calls
+candidates AS (  -- call_idx only identifies a call; the output is ordered by run, start, span
+    SELECT row_number() OVER () - 1 AS call_idx, *
+    FROM (
+        SELECT TraceId, SpanId, run_id, coalesce(agent_id, '') AS agent, tool_name, Timestamp,
+               start_ns, coalesce(tool_args, '') AS args,
+               coalesce(outcome IN ('error', 'rejected') OR StatusCode = 'Error', false) AS failing,
+               coalesce(outcome = 'rejected', false) AS rejected
+        FROM ({filtered_spans}) s
+        WHERE tool_name IS NOT NULL
+          AND coalesce(op, '') NOT IN ('delegate', 'objective')
+          AND ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
+    )
+    WHERE hash(run_id, agent, tool_name, failing) IN (SELECT h FROM keys)
 ),
-pairs AS (
-    SELECT a.call_idx AS i, b.call_idx AS j,
+words AS (  -- signature: the argument words, lower case, sorted (whitespace/case/key order free)
+    SELECT args, array_to_string(list_sort(w), ' ') AS norm_args, list_distinct(w) AS tokens
+    FROM (
+        SELECT args,
+               list_filter(string_split_regex(lower(args), '[^a-z0-9_.]+'),
+                           lambda x: x <> '' AND x NOT IN ('a', 'an', 'the', 'in', 'for', 'of', 'to',
+                                                           'and', 'or', 'on', 'at', 'by', 'with')) AS w
+        FROM (SELECT DISTINCT args FROM candidates)
+    )
+),
+pairs AS (  -- each pair of calls of one group, earlier call first
+    SELECT a.call_idx AS i, b.call_idx AS j, a.args AS args_i, b.args AS args_j
+    FROM candidates a JOIN candidates b
+      ON a.run_id = b.run_id AND a.agent = b.agent AND a.tool_name = b.tool_name
+     AND a.failing = b.failing AND a.call_idx < b.call_idx
+),
+arg_similarity AS (  -- token-set Jaccard, once per distinct pair of argument strings
+    SELECT p.args_i, p.args_j,
            CASE WHEN a.norm_args = b.norm_args THEN 1.0
                 WHEN len(a.tokens) + len(b.tokens) = 0 THEN 0.0
                 ELSE len(list_intersect(a.tokens, b.tokens))
                      / (len(a.tokens) + len(b.tokens) - len(list_intersect(a.tokens, b.tokens)))
            END AS similarity
-    FROM signed a JOIN signed b
-      ON a.run_id = b.run_id AND a.agent = b.agent AND a.tool_name = b.tool_name
-     AND a.failing = b.failing AND a.call_idx < b.call_idx
+    FROM (SELECT DISTINCT args_i, args_j FROM pairs) p
+    JOIN words a ON a.args = p.args_i
+    JOIN words b ON b.args = p.args_j
+),
+close_pairs AS (
+    SELECT p.i, p.j, s.similarity
+    FROM pairs p JOIN arg_similarity s USING (args_i, args_j)
+    WHERE s.similarity >= $similarity
+),
+later AS (SELECT i AS call_idx, list(j) AS similar_later FROM close_pairs GROUP BY i),
+linked AS (  -- lowest similarity of a pair the call belongs to, as the earlier or the later call
+    SELECT call_idx, min(similarity) AS min_similarity
+    FROM (SELECT i AS call_idx, similarity FROM close_pairs UNION ALL SELECT j, similarity FROM close_pairs)
+    GROUP BY call_idx
+),
+members AS (  -- a loop has 3+ calls with a close pair each, all in one group: only such calls
+                -- can belong to one (group_loops forms the loops)
+    SELECT c.*, k.min_similarity
+    FROM candidates c JOIN linked k USING (call_idx)
+    QUALIFY count(*) OVER (PARTITION BY c.run_id, c.agent, c.tool_name, c.failing) >= 3
 )
-SELECT c.*,
-       coalesce((SELECT list(p.j) FROM pairs p WHERE p.i = c.call_idx AND p.similarity >= $similarity),
-                []::BIGINT[]) AS similar_later,
-       -- Two equality lookups, not one `p.i = idx OR p.j = idx`: the OR made DuckDB compare every
-       -- call with every pair (a nested-loop join, quadratic in calls). least() skips NULLs.
-       least((SELECT min(p.similarity) FROM pairs p WHERE p.i = c.call_idx AND p.similarity >= $similarity),
-             (SELECT min(p.similarity) FROM pairs p WHERE p.j = c.call_idx AND p.similarity >= $similarity))
-           AS min_similarity
-FROM signed c
-ORDER BY call_idx
+SELECT c.call_idx, c.TraceId, c.SpanId, c.run_id, c.agent, c.tool_name, c.Timestamp, c.start_ns,
+       c.failing, c.rejected, w.norm_args,
+       coalesce(l.similar_later, []::BIGINT[]) AS similar_later,
+       c.min_similarity
+FROM members c
+JOIN words w USING (args)
+LEFT JOIN later l USING (call_idx)
+ORDER BY c.run_id, c.start_ns, c.SpanId
