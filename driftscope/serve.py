@@ -14,6 +14,7 @@ from pathlib import Path
 import uvicorn
 from starlette.applications import Starlette
 
+from collector import fastdecode
 from collector.decode import DecodeLimits
 from collector.grpc_receiver import start_grpc_server
 from collector.http_receiver import ReceiverConfig, build_ingest_routes
@@ -117,6 +118,12 @@ def run_serve(config: ServeConfig) -> int:
         retention = RetentionWorker(conn, config.retention, config.retention_interval)
         retention.start()
 
+    if not fastdecode.AVAILABLE:
+        logger.warning(
+            "the compiled OTLP decoder (collector._otlpfast) is not built: protobuf ingest runs on the "
+            "~10x slower Python path. Reinstall with `make install` (needs a C compiler)."
+        )
+
     def health_extra() -> dict:
         return {
             "status": "ok" if writer.healthy else "store_unavailable",
@@ -125,6 +132,8 @@ def run_serve(config: ServeConfig) -> int:
             "queued_bytes": queue.queued_bytes,
             "committed_spans": writer.committed_spans,
             "commits": writer.commits,
+            "checkpoints": writer.checkpoints,
+            "fast_decoder": fastdecode.AVAILABLE,
             "counters": stats.snapshot(),
             "retention_deleted": retention.deleted if retention else 0,
             "token_required": bool(config.token),
