@@ -198,6 +198,7 @@ typedef struct {
     const uint8_t *p;
     Py_ssize_t n;
     PyObject *s;
+    int kid; /* key table slot of this text as an attribute key; -2 until looked up */
 } CacheEnt;
 
 typedef struct {
@@ -890,13 +891,17 @@ static PyObject *new_str_nul_replaced(Ctx *c, const uint8_t *p, Py_ssize_t n) {
 /* collector.decode._truncate of a wire string. */
 static PyObject *make_text(Ctx *c, const uint8_t *p, Py_ssize_t n);
 
-static PyObject *cached_str(Ctx *c, const uint8_t *p, Py_ssize_t n, uint64_t h) {
+/* The str for these bytes (new ref), shared within one call; *entry is its cache slot or NULL
+   when the cache is full. */
+static PyObject *cached_entry(Ctx *c, const uint8_t *p, Py_ssize_t n, uint64_t h, CacheEnt **entry) {
     size_t mask = CACHE_SIZE - 1, slot = (size_t)h & mask;
+    *entry = NULL;
     for (;;) {
         CacheEnt *e = &c->cache[slot];
         if (!e->s) break;
         if (e->h == h && e->n == n && memcmp(e->p, p, (size_t)n) == 0) {
             Py_INCREF(e->s);
+            *entry = e;
             return e->s;
         }
         slot = (slot + 1) & mask;
@@ -908,10 +913,17 @@ static PyObject *cached_str(Ctx *c, const uint8_t *p, Py_ssize_t n, uint64_t h) 
         e->p = p;
         e->n = n;
         e->s = s;
+        e->kid = -2;
         Py_INCREF(s);
         c->ncache++;
+        *entry = e;
     }
     return s;
+}
+
+static PyObject *cached_str(Ctx *c, const uint8_t *p, Py_ssize_t n, uint64_t h) {
+    CacheEnt *unused;
+    return cached_entry(c, p, n, h, &unused);
 }
 
 static PyObject *make_text(Ctx *c, const uint8_t *p, Py_ssize_t n) {
@@ -1149,6 +1161,22 @@ static int attr_values(Ctx *c, const Attr *a, PyObject **map, PyObject **mv) {
     *map = m;
     if (mv) *mv = v;
     return 0;
+}
+
+static int key_lookup(const Attr *a);
+
+/* An attribute's key as a str (new ref) and its key table slot (or -1) in *kid. */
+static PyObject *attr_key(Ctx *c, const Attr *a, int *kid) {
+    CacheEnt *e;
+    PyObject *key = cached_entry(c, a->key.p, a->key.n, a->h, &e);
+    if (!key) return NULL;
+    if (!e) {
+        *kid = key_lookup(a);
+    } else {
+        if (e->kid == -2) e->kid = key_lookup(a);
+        *kid = e->kid;
+    }
+    return key;
 }
 
 static int key_lookup(const Attr *a) {
@@ -1494,10 +1522,10 @@ static int build_resources(Ctx *c, Out *o) {
         for (Py_ssize_t k = res->a0; k < res->a0 + res->n; k++) {
             const Attr *a = &c->rattrs[k];
             PyObject *mv = NULL;
-            int kid = key_lookup(a);
+            int kid;
+            if (!(o->rkey_obj[k] = attr_key(c, a, &kid))) return -1;
             int fixed = kid >= 0 ? g_keys[kid].fixed : -1;
             int want = fixed == FK_SERVICE || fixed == FK_CONV || fixed == FK_SESSION;
-            if (!(o->rkey_obj[k] = cached_str(c, a->key.p, a->key.n, a->h))) return -1;
             if (attr_values(c, a, &o->rval_obj[k], want ? &mv : NULL) < 0) return -1;
             if (fixed == FK_SERVICE)
                 Py_XSETREF(o->service[r], mv);
@@ -1636,8 +1664,8 @@ static PyObject *build(Ctx *c) {
         /* span attributes and the driftscope.* columns */
         for (Py_ssize_t k = 0; k < sp->na; k++) {
             const Attr *a = &c->attrs[sp->a0 + k];
-            int kid = key_lookup(a);
-            PyObject *key = cached_str(c, a->key.p, a->key.n, a->h), *map, *mv = NULL;
+            int kid;
+            PyObject *key = attr_key(c, a, &kid), *map, *mv = NULL;
             if (!key) goto fail;
             PyList_SET_ITEM(o.skeys, sp_pos, key);
             if (attr_values(c, a, &map, kid >= 0 ? &mv : NULL) < 0) goto fail;
