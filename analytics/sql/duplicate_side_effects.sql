@@ -40,17 +40,17 @@ normalized AS MATERIALIZED (
     )
 ),
 with_args AS (
-    SELECT e.*, n.args_id, hash(e.run_id, e.tool_name, n.args_id) AS h
+    SELECT e.*, n.args_id, n.norm_args, hash(e.run_id, e.tool_name, n.args_id) AS h
     FROM effects e JOIN normalized n USING (raw_args)
     WHERE e.side_effect AND e.tool_name IS NOT NULL
 ),
 by_args AS (
     SELECT 'arguments' AS matched_by, run_id, tool_name,
-           NULL::VARCHAR AS idempotency_key, any_value(n.norm_args) AS norm_args, count(*) AS executions,
+           NULL::VARCHAR AS idempotency_key, any_value(norm_args) AS norm_args, count(*) AS executions,
            list_transform(list_sort(list({'t': start_ns, 'id': SpanId})), lambda x: x.id) AS span_ids, min(TraceId) AS trace_id,
            list_sort(list_distinct(list(agent_id))) AS agents,
            min(Timestamp) AS first_seen, max(Timestamp) AS last_seen
-    FROM with_args a JOIN normalized n USING (args_id)
+    FROM with_args
     WHERE h IN (SELECT h FROM with_args GROUP BY h HAVING count(*) > 1)
     GROUP BY run_id, tool_name, args_id
     HAVING count(*) > 1

@@ -4,23 +4,49 @@
 -- Other runs (OpenInference / OpenLLMetry, no delegate spans): a hand-off is a change of agent
 -- between consecutive agent turns (agent spans, by start time); since a supervisor legitimately
 -- returns to a worker once, these need $min_inferred hand-offs instead of $min_delegations.
-WITH s AS ({filtered_spans}),
-delegating_runs AS (SELECT DISTINCT run_id FROM s WHERE op = 'delegate'),
+-- Cost: every hand-off of a cycle is between one pair of agents, so only runs where some pair
+-- has enough hand-offs (counted over a few narrow columns) are read in full and ordered.
+WITH delegations AS (
+    SELECT run_id, agent_id, delegate_to, outcome
+    FROM spans
+    WHERE {span_filter} AND op = 'delegate'
+),
+delegating_runs AS (SELECT DISTINCT run_id FROM delegations),
+explicit_busy AS (  -- runs where one pair of agents has enough hand-offs for a cycle (n alternating
+                    -- hand-offs are n // 2 or more each way); by hash, so a NULL run is one
+                    -- partition as in the windows below
+    SELECT DISTINCT hash(run_id) AS h
+    FROM delegations
+    WHERE agent_id IS NOT NULL AND delegate_to IS NOT NULL
+      AND agent_id <> delegate_to AND coalesce(outcome, 'ok') <> 'rejected'
+    GROUP BY hash(run_id), least(agent_id, delegate_to), greatest(agent_id, delegate_to)
+    HAVING count(*) FILTER (WHERE agent_id < delegate_to) >= $min_delegations // 2
+       AND count(*) FILTER (WHERE agent_id > delegate_to) >= $min_delegations // 2
+),
 explicit AS (
     SELECT TraceId, SpanId, run_id, agent_id AS src, delegate_to AS dst, Timestamp, start_ns,
            'driftscope' AS source
-    FROM s
-    WHERE op = 'delegate' AND agent_id IS NOT NULL AND delegate_to IS NOT NULL
+    FROM spans
+    WHERE {span_filter} AND op = 'delegate' AND agent_id IS NOT NULL AND delegate_to IS NOT NULL
       AND agent_id <> delegate_to AND coalesce(outcome, 'ok') <> 'rejected'
+      AND hash(run_id) IN (SELECT h FROM explicit_busy)
+),
+agent_turns AS (  -- two scans, so each one's condition is pushed into it
+    SELECT TraceId, SpanId, run_id, Timestamp, start_ns, agent_id, graph_node_id, SpanName
+    FROM spans
+    WHERE {span_filter} AND span_family = 'agent'
+    UNION ALL
+    SELECT TraceId, SpanId, run_id, Timestamp, start_ns, agent_id, graph_node_id, SpanName
+    FROM spans
+    WHERE {span_filter} AND operation = 'invoke_agent' AND span_family IS DISTINCT FROM 'agent'
 ),
 turns AS (
     SELECT TraceId, SpanId, run_id, Timestamp, start_ns,
            coalesce(agent_id, graph_node_id, SpanName) AS agent,
            lag(coalesce(agent_id, graph_node_id, SpanName))
                OVER (PARTITION BY run_id ORDER BY start_ns, SpanId) AS previous_agent
-    FROM s
-    WHERE (span_family = 'agent' OR operation = 'invoke_agent')
-      AND run_id NOT IN (SELECT run_id FROM delegating_runs)
+    FROM agent_turns
+    WHERE run_id NOT IN (SELECT run_id FROM delegating_runs)
 ),
 inferred AS (
     SELECT TraceId, SpanId, run_id, previous_agent AS src, agent AS dst, Timestamp, start_ns,
@@ -28,7 +54,18 @@ inferred AS (
     FROM turns
     WHERE previous_agent IS NOT NULL AND previous_agent <> agent
 ),
-edges AS (SELECT * FROM explicit UNION ALL SELECT * FROM inferred),
+inferred_busy AS (
+    SELECT DISTINCT hash(run_id) AS h
+    FROM inferred
+    GROUP BY hash(run_id), least(src, dst), greatest(src, dst)
+    HAVING count(*) FILTER (WHERE src < dst) >= $min_inferred // 2
+       AND count(*) FILTER (WHERE src > dst) >= $min_inferred // 2
+),
+edges AS (
+    SELECT * FROM explicit
+    UNION ALL
+    SELECT * FROM inferred WHERE hash(run_id) IN (SELECT h FROM inferred_busy)
+),
 marked AS (
     SELECT *,
            CASE WHEN lag(dst) OVER w = src AND lag(src) OVER w = dst THEN 0 ELSE 1 END AS starts
