@@ -67,8 +67,8 @@ def lost_updates(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filte
 def choose_bucket_seconds(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> int:
     """Smallest standard bucket (1 min .. 1 week) giving at most 48 buckets over the data."""
     params = filter_params(window, filters)
-    sql = "SELECT min(Timestamp), max(Timestamp) FROM ({filtered_spans}) WHERE outcome IS NOT NULL"
-    sql = sql.replace("{filtered_spans}", load_sql("_filtered_spans"))
+    sql = "SELECT min(Timestamp), max(Timestamp) FROM spans WHERE {span_filter} AND outcome IS NOT NULL"
+    sql = sql.replace("{span_filter}", "(" + load_sql("_span_filter") + "\n)")
     frame = query_df(conn, sql, params)
     start = window.since if window.since is not None else frame.iloc[0, 0]
     end = window.until if window.until is not None else frame.iloc[0, 1]

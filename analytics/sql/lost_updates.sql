@@ -1,15 +1,16 @@
 -- lost_updates: a successful write that replaced another agent's write which nobody else read,
 -- while being unversioned (no expected version) or based on an already superseded version.
-WITH s AS ({filtered_spans}),
-writes AS (
-    SELECT *,
+WITH writes AS (
+    SELECT TraceId, SpanId, run_id, agent_id, state_key, state_version, state_expected_version,
+           Timestamp, start_ns,
            lag(agent_id) OVER w AS prev_agent,
            lag(state_version) OVER w AS prev_version,
            lag(SpanId) OVER w AS prev_span,
            lag(Timestamp) OVER w AS prev_ts,
            lag(start_ns) OVER w AS prev_start_ns
-    FROM s
-    WHERE op = 'write' AND state_key IS NOT NULL AND coalesce(outcome, 'ok') = 'ok'
+    FROM spans
+    WHERE {span_filter}
+      AND op = 'write' AND state_key IS NOT NULL AND coalesce(outcome, 'ok') = 'ok'
       AND StatusCode <> 'Error'
     WINDOW w AS (PARTITION BY run_id, state_key ORDER BY start_ns, SpanId)
 ),
@@ -20,8 +21,9 @@ lost AS (
       AND o.prev_agent IS DISTINCT FROM o.agent_id
       AND (o.state_expected_version IS NULL OR o.state_expected_version IS DISTINCT FROM o.prev_version)
       AND NOT EXISTS (
-          SELECT 1 FROM s r
-          WHERE r.op = 'read' AND r.run_id = o.run_id AND r.state_key = o.state_key
+          SELECT 1 FROM spans r
+          WHERE {span_filter}
+            AND r.op = 'read' AND r.run_id = o.run_id AND r.state_key = o.state_key
             AND r.state_version = o.prev_version
             AND r.agent_id IS DISTINCT FROM o.prev_agent
             AND r.start_ns > o.prev_start_ns AND r.start_ns < o.start_ns)

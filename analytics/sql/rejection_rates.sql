@@ -1,12 +1,12 @@
 -- rejection_rates: guarded calls (spans with driftscope.outcome) per tool, state key, agent and
 -- time bucket. Rejections (a guard refused) are counted apart from errors (the tool failed).
-WITH s AS ({filtered_spans}),
-calls AS (
+WITH calls AS (
     SELECT time_bucket(to_seconds($bucket_seconds::BIGINT), Timestamp) AS bucket_start,
            coalesce(tool_name, SpanName) AS tool_name, state_key, agent_id,
            outcome, SpanId, run_id, Timestamp
-    FROM s
-    WHERE outcome IS NOT NULL
+    FROM spans
+    WHERE {span_filter}
+      AND outcome IS NOT NULL
       AND ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
 ),
 buckets AS (
