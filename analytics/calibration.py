@@ -242,8 +242,7 @@ def calibrate_from_baseline(
         info = store_threshold(conn, name, value, method, provenance)
         stored[name] = {"value": info.value, "version": info.version, "method": method, "n": len(values)}
 
-    pairs = goal_pairs(conn, window, filters)
-    divergences = score_pairs(list(pairs["root_goal"]), list(pairs["subtask"]), conn)
+    divergences = goal_pairs(conn, window, filters)["divergence"].to_numpy(dtype=np.float64)
     store("goal_divergence", divergences, "1 - cosine")
     rates = run_metric(conn, "rejection_rates", window, filters)["rejection_rate"].to_numpy()
     store("rejection_rate", rates, "rejections / attempts per bucket", clip=(0.0, 1.0))

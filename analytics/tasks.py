@@ -14,6 +14,9 @@ import re
 from typing import Any
 
 MAX_TASK_CHARS = 1000
+# Bump when extract_task's output can change: stored goal-pair scores (analytics.goals) are keyed
+# by it, so pairs are scored again with the new statements.
+EXTRACTION_VERSION = 1
 
 TASK_KEYS = (
     "task", "question", "query", "objective", "instruction", "instructions", "goal",

@@ -1,32 +1,55 @@
--- goal_divergence (pairs): one row per subtask span with the raw root-goal text and the raw
--- subtask text; Python extracts the task statements, embeds them and scores 1 - cosine.
+-- goal_divergence: one row per subtask with its root-goal and subtask task statements and the
+-- stored score of that pair (table goal_scores, keyed by sha256 of the two raw texts and the
+-- scorer). Python scores only the pairs that have no stored score yet (columns _root_raw and
+-- _subtask_raw are filled for those rows only) and stores them, so each distinct pair is
+-- scored once and a warm call is this query alone.
 -- driftscope traces: subtask = driftscope.goal.text; root = driftscope.goal.root on the span,
--- else the goal.root of its origin task, else of its trace.
+-- else the goal.root of its origin task, else of its trace. The spans of one agent in one run
+-- that carry the same subtask statement under the same root (and the same delegation target)
+-- are one subtask: span_ids lists them all, first_seen/last_seen bound them.
 -- Other traces (OpenInference / OpenLLMetry, no driftscope.goal.* in the trace): root = the
 -- input of the trace's top agent/chain span, subtasks = the inputs of nested agent spans.
 -- Subtasks a guard refused are left out (they did not happen), and a guard's check span is
 -- folded into the delegation it checked.
-WITH s AS ({filtered_spans}),
+WITH s AS (
+    SELECT TraceId, SpanId, run_id, agent_id, graph_node_id, SpanName, delegate_to,
+           origin_task_id, hop, Timestamp, start_ns, Duration, goal_text, goal_root, outcome, op,
+           span_family, input_text
+    FROM spans
+    WHERE {span_filter}
+      AND (goal_text IS NOT NULL OR (span_family = 'agent' AND input_text IS NOT NULL))
+),
+roots_by_task AS (
+    SELECT origin_task_id, arg_min(goal_root, start_ns) AS root_raw
+    FROM spans WHERE goal_root IS NOT NULL AND origin_task_id IS NOT NULL
+    GROUP BY origin_task_id
+),
+roots_by_trace AS (
+    SELECT TraceId, arg_min(goal_root, start_ns) AS root_raw
+    FROM spans WHERE goal_root IS NOT NULL
+    GROUP BY TraceId
+),
+delegated AS (                                                -- (run, statement) delegated
+    SELECT DISTINCT run_id, goal_text FROM s WHERE op = 'delegate' AND goal_text IS NOT NULL
+),
 explicit AS (
     SELECT x.TraceId, x.SpanId, x.run_id, x.agent_id, x.delegate_to, x.origin_task_id, x.hop,
-           x.Timestamp,
-           coalesce(x.goal_root,
-                    (SELECT arg_min(g.goal_root, g.start_ns) FROM spans g
-                      WHERE g.goal_root IS NOT NULL AND g.origin_task_id = x.origin_task_id),
-                    (SELECT arg_min(g.goal_root, g.start_ns) FROM spans g
-                      WHERE g.goal_root IS NOT NULL AND g.TraceId = x.TraceId)) AS root_raw,
-           x.goal_text AS subtask_raw,
-           'driftscope' AS source
+           x.Timestamp, coalesce(x.goal_root, bt.root_raw, btr.root_raw) AS root_raw,
+           x.goal_text AS subtask_raw, 'driftscope' AS source
     FROM s x
+    LEFT JOIN roots_by_task bt ON bt.origin_task_id = x.origin_task_id
+    LEFT JOIN roots_by_trace btr ON btr.TraceId = x.TraceId
+    LEFT JOIN delegated d ON x.op = 'step' AND d.run_id = x.run_id AND d.goal_text = x.goal_text
     WHERE x.goal_text IS NOT NULL
       AND coalesce(x.outcome, 'ok') <> 'rejected'            -- a refused subtask never ran
-      AND NOT (coalesce(x.op, '') = 'step'                    -- a guard's check of a delegation
-               AND EXISTS (SELECT 1 FROM s d WHERE d.op = 'delegate' AND d.run_id = x.run_id
-                                              AND d.goal_text = x.goal_text))
+      AND d.run_id IS NULL                                    -- a guard's check of a delegation
+),
+nested AS (                         -- traces with nested agent inputs: candidates for inference
+    SELECT DISTINCT TraceId FROM s WHERE span_family = 'agent' AND input_text IS NOT NULL
 ),
 plain_traces AS (
     SELECT TraceId FROM spans
-    WHERE TraceId IN (SELECT DISTINCT TraceId FROM s)
+    WHERE TraceId IN (SELECT TraceId FROM nested)
     GROUP BY TraceId
     HAVING count(goal_text) = 0 AND count(goal_root) = 0
 ),
@@ -45,11 +68,30 @@ inferred AS (
            x.Timestamp, t.root_raw, x.input_text AS subtask_raw, 'inferred' AS source
     FROM s x JOIN tops t USING (TraceId)
     WHERE x.span_family = 'agent' AND x.SpanId <> t.top_span AND x.input_text IS NOT NULL
+),
+subtasks AS (
+    SELECT arg_min(TraceId, Timestamp) AS trace_id,
+           list_transform(list_sort(list({'t': Timestamp, 's': SpanId})), lambda e: e.s) AS span_ids, run_id,
+           agent_id AS agent, delegate_to, max(origin_task_id) AS origin_task_id, max(hop) AS hop,
+           root_raw, subtask_raw, source, min(Timestamp) AS first_seen, max(Timestamp) AS last_seen
+    FROM (SELECT * FROM explicit UNION ALL SELECT * FROM inferred)
+    WHERE root_raw IS NOT NULL
+      AND ($agent::VARCHAR IS NULL OR $agent::VARCHAR IN (agent_id, delegate_to))
+    GROUP BY run_id, agent_id, delegate_to, root_raw, subtask_raw, source,
+             CASE WHEN run_id IS NULL THEN TraceId END            -- without a run: per trace
+),
+pairs AS (
+    SELECT p.root_raw, p.subtask_raw, g.root_goal, g.subtask, g.divergence,
+           g.root_hash IS NOT NULL AS scored
+    FROM (SELECT DISTINCT root_raw, subtask_raw FROM subtasks) p
+    LEFT JOIN goal_scores g
+      ON g.root_hash = sha256(p.root_raw) AND g.subtask_hash = sha256(p.subtask_raw)
+     AND g.scorer = $scorer
 )
-SELECT TraceId AS trace_id, [SpanId] AS span_ids, run_id, agent_id AS agent, delegate_to,
-       origin_task_id, hop, root_raw, subtask_raw, source,
-       Timestamp AS first_seen, Timestamp AS last_seen
-FROM (SELECT * FROM explicit UNION ALL SELECT * FROM inferred)
-WHERE root_raw IS NOT NULL
-  AND ($agent::VARCHAR IS NULL OR $agent::VARCHAR IN (agent_id, delegate_to))
-ORDER BY first_seen, trace_id, span_ids
+SELECT t.trace_id, t.span_ids, t.run_id, t.agent, t.delegate_to, t.origin_task_id, t.hop,
+       p.root_goal, p.subtask, t.source, p.divergence, t.first_seen, t.last_seen,
+       CASE WHEN NOT p.scored THEN t.root_raw END AS _root_raw,
+       CASE WHEN NOT p.scored THEN t.subtask_raw END AS _subtask_raw
+FROM subtasks t JOIN pairs p USING (root_raw, subtask_raw)
+WHERE NOT p.scored OR p.divergence IS NOT NULL               -- a pair without task statements
+ORDER BY t.first_seen, t.trace_id, t.span_ids
