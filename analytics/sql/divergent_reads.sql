@@ -2,13 +2,33 @@
 -- attempted a write of that key before either saw the other's write: each read happened before
 -- the other agent's write, and neither re-read the key between its read and its own write. From
 -- there on their views of the key diverge (one write is lost or rejected).
-WITH s AS ({filtered_spans}),
+-- Performance: the per-agent ordering (a window) runs only over the keys of a run where such a
+-- pair is possible at all: two agents read one version of it and two agents wrote it.
+WITH all_touches AS NOT MATERIALIZED (
+    SELECT run_id, TraceId, SpanId, agent_id, state_key, state_version, op, Timestamp, start_ns
+    FROM spans
+    WHERE {span_filter}
+      AND state_key IS NOT NULL AND agent_id IS NOT NULL AND op IN ('read', 'write')
+),
+shared_keys AS (  -- keys of a run two agents read at the same version and two agents wrote
+    SELECT run_id, state_key FROM (
+        SELECT run_id, state_key, state_version
+        FROM all_touches
+        WHERE op = 'read' AND state_version IS NOT NULL
+        GROUP BY ALL
+        HAVING min(agent_id) <> max(agent_id))
+    INTERSECT
+    SELECT run_id, state_key
+    FROM all_touches
+    WHERE op = 'write'
+    GROUP BY ALL
+    HAVING min(agent_id) <> max(agent_id)
+),
 touches AS (
-    SELECT run_id, TraceId, SpanId, agent_id, state_key, state_version, op, Timestamp, start_ns,
+    SELECT t.*,
            lead(op) OVER w AS next_op, lead(SpanId) OVER w AS next_span,
            lead(start_ns) OVER w AS next_ns, lead(Timestamp) OVER w AS next_ts
-    FROM s
-    WHERE state_key IS NOT NULL AND agent_id IS NOT NULL AND op IN ('read', 'write')
+    FROM all_touches t SEMI JOIN shared_keys k USING (run_id, state_key)
     WINDOW w AS (PARTITION BY run_id, agent_id, state_key ORDER BY start_ns, SpanId)
 ),
 read_then_write AS (  -- a read followed directly (for this agent and key) by a write attempt
