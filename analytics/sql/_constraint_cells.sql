@@ -5,24 +5,28 @@
 -- guard refused did not happen and are left out. A delegation without structured constraint
 -- fields (an unguarded free-text hand-off) carries the constraint ids its arguments cite as
 -- "[C1]" - the convention of driftscope's free-text context.
+-- Only the columns used are read from spans (the regex runs only on delegations without
+-- structured constraint fields).
 SELECT * FROM (
-    WITH s AS ({filtered_spans}),
-    deleg AS (
-        SELECT * REPLACE (
-                   coalesce(constraints_carried,
-                            CASE WHEN constraints_waived IS NULL THEN
-                                list_distinct(regexp_extract_all(coalesce(tool_args, input_text, ''),
-                                                                 '\[([A-Za-z][A-Za-z0-9_.-]*)\]', 1))
-                            END) AS constraints_carried)
-        FROM s
-        WHERE op = 'delegate' AND origin_task_id IS NOT NULL AND hop IS NOT NULL
+    WITH deleg AS (
+        SELECT TraceId, SpanId, run_id, agent_id, delegate_to, Timestamp, origin_task_id, hop,
+               constraints_waived, waiver_reasons,
+               coalesce(constraints_carried,
+                        CASE WHEN constraints_waived IS NULL THEN
+                            list_distinct(regexp_extract_all(coalesce(tool_args, input_text, ''),
+                                                             '\[([A-Za-z][A-Za-z0-9_.-]*)\]', 1))
+                        END) AS constraints_carried
+        FROM spans
+        WHERE {span_filter}
+          AND op = 'delegate' AND origin_task_id IS NOT NULL AND hop IS NOT NULL
           AND coalesce(outcome, 'ok') <> 'rejected'
           AND ($origin_task::VARCHAR IS NULL OR origin_task_id = $origin_task::VARCHAR)
     ),
     ledger AS (
         SELECT DISTINCT origin_task_id, constraint_id FROM (
-            SELECT origin_task_id, unnest(constraints_ledger) AS constraint_id FROM s
-            WHERE origin_task_id IS NOT NULL AND constraints_ledger IS NOT NULL
+            SELECT origin_task_id, unnest(constraints_ledger) AS constraint_id
+            FROM spans
+            WHERE {span_filter} AND origin_task_id IS NOT NULL AND constraints_ledger IS NOT NULL
             UNION ALL
             SELECT origin_task_id, unnest(constraints_carried) FROM deleg
             WHERE constraints_carried IS NOT NULL
