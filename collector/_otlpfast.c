@@ -136,7 +136,7 @@ static int g_configured = 0;
 static Py_ssize_t g_ncoord = 0;
 static int g_oc[NOC];
 static PyObject *g_text, *g_int, *g_bool, *g_str_list, *g_langgraph;
-static PyObject *g_genai_family, *g_oi_family, *g_tl_family, *g_family_op;
+static PyObject *g_genai_family, *g_oi_family, *g_tl_family, *g_family_op, *g_json_dumps;
 
 /* Interned constants (module init). */
 static PyObject *S_empty, *S_tool, *S_other, *S_attribute, *S_brackets, *S_true, *S_false;
@@ -152,7 +152,9 @@ typedef struct {
     Py_ssize_t n;
 } Slice;
 
-enum { AK_NONE = 0, AK_STR, AK_BOOL, AK_INT, AK_DOUBLE, AK_ARRAY, AK_BYTES, AK_UNSUP };
+/* AK_UNSUP: a kvlist while parsing; AK_COMPLEX: a kvlist or an array with a non-string item, which
+   pass 2 converts like any_value from the raw AnyValue (Attr.val). */
+enum { AK_NONE = 0, AK_STR, AK_BOOL, AK_INT, AK_DOUBLE, AK_ARRAY, AK_BYTES, AK_UNSUP, AK_COMPLEX };
 
 typedef struct {
     Slice key;
@@ -161,6 +163,8 @@ typedef struct {
     double d;
     Py_ssize_t item0, nitems; /* AK_ARRAY: string items in Ctx.items */
     uint64_t h;               /* hash of key */
+    Slice val;                /* the KeyValue's value field (the last one) */
+    int nval;                 /* how many value fields the KeyValue had */
     int kind;
     int bad; /* AK_ARRAY with a non-string item */
 } Attr;
@@ -189,9 +193,17 @@ typedef struct {
     uint64_t start, end;
     int32_t kind, code;
     Py_ssize_t a0, na, scope;
+    Py_ssize_t e0, ne; /* events and links, in Ctx.events */
     int reason;
-    int has_events;
 } Span;
+
+/* A Span.Event or Span.Link (is_link); attributes in Ctx.eattrs. */
+typedef struct {
+    Slice name, tid, sid, tstate;
+    uint64_t time;
+    Py_ssize_t a0, na;
+    int is_link;
+} Event;
 
 typedef struct {
     uint64_t h;
@@ -210,11 +222,15 @@ typedef struct {
     Py_ssize_t nitems, citems;
     Span *spans;
     Py_ssize_t nspans, cspans;
+    Event *events;
+    Py_ssize_t nevents, cevents;
+    Attr *eattrs;
+    Py_ssize_t neattrs, ceattrs;
     Scope *scopes;
     Py_ssize_t nscopes, cscopes;
     Res *res;
     Py_ssize_t nres, cres;
-    Py_ssize_t max_bytes, max_items;
+    Py_ssize_t max_bytes, max_items, max_depth;
     /* pass 2 */
     CacheEnt *cache;
     Py_ssize_t ncache;
@@ -528,6 +544,8 @@ static int parse_kv(Ctx *c, Slice m, Attr *a, int depth) {
         } else if (f == 2 && wt == 2) {
             CHECK(rd_len(&p, end, &s));
             CHECK(parse_any(c, s, a, depth));
+            a->val = s;
+            a->nval++;
         } else {
             CHECK(skip_field(&p, end, f, wt, 0));
         }
@@ -543,10 +561,14 @@ static int parse_kv_validate(Ctx *c, Slice m, int depth) {
 }
 
 /* Attributes of an accepted span or of a resource: anything the fast path does not build. */
-static int check_attrs(Ctx *c, const Attr *attrs, Py_ssize_t n) {
+static int check_attrs(Ctx *c, Attr *attrs, Py_ssize_t n) {
     for (Py_ssize_t k = 0; k < n; k++) {
-        const Attr *a = &attrs[k];
-        if (a->kind == AK_UNSUP || (a->kind == AK_ARRAY && a->bad)) return FALLBACK;
+        Attr *a = &attrs[k];
+        if (a->kind == AK_UNSUP || (a->kind == AK_ARRAY && a->bad)) {
+            /* a value split over several fields would have to be merged before converting */
+            if (a->nval != 1) return FALLBACK;
+            a->kind = AK_COMPLEX;
+        }
         /* keys that _truncate would change could collide after the change */
         if (a->key.n > c->max_bytes || (a->key.n && memchr(a->key.p, 0, (size_t)a->key.n)))
             return FALLBACK;
@@ -599,23 +621,40 @@ static int span_reason(const Span *sp) {
     return REASON_NONE;
 }
 
-/* Span.Event and Span.Link: validated only (a span of an accepted row with either falls back). */
+/* A Span.Event or Span.Link into Ctx.events (its attributes into Ctx.eattrs). */
 static int parse_event_or_link(Ctx *c, Slice m, int is_link) {
+    ENSURE(c->events, c->nevents, c->cevents);
+    Event *ev = &c->events[c->nevents];
+    memset(ev, 0, sizeof *ev);
+    ev->is_link = is_link;
+    ev->a0 = c->neattrs;
     const uint8_t *p = m.p, *end = m.p + m.n;
     while (p < end) {
         uint32_t f;
         int wt;
         Slice s;
         CHECK(rd_tag(&p, end, &f, &wt));
-        if (wt == 2 && ((!is_link && f == 2) || (is_link && f == 3))) {
-            CHECK(rd_str(&p, end, &s));
+        if (!is_link && f == 1 && wt == 1) {
+            CHECK(rd_fixed64(&p, end, &ev->time));
+        } else if (!is_link && f == 2 && wt == 2) {
+            CHECK(rd_str(&p, end, &ev->name));
+        } else if (is_link && (f == 1 || f == 2) && wt == 2) {
+            CHECK(rd_len(&p, end, f == 1 ? &ev->tid : &ev->sid));
+        } else if (is_link && f == 3 && wt == 2) {
+            CHECK(rd_str(&p, end, &ev->tstate));
         } else if (wt == 2 && ((!is_link && f == 3) || (is_link && f == 4))) {
             CHECK(rd_len(&p, end, &s));
-            CHECK(parse_kv_validate(c, s, 1));
+            ENSURE(c->eattrs, c->neattrs, c->ceattrs);
+            Attr *a = &c->eattrs[c->neattrs];
+            memset(a, 0, sizeof *a);
+            CHECK(parse_kv(c, s, a, 0));
+            c->neattrs++;
         } else {
             CHECK(skip_field(&p, end, f, wt, 0));
         }
     }
+    ev->na = c->neattrs - ev->a0;
+    c->nevents++;
     return OK;
 }
 
@@ -644,6 +683,8 @@ static int parse_span(Ctx *c, Slice m, Py_ssize_t scope) {
     memset(sp, 0, sizeof *sp);
     sp->scope = scope;
     sp->a0 = c->nattrs;
+    sp->e0 = c->nevents;
+    Py_ssize_t eattrs0 = c->neattrs;
     const uint8_t *p = m.p, *end = m.p + m.n;
     while (p < end) {
         uint32_t f;
@@ -681,7 +722,6 @@ static int parse_span(Ctx *c, Slice m, Py_ssize_t scope) {
             case 13:
                 CHECK(rd_len(&p, end, &s));
                 CHECK(parse_event_or_link(c, s, f == 13));
-                sp->has_events = 1;
                 continue;
             case 15:
                 CHECK(rd_len(&p, end, &s));
@@ -701,13 +741,19 @@ static int parse_span(Ctx *c, Slice m, Py_ssize_t scope) {
         CHECK(skip_field(&p, end, f, wt, 0));
     }
     sp->na = c->nattrs - sp->a0;
+    sp->ne = c->nevents - sp->e0;
     sp->reason = span_reason(sp);
     if (sp->reason == REASON_NONE) {
-        if (sp->has_events) return FALLBACK;
         CHECK(check_attrs(c, c->attrs + sp->a0, sp->na));
+        for (Py_ssize_t k = sp->e0; k < c->nevents; k++)
+            CHECK(check_attrs(c, c->eattrs + c->events[k].a0, c->events[k].na));
     } else {
-        c->nattrs = sp->a0; /* a rejected span's attributes are never used */
+        /* a rejected span's attributes, events and links are never used */
+        c->nattrs = sp->a0;
         sp->na = 0;
+        c->nevents = sp->e0;
+        sp->ne = 0;
+        c->neattrs = eattrs0;
     }
     c->nspans++;
     return OK;
@@ -984,74 +1030,127 @@ static PyObject *b64_str(const uint8_t *p, Py_ssize_t n) {
     return s;
 }
 
-/* "[" + ",".join(json.encoder.encode_basestring(s) for s in items) + "]" */
-static PyObject *json_string_list(Ctx *c, PyObject *list) {
-    Py_ssize_t n = PyList_GET_SIZE(list), o = 0;
-    if (ensure_buf(c, 2) < 0) return NULL;
-    c->buf[o++] = '[';
-    int ascii = 1;
-    for (Py_ssize_t k = 0; k < n; k++) {
-        Py_ssize_t len;
-        const char *u = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(list, k), &len);
-        if (!u) return NULL;
-        /* worst case 6 bytes per input byte (\u00XX), plus quotes, comma and "]" */
-        if (len > (PY_SSIZE_T_MAX - o - 8) / 6 || ensure_buf(c, o + len * 6 + 8) < 0) {
-            if (!PyErr_Occurred()) PyErr_NoMemory();
-            return NULL;
-        }
-        if (k) c->buf[o++] = ',';
-        c->buf[o++] = '"';
-        for (Py_ssize_t i = 0; i < len; i++) {
-            unsigned char ch = (unsigned char)u[i];
-            switch (ch) {
-            case '"':
-                c->buf[o++] = '\\';
-                c->buf[o++] = '"';
-                break;
-            case '\\':
-                c->buf[o++] = '\\';
-                c->buf[o++] = '\\';
-                break;
-            case '\b':
-                c->buf[o++] = '\\';
-                c->buf[o++] = 'b';
-                break;
-            case '\f':
-                c->buf[o++] = '\\';
-                c->buf[o++] = 'f';
-                break;
-            case '\n':
-                c->buf[o++] = '\\';
-                c->buf[o++] = 'n';
-                break;
-            case '\r':
-                c->buf[o++] = '\\';
-                c->buf[o++] = 'r';
-                break;
-            case '\t':
-                c->buf[o++] = '\\';
-                c->buf[o++] = 't';
-                break;
-            default:
-                if (ch < 0x20) {
-                    static const char hx[] = "0123456789abcdef";
-                    c->buf[o++] = '\\';
-                    c->buf[o++] = 'u';
-                    c->buf[o++] = '0';
-                    c->buf[o++] = '0';
-                    c->buf[o++] = hx[ch >> 4];
-                    c->buf[o++] = hx[ch & 15];
-                } else {
-                    if (ch >= 0x80) ascii = 0;
-                    c->buf[o++] = (char)ch;
-                }
+/* A growable byte buffer for JSON text. */
+typedef struct {
+    char *p;
+    Py_ssize_t n, cap;
+    int ascii;
+} JBuf;
+
+static int jb_reserve(JBuf *b, Py_ssize_t extra) {
+    if (extra > PY_SSIZE_T_MAX / 2 - b->n) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (b->n + extra <= b->cap) return 0;
+    Py_ssize_t cap = b->cap ? b->cap : 256;
+    while (cap < b->n + extra) cap *= 2;
+    char *np = PyMem_Realloc(b->p, (size_t)cap);
+    if (!np) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->p = np;
+    b->cap = cap;
+    return 0;
+}
+
+static int jb_raw(JBuf *b, const char *text, Py_ssize_t n) {
+    if (jb_reserve(b, n) < 0) return -1;
+    memcpy(b->p + b->n, text, (size_t)n);
+    b->n += n;
+    return 0;
+}
+
+/* A JSON string literal of UTF-8 text, as json.encoder.encode_basestring writes it. */
+static int jb_string(JBuf *b, const char *u, Py_ssize_t len) {
+    if (len > PY_SSIZE_T_MAX / 8 || jb_reserve(b, len * 6 + 2) < 0) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        return -1;
+    }
+    char *o = b->p + b->n;
+    *o++ = '"';
+    for (Py_ssize_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)u[i];
+        switch (ch) {
+        case '"':
+            *o++ = '\\';
+            *o++ = '"';
+            break;
+        case '\\':
+            *o++ = '\\';
+            *o++ = '\\';
+            break;
+        case '\b':
+            *o++ = '\\';
+            *o++ = 'b';
+            break;
+        case '\f':
+            *o++ = '\\';
+            *o++ = 'f';
+            break;
+        case '\n':
+            *o++ = '\\';
+            *o++ = 'n';
+            break;
+        case '\r':
+            *o++ = '\\';
+            *o++ = 'r';
+            break;
+        case '\t':
+            *o++ = '\\';
+            *o++ = 't';
+            break;
+        default:
+            if (ch < 0x20) {
+                static const char hx[] = "0123456789abcdef";
+                *o++ = '\\';
+                *o++ = 'u';
+                *o++ = '0';
+                *o++ = '0';
+                *o++ = hx[ch >> 4];
+                *o++ = hx[ch & 15];
+            } else {
+                if (ch >= 0x80) b->ascii = 0;
+                *o++ = (char)ch;
             }
         }
-        c->buf[o++] = '"';
     }
-    c->buf[o++] = ']';
-    if (ascii) return new_str((const uint8_t *)c->buf, o);
-    return PyUnicode_DecodeUTF8(c->buf, o, "strict");
+    *o++ = '"';
+    b->n = o - b->p;
+    return 0;
+}
+
+static int jb_pystring(JBuf *b, PyObject *s) {
+    Py_ssize_t len;
+    const char *u = PyUnicode_AsUTF8AndSize(s, &len);
+    return u ? jb_string(b, u, len) : -1;
+}
+
+static PyObject *jb_finish(JBuf *b) {
+    PyObject *out = b->ascii ? new_str((const uint8_t *)b->p, b->n) : PyUnicode_DecodeUTF8(b->p, b->n, "strict");
+    PyMem_Free(b->p);
+    b->p = NULL;
+    return out;
+}
+
+/* "[" + ",".join(json.encoder.encode_basestring(s) for s in items) + "]" */
+static int jb_string_list(JBuf *b, PyObject *list) {
+    if (jb_raw(b, "[", 1) < 0) return -1;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(list); k++) {
+        if (k && jb_raw(b, ",", 1) < 0) return -1;
+        if (jb_pystring(b, PyList_GET_ITEM(list, k)) < 0) return -1;
+    }
+    return jb_raw(b, "]", 1);
+}
+
+static PyObject *json_string_list(PyObject *list) {
+    JBuf b = {NULL, 0, 0, 1};
+    if (jb_string_list(&b, list) < 0) {
+        PyMem_Free(b.p);
+        return NULL;
+    }
+    return jb_finish(&b);
 }
 
 /* The list any_value builds for an array of strings: truncated items, then a marker. */
@@ -1079,6 +1178,212 @@ static PyObject *array_items(Ctx *c, const Attr *a) {
     }
     return list;
 }
+
+/* A growable list of slices (the parts of a merged message, or the items of one). */
+typedef struct {
+    Slice *v;
+    Py_ssize_t n, cap;
+} SliceVec;
+
+static int sv_push(SliceVec *sv, Slice s) {
+    if (sv->n >= sv->cap) {
+        Py_ssize_t cap = sv->cap ? sv->cap * 2 : 8;
+        Slice *nv = PyMem_Realloc(sv->v, (size_t)cap * sizeof(Slice));
+        if (!nv) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        sv->v = nv;
+        sv->cap = cap;
+    }
+    sv->v[sv->n++] = s;
+    return 0;
+}
+
+static int wire_error(void) {
+    PyErr_SetString(PyExc_SystemError, "_otlpfast: wire data changed between passes");
+    return -1;
+}
+
+/* The repeated field 1 (values) of an ArrayValue / KeyValueList, appended to out. */
+static int collect_values(Slice m, SliceVec *out) {
+    const uint8_t *p = m.p, *end = m.p + m.n;
+    while (p < end) {
+        uint32_t f;
+        int wt;
+        Slice s;
+        if (rd_tag(&p, end, &f, &wt)) return wire_error();
+        if (f == 1 && wt == 2) {
+            if (rd_len(&p, end, &s)) return wire_error();
+            if (sv_push(out, s) < 0) return -1;
+        } else if (skip_field(&p, end, f, wt, 0)) {
+            return wire_error();
+        }
+    }
+    return 0;
+}
+
+static PyObject *build_any(Ctx *c, const Slice *parts, Py_ssize_t nparts, int depth);
+
+/* One KeyValue of a kvlist into dict (last duplicate wins, as a dict comprehension does). */
+static int build_kv(Ctx *c, Slice m, PyObject *dict, int depth) {
+    SliceVec values = {NULL, 0, 0};
+    Slice key = {NULL, 0};
+    const uint8_t *p = m.p, *end = m.p + m.n;
+    int rc = -1;
+    while (p < end) {
+        uint32_t f;
+        int wt;
+        Slice s;
+        if (rd_tag(&p, end, &f, &wt)) {
+            wire_error();
+            goto done;
+        }
+        if (f == 1 && wt == 2) {
+            if (rd_len(&p, end, &key)) {
+                wire_error();
+                goto done;
+            }
+        } else if (f == 2 && wt == 2) {
+            if (rd_len(&p, end, &s)) {
+                wire_error();
+                goto done;
+            }
+            if (sv_push(&values, s) < 0) goto done;
+        } else if (skip_field(&p, end, f, wt, 0)) {
+            wire_error();
+            goto done;
+        }
+    }
+    PyObject *k = make_text(c, key.p, key.n);
+    if (!k) goto done;
+    PyObject *v = build_any(c, values.v, values.n, depth);
+    if (!v) {
+        Py_DECREF(k);
+        goto done;
+    }
+    rc = PyDict_SetItem(dict, k, v);
+    Py_DECREF(k);
+    Py_DECREF(v);
+done:
+    PyMem_Free(values.v);
+    return rc;
+}
+
+/* collector.decode.any_value of the AnyValue made of these parts (a merged message). */
+static PyObject *build_any(Ctx *c, const Slice *parts, Py_ssize_t nparts, int depth) {
+    int kind = AK_NONE;
+    Slice str = {NULL, 0};
+    uint64_t v = 0;
+    SliceVec sub = {NULL, 0, 0}; /* array items or kvlist entries */
+    PyObject *out = NULL;
+    for (Py_ssize_t part = 0; part < nparts; part++) {
+        const uint8_t *p = parts[part].p, *end = p + parts[part].n;
+        while (p < end) {
+            uint32_t f;
+            int wt;
+            Slice s;
+            int bad = rd_tag(&p, end, &f, &wt);
+            if (!bad && f == 1 && wt == 2) {
+                bad = rd_len(&p, end, &str);
+                kind = AK_STR;
+            } else if (!bad && f == 2 && wt == 0) {
+                bad = rd_varint(&p, end, &v);
+                kind = AK_BOOL;
+            } else if (!bad && f == 3 && wt == 0) {
+                bad = rd_varint(&p, end, &v);
+                kind = AK_INT;
+            } else if (!bad && f == 4 && wt == 1) {
+                bad = rd_fixed64(&p, end, &v);
+                kind = AK_DOUBLE;
+            } else if (!bad && (f == 5 || f == 6) && wt == 2) {
+                int k = f == 5 ? AK_ARRAY : AK_UNSUP;
+                bad = rd_len(&p, end, &s);
+                if (!bad) {
+                    if (kind != k) sub.n = 0; /* a new oneof member; the same one merges */
+                    kind = k;
+                    if (collect_values(s, &sub) < 0) goto done;
+                }
+            } else if (!bad && f == 7 && wt == 2) {
+                bad = rd_len(&p, end, &str);
+                kind = AK_BYTES;
+            } else if (!bad && f == 8 && wt == 0) {
+                bad = rd_varint(&p, end, &v);
+                kind = AK_NONE;
+            } else if (!bad) {
+                bad = skip_field(&p, end, f, wt, 0);
+            }
+            if (bad) {
+                wire_error();
+                goto done;
+            }
+        }
+    }
+    switch (kind) {
+    case AK_STR:
+        out = make_text(c, str.p, str.n);
+        break;
+    case AK_BOOL:
+        out = v ? Py_True : Py_False;
+        Py_INCREF(out);
+        break;
+    case AK_INT:
+        out = PyLong_FromLongLong((long long)(int64_t)v);
+        break;
+    case AK_DOUBLE: {
+        double d;
+        memcpy(&d, &v, 8);
+        if (isfinite(d))
+            out = PyFloat_FromDouble(d);
+        else
+            out = PyUnicode_FromString(isnan(d) ? "nan" : (d > 0 ? "inf" : "-inf"));
+        break;
+    }
+    case AK_BYTES:
+        out = b64_str(str.p, str.n < c->max_bytes ? str.n : c->max_bytes);
+        break;
+    case AK_ARRAY:
+    case AK_UNSUP:
+        if (depth >= c->max_depth) {
+            out = PyUnicode_FromFormat("[truncated: nesting deeper than %zd]", c->max_depth);
+            break;
+        }
+        if (kind == AK_ARRAY) {
+            Py_ssize_t keep = sub.n < c->max_items ? sub.n : c->max_items;
+            int marker = sub.n > c->max_items;
+            out = PyList_New(keep + marker);
+            for (Py_ssize_t k = 0; out && k < keep; k++) {
+                PyObject *item = build_any(c, &sub.v[k], 1, depth + 1);
+                if (!item) {
+                    Py_CLEAR(out);
+                    break;
+                }
+                PyList_SET_ITEM(out, k, item);
+            }
+            if (out && marker) {
+                PyObject *m = PyUnicode_FromFormat("[truncated %zd items]", sub.n - c->max_items);
+                if (!m)
+                    Py_CLEAR(out);
+                else
+                    PyList_SET_ITEM(out, keep, m);
+            }
+        } else {
+            out = PyDict_New();
+            for (Py_ssize_t k = 0; out && k < sub.n && k < c->max_items; k++)
+                if (build_kv(c, sub.v[k], out, depth + 1) < 0) Py_CLEAR(out);
+        }
+        break;
+    default:
+        out = Py_None;
+        Py_INCREF(out);
+    }
+done:
+    PyMem_Free(sub.v);
+    return out;
+}
+
+/* json.dumps(value, ensure_ascii=False, separators=(",", ":")) */
+static PyObject *json_dumps(PyObject *value) { return PyObject_CallOneArg(g_json_dumps, value); }
 
 /*
  * The attribute's text in the attribute map (new ref in *map) and, when mv is not NULL, the
@@ -1135,11 +1440,27 @@ static int attr_values(Ctx *c, const Attr *a, PyObject **map, PyObject **mv) {
     case AK_ARRAY: {
         PyObject *list = array_items(c, a);
         if (!list) return -1;
-        m = json_string_list(c, list);
+        m = json_string_list(list);
         if (mv)
             v = list;
         else
             Py_DECREF(list);
+        break;
+    }
+    case AK_COMPLEX: {
+        PyObject *value = build_any(c, &a->val, 1, 0);
+        if (!value) return -1;
+        /* a str when max_depth is 0; lists and dicts otherwise (_as_string_map) */
+        if (PyUnicode_CheckExact(value)) {
+            m = value;
+            Py_INCREF(m);
+        } else {
+            m = json_dumps(value);
+        }
+        if (mv)
+            v = value;
+        else
+            Py_DECREF(value);
         break;
     }
     default:
@@ -1403,6 +1724,147 @@ done:
     return rc;
 }
 
+static PyObject *array_items(Ctx *c, const Attr *a);
+
+/* json.dumps of one value of attributes_to_dict (the kinds check_attrs lets through). */
+static int jb_value(Ctx *c, JBuf *b, const Attr *a) {
+    char num[32];
+    int len;
+    PyObject *tmp;
+    int rc;
+    switch (a->kind) {
+    case AK_STR:
+        if (!(tmp = make_text(c, a->s.p, a->s.n))) return -1;
+        rc = jb_pystring(b, tmp);
+        Py_DECREF(tmp);
+        return rc;
+    case AK_BYTES:
+        if (!(tmp = b64_str(a->s.p, a->s.n < c->max_bytes ? a->s.n : c->max_bytes))) return -1;
+        rc = jb_pystring(b, tmp);
+        Py_DECREF(tmp);
+        return rc;
+    case AK_NONE:
+        return jb_raw(b, "null", 4);
+    case AK_BOOL:
+        return a->i ? jb_raw(b, "true", 4) : jb_raw(b, "false", 5);
+    case AK_INT:
+        len = snprintf(num, sizeof num, "%lld", (long long)a->i);
+        return jb_raw(b, num, len);
+    case AK_DOUBLE:
+        if (!isfinite(a->d)) /* any_value made it the text str(number) */
+            return isnan(a->d) ? jb_raw(b, "\"nan\"", 5) : a->d > 0 ? jb_raw(b, "\"inf\"", 5) : jb_raw(b, "\"-inf\"", 6);
+        {
+            PyObject *f = PyFloat_FromDouble(a->d);
+            if (!f) return -1;
+            tmp = PyObject_Repr(f);
+            Py_DECREF(f);
+            if (!tmp) return -1;
+            Py_ssize_t n;
+            const char *u = PyUnicode_AsUTF8AndSize(tmp, &n);
+            rc = u ? jb_raw(b, u, n) : -1;
+            Py_DECREF(tmp);
+            return rc;
+        }
+    case AK_ARRAY:
+        if (!(tmp = array_items(c, a))) return -1;
+        rc = jb_string_list(b, tmp);
+        Py_DECREF(tmp);
+        return rc;
+    case AK_COMPLEX: {
+        PyObject *value = build_any(c, &a->val, 1, 0);
+        if (!value) return -1;
+        tmp = json_dumps(value);
+        Py_DECREF(value);
+        if (!tmp) return -1;
+        Py_ssize_t n;
+        const char *u = PyUnicode_AsUTF8AndSize(tmp, &n);
+        if (u && !is_ascii((const uint8_t *)u, n)) b->ascii = 0;
+        rc = u ? jb_raw(b, u, n) : -1;
+        Py_DECREF(tmp);
+        return rc;
+    }
+    default:
+        PyErr_SetString(PyExc_SystemError, "_otlpfast: unexpected attribute kind");
+        return -1;
+    }
+}
+
+/* json.dumps of attributes_to_dict(attributes): keys are plain (check_attrs). */
+static int jb_attributes(Ctx *c, JBuf *b, const Attr *attrs, Py_ssize_t n) {
+    if (jb_raw(b, "{", 1) < 0) return -1;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (k && jb_raw(b, ",", 1) < 0) return -1;
+        if (jb_string(b, (const char *)attrs[k].key.p, attrs[k].key.n) < 0 || jb_raw(b, ":", 1) < 0 ||
+            jb_value(c, b, &attrs[k]) < 0)
+            return -1;
+    }
+    return jb_raw(b, "}", 1);
+}
+
+static int jb_hex(JBuf *b, const Slice *s) {
+    static const char digits[] = "0123456789abcdef";
+    if (s->n > PY_SSIZE_T_MAX / 4 || jb_reserve(b, s->n * 2 + 2) < 0) {
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        return -1;
+    }
+    char *o = b->p + b->n;
+    *o++ = '"';
+    for (Py_ssize_t i = 0; i < s->n; i++) {
+        *o++ = digits[s->p[i] >> 4];
+        *o++ = digits[s->p[i] & 15];
+    }
+    *o++ = '"';
+    b->n = o - b->p;
+    return 0;
+}
+
+/* collector.decode._events_json / _links_json of an accepted span. */
+static PyObject *events_json(Ctx *c, const Span *sp, int links) {
+    JBuf b = {NULL, 0, 0, 1};
+    Py_ssize_t written = 0;
+    char num[32];
+    if (jb_raw(&b, "[", 1) < 0) goto fail;
+    for (Py_ssize_t k = sp->e0; k < sp->e0 + sp->ne && written < c->max_items; k++) {
+        const Event *ev = &c->events[k];
+        if (ev->is_link != links) continue;
+        if (written++ && jb_raw(&b, ",", 1) < 0) goto fail;
+        if (links) {
+            if (jb_raw(&b, "{\"TraceId\":", 11) < 0 || jb_hex(&b, &ev->tid) < 0 ||
+                jb_raw(&b, ",\"SpanId\":", 10) < 0 || jb_hex(&b, &ev->sid) < 0 ||
+                jb_raw(&b, ",\"TraceState\":", 14) < 0 ||
+                jb_string(&b, (const char *)ev->tstate.p, ev->tstate.n) < 0)
+                goto fail;
+        } else {
+            int len = snprintf(num, sizeof num, "%llu", (unsigned long long)ev->time);
+            PyObject *name = make_text(c, ev->name.p, ev->name.n);
+            if (!name) goto fail;
+            int rc = jb_raw(&b, "{\"Timestamp\":", 13) < 0 || jb_raw(&b, num, len) < 0 ||
+                     jb_raw(&b, ",\"Name\":", 8) < 0 || jb_pystring(&b, name) < 0;
+            Py_DECREF(name);
+            if (rc) goto fail;
+        }
+        if (jb_raw(&b, ",\"Attributes\":", 14) < 0 || jb_attributes(c, &b, c->eattrs + ev->a0, ev->na) < 0 ||
+            jb_raw(&b, "}", 1) < 0)
+            goto fail;
+    }
+    if (jb_raw(&b, "]", 1) < 0) goto fail;
+    return jb_finish(&b);
+fail:
+    PyMem_Free(b.p);
+    return NULL;
+}
+
+/* The Events or Links column of an accepted span (new ref). */
+static PyObject *events_column(Ctx *c, const Span *sp, int links) {
+    int any = 0;
+    for (Py_ssize_t k = sp->e0; k < sp->e0 + sp->ne; k++) any |= c->events[k].is_link == links;
+    if (!any) {
+        Py_INCREF(S_brackets);
+        return S_brackets;
+    }
+    return events_json(c, sp, links);
+}
+
 static PyObject *reject_message(const Span *sp) {
     PyObject *name = new_str(sp->name.p, sp->name.n);
     if (!name) return NULL;
@@ -1654,10 +2116,10 @@ static PyObject *build(Ctx *c) {
         PyList_SET_ITEM(o.otel[O_STATUS_CODE], j, v);
         if (!(v = make_text(c, sp->smsg.p, sp->smsg.n))) goto fail;
         PyList_SET_ITEM(o.otel[O_STATUS_MESSAGE], j, v);
-        Py_INCREF(S_brackets);
-        PyList_SET_ITEM(o.otel[O_EVENTS], j, S_brackets);
-        Py_INCREF(S_brackets);
-        PyList_SET_ITEM(o.otel[O_LINKS], j, S_brackets);
+        if (!(v = events_column(c, sp, 0))) goto fail;
+        PyList_SET_ITEM(o.otel[O_EVENTS], j, v);
+        if (!(v = events_column(c, sp, 1))) goto fail;
+        PyList_SET_ITEM(o.otel[O_LINKS], j, v);
         if (set_long(o.otel[O_START], j, PyLong_FromUnsignedLongLong(sp->start)) < 0) goto fail;
         if (set_long(o.otel[O_END], j, PyLong_FromUnsignedLongLong(sp->end)) < 0) goto fail;
 
@@ -1748,6 +2210,8 @@ static void ctx_free(Ctx *c) {
     PyMem_RawFree(c->rattrs);
     PyMem_RawFree(c->items);
     PyMem_RawFree(c->spans);
+    PyMem_RawFree(c->events);
+    PyMem_RawFree(c->eattrs);
     PyMem_RawFree(c->scopes);
     PyMem_RawFree(c->res);
     if (c->cache) {
@@ -1760,20 +2224,22 @@ static void ctx_free(Ctx *c) {
 static PyObject *decode(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *payload;
-    Py_ssize_t max_bytes, max_items;
-    if (!PyArg_ParseTuple(args, "O!nn:decode", &PyBytes_Type, &payload, &max_bytes, &max_items)) return NULL;
+    Py_ssize_t max_bytes, max_items, max_depth;
+    if (!PyArg_ParseTuple(args, "O!nnn:decode", &PyBytes_Type, &payload, &max_bytes, &max_items, &max_depth))
+        return NULL;
     if (!g_configured) {
         PyErr_SetString(PyExc_RuntimeError, "collector._otlpfast.configure() has not been called");
         return NULL;
     }
-    if (max_bytes < 0 || max_items < 0) {
-        PyErr_SetString(PyExc_ValueError, "limits must not be negative");
+    if (max_bytes < 0 || max_items < 0 || max_depth < 1) {
+        PyErr_SetString(PyExc_ValueError, "limits must not be negative (max_depth at least 1)");
         return NULL;
     }
     Ctx c;
     memset(&c, 0, sizeof c);
     c.max_bytes = max_bytes;
     c.max_items = max_items;
+    c.max_depth = max_depth;
     const uint8_t *data = (const uint8_t *)PyBytes_AS_STRING(payload);
     Py_ssize_t n = PyBytes_GET_SIZE(payload);
     int rc;
@@ -1816,6 +2282,7 @@ static void clear_config(void) {
     Py_CLEAR(g_oi_family);
     Py_CLEAR(g_tl_family);
     Py_CLEAR(g_family_op);
+    Py_CLEAR(g_json_dumps);
     g_configured = 0;
     g_ncoord = 0;
 }
@@ -1851,13 +2318,13 @@ static PyObject *configure(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"fields",       "columns",       "list_columns", "int_columns",
                              "bool_columns", "text",          "to_int",       "to_bool",
                              "str_list",     "langgraph_node", "genai_family", "openinference_family",
-                             "traceloop_family", "family_operation", NULL};
+                             "traceloop_family", "family_operation", "json_dumps", NULL};
     PyObject *fields, *columns, *list_cols, *int_cols, *bool_cols, *text, *to_int, *to_bool, *str_list, *lg;
-    PyObject *genai, *oi, *tl, *fop;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OOOOOOOOO!O!O!O!:configure", kwlist, &PyDict_Type,
+    PyObject *genai, *oi, *tl, *fop, *dumps;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OOOOOOOOO!O!O!O!O:configure", kwlist, &PyDict_Type,
                                      &fields, &PyTuple_Type, &columns, &list_cols, &int_cols, &bool_cols, &text,
                                      &to_int, &to_bool, &str_list, &lg, &PyDict_Type, &genai, &PyDict_Type, &oi,
-                                     &PyDict_Type, &tl, &PyDict_Type, &fop))
+                                     &PyDict_Type, &tl, &PyDict_Type, &fop, &dumps))
         return NULL;
     clear_config();
     Py_ssize_t ncols = PyTuple_GET_SIZE(columns);
@@ -1929,6 +2396,8 @@ static PyObject *configure(PyObject *self, PyObject *args, PyObject *kwargs) {
     g_tl_family = tl;
     Py_INCREF(fop);
     g_family_op = fop;
+    Py_INCREF(dumps);
+    g_json_dumps = dumps;
     g_configured = 1;
     Py_RETURN_NONE;
 fail:
@@ -1939,10 +2408,10 @@ fail:
 static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
      "configure(fields, columns, list_columns, int_columns, bool_columns, text, to_int, to_bool, str_list, "
-     "langgraph_node, genai_family, openinference_family, traceloop_family, family_operation)\n"
+     "langgraph_node, genai_family, openinference_family, traceloop_family, family_operation, json_dumps)\n"
      "Load the convention tables of collector.conventions (called once by collector.fastdecode)."},
     {"decode", decode, METH_VARARGS,
-     "decode(payload: bytes, max_attribute_bytes: int, max_array_items: int) -> tuple | None\n"
+     "decode(payload: bytes, max_attribute_bytes: int, max_array_items: int, max_depth: int) -> tuple | None\n"
      "Decode an ExportTraceServiceRequest; None when the Python path must decode it."},
     {NULL, NULL, 0, NULL},
 };

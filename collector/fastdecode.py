@@ -8,20 +8,20 @@ must go through the Python path (the caller then decodes the *whole* request the
 
 What it handles: every field of the OTLP trace protos (unknown fields of any wire type, groups
 included, are skipped as upb skips them; repeated occurrences of a message field merge as upb
-merges them); attribute values that are strings, ints, bools, doubles, bytes, unset, or arrays
-whose items are all strings; strings longer than ``limits.max_attribute_bytes`` (cut as
-``_truncate`` cuts them) or holding NUL; arrays longer than ``limits.max_array_items``; spans
-rejected by ``_check_span`` (same messages), whatever else they carry.
+merges them); attribute values of every kind (strings, ints, bools, doubles, bytes, unset, arrays
+and kvlists, nested, cut at ``limits.max_depth`` as ``any_value`` cuts them); span events and
+links (the Events / Links JSON); strings longer than ``limits.max_attribute_bytes`` (cut as ``_truncate`` cuts
+them) or holding NUL; arrays, events and links beyond ``limits.max_array_items``; spans rejected
+by ``_check_span`` (same messages), whatever else they carry.
 
 It returns ``None`` (fall back) when:
 
 - the payload is not a valid protobuf ``ExportTraceServiceRequest`` as upb parses it (malformed
   varint, tag, length or group; invalid UTF-8 in any string field), or is 2 GiB or larger;
-- an accepted span has events or links;
-- an attribute of an accepted span or of any resource is a ``kvlist_value``, or an array with an
-  item that is not a string;
-- two attributes of an accepted span (or of one resource) have the same key, or a key is longer
-  than ``limits.max_attribute_bytes`` bytes or contains NUL;
+- a kvlist value, or an array value with an item that is not a string, comes in more than one
+  ``value`` field of its KeyValue (protobuf would merge them; the fast path does not);
+- two attributes of an accepted span (or of one of its events or links, or of one resource) have
+  the same key, or a key is longer than ``limits.max_attribute_bytes`` bytes or contains NUL;
 - ``AnyValue`` nesting anywhere is deeper than 16 levels or unknown groups nest deeper than 16;
 - ``limits.max_depth`` is below 1 or a limit is negative;
 - the extension is not built (``AVAILABLE`` is False).
@@ -34,6 +34,8 @@ equal to the Python one by tests/test_fastdecode.py.
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -113,6 +115,7 @@ def _configure() -> None:
         openinference_family=dict(conventions._OPENINFERENCE_FAMILY),
         traceloop_family=dict(conventions._TRACELOOP_FAMILY),
         family_operation=dict(conventions._FAMILY_OPERATION),
+        json_dumps=functools.partial(json.dumps, ensure_ascii=False, separators=(",", ":")),
     )
 
 
@@ -124,12 +127,12 @@ def decode_fast(payload: bytes, limits: DecodeLimits) -> FastResult | None:
     """Decode a binary ``ExportTraceServiceRequest``, or None when the Python path must do it."""
     if _otlpfast is None:
         return None
-    max_bytes, max_items = limits.max_attribute_bytes, limits.max_array_items
-    if not (0 <= max_bytes <= _MAX_LIMIT and 0 <= max_items <= _MAX_LIMIT and limits.max_depth >= 1):
+    max_bytes, max_items, max_depth = limits.max_attribute_bytes, limits.max_array_items, limits.max_depth
+    if not (0 <= max_bytes <= _MAX_LIMIT and 0 <= max_items <= _MAX_LIMIT and 1 <= max_depth <= _MAX_LIMIT):
         return None
     if type(payload) is not bytes:
         payload = bytes(payload)
-    out = _otlpfast.decode(payload, max_bytes, max_items)
+    out = _otlpfast.decode(payload, max_bytes, max_items, max_depth)
     if out is None:
         return None
     otel, coordination, span_attributes, resource_attributes, accepted, rejected, errors = out

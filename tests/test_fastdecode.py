@@ -307,6 +307,18 @@ BUILDER_CASES = {
         "gen_ai.operation.name": float("nan"),
         "gen_ai.conversation.id": 42,
     },
+    "nested values": {
+        "kv": {"a": "b", "n": 1, "f": 2.5, "nan": float("nan"), "b": b"\x00\x01", "l": [1, "x", None]},
+        "ints": [1, 2, -(2**63)],
+        "mixed": ["a", 2.5, True, b"z", {"k": ["v"]}, [[["deep"]]]],
+        "nested": [["a"], []],
+        "empty_kv": {},
+        "metadata": {"langgraph_node": "planner"},
+        "driftscope.constraints.ledger": ["C1", 2, {"x": 1}],
+        "driftscope.hop": [3],
+        "gen_ai.conversation.id": {"id": "r"},
+        "input.value": [1.5, "t"],
+    },
     "empty operation name uses the family": {"gen_ai.operation.name": "", "openinference.span.kind": "TOOL"},
     "unknown operation name": {"gen_ai.operation.name": "chat", "gen_ai.agent.name": "bot"},
 }
@@ -338,6 +350,38 @@ def test_every_driftscope_field_maps_like_the_python_path():
     fast = decode_fast(payload, DEFAULT)
     for column in _DRIFTSCOPE_FIELDS.values():
         assert fast.columns[column][0] is not None, column
+
+
+def _add_event(span, name: str, time: int, attrs: dict) -> None:
+    event = span.events.add(name=name, time_unix_nano=time)
+    for key, value in attrs.items():
+        set_attr(event.attributes, key, value)
+
+
+def _add_link(span, trace_id: bytes, span_id: bytes, trace_state: str, attrs: dict) -> None:
+    link = span.links.add(trace_id=trace_id, span_id=span_id, trace_state=trace_state)
+    for key, value in attrs.items():
+        set_attr(link.attributes, key, value)
+
+
+def test_events_and_links_equal_the_python_path():
+    request = make_request([{"attrs": {"k": "v"}, **_ids(i)} for i in range(4)])
+    spans = request.resource_spans[0].scope_spans[0].spans
+    kinds = BUILDER_CASES["every value kind"]
+    _add_event(spans[0], "exception", BASE_NS + 5, {"exception.type": "ValueError", **kinds})
+    _add_event(spans[0], 'n\x00ame "quoted" \u00e9' + "x" * 40, 2**64 - 1, {})
+    _add_link(spans[0], b"\x01" * 16, b"\x02" * 8, 'a=b,c=\x00"d"', {"link.kind": "follows", "n": 3})
+    _add_link(spans[1], b"\xab\xcd", b"", "", {})  # ids of any length are written as they are
+    _add_event(spans[2], "", 0, {"list": ["x" * 50, "y"], "z": 0.1})
+    for index in range(5):
+        _add_event(spans[3], f"e{index}", BASE_NS + index, {"i": index})
+        _add_link(spans[3], bytes([index + 1]) * 16, bytes([index + 1]) * 8, "", {"i": index})
+    payload = request.SerializeToString()
+    for limits in (DEFAULT, DecodeLimits(max_attribute_bytes=32, max_array_items=2), DecodeLimits(20, 1, 0)):
+        assert check_equivalent(payload, limits), limits
+    fast = decode_fast(payload, DEFAULT)
+    assert json.loads(fast.columns["Events"][0])[0]["Attributes"]["exception.type"] == "ValueError"
+    assert fast.columns["Links"][2] == "[]" and fast.columns["Events"][1] == "[]"
 
 
 def test_resource_attributes_service_and_run_fallback():
@@ -534,12 +578,21 @@ def test_malformed_payloads_are_left_to_the_python_path(payload):
 
 
 def _with_event(request: ExportTraceServiceRequest) -> ExportTraceServiceRequest:
-    request.resource_spans[0].scope_spans[0].spans[0].events.add(name="e", time_unix_nano=BASE_NS)
+    event = request.resource_spans[0].scope_spans[0].spans[0].events.add(name="e", time_unix_nano=BASE_NS)
+    set_attr(event.attributes, "k", {"a": 1})
+    set_attr(event.attributes, "k", [1])
     return request
 
 
 def _with_link(request: ExportTraceServiceRequest) -> ExportTraceServiceRequest:
-    request.resource_spans[0].scope_spans[0].spans[0].links.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8)
+    link = (
+        request.resource_spans[0]
+        .scope_spans[0]
+        .spans[0]
+        .links.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8)
+    )
+    set_attr(link.attributes, "k", "v")
+    set_attr(link.attributes, "k", "w")
     return request
 
 
@@ -554,13 +607,8 @@ def _with_duplicate_resource_key(request: ExportTraceServiceRequest) -> ExportTr
 
 
 FALLBACKS = {
-    "span event": (_with_event, {"k": "v"}, DEFAULT),
-    "span link": (_with_link, {"k": "v"}, DEFAULT),
-    "kvlist value": (None, {"k": {"a": "b"}}, DEFAULT),
-    "kvlist resource value": (None, {}, DEFAULT),
-    "array of ints": (None, {"k": [1, 2]}, DEFAULT),
-    "mixed array": (None, {"k": ["a", 2.5]}, DEFAULT),
-    "nested array": (None, {"k": [["a"]]}, DEFAULT),
+    "duplicate key in an event": (_with_event, {"k": "v"}, DEFAULT),
+    "duplicate key in a link": (_with_link, {"k": "v"}, DEFAULT),
     "duplicate span key": (_with_duplicate_key, {"k": "first"}, DEFAULT),
     "duplicate resource key": (_with_duplicate_resource_key, {"k": "v"}, DEFAULT),
     "key with NUL": (None, {"k\x00": "v"}, DEFAULT),
@@ -573,14 +621,23 @@ FALLBACKS = {
 def test_unsupported_requests_fall_back(name):
     modify, attrs, limits = FALLBACKS[name]
     request = make_request([{"attrs": attrs, **_ids(0)}])
-    if name == "kvlist resource value":
-        set_attr(request.resource_spans[0].resource.attributes, "deployment", {"a": "b"})
     if modify:
         request = modify(request)
     payload = request.SerializeToString()
     assert decode_fast(payload, limits) is None
     # the Python path decodes it
     assert decode_export_request(parse_protobuf(payload), limits).accepted == 1
+
+
+def test_a_kvlist_split_over_two_value_fields_falls_back():
+    kvlist = _len_field(6, _len_field(1, _kv(b"a", _len_field(1, b"b"))))
+    attribute = _len_field(9, _len_field(1, b"split") + _len_field(2, kvlist) + _len_field(2, kvlist))
+    payload = _wrap_span(_good_span_body() + attribute)
+    assert decode_export_request(parse_protobuf(payload), DEFAULT).accepted == 1
+    assert decode_fast(payload, DEFAULT) is None
+    # the same value in one field decodes
+    single = _wrap_span(_good_span_body() + _len_field(9, _len_field(1, b"one") + _len_field(2, kvlist)))
+    assert check_equivalent(single)
 
 
 def test_unsupported_values_in_rejected_spans_do_not_force_a_fallback():
@@ -598,8 +655,13 @@ def test_unsupported_values_in_rejected_spans_do_not_force_a_fallback():
     assert check_equivalent(payload)
 
 
-def test_deep_nesting_falls_back_without_crashing():
+def test_nesting_is_cut_at_max_depth_and_deep_nesting_falls_back():
     value = "leaf"
+    for depth in range(1, 13):
+        value = [value] if depth % 2 else {"k": value, "n": depth}
+        payload = _payload([{"attrs": {"deep": value}, **_ids(0)}])
+        for limits in (DEFAULT, DecodeLimits(max_depth=1), DecodeLimits(max_depth=3, max_array_items=1)):
+            assert check_equivalent(payload, limits), (depth, limits)
     for _ in range(40):
         value = [value]
     request = make_request([{"attrs": {"deep": value}, "trace_id": b"\x00" * 16}])
@@ -651,21 +713,42 @@ convention_text = st.one_of(
          "langgraph_node", "\x00"]
     ),
 )  # fmt: skip
-supported_values = st.one_of(
+supported_scalars = st.one_of(
     convention_text,
     st.integers(-(2**63), 2**63 - 1),
     st.booleans(),
     st.floats(allow_nan=True, allow_infinity=True),
     st.binary(max_size=6),
+)
+supported_values = st.one_of(
+    supported_scalars,
     st.lists(convention_text, max_size=4),
+    st.recursive(
+        supported_scalars,
+        lambda children: st.one_of(
+            st.lists(children, max_size=3), st.dictionaries(plain_text, children, max_size=3)
+        ),
+        max_leaves=6,
+    ),
 )
 supported_attrs = st.dictionaries(st.one_of(convention_keys, plain_text), supported_values, max_size=8)
 
 
 @quick(150)
-@given(st.lists(st.tuples(supported_attrs, st.booleans()), min_size=1, max_size=4), supported_attrs)
-def test_random_supported_requests_equal_the_python_path(spans, resource_attrs):
+@given(
+    st.lists(st.tuples(supported_attrs, st.booleans()), min_size=1, max_size=4),
+    supported_attrs,
+    st.lists(st.tuples(st.integers(0, 3), st.booleans(), plain_text, supported_attrs), max_size=3),
+)
+def test_random_supported_requests_equal_the_python_path(spans, resource_attrs, events):
     request = make_request([{"attrs": attrs, **_ids(i)} for i, (attrs, _) in enumerate(spans)])
+    proto_spans = request.resource_spans[0].scope_spans[0].spans
+    for index, is_link, text, attrs in events:
+        span = proto_spans[index % len(proto_spans)]
+        if is_link:
+            _add_link(span, text.encode()[:16], b"\x07" * 8, text, attrs)
+        else:
+            _add_event(span, text, BASE_NS + index, attrs)
     for key, value in resource_attrs.items():
         if key != "service.name":
             set_attr(request.resource_spans[0].resource.attributes, key, value)
@@ -673,6 +756,7 @@ def test_random_supported_requests_equal_the_python_path(spans, resource_attrs):
         if reject:
             span.start_time_unix_nano = 0
     keys = [key for attrs, _ in spans for key in attrs] + list(resource_attrs) + ["service.name"]
+    keys += [key for _, _, _, attrs in events for key in attrs]
     for limits in (DEFAULT, DecodeLimits(max_attribute_bytes=16, max_array_items=2)):
         decoded = check_equivalent(request.SerializeToString(), limits)
         # keys over the limit or with NUL are a documented fallback; nothing else here is
