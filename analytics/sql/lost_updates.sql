@@ -1,17 +1,30 @@
 -- lost_updates: a successful write that replaced another agent's write which nobody else read,
 -- while being unversioned (no expected version) or based on an already superseded version.
-WITH writes AS (
+-- Performance: writes are ordered (a window) only for keys of a run that two writers wrote.
+WITH ok_writes AS NOT MATERIALIZED (
     SELECT TraceId, SpanId, run_id, agent_id, state_key, state_version, state_expected_version,
-           Timestamp, start_ns,
+           Timestamp, start_ns
+    FROM spans
+    WHERE {span_filter}
+      AND op = 'write' AND state_key IS NOT NULL AND coalesce(outcome, 'ok') = 'ok'
+      AND StatusCode <> 'Error'
+),
+contested AS (  -- keys of a run written by more than one agent (NULL counts as an agent)
+    SELECT run_id, state_key
+    FROM ok_writes
+    GROUP BY ALL
+    HAVING min(agent_id) <> max(agent_id) OR (count(agent_id) > 0 AND count(agent_id) < count(*))
+),
+writes AS (
+    SELECT w.*,
            lag(agent_id) OVER w AS prev_agent,
            lag(state_version) OVER w AS prev_version,
            lag(SpanId) OVER w AS prev_span,
            lag(Timestamp) OVER w AS prev_ts,
            lag(start_ns) OVER w AS prev_start_ns
-    FROM spans
-    WHERE {span_filter}
-      AND op = 'write' AND state_key IS NOT NULL AND coalesce(outcome, 'ok') = 'ok'
-      AND StatusCode <> 'Error'
+    FROM ok_writes w
+    SEMI JOIN contested c  -- writes without a run form one partition, as in the window
+      ON w.run_id IS NOT DISTINCT FROM c.run_id AND w.state_key = c.state_key
     WINDOW w AS (PARTITION BY run_id, state_key ORDER BY start_ns, SpanId)
 ),
 lost AS (
