@@ -28,6 +28,12 @@ ARROW_STREAM = "application/vnd.apache.arrow.stream"
 DEFAULT_URL = "http://127.0.0.1:4318"
 
 # Columns of analytics.browse.list_runs / GET /api/v1/runs.
+# Columns of ``run_totals``.
+RUN_TOTAL_COLUMNS = ["run_id", "spans", "rejected", "errors", "first_seen", "last_seen"]
+# The read API's largest page of runs, and how many recent runs the sidebar offers.
+API_RUN_LIMIT = 100_000
+FILTER_RUN_LIMIT = 500
+
 RUN_COLUMNS = [
     "run_id",
     "first_seen",
@@ -56,7 +62,13 @@ class Health:
 
 
 class DataSource(Protocol):
-    """What every page and the report builder read through."""
+    """What every page and the report builder read through.
+
+    Besides the contract's six reads: ``data_version`` (a string that changes when spans are
+    added; cache keys include it), ``filter_options`` (sidebar choices), ``run_totals`` (every run
+    in scope with its counts, no lists), ``run_details`` (``runs`` columns for a few runs) and
+    ``evidence_spans`` (the spans named by (run_id, span_id) pairs, ``evidence.SPAN_COLUMNS``).
+    """
 
     description: str
 
@@ -71,6 +83,16 @@ class DataSource(Protocol):
     def run_spans(self, run_id: str) -> pd.DataFrame: ...
 
     def thresholds(self) -> pd.DataFrame: ...
+
+    def data_version(self) -> str: ...
+
+    def filter_options(self, window: Window) -> dict: ...
+
+    def run_totals(self, window: Window, filters: Filters) -> pd.DataFrame: ...
+
+    def run_details(self, window: Window, filters: Filters, run_ids: list[str]) -> pd.DataFrame: ...
+
+    def evidence_spans(self, keys: pd.DataFrame) -> pd.DataFrame: ...
 
 
 def window_params(window: Window, filters: Filters) -> dict[str, str]:
@@ -144,10 +166,55 @@ class HttpSource:
         body = response.json()
         return pd.DataFrame(body.get("rows", []), columns=body.get("columns"))
 
-    def runs(self, window: Window, filters: Filters) -> pd.DataFrame:
-        """Runs in the window, newest first."""
-        body = self._get("/api/v1/runs", window_params(window, filters)).json()
+    def runs(self, window: Window, filters: Filters, limit: int = 500) -> pd.DataFrame:
+        """Runs in the window, newest first (at most ``limit``)."""
+        params = {**window_params(window, filters), "limit": str(limit)}
+        body = self._get("/api/v1/runs", params).json()
         return normalise_runs(_rows_of(body, "runs"))
+
+    def data_version(self) -> str:
+        """The health answer (span count, newest span, embeddings) as one string."""
+        body = self._get("/api/v1/health").json()
+        if isinstance(body, dict):
+            return "|".join(
+                str(body.get(k)) for k in ("spans", "newest_span", "embeddings", "schema_version")
+            )
+        return str(body)
+
+    def filter_options(self, window: Window) -> dict:
+        """Services, agents and run ids of the newest runs in the window."""
+        runs = self.runs(window, Filters(), limit=FILTER_RUN_LIMIT)
+        return {
+            "services": sorted({s for row in runs["services"] for s in row}),
+            "agents": sorted({a for row in runs["agents"] for a in row}),
+            "runs": [str(r) for r in runs["run_id"]],
+        }
+
+    def run_totals(self, window: Window, filters: Filters) -> pd.DataFrame:
+        """Every run in scope (the API's largest page of runs) with its counts."""
+        runs = self.runs(window, filters, limit=API_RUN_LIMIT)
+        if filters.run:
+            runs = runs[runs["run_id"] == filters.run]
+        return runs[RUN_TOTAL_COLUMNS].reset_index(drop=True)
+
+    def run_details(self, window: Window, filters: Filters, run_ids: list[str]) -> pd.DataFrame:
+        """``runs`` rows of the given runs."""
+        runs = self.runs(window, filters, limit=API_RUN_LIMIT)
+        return runs[runs["run_id"].isin(list(run_ids))].reset_index(drop=True)
+
+    def evidence_spans(self, keys: pd.DataFrame) -> pd.DataFrame:
+        """The spans named by (run_id, span_id) pairs: the spans of each run, read once per run."""
+        from dashboard.evidence import SPAN_COLUMNS
+
+        parts = []
+        for run_id, group in keys.groupby("run_id", sort=True):
+            spans = self.run_spans(str(run_id))
+            if spans.empty:
+                continue
+            chosen = spans[spans["span_id"].isin(set(group["span_id"]))].copy()
+            chosen["run_id"] = run_id
+            parts.append(chosen.reindex(columns=SPAN_COLUMNS))
+        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=SPAN_COLUMNS)
 
     def run_spans(self, run_id: str) -> pd.DataFrame:
         """Every span of one run, in start order."""
@@ -246,11 +313,11 @@ class DuckDBFileSource:
             finally:
                 cursor.close()
 
-    def runs(self, window: Window, filters: Filters) -> pd.DataFrame:
+    def runs(self, window: Window, filters: Filters, limit: int = 500) -> pd.DataFrame:
         """Runs in the window, newest first (the read API's ``/runs`` query, run in-process)."""
         from analytics.browse import list_runs
 
-        frame = normalise_runs(self._browse(list_runs, window, filters))
+        frame = normalise_runs(self._browse(list_runs, window, filters, limit))
         if filters.run:
             frame = frame[frame["run_id"] == filters.run].reset_index(drop=True)
         return frame
@@ -260,6 +327,44 @@ class DuckDBFileSource:
         from analytics.browse import run_spans
 
         return normalise_spans(self._browse(run_spans, run_id))
+
+    def data_version(self) -> str:
+        """Span count and newest ingest time."""
+        from dashboard import file_queries
+
+        return self._browse(file_queries.data_version)
+
+    def filter_options(self, window: Window) -> dict:
+        """Services, agents and the newest run ids in the window, aggregated in SQL."""
+        from dashboard import file_queries
+
+        return self._browse(file_queries.filter_options, window, FILTER_RUN_LIMIT)
+
+    def run_totals(self, window: Window, filters: Filters) -> pd.DataFrame:
+        """Every run in scope with its counts (one aggregate query, no lists)."""
+        from dashboard import file_queries
+
+        frame = self._browse(file_queries.run_totals, window, filters)
+        for column in ("spans", "rejected", "errors"):
+            frame[column] = frame[column].astype(int)
+        return frame[RUN_TOTAL_COLUMNS]
+
+    def run_details(self, window: Window, filters: Filters, run_ids: list[str]) -> pd.DataFrame:
+        """``runs`` rows of the given runs only."""
+        from dashboard import file_queries
+
+        if not run_ids:
+            return normalise_runs(pd.DataFrame(columns=RUN_COLUMNS))
+        return normalise_runs(self._browse(file_queries.run_details, window, filters, list(run_ids)))
+
+    def evidence_spans(self, keys: pd.DataFrame) -> pd.DataFrame:
+        """The spans named by (run_id, span_id) pairs, in one joined query."""
+        from dashboard import file_queries
+        from dashboard.evidence import SPAN_COLUMNS
+
+        if keys.empty:
+            return pd.DataFrame(columns=SPAN_COLUMNS)
+        return self._browse(file_queries.evidence_spans, keys)
 
     def thresholds(self) -> pd.DataFrame:
         """The thresholds in force (newest calibrated version, else the default), with provenance."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
@@ -143,21 +144,33 @@ def rejections_by_figure(frame: pd.DataFrame, by: str) -> go.Figure:
     return _layout(fig, title)
 
 
-def divergence_histogram_figure(values: pd.Series, threshold: float, label: str) -> go.Figure:
-    """Histogram of goal-divergence scores with the threshold line."""
+def divergence_histogram_figure(
+    values: pd.Series, threshold: float, label: str, bin_width: float = 0.02
+) -> go.Figure:
+    """Histogram of goal-divergence scores with the threshold line.
+
+    Binned here (``bin_width`` wide bins, split at the threshold), so the figure carries counts per
+    bin rather than every score: a window with a million subtasks is still a small figure.
+    """
     title = "Goal divergence distribution"
-    values = pd.to_numeric(values, errors="coerce").dropna()
-    if values.empty:
+    values = pd.to_numeric(values, errors="coerce").dropna().to_numpy(dtype=float)
+    if values.size == 0:
         return empty_figure(title, "No divergence scores in this window")
     fig = go.Figure()
-    fig.add_histogram(
-        x=values[values <= threshold], name="at or below threshold", marker_color=OK_COLOR, nbinsx=30
-    )
-    fig.add_histogram(
-        x=values[values > threshold], name="above threshold", marker_color=FAIL_COLOR, nbinsx=30
-    )
+    for name, part, color in (
+        ("at or below threshold", values[values <= threshold], OK_COLOR),
+        ("above threshold", values[values > threshold], FAIL_COLOR),
+    ):
+        if part.size == 0:
+            continue
+        bins = np.floor(part / bin_width).astype(np.int64)
+        keys, counts = np.unique(bins, return_counts=True)
+        fig.add_bar(
+            x=(keys + 0.5) * bin_width, y=counts, width=bin_width, name=name, marker_color=color,
+            hovertemplate="%{y} subtasks at %{x:.2f}<extra></extra>",
+        )  # fmt: skip
     fig.add_vline(x=threshold, line_dash="dash", line_color=FAIL_COLOR, annotation_text=esc(label))
-    fig.update_layout(barmode="overlay")
+    fig.update_layout(barmode="overlay", bargap=0)
     fig.update_traces(opacity=0.8)
     fig.update_xaxes(title="1 - cosine similarity to the root goal")
     fig.update_yaxes(title="subtasks")
@@ -183,14 +196,19 @@ def roc_figure(points: pd.DataFrame, chosen: float | None = None, auc: float | N
     return _layout(fig, title)
 
 
-def holders_figure(holders: pd.DataFrame) -> go.Figure:
+def holders_figure(holders: pd.DataFrame, limit: int = 40) -> go.Figure:
     """How long each agent kept acting on a superseded objective, per run (s since the run's first hold)."""
     title = "Time spent on a superseded objective"
     if holders is None or holders.empty:
         return empty_figure(title, "No agent held a superseded objective")
-    data = holders.dropna(subset=["held_from"]).copy()
+    data = holders.dropna(subset=["held_from"])
     if data.empty:
         return empty_figure(title, "No hold intervals recorded")
+    if len(data) > limit:  # one bar per hold: show the longest holds, not thousands of bars
+        title += f" ({limit} longest of {len(data):,})"
+        data = data.assign(_w=pd.to_datetime(data["held_until"]) - pd.to_datetime(data["held_from"]))
+        data = data.sort_values("_w", ascending=False, kind="stable").head(limit).drop(columns="_w")
+    data = data.copy()
     data["held_from"] = pd.to_datetime(data["held_from"])
     data["held_until"] = pd.to_datetime(data["held_until"]).fillna(data["held_from"])
     first = data.groupby("run_id")["held_from"].transform("min")
@@ -276,23 +294,46 @@ def constraint_heatmap_figure(ledger: pd.DataFrame, origin_task: str) -> go.Figu
 
 
 def goal_divergence_figure(
-    frame: pd.DataFrame, score: str = "divergence", chain: str = "origin_task_id"
+    frame: pd.DataFrame, score: str = "divergence", chain: str = "origin_task_id", max_chains: int = 40
 ) -> go.Figure:
     """Divergence from the root goal per hop, one line per delegation chain, the band above threshold red."""
     title = "Goal divergence along delegation chains"
     if frame is None or frame.empty:
         return empty_figure(title, "No delegated subtasks with goal texts in this window")
-    data = frame.dropna(subset=[score]).copy()
+    used = [
+        c
+        for c in (score, chain, "run_id", "hop", "subtask", "threshold", "calibrated", "threshold_version")
+        if c in frame
+    ]
+    data = frame.loc[:, used].dropna(subset=[score])
     data[chain] = data[chain].fillna(data["run_id"] if "run_id" in data else "(chain)")
     data["hop"] = data["hop"].fillna(0)
     data = data.sort_values([chain, "hop"])
     fig = go.Figure()
-    for name, part in data.groupby(chain, sort=True):
-        fig.add_scatter(
-            x=part["hop"], y=part[score], mode="lines+markers", name=esc(name, 40),
-            hovertext=[esc(t, 160) for t in part.get("subtask", pd.Series([""] * len(part)))],
-            hoverinfo="text+y",
-        )  # fmt: skip
+    chains = data[chain].nunique()
+    if chains <= max_chains:
+        for name, part in data.groupby(chain, sort=True):
+            fig.add_scatter(
+                x=part["hop"], y=part[score], mode="lines+markers", name=esc(name, 40),
+                hovertext=[esc(t, 160) for t in part.get("subtask", pd.Series([""] * len(part)))],
+                hoverinfo="text+y",
+            )  # fmt: skip
+    else:  # too many chains for a line each: the distribution per hop
+        title += f" ({chains:,} chains: median, 90th percentile and maximum per hop)"
+        per_hop = data.groupby("hop")[score]
+        stats = pd.DataFrame(
+            {
+                "median": per_hop.median(),
+                "p90": per_hop.quantile(0.9),
+                "max": per_hop.max(),
+                "n": per_hop.size(),
+            }
+        ).reset_index()
+        for column, dash in (("median", None), ("p90", "dot"), ("max", "dash")):
+            fig.add_scatter(
+                x=stats["hop"], y=stats[column], mode="lines+markers", name=column, line=dict(dash=dash),
+                customdata=stats["n"], hovertemplate="hop %{x}: %{y:.3f} (%{customdata} subtasks)",
+            )  # fmt: skip
     threshold = float(data["threshold"].iloc[0]) if "threshold" in data and not data.empty else None
     if threshold is not None:
         calibrated = bool(data["calibrated"].iloc[0]) if "calibrated" in data else False

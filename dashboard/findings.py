@@ -7,7 +7,9 @@ below only supplies the page each metric lives on and a fallback when a remote A
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -173,30 +175,67 @@ def cell_text(value) -> str:
 
 def findings_from_frame(metric: dict, frame: pd.DataFrame) -> list[Finding]:
     """Turn a detector frame into findings named by failure mode and MAST category."""
+    return findings_from_rows(metric, finding_rows(frame, metric["name"]))
+
+
+def findings_from_rows(metric: dict, rows: pd.DataFrame) -> list[Finding]:
+    """Findings of rows that are already findings (``finding_rows``), in row order.
+
+    Details are converted column by column (one pass per column, not per cell of a record dict),
+    so this stays linear and cheap even for the complete JSON report of a large window.
+    """
+    if rows.empty:
+        return []
     mode, category = naming(metric)
+    detail_columns = [c for c in rows.columns if c not in _EVIDENCE]
+    details = [[cell_text(v) for v in rows[c].tolist()] for c in detail_columns]
+    runs = finding_run_ids(rows)
+    traces = rows["trace_id"].tolist() if "trace_id" in rows.columns else [None] * len(rows)
+    spans = rows["span_ids"].tolist() if "span_ids" in rows.columns else [None] * len(rows)
+    agents = agent_lists(rows)
+    firsts = _times(rows, "first_seen")
+    lasts = _times(rows, "last_seen")
     out = []
-    for record in finding_rows(frame, metric["name"]).to_dict("records"):
-        agents = as_list(record.get("agents")) or as_list(record.get("agent"))
-        details = {k: cell_text(v) for k, v in record.items() if k not in _EVIDENCE}
-        run_id = _opt_str(record.get("run_id"))
-        runs = as_list(record.get("run_ids"))
-        if run_id is None and len(runs) == 1:  # a per-bucket row that involves a single run
-            run_id = runs[0]
+    for i in range(len(rows)):
         out.append(
             Finding(
                 metric=metric["name"],
                 failure_mode=mode,
                 mast_category=category,
-                run_id=run_id,
-                trace_id=_opt_str(record.get("trace_id")),
-                span_ids=as_list(record.get("span_ids")),
-                agents=agents,
-                first_seen=_time(record.get("first_seen")),
-                last_seen=_time(record.get("last_seen")),
-                details=details,
+                run_id=runs[i],
+                trace_id=_opt_str(traces[i]),
+                span_ids=as_list(spans[i]),
+                agents=agents[i],
+                first_seen=firsts[i],
+                last_seen=lasts[i],
+                details={c: column[i] for c, column in zip(detail_columns, details, strict=True)},
             )
         )
     return out
+
+
+def _times(rows: pd.DataFrame, column: str) -> list[datetime | None]:
+    if column not in rows.columns:
+        return [None] * len(rows)
+    return [_time(v) for v in rows[column].tolist()]
+
+
+def agent_lists(rows: pd.DataFrame) -> list[list[str]]:
+    """Per row: the ``agents`` list, else ``[agent]``."""
+    many = rows["agents"].tolist() if "agents" in rows.columns else [None] * len(rows)
+    one = rows["agent"].tolist() if "agent" in rows.columns else [None] * len(rows)
+    return [as_list(a) or as_list(b) for a, b in zip(many, one, strict=True)]
+
+
+def finding_run_ids(rows: pd.DataFrame) -> list[str | None]:
+    """The run of each finding row: ``run_id``, else the single run of a per-bucket ``run_ids``."""
+    runs = [_opt_str(v) for v in rows["run_id"].tolist()] if "run_id" in rows.columns else [None] * len(rows)
+    if "run_ids" in rows.columns:
+        single = [
+            (lambda ids: ids[0] if len(ids) == 1 else None)(as_list(v)) for v in rows["run_ids"].tolist()
+        ]
+        runs = [r if r is not None else s for r, s in zip(runs, single, strict=True)]
+    return runs
 
 
 def _opt_str(value) -> str | None:
@@ -205,169 +244,194 @@ def _opt_str(value) -> str | None:
     return str(value)
 
 
-def collect_findings(
-    source, window: Window, filters: Filters
-) -> tuple[list[Finding], dict[str, pd.DataFrame], dict[str, str]]:
-    """Run every finding metric: (findings, frames by metric, errors by metric).
+# Listing order inside a failure mode: the worst first where a detector has a severity column
+# (the report lists the first findings of each mode in full and counts the rest).
+RANK_COLUMNS = {
+    "goal_divergence": "divergence",
+    "rejection_rates": "rejection_rate",
+    "repeated_calls": "calls",
+}
+
+
+@dataclass
+class MetricFindings:
+    """One detector's result: its full frame and which of its rows are findings.
+
+    ``positions`` are the finding rows' positions in ``frame``, in listing order. Nothing is
+    copied out of the frame until a page or report lists findings: counts, runs and trends are
+    read from single columns.
+    """
+
+    metric: dict
+    frame: pd.DataFrame
+    positions: np.ndarray
+
+    @property
+    def name(self) -> str:
+        return self.metric["name"]
+
+    @property
+    def count(self) -> int:
+        return int(len(self.positions))
+
+    def column(self, name: str) -> pd.Series:
+        """One column of the finding rows, in listing order."""
+        return self.frame[name].take(self.positions).reset_index(drop=True)
+
+    @functools.cached_property
+    def run_ids(self) -> pd.Series:
+        """The run of each finding (missing as NA), in listing order."""
+        if "run_id" in self.frame.columns:
+            if "run_ids" not in self.frame.columns:
+                return self.column("run_id")
+        if "run_ids" in self.frame.columns or "run_id" in self.frame.columns:
+            rows = self.frame.iloc[self.positions][[c for c in ("run_id", "run_ids") if c in self.frame]]
+            return pd.Series(finding_run_ids(rows), dtype=object)
+        return pd.Series([None] * self.count, dtype=object)
+
+    @functools.cached_property
+    def distinct_runs(self) -> np.ndarray:
+        """The runs named by this detector's findings."""
+        return pd.unique(self.run_ids.dropna())
+
+    def findings(self, limit: int | None = None, run: str | None = None) -> list[Finding]:
+        """The first ``limit`` findings (all when None), of one run when ``run`` is given."""
+        positions = self.positions
+        if run is not None:
+            positions = positions[(self.run_ids == run).fillna(False).to_numpy(dtype=bool)]
+        if limit is not None:
+            positions = positions[:limit]
+        return findings_from_rows(self.metric, self.frame.iloc[positions].reset_index(drop=True))
+
+
+def metric_findings(metric: dict, frame: pd.DataFrame) -> MetricFindings:
+    """A detector frame's finding rows, ranked for listing (stable: ties keep the detector's order)."""
+    flag = FLAG_COLUMNS.get(metric["name"])
+    if flag and flag in frame.columns:
+        positions = np.flatnonzero(frame[flag].fillna(False).to_numpy(dtype=bool))
+    else:
+        positions = np.arange(len(frame))
+    rank = RANK_COLUMNS.get(metric["name"])
+    if rank and rank in frame.columns and len(positions) > 1:
+        score = pd.to_numeric(frame[rank], errors="coerce").to_numpy(dtype=float)[positions]
+        order = np.argsort(np.where(np.isnan(score), np.inf, -score), kind="stable")
+        positions = positions[order]
+    return MetricFindings(metric, frame, positions)
+
+
+@dataclass
+class FindingSet:
+    """Every finding detector's result for one window and filters, each detector run once.
+
+    Counts and summaries are computed over all finding rows (vectorised); ``Finding`` objects are
+    built only for the findings a page or report actually lists.
+    """
+
+    by_metric: dict[str, MetricFindings]
+    errors: dict[str, str]
+
+    @property
+    def frames(self) -> dict[str, pd.DataFrame]:
+        """Detector frames by metric (rows that are not findings included)."""
+        return {name: m.frame for name, m in self.by_metric.items()}
+
+    @property
+    def total(self) -> int:
+        return sum(m.count for m in self.by_metric.values())
+
+    def findings(self, limit_per_metric: int | None = None, run: str | None = None) -> list[Finding]:
+        """Findings in report order (metric by metric), at most ``limit_per_metric`` of each."""
+        return [f for m in self.by_metric.values() for f in m.findings(limit_per_metric, run)]
+
+    def summary(self) -> pd.DataFrame:
+        """Counts per failure mode and MAST category, with the runs affected (all findings)."""
+        rows = []
+        for m in self.by_metric.values():
+            if m.count:
+                mode, category = naming(m.metric)
+                rows.append(
+                    {
+                        "metric": m.name,
+                        "failure_mode": mode,
+                        "mast_category": category,
+                        "findings": m.count,
+                        "runs": int(len(m.distinct_runs)),
+                    }
+                )
+        return pd.DataFrame(rows, columns=["metric", "failure_mode", "mast_category", "findings", "runs"])
+
+    def by_category(self) -> dict[str, int]:
+        """Finding count per MAST category (all three always present)."""
+        counts = {c: 0 for c in MAST_CATEGORIES}
+        for m in self.by_metric.values():
+            if m.count:
+                category = naming(m.metric)[1]
+                counts[category] = counts.get(category, 0) + m.count
+        return counts
+
+    def runs_with_findings(self) -> int:
+        """Distinct runs named by any finding."""
+        parts = [pd.Series(m.distinct_runs, dtype=object) for m in self.by_metric.values() if m.count]
+        return int(pd.concat(parts, ignore_index=True).nunique()) if parts else 0
+
+    def run_counts(self) -> pd.Series:
+        """Findings per run (run id -> count), all metrics together."""
+        parts = [m.run_ids.dropna() for m in self.by_metric.values() if m.count]
+        if not parts:
+            return pd.Series(dtype="int64")
+        return pd.concat(parts, ignore_index=True).astype(object).value_counts()
+
+    def failure_modes(self, run_ids: list[str]) -> dict[str, list[str]]:
+        """The failure modes seen in each of ``run_ids`` (sorted), for a few runs."""
+        wanted = set(run_ids)
+        modes: dict[str, set[str]] = {r: set() for r in run_ids}
+        for m in self.by_metric.values():
+            if not m.count:
+                continue
+            hits = set(pd.unique(m.run_ids[m.run_ids.isin(wanted)].astype(object)))
+            for run in hits:
+                modes[run].add(naming(m.metric)[0])
+        return {run: sorted(found) for run, found in modes.items()}
+
+
+def gather_findings(
+    source,
+    window: Window,
+    filters: Filters,
+    read: Callable[[str], pd.DataFrame] | None = None,
+    metrics: list[dict] | None = None,
+) -> FindingSet:
+    """Run every finding metric once and index the findings.
 
     A detector that fails is reported in ``errors`` (its message) rather than aborting the rest.
+    ``read(name)`` replaces ``source.metric(name, window, filters)``: the dashboard passes its
+    cached reader, so a detector a page already ran is not run again; ``metrics`` likewise
+    replaces ``source.list_metrics()``.
     """
-    findings: list[Finding] = []
-    frames: dict[str, pd.DataFrame] = {}
+    by_metric: dict[str, MetricFindings] = {}
     errors: dict[str, str] = {}
-    for metric in finding_metrics(source.list_metrics()):
+    for metric in finding_metrics(metrics if metrics is not None else source.list_metrics()):
         name = metric["name"]
         try:
-            frame = source.metric(name, window, filters)
+            frame = read(name) if read is not None else source.metric(name, window, filters)
         except Exception as exc:  # one broken detector must not hide the others' findings
             logger.warning("metric %s failed: %s", name, exc)
             errors[name] = f"{type(exc).__name__}: {exc}"
             continue
-        frames[name] = frame
-        findings.extend(findings_from_frame(metric, frame))
-    return findings, frames, errors
+        by_metric[name] = metric_findings(metric, frame)
+    return FindingSet(by_metric, errors)
 
 
-def summarise(findings: list[Finding]) -> pd.DataFrame:
-    """Counts per failure mode and MAST category, with the runs affected."""
-    rows = [
-        {
-            "metric": f.metric,
-            "failure_mode": f.failure_mode,
-            "mast_category": f.mast_category,
-            "run_id": f.run_id,
-        }
-        for f in findings
-    ]
-    frame = pd.DataFrame(rows, columns=["metric", "failure_mode", "mast_category", "run_id"])
-    if frame.empty:
-        return pd.DataFrame(columns=["metric", "failure_mode", "mast_category", "findings", "runs"])
-    return (
-        frame.groupby(["metric", "failure_mode", "mast_category"], sort=False)
-        .agg(findings=("metric", "size"), runs=("run_id", "nunique"))
-        .reset_index()
-    )
+def collect_findings(
+    source, window: Window, filters: Filters
+) -> tuple[list[Finding], dict[str, pd.DataFrame], dict[str, str]]:
+    """Every finding as a list: (findings, frames by metric, errors by metric).
 
-
-TEXT_COLUMNS = (
-    "goal_root",
-    "goal_text",
-    "tool_args",
-    "tool_result",
-    "input_text",
-    "output_text",
-    "status_message",
-)
-EVIDENCE_COLUMNS = [
-    "span_id",
-    "trace_id",
-    "timestamp",
-    "span_name",
-    "agent",
-    "tool",
-    "op",
-    "outcome",
-    "reject_reason",
-    "status",
-    "text",
-]
-
-
-def evidence_frame(spans: pd.DataFrame, span_ids: list[str], max_text: int = 400) -> pd.DataFrame:
-    """The evidence spans of a finding as a small table (text unescaped; renderers escape it)."""
-    if spans.empty or not span_ids:
-        return pd.DataFrame(columns=EVIDENCE_COLUMNS)
-    chosen = spans[spans["span_id"].isin(span_ids)]
-    rows = []
-    for record in chosen.to_dict("records"):
-        texts = [str(record[c]) for c in TEXT_COLUMNS if c in record and _present(record[c])]
-        text = " | ".join(texts)
-        rows.append(
-            {
-                "span_id": record.get("span_id"),
-                "trace_id": record.get("trace_id"),
-                "timestamp": _time(record.get("Timestamp")),
-                "span_name": record.get("span_name"),
-                "agent": record.get("agent_id"),
-                "tool": record.get("tool_name"),
-                "op": record.get("op"),
-                "outcome": record.get("outcome"),
-                "reject_reason": record.get("reject_reason"),
-                "status": record.get("status_code"),
-                "text": text[:max_text] + ("…" if len(text) > max_text else ""),
-            }
-        )
-    return pd.DataFrame(rows, columns=EVIDENCE_COLUMNS)
-
-
-def _present(value) -> bool:
-    if value is None:
-        return False
-    if isinstance(value, float) and np.isnan(value):
-        return False
-    return str(value) != ""
-
-
-@dataclass(frozen=True)
-class Tile:
-    """One overview tile: a failure mode's count, trend and whether its threshold is breached."""
-
-    metric: str
-    title: str
-    failure_mode: str
-    mast_category: str
-    page: str
-    count: int
-    breached: bool
-    trend: list[int]
-
-
-def trend_counts(times: pd.Series, buckets: int = 12) -> list[int]:
-    """Counts of ``times`` in ``buckets`` equal slices of their range (all in one if one instant)."""
-    times = pd.to_datetime(times, errors="coerce").dropna()
-    if times.empty:
-        return [0] * buckets
-    start, end = times.min(), times.max()
-    if start == end:
-        return [0] * (buckets - 1) + [len(times)]
-    edges = pd.date_range(start, end, periods=buckets + 1)
-    counts = pd.cut(times, bins=edges, include_lowest=True).value_counts(sort=False)
-    return [int(c) for c in counts.to_numpy()]
-
-
-def tile_for(metric: dict, frame: pd.DataFrame | None) -> Tile:
-    """The tile of one finding metric (a count-based mode is breached when any finding exists)."""
-    mode, category = naming(metric)
-    fallback = FAILURE_MODES.get(metric["name"])
-    rows = finding_rows(frame, metric["name"]) if frame is not None else pd.DataFrame()
-    times = rows["first_seen"] if "first_seen" in rows.columns else pd.Series(dtype="datetime64[ns]")
-    return Tile(
-        metric=metric["name"],
-        title=short_title(metric["name"]),
-        failure_mode=mode,
-        mast_category=category,
-        page=fallback.page if fallback else "overview",
-        count=int(len(rows)),
-        breached=bool(len(rows)),
-        trend=trend_counts(times),
-    )
-
-
-def worst_runs(runs: pd.DataFrame, findings: list[Finding], limit: int = 10) -> pd.DataFrame:
-    """Runs ranked by findings, then rejections and errors; with the failure modes seen in each."""
-    columns = ["run_id", "findings", "failure_modes", "rejected", "errors", "agents", "last_seen"]
-    if runs is None or runs.empty:
-        return pd.DataFrame(columns=columns)
-    per_run: dict[str, list[str]] = {}
-    for finding in findings:
-        if finding.run_id:
-            per_run.setdefault(finding.run_id, []).append(finding.failure_mode)
-    frame = runs.copy()
-    frame["findings"] = frame["run_id"].map(lambda r: len(per_run.get(r, [])))
-    frame["failure_modes"] = frame["run_id"].map(lambda r: sorted(set(per_run.get(r, []))))
-    frame = frame.sort_values(["findings", "rejected", "errors"], ascending=False, kind="stable")
-    frame = frame[(frame["findings"] > 0) | (frame["rejected"] > 0) | (frame["errors"] > 0)]
-    return frame[columns].head(limit).reset_index(drop=True)
+    Convenient for small scopes and tests; pages and reports use ``gather_findings``, which builds
+    ``Finding`` objects only for what they list.
+    """
+    found = gather_findings(source, window, filters)
+    return found.findings(), found.frames, found.errors
 
 
 def run_failures(findings: list[Finding]) -> tuple[set[str], set[str]]:

@@ -6,97 +6,170 @@ form is documented in docs/reports.md; HTML and Markdown carry the same content 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Literal
+from urllib.parse import quote
 
 import pandas as pd
 
 from analytics.types import Filters, Window
-from dashboard.findings import (
-    EVIDENCE_COLUMNS,
-    MAST_CATEGORIES,
-    Finding,
-    collect_findings,
-    evidence_frame,
-    summarise,
+from dashboard.datasource import window_params
+from dashboard.evidence import (
+    MAX_EVIDENCE_SPANS,
+    EvidenceIndex,
+    evidence_keys,
+    evidence_table,
 )
+from dashboard.findings import Finding, FindingSet, gather_findings
 
 logger = logging.getLogger(__name__)
 
 SCHEMA = "driftscope.report"
 SCHEMA_VERSION = 1
-MAX_EVIDENCE_SPANS = 25
 Format = Literal["html", "md", "json"]
 FORMATS = ("html", "md", "json")
+# Findings listed in full (with evidence) per failure mode; the rest are counted, not listed.
+# JSON lists every finding unless asked otherwise: it is the way to get them all.
+LISTED_PER_MODE = {"html": 20, "md": 20, "json": None}
+RUNS_LISTED = 50
 
 
 @dataclass
 class ReportData:
-    """Everything a report shows, gathered once from a data source."""
+    """Everything a report shows, gathered once from a data source.
+
+    Counts (``found``, ``run_count``) cover the whole scope; ``listed`` holds the findings shown
+    in full (at most ``max_findings`` per failure mode, or all), with their ids and evidence.
+    """
 
     generated_at: datetime
     source: str
     window: Window
     filters: Filters
+    found: FindingSet
+    listed: list[Finding]
+    ids: list[str]
+    evidence: list[list[dict]]
+    max_findings: int | None
+    run_count: int
     runs: pd.DataFrame
-    findings: list[Finding]
-    evidence: list[pd.DataFrame]
-    frames: dict[str, pd.DataFrame]
     thresholds: pd.DataFrame
     errors: dict[str, str]
 
     @property
+    def findings(self) -> list[Finding]:
+        """The listed findings (all of them unless the report caps them per failure mode)."""
+        return self.listed
+
+    @property
+    def frames(self) -> dict[str, pd.DataFrame]:
+        """Detector frames by metric."""
+        return self.found.frames
+
+    @functools.cached_property
     def summary(self) -> pd.DataFrame:
-        """Counts per failure mode."""
-        return summarise(self.findings)
+        """Counts per failure mode over every finding, and how many of them are listed."""
+        summary = self.found.summary()
+        listed = pd.Series([f.metric for f in self.listed], dtype=object).value_counts()
+        summary["listed"] = summary["metric"].map(listed).fillna(0).astype(int)
+        return summary
+
+    @functools.cached_property
+    def omitted(self) -> dict[str, tuple[int, int]]:
+        """Failure modes with findings left out: metric -> (listed, total)."""
+        return {
+            row["metric"]: (int(row["listed"]), int(row["findings"]))
+            for row in self.summary.to_dict("records")
+            if row["listed"] < row["findings"]
+        }
+
+    def api_query(self) -> str:
+        """The read API query string for this scope (``?since=...``), for 'get them all' hints."""
+        params = window_params(self.window, self.filters)
+        return ("?" + "&".join(f"{k}={quote(v, safe=':')}" for k, v in params.items())) if params else ""
 
 
-def gather_report(source, window: Window, filters: Filters, run: str | None = None) -> ReportData:
-    """Read findings, their evidence spans, the runs and the thresholds through ``source``."""
+def gather_report(
+    source,
+    window: Window,
+    filters: Filters,
+    run: str | None = None,
+    max_findings: int | None = None,
+    found: FindingSet | None = None,
+) -> ReportData:
+    """Read findings, their evidence spans, the runs and the thresholds through ``source``.
+
+    Every detector runs once (or not at all when ``found`` is given, e.g. the dashboard's cached
+    findings). Evidence is read in one request for the listed findings only.
+    """
     if run:
         filters = replace(filters, run=run)
-    findings, frames, errors = collect_findings(source, window, filters)
-    spans_by_run: dict[str, pd.DataFrame] = {}
-    evidence = []
-    for finding in findings:
-        if finding.run_id and finding.run_id not in spans_by_run:
-            try:
-                spans_by_run[finding.run_id] = source.run_spans(finding.run_id)
-            except Exception as exc:  # evidence is best effort; the finding itself still stands
-                logger.warning("spans of run %s unavailable: %s", finding.run_id, exc)
-                spans_by_run[finding.run_id] = pd.DataFrame()
-        spans = spans_by_run.get(finding.run_id or "", pd.DataFrame())
-        evidence.append(evidence_frame(spans, finding.span_ids[:MAX_EVIDENCE_SPANS]))
+    if found is None:
+        found = gather_findings(source, window, filters)
+    errors = dict(found.errors)
+    listed, ids = [], []
+    offset = 0
+    for metric in found.by_metric.values():
+        chosen = metric.findings(max_findings)
+        listed.extend(chosen)
+        ids.extend(f"F{offset + i}" for i in range(1, len(chosen) + 1))
+        offset += metric.count
+    try:
+        spans = source.evidence_spans(evidence_keys(listed, MAX_EVIDENCE_SPANS))
+    except Exception as exc:  # evidence is best effort; the findings themselves still stand
+        logger.warning("evidence spans unavailable: %s", exc)
+        errors["evidence"] = f"{type(exc).__name__}: {exc}"
+        spans = None
+    index = EvidenceIndex(evidence_table(spans))
+    evidence = [index.rows(f, MAX_EVIDENCE_SPANS) for f in listed]
     try:
         thresholds = source.thresholds()
     except Exception as exc:
         logger.warning("thresholds unavailable: %s", exc)
         errors["thresholds"] = f"{type(exc).__name__}: {exc}"
         thresholds = pd.DataFrame(columns=["name", "value", "version", "method", "calibrated", "provenance"])
+    totals = source.run_totals(window, filters)
+    newest = [str(r) for r in totals["run_id"].head(RUNS_LISTED)]
+    runs = source.run_details(window, filters, newest) if newest else pd.DataFrame()
     return ReportData(
         generated_at=datetime.now(UTC).replace(tzinfo=None, microsecond=0),
         source=source.description,
         window=window,
         filters=filters,
-        runs=source.runs(window, filters),
-        findings=findings,
+        found=found,
+        listed=listed,
+        ids=ids,
         evidence=evidence,
-        frames=frames,
+        max_findings=max_findings,
+        run_count=int(len(totals)),
+        runs=runs,
         thresholds=thresholds,
         errors=errors,
     )
 
 
 def build_report(
-    source, window: Window, filters: Filters, run: str | None = None, fmt: Format = "html"
-) -> str | bytes:
-    """The report for ``window``/``filters`` (or one ``run``) as HTML, Markdown or JSON text."""
+    source,
+    window: Window,
+    filters: Filters,
+    run: str | None = None,
+    fmt: Format = "html",
+    max_findings: int | None | Literal["default"] = "default",
+    found: FindingSet | None = None,
+) -> str:
+    """The report for ``window``/``filters`` (or one ``run``) as HTML, Markdown or JSON text.
+
+    HTML and Markdown list the first ``LISTED_PER_MODE`` findings of each failure mode in full and
+    count the rest; JSON lists every finding. ``max_findings`` overrides that (None = all).
+    """
     if fmt not in FORMATS:
         raise ValueError(f"Expected a report format among {', '.join(FORMATS)}, got {fmt!r}")
-    data = gather_report(source, window, filters, run)
+    limit = LISTED_PER_MODE[fmt] if max_findings == "default" else max_findings
+    data = gather_report(source, window, filters, run, limit, found)
     return render_report(data, fmt)
 
 
@@ -131,6 +204,12 @@ def _jsonable(value):
     return value
 
 
+def _json_default(value):
+    """What ``json.dumps`` cannot write itself (numpy scalars and arrays, timestamps)."""
+    converted = _jsonable(value)
+    return str(converted) if converted is value else converted
+
+
 def provenance_object(text) -> object:
     """Threshold provenance (stored as JSON text) as an object; unparsable text stays a string."""
     if isinstance(text, dict):
@@ -144,30 +223,23 @@ def provenance_object(text) -> object:
 def report_document(data: ReportData) -> dict:
     """The report as a JSON-ready dict (schema in docs/reports.md)."""
     summary = data.summary
-    by_category = {c: 0 for c in MAST_CATEGORIES}
-    for finding in data.findings:
-        by_category[finding.mast_category] = by_category.get(finding.mast_category, 0) + 1
-    findings = []
-    for index, (finding, evidence) in enumerate(zip(data.findings, data.evidence, strict=True), start=1):
-        findings.append(
-            {
-                "id": f"F{index}",
-                "metric": finding.metric,
-                "failure_mode": finding.failure_mode,
-                "mast_category": finding.mast_category,
-                "run_id": finding.run_id,
-                "trace_id": finding.trace_id,
-                "agents": finding.agents,
-                "first_seen": _iso(finding.first_seen),
-                "last_seen": _iso(finding.last_seen),
-                "span_ids": finding.span_ids,
-                "details": finding.details,
-                "evidence": [
-                    {k: _jsonable(v) for k, v in row.items()}
-                    for row in evidence[EVIDENCE_COLUMNS].to_dict("records")
-                ],
-            }
-        )
+    findings = [
+        {
+            "id": fid,
+            "metric": finding.metric,
+            "failure_mode": finding.failure_mode,
+            "mast_category": finding.mast_category,
+            "run_id": finding.run_id,
+            "trace_id": finding.trace_id,
+            "agents": finding.agents,
+            "first_seen": _iso(finding.first_seen),
+            "last_seen": _iso(finding.last_seen),
+            "span_ids": finding.span_ids,
+            "details": finding.details,
+            "evidence": [{k: _iso(v) if k == "timestamp" else v for k, v in row.items()} for row in evidence],
+        }
+        for fid, finding, evidence in zip(data.ids, data.listed, data.evidence, strict=True)
+    ]
     thresholds = [
         {
             "name": row["name"],
@@ -193,10 +265,11 @@ def report_document(data: ReportData) -> dict:
             "origin_task": data.filters.origin_task,
         },
         "summary": {
-            "runs": int(len(data.runs)),
-            "findings": len(data.findings),
-            "runs_with_findings": len({f.run_id for f in data.findings if f.run_id}),
-            "by_mast_category": by_category,
+            "runs": data.run_count,
+            "findings": data.found.total,
+            "findings_listed": len(data.listed),
+            "runs_with_findings": data.found.runs_with_findings(),
+            "by_mast_category": data.found.by_category(),
             "by_failure_mode": [
                 {k: _jsonable(v) for k, v in row.items()} for row in summary.to_dict("records")
             ],
@@ -209,5 +282,5 @@ def report_document(data: ReportData) -> dict:
 
 def render_json(data: ReportData) -> str:
     """JSON text; ``<``, ``>`` and ``&`` are written as ``\\u`` escapes so it is safe to embed."""
-    text = json.dumps(_jsonable(report_document(data)), indent=2, ensure_ascii=False, default=str)
+    text = json.dumps(report_document(data), indent=2, ensure_ascii=False, default=_json_default)
     return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")

@@ -9,12 +9,14 @@ from __future__ import annotations
 import html
 import json
 import re
+from datetime import datetime
 
 import pandas as pd
 
+from dashboard.evidence import EVIDENCE_COLUMNS
 from dashboard.figures import findings_by_mode_figure, rejection_rate_figure
 from dashboard.filters import describe_filters, describe_window
-from dashboard.findings import EVIDENCE_COLUMNS, MAST_CATEGORIES, short_title
+from dashboard.findings import MAST_CATEGORIES, short_title
 from dashboard.report import ReportData, provenance_object, report_document
 
 MAST_HELP = {
@@ -36,7 +38,7 @@ th{background:#f4f6f8}td.text{font-family:ui-monospace,monospace;white-space:pre
 .tag{display:inline-block;border-radius:3px;padding:0 .4rem;margin-right:.4rem;font-size:.8rem;color:#fff}
 .specification{background:#9467bd}.inter-agent{background:#d62728}.task{background:#ff7f0e}.unclassified{background:#9aa5b1}
 pre{background:#f4f6f8;padding:.5rem;overflow-x:auto;white-space:pre-wrap;word-break:break-word}
-.error{color:#a61b1b}
+.error{color:#a61b1b}.omitted{background:#fff8e6;border:1px solid #f2c14e;padding:.5rem 1rem;border-radius:4px}
 """
 
 
@@ -57,21 +59,28 @@ def _tag_class(category: str) -> str:
 def _html_table(frame: pd.DataFrame, text_columns: tuple[str, ...] = ()) -> str:
     if frame is None or frame.empty:
         return "<p class='meta'>none</p>"
-    head = "".join(f"<th>{_e(c)}</th>" for c in frame.columns)
-    rows = []
-    for record in frame.to_dict("records"):
-        cells = "".join(
-            f"<td class='text'>{_e(_cell(v))}</td>" if c in text_columns else f"<td>{_e(_cell(v))}</td>"
-            for c, v in record.items()
-        )
-        rows.append(f"<tr>{cells}</tr>")
+    return _html_rows(list(frame.columns), frame.to_dict("records"), text_columns)
+
+
+def _html_rows(columns: list[str], records: list[dict], text_columns: tuple[str, ...] = ()) -> str:
+    """An escaped HTML table of ``records`` (dicts) in ``columns`` order."""
+    if not records:
+        return "<p class='meta'>none</p>"
+    head = "".join(f"<th>{_e(c)}</th>" for c in columns)
+    opening = ["<td class='text'>" if c in text_columns else "<td>" for c in columns]
+    rows = [
+        "<tr>"
+        + "".join(f"{o}{_e(_cell(r.get(c)))}</td>" for c, o in zip(columns, opening, strict=True))
+        + "</tr>"
+        for r in records
+    ]
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
 def _cell(value) -> str:
     if isinstance(value, list | tuple):
         return ", ".join(str(v) for v in value)
-    if isinstance(value, pd.Timestamp):
+    if isinstance(value, pd.Timestamp | datetime):
         return value.isoformat(sep=" ")
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return ""
@@ -79,7 +88,7 @@ def _cell(value) -> str:
 
 
 def _figures_html(data: ReportData) -> str:
-    summary = data.summary
+    summary = data.summary.copy()
     summary["title"] = summary["metric"].map(short_title)
     figures = [findings_by_mode_figure(summary)]
     rates = data.frames.get("rejection_rates")
@@ -105,8 +114,8 @@ def render_html(data: ReportData) -> str:
         f"<p class='meta'>Generated {_e(doc['generated_at'])} UTC from {_e(data.source)}. "
         f"Window: {_e(describe_window(data.window))}; {_e(describe_filters(data.filters))}.</p>",
         "<h2>Summary</h2>",
-        f"<p><b>{summary['findings']}</b> findings in <b>{summary['runs_with_findings']}</b> of "
-        f"<b>{summary['runs']}</b> runs.</p>",
+        f"<p><b>{summary['findings']:,}</b> findings in <b>{summary['runs_with_findings']:,}</b> of "
+        f"<b>{summary['runs']:,}</b> runs.{_listing_note(data)}</p>",
         "<table><thead><tr><th>MAST category</th><th>findings</th><th>meaning</th></tr></thead><tbody>",
     ]
     for category, count in summary["by_mast_category"].items():
@@ -118,19 +127,54 @@ def render_html(data: ReportData) -> str:
     out.append(_html_table(data.summary))
     out.append(_figures_html(data))
     out.append("<h2>Findings</h2>")
-    if not doc["findings"]:
+    if not doc["findings"] and not summary["findings"]:
         out.append("<p>No coordination failures were found in this scope.</p>")
-    for finding in doc["findings"]:
+    omitted = data.omitted
+    for position, finding in enumerate(doc["findings"]):
         out.append(_finding_html(finding))
+        following = doc["findings"][position + 1]["metric"] if position + 1 < len(doc["findings"]) else None
+        if finding["metric"] in omitted and following != finding["metric"]:
+            out.append(
+                _omitted_html(data, finding["metric"], finding["failure_mode"], *omitted[finding["metric"]])
+            )
+    shown = {f["metric"] for f in doc["findings"]}
+    for row in data.summary.to_dict("records"):  # modes with findings but none listed (limit 0)
+        if row["metric"] in omitted and row["metric"] not in shown:
+            out.append(_omitted_html(data, row["metric"], row["failure_mode"], *omitted[row["metric"]]))
     out.append("<h2>Thresholds in force</h2>")
     out.append(_thresholds_html(doc["thresholds"]))
     if doc["errors"]:
         out.append("<h2>Detectors that failed</h2><ul>")
         out.extend(f"<li class='error'><b>{_e(k)}</b>: {_e(v)}</li>" for k, v in doc["errors"].items())
         out.append("</ul>")
-    out.append(_runs_html(data.runs))
+    out.append(_runs_html(data.runs, data.run_count, data.api_query()))
     out.append("</body></html>")
     return "\n".join(out)
+
+
+def _listing_note(data: ReportData) -> str:
+    if not data.omitted:
+        return ""
+    return (
+        f" Each failure mode below lists at most its first {data.max_findings} findings in full "
+        "(the worst first where the detector scores them); the counts cover every finding."
+    )
+
+
+def get_all_hint(data: ReportData, metric: str) -> tuple[str, str]:
+    """(CLI command, read API path) that return every finding of ``metric`` in this scope."""
+    cli = "driftscope report --format json" + (f" --run {data.filters.run}" if data.filters.run else "")
+    return cli, f"GET /api/v1/metrics/{metric}{data.api_query()}"
+
+
+def _omitted_html(data: ReportData, metric: str, mode: str, listed: int, total: int) -> str:
+    cli, api = get_all_hint(data, metric)
+    return (
+        f"<p class='omitted'><b>{total - listed:,} more findings of {_e(mode)}</b> are counted above but "
+        f"not listed here ({listed:,} of {total:,} shown). Every finding with its evidence: "
+        f"<code>{_e(cli)}</code> (the JSON report lists them all); the detector's rows: "
+        f"<code>{_e(api)}</code> on the collector's read API.</p>"
+    )
 
 
 def _finding_html(finding: dict) -> str:
@@ -138,7 +182,6 @@ def _finding_html(finding: dict) -> str:
     details = "".join(
         f"<tr><th>{_e(k)}</th><td class='text'>{_e(v)}</td></tr>" for k, v in finding["details"].items()
     )
-    evidence = pd.DataFrame(finding["evidence"], columns=SHOWN_EVIDENCE)
     return (
         f"<div class='finding' id='{_e(finding['id'])}'>"
         f"<h3>{_e(finding['id'])}: {_e(finding['failure_mode'])}</h3>"
@@ -147,7 +190,7 @@ def _finding_html(finding: dict) -> str:
         f"agents {_e(', '.join(finding['agents']))} · {_e(finding['first_seen'])} – {_e(finding['last_seen'])}</p>"
         f"<table><tbody>{details}</tbody></table>"
         f"<p><b>Evidence spans</b> (trace <code>{_e(finding['trace_id'])}</code>)</p>"
-        f"{_html_table(evidence, text_columns=('text',))}</div>"
+        f"{_html_rows(SHOWN_EVIDENCE, finding['evidence'], text_columns=('text',))}</div>"
     )
 
 
@@ -168,13 +211,19 @@ def _thresholds_html(thresholds: list[dict]) -> str:
     )
 
 
-def _runs_html(runs: pd.DataFrame) -> str:
+def _runs_html(runs: pd.DataFrame, total: int, api_query: str) -> str:
     if runs is None or runs.empty:
         return "<h2>Runs</h2><p class='meta'>No runs in this scope.</p>"
     columns = [
         c for c in ("run_id", "first_seen", "last_seen", "spans", "agents", "rejected", "errors") if c in runs
     ]
-    return "<h2>Runs</h2>" + _html_table(runs[columns])
+    note = ""
+    if total > len(runs):
+        note = (
+            f"<p class='meta'>The {len(runs):,} newest of {total:,} runs; every run: "
+            f"<code>{_e('GET /api/v1/runs' + (api_query + '&' if api_query else '?') + 'limit=100000')}</code>.</p>"
+        )
+    return "<h2>Runs</h2>" + note + _html_table(runs[columns])
 
 
 _MD_SPECIALS = re.compile(r"([\\`*_{}\[\]()#+!|~])")
@@ -190,10 +239,25 @@ def md_escape(value) -> str:
 def _md_table(frame: pd.DataFrame) -> list[str]:
     if frame is None or frame.empty:
         return ["_none_", ""]
-    lines = ["| " + " | ".join(md_escape(c) for c in frame.columns) + " |", "|" + "---|" * len(frame.columns)]
-    for record in frame.to_dict("records"):
-        lines.append("| " + " | ".join(md_escape(v) for v in record.values()) + " |")
+    return _md_rows(list(frame.columns), frame.to_dict("records"))
+
+
+def _md_rows(columns: list[str], records: list[dict]) -> list[str]:
+    if not records:
+        return ["_none_", ""]
+    lines = ["| " + " | ".join(md_escape(c) for c in columns) + " |", "|" + "---|" * len(columns)]
+    for record in records:
+        lines.append("| " + " | ".join(md_escape(record.get(c)) for c in columns) + " |")
     return [*lines, ""]
+
+
+def _omitted_md(data: ReportData, metric: str, mode: str, listed: int, total: int) -> str:
+    cli, api = get_all_hint(data, metric)
+    return (
+        f"> **{total - listed:,} more findings of {md_escape(mode)}** are counted above but not listed "
+        f"({listed:,} of {total:,} shown). Every finding with its evidence: {md_escape(cli)} (the JSON "
+        f"report lists them all); the detector's rows: {md_escape(api)} on the collector's read API."
+    )
 
 
 def render_markdown(data: ReportData) -> str:
@@ -208,7 +272,8 @@ def render_markdown(data: ReportData) -> str:
         "",
         "## Summary",
         "",
-        f"**{summary['findings']}** findings in **{summary['runs_with_findings']}** of **{summary['runs']}** runs.",
+        f"**{summary['findings']:,}** findings in **{summary['runs_with_findings']:,}** of "
+        f"**{summary['runs']:,}** runs.{_listing_note(data)}",
         "",
         "| MAST category | findings | meaning |",
         "|---|---|---|",
@@ -221,9 +286,10 @@ def render_markdown(data: ReportData) -> str:
     out.append("")
     out.extend(_md_table(data.summary))
     out += ["## Findings", ""]
-    if not doc["findings"]:
+    if not doc["findings"] and not summary["findings"]:
         out += ["No coordination failures were found in this scope.", ""]
-    for finding in doc["findings"]:
+    omitted = data.omitted
+    for position, finding in enumerate(doc["findings"]):
         out += [
             f"### {finding['id']}: {md_escape(finding['failure_mode'])}",
             "",
@@ -235,7 +301,17 @@ def render_markdown(data: ReportData) -> str:
         ]
         out += [f"- {md_escape(k)}: {md_escape(v)}" for k, v in finding["details"].items()]
         out += ["", "Evidence spans:", ""]
-        out.extend(_md_table(pd.DataFrame(finding["evidence"], columns=SHOWN_EVIDENCE)))
+        out.extend(_md_rows(SHOWN_EVIDENCE, finding["evidence"]))
+        following = doc["findings"][position + 1]["metric"] if position + 1 < len(doc["findings"]) else None
+        if finding["metric"] in omitted and following != finding["metric"]:
+            out += [
+                _omitted_md(data, finding["metric"], finding["failure_mode"], *omitted[finding["metric"]]),
+                "",
+            ]
+    shown = {f["metric"] for f in doc["findings"]}
+    for row in data.summary.to_dict("records"):
+        if row["metric"] in omitted and row["metric"] not in shown:
+            out += [_omitted_md(data, row["metric"], row["failure_mode"], *omitted[row["metric"]]), ""]
     out += ["## Thresholds in force", ""]
     rows = [
         {

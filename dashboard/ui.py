@@ -28,12 +28,21 @@ from dashboard.filters import (
     utc_now,
     window_for,
 )
+from dashboard.findings import FindingSet, gather_findings
 from dashboard.launch import SOURCE_ENV, TOKEN_ENV
 
 logger = logging.getLogger(__name__)
 
 REFRESH_SECONDS = 15
-CACHE_TTL = REFRESH_SECONDS
+# Cache keys include the source's data version (span count and newest ingest), so new spans make
+# new entries at once and the TTL only bounds memory; relative windows move every 10 s anyway.
+CACHE_TTL = 600
+# Detector frames and findings are cached as shared objects (st.cache_resource): a 1M-span window
+# has frames of ~1M rows that st.cache_data would pickle and copy on every rerun. Callers treat
+# them as read-only.
+FRAME_ENTRIES = 64
+# Tables longer than this are shown a page at a time.
+PAGE_ROWS = 500
 EMPTY_HELP = (
     "Point your agents at the collector, for example "
     "`export OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318`, or load the sample crews with "
@@ -43,11 +52,12 @@ EMPTY_HELP = (
 
 @dataclass(frozen=True)
 class PageContext:
-    """What a page needs: the source key, the window and filters chosen in the sidebar."""
+    """What a page needs: the source key and data version, the window and filters chosen."""
 
     source_key: str
     window: Window
     filters: Filters
+    version: str = ""
 
 
 def source_key() -> str:
@@ -61,30 +71,40 @@ def get_source(key: str) -> DataSource:
     return open_source(key, os.environ.get(TOKEN_ENV) or None)
 
 
-def _window(since, until) -> Window:
-    return Window(since, until)
-
-
-@st.cache_data(ttl=CACHE_TTL, show_spinner=False)
-def cached_metric(key: str, name: str, window: Window, filters: Filters) -> pd.DataFrame:
-    """A metric frame, cached by source, name, window and filters."""
+@st.cache_resource(ttl=CACHE_TTL, max_entries=FRAME_ENTRIES, show_spinner=False)
+def cached_metric(key: str, version: str, name: str, window: Window, filters: Filters) -> pd.DataFrame:
+    """A metric frame (shared, read-only), cached by source, data version, name, window, filters."""
     return get_source(key).metric(name, window, filters)
 
 
-@st.cache_data(ttl=CACHE_TTL, show_spinner=False)
-def cached_runs(key: str, window: Window, filters: Filters) -> pd.DataFrame:
-    """Runs in the window, cached by source, window and filters."""
-    return get_source(key).runs(window, filters)
+@st.cache_data(ttl=CACHE_TTL, max_entries=FRAME_ENTRIES, show_spinner=False)
+def cached_filter_options(key: str, version: str, window: Window) -> dict:
+    """Sidebar choices (services, agents, newest runs) for the window."""
+    return get_source(key).filter_options(window)
 
 
-@st.cache_data(ttl=CACHE_TTL, show_spinner=False)
-def cached_run_spans(key: str, run_id: str) -> pd.DataFrame:
+@st.cache_resource(ttl=CACHE_TTL, max_entries=FRAME_ENTRIES, show_spinner=False)
+def cached_run_totals(key: str, version: str, window: Window, filters: Filters) -> pd.DataFrame:
+    """Every run in scope with its counts (shared, read-only)."""
+    return get_source(key).run_totals(window, filters)
+
+
+@st.cache_data(ttl=CACHE_TTL, max_entries=FRAME_ENTRIES, show_spinner=False)
+def cached_run_details(
+    key: str, version: str, window: Window, filters: Filters, run_ids: tuple[str, ...]
+) -> pd.DataFrame:
+    """``runs`` rows of a few runs."""
+    return get_source(key).run_details(window, filters, list(run_ids))
+
+
+@st.cache_data(ttl=CACHE_TTL, max_entries=FRAME_ENTRIES, show_spinner=False)
+def cached_run_spans(key: str, version: str, run_id: str) -> pd.DataFrame:
     """Spans of one run."""
     return get_source(key).run_spans(run_id)
 
 
 @st.cache_data(ttl=CACHE_TTL, show_spinner=False)
-def cached_thresholds(key: str) -> pd.DataFrame:
+def cached_thresholds(key: str, version: str) -> pd.DataFrame:
     """Thresholds in force."""
     return get_source(key).thresholds()
 
@@ -136,21 +156,20 @@ def sidebar() -> PageContext | None:
         until = datetime.combine(day_to, at_to)
     window = window_for(preset, custom_since=since, custom_until=until)
     try:
-        runs = cached_runs(key, window, Filters())
+        version = source.data_version()
+        options = cached_filter_options(key, version, window)
     except SourceUnavailable as exc:
         unavailable_banner(str(exc))
         return None
-    services = sorted({s for row in runs["services"] for s in row})
-    agents = sorted({a for row in runs["agents"] for a in row})
-    run_ids = [str(r) for r in runs["run_id"]]
-    service = _choice("Service", services, "service")
-    agent = _choice("Agent", agents, "agent")
+    run_ids = [str(r) for r in options["runs"]]
+    service = _choice("Service", options["services"], "service")
+    agent = _choice("Agent", options["agents"], "agent")
     wanted_run = st.query_params.get("run")
     if wanted_run and wanted_run not in run_ids:
         run_ids = [wanted_run, *run_ids]
     run = _choice("Run", run_ids, "run_filter")
     filters = Filters(service=service, agent=agent, run=run)
-    ctx = PageContext(key, window, filters)
+    ctx = PageContext(key, window, filters, version)
     st.session_state["_page_context"] = ctx
     if st.sidebar.toggle("Auto-refresh", key="auto_refresh", help=f"Re-read every {REFRESH_SECONDS} s"):
         _auto_refresh(REFRESH_SECONDS)
@@ -180,7 +199,7 @@ def _auto_refresh(seconds: int) -> None:
 def load_metric(ctx: PageContext, name: str) -> pd.DataFrame | None:
     """A metric frame, or None after showing why it could not be read."""
     try:
-        return cached_metric(ctx.source_key, name, ctx.window, ctx.filters)
+        return cached_metric(ctx.source_key, ctx.version, name, ctx.window, ctx.filters)
     except SourceUnavailable as exc:
         unavailable_banner(str(exc))
     except KeyError as exc:
@@ -218,8 +237,19 @@ def findings_table(frame: pd.DataFrame, what: str, key: str | None = None) -> No
     if frame.empty:
         empty_state(what)
         return
-    shown, config = with_run_links(_plain_cells(frame))
-    st.dataframe(shown, hide_index=True, column_config=config, key=key)
+    table(frame, key=key)
+
+
+def page_of(frame: pd.DataFrame, key: str | None) -> pd.DataFrame:
+    """The rows of ``frame`` on the page picked under the table (all of them when they fit one)."""
+    total = len(frame)
+    if total <= PAGE_ROWS:
+        return frame
+    pages = (total + PAGE_ROWS - 1) // PAGE_ROWS
+    page = int(st.number_input("Page", 1, pages, 1, key=f"{key or 'table'}_page"))
+    first = (page - 1) * PAGE_ROWS
+    st.caption(f"Rows {first + 1:,}-{min(first + PAGE_ROWS, total):,} of {total:,} ({pages:,} pages)")
+    return frame.iloc[first : first + PAGE_ROWS]
 
 
 def _plain_cells(frame: pd.DataFrame) -> pd.DataFrame:
@@ -244,14 +274,18 @@ def page_context() -> PageContext:
 
 
 def report_download(ctx: PageContext) -> None:
-    """Sidebar download of the drift report for the current window and filters (built on click)."""
+    """Sidebar download of the drift report for the current window and filters (built on click).
+
+    The report reuses the page's cached detector frames, so a click runs no detector twice.
+    """
     from dashboard.report import build_report
 
     fmt = st.sidebar.selectbox("Report format", ["html", "md", "json"], key="report_format")
     mime = {"html": "text/html", "md": "text/markdown", "json": "application/json"}[fmt]
 
     def make() -> str:
-        return build_report(get_source(ctx.source_key), ctx.window, ctx.filters, None, fmt)
+        found = cached_findings(ctx.source_key, ctx.version, ctx.window, ctx.filters)
+        return build_report(get_source(ctx.source_key), ctx.window, ctx.filters, None, fmt, found=found)
 
     st.sidebar.download_button(
         "Download report",
@@ -263,27 +297,46 @@ def report_download(ctx: PageContext) -> None:
     )
 
 
-@st.cache_data(ttl=CACHE_TTL, show_spinner="Running detectors…")
-def cached_findings(key: str, window: Window, filters: Filters):
-    """(findings, frames by metric, errors by metric) for the window and filters."""
-    from dashboard.findings import collect_findings
+@st.cache_resource(ttl=CACHE_TTL, max_entries=FRAME_ENTRIES, show_spinner="Running detectors…")
+def cached_findings(key: str, version: str, window: Window, filters: Filters) -> FindingSet:
+    """Every finding detector's result for the window and filters (shared, read-only)."""
+    return gather_findings(
+        get_source(key),
+        window,
+        filters,
+        read=lambda name: cached_metric(key, version, name, window, filters),
+        metrics=cached_metrics_list(key),
+    )
 
-    return collect_findings(get_source(key), window, filters)
+
+@st.cache_resource(ttl=CACHE_TTL, max_entries=FRAME_ENTRIES, show_spinner=False)
+def cached_overview(key: str, version: str, window: Window, filters: Filters):
+    """(tiles, per-mode summary, worst runs) of the Overview: small aggregates of the findings."""
+    from dashboard.findings import finding_metrics, short_title
+    from dashboard.overview import tile_for, with_agents, worst_runs
+
+    found = cached_findings(key, version, window, filters)
+    tiles = [tile_for(m, found.by_metric.get(m["name"])) for m in finding_metrics(cached_metrics_list(key))]
+    summary = found.summary()
+    summary["title"] = summary["metric"].map(short_title)
+    ranked = worst_runs(cached_run_totals(key, version, window, filters), found)
+    details = cached_run_details(key, version, window, filters, tuple(ranked["run_id"]))
+    return tiles, summary, with_agents(ranked, details)
 
 
-def load_findings(ctx: PageContext):
+def load_findings(ctx: PageContext) -> FindingSet | None:
     """Findings for the page, or None after a banner when the source is down."""
     try:
-        findings, frames, errors = cached_findings(ctx.source_key, ctx.window, ctx.filters)
+        found = cached_findings(ctx.source_key, ctx.version, ctx.window, ctx.filters)
     except SourceUnavailable as exc:
         unavailable_banner(str(exc))
         return None
-    for name, message in errors.items():
+    for name, message in found.errors.items():
         st.warning(f"Detector `{name}` failed: {message}")
-    return findings, frames
+    return found
 
 
 def table(frame: pd.DataFrame, key: str | None = None) -> None:
-    """A plain escaped table (lists shown as comma-separated text, run ids linked)."""
-    shown, config = with_run_links(_plain_cells(frame))
+    """A plain escaped table (lists shown as comma-separated text, run ids linked), paginated."""
+    shown, config = with_run_links(_plain_cells(page_of(frame, key)))
     st.dataframe(shown, hide_index=True, column_config=config, key=key)

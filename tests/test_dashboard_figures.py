@@ -24,7 +24,8 @@ from dashboard.figures_run import (
     waterfall_figure,
 )
 from dashboard.filters import describe_window, run_link, window_for
-from dashboard.findings import findings_from_frame, trend_counts
+from dashboard.findings import findings_from_frame
+from dashboard.overview import trend_counts
 
 XSS = "<script>alert(1)</script>"
 T0 = datetime(2026, 1, 15, 9)
@@ -113,7 +114,9 @@ def test_goal_and_histogram_figures_carry_the_threshold():
     assert fig.layout.shapes[-1].y0 == 0.45 and "calibrated v3" in fig.layout.annotations[0].text
     assert "<script>" not in fig.to_json()
     hist = divergence_histogram_figure(frame["divergence"], 0.45, "t")
-    assert [list(t.x) for t in hist.data] == [[0.2], [0.8]]
+    assert [list(t.y) for t in hist.data] == [[1], [1]]  # one subtask on each side, as bin counts
+    assert [t.name for t in hist.data] == ["at or below threshold", "above threshold"]
+    assert abs(hist.data[0].x[0] - 0.21) < 1e-9 and abs(hist.data[1].x[0] - 0.81) < 1e-9
 
 
 def test_window_presets_round_now_and_all_time_is_open():

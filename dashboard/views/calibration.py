@@ -11,7 +11,7 @@ ctx = ui.page_context()
 st.title("Calibration")
 st.caption("Every threshold a detector uses, where its value came from, and how well it separates.")
 
-thresholds = ui.cached_thresholds(ctx.source_key)
+thresholds = ui.cached_thresholds(ctx.source_key, ctx.version)
 rows = thresholds.to_dict("records")
 if not rows:
     st.info(

@@ -19,6 +19,13 @@ if ledger is not None:
         ui.empty_state("delegations with a constraint ledger")
     else:
         dropped = set(drops["origin_task_id"]) if drops is not None and not drops.empty else set()
+        if len(tasks) > ui.PAGE_ROWS:  # offer the tasks with drops first, then the others, up to a page
+            st.caption(
+                f"{len(tasks):,} origin tasks; the picker offers {ui.PAGE_ROWS} (those with drops first)."
+            )
+            tasks = sorted(
+                ([t for t in tasks if t in dropped] + [t for t in tasks if t not in dropped])[: ui.PAGE_ROWS]
+            )
         default = next((i for i, t in enumerate(tasks) if t in dropped), 0)
         task = st.selectbox("Origin task", tasks, index=default, key="origin_task")
         ui.plot(constraint_heatmap_figure(ledger, task), key="heatmap")

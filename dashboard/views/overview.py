@@ -4,7 +4,6 @@ import streamlit as st
 
 from dashboard import ui
 from dashboard.figures import findings_by_mode_figure, rejection_rate_figure
-from dashboard.findings import finding_metrics, short_title, summarise, tile_for, worst_runs
 
 ctx = ui.page_context()
 st.title("Coordination failures")
@@ -12,11 +11,10 @@ st.caption(
     "Counts of each failure mode in the window; a red status means it occurred (or crossed its threshold)."
 )
 
-loaded = ui.load_findings(ctx)
-if loaded is not None:
-    findings, frames = loaded
-    metrics = finding_metrics(ui.cached_metrics_list(ctx.source_key))
-    tiles = [tile_for(m, frames.get(m["name"])) for m in metrics]
+
+found = ui.load_findings(ctx)
+if found is not None:
+    tiles, summary, worst = ui.cached_overview(ctx.source_key, ctx.version, ctx.window, ctx.filters)
     for start in range(0, len(tiles), 4):
         for column, tile in zip(st.columns(4), tiles[start : start + 4], strict=False):
             column.metric(
@@ -32,13 +30,8 @@ if loaded is not None:
             )
     left, right = st.columns(2)
     with left:
-        summary = summarise(findings)
-        summary["title"] = summary["metric"].map(short_title)
         ui.plot(findings_by_mode_figure(summary), key="by_mode")
     with right:
-        ui.plot(rejection_rate_figure(frames.get("rejection_rates")), key="rejection_rate")
+        ui.plot(rejection_rate_figure(found.frames.get("rejection_rates")), key="rejection_rate")
     st.subheader("Worst runs")
-    runs = ui.cached_runs(ctx.source_key, ctx.window, ctx.filters)
-    ui.findings_table(
-        worst_runs(runs, findings), "runs with findings, rejections or errors", key="worst_runs"
-    )
+    ui.findings_table(worst, "runs with findings, rejections or errors", key="worst_runs")

@@ -23,12 +23,12 @@ def _text(value) -> str:
 
 def show_run(ctx: ui.PageContext, run: str) -> None:
     """Findings, waterfall, delegation graph and span attributes of one run."""
-    spans = ui.cached_run_spans(ctx.source_key, run)
+    spans = ui.cached_run_spans(ctx.source_key, ctx.version, run)
     if spans.empty:
         st.info(f"No spans stored for run {run!r}. It may be outside the data this source holds.")
         return
-    loaded = ui.load_findings(ctx)
-    findings = [f for f in loaded[0] if f.run_id == run] if loaded is not None else []
+    found = ui.load_findings(ctx)
+    findings = found.findings(run=run) if found is not None else []
     evidence, failed_agents = run_failures(findings)
     top = st.columns(4)
     top[0].metric("Spans", len(spans), border=True)
@@ -65,8 +65,8 @@ def show_run(ctx: ui.PageContext, run: str) -> None:
 
 ctx = ui.page_context()
 st.title("Run explorer")
-runs = ui.cached_runs(ctx.source_key, ctx.window, ctx.filters)
-run_ids = [str(r) for r in runs["run_id"]]
+runs = ui.cached_run_totals(ctx.source_key, ctx.version, ctx.window, ctx.filters)
+run_ids = [str(r) for r in runs["run_id"].head(ui.PAGE_ROWS)]  # the newest runs; others by ?run=
 wanted = st.query_params.get("run") or ctx.filters.run
 if wanted and wanted not in run_ids:
     run_ids.insert(0, wanted)

@@ -22,7 +22,7 @@ ui.findings_table(updates, "lost updates", key="lost_updates")
 
 st.subheader("Version timeline")
 frames = [f for f in (reads, updates) if f is not None and not f.empty]
-runs = sorted({r for f in frames for r in f["run_id"].dropna()})
+runs = sorted({r for f in frames for r in f["run_id"].dropna().unique()})[: ui.PAGE_ROWS]
 if ctx.filters.run and ctx.filters.run not in runs:
     runs.insert(0, ctx.filters.run)
 if not runs:
@@ -31,7 +31,7 @@ if not runs:
     )
 else:
     run = st.selectbox("Run", runs, key="split_brain_run")
-    spans = ui.cached_run_spans(ctx.source_key, run)
+    spans = ui.cached_run_spans(ctx.source_key, ctx.version, run)
     keys = sorted(k for k in spans.get("state_key", []).dropna().unique()) if not spans.empty else []
     if not keys:
         st.info("This run has no shared-state reads or writes.")
