@@ -13,7 +13,8 @@ $(PY):
 	$(PIP) install --quiet --upgrade pip
 
 # torch is pinned to 2.13.0 in pyproject.toml: the CPU build, so set-up never pulls a CUDA build.
-$(VENV)/.installed: pyproject.toml | $(PY)
+# setup.py compiles the OTLP decoder (collector/_otlpfast.c) into the editable install.
+$(VENV)/.installed: pyproject.toml setup.py collector/_otlpfast.c | $(PY)
 	$(PIP) install --quiet -e .
 	@touch $@
 

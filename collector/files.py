@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from collector.decode import JSON, DecodeError, decode_payload
-from collector.store import insert_batches, open_store
+from collector.store import TraceIndex, insert_batches, open_store
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ def ingest_files(
     own = conn is None
     conn = open_store(db_path) if own else conn
     result = IngestResult()
+    traces = TraceIndex(conn)
     try:
         for path in paths:
             for where, payload in iter_file_requests(path):
@@ -80,7 +81,7 @@ def ingest_files(
                     continue
                 conn.execute("BEGIN TRANSACTION")
                 try:
-                    result.stored += insert_batches(conn, [batch])
+                    result.stored += insert_batches(conn, [batch], traces)
                     conn.execute("COMMIT")
                 except BaseException:
                     conn.execute("ROLLBACK")

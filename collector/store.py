@@ -75,6 +75,19 @@ FROM spans WHERE ingested_at >= $since AND TraceId IN (SELECT TraceId FROM _inco
 """
 
 
+# Spans already stored (same TraceId + SpanId, as exporter retries resend) are skipped: the first
+# stored copy wins. Only the touched traces' rows from `$since` on can match (see TraceIndex), so
+# this replaces a PRIMARY KEY index without reading the whole table.
+_INSERT_NEW_SQL = """
+INSERT INTO spans
+SELECT i.* FROM _incoming i
+WHERE NOT EXISTS (
+    SELECT 1 FROM spans s
+    WHERE s.ingested_at >= $since AND s.TraceId = i.TraceId AND s.SpanId = i.SpanId
+)
+"""
+
+
 class TraceIndex:
     """When each stored trace's earliest span was ingested, for the one process writing a file.
 
@@ -176,7 +189,8 @@ def insert_batches(
     """Insert the batches' rows in the caller's transaction; return rows newly stored.
 
     Duplicates (same TraceId + SpanId, as exporter retries send) are stored once: the first
-    copy wins. Spans without an agent take their nearest agent ancestor's, including ancestors
+    copy wins (this function is the only writer of `spans`, and the file has one writing
+    process, so it keeps that unique without a PRIMARY KEY index). Spans without an agent take their nearest agent ancestor's, including ancestors
     stored by earlier requests and descendants stored before their ancestor arrived. With a
     ``TraceIndex`` (kept by the one writer of the file) only recent rows are read for that;
     without one the whole table is.
@@ -187,9 +201,10 @@ def insert_batches(
     table = _first_copies(batches, table)
     conn.register("_incoming", table)
     try:
-        inserted = conn.execute("INSERT OR IGNORE INTO spans SELECT * FROM _incoming").fetchone()[0]
         since = traces.since(conn) if traces is not None else None
-        conn.execute(_TREE_SQL, {"since": since if since is not None else datetime.min})
+        bound = {"since": since if since is not None else datetime.min}
+        inserted = conn.execute(_INSERT_NEW_SQL, bound).fetchone()[0]
+        conn.execute(_TREE_SQL, bound)
         agentless, runless = conn.execute(_TREE_NEEDS_WORK_SQL).fetchone()
         if agentless:
             conn.execute(_INHERIT_AGENT_SQL)

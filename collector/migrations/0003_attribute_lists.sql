@@ -4,6 +4,10 @@
 -- was the largest single cost of storing a span (docs/performance.md). The `otel_traces` view
 -- still shows them as MAPs. `guard`, `policy_current_version` and `scenario` are extracted at
 -- ingest like the other coordination fields, so no detector reads the attribute lists.
+-- The PRIMARY KEY (TraceId, SpanId) goes: its ART index cost half of every insert, ~60 bytes per
+-- span on disk and grew in memory with the table. A span is still stored once: the single writer
+-- skips spans already stored (collector/store.py, `insert_batches`), reading only the recent rows
+-- of the traces it touches.
 -- The table is rebuilt (column order matters to the collector's inserts); existing rows keep
 -- their values, the new columns are filled from their attributes.
 DROP VIEW IF EXISTS otel_traces;
@@ -71,8 +75,7 @@ CREATE TABLE spans_v3 (
     guard                VARCHAR,                 -- driftscope.guard: the guard that handled the call
     policy_current_version VARCHAR,               -- driftscope.policy.current_version (stated by a refusing guard)
     scenario             VARCHAR,                 -- driftscope.scenario (simulator runs)
-    ingested_at          TIMESTAMP NOT NULL,
-    PRIMARY KEY (TraceId, SpanId)
+    ingested_at          TIMESTAMP NOT NULL
 );
 
 INSERT INTO spans_v3
