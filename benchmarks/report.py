@@ -28,6 +28,15 @@ def _row(target: str, limit: str, measured: Any, met: bool | None, note: str = "
     return {"target": target, "limit": limit, "measured": measured, "met": met, "note": note}
 
 
+def _split(result: dict | None) -> str:
+    """``detectors X s + rest Y s (load a)`` for a dashboard result that has the split."""
+    if not result or result.get("detector_s") is None:
+        return ""
+    load = result.get("load_average")
+    at = f", load average {load[0]:.1f}" if load else ""
+    return f"detectors {result['detector_s']} s + rest {result['other_s']} s{at}"
+
+
 def check_targets(document: dict) -> list[dict]:
     """One row per target: the limit, what was measured (None = not measured) and whether met."""
     rows = []
@@ -165,7 +174,9 @@ def check_targets(document: dict) -> list[dict]:
             "<= 10 s",
             f"> {report_cut} s (stopped)" if report_cut else report_s,
             False if report_cut else (None if report_s is None else report_s <= 10),
-            "did not finish; killed at the time limit" if report_cut else "",
+            "did not finish; killed at the time limit"
+            if report_cut
+            else _split(dashboard.get("report_html")),
         )
     )
     page_cut = _get(dashboard, "overview_page", "timed_out_after_s")
@@ -187,7 +198,10 @@ def check_targets(document: dict) -> list[dict]:
             "<= 3 s",
             page_s,
             None if page_s is None else page_s <= 3,
-            f"warm rerun {_get(dashboard, 'overview_page', 'warm_s')} s" if page_s is not None else "",
+            f"warm rerun {_get(dashboard, 'overview_page', 'warm_s')} s; "
+            + _split(dashboard.get("overview_page"))
+            if page_s is not None
+            else "",
         )
     )
     return rows

@@ -175,3 +175,62 @@ def test_roc_points_from_provenance():
     assert roc_points({"note": "default"}) == (None, None)
     fig = roc_figure(points, 0.4, auc)
     assert list(fig.data[-1].x) == [0.1] and "0.930" in fig.layout.title.text
+
+
+def test_figures_of_large_frames_are_aggregated():
+    """Many chains, scores or holds: figures carry aggregates, not a trace or bar per row."""
+    from dashboard.figures import holders_figure
+
+    n = 20_000
+    frame = pd.DataFrame(
+        {"origin_task_id": [f"T{i // 4}" for i in range(n)], "run_id": "r", "hop": [i % 4 for i in range(n)],
+         "divergence": [(i % 100) / 100 for i in range(n)], "subtask": XSS, "threshold": 0.45,
+         "calibrated": False, "threshold_version": 0}
+    )  # fmt: skip
+    fig = goal_divergence_figure(frame)
+    assert [t.name for t in fig.data] == ["median", "p90", "max"] and list(fig.data[2].x) == [0, 1, 2, 3]
+    assert "5,000 chains" in fig.layout.title.text
+    hist = divergence_histogram_figure(frame["divergence"], 0.45, "t")
+    assert sum(sum(t.y) for t in hist.data) == n and sum(len(t.x) for t in hist.data) <= 60
+    holders = pd.DataFrame(
+        {"run_id": "r", "agent": [f"a{i}" for i in range(500)], "objective_id": "o", "held_version": "1",
+         "superseded_by": "2", "held_from": T0, "held_until": [T0 + timedelta(seconds=i) for i in range(500)]}
+    )  # fmt: skip
+    bars = holders_figure(holders, limit=40)
+    assert len(bars.data[0].y) == 40 and "40 longest of 500" in bars.layout.title.text
+    assert "a499" in bars.data[0].y[0]  # the longest hold first
+
+
+def test_worst_runs_rank_every_run_by_findings_then_rejections():
+    from dashboard.findings import FindingSet, metric_findings
+    from dashboard.overview import with_agents, worst_runs
+
+    totals = pd.DataFrame(
+        {"run_id": ["new", "mid", "old", "quiet"], "spans": 5, "rejected": [0, 3, 0, 0], "errors": [1, 0, 0, 0],
+         "first_seen": T0, "last_seen": T0}
+    )  # fmt: skip
+    loops = pd.DataFrame({"run_id": ["old", "old", "mid"], "span_ids": [["a"], ["b"], ["c"]], "agent": "x"})
+    found = FindingSet(
+        {"ping_pong": metric_findings({"name": "ping_pong", "failure_mode": "loop"}, loops)}, {}
+    )
+    ranked = worst_runs(totals, found)
+    assert list(ranked["run_id"]) == ["old", "mid", "new"]  # quiet has nothing to show
+    assert list(ranked["findings"]) == [2, 1, 0] and ranked["failure_modes"][0] == ["loop"]
+    details = pd.DataFrame({"run_id": ["old"], "agents": [["x", "y"]]})
+    assert with_agents(ranked, details)["agents"].tolist() == [["x", "y"], [], []]
+
+
+def test_long_tables_are_paginated():
+    from streamlit.testing.v1 import AppTest
+
+    def page() -> None:
+        import pandas as pd
+
+        from dashboard import ui
+
+        ui.table(pd.DataFrame({"run_id": [f"r{i}" for i in range(1200)], "n": range(1200)}), key="t")
+
+    at = AppTest.from_function(page).run()
+    assert len(at.dataframe[0].value) == 500 and "Rows 1-500 of 1,200 (3 pages)" in at.caption[0].value
+    at.number_input(key="t_page").set_value(3).run()
+    assert list(at.dataframe[0].value["n"]) == list(range(1000, 1200))
