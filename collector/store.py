@@ -107,17 +107,21 @@ class TraceIndex:
     def __len__(self) -> int:
         return len(self._first)
 
-    def since(self, conn: duckdb.DuckDBPyConnection) -> object:
-        """The lower bound on ``ingested_at`` for the traces in ``_incoming``."""
-        incoming = conn.execute("SELECT TraceId, min(ingested_at) FROM _incoming GROUP BY TraceId").fetchall()
+    def since(self, tables: list[pa.Table]) -> object:
+        """The lower bound on ``ingested_at`` for the traces of the rows about to be stored
+        (each decoded batch's rows share one ``ingested_at``); records those traces."""
         first = self._first
         bound = None
-        for trace, at in incoming:
-            known = first.get(trace)
-            if known is None or at < known:
-                first[trace] = known = at
-            if bound is None or known < bound:
-                bound = known
+        for table in tables:
+            if not table.num_rows:
+                continue
+            at = pc.min(table.column("ingested_at")).as_py()
+            for trace in pc.unique(table.column("TraceId")).to_pylist():
+                known = first.get(trace)
+                if known is None or at < known:
+                    first[trace] = known = at
+                if bound is None or known < bound:
+                    bound = known
         return bound
 
 
@@ -201,7 +205,7 @@ def insert_batches(
     table = _first_copies(batches, table)
     conn.register("_incoming", table)
     try:
-        since = traces.since(conn) if traces is not None else None
+        since = traces.since([batch.table for batch in batches]) if traces is not None else None
         bound = {"since": since if since is not None else datetime.min}
         inserted = conn.execute(_INSERT_NEW_SQL, bound).fetchone()[0]
         conn.execute(_TREE_SQL, bound)
