@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import collections
+import logging
+import os
+import threading
+from typing import Any
+
 import duckdb
 import pandas as pd
 
+from analytics.loops import MIN_PING_PONG_DELEGATIONS, MIN_PING_PONG_INFERRED
 from analytics.registry import register, run_metric
-from analytics.sql_loader import run_sql
+from analytics.sql_loader import filter_params, load_sql, query_df, run_sql
 from analytics.types import Filters, Window
+
+logger = logging.getLogger(__name__)
 
 COUNTED_DETECTORS = (
     "divergent_reads", "lost_updates", "constraint_drops", "context_drift_holders",
@@ -68,6 +77,70 @@ def _counts_by_run(frame: pd.DataFrame) -> pd.Series:
     return frame.groupby("run_id").size()
 
 
+# Detectors whose registered function returns the rows of its SQL unchanged (analytics/sql/<name>.sql
+# with the standard filters plus these parameters): run_summary counts their findings per run in
+# SQL around that same statement, so no finding row is built in pandas (and DuckDB drops the
+# evidence lists it does not need). Extra named counts per run, as SQL conditions on a finding row.
+# tests/test_analytics_perf_loops.py checks these counts against run_metric of each detector.
+_SQL_COUNTED: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
+    "divergent_reads": ({}, {}),
+    "lost_updates": ({}, {}),
+    "constraint_drops": ({}, {}),
+    "context_drift_holders": ({}, {"unrefreshed": "refreshed IS NOT TRUE"}),
+    "ping_pong": (
+        {"min_delegations": MIN_PING_PONG_DELEGATIONS, "min_inferred": MIN_PING_PONG_INFERRED},
+        {},
+    ),
+    "budget_exhaustion": ({}, {}),
+    "duplicate_side_effects": ({}, {}),
+    "stale_policy_sends": ({}, {"allowed": "allowed IS TRUE"}),
+}
+
+
+def _findings_per_run(
+    conn: duckdb.DuckDBPyConnection, name: str, window: Window, filters: Filters
+) -> pd.DataFrame:
+    """Findings of detector ``name`` per run: ``n`` plus its extra counts, indexed by run_id."""
+    extra_params, extra_counts = _SQL_COUNTED[name]
+    counts = "".join(f", count(*) FILTER (WHERE {cond}) AS {label}" for label, cond in extra_counts.items())
+    sql = f"SELECT run_id, count(*) AS n{counts}\nFROM (\n{load_sql(name)}\n) findings\nGROUP BY run_id"
+    params = {**filter_params(window, filters), **extra_params}
+    return query_df(conn, sql, params).set_index("run_id")
+
+
+# run_summary results are kept per database file and data version, so a repeated call (a
+# dashboard re-render, the report after the overview) does not run every detector again. The
+# version is the number of spans, the newest ingested_at and the thresholds in force: spans are
+# only inserted (the collector fills inherited fields in the same commit that inserts the spans
+# that caused it), so a change of stored spans changes the count or the newest ingested_at.
+# In-memory databases are not cached (they have no stable identity).
+_CACHE_SIZE = 32
+_cache: collections.OrderedDict[tuple, pd.DataFrame] = collections.OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def _data_version(conn: duckdb.DuckDBPyConnection) -> tuple | None:
+    """Identity and version of the database behind ``conn``; None when it must not be cached."""
+    path, spans, newest, thresholds, newest_threshold = conn.execute(
+        "SELECT (SELECT path FROM duckdb_databases() WHERE database_name = current_database()), "
+        "(SELECT count(*) FROM spans), (SELECT max(ingested_at) FROM spans), "
+        "(SELECT count(*) FROM thresholds), (SELECT max(created_at) FROM thresholds)"
+    ).fetchone()
+    if not path or path == ":memory:":
+        return None
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return (path, stat.st_dev, stat.st_ino, spans, newest, thresholds, newest_threshold)
+
+
+def clear_cache() -> None:
+    """Forget every cached run summary."""
+    with _cache_lock:
+        _cache.clear()
+
+
 @register(
     "run_summary",
     description="Per run: agents, hops, spans, each detector's finding count, worst divergence, verdict.",
@@ -100,27 +173,48 @@ def run_summary(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filter
     """Health of every run, combining every detector's findings.
 
     A count above its baseline-calibrated ``count_per_run:<detector>`` threshold (0 until
-    calibrated) makes the run fail.
+    calibrated) makes the run fail. Results are cached per database file and data version.
     """
+    version = _data_version(conn)
+    key = None if version is None else (version, window, filters)
+    if key is not None:
+        with _cache_lock:
+            cached = _cache.get(key)
+            if cached is not None:
+                _cache.move_to_end(key)
+                return cached.copy()
+    summary = _run_summary(conn, window, filters)
+    if key is not None:
+        with _cache_lock:
+            _cache[key] = summary.copy()
+            while len(_cache) > _CACHE_SIZE:
+                _cache.popitem(last=False)
+    return summary
+
+
+def _run_summary(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     base = run_sql(conn, "run_summary", window, filters).set_index("run_id", drop=False)
     allowed = _count_thresholds(conn)
     failing = pd.Series(False, index=base.index)
     degraded = base["rejections"] > 0
-    findings = {name: run_metric(conn, name, window, filters) for name in COUNTED_DETECTORS}
-    for name, frame in findings.items():
-        base[f"{name}_count"] = _counts_by_run(frame).reindex(base.index, fill_value=0).astype("int64")
+
+    def per_run(counts: pd.Series) -> pd.Series:
+        return counts.reindex(base.index, fill_value=0).astype("int64")
+
+    found = {name: _findings_per_run(conn, name, window, filters) for name in _SQL_COUNTED}
+    for name in COUNTED_DETECTORS:
+        if name in found:
+            base[f"{name}_count"] = per_run(found[name]["n"])
+        else:  # detectors with Python post-processing (repeated_calls forms loops in numpy)
+            base[f"{name}_count"] = per_run(_counts_by_run(run_metric(conn, name, window, filters)))
         over = base[f"{name}_count"] > allowed.get(name, 0.0)
         if name in FAILING_DETECTORS:
             failing |= over
         else:
             degraded |= over
-    holders = findings["context_drift_holders"]
-    unrefreshed = holders[~holders["refreshed"].astype(bool)] if not holders.empty else holders
-    base["stale_holders_unrefreshed"] = _counts_by_run(unrefreshed).reindex(base.index, fill_value=0)
-    sends = run_metric(conn, "stale_policy_sends", window, filters)
-    base["stale_policy_sends_count"] = _counts_by_run(sends).reindex(base.index, fill_value=0)
-    allowed_sends = sends[sends["allowed"].astype(bool)] if not sends.empty else sends
-    base["stale_sends_allowed"] = _counts_by_run(allowed_sends).reindex(base.index, fill_value=0)
+    base["stale_holders_unrefreshed"] = per_run(found["context_drift_holders"]["unrefreshed"])
+    base["stale_policy_sends_count"] = per_run(found["stale_policy_sends"]["n"])
+    base["stale_sends_allowed"] = per_run(found["stale_policy_sends"]["allowed"])
     goals = run_metric(conn, "goal_divergence", window, filters)
     drifted = goals[goals["drifted"].astype(bool)] if not goals.empty else goals
     base["drifted_subtasks"] = _counts_by_run(drifted).reindex(base.index, fill_value=0)
