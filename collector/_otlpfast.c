@@ -165,6 +165,8 @@ typedef struct {
     uint64_t h;               /* hash of key */
     Slice val;                /* the KeyValue's value field (the last one) */
     int nval;                 /* how many value fields the KeyValue had */
+    Py_ssize_t use;           /* duplicate keys: the attribute (index in its list) whose value counts */
+    int skip;                 /* a later duplicate of an earlier key: not a pair of its own */
     int kind;
     int bad; /* AK_ARRAY with a non-string item */
 } Attr;
@@ -176,6 +178,7 @@ typedef struct {
 
 typedef struct {
     Py_ssize_t a0, n; /* range in Ctx.rattrs */
+    Py_ssize_t nuniq; /* distinct keys */
 } Res;
 
 enum {
@@ -193,6 +196,7 @@ typedef struct {
     uint64_t start, end;
     int32_t kind, code;
     Py_ssize_t a0, na, scope;
+    Py_ssize_t nuniq;  /* distinct attribute keys */
     Py_ssize_t e0, ne; /* events and links, in Ctx.events */
     int reason;
 } Span;
@@ -560,10 +564,27 @@ static int parse_kv_validate(Ctx *c, Slice m, int depth) {
     return parse_kv(c, m, &scratch, depth);
 }
 
-/* Attributes of an accepted span or of a resource: anything the fast path does not build. */
-static int check_attrs(Ctx *c, Attr *attrs, Py_ssize_t n) {
+static inline int same_key(const Attr *x, const Attr *y) {
+    return x->h == y->h && x->key.n == y->key.n && memcmp(x->key.p, y->key.p, (size_t)x->key.n) == 0;
+}
+
+/* x repeats the key of the first attribute y: a dict keeps y's position and x's value. */
+static inline void mark_duplicate(Attr *attrs, Py_ssize_t y, Py_ssize_t x) {
+    attrs[y].use = x;
+    attrs[x].skip = 1;
+}
+
+/*
+ * Attributes of an accepted span (or of its events and links) or of a resource: FALLBACK for
+ * what the fast path does not build; duplicate keys are resolved as a dict does (the first
+ * position, the last value: Attr.use / Attr.skip) and *nuniq counts the distinct keys.
+ */
+static int check_attrs(Ctx *c, Attr *attrs, Py_ssize_t n, Py_ssize_t *nuniq) {
+    *nuniq = n;
     for (Py_ssize_t k = 0; k < n; k++) {
         Attr *a = &attrs[k];
+        a->use = k;
+        a->skip = 0;
         if (a->kind == AK_UNSUP || (a->kind == AK_ARRAY && a->bad)) {
             /* a value split over several fields would have to be merged before converting */
             if (a->nval != 1) return FALLBACK;
@@ -575,11 +596,13 @@ static int check_attrs(Ctx *c, Attr *attrs, Py_ssize_t n) {
     }
     if (n < 2) return OK;
     if (n <= 32) {
-        for (Py_ssize_t x = 0; x < n; x++)
-            for (Py_ssize_t y = x + 1; y < n; y++)
-                if (attrs[x].h == attrs[y].h && attrs[x].key.n == attrs[y].key.n &&
-                    memcmp(attrs[x].key.p, attrs[y].key.p, (size_t)attrs[x].key.n) == 0)
-                    return FALLBACK;
+        for (Py_ssize_t x = 1; x < n; x++)
+            for (Py_ssize_t y = 0; y < x; y++)
+                if (!attrs[y].skip && same_key(&attrs[x], &attrs[y])) {
+                    mark_duplicate(attrs, y, x);
+                    --*nuniq;
+                    break;
+                }
         return OK;
     }
     size_t size = 64;
@@ -587,25 +610,24 @@ static int check_attrs(Ctx *c, Attr *attrs, Py_ssize_t n) {
     Py_ssize_t *table = PyMem_RawMalloc(size * sizeof(Py_ssize_t));
     if (!table) return NOMEM;
     for (size_t t = 0; t < size; t++) table[t] = -1;
-    int rc = OK;
-    for (Py_ssize_t x = 0; x < n && rc == OK; x++) {
+    for (Py_ssize_t x = 0; x < n; x++) {
         size_t slot = (size_t)attrs[x].h & (size - 1);
         for (;;) {
             Py_ssize_t y = table[slot];
             if (y < 0) {
-                table[slot] = x;
+                table[slot] = x; /* the first attribute with this key */
                 break;
             }
-            if (attrs[x].h == attrs[y].h && attrs[x].key.n == attrs[y].key.n &&
-                memcmp(attrs[x].key.p, attrs[y].key.p, (size_t)attrs[x].key.n) == 0) {
-                rc = FALLBACK;
+            if (same_key(&attrs[x], &attrs[y])) {
+                mark_duplicate(attrs, y, x);
+                --*nuniq;
                 break;
             }
             slot = (slot + 1) & (size - 1);
         }
     }
     PyMem_RawFree(table);
-    return rc;
+    return OK;
 }
 
 #define MAX_NS 0x7FFFFFFFFFFFFFFFull
@@ -744,9 +766,10 @@ static int parse_span(Ctx *c, Slice m, Py_ssize_t scope) {
     sp->ne = c->nevents - sp->e0;
     sp->reason = span_reason(sp);
     if (sp->reason == REASON_NONE) {
-        CHECK(check_attrs(c, c->attrs + sp->a0, sp->na));
+        Py_ssize_t unused;
+        CHECK(check_attrs(c, c->attrs + sp->a0, sp->na, &sp->nuniq));
         for (Py_ssize_t k = sp->e0; k < c->nevents; k++)
-            CHECK(check_attrs(c, c->eattrs + c->events[k].a0, c->events[k].na));
+            CHECK(check_attrs(c, c->eattrs + c->events[k].a0, c->events[k].na, &unused));
     } else {
         /* a rejected span's attributes, events and links are never used */
         c->nattrs = sp->a0;
@@ -869,7 +892,7 @@ static int parse_resource_spans(Ctx *c, Slice m) {
         }
     }
     c->res[idx].n = c->nrattrs - c->res[idx].a0;
-    return check_attrs(c, c->rattrs + c->res[idx].a0, c->res[idx].n);
+    return check_attrs(c, c->rattrs + c->res[idx].a0, c->res[idx].n, &c->res[idx].nuniq);
 }
 
 static int parse_request(Ctx *c, const uint8_t *data, Py_ssize_t n) {
@@ -1792,10 +1815,13 @@ static int jb_value(Ctx *c, JBuf *b, const Attr *a) {
 /* json.dumps of attributes_to_dict(attributes): keys are plain (check_attrs). */
 static int jb_attributes(Ctx *c, JBuf *b, const Attr *attrs, Py_ssize_t n) {
     if (jb_raw(b, "{", 1) < 0) return -1;
+    int first = 1;
     for (Py_ssize_t k = 0; k < n; k++) {
-        if (k && jb_raw(b, ",", 1) < 0) return -1;
+        if (attrs[k].skip) continue;
+        if (!first && jb_raw(b, ",", 1) < 0) return -1;
+        first = 0;
         if (jb_string(b, (const char *)attrs[k].key.p, attrs[k].key.n) < 0 || jb_raw(b, ":", 1) < 0 ||
-            jb_value(c, b, &attrs[k]) < 0)
+            jb_value(c, b, &attrs[attrs[k].use]) < 0)
             return -1;
     }
     return jb_raw(b, "}", 1);
@@ -1985,10 +2011,11 @@ static int build_resources(Ctx *c, Out *o) {
             const Attr *a = &c->rattrs[k];
             PyObject *mv = NULL;
             int kid;
+            if (a->skip) continue; /* rkey_obj[k] stays NULL */
             if (!(o->rkey_obj[k] = attr_key(c, a, &kid))) return -1;
             int fixed = kid >= 0 ? g_keys[kid].fixed : -1;
             int want = fixed == FK_SERVICE || fixed == FK_CONV || fixed == FK_SESSION;
-            if (attr_values(c, a, &o->rval_obj[k], want ? &mv : NULL) < 0) return -1;
+            if (attr_values(c, &c->rattrs[res->a0 + a->use], &o->rval_obj[k], want ? &mv : NULL) < 0) return -1;
             if (fixed == FK_SERVICE)
                 Py_XSETREF(o->service[r], mv);
             else if (fixed == FK_CONV)
@@ -2028,8 +2055,8 @@ static PyObject *build(Ctx *c) {
             continue;
         }
         n++;
-        nspairs += sp->na;
-        nrpairs += c->res[c->scopes[sp->scope].res].n;
+        nspairs += sp->nuniq;
+        nrpairs += c->res[c->scopes[sp->scope].res].nuniq;
     }
     for (int k = 0; k < N_OTEL; k++)
         if (!(o.otel[k] = PyList_New(n))) goto fail;
@@ -2127,10 +2154,11 @@ static PyObject *build(Ctx *c) {
         for (Py_ssize_t k = 0; k < sp->na; k++) {
             const Attr *a = &c->attrs[sp->a0 + k];
             int kid;
+            if (a->skip) continue;
             PyObject *key = attr_key(c, a, &kid), *map, *mv = NULL;
             if (!key) goto fail;
             PyList_SET_ITEM(o.skeys, sp_pos, key);
-            if (attr_values(c, a, &map, kid >= 0 ? &mv : NULL) < 0) goto fail;
+            if (attr_values(c, &c->attrs[sp->a0 + a->use], &map, kid >= 0 ? &mv : NULL) < 0) goto fail;
             PyList_SET_ITEM(o.svals, sp_pos, map);
             sp_pos++;
             if (kid < 0) continue;
@@ -2152,6 +2180,7 @@ static PyObject *build(Ctx *c) {
         /* resource attributes, repeated per span */
         const Res *res = &c->res[r];
         for (Py_ssize_t k = res->a0; k < res->a0 + res->n; k++) {
+            if (!o.rkey_obj[k]) continue; /* a duplicate key */
             Py_INCREF(o.rkey_obj[k]);
             PyList_SET_ITEM(o.rkeys, rp_pos, o.rkey_obj[k]);
             Py_INCREF(o.rval_obj[k]);

@@ -12,7 +12,8 @@ merges them); attribute values of every kind (strings, ints, bools, doubles, byt
 and kvlists, nested, cut at ``limits.max_depth`` as ``any_value`` cuts them); span events and
 links (the Events / Links JSON); strings longer than ``limits.max_attribute_bytes`` (cut as ``_truncate`` cuts
 them) or holding NUL; arrays, events and links beyond ``limits.max_array_items``; spans rejected
-by ``_check_span`` (same messages), whatever else they carry.
+by ``_check_span`` (same messages), whatever else they carry; duplicate attribute keys (the
+first position and the last value, as the Python path's dicts keep them).
 
 It returns ``None`` (fall back) when:
 
@@ -20,8 +21,8 @@ It returns ``None`` (fall back) when:
   varint, tag, length or group; invalid UTF-8 in any string field), or is 2 GiB or larger;
 - a kvlist value, or an array value with an item that is not a string, comes in more than one
   ``value`` field of its KeyValue (protobuf would merge them; the fast path does not);
-- two attributes of an accepted span (or of one of its events or links, or of one resource) have
-  the same key, or a key is longer than ``limits.max_attribute_bytes`` bytes or contains NUL;
+- an attribute key is longer than ``limits.max_attribute_bytes`` bytes or contains NUL (the
+  Python path would cut or rewrite it, and cut keys can collide);
 - ``AnyValue`` nesting anywhere is deeper than 16 levels or unknown groups nest deeper than 16;
 - ``limits.max_depth`` is below 1 or a limit is negative;
 - the extension is not built (``AVAILABLE`` is False).

@@ -543,9 +543,6 @@ def test_many_attributes_and_many_distinct_strings():
     spans = [{"attrs": wide, **_ids(0)}]
     spans += [{"attrs": {f"k{i % 7}": f"distinct {i}", "n": i}, **_ids(i + 1)} for i in range(3000)]
     assert check_equivalent(_payload(spans))
-    request = make_request([{"attrs": wide, **_ids(0)}])
-    set_attr(request.resource_spans[0].scope_spans[0].spans[0].attributes, "key.150", "again")
-    assert decode_fast(request.SerializeToString(), DEFAULT) is None
 
 
 @pytest.mark.parametrize(
@@ -606,11 +603,28 @@ def _with_duplicate_resource_key(request: ExportTraceServiceRequest) -> ExportTr
     return request
 
 
+DUPLICATES = {
+    "in an event": _with_event,
+    "in a link": _with_link,
+    "in span attributes": _with_duplicate_key,
+    "in resource attributes": _with_duplicate_resource_key,
+}
+
+
+@pytest.mark.parametrize("name", list(DUPLICATES))
+def test_duplicate_keys_keep_the_first_position_and_the_last_value(name):
+    request = DUPLICATES[name](make_request([{"attrs": {"k": "first", "other": 1}, **_ids(0)}]))
+    attrs = request.resource_spans[0].scope_spans[0].spans[0].attributes
+    set_attr(attrs, "other", [1, 2])
+    set_attr(attrs, "driftscope.hop", 3)
+    set_attr(attrs, "driftscope.hop", "4")
+    assert check_equivalent(request.SerializeToString())
+    wide = make_request([{"attrs": {f"key.{i}": i for i in range(40)}, **_ids(0)}])
+    set_attr(wide.resource_spans[0].scope_spans[0].spans[0].attributes, "key.7", "again")
+    assert check_equivalent(wide.SerializeToString())  # over 32 attributes: the hashed path
+
+
 FALLBACKS = {
-    "duplicate key in an event": (_with_event, {"k": "v"}, DEFAULT),
-    "duplicate key in a link": (_with_link, {"k": "v"}, DEFAULT),
-    "duplicate span key": (_with_duplicate_key, {"k": "first"}, DEFAULT),
-    "duplicate resource key": (_with_duplicate_resource_key, {"k": "v"}, DEFAULT),
     "key with NUL": (None, {"k\x00": "v"}, DEFAULT),
     "key longer than the limit": (None, {"k" * 20: "v"}, DecodeLimits(max_attribute_bytes=16)),
     "max_depth below 1": (None, {"k": "v"}, DecodeLimits(max_depth=0)),
@@ -739,10 +753,13 @@ supported_attrs = st.dictionaries(st.one_of(convention_keys, plain_text), suppor
     st.lists(st.tuples(supported_attrs, st.booleans()), min_size=1, max_size=4),
     supported_attrs,
     st.lists(st.tuples(st.integers(0, 3), st.booleans(), plain_text, supported_attrs), max_size=3),
+    st.lists(st.tuples(convention_keys, supported_values), max_size=4),
 )
-def test_random_supported_requests_equal_the_python_path(spans, resource_attrs, events):
+def test_random_supported_requests_equal_the_python_path(spans, resource_attrs, events, repeated):
     request = make_request([{"attrs": attrs, **_ids(i)} for i, (attrs, _) in enumerate(spans)])
     proto_spans = request.resource_spans[0].scope_spans[0].spans
+    for key, value in repeated:  # keys that may repeat ones already there
+        set_attr(proto_spans[0].attributes, key, value)
     for index, is_link, text, attrs in events:
         span = proto_spans[index % len(proto_spans)]
         if is_link:
@@ -756,7 +773,7 @@ def test_random_supported_requests_equal_the_python_path(spans, resource_attrs, 
         if reject:
             span.start_time_unix_nano = 0
     keys = [key for attrs, _ in spans for key in attrs] + list(resource_attrs) + ["service.name"]
-    keys += [key for _, _, _, attrs in events for key in attrs]
+    keys += [key for _, _, _, attrs in events for key in attrs] + [key for key, _ in repeated]
     for limits in (DEFAULT, DecodeLimits(max_attribute_bytes=16, max_array_items=2)):
         decoded = check_equivalent(request.SerializeToString(), limits)
         # keys over the limit or with NUL are a documented fallback; nothing else here is
