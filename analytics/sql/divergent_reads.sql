@@ -28,7 +28,9 @@ touches AS (
     SELECT t.*,
            lead(op) OVER w AS next_op, lead(SpanId) OVER w AS next_span,
            lead(start_ns) OVER w AS next_ns, lead(Timestamp) OVER w AS next_ts
-    FROM all_touches t SEMI JOIN shared_keys k USING (run_id, state_key)
+    -- An inner join (shared_keys is distinct): as a SEMI JOIN DuckDB built its hash table on
+    -- all touches at 10M spans (RIGHT_SEMI, 13 s); this way it builds on the few shared keys.
+    FROM all_touches t JOIN shared_keys k USING (run_id, state_key)
     WINDOW w AS (PARTITION BY run_id, agent_id, state_key ORDER BY start_ns, SpanId)
 ),
 read_then_write AS (  -- a read followed directly (for this agent and key) by a write attempt
