@@ -11,8 +11,8 @@ WITH keys AS (  -- (run, agent, tool, failing) groups with 3+ calls, by one hash
                -- below compare the columns themselves)
     SELECT hash(run_id, coalesce(agent_id, ''), tool_name,
                 coalesce(outcome IN ('error', 'rejected') OR StatusCode = 'Error', false)) AS h
-    FROM ({filtered_spans}) s
-    WHERE tool_name IS NOT NULL
+    FROM spans
+    WHERE {span_filter} AND tool_name IS NOT NULL
       AND coalesce(op, '') NOT IN ('delegate', 'objective')
       AND ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
     GROUP BY h
@@ -25,8 +25,8 @@ candidates AS (  -- call_idx only identifies a call; the output is ordered by ru
                start_ns, coalesce(tool_args, '') AS args,
                coalesce(outcome IN ('error', 'rejected') OR StatusCode = 'Error', false) AS failing,
                coalesce(outcome = 'rejected', false) AS rejected
-        FROM ({filtered_spans}) s
-        WHERE tool_name IS NOT NULL
+        FROM spans
+        WHERE {span_filter} AND tool_name IS NOT NULL
           AND coalesce(op, '') NOT IN ('delegate', 'objective')
           AND ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
     )
