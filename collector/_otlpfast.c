@@ -28,7 +28,7 @@
 
 #define MAX_ANY_DEPTH 16   /* AnyValue nesting validated before giving up (upb allows ~100 levels) */
 #define MAX_GROUP_DEPTH 16 /* nesting of unknown groups skipped before giving up */
-#define CACHE_SIZE 4096    /* string cache slots per call (power of two) */
+#define CACHE_SIZE 2048    /* string cache slots per call (power of two) */
 #define CACHE_MAX_LEN 64   /* values longer than this are not cached (keys always are) */
 #define KEY_TABLE_SIZE 1024
 
@@ -170,6 +170,18 @@ typedef struct {
     int kind;
     int bad; /* AK_ARRAY with a non-string item */
 } Attr;
+
+/* What parse_kv / parse_any expect of a fresh Attr (cheaper than a memset of the whole struct,
+   which this hot loop would do for every attribute). */
+static inline void attr_init(Attr *a) {
+    a->key.p = NULL;
+    a->key.n = 0;
+    a->kind = AK_NONE;
+    a->nval = 0;
+    a->bad = 0;
+    a->use = 0;
+    a->skip = 0;
+}
 
 typedef struct {
     Slice name, version;
@@ -503,7 +515,7 @@ static int parse_any(Ctx *c, Slice m, Attr *a, int depth) {
                 if (g == 1 && w == 2) {
                     CHECK(rd_len(&q, qend, &t));
                     Attr item;
-                    memset(&item, 0, sizeof item);
+                    attr_init(&item);
                     CHECK(parse_any(c, t, &item, depth + 1));
                     if (depth == 0) {
                         if (item.kind == AK_STR) {
@@ -560,7 +572,7 @@ static int parse_kv(Ctx *c, Slice m, Attr *a, int depth) {
 
 static int parse_kv_validate(Ctx *c, Slice m, int depth) {
     Attr scratch;
-    memset(&scratch, 0, sizeof scratch);
+    attr_init(&scratch);
     return parse_kv(c, m, &scratch, depth);
 }
 
@@ -668,7 +680,7 @@ static int parse_event_or_link(Ctx *c, Slice m, int is_link) {
             CHECK(rd_len(&p, end, &s));
             ENSURE(c->eattrs, c->neattrs, c->ceattrs);
             Attr *a = &c->eattrs[c->neattrs];
-            memset(a, 0, sizeof *a);
+            attr_init(a);
             CHECK(parse_kv(c, s, a, 0));
             c->neattrs++;
         } else {
@@ -735,7 +747,7 @@ static int parse_span(Ctx *c, Slice m, Py_ssize_t scope) {
                 CHECK(rd_len(&p, end, &s));
                 ENSURE(c->attrs, c->nattrs, c->cattrs);
                 Attr *a = &c->attrs[c->nattrs];
-                memset(a, 0, sizeof *a);
+                attr_init(a);
                 CHECK(parse_kv(c, s, a, 0));
                 c->nattrs++;
                 continue;
@@ -856,7 +868,7 @@ static int parse_resource(Ctx *c, Slice m) {
             CHECK(rd_len(&p, end, &s));
             ENSURE(c->rattrs, c->nrattrs, c->crattrs);
             Attr *a = &c->rattrs[c->nrattrs];
-            memset(a, 0, sizeof *a);
+            attr_init(a);
             CHECK(parse_kv(c, s, a, 0));
             c->nrattrs++;
         } else if (f == 3 && wt == 2) {
@@ -895,7 +907,34 @@ static int parse_resource_spans(Ctx *c, Slice m) {
     return check_attrs(c, c->rattrs + c->res[idx].a0, c->res[idx].n, &c->res[idx].nuniq);
 }
 
+/* Room for a typical request up front, so the vectors are not copied while they grow (an
+   attribute takes at least 4 bytes of wire data, usually 30-60; a span at least 30). */
+static int presize(Ctx *c, Py_ssize_t n) {
+    Py_ssize_t attrs = n / 32 + 16, spans = n / 256 + 4, nitems = n / 64 + 16;
+    /* bounded: a huge body grows the vectors as usual */
+    attrs = attrs < 65536 ? attrs : 65536;
+    spans = spans < 8192 ? spans : 8192;
+    nitems = nitems < 16384 ? nitems : 16384;
+    Attr *a = PyMem_RawMalloc((size_t)attrs * sizeof(Attr));
+    Span *s = PyMem_RawMalloc((size_t)spans * sizeof(Span));
+    Slice *items = PyMem_RawMalloc((size_t)nitems * sizeof(Slice));
+    if (!a || !s || !items) {
+        PyMem_RawFree(a);
+        PyMem_RawFree(s);
+        PyMem_RawFree(items);
+        return NOMEM;
+    }
+    c->attrs = a;
+    c->cattrs = attrs;
+    c->spans = s;
+    c->cspans = spans;
+    c->items = items;
+    c->citems = nitems;
+    return OK;
+}
+
 static int parse_request(Ctx *c, const uint8_t *data, Py_ssize_t n) {
+    CHECK(presize(c, n));
     const uint8_t *p = data, *end = data + n;
     while (p < end) {
         uint32_t f;
