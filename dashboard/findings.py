@@ -290,9 +290,16 @@ class MetricFindings:
         return pd.Series([None] * self.count, dtype=object)
 
     @functools.cached_property
-    def distinct_runs(self) -> np.ndarray:
+    def per_run(self) -> pd.Series:
+        """Findings per run (run id -> count) for the runs this detector's findings name."""
+        codes, uniques = pd.factorize(self.run_ids)  # one hashing pass; missing runs are -1
+        counts = np.bincount(codes[codes >= 0], minlength=len(uniques))
+        return pd.Series(counts, index=pd.Index(np.asarray(uniques, dtype=object), name="run_id"))
+
+    @property
+    def distinct_runs(self) -> pd.Index:
         """The runs named by this detector's findings."""
-        return pd.unique(self.run_ids.dropna())
+        return self.per_run.index
 
     def findings(self, limit: int | None = None, run: str | None = None) -> list[Finding]:
         """The first ``limit`` findings (all when None), of one run when ``run`` is given."""
@@ -371,15 +378,14 @@ class FindingSet:
 
     def runs_with_findings(self) -> int:
         """Distinct runs named by any finding."""
-        parts = [pd.Series(m.distinct_runs, dtype=object) for m in self.by_metric.values() if m.count]
-        return int(pd.concat(parts, ignore_index=True).nunique()) if parts else 0
+        return int(len(self.run_counts()))
 
     def run_counts(self) -> pd.Series:
         """Findings per run (run id -> count), all metrics together."""
-        parts = [m.run_ids.dropna() for m in self.by_metric.values() if m.count]
+        parts = [m.per_run for m in self.by_metric.values() if m.count]
         if not parts:
             return pd.Series(dtype="int64")
-        return pd.concat(parts, ignore_index=True).astype(object).value_counts()
+        return pd.concat(parts).groupby(level=0, sort=False).sum()
 
     def failure_modes(self, run_ids: list[str]) -> dict[str, list[str]]:
         """The failure modes seen in each of ``run_ids`` (sorted), for a few runs."""

@@ -73,7 +73,7 @@ def worst_runs(totals: pd.DataFrame, found: FindingSet, limit: int = 10) -> pd.D
         return pd.DataFrame(columns=WORST_RUN_COLUMNS)
     counts = found.run_counts()
     frame = totals.copy()
-    frame["findings"] = frame["run_id"].astype(object).map(counts).fillna(0).astype(int)
+    frame["findings"] = counts.reindex(frame["run_id"].astype(object)).fillna(0).astype(int).to_numpy()
     frame = frame[(frame["findings"] > 0) | (frame["rejected"] > 0) | (frame["errors"] > 0)]
     frame = frame.sort_values(["findings", "rejected", "errors"], ascending=False, kind="stable")
     frame = frame.head(limit).reset_index(drop=True)
