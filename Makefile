@@ -13,9 +13,13 @@ $(PY):
 	$(PIP) install --quiet --upgrade pip
 
 # torch is pinned to 2.13.0 in pyproject.toml: the CPU build, so set-up never pulls a CUDA build.
-# setup.py compiles the OTLP decoder (collector/_otlpfast.c) into the editable install.
+# setup.py compiles the OTLP decoder (collector/_otlpfast.c) into the editable install, so a C
+# compiler is needed (Debian's gcc is installed if there is none).
 $(VENV)/.installed: pyproject.toml setup.py collector/_otlpfast.c | $(PY)
+	@command -v cc >/dev/null 2>&1 || { echo "installing gcc to build the OTLP decoder"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev >/dev/null; }
 	$(PIP) install --quiet -e .
+	$(PY) -c "import collector._otlpfast" || { echo "the compiled OTLP decoder did not build"; exit 1; }
 	@touch $@
 
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
