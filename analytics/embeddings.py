@@ -22,6 +22,7 @@ import os
 import pathlib
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -383,9 +384,13 @@ class EmbeddingWorker:
     most one pass per ``min_gap_s``, so a busy writer notifying on every commit does not keep it
     scanning), and only looks at spans ingested since its last complete pass.
 
-    It must not slow ingest: the thread runs at the lowest priority (nice 19, Linux) and, with
-    the ONNX runtime, the model runs single-threaded on that thread, so it only uses CPU that
-    the decoder and writer leave idle (``threads`` overrides the model's thread count).
+    It must not slow ingest. Commits call ``notify()``; while one came less than ``quiet_s`` ago
+    ingest is active and the worker waits, except that work deferred for ``max_defer_s`` gets one
+    chunk (``batch_size * 8`` pairs) done anyway, so embeddings still progress under sustained
+    ingest (slowly; a detector call embeds what is still missing on demand). The thread runs at
+    the lowest priority (nice 19, Linux) and, with the ONNX runtime, the model runs
+    single-threaded on that thread, so it uses CPU that the decoder and writer leave idle
+    (``threads`` overrides the model's thread count).
     """
 
     def __init__(
@@ -396,6 +401,8 @@ class EmbeddingWorker:
         min_gap_s: float = 1.0,
         threads: int = 1,
         low_priority: bool = True,
+        quiet_s: float = 0.5,
+        max_defer_s: float = 30.0,
     ) -> None:
         self._conn_factory = conn_factory
         self._interval_s = interval_s
@@ -403,6 +410,10 @@ class EmbeddingWorker:
         self._min_gap_s = min_gap_s
         self._threads = threads
         self._low_priority = low_priority
+        self._quiet_s = quiet_s
+        self._max_defer_s = max_defer_s
+        self._last_notify = float("-inf")
+        self._deferred_since: float | None = None
         self._watermark: datetime | None = None
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -420,7 +431,8 @@ class EmbeddingWorker:
         return self
 
     def notify(self) -> None:
-        """Ask for a pass soon (for example after a batch of spans was committed)."""
+        """Ask for a pass soon (after a batch of spans was committed: ingest is active)."""
+        self._last_notify = time.monotonic()
         self._wake.set()
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -431,11 +443,23 @@ class EmbeddingWorker:
             self._thread.join(timeout)
             self._thread = None
 
-    def _pass(self, conn: duckdb.DuckDBPyConnection) -> None:
-        """Score every pending goal pair among spans stored since the watermark."""
+    def _should_defer(self) -> bool:
+        """True while ingest is active and the deferred work is not yet overdue."""
+        now = time.monotonic()
+        if now - self._last_notify >= self._quiet_s:
+            return False
+        if self._deferred_since is None:
+            self._deferred_since = now
+        return now - self._deferred_since < self._max_defer_s
+
+    def _pass(self, conn: duckdb.DuckDBPyConnection) -> bool:
+        """Score pending goal pairs among spans stored since the watermark, one chunk at a time;
+        return True when it stopped early because ingest is active."""
+        if self._should_defer():
+            return True
         (newest,) = conn.execute("SELECT max(ingested_at) FROM spans").fetchone()
         if newest is None or newest == self._watermark:
-            return
+            return False
         while not self._stopping.is_set():
             # A batch decoded before `newest` may commit after it: look back a margin.
             since = None if self._watermark is None else self._watermark - WATERMARK_MARGIN
@@ -446,24 +470,32 @@ class EmbeddingWorker:
                 ingested_after=since,
                 threads=self._threads,
             )
+            self._deferred_since = None
             self.embedded += embedded
             self.scored_pairs += pairs
             if pairs == 0:
                 self._watermark = newest  # everything stored up to `newest` is scored
-                return
+                return False
+            if self._should_defer():
+                return True
+        return False
 
     def _run(self) -> None:
         if self._low_priority:
             _lower_thread_priority()
         conn = None
         while not self._stopping.is_set():
+            deferred = False
             try:
                 if conn is None:
                     conn = self._conn_factory()
-                self._pass(conn)
+                deferred = self._pass(conn)
             except Exception as error:  # keep serving; report and retry on the next pass
                 self.last_error = repr(error)
                 logger.exception("embedding worker pass failed")
+            if deferred:  # ingest is active: look again once it may have gone quiet
+                self._stopping.wait(self._quiet_s)
+                continue
             self._stopping.wait(self._min_gap_s)
             self._wake.wait(self._interval_s)
             self._wake.clear()

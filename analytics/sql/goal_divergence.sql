@@ -19,30 +19,41 @@ WITH s AS (
     WHERE {span_filter}
       AND (goal_text IS NOT NULL OR (span_family = 'agent' AND input_text IS NOT NULL))
 ),
+statements AS (     -- driftscope subtask spans folded per trace, agent, target, task, statement
+    SELECT TraceId, run_id, agent_id, delegate_to, origin_task_id, goal_root, goal_text,
+           coalesce(op = 'step', false) AS is_step, max(hop) AS hop,
+           list({'t': Timestamp, 's': SpanId}) AS spans,
+           min(Timestamp) AS first_seen, max(Timestamp) AS last_seen
+    FROM s
+    WHERE goal_text IS NOT NULL
+      AND coalesce(outcome, 'ok') <> 'rejected'                -- a refused subtask never ran
+    GROUP BY TraceId, run_id, agent_id, delegate_to, origin_task_id, goal_root, goal_text, is_step
+),
 roots_by_task AS (
     SELECT origin_task_id, arg_min(goal_root, start_ns) AS root_raw
-    FROM spans WHERE goal_root IS NOT NULL AND origin_task_id IS NOT NULL
+    FROM spans
+    WHERE goal_root IS NOT NULL
+      AND origin_task_id IN (SELECT origin_task_id FROM statements WHERE goal_root IS NULL)
     GROUP BY origin_task_id
 ),
 roots_by_trace AS (
     SELECT TraceId, arg_min(goal_root, start_ns) AS root_raw
-    FROM spans WHERE goal_root IS NOT NULL
+    FROM spans
+    WHERE goal_root IS NOT NULL AND TraceId IN (SELECT TraceId FROM statements WHERE goal_root IS NULL)
     GROUP BY TraceId
 ),
 delegated AS (                                                -- (run, statement) delegated
     SELECT DISTINCT run_id, goal_text FROM s WHERE op = 'delegate' AND goal_text IS NOT NULL
 ),
 explicit AS (
-    SELECT x.TraceId, x.SpanId, x.run_id, x.agent_id, x.delegate_to, x.origin_task_id, x.hop,
-           x.Timestamp, coalesce(x.goal_root, bt.root_raw, btr.root_raw) AS root_raw,
+    SELECT x.TraceId, x.run_id, x.agent_id, x.delegate_to, x.origin_task_id, x.hop, x.spans,
+           x.first_seen, x.last_seen, coalesce(x.goal_root, bt.root_raw, btr.root_raw) AS root_raw,
            x.goal_text AS subtask_raw, 'driftscope' AS source
-    FROM s x
-    LEFT JOIN roots_by_task bt ON bt.origin_task_id = x.origin_task_id
-    LEFT JOIN roots_by_trace btr ON btr.TraceId = x.TraceId
-    LEFT JOIN delegated d ON x.op = 'step' AND d.run_id = x.run_id AND d.goal_text = x.goal_text
-    WHERE x.goal_text IS NOT NULL
-      AND coalesce(x.outcome, 'ok') <> 'rejected'            -- a refused subtask never ran
-      AND d.run_id IS NULL                                    -- a guard's check of a delegation
+    FROM statements x
+    LEFT JOIN roots_by_task bt ON x.goal_root IS NULL AND bt.origin_task_id = x.origin_task_id
+    LEFT JOIN roots_by_trace btr ON x.goal_root IS NULL AND btr.TraceId = x.TraceId
+    LEFT JOIN delegated d ON x.is_step AND d.run_id = x.run_id AND d.goal_text = x.goal_text
+    WHERE d.run_id IS NULL                                    -- a guard's check of a delegation
 ),
 nested AS (                         -- traces with nested agent inputs: candidates for inference
     SELECT DISTINCT TraceId FROM s WHERE span_family = 'agent' AND input_text IS NOT NULL
@@ -63,18 +74,19 @@ tops AS (
     WHERE rank = 1
 ),
 inferred AS (
-    SELECT x.TraceId, x.SpanId, x.run_id, coalesce(x.agent_id, x.graph_node_id, x.SpanName) AS agent_id,
-           x.delegate_to, x.origin_task_id, x.hop,
-           x.Timestamp, t.root_raw, x.input_text AS subtask_raw, 'inferred' AS source
+    SELECT x.TraceId, x.run_id, coalesce(x.agent_id, x.graph_node_id, x.SpanName) AS agent_id,
+           x.delegate_to, x.origin_task_id, x.hop, [{'t': x.Timestamp, 's': x.SpanId}] AS spans,
+           x.Timestamp AS first_seen, x.Timestamp AS last_seen, t.root_raw,
+           x.input_text AS subtask_raw, 'inferred' AS source
     FROM s x JOIN tops t USING (TraceId)
     WHERE x.span_family = 'agent' AND x.SpanId <> t.top_span AND x.input_text IS NOT NULL
 ),
 subtasks AS (
-    SELECT arg_min(TraceId, Timestamp) AS trace_id,
-           list_transform(list_sort(list({'t': Timestamp, 's': SpanId})), lambda e: e.s) AS span_ids, run_id,
+    SELECT arg_min(TraceId, first_seen) AS trace_id,
+           list_transform(list_sort(flatten(list(spans))), lambda e: e.s) AS span_ids, run_id,
            agent_id AS agent, delegate_to, max(origin_task_id) AS origin_task_id, max(hop) AS hop,
-           root_raw, subtask_raw, source, min(Timestamp) AS first_seen, max(Timestamp) AS last_seen
-    FROM (SELECT * FROM explicit UNION ALL SELECT * FROM inferred)
+           root_raw, subtask_raw, source, min(first_seen) AS first_seen, max(last_seen) AS last_seen
+    FROM (SELECT * FROM explicit UNION ALL BY NAME SELECT * FROM inferred)
     WHERE root_raw IS NOT NULL
       AND ($agent::VARCHAR IS NULL OR $agent::VARCHAR IN (agent_id, delegate_to))
     GROUP BY run_id, agent_id, delegate_to, root_raw, subtask_raw, source,
