@@ -2477,7 +2477,8 @@ static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
      "configure(fields, columns, list_columns, int_columns, bool_columns, text, to_int, to_bool, str_list, "
      "langgraph_node, genai_family, openinference_family, traceloop_family, family_operation, json_dumps)\n"
-     "Load the convention tables of collector.conventions (called once by collector.fastdecode)."},
+     "Load the convention tables of collector.conventions (called once by collector.fastdecode, at\n"
+     "import; not while another thread may be decoding)."},
     {"decode", decode, METH_VARARGS,
      "decode(payload: bytes, max_attribute_bytes: int, max_array_items: int, max_depth: int) -> tuple | None\n"
      "Decode an ExportTraceServiceRequest; None when the Python path must decode it."},

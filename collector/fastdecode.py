@@ -8,12 +8,13 @@ must go through the Python path (the caller then decodes the *whole* request the
 
 What it handles: every field of the OTLP trace protos (unknown fields of any wire type, groups
 included, are skipped as upb skips them; repeated occurrences of a message field merge as upb
-merges them); attribute values of every kind (strings, ints, bools, doubles, bytes, unset, arrays
-and kvlists, nested, cut at ``limits.max_depth`` as ``any_value`` cuts them); span events and
-links (the Events / Links JSON); strings longer than ``limits.max_attribute_bytes`` (cut as ``_truncate`` cuts
-them) or holding NUL; arrays, events and links beyond ``limits.max_array_items``; spans rejected
-by ``_check_span`` (same messages), whatever else they carry; duplicate attribute keys (the
-first position and the last value, as the Python path's dicts keep them).
+merges them); attribute values of every kind (strings, ints, bools, doubles, bytes, unset,
+arrays and kvlists, nested, cut at ``limits.max_depth`` as ``any_value`` cuts them); span events
+and links (the Events / Links JSON); strings longer than ``limits.max_attribute_bytes`` (cut as
+``_truncate`` cuts them) or holding NUL; arrays, events and links beyond
+``limits.max_array_items``; spans rejected by ``_check_span`` (same messages), whatever else
+they carry; duplicate attribute keys (the first position and the last value, as the Python
+path's dicts keep them).
 
 It returns ``None`` (fall back) when:
 
