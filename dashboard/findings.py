@@ -144,6 +144,8 @@ def as_list(value) -> list[str]:
     """A list-ish cell (list, numpy array, None, scalar) as a list of strings."""
     if value is None:
         return []
+    if isinstance(value, np.ndarray) and value.dtype == object:
+        return [v if type(v) is str else str(v) for v in value.tolist() if v is not None]
     if isinstance(value, list | tuple | np.ndarray | pd.Series):
         return [str(v) for v in value if v is not None]
     if isinstance(value, float) and np.isnan(value):
@@ -162,6 +164,8 @@ def _time(value) -> datetime | None:
 
 def cell_text(value) -> str:
     """A cell as plain text for details (lists joined, floats rounded, NaN empty)."""
+    if type(value) is str:  # the common case first: this runs once per detail cell
+        return value
     if isinstance(value, list | tuple | np.ndarray):
         return ", ".join(str(v) for v in value)
     if value is None or (isinstance(value, float) and np.isnan(value)):

@@ -36,6 +36,7 @@ FORMATS = ("html", "md", "json")
 # JSON lists every finding unless asked otherwise: it is the way to get them all.
 LISTED_PER_MODE = {"html": 20, "md": 20, "json": None}
 RUNS_LISTED = 50
+INDENT_LIMIT = 2000
 
 
 @dataclass
@@ -232,11 +233,11 @@ def report_document(data: ReportData) -> dict:
             "run_id": finding.run_id,
             "trace_id": finding.trace_id,
             "agents": finding.agents,
-            "first_seen": _iso(finding.first_seen),
-            "last_seen": _iso(finding.last_seen),
+            "first_seen": finding.first_seen.isoformat() if finding.first_seen else None,
+            "last_seen": finding.last_seen.isoformat() if finding.last_seen else None,
             "span_ids": finding.span_ids,
             "details": finding.details,
-            "evidence": [{k: _iso(v) if k == "timestamp" else v for k, v in row.items()} for row in evidence],
+            "evidence": evidence,
         }
         for fid, finding, evidence in zip(data.ids, data.listed, data.evidence, strict=True)
     ]
@@ -282,5 +283,8 @@ def report_document(data: ReportData) -> dict:
 
 def render_json(data: ReportData) -> str:
     """JSON text; ``<``, ``>`` and ``&`` are written as ``\\u`` escapes so it is safe to embed."""
-    text = json.dumps(report_document(data), indent=2, ensure_ascii=False, default=_json_default)
+    # Indented for people; past INDENT_LIMIT listed findings compact, which lets json use its C
+    # encoder (indenting is pure Python and dominates a report with a million evidence rows).
+    indent = 2 if len(data.listed) <= INDENT_LIMIT else None
+    text = json.dumps(report_document(data), indent=indent, ensure_ascii=False, default=_json_default)
     return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
