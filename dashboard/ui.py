@@ -284,8 +284,16 @@ def report_download(ctx: PageContext) -> None:
     mime = {"html": "text/html", "md": "text/markdown", "json": "application/json"}[fmt]
 
     def make() -> str:
-        found = cached_findings(ctx.source_key, ctx.version, ctx.window, ctx.filters)
-        return build_report(get_source(ctx.source_key), ctx.window, ctx.filters, None, fmt, found=found)
+        # Runs on click, outside the page script: the spinner-less frame cache, not cached_findings.
+        key, version, window, filters = ctx.source_key, ctx.version, ctx.window, ctx.filters
+        found = gather_findings(
+            get_source(key),
+            window,
+            filters,
+            read=lambda name: cached_metric(key, version, name, window, filters),
+            metrics=cached_metrics_list(key),
+        )
+        return build_report(get_source(key), window, filters, None, fmt, found=found)
 
     st.sidebar.download_button(
         "Download report",

@@ -215,3 +215,24 @@ def test_page_renders_without_errors_in_chromium(browser, dashboard, path, title
         assert not problems, problems
     finally:
         context.close()
+
+
+def test_sidebar_download_builds_the_report_on_click(browser, dashboard, tmp_path):
+    """The report is generated when the button is clicked, from the page's cached detector frames."""
+    dashboard_url, _ = dashboard
+    context = browser.new_context(viewport={"width": 1500, "height": 2400}, accept_downloads=True)
+    page = context.new_page()
+    try:
+        page.goto(f"{dashboard_url}/", wait_until="domcontentloaded")
+        _settle(page, "Coordination failures", 2)
+        with page.expect_download(timeout=120_000) as download_info:
+            page.get_by_role("button", name="Download report").click()
+        saved = tmp_path / "report.html"
+        download_info.value.save_as(saved)
+        html = saved.read_text(encoding="utf-8")
+        assert download_info.value.suggested_filename == "driftscope-report.html"
+        assert "<h1>driftscope coordination-failure report</h1>" in html
+        assert "<h2>Findings</h2>" in html and "class='finding'" in html
+        assert "<script>alert(" not in html  # span text stays escaped
+    finally:
+        context.close()
