@@ -401,7 +401,7 @@ class EmbeddingWorker:
         min_gap_s: float = 1.0,
         threads: int = 1,
         low_priority: bool = True,
-        quiet_s: float = 0.5,
+        quiet_s: float = 2.0,
         max_defer_s: float = 30.0,
     ) -> None:
         self._conn_factory = conn_factory

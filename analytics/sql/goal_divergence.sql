@@ -11,39 +11,30 @@
 -- input of the trace's top agent/chain span, subtasks = the inputs of nested agent spans.
 -- Subtasks a guard refused are left out (they did not happen), and a guard's check span is
 -- folded into the delegation it checked.
-WITH s AS (
-    SELECT TraceId, SpanId, run_id, agent_id, graph_node_id, SpanName, delegate_to,
-           origin_task_id, hop, Timestamp, start_ns, Duration, goal_text, goal_root, outcome, op,
-           span_family, input_text
-    FROM spans
-    WHERE {span_filter}
-      AND (goal_text IS NOT NULL OR (span_family = 'agent' AND input_text IS NOT NULL))
-),
-statements AS (     -- driftscope subtask spans folded per trace, agent, target, task, statement
+WITH statements AS (  -- driftscope subtask spans folded per trace, agent, target, task, statement
     SELECT TraceId, run_id, agent_id, delegate_to, origin_task_id, goal_root, goal_text,
            coalesce(op = 'step', false) AS is_step, max(hop) AS hop,
            list({'t': Timestamp, 's': SpanId}) AS spans,
            min(Timestamp) AS first_seen, max(Timestamp) AS last_seen
-    FROM s
-    WHERE goal_text IS NOT NULL
+    FROM spans
+    WHERE {span_filter}
+      AND goal_text IS NOT NULL
       AND coalesce(outcome, 'ok') <> 'rejected'                -- a refused subtask never ran
     GROUP BY TraceId, run_id, agent_id, delegate_to, origin_task_id, goal_root, goal_text, is_step
 ),
 roots_by_task AS (
     SELECT origin_task_id, arg_min(goal_root, start_ns) AS root_raw
-    FROM spans
-    WHERE goal_root IS NOT NULL
-      AND origin_task_id IN (SELECT origin_task_id FROM statements WHERE goal_root IS NULL)
+    FROM spans WHERE goal_root IS NOT NULL AND origin_task_id IS NOT NULL
     GROUP BY origin_task_id
 ),
 roots_by_trace AS (
     SELECT TraceId, arg_min(goal_root, start_ns) AS root_raw
-    FROM spans
-    WHERE goal_root IS NOT NULL AND TraceId IN (SELECT TraceId FROM statements WHERE goal_root IS NULL)
+    FROM spans WHERE goal_root IS NOT NULL
     GROUP BY TraceId
 ),
 delegated AS (                                                -- (run, statement) delegated
-    SELECT DISTINCT run_id, goal_text FROM s WHERE op = 'delegate' AND goal_text IS NOT NULL
+    SELECT DISTINCT run_id, goal_text FROM spans
+    WHERE {span_filter} AND op = 'delegate' AND goal_text IS NOT NULL
 ),
 explicit AS (
     SELECT x.TraceId, x.run_id, x.agent_id, x.delegate_to, x.origin_task_id, x.hop, x.spans,
@@ -56,7 +47,8 @@ explicit AS (
     WHERE d.run_id IS NULL                                    -- a guard's check of a delegation
 ),
 nested AS (                         -- traces with nested agent inputs: candidates for inference
-    SELECT DISTINCT TraceId FROM s WHERE span_family = 'agent' AND input_text IS NOT NULL
+    SELECT DISTINCT TraceId FROM spans
+    WHERE {span_filter} AND span_family = 'agent' AND input_text IS NOT NULL
 ),
 plain_traces AS (
     SELECT TraceId FROM spans
@@ -78,8 +70,12 @@ inferred AS (
            x.delegate_to, x.origin_task_id, x.hop, [{'t': x.Timestamp, 's': x.SpanId}] AS spans,
            x.Timestamp AS first_seen, x.Timestamp AS last_seen, t.root_raw,
            x.input_text AS subtask_raw, 'inferred' AS source
-    FROM s x JOIN tops t USING (TraceId)
-    WHERE x.span_family = 'agent' AND x.SpanId <> t.top_span AND x.input_text IS NOT NULL
+    FROM (SELECT TraceId, SpanId, run_id, agent_id, graph_node_id, SpanName, delegate_to,
+                 origin_task_id, hop, Timestamp, input_text
+          FROM spans
+          WHERE {span_filter} AND span_family = 'agent' AND input_text IS NOT NULL) x
+    JOIN tops t USING (TraceId)
+    WHERE x.SpanId <> t.top_span
 ),
 subtasks AS (
     SELECT arg_min(TraceId, first_seen) AS trace_id,
@@ -106,4 +102,4 @@ SELECT t.trace_id, t.span_ids, t.run_id, t.agent, t.delegate_to, t.origin_task_i
        CASE WHEN NOT p.scored THEN t.subtask_raw END AS _subtask_raw
 FROM subtasks t JOIN pairs p USING (root_raw, subtask_raw)
 WHERE NOT p.scored OR p.divergence IS NOT NULL               -- a pair without task statements
-ORDER BY t.first_seen, t.trace_id, t.span_ids
+ORDER BY t.first_seen, t.trace_id, t.span_ids[1]                  -- a span is in one subtask only
