@@ -207,6 +207,7 @@ def run_ingest(
         "db_bytes": db_bytes,
         "bytes_per_span": round(db_bytes / stored, 1) if stored else None,
         "commits": health.get("commits"),
+        "writer_busy_s": health.get("writer_busy_seconds"),
         "embedded_texts": None,
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
     }

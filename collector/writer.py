@@ -137,6 +137,7 @@ class SpanWriter(threading.Thread):
         self.last_error: str | None = None
         self.healthy = True
         self.checkpoints = 0
+        self.busy_seconds = 0.0  # time spent in successful commits (insert + COMMIT)
         self.traces = TraceIndex(conn)
 
     def run(self) -> None:
@@ -152,6 +153,7 @@ class SpanWriter(threading.Thread):
                     dirty = not self._checkpoint()
                 continue
             dirty = True
+            started = time.perf_counter()
             try:
                 stored = self._commit([batch for batch, _, _ in items])
             except Exception as exc:  # noqa: BLE001 - any store failure must be answered, not crash the thread
@@ -166,6 +168,7 @@ class SpanWriter(threading.Thread):
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
+            self.busy_seconds += time.perf_counter() - started
             backoff = 0.05
             self.healthy = True
             self.last_error = None

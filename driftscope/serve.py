@@ -133,6 +133,7 @@ def run_serve(config: ServeConfig) -> int:
             "committed_spans": writer.committed_spans,
             "commits": writer.commits,
             "checkpoints": writer.checkpoints,
+            "writer_busy_seconds": round(writer.busy_seconds, 3),
             "fast_decoder": fastdecode.AVAILABLE,
             "counters": stats.snapshot(),
             "retention_deleted": retention.deleted if retention else 0,
