@@ -99,7 +99,7 @@ def choose_bucket_seconds(conn: duckdb.DuckDBPyConnection, window: Window, filte
         **THRESHOLD,
         "over_threshold": "rejection_rate above the threshold",
         "span_ids": "SpanId of the rejected calls",
-        "run_ids": "runs with calls in the bucket",
+        "run_ids": "runs with a refused call in the bucket",
         **TIMES,
     },
     row="one tool x key x agent x time bucket",

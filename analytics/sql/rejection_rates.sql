@@ -1,6 +1,6 @@
 -- rejection_rates: guarded calls (spans with driftscope.outcome) per tool, state key, agent and
 -- time bucket. Rejections (a guard refused) are counted apart from errors (the tool failed).
-WITH calls AS (
+WITH calls AS NOT MATERIALIZED (
     SELECT time_bucket(to_seconds($bucket_seconds::BIGINT), Timestamp) AS bucket_start,
            coalesce(tool_name, SpanName) AS tool_name, state_key, agent_id,
            outcome, SpanId, run_id, Timestamp
@@ -9,17 +9,34 @@ WITH calls AS (
       AND outcome IS NOT NULL
       AND ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
 ),
-buckets AS (
+counts AS (
     SELECT bucket_start, tool_name, state_key, agent_id AS agent,
            count(*) AS attempts,
            count(*) FILTER (WHERE outcome = 'rejected') AS rejections,
            count(*) FILTER (WHERE outcome = 'error') AS errors,
-           coalesce(list_sort(list(SpanId) FILTER (WHERE outcome = 'rejected')), []::VARCHAR[]) AS span_ids,
-           list_sort(list(DISTINCT run_id)) AS run_ids,
            min(Timestamp) AS first_seen,
            max(Timestamp) AS last_seen
     FROM calls
     GROUP BY ALL
+),
+-- Evidence lists from the refused calls only: list aggregates over every call cost 3x the counts.
+refused AS (
+    SELECT bucket_start, tool_name, state_key, agent_id AS agent,
+           list_sort(list(SpanId)) AS span_ids,
+           list_sort(list(DISTINCT run_id)) AS run_ids
+    FROM calls
+    WHERE outcome = 'rejected'
+    GROUP BY ALL
+),
+buckets AS (
+    SELECT c.bucket_start, c.tool_name, c.state_key, c.agent, c.attempts, c.rejections, c.errors,
+           coalesce(r.span_ids, []::VARCHAR[]) AS span_ids,
+           coalesce(r.run_ids, []::VARCHAR[]) AS run_ids,
+           c.first_seen, c.last_seen
+    FROM counts c
+    LEFT JOIN refused r
+      ON c.bucket_start = r.bucket_start AND c.tool_name IS NOT DISTINCT FROM r.tool_name
+     AND c.state_key IS NOT DISTINCT FROM r.state_key AND c.agent IS NOT DISTINCT FROM r.agent
 )
 SELECT *,
        rejections / attempts AS rejection_rate,
