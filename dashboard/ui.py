@@ -77,6 +77,17 @@ def cached_metric(key: str, version: str, name: str, window: Window, filters: Fi
     return get_source(key).metric(name, window, filters)
 
 
+@st.cache_data(ttl=REFRESH_SECONDS * 0.8, show_spinner=False)
+def cached_data_version(key: str) -> str:
+    """The source's data version, re-read at most about once per ``REFRESH_SECONDS``.
+
+    While a collector ingests, the version changes with every batch; reading it at most once per
+    refresh period keeps reruns within that period (a click, a filter) on the cached results, as
+    a plain TTL did, while an idle source keeps its cache for ``CACHE_TTL``.
+    """
+    return get_source(key).data_version()
+
+
 @st.cache_data(ttl=CACHE_TTL, max_entries=FRAME_ENTRIES, show_spinner=False)
 def cached_filter_options(key: str, version: str, window: Window) -> dict:
     """Sidebar choices (services, agents, newest runs) for the window."""
@@ -156,7 +167,7 @@ def sidebar() -> PageContext | None:
         until = datetime.combine(day_to, at_to)
     window = window_for(preset, custom_since=since, custom_until=until)
     try:
-        version = source.data_version()
+        version = cached_data_version(key)
         options = cached_filter_options(key, version, window)
     except SourceUnavailable as exc:
         unavailable_banner(str(exc))
@@ -187,8 +198,8 @@ def _auto_refresh(seconds: int) -> None:
 
     @st.fragment(run_every=seconds)
     def ticker() -> None:
-        # Cached reads expire after CACHE_TTL (= the refresh period), so a rerun reads fresh data
-        # without clearing other sessions' caches.
+        # The data version is re-read within the refresh period, so a rerun after new spans reads
+        # fresh data (new cache keys) without clearing other sessions' caches.
         if time.monotonic() - st.session_state.get("_last_full_run", 0) >= seconds * 0.9:
             st.rerun()
         st.sidebar.caption(f"Auto-refresh every {seconds} s")
