@@ -28,8 +28,13 @@ class StoreLockedError(RuntimeError):
     """Another process (usually a running ``driftscope serve``) holds the database file."""
 
 
-def open_store(path: str | os.PathLike, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+def open_store(
+    path: str | os.PathLike, read_only: bool = False, memory_limit: int | None = None
+) -> duckdb.DuckDBPyConnection:
     """Open (creating and migrating if needed) the database file at ``path``.
+
+    ``memory_limit`` (bytes) caps DuckDB's buffer pool (its default is 80% of RAM, which it keeps
+    filling with cached blocks as the file grows); beyond it DuckDB evicts and spills to disk.
 
     Raises ``StoreLockedError`` with an actionable message when another process holds it.
     """
@@ -46,6 +51,8 @@ def open_store(path: str | os.PathLike, read_only: bool = False) -> duckdb.DuckD
                 "offline analysis copy the file and open the copy."
             ) from exc
         raise
+    if memory_limit is not None:
+        conn.execute(f"SET memory_limit = '{int(memory_limit)}B'")
     if not read_only:
         apply_migrations(conn)
         # DuckDB checkpoints (compresses the WAL into the file) inside the COMMIT that takes the

@@ -152,12 +152,15 @@ def cmd_up(args: argparse.Namespace, values: dict[str, Any]) -> int:
         "max_body_bytes",
         "queue_max_bytes",
         "max_attribute_bytes",
+        "memory_limit",
         "log_level",
     ):
         if values.get(name) is not None:
             serve_args += [BY_NAME[name].flag, str(values[name])]
     if values.get("insecure"):
         serve_args.append("--insecure")
+    if values.get("embeddings") is not None:
+        serve_args += [BY_NAME["embeddings"].flag, "true" if values["embeddings"] else "false"]
     for name in ("retention", "retention_interval"):
         if values.get(name):
             serve_args += [BY_NAME[name].flag, f"{values[name]:g}s"]

@@ -38,6 +38,7 @@ class ServeConfig:
     max_body_bytes: int = 64 * 1024 * 1024
     queue_max_bytes: int = 256 * 1024 * 1024
     max_attribute_bytes: int = 64 * 1024
+    memory_limit: int = 1024**3
     retention: float | None = None
     retention_interval: float = 60.0
     embeddings: bool = True
@@ -98,7 +99,7 @@ def run_serve(config: ServeConfig) -> int:
     """Run until SIGTERM/SIGINT; then stop accepting, drain, commit, and exit 0."""
     check_exposure(config)
     try:
-        conn = open_store(config.db)
+        conn = open_store(config.db, memory_limit=config.memory_limit)
     except StoreLockedError as exc:
         raise ConfigError(str(exc)) from exc
     stats = IngestStats()

@@ -172,6 +172,14 @@ SETTINGS: tuple[Setting, ...] = (
         metavar="SIZE",
     ),
     Setting(
+        "memory_limit",
+        1024**3,
+        "DuckDB's memory for caching and query work; past it DuckDB spills to disk. Keeps serve's memory flat as the database grows.",
+        parse_size,
+        SERVE,
+        metavar="SIZE",
+    ),
+    Setting(
         "max_attribute_bytes",
         64 * 1024,
         "Attribute values longer than this are truncated with a marker.",
