@@ -10,6 +10,31 @@ from __future__ import annotations
 import json
 from typing import Any
 
+# The OpenTelemetry columns of `spans`, in table order (collector/migrations/0003_attribute_lists.sql);
+# the coordination columns below follow them.
+OTEL_COLUMNS = (
+    "Timestamp",
+    "TraceId",
+    "SpanId",
+    "ParentSpanId",
+    "TraceState",
+    "SpanName",
+    "SpanKind",
+    "ServiceName",
+    "ResourceAttributes",
+    "ScopeName",
+    "ScopeVersion",
+    "SpanAttributes",
+    "Duration",
+    "StatusCode",
+    "StatusMessage",
+    "Events",
+    "Links",
+    "start_ns",
+    "end_ns",
+)
+ATTRIBUTE_COLUMNS = ("ResourceAttributes", "SpanAttributes")
+
 # Column order of the coordination fields, as in collector/migrations/0001_initial.sql.
 COORDINATION_COLUMNS = (
     "span_family",

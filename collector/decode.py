@@ -22,7 +22,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError as _ProtoDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from collector.conventions import COORDINATION_COLUMNS, map_coordination
+from collector.conventions import ATTRIBUTE_COLUMNS, COORDINATION_COLUMNS, OTEL_COLUMNS, map_coordination
 from collector.fastdecode import FastResult, decode_fast
 
 PROTOBUF = "application/x-protobuf"
@@ -31,30 +31,7 @@ JSON = "application/json"
 SPAN_KINDS = ("Unspecified", "Internal", "Server", "Client", "Producer", "Consumer")
 STATUS_CODES = ("Unset", "Ok", "Error")
 
-# Columns of `spans` in table order (collector/migrations/0001_initial.sql).
-OTEL_COLUMNS = (
-    "Timestamp",
-    "TraceId",
-    "SpanId",
-    "ParentSpanId",
-    "TraceState",
-    "SpanName",
-    "SpanKind",
-    "ServiceName",
-    "ResourceAttributes",
-    "ScopeName",
-    "ScopeVersion",
-    "SpanAttributes",
-    "Duration",
-    "StatusCode",
-    "StatusMessage",
-    "Events",
-    "Links",
-    "start_ns",
-    "end_ns",
-)
 SPAN_COLUMNS = OTEL_COLUMNS + COORDINATION_COLUMNS + ("ingested_at",)
-ATTRIBUTE_COLUMNS = ("ResourceAttributes", "SpanAttributes")
 
 # Arrow types of the `spans` columns (VARCHAR unless listed); attribute lists are
 # STRUCT(key, value)[] in DuckDB (collector/migrations/0003_attribute_lists.sql).

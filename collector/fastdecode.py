@@ -57,27 +57,8 @@ except ImportError as exc:  # a source checkout without `setup.py build_ext --in
 
 AVAILABLE = _otlpfast is not None
 
-# collector.decode.OTEL_COLUMNS without the two attribute columns, in table order (not imported
-# from collector.decode so that decode.py can import this module).
-OTEL_OUTPUT_COLUMNS = (
-    "Timestamp",
-    "TraceId",
-    "SpanId",
-    "ParentSpanId",
-    "TraceState",
-    "SpanName",
-    "SpanKind",
-    "ServiceName",
-    "ScopeName",
-    "ScopeVersion",
-    "Duration",
-    "StatusCode",
-    "StatusMessage",
-    "Events",
-    "Links",
-    "start_ns",
-    "end_ns",
-)
+# The OpenTelemetry columns the C decoder returns, in table order (attributes come apart).
+OTEL_OUTPUT_COLUMNS = tuple(c for c in conventions.OTEL_COLUMNS if c not in conventions.ATTRIBUTE_COLUMNS)
 _MAX_LIMIT = 2**62
 
 AttributeTriple = tuple[list[int], list[str], list[str]]
