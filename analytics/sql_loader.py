@@ -4,8 +4,14 @@ A detector file may contain the placeholder ``{filtered_spans}``; it is replaced
 fragment ``_filtered_spans.sql`` (every column of the spans passing the window/service/run/
 origin-task filter), so every detector filters the same way. ``{span_filter}`` expands to that
 filter's WHERE condition alone (``_span_filter.sql``), for detectors that select only the columns
-they need; ``{constraint_cells}`` and ``{held_versions}`` expand their fragments likewise. Values never enter SQL text: they are bound as DuckDB named parameters
-(``$since``, ``$agent``, ...), and only the parameters a statement mentions are passed.
+they need; ``{constraint_cells}`` and ``{held_versions}`` expand their fragments likewise.
+
+Values never enter SQL text: they are bound as DuckDB named parameters (``$since``, ``$agent``,
+...), and only the parameters a statement mentions are passed. Optional filters are written as
+``($name::TYPE IS NULL OR <condition>)``; before running a statement, ``query_df`` rewrites each
+such group to ``(TRUE)`` when the parameter is None and to ``(<condition>)`` when it is set
+(``prune_unset_filters``). Both rewrites mean exactly what the original means, but DuckDB sees a
+plain predicate it can push into the scan (row-group pruning) instead of an OR it cannot.
 """
 
 from __future__ import annotations
@@ -21,6 +27,12 @@ import pandas as pd
 from analytics.types import Filters, Window
 
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+# "(" then "$name", an optional cast such as ::VARCHAR or ::VARCHAR[], then "IS NULL OR".
+_OPTIONAL = re.compile(
+    r"\(\s*\$([A-Za-z_][A-Za-z0-9_]*)(?:\s*::\s*[A-Za-z_][A-Za-z0-9_]*(?:\[\])?)?"
+    r"\s+IS\s+NULL\s+OR\s",
+    re.IGNORECASE,
+)
 
 
 @functools.cache
@@ -63,9 +75,108 @@ def filter_params(window: Window, filters: Filters) -> dict[str, Any]:
     }
 
 
+def _code_mask(sql: str) -> str:
+    """``sql`` with the insides of string literals, quoted identifiers and comments blanked.
+
+    Positions are kept, so matches found in the mask index the original text; nothing inside a
+    literal or comment can be mistaken for a filter or a parenthesis.
+    """
+    out = list(sql)
+    i, n = 0, len(sql)
+    while i < n:
+        ch = sql[i]
+        if ch in "'\"":
+            j = i + 1
+            while j < n:
+                if sql[j] == ch:
+                    if j + 1 < n and sql[j + 1] == ch:  # doubled quote inside the literal
+                        j += 2
+                        continue
+                    break
+                j += 1
+            end = min(j, n - 1)
+        elif sql.startswith("--", i):
+            j = sql.find("\n", i)
+            end = (n if j < 0 else j) - 1
+        elif sql.startswith("/*", i):
+            j = sql.find("*/", i + 2)
+            end = n - 1 if j < 0 else j + 1
+        else:
+            i += 1
+            continue
+        for k in range(i, end + 1):
+            if out[k] != "\n":
+                out[k] = " "
+        i = end + 1
+    return "".join(out)
+
+
+def _matching_paren(mask: str, open_at: int) -> int | None:
+    """Index of the ")" closing the "(" at ``open_at``; None if a top-level comma comes first."""
+    depth = 0
+    for i in range(open_at, len(mask)):
+        ch = mask[i]
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+        elif ch == "," and depth == 1:
+            return None  # an argument list, not one condition: leave it alone
+    return None
+
+
+@functools.lru_cache(maxsize=512)
+def _prune(sql: str, unset: frozenset[str], known: frozenset[str]) -> str:
+    mask = _code_mask(sql)
+    pieces: list[str] = []
+    pos = 0
+    search_from = 0
+    while True:
+        match = _OPTIONAL.search(mask, search_from)
+        if match is None:
+            break
+        name = match.group(1)
+        close = _matching_paren(mask, match.start())
+        if close is None or name not in known:
+            search_from = match.start() + 1
+            continue
+        pieces.append(sql[pos : match.start()])
+        if name in unset:
+            pieces.append("(TRUE)")
+        else:  # set: FALSE OR cond is cond, including when cond is NULL
+            inner = sql[match.end() : close]
+            pieces.append("(" + _prune(inner, unset, known) + ")")
+        pos = search_from = close + 1
+    pieces.append(sql[pos:])
+    return "".join(pieces)
+
+
+def prune_unset_filters(sql: str, params: dict[str, Any]) -> str:
+    """Rewrite every ``($p IS NULL OR cond)`` group: ``(TRUE)`` if ``params[p]`` is None, else ``(cond)``.
+
+    The cast after ``$p`` is optional. A group whose parameter is not in ``params`` is kept as
+    written (the caller's missing-parameter check then names it). Values stay parameters: only
+    text that was already in the statement is removed, nothing from ``params`` is inserted.
+    """
+    unset = frozenset(key for key, value in params.items() if value is None)
+    return _prune(sql, unset, frozenset(params))
+
+
+@functools.lru_cache(maxsize=512)
+def _mentioned_params(sql: str) -> frozenset[str]:
+    """Names of the ``$parameters`` in the code of ``sql`` (not in its comments or literals)."""
+    return frozenset(_PARAM.findall(_code_mask(sql)))
+
+
 def query_df(conn: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any]) -> pd.DataFrame:
-    """Execute ``sql`` binding only the named parameters it mentions; return a DataFrame."""
-    used = set(_PARAM.findall(sql))
+    """Execute ``sql`` binding only the named parameters it mentions; return a DataFrame.
+
+    Conditions of unset optional filters are dropped first (``prune_unset_filters``).
+    """
+    sql = prune_unset_filters(sql, params)
+    used = _mentioned_params(sql)
     missing = used - params.keys()
     if missing:
         raise KeyError(f"SQL needs parameters {sorted(missing)} that were not supplied")
