@@ -3,16 +3,25 @@
 Scoring is per distinct (raw root-goal text, raw subtask text) pair, not per span: a pair's task
 statements are extracted (``analytics.tasks``), embedded through the cache
 (``analytics.embeddings``) and its ``1 - cosine`` is stored in table ``goal_scores`` (migration
-0004; a connection without it, e.g. a read-only copy of an older file, gets a temporary table).
-The detector SQL joins the stored scores back to the subtask rows, so a warm call is one query.
+0004; a connection without it, e.g. a read-only copy of an older file, gets a temporary table,
+and scores a read-only file cannot store go to the temporary ``goal_scores_local``).
+The SQL (``analytics/sql/goal_*.sql`` around the shared ``_goal_subtasks.sql``) joins the stored
+scores back to the subtasks, so a warm call is one query:
 
-Texts the embedding worker has not embedded yet are embedded on demand by the detector call
-itself (that call then waits for the model), exactly once per distinct text; on a read-only
-database the vectors and scores stay in this process's memory / temporary table.
+* ``goal_divergence`` (detector): the drifted subtasks only, each with its span ids;
+* ``goal_divergence_distribution`` (registered, not a detector): how many subtasks sit at each
+  (hop, divergence), for the goal-drift chart and the calibration histogram;
+* ``goal_run_stats``: drifted subtasks and worst divergence per run, for ``run_summary``;
+* ``goal_pairs``: every subtask with its score, for calibration.
+
+Texts the embedding worker has not embedded yet are embedded on demand by the call itself (that
+call then waits for the model), exactly once per distinct text; on a read-only database the
+vectors and scores stay in this process's memory / temporary tables.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from datetime import UTC, datetime
 
@@ -37,12 +46,15 @@ logger = logging.getLogger(__name__)
 DIVERGENCE_DECIMALS = 4
 SCORER = f"{MODEL_NAME};tasks=v{EXTRACTION_VERSION}"
 _RAW = ["_root_raw", "_subtask_raw"]
-_SCORES_DDL = """
-CREATE TEMP TABLE IF NOT EXISTS goal_scores (
+_SCORES_COLUMNS = """
     root_hash VARCHAR NOT NULL, subtask_hash VARCHAR NOT NULL, scorer VARCHAR NOT NULL,
     root_goal VARCHAR, subtask VARCHAR, divergence DOUBLE, created_at TIMESTAMP NOT NULL,
-    PRIMARY KEY (root_hash, subtask_hash, scorer))
-"""
+    PRIMARY KEY (root_hash, subtask_hash, scorer)"""
+_SCORES_DDL = f"CREATE TEMP TABLE IF NOT EXISTS goal_scores ({_SCORES_COLUMNS})"
+_LOCAL_SCORES_DDL = f"CREATE TEMP TABLE IF NOT EXISTS goal_scores_local ({_SCORES_COLUMNS})"
+# The goal-drift chart draws a line per delegation chain up to this many chains in the window,
+# else the distribution per hop (goal_divergence_distribution returns rows to match).
+MAX_CHART_CHAINS = 40
 
 
 def cosine_divergence(left: np.ndarray, right: np.ndarray) -> np.ndarray:
@@ -54,12 +66,34 @@ def cosine_divergence(left: np.ndarray, right: np.ndarray) -> np.ndarray:
 
 
 def ensure_scores_table(conn: duckdb.DuckDBPyConnection) -> None:
-    """Make ``goal_scores`` resolvable: the migrated table, else a temporary one."""
+    """Make ``goal_scores`` resolvable (the migrated table, else a temporary one) and create the
+    temporary ``goal_scores_local`` for scores this connection cannot store."""
     ((found,),) = conn.execute(
         "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'goal_scores'"
     ).fetchall()
     if not found:
         conn.execute(_SCORES_DDL)
+    conn.execute(_LOCAL_SCORES_DDL)
+
+
+@functools.cache
+def goal_sql(name: str) -> str:
+    """SQL of ``analytics/sql/<name>.sql`` with the shared ``{goal_subtasks}`` CTEs expanded."""
+    return load_sql(name).replace("{goal_subtasks}", load_sql("_goal_subtasks").strip())
+
+
+def _goal_query(
+    conn: duckdb.DuckDBPyConnection,
+    name: str,
+    window: Window,
+    filters: Filters,
+    ingested_after: datetime | None = None,
+    **extra,
+) -> pd.DataFrame:
+    ensure_scores_table(conn)
+    params = filter_params(window, filters)
+    params.update(ingested_after=ingested_after, scorer=SCORER, **extra)
+    return query_df(conn, goal_sql(name), params)
 
 
 def _subtask_rows(
@@ -67,11 +101,22 @@ def _subtask_rows(
     window: Window,
     filters: Filters,
     ingested_after: datetime | None = None,
+    threshold: float | None = None,
 ) -> pd.DataFrame:
-    ensure_scores_table(conn)
-    params = filter_params(window, filters)
-    params.update(ingested_after=ingested_after, scorer=SCORER)
-    return query_df(conn, load_sql("goal_divergence"), params)
+    return _goal_query(conn, "goal_divergence", window, filters, ingested_after, threshold=threshold)
+
+
+def _scored_query(
+    conn: duckdb.DuckDBPyConnection, name: str, window: Window, filters: Filters, **extra
+) -> pd.DataFrame:
+    """Run goal SQL ``name`` (whose rows carry ``pending``, the unscored pairs in the window);
+    when pairs are pending, score them first and run it again. Rows without data are dropped."""
+    frame = _goal_query(conn, name, window, filters, **extra)
+    if len(frame) and frame["pending"].iloc[0] > 0:
+        pending = _goal_query(conn, "goal_pending", window, filters, pending_limit=None)
+        score_raw_pairs(conn, pending)
+        frame = _goal_query(conn, name, window, filters, **extra)
+    return frame.drop(columns="pending")
 
 
 def score_pairs(
@@ -155,7 +200,11 @@ def _store_scores(conn: duckdb.DuckDBPyConnection, pairs: pd.DataFrame) -> None:
     ensure_scores_table(conn)
     conn.register("_new_goal_scores", table)
     try:
-        conn.execute("INSERT OR IGNORE INTO goal_scores SELECT * FROM _new_goal_scores")
+        try:
+            conn.execute("INSERT OR IGNORE INTO goal_scores SELECT * FROM _new_goal_scores")
+        except duckdb.Error:  # a read-only file: keep them for this connection's queries
+            conn.execute("INSERT OR IGNORE INTO goal_scores_local SELECT * FROM _new_goal_scores")
+            raise
     finally:
         conn.unregister("_new_goal_scores")
 
@@ -178,10 +227,12 @@ def goal_pairs(
     filters: Filters,
     ingested_after: datetime | None = None,
 ) -> pd.DataFrame:
-    """Subtask rows with their ``root_goal`` and ``subtask`` task statements and ``divergence``.
+    """Every subtask row (drifted or not) with its ``root_goal`` and ``subtask`` task statements
+    and unrounded ``divergence``: the scores calibration takes its baseline from.
 
     Pairs without a stored score are scored (and stored) first. ``ingested_after`` keeps subtask
-    spans stored at or after that time.
+    spans stored at or after that time. One row per subtask, so this grows with the window; the
+    detector and the dashboard read ``goal_divergence`` and ``goal_divergence_distribution``.
     """
     frame = _fill_unscored(conn, _subtask_rows(conn, window, filters, ingested_after))
     return frame.drop(columns=_RAW)
@@ -196,23 +247,37 @@ def score_pending_pairs(
 ) -> tuple[int, int]:
     """Score up to ``limit`` distinct pairs of subtask spans (stored since ``ingested_after``)
     that have no stored score; return (pairs scored, texts embedded). Raises if it cannot store."""
-    ensure_scores_table(conn)
-    params = filter_params(Window(), Filters())
-    params.update(ingested_after=ingested_after, scorer=SCORER, pending_limit=limit)
-    sql = (
-        "SELECT DISTINCT _root_raw, _subtask_raw FROM (" + load_sql("goal_divergence") + ") "
-        "WHERE _root_raw IS NOT NULL LIMIT $pending_limit"
-    )
-    pending = query_df(conn, sql, params)
+    pending = _goal_query(conn, "goal_pending", Window(), Filters(), ingested_after, pending_limit=limit)
     if pending.empty:
         return 0, 0
     scored, embedded = score_raw_pairs(conn, pending, threads, batch_size, strict=True)
     return len(scored), embedded
 
 
+def goal_run_stats(
+    conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters, threshold: float
+) -> pd.DataFrame:
+    """Per run (index ``run_id``): ``drifted_subtasks`` (subtasks whose divergence, rounded to
+    4 decimals, is above ``threshold``) and ``worst_divergence`` (the highest divergence of its
+    subtasks, rounded). Runs without a scored subtask are absent. Computed in SQL, no row per
+    subtask; pairs without a stored score are scored first."""
+    frame = _scored_query(conn, "goal_run_stats", window, filters, threshold=threshold)
+    frame = frame[frame["run_id"].notna()]
+    return frame.set_index("run_id")[["drifted_subtasks", "worst_divergence"]]
+
+
+def _with_threshold(conn: duckdb.DuckDBPyConnection, frame: pd.DataFrame) -> tuple[pd.DataFrame, float]:
+    info = current_threshold(conn, "goal_divergence")
+    frame["threshold"] = info.value
+    frame["threshold_version"] = info.version
+    frame["calibrated"] = info.calibrated
+    return frame, info.value
+
+
 @register(
     "goal_divergence",
-    description="1 - cosine(root goal, subtask statement) per subtask (all-MiniLM-L6-v2).",
+    description="Subtasks whose statement drifted from the root goal: 1 - cosine(root goal, "
+    "subtask statement) above the threshold (all-MiniLM-L6-v2).",
     columns={
         **EVIDENCE,
         "agent": "agent that delegated or ran the subtask",
@@ -224,28 +289,70 @@ def score_pending_pairs(
         "source": "'driftscope' (driftscope.goal.*) or 'inferred' (top agent/chain span input vs nested agent inputs)",
         "divergence": "1 - cosine similarity of the two statements, 0..2 (0 = same meaning), 4 decimals",
         **THRESHOLD,
-        "drifted": "divergence > threshold",
+        "drifted": "divergence > threshold (always true: only drifted subtasks are listed)",
         **TIMES,
     },
     row=(
-        "one subtask: the spans of one agent in one run carrying the same subtask statement under "
-        "the same root goal (a delegation, a nested agent, the tool calls working on it); "
-        "span_ids lists them"
+        "one drifted subtask: the spans of one agent in one run carrying the same subtask "
+        "statement under the same root goal (a delegation, a nested agent, the tool calls working "
+        "on it), whose divergence is above the threshold; span_ids lists them. Subtasks at or "
+        "below the threshold are counted in goal_divergence_distribution"
     ),
     failure_mode="task derailment: a subtask drifted away from the root goal",
     mast_category="inter-agent misalignment",
 )
 def goal_divergence(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
-    """Divergence of every subtask statement from its root goal, against the threshold.
+    """The subtasks whose statement diverges from its root goal by more than the threshold.
 
     While the default 0.45 is in force (``calibrated`` False) the flag only suits short, clean
-    task statements; calibrate on labelled pairs or a healthy baseline window.
+    task statements; calibrate on labelled pairs or a healthy baseline window. Only drifted
+    subtasks are rows (the SQL drops the others before it builds span lists); the spread of all
+    subtasks is ``goal_divergence_distribution``.
     """
-    frame = goal_pairs(conn, window, filters)
-    frame["divergence"] = np.round(frame["divergence"].to_numpy(dtype=np.float64), DIVERGENCE_DECIMALS)
     info = current_threshold(conn, "goal_divergence")
+    frame = _fill_unscored(conn, _subtask_rows(conn, window, filters, threshold=info.value))
+    frame["divergence"] = np.round(frame["divergence"].to_numpy(dtype=np.float64), DIVERGENCE_DECIMALS)
+    # Rows of pairs scored just now are not filtered by the SQL yet.
+    frame = frame[frame["divergence"].to_numpy() > info.value].drop(columns=_RAW).reset_index(drop=True)
     frame["threshold"] = info.value
     frame["threshold_version"] = info.version
     frame["calibrated"] = info.calibrated
-    frame["drifted"] = frame["divergence"] > info.value
+    frame["drifted"] = True
+    return frame
+
+
+@register(
+    "goal_divergence_distribution",
+    description="How the goal divergence of every subtask is spread: subtasks per hop and "
+    "divergence (per delegation chain when there are few), for charts and calibration.",
+    columns={
+        "chain": f"delegation chain (origin task, else run) when the window holds at most "
+        f"{MAX_CHART_CHAINS} chains, else None (all chains together)",
+        "hop": "delegation depth, if known",
+        "divergence": "1 - cosine similarity of root goal and subtask statement, 4 decimals",
+        "subtask": "subtask task statement when rows are per chain, else None",
+        "subtasks": "subtasks with this hop and divergence (and chain and statement)",
+        "chains": "delegation chains in the window",
+        **THRESHOLD,
+        "drifted": "divergence > threshold",
+    },
+    row=(
+        "one (hop, divergence) value with the number of subtasks that have it; one (chain, hop, "
+        f"divergence, subtask statement) when the window holds at most {MAX_CHART_CHAINS} chains"
+    ),
+    failure_mode=None,
+    mast_category=None,
+)
+def goal_divergence_distribution(
+    conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters
+) -> pd.DataFrame:
+    """Subtask counts per (hop, divergence): the goal-drift chart and the divergence histogram
+    without a row per subtask. Its ``subtasks`` summed over ``drifted`` rows equal the rows of
+    ``goal_divergence``."""
+    frame = _scored_query(conn, "goal_divergence_distribution", window, filters, max_chains=MAX_CHART_CHAINS)
+    frame = frame[frame["subtasks"].notna()].reset_index(drop=True)
+    frame["subtasks"] = frame["subtasks"].astype("int64")
+    frame["chains"] = frame["chains"].astype("int64")
+    frame, threshold = _with_threshold(conn, frame)
+    frame["drifted"] = frame["divergence"].to_numpy(dtype=np.float64) > threshold
     return frame

@@ -11,9 +11,11 @@ from typing import Any
 import duckdb
 import pandas as pd
 
+from analytics.goals import goal_run_stats
 from analytics.loops import MIN_PING_PONG_DELEGATIONS, MIN_PING_PONG_INFERRED
 from analytics.registry import register, run_metric
 from analytics.sql_loader import filter_params, load_sql, query_df, run_sql
+from analytics.thresholds import current_threshold
 from analytics.types import Filters, Window
 
 logger = logging.getLogger(__name__)
@@ -215,11 +217,10 @@ def _run_summary(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filte
     base["stale_holders_unrefreshed"] = per_run(found["context_drift_holders"]["unrefreshed"])
     base["stale_policy_sends_count"] = per_run(found["stale_policy_sends"]["n"])
     base["stale_sends_allowed"] = per_run(found["stale_policy_sends"]["allowed"])
-    goals = run_metric(conn, "goal_divergence", window, filters)
-    drifted = goals[goals["drifted"].astype(bool)] if not goals.empty else goals
-    base["drifted_subtasks"] = _counts_by_run(drifted).reindex(base.index, fill_value=0)
-    worst = goals.groupby("run_id")["divergence"].max() if not goals.empty else pd.Series(dtype=float)
-    base["worst_divergence"] = worst.reindex(base.index)
+    # Goal columns from one SQL aggregate over the subtasks (no row per subtask).
+    goals = goal_run_stats(conn, window, filters, current_threshold(conn, "goal_divergence").value)
+    base["drifted_subtasks"] = per_run(goals["drifted_subtasks"])
+    base["worst_divergence"] = goals["worst_divergence"].astype("float64").reindex(base.index)
     failing |= (base["stale_sends_allowed"] > 0) | (base["drifted_subtasks"] > 0)
     failing |= base["stale_holders_unrefreshed"] > 0
     degraded |= base["stale_policy_sends_count"] > 0

@@ -145,28 +145,34 @@ def rejections_by_figure(frame: pd.DataFrame, by: str) -> go.Figure:
 
 
 def divergence_histogram_figure(
-    values: pd.Series, threshold: float, label: str, bin_width: float = 0.02
+    values: pd.Series, threshold: float, label: str, bin_width: float = 0.02, weights: pd.Series | None = None
 ) -> go.Figure:
     """Histogram of goal-divergence scores with the threshold line.
 
     Binned here (``bin_width`` wide bins, split at the threshold), so the figure carries counts per
     bin rather than every score: a window with a million subtasks is still a small figure.
+    ``weights`` counts each value that many times (``subtasks`` of goal_divergence_distribution).
     """
     title = "Goal divergence distribution"
-    values = pd.to_numeric(values, errors="coerce").dropna().to_numpy(dtype=float)
+    values = pd.to_numeric(values, errors="coerce")
+    counts = np.ones(len(values), dtype=np.int64) if weights is None else np.asarray(weights, dtype=np.int64)
+    keep = values.notna().to_numpy()
+    values, counts = values.to_numpy(dtype=float)[keep], counts[keep]
     if values.size == 0:
         return empty_figure(title, "No divergence scores in this window")
     fig = go.Figure()
-    for name, part, color in (
-        ("at or below threshold", values[values <= threshold], OK_COLOR),
-        ("above threshold", values[values > threshold], FAIL_COLOR),
+    for name, over, color in (
+        ("at or below threshold", False, OK_COLOR),
+        ("above threshold", True, FAIL_COLOR),
     ):
-        if part.size == 0:
+        side = (values > threshold) == over
+        if not side.any():
             continue
-        bins = np.floor(part / bin_width).astype(np.int64)
-        keys, counts = np.unique(bins, return_counts=True)
+        bins = np.floor(values[side] / bin_width).astype(np.int64)
+        keys, inverse = np.unique(bins, return_inverse=True)
+        per_bin = np.bincount(inverse, weights=counts[side], minlength=len(keys)).astype(np.int64)
         fig.add_bar(
-            x=(keys + 0.5) * bin_width, y=counts, width=bin_width, name=name, marker_color=color,
+            x=(keys + 0.5) * bin_width, y=per_bin, width=bin_width, name=name, marker_color=color,
             hovertemplate="%{y} subtasks at %{x:.2f}<extra></extra>",
         )  # fmt: skip
     fig.add_vline(x=threshold, line_dash="dash", line_color=FAIL_COLOR, annotation_text=esc(label))
@@ -293,25 +299,43 @@ def constraint_heatmap_figure(ledger: pd.DataFrame, origin_task: str) -> go.Figu
     )
 
 
+def _weighted_quantile(values: np.ndarray, counts: np.ndarray, q: float) -> float:
+    """``np.quantile(np.repeat(values, counts), q)`` (linear interpolation) without repeating."""
+    order = np.argsort(values, kind="stable")
+    values, ends = values[order], np.cumsum(counts[order])
+    position = (ends[-1] - 1) * q
+    low = int(np.floor(position))
+    at = np.searchsorted(ends, [low, min(low + 1, ends[-1] - 1)], side="right")
+    return float(values[at[0]] + (position - low) * (values[at[1]] - values[at[0]]))
+
+
 def goal_divergence_figure(
     frame: pd.DataFrame, score: str = "divergence", chain: str = "origin_task_id", max_chains: int = 40
 ) -> go.Figure:
-    """Divergence from the root goal per hop, one line per delegation chain, the band above threshold red."""
+    """Divergence from the root goal per hop, one line per delegation chain, the band above threshold red.
+
+    ``frame`` is one row per subtask, or a ``goal_divergence_distribution`` frame (a ``subtasks``
+    count per row, ``chains`` counted in SQL, ``chain`` None when there are too many for lines).
+    """
     title = "Goal divergence along delegation chains"
     if frame is None or frame.empty:
         return empty_figure(title, "No delegated subtasks with goal texts in this window")
     used = [
         c
         for c in (score, chain, "run_id", "hop", "subtask", "threshold", "calibrated", "threshold_version")
+        + ("subtasks", "chains")
         if c in frame
     ]
     data = frame.loc[:, used].dropna(subset=[score])
-    data[chain] = data[chain].fillna(data["run_id"] if "run_id" in data else "(chain)")
+    if "chains" in data:  # aggregated rows: chains were counted before aggregation
+        chains = int(data["chains"].max()) if len(data) else 0
+    else:
+        data[chain] = data[chain].fillna(data["run_id"] if "run_id" in data else "(chain)")
+        chains = data[chain].nunique()
     data["hop"] = data["hop"].fillna(0)
     data = data.sort_values([chain, "hop"])
     fig = go.Figure()
-    chains = data[chain].nunique()
-    if chains <= max_chains:
+    if chains <= max_chains and data[chain].notna().any():
         for name, part in data.groupby(chain, sort=True):
             fig.add_scatter(
                 x=part["hop"], y=part[score], mode="lines+markers", name=esc(name, 40),
@@ -320,15 +344,21 @@ def goal_divergence_figure(
             )  # fmt: skip
     else:  # too many chains for a line each: the distribution per hop
         title += f" ({chains:,} chains: median, 90th percentile and maximum per hop)"
-        per_hop = data.groupby("hop")[score]
-        stats = pd.DataFrame(
-            {
-                "median": per_hop.median(),
-                "p90": per_hop.quantile(0.9),
-                "max": per_hop.max(),
-                "n": per_hop.size(),
-            }
-        ).reset_index()
+        counts = data["subtasks"] if "subtasks" in data else pd.Series(1, index=data.index)
+        rows = []
+        for hop, part in data.groupby("hop", sort=True):
+            values = part[score].to_numpy(dtype=float)
+            weights = counts.loc[part.index].to_numpy(dtype=np.int64)
+            rows.append(
+                {
+                    "hop": hop,
+                    "median": _weighted_quantile(values, weights, 0.5),
+                    "p90": _weighted_quantile(values, weights, 0.9),
+                    "max": float(values.max()),
+                    "n": int(weights.sum()),
+                }
+            )
+        stats = pd.DataFrame(rows, columns=["hop", "median", "p90", "max", "n"])
         for column, dash in (("median", None), ("p90", "dot"), ("max", "dash")):
             fig.add_scatter(
                 x=stats["hop"], y=stats[column], mode="lines+markers", name=column, line=dict(dash=dash),

@@ -68,8 +68,11 @@ FAILURE_MODES: dict[str, FailureMode] = {
     )
 }
 # Registered metrics that describe state rather than list failures (the ledger matrix is the
-# context of constraint_drops; coverage and summaries are tables, not findings).
-NOT_FINDINGS = frozenset({"constraint_ledger", "enforcement_coverage", "run_summary"})
+# context of constraint_drops; coverage, summaries and the goal-divergence spread are tables and
+# charts, not findings).
+NOT_FINDINGS = frozenset(
+    {"constraint_ledger", "enforcement_coverage", "run_summary", "goal_divergence_distribution"}
+)
 
 
 def mast_category(text: str | None) -> str:

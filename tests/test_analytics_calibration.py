@@ -10,7 +10,7 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from analytics import Window, run_metric
+from analytics import Filters, Window, run_metric
 from analytics.calibration import (
     auroc,
     calibrate_from_baseline,
@@ -19,6 +19,7 @@ from analytics.calibration import (
     read_pairs,
     roc_points,
 )
+from analytics.goals import goal_pairs
 from analytics.thresholds import current_threshold, list_thresholds, store_threshold
 from tests.fixtures_analytics import BASE_TIME, insert_spans, make_span, new_db
 
@@ -67,9 +68,14 @@ def test_calibration_on_shipped_pairs_reaches_auroc_and_is_used_by_detector():
     insert_spans(conn, [
         make_span(0, agent_id="p", op="delegate", goal_root="Close the books for October",
                   goal_text="Reconcile October bank statements", delegate_to="acct"),
+        make_span(1, agent_id="p", op="delegate", goal_root="Close the books for October",
+                  goal_text="Train a puppy to sit and stay", delegate_to="puppy"),
     ])  # fmt: skip
-    found = run_metric(conn, "goal_divergence")
+    found = run_metric(conn, "goal_divergence")  # the drifted subtask only
+    assert list(found["delegate_to"]) == ["puppy"]
     assert found.iloc[0].threshold_version == 1 and bool(found.iloc[0].calibrated)
+    spread = run_metric(conn, "goal_divergence_distribution")  # both subtasks, counted
+    assert spread["subtasks"].sum() == 2 and (spread["threshold_version"] == 1).all()
 
     strict = calibrate_from_pairs(conn, PAIRS, target_fpr=0.01)
     assert strict["version"] == 2 and strict["fpr"] <= 0.01 and strict["method"] == "target_fpr"
@@ -131,9 +137,11 @@ def test_baseline_calibration_stores_quantile_thresholds_with_window():
     assert 0.0 <= current_threshold(conn, "rejection_rate").value <= 1.0
     assert 0.5 <= current_threshold(conn, "near_duplicate_similarity").value <= 1.0
     assert current_threshold(conn, "count_per_run:lost_updates").value == 0.0
-    divergences = run_metric(conn, "goal_divergence", window)["divergence"]
+    divergences = goal_pairs(conn, window, Filters())["divergence"]  # every subtask's score
     assert stored["goal_divergence"]["value"] == pytest.approx(np.quantile(divergences, 0.9), abs=1e-4)
     assert stored["goal_divergence"]["n"] == 24
+    above = int((divergences.round(4) > stored["goal_divergence"]["value"]).sum())
+    assert above < 24 and len(run_metric(conn, "goal_divergence", window)) == above
     sigma = calibrate_from_baseline(conn, window, k_sigma=3.0)
     assert sigma["thresholds"]["goal_divergence"]["method"] == "mean_k_sigma"
     assert sigma["thresholds"]["goal_divergence"]["version"] == 2

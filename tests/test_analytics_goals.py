@@ -10,10 +10,12 @@ from datetime import timedelta
 import duckdb
 import numpy as np
 
-from analytics import run_metric
+from analytics import Filters, Window, run_metric
 from analytics.embeddings import EmbeddingWorker, embed_texts, text_hash
-from analytics.goals import cosine_divergence
+from analytics.goals import MAX_CHART_CHAINS, cosine_divergence, goal_pairs, goal_run_stats
+from analytics.thresholds import store_threshold
 from collector.migrations_runner import apply_migrations
+from dashboard.figures import goal_divergence_figure
 from tests.fixtures_analytics import BASE_TIME, insert_spans, make_span, new_db
 
 GOAL = "Plan a three-day team offsite in Lisbon for 25 people under a 20,000 EUR budget"
@@ -40,11 +42,66 @@ def test_goal_divergence_flags_drifted_delegation_with_uncalibrated_default():
     conn = new_db()
     insert_spans(conn, _delegations())
     found = run_metric(conn, "goal_divergence").set_index("delegate_to")
-    assert found.loc["venues", "divergence"] < 0.45 < found.loc["writer", "divergence"]
-    assert bool(found.loc["writer", "drifted"]) and not bool(found.loc["venues", "drifted"])
+    assert list(found.index) == ["writer"]  # only the drifted subtask is a row
+    assert found.loc["writer", "divergence"] > 0.45 and bool(found.loc["writer", "drifted"])
     assert (found["threshold"] == 0.45).all() and (found["threshold_version"] == 0).all()
     assert not found["calibrated"].any()
     assert (found["root_goal"] == GOAL).all() and (found["source"] == "driftscope").all()
+    every = goal_pairs(conn, Window(), Filters()).set_index("delegate_to")
+    assert set(every.index) == {"venues", "writer"}
+    assert every.loc["venues", "divergence"] < 0.45 < every.loc["writer", "divergence"]
+    assert found.loc["writer", "divergence"] == round(every.loc["writer", "divergence"], 4)
+    assert found.loc["writer", "span_ids"].tolist() == every.loc["writer", "span_ids"].tolist()
+
+
+def test_calibrated_threshold_decides_which_subtasks_are_rows():
+    conn = new_db()
+    insert_spans(conn, _delegations())
+    every = goal_pairs(conn, Window(), Filters()).set_index("delegate_to")["divergence"].round(4)
+    store_threshold(conn, "goal_divergence", float(every["venues"]) - 0.01, "quantile", {})
+    found = run_metric(conn, "goal_divergence")
+    assert set(found["delegate_to"]) == {"venues", "writer"} and found["calibrated"].all()
+    store_threshold(conn, "goal_divergence", float(every["writer"]), "quantile", {})
+    assert run_metric(conn, "goal_divergence").empty  # not above a threshold equal to it
+
+
+def test_distribution_and_run_stats_count_every_subtask():
+    conn = new_db()
+    spans = _delegations()
+    other = [dict(span, SpanId=f"{i:016x}", TraceId="f" * 32, run_id="run-2", origin_task_id="T2")
+             for i, span in enumerate(spans, 50)]  # fmt: skip
+    insert_spans(conn, spans + other)
+    every = goal_pairs(conn, Window(), Filters())
+    spread = run_metric(conn, "goal_divergence_distribution")
+    assert spread["subtasks"].sum() == len(every) == 4 and (spread["chains"] == 2).all()
+    expected = every.assign(divergence=every["divergence"].round(4)).groupby(["hop", "divergence"]).size()
+    assert spread.groupby(["hop", "divergence"])["subtasks"].sum().to_dict() == expected.to_dict()
+    assert spread.loc[spread["drifted"], "subtasks"].sum() == len(run_metric(conn, "goal_divergence")) == 2
+    assert set(spread["chain"]) == {"T1", "T2"} and set(spread["subtask"]) == set(every["subtask"])
+    stats = goal_run_stats(conn, Window(), Filters(), 0.45)
+    worst = every.groupby("run_id")["divergence"].max().round(4)
+    assert stats["drifted_subtasks"].to_dict() == {run: 1 for run in worst.index}
+    assert stats["worst_divergence"].to_dict() == worst.to_dict()
+    summary = run_metric(conn, "run_summary").set_index("run_id")
+    assert summary["drifted_subtasks"].to_dict() == stats["drifted_subtasks"].to_dict()
+    assert (summary["verdict"] == "failing").all()
+
+
+def test_distribution_of_many_chains_is_per_hop():
+    conn = new_db()
+    spans = []
+    for chain in range(MAX_CHART_CHAINS + 1):
+        for span in _delegations():
+            spans.append(dict(span, SpanId=f"{chain:08x}{span['SpanId'][-8:]}", TraceId=f"{chain:032x}",
+                              run_id=f"run-{chain}", origin_task_id=f"T{chain}"))  # fmt: skip
+    insert_spans(conn, spans)
+    spread = run_metric(conn, "goal_divergence_distribution")
+    assert spread["chain"].isna().all() and spread["subtask"].isna().all()
+    assert (spread["chains"] == MAX_CHART_CHAINS + 1).all() and len(spread) == 2  # hop 1 and hop 2
+    assert (spread["subtasks"] == MAX_CHART_CHAINS + 1).all()
+    fig = goal_divergence_figure(spread, chain="chain")
+    assert [t.name for t in fig.data] == ["median", "p90", "max"] and list(fig.data[0].x) == [1, 2]
+    assert f"{MAX_CHART_CHAINS + 1} chains" in fig.layout.title.text
 
 
 def test_embeddings_cached_by_sha256_and_reused():
@@ -76,10 +133,12 @@ def test_inferred_goals_for_openinference_style_agent_spans():
         ],
     )  # fmt: skip
     found = run_metric(conn, "goal_divergence").set_index("agent")
-    assert set(found.index) == {"venue_agent", "tiles_agent"}
+    assert list(found.index) == ["tiles_agent"] and bool(found.loc["tiles_agent", "drifted"])
     assert (found["source"] == "inferred").all() and (found["root_goal"] == GOAL).all()
     assert found.loc["tiles_agent", "subtask"] == "Write a poem about the sea"
-    assert bool(found.loc["tiles_agent", "drifted"]) and not bool(found.loc["venue_agent", "drifted"])
+    every = goal_pairs(conn, Window(), Filters()).set_index("agent")
+    assert set(every.index) == {"venue_agent", "tiles_agent"} and (every["source"] == "inferred").all()
+    assert every.loc["venue_agent", "divergence"] < 0.45
 
 
 def _wait_for_embeddings(conn, expected: int) -> int:
@@ -120,8 +179,17 @@ def test_goal_divergence_same_with_cold_and_warm_cache():
     insert_spans(conn, _delegations())
     cold = run_metric(conn, "goal_divergence")["divergence"].to_numpy()
     assert conn.execute("SELECT count(*) FROM embeddings").fetchone()[0] == 3
+    assert conn.execute("SELECT count(*) FROM goal_scores").fetchone()[0] == 2  # both pairs scored
     warm = run_metric(conn, "goal_divergence")["divergence"].to_numpy()
-    assert len(cold) == 2 and np.allclose(cold, warm, atol=1e-6)
+    assert len(cold) == 1 and np.allclose(cold, warm, atol=1e-6)
+
+
+def test_distribution_and_summary_score_pending_pairs_on_a_cold_database():
+    conn = new_db()
+    insert_spans(conn, _delegations())
+    spread = run_metric(conn, "goal_divergence_distribution")
+    assert spread["subtasks"].sum() == 2 and spread["drifted"].sum() == 1
+    assert conn.execute("SELECT count(*) FROM goal_scores").fetchone()[0] == 2
 
 
 def test_goal_divergence_on_read_only_database_file(tmp_path):
@@ -131,9 +199,15 @@ def test_goal_divergence_on_read_only_database_file(tmp_path):
     insert_spans(conn, _delegations())
     conn.close()
     readonly = duckdb.connect(str(path), read_only=True)
+    spread = run_metric(readonly, "goal_divergence_distribution")  # scores kept in a temp table
+    assert spread["subtasks"].sum() == 2 and spread["drifted"].sum() == 1
     found = run_metric(readonly, "goal_divergence")
-    assert len(found) == 2 and found["drifted"].sum() == 1
+    assert len(found) == 1 and found["drifted"].all() and found.iloc[0]["delegate_to"] == "writer"
+    assert run_metric(readonly, "run_summary")["drifted_subtasks"].tolist() == [1]
     assert readonly.execute("SELECT count(*) FROM embeddings").fetchone()[0] == 0
+    assert readonly.execute("SELECT count(*) FROM goal_scores").fetchone()[0] == 0
+    fresh = duckdb.connect(str(path), read_only=True)  # another connection scores them again
+    assert len(run_metric(fresh, "goal_divergence")) == 1
 
 
 def test_onnx_runtime_gives_the_sentence_transformers_vectors():

@@ -18,7 +18,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
 
-from analytics import run_metric
+from analytics import Filters, Window, run_metric
+from analytics.goals import goal_pairs
 from collector.decode import decode_export_request
 from collector.store import insert_batches
 from tests.fixtures_analytics import new_db
@@ -100,12 +101,13 @@ def langgraph_db():
 
 
 def test_langgraph_goal_divergence_infers_root_goal_and_nested_agent_tasks(langgraph_db):
-    found = run_metric(langgraph_db, "goal_divergence").set_index("agent")
+    found = goal_pairs(langgraph_db, Window(), Filters()).set_index("agent")  # every subtask
     assert set(found.index) == {"venue_agent", "poet_agent"}
     assert (found["source"] == "inferred").all() and (found["root_goal"] == GOAL).all()
     assert found.loc["venue_agent", "subtask"] == ON_GOAL
     assert found.loc["poet_agent", "subtask"] == DRIFTED
-    assert bool(found.loc["poet_agent", "drifted"]) and not bool(found.loc["venue_agent", "drifted"])
+    drifted = run_metric(langgraph_db, "goal_divergence")  # the detector lists the drifted one
+    assert list(drifted["agent"]) == ["poet_agent"] and drifted["drifted"].all()
 
 
 def test_langgraph_near_duplicate_failing_tool_calls_are_one_loop(langgraph_db):
@@ -155,10 +157,10 @@ def test_openllmetry_workflow_with_agents_and_tools():
                             call.set_attribute("traceloop.entity.input", json.dumps({"query": query}))
                             call.set_status(Status(StatusCode.ERROR, "timeout"))
     conn = _store(exporter.get_finished_spans())
-    goals = run_metric(conn, "goal_divergence").set_index("agent")
+    goals = goal_pairs(conn, Window(), Filters()).set_index("agent")  # every subtask
     assert set(goals.index) == {"venue_scout", "poet"}
     assert (goals["root_goal"] == GOAL).all()
-    assert bool(goals.loc["poet", "drifted"]) and not bool(goals.loc["venue_scout", "drifted"])
+    assert list(run_metric(conn, "goal_divergence")["agent"]) == ["poet"]  # the drifted one
     loops = run_metric(conn, "repeated_calls")
     assert len(loops) == 1 and loops.iloc[0].kind == "exact" and loops.iloc[0].calls == 3
     assert loops.iloc[0].agent == "venue_scout"

@@ -216,8 +216,9 @@ def test_healthy_crew_has_no_findings(db, name):
                    "stale_policy_sends", "repeated_calls", "ping_pong", "budget_exhaustion",
                    "duplicate_side_effects"):  # fmt: skip
         assert _run(db, name, metric).empty, metric
-    goals = _run(db, name, "goal_divergence")
-    assert len(goals) > 0 and not goals["drifted"].any()
+    assert _run(db, name, "goal_divergence").empty  # only drifted subtasks are rows
+    spread = _run(db, name, "goal_divergence_distribution")
+    assert spread["subtasks"].sum() > 0 and not spread["drifted"].any()
     assert not _run(db, name, "rejection_rates")["over_threshold"].any()
 
 

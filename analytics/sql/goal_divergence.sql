@@ -1,105 +1,32 @@
--- goal_divergence: one row per subtask with its root-goal and subtask task statements and the
--- stored score of that pair (table goal_scores, keyed by sha256 of the two raw texts and the
--- scorer). Python scores only the pairs that have no stored score yet (columns _root_raw and
--- _subtask_raw are filled for those rows only) and stores them, so each distinct pair is
--- scored once and a warm call is this query alone.
--- driftscope traces: subtask = driftscope.goal.text; root = driftscope.goal.root on the span,
--- else the goal.root of its origin task, else of its trace. The spans of one agent in one run
--- that carry the same subtask statement under the same root (and the same delegation target)
--- are one subtask: span_ids lists them all, first_seen/last_seen bound them.
--- Other traces (OpenInference / OpenLLMetry, no driftscope.goal.* in the trace): root = the
--- input of the trace's top agent/chain span, subtasks = the inputs of nested agent spans.
--- Subtasks a guard refused are left out (they did not happen), and a guard's check span is
--- folded into the delegation it checked.
-WITH statements AS (  -- driftscope subtask spans folded per trace, agent, target, task, statement
-    SELECT TraceId, run_id, agent_id, delegate_to, origin_task_id, goal_root, goal_text,
-           coalesce(op = 'step', false) AS is_step, max(hop) AS hop,
-           list({'t': Timestamp, 's': SpanId}) AS spans,
-           min(Timestamp) AS first_seen, max(Timestamp) AS last_seen
-    FROM spans
-    WHERE {span_filter}
-      AND goal_text IS NOT NULL
-      AND coalesce(outcome, 'ok') <> 'rejected'                -- a refused subtask never ran
-    GROUP BY TraceId, run_id, agent_id, delegate_to, origin_task_id, goal_root, goal_text, is_step
-),
-roots_by_task AS (
-    SELECT origin_task_id, arg_min(goal_root, start_ns) AS root_raw
-    FROM spans WHERE goal_root IS NOT NULL AND origin_task_id IS NOT NULL
-    GROUP BY origin_task_id
-),
-roots_by_trace AS (
-    SELECT TraceId, arg_min(goal_root, start_ns) AS root_raw
-    FROM spans WHERE goal_root IS NOT NULL
-    GROUP BY TraceId
-),
-delegated AS (                                                -- (run, statement) delegated
-    SELECT DISTINCT run_id, goal_text FROM spans
-    WHERE {span_filter} AND op = 'delegate' AND goal_text IS NOT NULL
-),
-explicit AS (
-    SELECT x.TraceId, x.run_id, x.agent_id, x.delegate_to, x.origin_task_id, x.hop, x.spans,
-           x.first_seen, x.last_seen, coalesce(x.goal_root, bt.root_raw, btr.root_raw) AS root_raw,
-           x.goal_text AS subtask_raw, 'driftscope' AS source
-    FROM statements x
-    LEFT JOIN roots_by_task bt ON x.goal_root IS NULL AND bt.origin_task_id = x.origin_task_id
-    LEFT JOIN roots_by_trace btr ON x.goal_root IS NULL AND btr.TraceId = x.TraceId
-    LEFT JOIN delegated d ON x.is_step AND d.run_id = x.run_id AND d.goal_text = x.goal_text
-    WHERE d.run_id IS NULL                                    -- a guard's check of a delegation
-),
-nested AS (                         -- traces with nested agent inputs: candidates for inference
-    SELECT DISTINCT TraceId FROM spans
-    WHERE {span_filter} AND span_family = 'agent' AND input_text IS NOT NULL
-),
-plain_traces AS (
-    SELECT TraceId FROM spans
-    WHERE TraceId IN (SELECT TraceId FROM nested)
-    GROUP BY TraceId
-    HAVING count(goal_text) = 0 AND count(goal_root) = 0
-),
-tops AS (
-    SELECT TraceId, SpanId AS top_span, input_text AS root_raw FROM (
-        SELECT TraceId, SpanId, input_text,
-               row_number() OVER (PARTITION BY TraceId ORDER BY start_ns, Duration DESC, SpanId) AS rank
-        FROM spans
-        WHERE TraceId IN (SELECT TraceId FROM plain_traces)
-          AND span_family IN ('agent', 'chain') AND input_text IS NOT NULL)
-    WHERE rank = 1
-),
-inferred AS (
-    SELECT x.TraceId, x.run_id, coalesce(x.agent_id, x.graph_node_id, x.SpanName) AS agent_id,
-           x.delegate_to, x.origin_task_id, x.hop, [{'t': x.Timestamp, 's': x.SpanId}] AS spans,
-           x.Timestamp AS first_seen, x.Timestamp AS last_seen, t.root_raw,
-           x.input_text AS subtask_raw, 'inferred' AS source
-    FROM (SELECT TraceId, SpanId, run_id, agent_id, graph_node_id, SpanName, delegate_to,
-                 origin_task_id, hop, Timestamp, input_text
-          FROM spans
-          WHERE {span_filter} AND span_family = 'agent' AND input_text IS NOT NULL) x
-    JOIN tops t USING (TraceId)
-    WHERE x.SpanId <> t.top_span
+-- goal_divergence: the drifted subtasks (stored pair score, rounded to 4 decimals, above
+-- $threshold; `divergence` is returned unrounded, Python rounds it) with their root-goal and subtask task statements; $threshold NULL keeps every
+-- subtask (analytics.goals.goal_pairs, for calibration). Subtasks, roots and scores come from
+-- the shared fragment _goal_subtasks.sql. Rows of pairs without a stored score are returned
+-- too, with _root_raw and _subtask_raw filled: Python scores those pairs once, stores them and
+-- applies the threshold to them. Statement rows are filtered by their pair before they are
+-- grouped into subtasks, so span lists are merged and sorted only for the subtasks returned.
+WITH {goal_subtasks},
+kept AS (
+    SELECT s.*, p.root_goal, p.subtask, p.divergence, p.score, p.scored
+    FROM statement_rows s JOIN pairs p USING (root_raw, subtask_raw)
+    WHERE NOT p.scored                                       -- a pair without task statements
+       OR (p.divergence IS NOT NULL
+           AND ($threshold::DOUBLE IS NULL OR p.divergence > $threshold::DOUBLE))
 ),
 subtasks AS (
     SELECT arg_min(TraceId, first_seen) AS trace_id,
            list_transform(list_sort(flatten(list(spans))), lambda e: e.s) AS span_ids, run_id,
            agent_id AS agent, delegate_to, max(origin_task_id) AS origin_task_id, max(hop) AS hop,
-           root_raw, subtask_raw, source, min(first_seen) AS first_seen, max(last_seen) AS last_seen
-    FROM (SELECT * FROM explicit UNION ALL BY NAME SELECT * FROM inferred)
-    WHERE root_raw IS NOT NULL
-      AND ($agent::VARCHAR IS NULL OR $agent::VARCHAR IN (agent_id, delegate_to))
+           any_value(root_goal) AS root_goal, any_value(subtask) AS subtask, source,
+           any_value(score) AS divergence, bool_and(scored) AS scored, root_raw, subtask_raw,
+           min(first_seen) AS first_seen, max(last_seen) AS last_seen
+    FROM kept
     GROUP BY run_id, agent_id, delegate_to, root_raw, subtask_raw, source,
              CASE WHEN run_id IS NULL THEN TraceId END            -- without a run: per trace
-),
-pairs AS (
-    SELECT p.root_raw, p.subtask_raw, g.root_goal, g.subtask, g.divergence,
-           g.root_hash IS NOT NULL AS scored
-    FROM (SELECT DISTINCT root_raw, subtask_raw FROM subtasks) p
-    LEFT JOIN goal_scores g
-      ON g.root_hash = sha256(p.root_raw) AND g.subtask_hash = sha256(p.subtask_raw)
-     AND g.scorer = $scorer
 )
-SELECT t.trace_id, t.span_ids, t.run_id, t.agent, t.delegate_to, t.origin_task_id, t.hop,
-       p.root_goal, p.subtask, t.source, p.divergence, t.first_seen, t.last_seen,
-       CASE WHEN NOT p.scored THEN t.root_raw END AS _root_raw,
-       CASE WHEN NOT p.scored THEN t.subtask_raw END AS _subtask_raw
-FROM subtasks t JOIN pairs p USING (root_raw, subtask_raw)
-WHERE NOT p.scored OR p.divergence IS NOT NULL               -- a pair without task statements
-ORDER BY t.first_seen, t.trace_id, t.span_ids[1]                  -- a span is in one subtask only
+SELECT trace_id, span_ids, run_id, agent, delegate_to, origin_task_id, hop, root_goal, subtask,
+       source, divergence, first_seen, last_seen,
+       CASE WHEN NOT scored THEN root_raw END AS _root_raw,
+       CASE WHEN NOT scored THEN subtask_raw END AS _subtask_raw
+FROM subtasks
+ORDER BY first_seen, trace_id, span_ids[1]                     -- a span is in one subtask only

@@ -36,13 +36,15 @@ if not curves:
     )
 
 st.subheader("Goal-divergence distribution")
-frame = ui.load_metric(ctx, "goal_divergence")
+frame = ui.load_metric(ctx, "goal_divergence_distribution")  # subtasks per divergence value
 if frame is not None and frame.empty:
     ui.empty_state("delegated subtasks with goal texts")
 elif frame is not None:
     first = frame.iloc[0]
     label = threshold_label(float(first["threshold"]), bool(first["calibrated"]), first["threshold_version"])
     ui.plot(
-        divergence_histogram_figure(frame["divergence"], float(first["threshold"]), label),
+        divergence_histogram_figure(
+            frame["divergence"], float(first["threshold"]), label, weights=frame["subtasks"]
+        ),
         key="divergence_hist",
     )

@@ -13,13 +13,15 @@ st.caption(
     "subtasks above the threshold (red band) drifted from what was asked."
 )
 
-frame = ui.load_metric(ctx, "goal_divergence")
-if frame is not None:
-    if frame.empty:
+# The chart reads the spread of every subtask (counts per hop and divergence, computed in SQL);
+# the table lists the drifted subtasks, the rows of the goal_divergence detector.
+spread = ui.load_metric(ctx, "goal_divergence_distribution")
+if spread is not None:
+    if spread.empty:
         ui.empty_state("delegated subtasks with goal texts")
     else:
-        ui.plot(goal_divergence_figure(frame), key="divergence")
-        st.subheader("Subtasks above the threshold")
-        ui.findings_table(
-            finding_rows(frame, "goal_divergence"), "subtasks above the threshold", key="drifted"
-        )
+        ui.plot(goal_divergence_figure(spread, chain="chain"), key="divergence")
+frame = ui.load_metric(ctx, "goal_divergence")
+if frame is not None and (spread is None or not spread.empty):
+    st.subheader("Subtasks above the threshold")
+    ui.findings_table(finding_rows(frame, "goal_divergence"), "subtasks above the threshold", key="drifted")
