@@ -52,10 +52,14 @@ def group_loops(calls: pd.DataFrame) -> pd.DataFrame:
     pairs = calls[["call_idx", "similar_later"]].explode("similar_later").dropna()
     left = pairs["call_idx"].to_numpy(dtype=np.int64)
     right = pairs["similar_later"].to_numpy(dtype=np.int64)
+    # call_idx identifies a call (its rowid, unordered and sparse): map it to its row position
     order = calls["call_idx"].to_numpy(dtype=np.int64)
-    position = np.empty(order.max() + 1 if n else 0, dtype=np.int64)
-    position[order] = np.arange(n)
-    labels = connected_components(n, position[left], position[right]) if n else np.array([], int)
+    sorter = np.argsort(order, kind="stable")
+
+    def position(idx: np.ndarray) -> np.ndarray:
+        return sorter[np.searchsorted(order, idx, sorter=sorter)]
+
+    labels = connected_components(n, position(left), position(right)) if n else np.array([], int)
     calls = calls.assign(loop=labels)
     calls["rejected"] = calls["rejected"].astype(bool)
     refused = calls.groupby("loop")["rejected"].transform("sum")

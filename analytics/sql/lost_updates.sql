@@ -3,29 +3,29 @@
 -- Performance: writes are ordered (a window) only for keys of a run that two writers wrote.
 WITH ok_writes AS NOT MATERIALIZED (
     SELECT TraceId, SpanId, run_id, agent_id, state_key, state_version, state_expected_version,
-           Timestamp, start_ns
+           Timestamp, start_ns, hash(run_id, state_key) AS h  -- writes without a run: one h per key
     FROM spans
     WHERE {span_filter}
       AND op = 'write' AND state_key IS NOT NULL AND coalesce(outcome, 'ok') = 'ok'
       AND StatusCode <> 'Error'
 ),
-contested AS (  -- keys of a run written by more than one agent (NULL counts as an agent)
-    SELECT run_id, state_key
+contested AS (  -- keys of a run written by more than one agent (NULL counts as an agent), by the
+                -- hash of (run, key): a collision only lets a few more writes through
+    SELECT h
     FROM ok_writes
-    GROUP BY ALL
+    GROUP BY h
     HAVING min(agent_id) <> max(agent_id) OR (count(agent_id) > 0 AND count(agent_id) < count(*))
 ),
 writes AS (
-    SELECT w.*,
+    SELECT w.* EXCLUDE (h),
            lag(agent_id) OVER w AS prev_agent,
            lag(state_version) OVER w AS prev_version,
            lag(SpanId) OVER w AS prev_span,
            lag(Timestamp) OVER w AS prev_ts,
            lag(start_ns) OVER w AS prev_start_ns
     FROM ok_writes w
-    SEMI JOIN contested c  -- writes without a run form one partition, as in the window
-      ON w.run_id IS NOT DISTINCT FROM c.run_id AND w.state_key = c.state_key
-    WINDOW w AS (PARTITION BY run_id, state_key ORDER BY start_ns, SpanId)
+    JOIN contested c USING (h)  -- contested is distinct; writes without a run form one partition
+    WINDOW w AS (PARTITION BY h, run_id, state_key ORDER BY start_ns, SpanId)
 ),
 lost AS (
     SELECT o.*
@@ -56,4 +56,4 @@ SELECT TraceId AS trace_id,
        Timestamp AS last_seen
 FROM lost
 WHERE $agent::VARCHAR IS NULL OR $agent::VARCHAR IN (agent_id, prev_agent)
-ORDER BY first_seen, state_key
+ORDER BY first_seen, state_key, run_id, last_seen, span_ids  -- the last three only break ties
