@@ -6,7 +6,7 @@
 -- returns to a worker once, these need $min_inferred hand-offs instead of $min_delegations.
 -- Cost: every hand-off of a cycle is between one pair of agents, so only runs where some pair
 -- has enough hand-offs (counted over a few narrow columns) are read in full and ordered.
-WITH delegations AS (
+WITH delegations AS NOT MATERIALIZED (  -- scanned per use (narrow columns, conditions pushed down)
     SELECT run_id, agent_id, delegate_to, outcome
     FROM spans
     WHERE {span_filter} AND op = 'delegate'
@@ -15,11 +15,13 @@ delegating_runs AS (SELECT DISTINCT run_id FROM delegations),
 explicit_busy AS (  -- runs where one pair of agents has enough hand-offs for a cycle (n alternating
                     -- hand-offs are n // 2 or more each way); by hash, so a NULL run is one
                     -- partition as in the windows below
+    -- grouped by hashes of the run and the pair: a collision only adds up two pairs of a run
+    -- (their counts), which can only let a few more runs through
     SELECT DISTINCT hash(run_id) AS h
     FROM delegations
     WHERE agent_id IS NOT NULL AND delegate_to IS NOT NULL
       AND agent_id <> delegate_to AND coalesce(outcome, 'ok') <> 'rejected'
-    GROUP BY hash(run_id), least(agent_id, delegate_to), greatest(agent_id, delegate_to)
+    GROUP BY hash(run_id), hash(least(agent_id, delegate_to), greatest(agent_id, delegate_to))
     HAVING count(*) FILTER (WHERE agent_id < delegate_to) >= $min_delegations // 2
        AND count(*) FILTER (WHERE agent_id > delegate_to) >= $min_delegations // 2
 ),

@@ -1,7 +1,11 @@
 -- rejection_rates: guarded calls (spans with driftscope.outcome) per tool, state key, agent and
 -- time bucket. Rejections (a guard refused) are counted apart from errors (the tool failed).
 WITH calls AS NOT MATERIALIZED (
-    SELECT time_bucket(to_seconds($bucket_seconds::BIGINT), Timestamp) AS bucket_start,
+    -- the bucket as an integer (time_bucket's default origin, 2000-01-03, floor division):
+    -- cheaper to compute and to group by than a timestamp; turned back into one per group
+    SELECT (epoch_us(Timestamp) - 946857600000000) // ($bucket_seconds::BIGINT * 1000000)
+             - CASE WHEN (epoch_us(Timestamp) - 946857600000000) % ($bucket_seconds::BIGINT * 1000000) < 0
+                    THEN 1 ELSE 0 END AS bucket,
            coalesce(tool_name, SpanName) AS tool_name, state_key, agent_id,
            outcome, SpanId, run_id, Timestamp
     FROM spans
@@ -10,7 +14,7 @@ WITH calls AS NOT MATERIALIZED (
       AND ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
 ),
 counts AS (
-    SELECT bucket_start, tool_name, state_key, agent_id AS agent,
+    SELECT bucket, tool_name, state_key, agent_id AS agent,
            count(*) AS attempts,
            count(*) FILTER (WHERE outcome = 'rejected') AS rejections,
            count(*) FILTER (WHERE outcome = 'error') AS errors,
@@ -21,7 +25,7 @@ counts AS (
 ),
 -- Evidence lists from the refused calls only: list aggregates over every call cost 3x the counts.
 refused AS (
-    SELECT bucket_start, tool_name, state_key, agent_id AS agent,
+    SELECT bucket, tool_name, state_key, agent_id AS agent,
            list_sort(list(SpanId)) AS span_ids,
            list_sort(list(DISTINCT run_id)) AS run_ids
     FROM calls
@@ -29,13 +33,14 @@ refused AS (
     GROUP BY ALL
 ),
 buckets AS (
-    SELECT c.bucket_start, c.tool_name, c.state_key, c.agent, c.attempts, c.rejections, c.errors,
+    SELECT make_timestamp(946857600000000 + c.bucket * $bucket_seconds::BIGINT * 1000000) AS bucket_start,
+           c.tool_name, c.state_key, c.agent, c.attempts, c.rejections, c.errors,
            coalesce(r.span_ids, []::VARCHAR[]) AS span_ids,
            coalesce(r.run_ids, []::VARCHAR[]) AS run_ids,
            c.first_seen, c.last_seen
     FROM counts c
     LEFT JOIN refused r
-      ON c.bucket_start = r.bucket_start AND c.tool_name IS NOT DISTINCT FROM r.tool_name
+      ON c.bucket = r.bucket AND c.tool_name IS NOT DISTINCT FROM r.tool_name
      AND c.state_key IS NOT DISTINCT FROM r.state_key AND c.agent IS NOT DISTINCT FROM r.agent
 )
 SELECT *,
