@@ -47,11 +47,11 @@ def load_sql(name: str) -> str:
         raise ValueError(f"Expected a metric SQL name like 'lost_updates', got {name!r}")
     text = _read(name)
     # Fragments may include fragments; expand until none is left (fragments never recurse).
-    for fragment in ("constraint_cells", "held_versions", "filtered_spans", "span_filter"):
+    for fragment in ("constraint_cells", "held_versions", "filtered_spans", "span_filter", "run_scope"):
         placeholder = "{" + fragment + "}"
         if placeholder in text:
             body = _read("_" + fragment)
-            if fragment == "span_filter":  # a condition: parenthesised, on its own lines
+            if fragment in ("span_filter", "run_scope"):  # a condition: parenthesised, on its own lines
                 body = "(\n" + body.strip() + "\n)"
             text = text.replace(placeholder, body)
     return text

@@ -27,11 +27,9 @@ logger = logging.getLogger(__name__)
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 DEFAULT_URL = "http://127.0.0.1:4318"
 
-# Columns of analytics.browse.list_runs / GET /api/v1/runs.
-# Columns of ``run_totals``.
+# Columns of ``run_totals`` (analytics.browse.run_totals / GET /api/v1/runs/totals).
 RUN_TOTAL_COLUMNS = ["run_id", "spans", "rejected", "errors", "first_seen", "last_seen"]
-# The read API's largest page of runs, and how many recent runs the sidebar offers.
-API_RUN_LIMIT = 100_000
+# How many recent runs the sidebar offers.
 FILTER_RUN_LIMIT = 500
 
 RUN_COLUMNS = [
@@ -119,8 +117,24 @@ class HttpSource:
         self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
 
     def _get(self, path: str, params: dict | None = None, accept: str = "application/json", missing_ok=False):
+        return self._request("GET", path, params, accept, missing_ok=missing_ok)
+
+    def _post(self, path: str, body: dict, params: dict | None = None, accept: str = ARROW_STREAM):
+        return self._request("POST", path, params, accept, body=body)
+
+    def _frame(self, response) -> pd.DataFrame:
+        """A frame answer: Arrow IPC when the server sent it, else the JSON rows."""
+        if response.headers.get("content-type", "").startswith(ARROW_STREAM):
+            with pa.ipc.open_stream(response.content) as reader:
+                return reader.read_pandas()
+        body = response.json()
+        return pd.DataFrame(body.get("rows", []), columns=body.get("columns"))
+
+    def _request(self, method, path, params=None, accept="application/json", missing_ok=False, body=None):
         try:
-            response = self._client.get(path, params=params, headers={"Accept": accept})
+            response = self._client.request(
+                method, path, params=params, headers={"Accept": accept}, json=body
+            )
         except httpx.HTTPError as exc:
             raise SourceUnavailable(
                 f"Cannot reach the driftscope collector at {self.url} ({type(exc).__name__}). "
@@ -160,11 +174,7 @@ class HttpSource:
         response = self._get(
             f"/api/v1/metrics/{quote(name, safe='')}", window_params(window, filters), ARROW_STREAM
         )
-        if response.headers.get("content-type", "").startswith(ARROW_STREAM):
-            with pa.ipc.open_stream(response.content) as reader:
-                return reader.read_pandas()
-        body = response.json()
-        return pd.DataFrame(body.get("rows", []), columns=body.get("columns"))
+        return self._frame(response)
 
     def runs(self, window: Window, filters: Filters, limit: int = 500) -> pd.DataFrame:
         """Runs in the window, newest first (at most ``limit``)."""
@@ -182,39 +192,33 @@ class HttpSource:
         return str(body)
 
     def filter_options(self, window: Window) -> dict:
-        """Services, agents and run ids of the newest runs in the window."""
-        runs = self.runs(window, Filters(), limit=FILTER_RUN_LIMIT)
-        return {
-            "services": sorted({s for row in runs["services"] for s in row}),
-            "agents": sorted({a for row in runs["agents"] for a in row}),
-            "runs": [str(r) for r in runs["run_id"]],
-        }
+        """Services, agents and the newest run ids in the window (``/api/v1/filter-options``)."""
+        params = {**window_params(window, Filters()), "limit": str(FILTER_RUN_LIMIT)}
+        body = self._get("/api/v1/filter-options", params).json()
+        return {key: [str(v) for v in body.get(key, [])] for key in ("services", "agents", "runs")}
 
     def run_totals(self, window: Window, filters: Filters) -> pd.DataFrame:
-        """Every run in scope (the API's largest page of runs) with its counts."""
-        runs = self.runs(window, filters, limit=API_RUN_LIMIT)
-        if filters.run:
-            runs = runs[runs["run_id"] == filters.run]
-        return runs[RUN_TOTAL_COLUMNS].reset_index(drop=True)
+        """Every run in scope with its counts (``/api/v1/runs/totals``, no limit, Arrow)."""
+        response = self._get("/api/v1/runs/totals", window_params(window, filters), ARROW_STREAM)
+        return typed_run_totals(self._frame(response))
 
     def run_details(self, window: Window, filters: Filters, run_ids: list[str]) -> pd.DataFrame:
-        """``runs`` rows of the given runs."""
-        runs = self.runs(window, filters, limit=API_RUN_LIMIT)
-        return runs[runs["run_id"].isin(list(run_ids))].reset_index(drop=True)
+        """``runs`` rows of the given runs (``POST /api/v1/runs/details``)."""
+        if not run_ids:
+            return normalise_runs(pd.DataFrame(columns=RUN_COLUMNS))
+        response = self._post(
+            "/api/v1/runs/details", {"run_ids": [str(r) for r in run_ids]}, window_params(window, filters)
+        )
+        return normalise_runs(self._frame(response))
 
     def evidence_spans(self, keys: pd.DataFrame) -> pd.DataFrame:
-        """The spans named by (run_id, span_id) pairs: the spans of each run, read once per run."""
+        """The spans named by (run_id, span_id) pairs (``POST /api/v1/evidence-spans``)."""
         from dashboard.evidence import SPAN_COLUMNS
 
-        parts = []
-        for run_id, group in keys.groupby("run_id", sort=True):
-            spans = self.run_spans(str(run_id))
-            if spans.empty:
-                continue
-            chosen = spans[spans["span_id"].isin(set(group["span_id"]))].copy()
-            chosen["run_id"] = run_id
-            parts.append(chosen.reindex(columns=SPAN_COLUMNS))
-        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=SPAN_COLUMNS)
+        if keys.empty:
+            return pd.DataFrame(columns=SPAN_COLUMNS)
+        pairs = [[str(r), str(s)] for r, s in zip(keys["run_id"], keys["span_id"], strict=True)]
+        return self._frame(self._post("/api/v1/evidence-spans", {"keys": pairs}))
 
     def run_spans(self, run_id: str) -> pd.DataFrame:
         """Every span of one run, in start order."""
@@ -330,41 +334,38 @@ class DuckDBFileSource:
 
     def data_version(self) -> str:
         """Span count and newest ingest time."""
-        from dashboard import file_queries
+        from analytics import browse
 
-        return self._browse(file_queries.data_version)
+        return self._browse(browse.data_version)
 
     def filter_options(self, window: Window) -> dict:
         """Services, agents and the newest run ids in the window, aggregated in SQL."""
-        from dashboard import file_queries
+        from analytics import browse
 
-        return self._browse(file_queries.filter_options, window, FILTER_RUN_LIMIT)
+        return self._browse(browse.filter_options, window, FILTER_RUN_LIMIT)
 
     def run_totals(self, window: Window, filters: Filters) -> pd.DataFrame:
         """Every run in scope with its counts (one aggregate query, no lists)."""
-        from dashboard import file_queries
+        from analytics import browse
 
-        frame = self._browse(file_queries.run_totals, window, filters)
-        for column in ("spans", "rejected", "errors"):
-            frame[column] = frame[column].astype(int)
-        return frame[RUN_TOTAL_COLUMNS]
+        return typed_run_totals(self._browse(browse.run_totals, window, filters))
 
     def run_details(self, window: Window, filters: Filters, run_ids: list[str]) -> pd.DataFrame:
         """``runs`` rows of the given runs only."""
-        from dashboard import file_queries
+        from analytics import browse
 
         if not run_ids:
             return normalise_runs(pd.DataFrame(columns=RUN_COLUMNS))
-        return normalise_runs(self._browse(file_queries.run_details, window, filters, list(run_ids)))
+        return normalise_runs(self._browse(browse.run_details, window, filters, list(run_ids)))
 
     def evidence_spans(self, keys: pd.DataFrame) -> pd.DataFrame:
         """The spans named by (run_id, span_id) pairs, in one joined query."""
-        from dashboard import file_queries
+        from analytics import browse
         from dashboard.evidence import SPAN_COLUMNS
 
         if keys.empty:
             return pd.DataFrame(columns=SPAN_COLUMNS)
-        return self._browse(file_queries.evidence_spans, keys)
+        return self._browse(browse.evidence_spans, keys)
 
     def thresholds(self) -> pd.DataFrame:
         """The thresholds in force (newest calibrated version, else the default), with provenance."""
@@ -395,6 +396,14 @@ def metric_description(metric) -> dict:
         "failure_mode": getattr(metric, "failure_mode", None),
         "mast_category": getattr(metric, "mast_category", None),
     }
+
+
+def typed_run_totals(frame: pd.DataFrame) -> pd.DataFrame:
+    """``run_totals`` columns with integer counts (an empty answer keeps its columns)."""
+    frame = frame.reindex(columns=RUN_TOTAL_COLUMNS)
+    for column in ("spans", "rejected", "errors"):
+        frame[column] = frame[column].fillna(0).astype(int)
+    return frame
 
 
 def normalise_runs(frame: pd.DataFrame) -> pd.DataFrame:

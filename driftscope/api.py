@@ -31,6 +31,8 @@ ARROW = "application/vnd.apache.arrow.stream"
 FILTER_PARAMS = ("service", "agent", "run", "origin_task")
 WINDOW_PARAMS = ("since", "until")
 MAX_PARAM_CHARS = 512
+# Largest JSON body a lookup (POST) endpoint reads: 10,000 evidence keys of two ids each fit.
+MAX_LOOKUP_BODY = 2 * 1024 * 1024
 
 
 class BadParameterError(ValueError):
@@ -123,6 +125,30 @@ def parse_query(request: Request, allowed: tuple[str, ...]) -> dict[str, Any]:
     return params
 
 
+async def read_json_list(request: Request, key: str) -> list:
+    """The list under ``key`` of a small JSON object body (the lookup endpoints' only input)."""
+    body = await request.body()
+    if len(body) > MAX_LOOKUP_BODY:
+        raise BadParameterError(
+            f"request body is over {MAX_LOOKUP_BODY} bytes; ask for fewer items at a time"
+        )
+    try:
+        payload = json.loads(body or b"null")
+    except ValueError:
+        raise BadParameterError(f'expected a JSON object like {{"{key}": [...]}} as the body') from None
+    if not isinstance(payload, dict) or not isinstance(payload.get(key), list) or set(payload) != {key}:
+        raise BadParameterError(f'expected a JSON object with exactly one key, {{"{key}": [...]}}')
+    return payload[key]
+
+
+def _text_items(name: str, items: list, limit: int) -> list[str]:
+    if len(items) > limit:
+        raise BadParameterError(f"{name}: at most {limit} items per request, got {len(items)}")
+    if not all(isinstance(item, str) for item in items):
+        raise BadParameterError(f"{name} must be a list of strings")
+    return [_text_param(name, item) for item in items]
+
+
 def build_api_routes(
     cursor_factory: Callable, token: str | None, health_extra: Callable[[], dict]
 ) -> list[Route]:
@@ -183,6 +209,33 @@ def build_api_routes(
             return JSONResponse({"error": f"no spans for run {run_id[:80]!r}"}, status_code=404)
         return frame_response(request, frame, {"run": run_id})
 
+    async def run_totals(request: Request) -> Response:
+        params = parse_query(request, WINDOW_PARAMS + FILTER_PARAMS)
+        frame = await run(queries.run_totals, params)
+        return frame_response(request, frame)
+
+    async def run_details(request: Request) -> Response:
+        params = parse_query(request, WINDOW_PARAMS + FILTER_PARAMS)
+        run_ids = _text_items("run_ids", await read_json_list(request, "run_ids"), queries.MAX_LOOKUP_ITEMS)
+        frame = await run(queries.run_details, params, run_ids)
+        return frame_response(request, frame)
+
+    async def filter_options(request: Request) -> Response:
+        params = parse_query(request, WINDOW_PARAMS + ("limit",))
+        options = await run(queries.filter_options, params)
+        return Response(dumps(options), media_type="application/json")
+
+    async def evidence_spans(request: Request) -> Response:
+        parse_query(request, ())
+        keys = await read_json_list(request, "keys")
+        if len(keys) > queries.MAX_LOOKUP_ITEMS:
+            raise BadParameterError(f"keys: at most {queries.MAX_LOOKUP_ITEMS} per request, got {len(keys)}")
+        if not all(isinstance(k, list) and len(k) == 2 and all(isinstance(v, str) for v in k) for k in keys):
+            raise BadParameterError('keys must be [run_id, span_id] pairs of strings, e.g. [["r1", "ab12"]]')
+        pairs = [(_text_param("run_id", r), _text_param("span_id", s)) for r, s in keys]
+        frame = await run(queries.evidence_spans, pairs)
+        return frame_response(request, frame)
+
     async def thresholds(request: Request) -> Response:
         parse_query(request, ())
         frame = await run(queries.list_thresholds)
@@ -193,6 +246,10 @@ def build_api_routes(
         Route("/api/v1/metrics", guarded(list_metrics), methods=["GET"]),
         Route("/api/v1/metrics/{name}", guarded(metric), methods=["GET"]),
         Route("/api/v1/runs", guarded(runs), methods=["GET"]),
+        Route("/api/v1/runs/totals", guarded(run_totals), methods=["GET"]),
+        Route("/api/v1/runs/details", guarded(run_details), methods=["POST"]),
+        Route("/api/v1/filter-options", guarded(filter_options), methods=["GET"]),
+        Route("/api/v1/evidence-spans", guarded(evidence_spans), methods=["POST"]),
         Route("/api/v1/runs/{run_id:path}/spans", guarded(run_spans), methods=["GET"]),
         Route("/api/v1/thresholds", guarded(thresholds), methods=["GET"]),
     ]

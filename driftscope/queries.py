@@ -63,6 +63,30 @@ def list_runs(cursor: duckdb.DuckDBPyConnection, params: dict) -> pd.DataFrame:
     return browse.list_runs(cursor, window, filters, params.get("limit", 500))
 
 
+# Most run ids or evidence keys one lookup request may name.
+MAX_LOOKUP_ITEMS = browse.MAX_EVIDENCE_KEYS
+
+
+def run_totals(cursor: duckdb.DuckDBPyConnection, params: dict) -> pd.DataFrame:
+    window, filters = window_and_filters(params)
+    return browse.run_totals(cursor, window, filters)
+
+
+def run_details(cursor: duckdb.DuckDBPyConnection, params: dict, run_ids: list[str]) -> pd.DataFrame:
+    window, filters = window_and_filters(params)
+    return browse.run_details(cursor, window, filters, run_ids)
+
+
+def filter_options(cursor: duckdb.DuckDBPyConnection, params: dict) -> dict:
+    window, _ = window_and_filters(params)
+    return browse.filter_options(cursor, window, params.get("limit", 500))
+
+
+def evidence_spans(cursor: duckdb.DuckDBPyConnection, pairs: list[tuple[str, str]]) -> pd.DataFrame:
+    keys = pd.DataFrame(pairs, columns=["run_id", "span_id"])
+    return browse.evidence_spans(cursor, keys)
+
+
 def run_spans(cursor: duckdb.DuckDBPyConnection, run_id: str, limit: int) -> pd.DataFrame:
     return browse.run_spans(cursor, run_id, limit)
 

@@ -100,7 +100,7 @@ def _combinations(values: dict):
 DETECTOR_SQL = sorted(
     p.stem
     for p in SQL_DIR.glob("*.sql")
-    if not p.stem.startswith("_") and p.stem not in ("run_spans", "list_runs")
+    if not p.stem.startswith("_") and p.stem not in ("run_spans", "list_runs", "evidence_spans")
 )
 
 

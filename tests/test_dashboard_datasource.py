@@ -73,6 +73,69 @@ def test_http_and_file_sources_agree_on_runs_spans_thresholds_and_findings(sourc
 
 
 @pytest.mark.slow
+def test_http_and_file_sources_agree_on_browse_queries(sources):
+    http, offline = sources
+    everything = offline.runs(Window(), Filters())
+    agent = sorted({a for agents in everything["agents"] for a in agents})[0]
+    for filters in (
+        Filters(),
+        Filters(agent=agent),
+        Filters(run=XSS_RUN),
+        Filters(service="no-such-service"),
+    ):
+        remote, local = http.run_totals(Window(), filters), offline.run_totals(Window(), filters)
+        assert _comparable(remote) == _comparable(local), filters
+        assert list(local.columns) == ["run_id", "spans", "rejected", "errors", "first_seen", "last_seen"]
+    totals = offline.run_totals(Window(), Filters())
+    assert set(totals["run_id"]) == set(everything["run_id"])
+    assert dict(zip(totals["run_id"], totals["spans"], strict=True)) == dict(
+        zip(everything["run_id"], everything["spans"], strict=True)
+    )
+    chosen = list(everything["run_id"][:2]) + ["no-such-run"]
+    remote, local = (
+        http.run_details(Window(), Filters(), chosen),
+        offline.run_details(Window(), Filters(), chosen),
+    )
+    assert _comparable(remote) == _comparable(local) and set(local["run_id"]) == set(chosen[:2])
+    assert http.filter_options(Window()) == offline.filter_options(Window())
+    options = offline.filter_options(Window())
+    assert agent in options["agents"] and set(options["runs"]) == set(everything["run_id"])
+    spans = offline.run_spans(XSS_RUN)
+    keys = pd.DataFrame(
+        {"run_id": [XSS_RUN] * 2 + ["no-such-run"], "span_id": list(spans["span_id"][:2]) + ["00"]}
+    )
+    remote, local = http.evidence_spans(keys), offline.evidence_spans(keys)
+    assert _comparable(remote) == _comparable(local)
+    assert sorted(local["span_id"]) == sorted(spans["span_id"][:2])
+
+
+@pytest.mark.slow
+def test_lookup_endpoints_refuse_bad_bodies_with_what_to_send(sources):
+    import httpx
+
+    http, _ = sources
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    cases = [
+        ("/api/v1/evidence-spans", b"not json", "JSON object"),
+        ("/api/v1/evidence-spans", json.dumps({"keys": [["only-one"]]}).encode(), "[run_id, span_id] pairs"),
+        ("/api/v1/evidence-spans", json.dumps({"keys": [], "extra": 1}).encode(), "exactly one key"),
+        ("/api/v1/evidence-spans", json.dumps({"keys": [["r", "s"]] * 10_001}).encode(), "at most 10000"),
+        ("/api/v1/runs/details", json.dumps({"run_ids": [1, 2]}).encode(), "list of strings"),
+        ("/api/v1/runs/details", json.dumps({"run_ids": ["x\u0000"]}).encode(), "control characters"),
+    ]
+    for path, body, message in cases:
+        response = httpx.post(http.url + path, content=body, headers=headers, timeout=30)
+        assert response.status_code == 400 and message in response.json()["error"], (path, response.text)
+    assert httpx.post(http.url + "/api/v1/evidence-spans", json={"keys": []}, timeout=30).status_code == 401
+    response = httpx.get(
+        http.url + "/api/v1/filter-options", params={"limit": "0"}, headers=headers, timeout=30
+    )
+    assert response.status_code == 400 and "limit" in response.json()["error"]
+    # the store still answers after every refusal
+    assert http.filter_options(Window())["runs"]
+
+
+@pytest.mark.slow
 def test_reports_from_the_api_and_from_a_file_match(sources):
     http, offline = sources
     remote = json.loads(build_report(http, Window(), Filters(), None, "json"))

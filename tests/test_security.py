@@ -61,6 +61,15 @@ def test_injection_strings_in_every_filter_match_nothing_and_change_nothing(load
             assert response.status_code == 200 and response.json()["rows"] == []
             response = client.get(f"{base}/api/v1/runs/{value}/spans", follow_redirects=True)
             assert response.status_code in (400, 404)
+            params = dict.fromkeys(("service", "agent", "run", "origin_task"), value)
+            response = client.get(f"{base}/api/v1/runs/totals", params=params)
+            assert response.status_code == 200 and response.json()["rows"] == [], value
+            response = client.post(f"{base}/api/v1/runs/details", json={"run_ids": [value, "run-1"]})
+            assert response.status_code in (200, 400), value
+            if response.status_code == 200:  # only the real run answers
+                assert [r["run_id"] for r in response.json()["rows"]] == ["run-1"]
+            response = client.post(f"{base}/api/v1/evidence-spans", json={"keys": [[value, value]]})
+            assert response.status_code in (200, 400) and response.json().get("rows", []) == [], value
         too_long = client.get(f"{base}/api/v1/runs", params={"service": "x" * 513})
         assert too_long.status_code == 400 and "longer than 512" in too_long.json()["error"]
         control = client.get(f"{base}/api/v1/runs", params={"service": "a\x01b"})

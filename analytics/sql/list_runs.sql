@@ -12,13 +12,8 @@ SELECT
     max(hop)                                         AS max_hop,
     any_value(scenario) AS scenario
 FROM spans
-WHERE ($since IS NULL OR Timestamp >= $since)
-  AND ($until IS NULL OR Timestamp <= $until)
-  AND ($service IS NULL OR ServiceName = $service)
-  AND ($run IS NULL OR run_id = $run)
-  -- agent / origin task select whole runs they took part in, so the run's totals stay whole
-  AND ($agent IS NULL OR run_id IN (SELECT run_id FROM spans WHERE agent_id = $agent))
-  AND ($origin_task IS NULL OR run_id IN (SELECT run_id FROM spans WHERE origin_task_id = $origin_task))
+WHERE {run_scope}
+  AND ($runs::VARCHAR[] IS NULL OR run_id IN (SELECT unnest($runs::VARCHAR[])))
 GROUP BY run_id
-ORDER BY last_seen DESC
+ORDER BY last_seen DESC, run_id
 LIMIT $limit
