@@ -27,11 +27,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SECTIONS = ("ingest", "queries", "embeddings", "dashboard")
 FULL = {
     "ingest_spans": 200_000,
-    "memory_spans": 1_000_000,
+    # The sizes: peak RSS across a 10M-span ingest (~15-20 min on 2 cores) and every
+    # detector at 100k, 1M and 10M stored spans (growing to 10M takes ~3 min).
+    "memory_spans": 10_000_000,
     "embedding_ingest_spans": 100_000,
-    # 10M is opt-in (--sizes ... 10000000): growing to it and timing every detector there takes
-    # over an hour on a 2-core box at today's detector speeds (docs/performance.md).
-    "sizes": [100_000, 1_000_000],
+    "sizes": [100_000, 1_000_000, 10_000_000],
     "repeats": 5,
     "texts": 2048,
     "base_spans": 4096,
