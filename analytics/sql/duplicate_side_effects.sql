@@ -2,23 +2,21 @@
 -- by the same side-effecting tool with the same normalized arguments. Executed = not refused by a
 -- guard and not failed. A by-arguments group whose calls all share one idempotency key is the
 -- same finding as that key's group and is reported once.
--- Cost: only the columns used are read (two scans, so each one's selective condition is pushed
--- into it); arguments are normalized once per distinct string; groups that repeat are found by
--- a hash of their key first, and the evidence lists are built for those groups only.
-WITH effects AS MATERIALIZED (
+-- Cost: only the columns used are read, straight from `spans` per use (so each use's selective
+-- condition is pushed into its scan: by key, every executed call with a key; by arguments,
+-- executed side effects); arguments are normalized once per distinct string; groups that repeat
+-- are found by a hash of their key first, and the evidence lists are built for those groups only.
+WITH executed AS NOT MATERIALIZED (
     SELECT TraceId, SpanId, run_id, agent_id, tool_name, idempotency_key, side_effect, Timestamp,
            start_ns, coalesce(tool_args, '') AS raw_args
     FROM spans
-    WHERE {span_filter} AND side_effect
-      AND coalesce(outcome, 'ok') = 'ok' AND StatusCode <> 'Error' AND op IS DISTINCT FROM 'read'
-    UNION ALL
-    SELECT TraceId, SpanId, run_id, agent_id, tool_name, idempotency_key, side_effect, Timestamp,
-           start_ns, coalesce(tool_args, '') AS raw_args
-    FROM spans
-    WHERE {span_filter} AND idempotency_key IS NOT NULL AND side_effect IS NOT TRUE
+    WHERE {span_filter}
       AND coalesce(outcome, 'ok') = 'ok' AND StatusCode <> 'Error' AND op IS DISTINCT FROM 'read'
 ),
-keyed AS (SELECT *, hash(run_id, idempotency_key) AS h FROM effects WHERE idempotency_key IS NOT NULL),
+keyed AS NOT MATERIALIZED (  -- side effects and other calls with an idempotency key
+    SELECT *, hash(run_id, idempotency_key) AS h FROM executed WHERE idempotency_key IS NOT NULL
+),
+effects AS NOT MATERIALIZED (SELECT * FROM executed WHERE side_effect AND tool_name IS NOT NULL),
 by_key AS (
     SELECT 'idempotency_key' AS matched_by, run_id, min(tool_name) AS tool_name,
            idempotency_key, NULL::VARCHAR AS norm_args, count(*) AS executions,
@@ -36,13 +34,12 @@ normalized AS MATERIALIZED (
         SELECT raw_args,
                regexp_replace(regexp_replace(lower(trim(raw_args)), '\s+', ' ', 'g'),
                               '\s*([{}\[\]:,"])\s*', '\1', 'g') AS norm_args
-        FROM (SELECT DISTINCT raw_args FROM effects WHERE side_effect AND tool_name IS NOT NULL)
+        FROM (SELECT DISTINCT raw_args FROM effects)
     )
 ),
 with_args AS (
     SELECT e.*, n.args_id, n.norm_args, hash(e.run_id, e.tool_name, n.args_id) AS h
     FROM effects e JOIN normalized n USING (raw_args)
-    WHERE e.side_effect AND e.tool_name IS NOT NULL
 ),
 by_args AS (
     SELECT 'arguments' AS matched_by, run_id, tool_name,
