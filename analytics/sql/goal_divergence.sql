@@ -9,8 +9,8 @@ WITH {goal_subtasks},
 kept AS (
     SELECT s.*, p.root_goal, p.subtask, p.divergence, p.score, p.scored
     FROM statement_rows s JOIN pairs p USING (root_raw, subtask_raw)
-    WHERE NOT p.scored                                       -- a pair without task statements
-       OR (p.divergence IS NOT NULL
+    WHERE NOT p.scored                                   -- scored in Python, then filtered
+       OR (p.divergence IS NOT NULL                      -- NULL: a pair without task statements
            AND ($threshold::DOUBLE IS NULL OR p.divergence > $threshold::DOUBLE))
 ),
 subtasks AS (
