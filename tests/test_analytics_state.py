@@ -6,7 +6,7 @@ import pytest
 
 from analytics import Filters, Window, list_metrics, run_metric
 from analytics.registry import METRICS
-from tests.fixtures_analytics import insert_spans, make_span, new_db
+from tests.fixtures_analytics import BASE_TIME, insert_spans, make_span, new_db
 
 DETECTORS = [
     "divergent_reads", "lost_updates", "rejection_rates", "constraint_ledger", "constraint_drops",
@@ -163,3 +163,37 @@ def test_filters_window_run_and_agent_restrict_findings():
     from tests.fixtures_analytics import BASE_TIME
 
     assert run_metric(conn, "divergent_reads", Window(until=BASE_TIME)).empty
+
+
+@pytest.mark.parametrize("when", ["1999-12-31 23:59:59.5", "2000-01-03 00:00:00", "2026-03-01 10:17:03"])
+def test_rejection_rate_buckets_start_where_time_bucket_puts_them(when):
+    # rejection_rates buckets calls by integer division from time_bucket's origin (2000-01-03);
+    # calls before the origin need floor division, not truncation.
+    from datetime import datetime
+
+    start = datetime.fromisoformat(when)
+    offset = (start - BASE_TIME).total_seconds()
+    conn = new_db()
+    call = dict(agent_id="a", tool_name="send", outcome="rejected")
+    insert_spans(conn, [make_span(offset, **call), make_span(offset + 30, **call)])
+    found = run_metric(conn, "rejection_rates")
+    (seconds,) = set(found.bucket_seconds)
+    expected = conn.execute(
+        "SELECT time_bucket(to_seconds(?::BIGINT), Timestamp) AS b, count(*) FROM spans GROUP BY b ORDER BY b",
+        [seconds],
+    ).fetchall()
+    assert list(zip(found.bucket_start, found.attempts, strict=True)) == expected
+
+
+def test_lost_updates_with_equal_first_seen_and_key_are_ordered_by_run():
+    conn = new_db()
+    write = dict(op="write", state_key="k", outcome="ok")
+    rows = []
+    for run in ("run-b", "run-a", "run-c"):
+        rows += [
+            make_span(0, run=run, agent_id="a", state_version="v1", **write),
+            make_span(1, run=run, agent_id="b", state_version="v2", **write),
+        ]
+    insert_spans(conn, rows)
+    found = run_metric(conn, "lost_updates")
+    assert list(found.run_id) == ["run-a", "run-b", "run-c"]
