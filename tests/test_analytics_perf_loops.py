@@ -121,6 +121,26 @@ def test_repeated_calls_needs_three_calls_of_one_failing_class():
     assert loops.loc[0, "calls"] == 3 and loops.loc[0, "failing"]
 
 
+def test_repeated_calls_stored_out_of_time_order_form_one_loop_listed_by_start():
+    # calls are identified by their rowid, which follows storage, not time
+    conn = new_db()
+    call = dict(agent_id="a", tool_name="search", tool_args={"q": "weather in paris"})
+    rows = [make_span(t, **call) for t in (30, 10, 20)]
+    rows.insert(1, make_span(15, agent_id="a", tool_name="fetch", tool_args={"url": "x"}))
+    rows.insert(0, make_span(5, agent_id="b", tool_name="search", tool_args={"q": "weather in paris"}))
+    insert_spans(conn, rows)
+    loops = run_metric(conn, "repeated_calls")
+    assert len(loops) == 1 and loops.loc[0, "calls"] == 3 and loops.loc[0, "kind"] == "exact"
+    assert list(loops.loc[0, "span_ids"]) == [rows[3]["SpanId"], rows[4]["SpanId"], rows[1]["SpanId"]]
+
+
+def test_repeated_calls_without_a_run_are_not_a_loop():
+    conn = new_db()
+    call = dict(agent_id="a", tool_name="search", tool_args={"q": "same"}, run_id=None)
+    insert_spans(conn, [make_span(t, **call) for t in range(4)])
+    assert run_metric(conn, "repeated_calls").empty
+
+
 def test_duplicate_side_effect_spellings_count_each_execution_once():
     conn = new_db()
     send = dict(agent_id="a", tool_name="send_email", side_effect=True, outcome="ok")
