@@ -11,7 +11,8 @@
 -- Other traces (OpenInference / OpenLLMetry, no driftscope.goal.* in the trace): root = the
 -- input of the trace's top agent/chain span, subtasks = the inputs of nested agent spans.
 -- Subtasks a guard refused are left out (they did not happen), and a guard's check span is
--- folded into the delegation it checked. `pairs` has one row per distinct text pair: its task
+-- folded into the delegation it checked. `pairs` has one row per distinct text pair: `pair_id`
+-- (a number for grouping on instead of the two texts), its task
 -- statements, `score` (1 - cosine) and `divergence` (rounded to 4 decimals exactly as numpy.round
 -- does: x * 1e4 rounded half to even, / 1e4), `scored` false when goal_scores has no row for it yet (analytics.goals
 -- scores those in Python and runs the statement again, or fills the rows it returned).
@@ -87,7 +88,7 @@ statement_rows AS (
       AND ($agent::VARCHAR IS NULL OR $agent::VARCHAR IN (agent_id, delegate_to))
 ),
 pairs AS (
-    SELECT p.root_raw, p.subtask_raw, g.root_goal, g.subtask,
+    SELECT row_number() OVER () AS pair_id, p.root_raw, p.subtask_raw, g.root_goal, g.subtask,
            round_even(g.divergence * 10000, 0) / 10000 AS divergence, g.divergence AS score,
            g.root_hash IS NOT NULL AS scored
     FROM (SELECT DISTINCT root_raw, subtask_raw FROM statement_rows) p

@@ -7,7 +7,7 @@
 -- grouped into subtasks, so span lists are merged and sorted only for the subtasks returned.
 WITH {goal_subtasks},
 kept AS (
-    SELECT s.*, p.root_goal, p.subtask, p.divergence, p.score, p.scored
+    SELECT s.*, p.pair_id, p.root_goal, p.subtask, p.divergence, p.score, p.scored
     FROM statement_rows s JOIN pairs p USING (root_raw, subtask_raw)
     WHERE NOT p.scored                                   -- scored in Python, then filtered
        OR (p.divergence IS NOT NULL                      -- NULL: a pair without task statements
@@ -18,10 +18,11 @@ subtasks AS (
            list_transform(list_sort(flatten(list(spans))), lambda e: e.s) AS span_ids, run_id,
            agent_id AS agent, delegate_to, max(origin_task_id) AS origin_task_id, max(hop) AS hop,
            any_value(root_goal) AS root_goal, any_value(subtask) AS subtask, source,
-           any_value(score) AS divergence, bool_and(scored) AS scored, root_raw, subtask_raw,
+           any_value(score) AS divergence, bool_and(scored) AS scored,
+           any_value(root_raw) AS root_raw, any_value(subtask_raw) AS subtask_raw,
            min(first_seen) AS first_seen, max(last_seen) AS last_seen
     FROM kept
-    GROUP BY run_id, agent_id, delegate_to, root_raw, subtask_raw, source,
+    GROUP BY run_id, agent_id, delegate_to, pair_id, source,   -- pair_id: (root_raw, subtask_raw)
              CASE WHEN run_id IS NULL THEN TraceId END            -- without a run: per trace
 )
 SELECT trace_id, span_ids, run_id, agent, delegate_to, origin_task_id, hop, root_goal, subtask,

@@ -12,7 +12,7 @@ subtasks AS (
            any_value(p.subtask) AS subtask, any_value(p.divergence) AS divergence
     FROM statement_rows s JOIN pairs p USING (root_raw, subtask_raw)
     WHERE p.divergence IS NOT NULL
-    GROUP BY s.run_id, s.agent_id, s.delegate_to, s.root_raw, s.subtask_raw, s.source,
+    GROUP BY s.run_id, s.agent_id, s.delegate_to, p.pair_id, s.source,   -- pair: the two texts
              CASE WHEN s.run_id IS NULL THEN s.TraceId END
 ),
 counted AS (SELECT count(DISTINCT chain) AS chains FROM subtasks),

@@ -9,7 +9,7 @@ per_subtask AS (                                         -- a subtask's statemen
     SELECT s.run_id, max(p.divergence) AS divergence
     FROM statement_rows s JOIN pairs p USING (root_raw, subtask_raw)
     WHERE s.run_id IS NOT NULL AND p.divergence IS NOT NULL
-    GROUP BY s.run_id, s.agent_id, s.delegate_to, s.root_raw, s.subtask_raw, s.source
+    GROUP BY s.run_id, s.agent_id, s.delegate_to, p.pair_id, s.source   -- pair: the two texts
 ),
 per_run AS (
     SELECT run_id, count(*) FILTER (WHERE divergence > $threshold::DOUBLE) AS drifted_subtasks,
