@@ -2,10 +2,11 @@
 -- by the same side-effecting tool with the same normalized arguments. Executed = not refused by a
 -- guard and not failed. A by-arguments group whose calls all share one idempotency key is the
 -- same finding as that key's group and is reported once.
--- Cost: only the columns used are read, straight from `spans` per use (so each use's selective
--- condition is pushed into its scan: by key, every executed call with a key; by arguments,
--- executed side effects); arguments are normalized once per distinct string; groups that repeat
--- are found by a hash of their key first, and the evidence lists are built for those groups only.
+-- Cost: groups that repeat are found first over narrow columns, by a hash of their key (a
+-- collision only keeps a few more groups); only their calls are then read in full and get
+-- evidence lists. Keyed calls and side effects are read straight from `spans` per use, so each
+-- use's selective condition is pushed into its scan; arguments are normalized once per distinct
+-- string.
 WITH executed AS NOT MATERIALIZED (
     SELECT TraceId, SpanId, run_id, agent_id, tool_name, idempotency_key, side_effect, Timestamp,
            start_ns, coalesce(tool_args, '') AS raw_args
@@ -13,23 +14,29 @@ WITH executed AS NOT MATERIALIZED (
     WHERE {span_filter}
       AND coalesce(outcome, 'ok') = 'ok' AND StatusCode <> 'Error' AND op IS DISTINCT FROM 'read'
 ),
-keyed AS NOT MATERIALIZED (  -- side effects and other calls with an idempotency key
-    SELECT *, hash(run_id, idempotency_key) AS h FROM executed WHERE idempotency_key IS NOT NULL
+repeated_keys AS (  -- (run, idempotency key) executed twice or more: side effects and other calls
+    SELECT hash(run_id, idempotency_key) AS h
+    FROM executed
+    WHERE idempotency_key IS NOT NULL
+    GROUP BY h
+    HAVING count(*) > 1
 ),
-effects AS NOT MATERIALIZED (SELECT * FROM executed WHERE side_effect AND tool_name IS NOT NULL),
 by_key AS (
     SELECT 'idempotency_key' AS matched_by, run_id, min(tool_name) AS tool_name,
            idempotency_key, NULL::VARCHAR AS norm_args, count(*) AS executions,
            list_transform(list_sort(list({'t': start_ns, 'id': SpanId})), lambda x: x.id) AS span_ids, min(TraceId) AS trace_id,
            list_sort(list_distinct(list(agent_id))) AS agents,
            min(Timestamp) AS first_seen, max(Timestamp) AS last_seen
-    FROM keyed
-    WHERE h IN (SELECT h FROM keyed GROUP BY h HAVING count(*) > 1)
+    FROM executed
+    WHERE idempotency_key IS NOT NULL
+      AND hash(run_id, idempotency_key) IN (SELECT h FROM repeated_keys)
     GROUP BY run_id, idempotency_key
     HAVING count(*) > 1
 ),
+effects AS NOT MATERIALIZED (SELECT * FROM executed WHERE side_effect AND tool_name IS NOT NULL),
 normalized AS MATERIALIZED (
-    SELECT raw_args, norm_args, dense_rank() OVER (ORDER BY norm_args) AS args_id  -- an integer to group by
+    SELECT raw_args, hash(raw_args) AS raw_hash, norm_args,
+           dense_rank() OVER (ORDER BY norm_args) AS args_id  -- an integer to group by
     FROM (
         SELECT raw_args,
                regexp_replace(regexp_replace(lower(trim(raw_args)), '\s+', ' ', 'g'),
@@ -37,9 +44,16 @@ normalized AS MATERIALIZED (
         FROM (SELECT DISTINCT raw_args FROM effects)
     )
 ),
+repeated_args AS (  -- (run, tool, normalized arguments) executed twice or more
+    SELECT hash(e.run_id, e.tool_name, n.args_id) AS h
+    FROM effects e JOIN normalized n ON hash(e.raw_args) = n.raw_hash
+    GROUP BY h
+    HAVING count(*) > 1
+),
 with_args AS (
-    SELECT e.*, n.args_id, n.norm_args, hash(e.run_id, e.tool_name, n.args_id) AS h
+    SELECT e.*, n.args_id, n.norm_args
     FROM effects e JOIN normalized n USING (raw_args)
+    WHERE hash(e.run_id, e.tool_name, n.args_id) IN (SELECT h FROM repeated_args)
 ),
 by_args AS (
     SELECT 'arguments' AS matched_by, run_id, tool_name,
@@ -48,7 +62,6 @@ by_args AS (
            list_sort(list_distinct(list(agent_id))) AS agents,
            min(Timestamp) AS first_seen, max(Timestamp) AS last_seen
     FROM with_args
-    WHERE h IN (SELECT h FROM with_args GROUP BY h HAVING count(*) > 1)
     GROUP BY run_id, tool_name, args_id
     HAVING count(*) > 1
        AND NOT (count(idempotency_key) = count(*) AND min(idempotency_key) = max(idempotency_key))
