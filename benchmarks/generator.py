@@ -97,13 +97,17 @@ class SpanGenerator:
         trace_id = (rng.getrandbits(64) | 1).to_bytes(8, "big") + self.namespace.to_bytes(8, "big")
         start = self.base_ns + index * RUN_STRIDE_NS
         ticket = f"ticket {self.ns_hex}-{index:06d}"
-        goal_root = f"{rng.choice(VERBS)} {rng.choice(OBJECTS)} for {ticket}"
+        verb, obj = rng.choice(VERBS), rng.choice(OBJECTS)
+        goal_root = f"{verb} {obj} for {ticket}"
         ledger = sorted(rng.sample(CONSTRAINTS, 4))
         origin_task = f"task-{self.ns_hex}-{index:06d}-0"
         # Injected failure modes, a few runs each.
         stale_writer = rng.random() < 0.15
         repeat_tool = rng.random() < 0.1
         reuse_key = rng.random() < 0.08
+        # Goal drift: one hop's subtask is about something else. The other hops restate the root
+        # goal with a qualifier, as a delegating planner does.
+        drift_hop = rng.randint(1, len(AGENTS)) if rng.random() < 0.1 else None
         spans: list[Span] = []
         clock = start
 
@@ -127,7 +131,11 @@ class SpanGenerator:
         versions = dict.fromkeys(STATE_KEYS, 0)
         for hop, agent in enumerate(AGENTS, start=1):
             task_id = f"task-{self.ns_hex}-{index:06d}-{hop}"
-            subtask = f"{rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(QUALIFIERS)} for {ticket}"
+            if hop == drift_hop:
+                other = rng.choice([o for o in OBJECTS if o != obj])
+                subtask = f"{rng.choice(VERBS)} {other} {rng.choice(QUALIFIERS)}"
+            else:
+                subtask = f"{verb} {obj} {rng.choice(QUALIFIERS)} for {ticket}"
             carried = ledger if rng.random() > 0.2 else ledger[: rng.randint(1, 3)]
             agent_span = new_span(f"invoke_agent {agent}", root.span_id, 5_000_000_000)
             _attr(agent_span, "gen_ai.operation.name", "invoke_agent")
