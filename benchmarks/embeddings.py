@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
 from pathlib import Path
@@ -26,41 +27,62 @@ def distinct_texts(count: int, seed: int) -> list[str]:
     ]
 
 
+def _embed_rate(texts: list[str], threads: int | None) -> dict:
+    """Time ``embed_texts`` over ``texts`` (new to this process) into a fresh in-memory cache."""
+    from analytics.embeddings import embed_texts, text_hash
+
+    assert len({text_hash(text) for text in texts}) == len(texts), "texts must be distinct"
+    conn = duckdb.connect(":memory:")
+    apply_migrations(conn)
+    start, cpu_start = time.perf_counter(), time.process_time()
+    vectors = embed_texts(texts, conn, threads=threads)
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    stored = conn.execute("SELECT count(*) FROM embeddings").fetchone()[0]
+    start = time.perf_counter()
+    embed_texts(texts, conn, threads=threads)
+    again = time.perf_counter() - start
+    conn.close()
+    return {
+        "texts": len(texts),
+        "elapsed_s": round(elapsed, 3),
+        "texts_per_s": round(len(texts) / elapsed, 1),
+        "texts_per_cpu_s": round(len(texts) / cpu, 1),
+        "vectors_shape": list(vectors.shape),
+        "rows_in_cache": stored,
+        "cached_repeat_s": round(again, 4),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
 def texts_per_second(count: int, seed: int = 11) -> dict:
     """Embed ``count`` new distinct texts through ``embed_texts`` (cache table in memory).
 
-    Besides texts per wall-clock second it reports texts per CPU-second of this process (every
-    thread of the runtime included), which depends much less on what else the box is running.
+    The headline rate is the call as detectors make it (``threads`` None: every core, as
+    ``goal_divergence`` embeds what the worker has not). ``single_thread`` embeds another
+    ``count`` new texts with ``threads=1``, as the background worker does. Besides texts per
+    wall-clock second each reports texts per CPU-second of this process (every thread of the
+    runtime included), which depends much less on what else the box is running, and the mean
+    token count of the texts ([CLS] and [SEP] included), which the cost per text follows.
     """
-    import os
-
-    from analytics.embeddings import embed_texts, load_model
+    from analytics.embeddings import load_model
 
     load_start = time.perf_counter()
     model = load_model()
     load_s = time.perf_counter() - load_start
-    conn = duckdb.connect(":memory:")
-    apply_migrations(conn)
     texts = distinct_texts(count, seed)
-    start, cpu_start = time.perf_counter(), time.process_time()
-    vectors = embed_texts(texts, conn)
-    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-    stored = conn.execute("SELECT count(*) FROM embeddings").fetchone()[0]
-    start = time.perf_counter()
-    embed_texts(texts, conn)
-    again = time.perf_counter() - start
-    conn.close()
+    result = _embed_rate(texts, threads=None)
+    single_texts = distinct_texts(count, seed + 1)
+    single = _embed_rate(single_texts, threads=1)
+    tokenize = getattr(model, "tokenize", None)
+    if tokenize is not None:
+        result["mean_tokens"] = round(sum(map(len, tokenize(texts))) / max(1, count), 1)
+        single["mean_tokens"] = round(sum(map(len, tokenize(single_texts))) / max(1, count), 1)
     return {
-        "texts": count,
+        **result,
+        "threads": os.cpu_count(),
         "model_load_s": round(load_s, 2),
-        "elapsed_s": round(elapsed, 3),
-        "texts_per_s": round(count / elapsed, 1),
-        "texts_per_cpu_s": round(count / cpu, 1),
         "runtime": getattr(model, "runtime", type(model).__name__),
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-        "vectors_shape": list(vectors.shape),
-        "rows_in_cache": stored,
-        "cached_repeat_s": round(again, 4),
+        "single_thread": single,
     }
 
 
