@@ -5,7 +5,8 @@
 -- Performance: the per-agent ordering (a window) runs only over the keys of a run where such a
 -- pair is possible at all: two agents read one version of it and two agents wrote it.
 WITH all_touches AS NOT MATERIALIZED (  -- a pair compares run ids, so touches without a run never pair
-    SELECT run_id, TraceId, SpanId, agent_id, state_key, state_version, op, Timestamp, start_ns
+    SELECT run_id, TraceId, SpanId, agent_id, state_key, state_version, op, Timestamp, start_ns,
+           hash(run_id, state_key) AS h
     FROM spans
     WHERE {span_filter}
       AND state_key IS NOT NULL AND agent_id IS NOT NULL AND op IN ('read', 'write')
@@ -15,25 +16,25 @@ shared_keys AS (  -- keys of a run two agents read at the same version and two a
                   -- a hash of (run, key) (cheaper to group than the strings; a collision only
                   -- lets the touches of a few more keys through, the pairs compare the columns)
     SELECT h FROM (
-        SELECT hash(run_id, state_key) AS h
+        SELECT h
         FROM all_touches
         WHERE op = 'read' AND state_version IS NOT NULL
         GROUP BY h, hash(state_version)
         HAVING min(agent_id) <> max(agent_id))
     INTERSECT
-    SELECT hash(run_id, state_key) AS h
+    SELECT h
     FROM all_touches
     WHERE op = 'write'
     GROUP BY h
     HAVING min(agent_id) <> max(agent_id)
 ),
 touches AS (
-    SELECT t.*,
+    SELECT t.* EXCLUDE (h),
            lead(op) OVER w AS next_op, lead(SpanId) OVER w AS next_span,
            lead(start_ns) OVER w AS next_ns, lead(Timestamp) OVER w AS next_ts
     -- An inner join (shared_keys is distinct): as a SEMI JOIN DuckDB built its hash table on
     -- all touches at 10M spans (RIGHT_SEMI, 13 s); this way it builds on the few shared keys.
-    FROM all_touches t JOIN shared_keys k ON hash(t.run_id, t.state_key) = k.h
+    FROM all_touches t JOIN shared_keys k USING (h)
     WINDOW w AS (PARTITION BY run_id, agent_id, state_key ORDER BY start_ns, SpanId)
 ),
 read_then_write AS (  -- a read followed directly (for this agent and key) by a write attempt
