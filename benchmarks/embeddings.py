@@ -16,6 +16,7 @@ from collector.migrations_runner import apply_migrations
 logger = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[1]
+GOAL_PAIRS = REPO / "sample_traces" / "calibration" / "goal_pairs.csv"
 
 
 def distinct_texts(count: int, seed: int) -> list[str]:
@@ -25,6 +26,15 @@ def distinct_texts(count: int, seed: int) -> list[str]:
         f"{rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(QUALIFIERS)} for ticket {seed}-{i}-{rng.getrandbits(32):08x}"
         for i in range(count)
     ]
+
+
+def goal_texts() -> list[str]:
+    """Distinct root goals and subtasks of the shipped calibration pairs (hand-written goal
+    texts, ~13 tokens each against ~23 for ``distinct_texts``)."""
+    from analytics.calibration import read_pairs
+
+    roots, subtasks, _ = read_pairs(GOAL_PAIRS)
+    return list(dict.fromkeys([*roots, *subtasks]))
 
 
 def _embed_rate(texts: list[str], threads: int | None) -> dict:
@@ -59,7 +69,9 @@ def texts_per_second(count: int, seed: int = 11) -> dict:
 
     The headline rate is the call as detectors make it (``threads`` None: every core, as
     ``goal_divergence`` embeds what the worker has not). ``single_thread`` embeds another
-    ``count`` new texts with ``threads=1``, as the background worker does. Besides texts per
+    ``count`` new texts with ``threads=1``, as the background worker does; ``goal_pairs`` times
+    the (at most ``count``) distinct texts of the calibration pairs, shorter and more like real
+    goal texts than the generated ones, with every core. Besides texts per
     wall-clock second each reports texts per CPU-second of this process (every thread of the
     runtime included), which depends much less on what else the box is running, and the mean
     token count of the texts ([CLS] and [SEP] included), which the cost per text follows.
@@ -73,16 +85,19 @@ def texts_per_second(count: int, seed: int = 11) -> dict:
     result = _embed_rate(texts, threads=None)
     single_texts = distinct_texts(count, seed + 1)
     single = _embed_rate(single_texts, threads=1)
+    goals = goal_texts()[:count]
+    goal_pairs = _embed_rate(goals, threads=None)
     tokenize = getattr(model, "tokenize", None)
     if tokenize is not None:
-        result["mean_tokens"] = round(sum(map(len, tokenize(texts))) / max(1, count), 1)
-        single["mean_tokens"] = round(sum(map(len, tokenize(single_texts))) / max(1, count), 1)
+        for measured, measured_texts in [(result, texts), (single, single_texts), (goal_pairs, goals)]:
+            measured["mean_tokens"] = round(sum(map(len, tokenize(measured_texts))) / len(measured_texts), 1)
     return {
         **result,
         "threads": os.cpu_count(),
         "model_load_s": round(load_s, 2),
         "runtime": getattr(model, "runtime", type(model).__name__),
         "single_thread": single,
+        "goal_pairs": goal_pairs,
     }
 
 
