@@ -4,18 +4,23 @@
 -- in the run (else the run's policy_version values). The current policy at a send is the
 -- newest version of that subject first seen at or before it, or the version a guard stated
 -- (driftscope.policy.current_version) when it refused the send.
--- Performance: versions are gathered only for the runs and subjects the sends name.
+-- Performance: sends are carried as a few narrow columns and their row id; versions are gathered
+-- only for the runs and subjects the sends name. A send whose cited version is the only
+-- version first seen at or before it and not yet followed by another one (no tie on either
+-- side) is current without any per-send lookup; the as-of lookup runs only for the rest, and the
+-- display columns are read back only for the findings.
 WITH sends AS (
-    SELECT TraceId, SpanId, run_id, agent_id, tool_name, policy_version,
-           policy_current_version AS stated_current, outcome, reject_reason, StatusCode,
-           Timestamp, start_ns
+    SELECT rowid AS send_row, run_id, policy_version, policy_current_version AS stated_current,
+           reject_reason, start_ns
     FROM spans
     WHERE {span_filter} AND op = 'send' AND policy_version IS NOT NULL
+      AND ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
 ),
 obs AS NOT MATERIALIZED ({held_versions}),
 named AS (  -- the subject a policy version token names in its run (first by name)
     SELECT o.run_id, o.version, min(o.subject) AS subject
     FROM obs o SEMI JOIN sends d ON o.run_id = d.run_id AND o.version = d.policy_version
+    WHERE o.version IN (SELECT DISTINCT policy_version FROM sends)
     GROUP BY ALL
 ),
 cited AS (
@@ -34,23 +39,39 @@ versions AS (  -- first sighting of every version of the cited subjects
         WHERE {span_filter} AND policy_version IS NOT NULL AND coalesce(outcome, 'ok') <> 'rejected')
     GROUP BY ALL
 ),
-newest AS (  -- the newest version of the subject first seen at or before the send
-    SELECT d.TraceId, d.SpanId, arg_max(v.version, v.first_ns) AS version
+spells AS (  -- when each version was the newest: from its first sighting to the next version's
+    SELECT run_id, subject, version, first_ns,
+           lag(first_ns) OVER w AS prev_ns, lead(first_ns) OVER w AS next_ns
+    FROM versions
+    WINDOW w AS (PARTITION BY run_id, subject ORDER BY first_ns)
+),
+suspect AS (  -- sends whose cited version may not be current (all others certainly are)
+    SELECT d.*
     FROM cited d
+    LEFT JOIN spells s ON s.run_id = d.run_id AND s.subject = d.subject AND s.version = d.policy_version
+    WHERE d.stated_current IS NOT NULL OR d.reject_reason = 'superseded_policy'
+       OR NOT coalesce(s.first_ns <= d.start_ns
+                       AND (s.next_ns IS NULL OR d.start_ns < s.next_ns)
+                       AND (s.prev_ns IS NULL OR s.prev_ns < s.first_ns)
+                       AND (s.next_ns IS NULL OR s.next_ns > s.first_ns), false)
+),
+newest AS (  -- the newest version of the subject first seen at or before the send
+    SELECT d.send_row, arg_max(v.version, (v.first_ns, v.version)) AS version
+    FROM suspect d
     JOIN versions v ON v.run_id = d.run_id AND v.subject = d.subject AND v.first_ns <= d.start_ns
     WHERE d.stated_current IS NULL
     GROUP BY ALL
 ),
 judged AS (
-    SELECT d.*, coalesce(d.stated_current, n.version) AS current_version
-    FROM cited d LEFT JOIN newest n USING (TraceId, SpanId)
+    SELECT d.send_row, d.subject, coalesce(d.stated_current, n.version) AS current_version
+    FROM suspect d LEFT JOIN newest n USING (send_row)
+    WHERE coalesce(d.stated_current, n.version) IS DISTINCT FROM d.policy_version
+       OR d.reject_reason = 'superseded_policy'
 )
-SELECT TraceId AS trace_id, [SpanId] AS span_ids, run_id, agent_id AS agent, tool_name,
-       subject AS policy_id, policy_version, current_version AS current_policy_version,
-       coalesce(outcome, 'ok') AS outcome,
-       coalesce(outcome, 'ok') = 'ok' AND StatusCode <> 'Error' AS allowed,
-       Timestamp AS first_seen, Timestamp AS last_seen
-FROM judged
-WHERE (current_version IS DISTINCT FROM policy_version OR reject_reason = 'superseded_policy')
-  AND ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
+SELECT s.TraceId AS trace_id, [s.SpanId] AS span_ids, s.run_id, s.agent_id AS agent, s.tool_name,
+       j.subject AS policy_id, s.policy_version, j.current_version AS current_policy_version,
+       coalesce(s.outcome, 'ok') AS outcome,
+       coalesce(s.outcome, 'ok') = 'ok' AND s.StatusCode <> 'Error' AS allowed,
+       s.Timestamp AS first_seen, s.Timestamp AS last_seen
+FROM judged j JOIN spans s ON s.rowid = j.send_row
 ORDER BY first_seen
