@@ -21,7 +21,6 @@ vectors and scores stay in this process's memory / temporary tables.
 
 from __future__ import annotations
 
-import functools
 import logging
 from datetime import UTC, datetime
 
@@ -76,12 +75,6 @@ def ensure_scores_table(conn: duckdb.DuckDBPyConnection) -> None:
     conn.execute(_LOCAL_SCORES_DDL)
 
 
-@functools.cache
-def goal_sql(name: str) -> str:
-    """SQL of ``analytics/sql/<name>.sql`` with the shared ``{goal_subtasks}`` CTEs expanded."""
-    return load_sql(name).replace("{goal_subtasks}", load_sql("_goal_subtasks").strip())
-
-
 def _goal_query(
     conn: duckdb.DuckDBPyConnection,
     name: str,
@@ -93,7 +86,7 @@ def _goal_query(
     ensure_scores_table(conn)
     params = filter_params(window, filters)
     params.update(ingested_after=ingested_after, scorer=SCORER, **extra)
-    return query_df(conn, goal_sql(name), params)
+    return query_df(conn, load_sql(name), params)
 
 
 def _subtask_rows(

@@ -47,7 +47,14 @@ def load_sql(name: str) -> str:
         raise ValueError(f"Expected a metric SQL name like 'lost_updates', got {name!r}")
     text = _read(name)
     # Fragments may include fragments; expand until none is left (fragments never recurse).
-    for fragment in ("constraint_cells", "held_versions", "filtered_spans", "span_filter", "run_scope"):
+    for fragment in (
+        "goal_subtasks",
+        "constraint_cells",
+        "held_versions",
+        "filtered_spans",
+        "span_filter",
+        "run_scope",
+    ):
         placeholder = "{" + fragment + "}"
         if placeholder in text:
             body = _read("_" + fragment)

@@ -12,17 +12,20 @@ import sys
 
 import duckdb
 
-# Extra parameters some detectors pass to their SQL (their default thresholds).
-EXTRA_PARAMS = {"similarity": 0.8}
+# Extra parameters some detectors pass to their SQL (their default thresholds; goal SQL: the
+# scorer whose stored scores it joins, the default threshold and listing limits).
+EXTRA_PARAMS = {"similarity": 0.8, "threshold": 0.45, "max_chains": 40, "pending_limit": 100_000}
 
 
 def operator_times(conn: duckdb.DuckDBPyConnection, name: str, top: int = 8) -> dict:
     """Total seconds and the ``top`` operators by their own time for detector SQL ``name``."""
+    from analytics.goals import SCORER, ensure_scores_table
     from analytics.sql_loader import filter_params, load_sql
     from analytics.types import Filters, Window
 
+    ensure_scores_table(conn)  # the goal SQL reads the stored and this connection's scores
     sql = load_sql(name)
-    params = {**filter_params(Window(), Filters()), **EXTRA_PARAMS}
+    params = {**filter_params(Window(), Filters()), **EXTRA_PARAMS, "scorer": SCORER}
     used = set(re.findall(r"\$([a-z_]+)", sql))
     conn.execute("PRAGMA enable_profiling = 'json'")
     conn.execute("PRAGMA profiling_output = ''")
