@@ -172,7 +172,7 @@ def prune_unset_filters(sql: str, params: dict[str, Any]) -> str:
 
 
 @functools.lru_cache(maxsize=512)
-def _mentioned_params(sql: str) -> frozenset[str]:
+def mentioned_params(sql: str) -> frozenset[str]:
     """Names of the ``$parameters`` in the code of ``sql`` (not in its comments or literals)."""
     return frozenset(_PARAM.findall(_code_mask(sql)))
 
@@ -183,7 +183,7 @@ def query_df(conn: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any]) 
     Conditions of unset optional filters are dropped first (``prune_unset_filters``).
     """
     sql = prune_unset_filters(sql, params)
-    used = _mentioned_params(sql)
+    used = mentioned_params(sql)
     missing = used - params.keys()
     if missing:
         raise KeyError(f"SQL needs parameters {sorted(missing)} that were not supplied")

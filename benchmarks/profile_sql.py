@@ -7,7 +7,6 @@ copy of a span database and prints the most expensive operators; used for docs/p
 from __future__ import annotations
 
 import json
-import re
 import sys
 
 import duckdb
@@ -20,13 +19,14 @@ EXTRA_PARAMS = {"similarity": 0.8, "threshold": 0.45, "max_chains": 40, "pending
 def operator_times(conn: duckdb.DuckDBPyConnection, name: str, top: int = 8) -> dict:
     """Total seconds and the ``top`` operators by their own time for detector SQL ``name``."""
     from analytics.goals import SCORER, ensure_scores_table
-    from analytics.sql_loader import filter_params, load_sql
+    from analytics.sql_loader import filter_params, load_sql, mentioned_params, prune_unset_filters
     from analytics.types import Filters, Window
 
     ensure_scores_table(conn)  # the goal SQL reads the stored and this connection's scores
     sql = load_sql(name)
     params = {**filter_params(Window(), Filters()), **EXTRA_PARAMS, "scorer": SCORER}
-    used = set(re.findall(r"\$([a-z_]+)", sql))
+    sql = prune_unset_filters(sql, params)  # what query_df runs: unset filters dropped
+    used = mentioned_params(sql)
     conn.execute("PRAGMA enable_profiling = 'json'")
     conn.execute("PRAGMA profiling_output = ''")
     rows = conn.execute("EXPLAIN ANALYZE " + sql, {k: params[k] for k in used}).fetchall()
