@@ -178,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     existing = json.loads(out_path.read_text()) if out_path.exists() else {}
     started = time.perf_counter()
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="driftscope-bench-", dir=args.workdir) as scratch:
         results = run_sections(sections, config, Path(scratch))
     document = {
