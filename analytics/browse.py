@@ -11,24 +11,12 @@ from __future__ import annotations
 import duckdb
 import pandas as pd
 
-from analytics.sql_loader import load_sql, query_df
+from analytics.sql_loader import filter_params, load_sql, query_df
 from analytics.types import Filters, Window
 
 # Most (run_id, span_id) pairs one evidence lookup takes (a report shows 20 findings per mode
 # with up to 25 spans each; the read API refuses more than this in one request).
 MAX_EVIDENCE_KEYS = 10_000
-
-
-def scope_params(window: Window, filters: Filters) -> dict:
-    """Named parameters of ``_run_scope.sql``."""
-    return {
-        "since": window.since,
-        "until": window.until,
-        "service": filters.service,
-        "agent": filters.agent,
-        "run": filters.run,
-        "origin_task": filters.origin_task,
-    }
 
 
 def list_runs(
@@ -45,7 +33,7 @@ def list_runs(
     One row = one run (``gen_ai.conversation.id``, else the trace id).
     """
     params = {
-        **scope_params(window, filters),
+        **filter_params(window, filters),
         "limit": limit,
         "runs": list(runs) if runs is not None else None,
     }
@@ -62,13 +50,13 @@ def run_details(
 def run_totals(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Every run in scope, newest first: run_id, spans, rejected, errors (span counts),
     first_seen, last_seen. No limit: one narrow row per run."""
-    return query_df(conn, load_sql("run_totals"), scope_params(window, filters))
+    return query_df(conn, load_sql("run_totals"), filter_params(window, filters))
 
 
 def filter_options(conn: duckdb.DuckDBPyConnection, window: Window, run_limit: int) -> dict:
     """Sidebar choices: sorted services and agents seen in the window, the newest ``run_limit``
     run ids (newest first)."""
-    params = {**scope_params(window, Filters()), "limit": run_limit}
+    params = {**filter_params(window, Filters()), "limit": run_limit}
     row = query_df(conn, load_sql("filter_options"), params).iloc[0]
     return {key: [str(v) for v in row[key]] for key in ("services", "agents", "runs")}
 
