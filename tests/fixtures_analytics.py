@@ -113,3 +113,22 @@ def insert_spans(conn: duckdb.DuckDBPyConnection, rows: list[dict]) -> None:
                 args.append(row[column])
         values.append(args)
     conn.executemany(sql, values)
+
+
+def sample_traces_db(names: list[str] | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory store holding ``sample_traces/<name>.json`` for each name (default: every
+    sample trace), ingested through the collector's file path; fails if any span is refused."""
+    from pathlib import Path
+
+    from collector.files import ingest_files
+
+    samples = Path(__file__).resolve().parents[1] / "sample_traces"
+    if names is None:
+        paths = sorted(p for p in samples.glob("*.json") if not p.name.endswith(".truth.json"))
+    else:
+        paths = [samples / f"{name}.json" for name in names]
+    conn = duckdb.connect(":memory:")
+    apply_migrations(conn)
+    result = ingest_files(None, paths, conn=conn)
+    assert not result.errors and result.rejected == 0
+    return conn

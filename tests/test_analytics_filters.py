@@ -22,10 +22,8 @@ from analytics import Filters, Window, run_metric
 from analytics.goals import SCORER
 from analytics.registry import METRICS
 from analytics.sql_loader import _PARAM, filter_params, load_sql, prune_unset_filters, query_df
-from collector.files import ingest_files
-from collector.migrations_runner import apply_migrations
+from tests.fixtures_analytics import sample_traces_db
 
-SAMPLES = pathlib.Path(__file__).resolve().parents[1] / "sample_traces"
 SQL_DIR = pathlib.Path(__file__).resolve().parents[1] / "analytics" / "sql"
 FILTER_NAMES = ("since", "until", "service", "agent", "run", "origin_task")
 # Parameters some statements take besides the filters (the detectors' defaults).
@@ -35,12 +33,7 @@ EXTRA["scorer"] = SCORER
 
 @pytest.fixture(scope="module")
 def scenarios() -> duckdb.DuckDBPyConnection:
-    conn = duckdb.connect(":memory:")
-    apply_migrations(conn)
-    paths = sorted(p for p in SAMPLES.glob("*.json") if not p.name.endswith(".truth.json"))
-    result = ingest_files(None, paths, conn=conn)
-    assert not result.errors and result.rejected == 0
-    return conn
+    return sample_traces_db()
 
 
 @pytest.fixture(scope="module")

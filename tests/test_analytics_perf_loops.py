@@ -7,27 +7,17 @@ its result per database file and data version; these tests pin the edge cases of
 
 from __future__ import annotations
 
-import pathlib
-
 import duckdb
 import pytest
 
 from analytics import Filters, run_metric, summary
-from collector.files import ingest_files
 from collector.migrations_runner import apply_migrations
-from tests.fixtures_analytics import insert_spans, make_span, new_db
-
-SAMPLES = pathlib.Path(__file__).resolve().parents[1] / "sample_traces"
+from tests.fixtures_analytics import insert_spans, make_span, new_db, sample_traces_db
 
 
 @pytest.fixture(scope="module")
 def scenarios() -> duckdb.DuckDBPyConnection:
-    conn = duckdb.connect(":memory:")
-    apply_migrations(conn)
-    paths = sorted(p for p in SAMPLES.glob("*.json") if not p.name.endswith(".truth.json"))
-    result = ingest_files(None, paths, conn=conn)
-    assert not result.errors and result.rejected == 0
-    return conn
+    return sample_traces_db()
 
 
 def _per_run(frame) -> dict:

@@ -14,8 +14,7 @@ import duckdb
 import pytest
 
 from analytics import Filters, run_metric
-from collector.files import ingest_files
-from collector.migrations_runner import apply_migrations
+from tests.fixtures_analytics import sample_traces_db
 
 SAMPLES = pathlib.Path(__file__).resolve().parents[1] / "sample_traces"
 TRUTH_FILES = sorted(SAMPLES.glob("*.truth.json"))
@@ -30,12 +29,7 @@ FAILING_CATEGORIES = (
 
 @pytest.fixture(scope="module")
 def db() -> duckdb.DuckDBPyConnection:
-    conn = duckdb.connect(":memory:")
-    apply_migrations(conn)
-    paths = [SAMPLES / f"{name}.json" for name in SCENARIOS]
-    result = ingest_files(None, paths, conn=conn)
-    assert not result.errors and result.rejected == 0
-    return conn
+    return sample_traces_db(list(SCENARIOS))
 
 
 def _truth(name: str) -> dict:
