@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: up install dev test lint format bench bench-smoke sample-traces chromium clean
+.PHONY: up install dev test test-fast lint format bench bench-smoke sample-traces chromium clean
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "driftscope needs Python 3.11 ($(PYTHON) not found)"; exit 1; }
@@ -50,6 +50,10 @@ format: dev
 
 test: dev chromium lint
 	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q -p no:cacheprovider
+
+# The inner loop: everything but the tests marked slow (browser, crash safety, overload, big data).
+test-fast: dev
+	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q -p no:cacheprovider -m "not slow" -x
 
 bench: dev
 	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.run
