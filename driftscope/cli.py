@@ -148,7 +148,6 @@ def cmd_up(args: argparse.Namespace, values: dict[str, Any]) -> int:
         "host",
         "http_port",
         "grpc_port",
-        "token",
         "max_body_bytes",
         "queue_max_bytes",
         "max_attribute_bytes",
@@ -172,7 +171,12 @@ def cmd_up(args: argparse.Namespace, values: dict[str, Any]) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop_children)
-    serve = subprocess.Popen(serve_args)
+    # The token travels in the child's environment, never on its command line, which any local
+    # user can read in /proc/<pid>/cmdline.
+    serve_env = dict(os.environ)
+    if values.get("token"):
+        serve_env[BY_NAME["token"].env] = values["token"]
+    serve = subprocess.Popen(serve_args, env=serve_env)
     children.append(serve)
     try:
         _wait_for_health(url, values.get("token"), serve)
