@@ -162,8 +162,10 @@ def clear_cache() -> None:
         "drifted_subtasks": "subtasks over the goal-divergence threshold",
         "worst_divergence": "highest goal divergence in the run (1 - cosine), None without subtasks",
         "verdict": "'failing' (lost update, dropped constraint, loop, ping-pong, duplicate side effect, "
-        "drifted subtask, unrefreshed stale holder or allowed stale send), 'degraded' (only "
-        "refused calls, divergent reads, budget stops, refreshed holders), or 'healthy'",
+        "drifted subtask under a calibrated threshold, unrefreshed stale holder or allowed stale send), "
+        "'to review' (otherwise failing only by subtasks over the uncalibrated default goal-divergence "
+        "threshold), 'degraded' (only refused calls, divergent reads, budget stops, refreshed holders), "
+        "or 'healthy'",
         "first_seen": "first span (naive UTC)",
         "last_seen": "last span (naive UTC)",
     },  # fmt: skip
@@ -218,13 +220,19 @@ def _run_summary(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filte
     base["stale_policy_sends_count"] = per_run(found["stale_policy_sends"]["n"])
     base["stale_sends_allowed"] = per_run(found["stale_policy_sends"]["allowed"])
     # Goal columns from one SQL aggregate over the subtasks (no row per subtask).
-    goals = goal_run_stats(conn, window, filters, current_threshold(conn, "goal_divergence").value)
+    goal_threshold = current_threshold(conn, "goal_divergence")
+    goals = goal_run_stats(conn, window, filters, goal_threshold.value)
     base["drifted_subtasks"] = per_run(goals["drifted_subtasks"])
     base["worst_divergence"] = goals["worst_divergence"].astype("float64").reindex(base.index)
-    failing |= (base["stale_sends_allowed"] > 0) | (base["drifted_subtasks"] > 0)
-    failing |= base["stale_holders_unrefreshed"] > 0
+    # Over the uncalibrated default, a divergence is a question for a person, not a failure:
+    # ordinary decompositions of a goal can score past it until the threshold is calibrated.
+    drifted = base["drifted_subtasks"] > 0
+    review = drifted if not goal_threshold.calibrated else pd.Series(False, index=base.index)
+    failing |= drifted & goal_threshold.calibrated
+    failing |= (base["stale_sends_allowed"] > 0) | (base["stale_holders_unrefreshed"] > 0)
     degraded |= base["stale_policy_sends_count"] > 0
     base["verdict"] = "healthy"
     base.loc[degraded, "verdict"] = "degraded"
+    base.loc[review, "verdict"] = "to review"
     base.loc[failing, "verdict"] = "failing"
     return base.reset_index(drop=True)

@@ -192,15 +192,18 @@ def test_run_summary_verdict_follows_truth(db, name):
     truth = _truth(name)
     summary = _run(db, name, "run_summary")
     assert list(summary["run_id"]) == [truth["run_id"]]
-    failing = (
-        any(truth[category] for category in FAILING_CATEGORIES)
+    others = (
+        any(truth[category] for category in FAILING_CATEGORIES if category != "drifted_subtasks")
         or truth["stale_policy_sends"]
         or any(not holder["refreshed"] for holder in truth["stale_holders"])
     )
+    failing = others or truth["drifted_subtasks"]
     degraded = (
         truth["prevented"] or truth["divergent_reads"] or truth["stale_holders"] or truth["budget_exhaustion"]
     )
     expected = "failing" if failing else "degraded" if degraded else "healthy"
+    if failing and not others:  # goal drift alone fails a run only once the threshold is calibrated
+        expected = "to review"
     assert summary.iloc[0]["verdict"] == expected
 
 
