@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -115,7 +115,8 @@ def parse_query(request: Request, allowed: tuple[str, ...]) -> dict[str, Any]:
             except ValueError as exc:
                 raise BadParameterError(str(exc)) from None
         elif name == "limit":
-            if not raw.isdigit() or not 1 <= int(raw) <= 100_000:
+            # isascii(): "²" and other Unicode digits pass isdigit() but not int().
+            if not (raw.isascii() and raw.isdigit() and len(raw) <= 6) or not 1 <= int(raw) <= 100_000:
                 raise BadParameterError(f"limit must be an integer between 1 and 100000, got {raw[:20]!r}")
             params[name] = int(raw)
         else:
@@ -125,17 +126,38 @@ def parse_query(request: Request, allowed: tuple[str, ...]) -> dict[str, Any]:
     return params
 
 
+async def read_body_capped(request: Request, limit: int) -> bytes:
+    """The request body, refused (400) as soon as ``Content-Length`` or the bytes streamed so far
+    pass ``limit``: a huge body is never held in memory."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        declared = declared.strip()
+        if not (declared.isascii() and declared.isdigit()):
+            raise BadParameterError(f"Content-Length must be a byte count, got {declared[:20]!r}")
+        if int(declared) > limit:
+            raise BadParameterError(
+                f"request body of {declared} bytes is over {limit} bytes; ask for fewer items at a time"
+            )
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BadParameterError(f"request body is over {limit} bytes; ask for fewer items at a time")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def read_json_list(request: Request, key: str) -> list:
     """The list under ``key`` of a small JSON object body (the lookup endpoints' only input)."""
-    body = await request.body()
-    if len(body) > MAX_LOOKUP_BODY:
-        raise BadParameterError(
-            f"request body is over {MAX_LOOKUP_BODY} bytes; ask for fewer items at a time"
-        )
+    body = await read_body_capped(request, MAX_LOOKUP_BODY)
     try:
         payload = json.loads(body or b"null")
-    except ValueError:
-        raise BadParameterError(f'expected a JSON object like {{"{key}": [...]}} as the body') from None
+    except (ValueError, RecursionError):
+        raise BadParameterError(
+            f'expected a JSON object like {{"{key}": [...]}} as the body (valid JSON, nested at most '
+            "a few levels)"
+        ) from None
     if not isinstance(payload, dict) or not isinstance(payload.get(key), list) or set(payload) != {key}:
         raise BadParameterError(f'expected a JSON object with exactly one key, {{"{key}": [...]}}')
     return payload[key]
@@ -162,6 +184,8 @@ def build_api_routes(
                 return await handler(request)
             except BadParameterError as exc:
                 return JSONResponse({"error": str(exc)}, status_code=400)
+            except ClientDisconnect:
+                return Response(status_code=400)
 
         return wrapper
 
