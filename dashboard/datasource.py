@@ -57,6 +57,7 @@ class Health:
 
     ok: bool
     detail: str
+    spans: int | None = None  # spans stored (any window), when the source says
 
 
 class DataSource(Protocol):
@@ -162,7 +163,8 @@ class HttpSource:
         except (SourceUnavailable, ValueError) as exc:
             return Health(False, str(exc))
         spans = body.get("spans") if isinstance(body, dict) else None
-        return Health(True, f"{self.description}: {spans if spans is not None else '?'} spans")
+        count = spans if isinstance(spans, int) else None
+        return Health(True, f"{self.description}: {spans if spans is not None else '?'} spans", count)
 
     def list_metrics(self) -> list[dict]:
         """Metric descriptions as the API lists them."""
@@ -283,7 +285,7 @@ class DuckDBFileSource:
             count = int(self._query("SELECT count(*) AS n FROM spans")["n"].iloc[0])
         except (SourceUnavailable, duckdb.Error) as exc:
             return Health(False, str(exc))
-        return Health(True, f"{self.description}: {count} spans")
+        return Health(True, f"{self.description}: {count} spans", count)
 
     def list_metrics(self) -> list[dict]:
         """The analytics registry, in the read API's shape."""

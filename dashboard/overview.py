@@ -1,19 +1,20 @@
 """What the Overview page shows, computed from a ``FindingSet`` and per-run totals (no Streamlit).
 
-Everything here is aggregated: a tile is a count and twelve bucket counts, the worst-runs table is
-the top few runs of a ranking over every run in scope.
+Everything here is aggregated: the incident table lists the runs that need attention (failing
+first, then those to review, then degraded) with each run's worst failure mode; a tile is a count
+and twelve bucket counts.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 import numpy as np
 import pandas as pd
 
+from analytics.summary import FAILING_DETECTORS
 from dashboard.findings import FAILURE_MODES, FindingSet, MetricFindings, naming, short_title
-
-WORST_RUN_COLUMNS = ["run_id", "findings", "failure_modes", "rejected", "errors", "agents", "last_seen"]
 
 
 @dataclass(frozen=True)
@@ -62,32 +63,104 @@ def tile_for(metric: dict, found: MetricFindings | None) -> Tile:
     )
 
 
-def worst_runs(totals: pd.DataFrame, found: FindingSet, limit: int = 10) -> pd.DataFrame:
-    """Runs ranked by findings, then rejections and errors (newest first on ties).
+# The verdicts of run_summary that need a person, in the order the Overview lists them.
+VERDICT_ORDER = {"failing": 0, "to review": 1, "degraded": 2}
+INCIDENT_COLUMNS = ["verdict", "worst_failure_mode", "last_span", "agents", "findings", "run_id"]
+REVIEW_NOTE = "to review (threshold not calibrated)"
 
-    ``totals`` is every run in scope (``run_totals``, newest first). Runs without findings,
-    rejections or errors are left out. The ``agents`` column is empty; ``with_agents`` fills it
-    for the few runs shown.
+
+def severity_order(metric_names: list[str]) -> list[str]:
+    """Finding metrics worst first: those that make a run failing (in run_summary's order), then the rest."""
+    failing = [m for m in FAILING_DETECTORS if m in metric_names]
+    return failing + [m for m in metric_names if m not in failing]
+
+
+def worst_modes(found: FindingSet, run_ids: list[str]) -> dict[str, str]:
+    """For each of ``run_ids`` with findings, the failure mode of its most severe detector."""
+    wanted = set(run_ids)
+    worst: dict[str, str] = {}
+    for name in severity_order(list(found.by_metric)):
+        metric = found.by_metric[name]
+        if not metric.count:
+            continue
+        runs = metric.run_ids
+        for run in pd.unique(runs[runs.isin(wanted)].astype(object)):
+            worst.setdefault(str(run), naming(metric.metric)[0])
+    return worst
+
+
+def age_text(seconds: float | None) -> str:
+    """``4 s ago``, ``3 min ago``, ``5 h ago``, ``12 d ago`` (``unknown`` when None)."""
+    if seconds is None or pd.isna(seconds):
+        return "unknown"
+    seconds = max(float(seconds), 0.0)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)} {unit} ago"
+    return f"{int(seconds)} s ago"
+
+
+def last_span_text(last_seen, now: datetime) -> str:
+    """``2026-01-15 09:00:05 UTC (4 s ago)`` for a naive-UTC time."""
+    if last_seen is None or pd.isna(last_seen):
+        return "unknown"
+    stamp = pd.Timestamp(last_seen)
+    if stamp.tzinfo is not None:
+        stamp = stamp.tz_convert("UTC").tz_localize(None)
+    ago = (pd.Timestamp(now) - stamp).total_seconds()
+    return f"{stamp.isoformat(sep=' ', timespec='seconds')} UTC ({age_text(ago)})"
+
+
+def incident_runs(summary: pd.DataFrame, found: FindingSet, now: datetime, limit: int = 25) -> pd.DataFrame:
+    """Runs that need a person (``INCIDENT_COLUMNS``): failing, then to review, then degraded.
+
+    ``summary`` is ``run_summary`` (verdict per run). Within a verdict the newest activity comes
+    first. A run to review names its goal drift as ``to review (threshold not calibrated)``.
     """
-    if totals is None or totals.empty:
-        return pd.DataFrame(columns=WORST_RUN_COLUMNS)
+    if summary is None or summary.empty:
+        return pd.DataFrame(columns=INCIDENT_COLUMNS)
+    frame = summary[summary["verdict"].isin(list(VERDICT_ORDER))].copy()
+    frame["_order"] = frame["verdict"].map(VERDICT_ORDER)
+    frame["_last"] = pd.to_datetime(frame["last_seen"], errors="coerce")
+    frame = frame.sort_values(["_order", "_last"], ascending=[True, False], kind="stable").head(limit)
+    runs = [str(r) for r in frame["run_id"]]
+    worst = worst_modes(found, runs)
     counts = found.run_counts()
-    frame = totals.copy()
-    frame["findings"] = counts.reindex(frame["run_id"].astype(object)).fillna(0).astype(int).to_numpy()
-    frame = frame[(frame["findings"] > 0) | (frame["rejected"] > 0) | (frame["errors"] > 0)]
-    frame = frame.sort_values(["findings", "rejected", "errors"], ascending=False, kind="stable")
-    frame = frame.head(limit).reset_index(drop=True)
-    modes = found.failure_modes([str(r) for r in frame["run_id"]])
-    frame["failure_modes"] = [modes.get(str(r), []) for r in frame["run_id"]]
-    frame["agents"] = [[] for _ in range(len(frame))]
-    return frame[WORST_RUN_COLUMNS]
+    rows = []
+    for run, verdict, last, agents, rejections, errors in zip(
+        runs, frame["verdict"], frame["last_seen"], frame["agents"], frame["rejections"], frame["errors"],
+        strict=True,
+    ):  # fmt: skip
+        mode = worst.get(run)
+        if verdict == "to review" and mode:
+            mode = f"{mode} — {REVIEW_NOTE}"
+        elif not mode:
+            mode = "refused calls only" if rejections else "failed spans" if errors else ""
+        rows.append(
+            {
+                "verdict": verdict,
+                "worst_failure_mode": mode,
+                "last_span": last_span_text(last, now),
+                "agents": [str(a) for a in (agents if agents is not None else [])],
+                "findings": int(counts.get(run, 0)),
+                "run_id": run,
+            }
+        )
+    return pd.DataFrame(rows, columns=INCIDENT_COLUMNS)
 
 
-def with_agents(ranked: pd.DataFrame, details: pd.DataFrame) -> pd.DataFrame:
-    """``ranked`` with each run's agents taken from ``details`` (``runs`` columns)."""
-    if ranked.empty or details is None or details.empty:
-        return ranked
-    agents = dict(zip(details["run_id"], details["agents"], strict=True))
-    ranked = ranked.copy()
-    ranked["agents"] = [list(agents.get(r, [])) for r in ranked["run_id"]]
-    return ranked
+def verdict_counts(summary: pd.DataFrame) -> dict[str, int]:
+    """Runs per verdict (failing, to review, degraded, healthy; all present)."""
+    counts = {v: 0 for v in (*VERDICT_ORDER, "healthy")}
+    if summary is not None and not summary.empty:
+        for verdict, n in summary["verdict"].value_counts().items():
+            counts[str(verdict)] = int(n)
+    return counts
+
+
+def newest_span(totals: pd.DataFrame):
+    """The newest span time among the runs in scope (None without runs)."""
+    if totals is None or totals.empty:
+        return None
+    newest = pd.to_datetime(totals["last_seen"], errors="coerce").max()
+    return None if pd.isna(newest) else newest

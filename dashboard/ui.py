@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from dataclasses import dataclass
 from datetime import datetime
 from datetime import time as dtime
@@ -43,11 +42,26 @@ CACHE_TTL = 600
 FRAME_ENTRIES = 64
 # Tables longer than this are shown a page at a time.
 PAGE_ROWS = 500
-EMPTY_HELP = (
-    "Point your agents at the collector, for example "
-    "`export OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318`, or load the sample crews with "
-    "`driftscope demo`. If spans exist outside the window, widen it in the sidebar."
-)
+
+
+def is_live(key: str) -> bool:
+    """Whether the source is a running collector (spans keep arriving) rather than a file."""
+    return key.startswith(("http://", "https://"))
+
+
+def exporter_help(key: str) -> str:
+    """Where to point OTLP exporters: the collector this dashboard reads, or how to get one."""
+    if is_live(key):
+        return (
+            f"Point your agents' OTLP exporters at this collector: "
+            f"`export OTEL_EXPORTER_OTLP_ENDPOINT={key}` (OTLP/HTTP), or load the sample crews with "
+            f"`driftscope demo --endpoint {key}`."
+        )
+    return (
+        f"This dashboard reads the file `{key}`. Load spans into it with `driftscope ingest FILE --db "
+        f"{key}`, or run a collector (`driftscope up`), point OTEL_EXPORTER_OTLP_ENDPOINT at it and "
+        "load the sample crews with `driftscope demo`."
+    )
 
 
 @dataclass(frozen=True)
@@ -133,7 +147,28 @@ def unavailable_banner(message: str) -> None:
 
 def empty_state(what: str) -> None:
     """An empty result that says what to do next."""
-    st.info(f"No {what} in this window ({_context_line()}). {EMPTY_HELP}")
+    help_text = exporter_help(source_key())
+    st.info(
+        f"No {what} in this window ({_context_line()}). {help_text} If spans exist outside the window, widen it in the sidebar."
+    )
+
+
+def no_spans_state() -> None:
+    """The first screen of a source that holds no span at all: not "all clear", but where to send spans."""
+    st.warning(f"**No spans received yet.** {exporter_help(source_key())}")
+
+
+_MARKDOWN_SPECIAL = set("\\`*_{}[]()#+-.!|<>~$:=&\"'")
+
+
+def md_escape(text: object) -> str:
+    """``text`` with every Markdown-special character backslash-escaped (labels render Markdown)."""
+    return "".join("\\" + c if c in _MARKDOWN_SPECIAL else c for c in str(text))
+
+
+def describe_scope(ctx: PageContext) -> str:
+    """``all time, no filters``: the window and filters a page shows."""
+    return f"{describe_window(ctx.window)}, {describe_filters(ctx.filters)}"
 
 
 def _context_line() -> str:
@@ -152,8 +187,15 @@ def sidebar() -> PageContext | None:
     if not health.ok:
         unavailable_banner(health.detail)
         return None
+    st.session_state["_source_spans"] = health.spans
+    # Window and filters live in the URL (bind="query-params"), so a link pasted into an incident
+    # channel opens the same view.
     preset = st.sidebar.selectbox(
-        "Time window", list(WINDOW_PRESETS), index=list(WINDOW_PRESETS).index(DEFAULT_PRESET), key="window"
+        "Time window",
+        list(WINDOW_PRESETS),
+        index=list(WINDOW_PRESETS).index(DEFAULT_PRESET),
+        key="window",
+        bind="query-params",
     )
     since = until = None
     if preset == "Custom":
@@ -175,32 +217,43 @@ def sidebar() -> PageContext | None:
     run_ids = [str(r) for r in options["runs"]]
     service = _choice("Service", options["services"], "service")
     agent = _choice("Agent", options["agents"], "agent")
-    wanted_run = st.query_params.get("run")
-    if wanted_run and wanted_run not in run_ids:
-        run_ids = [wanted_run, *run_ids]
+    # A run named in the URL (the run explorer's ?run=, a pasted ?run_filter=) is offered even
+    # when it is older than the newest runs listed.
+    for wanted_run in (st.query_params.get("run"), st.query_params.get("run_filter")):
+        if wanted_run and wanted_run not in run_ids:
+            run_ids = [wanted_run, *run_ids]
     run = _choice("Run", run_ids, "run_filter")
     filters = Filters(service=service, agent=agent, run=run)
     ctx = PageContext(key, window, filters, version)
     st.session_state["_page_context"] = ctx
-    if st.sidebar.toggle("Auto-refresh", key="auto_refresh", help=f"Re-read every {REFRESH_SECONDS} s"):
-        _auto_refresh(REFRESH_SECONDS)
+    live = is_live(key)
+    if st.sidebar.toggle(
+        "Auto-refresh",
+        value=live,
+        key="auto_refresh",
+        help=f"Check for new spans every {REFRESH_SECONDS} s (on by default for a live collector)",
+    ):
+        _auto_refresh(REFRESH_SECONDS, key, version)
     return ctx
 
 
 def _choice(label: str, options: list[str], key: str) -> str | None:
-    value = st.sidebar.selectbox(label, ["(all)", *options], key=key)
+    value = st.sidebar.selectbox(label, ["(all)", *options], key=key, bind="query-params")
     return None if value == "(all)" else value
 
 
-def _auto_refresh(seconds: int) -> None:
-    """Rerun the whole app every ``seconds`` while the toggle is on."""
-    st.session_state["_last_full_run"] = time.monotonic()
+def _auto_refresh(seconds: int, key: str, version: str) -> None:
+    """Check the source's data version every ``seconds``; rerun the app when spans arrived."""
 
     @st.fragment(run_every=seconds)
     def ticker() -> None:
-        # The data version is re-read within the refresh period, so a rerun after new spans reads
-        # fresh data (new cache keys) without clearing other sessions' caches.
-        if time.monotonic() - st.session_state.get("_last_full_run", 0) >= seconds * 0.9:
+        # Only new data reruns the page: an idle collector does not redraw (and reset the
+        # reader's scroll position) every few seconds.
+        try:
+            changed = cached_data_version(key) != version
+        except SourceUnavailable:
+            changed = True  # the next full run shows the banner
+        if changed:
             st.rerun()
         st.sidebar.caption(f"Auto-refresh every {seconds} s")
 
@@ -328,19 +381,29 @@ def cached_findings(key: str, version: str, window: Window, filters: Filters) ->
     )
 
 
+@dataclass(frozen=True)
+class Overview:
+    """What the Overview page draws: small aggregates of the findings and the run verdicts."""
+
+    tiles: list
+    by_mode: pd.DataFrame
+    verdicts: pd.DataFrame  # run_summary: one row per run in scope
+    newest_span: object  # naive-UTC time of the newest span in scope, or None
+
+
 @st.cache_resource(ttl=CACHE_TTL, max_entries=FRAME_ENTRIES, show_spinner=False)
-def cached_overview(key: str, version: str, window: Window, filters: Filters):
-    """(tiles, per-mode summary, worst runs) of the Overview: small aggregates of the findings."""
+def cached_overview(key: str, version: str, window: Window, filters: Filters) -> Overview:
+    """Tiles, per-mode summary, run verdicts and freshness of the Overview."""
     from dashboard.findings import finding_metrics, short_title
-    from dashboard.overview import tile_for, with_agents, worst_runs
+    from dashboard.overview import newest_span, tile_for
 
     found = cached_findings(key, version, window, filters)
     tiles = [tile_for(m, found.by_metric.get(m["name"])) for m in finding_metrics(cached_metrics_list(key))]
     summary = found.summary()
     summary["title"] = summary["metric"].map(short_title)
-    ranked = worst_runs(cached_run_totals(key, version, window, filters), found)
-    details = cached_run_details(key, version, window, filters, tuple(ranked["run_id"]))
-    return tiles, summary, with_agents(ranked, details)
+    verdicts = cached_metric(key, version, "run_summary", window, filters)
+    newest = newest_span(cached_run_totals(key, version, window, filters))
+    return Overview(tiles, summary, verdicts, newest)
 
 
 def load_findings(ctx: PageContext) -> FindingSet | None:
@@ -359,3 +422,8 @@ def table(frame: pd.DataFrame, key: str | None = None) -> None:
     """A plain escaped table (lists shown as comma-separated text, run ids linked), paginated."""
     shown, config = with_run_links(_plain_cells(page_of(frame, key)))
     st.dataframe(shown, hide_index=True, column_config=config, key=key)
+
+
+def has_spans() -> bool:
+    """Whether the source holds any span at all (any window): an empty store gets its own first screen."""
+    return st.session_state.get("_source_spans") != 0

@@ -201,23 +201,36 @@ def test_figures_of_large_frames_are_aggregated():
     assert "a499" in bars.data[0].y[0]  # the longest hold first
 
 
-def test_worst_runs_rank_every_run_by_findings_then_rejections():
+def test_incident_runs_list_failing_then_to_review_then_degraded_newest_first():
     from dashboard.findings import FindingSet, metric_findings
-    from dashboard.overview import with_agents, worst_runs
+    from dashboard.overview import age_text, incident_runs, verdict_counts
 
-    totals = pd.DataFrame(
-        {"run_id": ["new", "mid", "old", "quiet"], "spans": 5, "rejected": [0, 3, 0, 0], "errors": [1, 0, 0, 0],
-         "first_seen": T0, "last_seen": T0}
+    summary = pd.DataFrame(
+        {"run_id": ["ok", "guarded", "old-fail", "new-fail", "drift"],
+         "verdict": ["healthy", "degraded", "failing", "failing", "to review"],
+         "agents": [["a"], ["b"], ["c", "d"], ["e"], ["f"]], "rejections": [0, 2, 0, 0, 0], "errors": 0,
+         "last_seen": [T0 + timedelta(seconds=s) for s in (50, 40, 10, 20, 30)]}
     )  # fmt: skip
-    loops = pd.DataFrame({"run_id": ["old", "old", "mid"], "span_ids": [["a"], ["b"], ["c"]], "agent": "x"})
-    found = FindingSet(
-        {"ping_pong": metric_findings({"name": "ping_pong", "failure_mode": "loop"}, loops)}, {}
-    )
-    ranked = worst_runs(totals, found)
-    assert list(ranked["run_id"]) == ["old", "mid", "new"]  # quiet has nothing to show
-    assert list(ranked["findings"]) == [2, 1, 0] and ranked["failure_modes"][0] == ["loop"]
-    details = pd.DataFrame({"run_id": ["old"], "agents": [["x", "y"]]})
-    assert with_agents(ranked, details)["agents"].tolist() == [["x", "y"], [], []]
+    frames = {
+        "ping_pong": pd.DataFrame({"run_id": ["old-fail", "new-fail"], "span_ids": [["a"], ["b"]]}),
+        "lost_updates": pd.DataFrame({"run_id": ["new-fail"], "span_ids": [["c"]]}),
+        "goal_divergence": pd.DataFrame({"run_id": ["drift"], "span_ids": [["d"]], "drifted": True}),
+    }
+    found = FindingSet({name: metric_findings({"name": name}, frame) for name, frame in frames.items()}, {})
+    now = T0 + timedelta(seconds=24)
+    incidents = incident_runs(summary, found, now)
+    assert list(incidents["run_id"]) == ["new-fail", "old-fail", "drift", "guarded"]  # healthy left out
+    # lost updates make a run failing, so they are worse than the ping-pong the same run also had
+    assert list(incidents["worst_failure_mode"]) == [
+        "lost updates (split-brain)", "ping-pong between agents",
+        "goal drift along delegation — to review (threshold not calibrated)", "refused calls only",
+    ]  # fmt: skip
+    assert incidents["last_span"][0].endswith("UTC (4 s ago)") and list(incidents["findings"]) == [2, 1, 1, 0]
+    assert incidents["agents"][1] == ["c", "d"]
+    assert verdict_counts(summary) == {"failing": 2, "to review": 1, "degraded": 1, "healthy": 1}
+    assert [age_text(s) for s in (3, 125, 7300, 90000, None)] == [
+        "3 s ago", "2 min ago", "2 h ago", "1 d ago", "unknown",
+    ]  # fmt: skip
 
 
 def test_long_tables_are_paginated():

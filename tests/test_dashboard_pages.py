@@ -55,9 +55,44 @@ def test_overview_tiles_count_each_injected_failure_mode(monkeypatch, db_path):
         ("goal drift along delegation", "goal_divergence"),
     ):
         assert tiles[label] == sum(runs.get(metric, 0) for runs in expected.values()), label
-    worst = at.dataframe[0].value
-    assert _truth("split_brain")["run_id"] in set(worst["run_id"])
-    assert not any(r.startswith("run-healthy") for r in worst["run_id"])
+    incidents = at.dataframe[0].value
+    assert _truth("split_brain")["run_id"] in set(incidents["run_id"])
+    assert not any(r.startswith("run-healthy") for r in incidents["run_id"])
+
+
+def test_overview_leads_with_failing_runs_then_review_then_degraded(monkeypatch, db_path):
+    at = _run_page(monkeypatch, str(db_path), None)
+    incidents = at.dataframe[0].value
+    verdicts = list(incidents["verdict"])
+    assert verdicts[0] == "failing" and verdicts == sorted(
+        verdicts, key=["failing", "to review", "degraded"].index
+    )
+    # the dropped constraint is a failure (guarded runs, where a guard did its job, come after it)
+    drop = _truth("constraint_drop")["run_id"]
+    assert verdicts[list(incidents["run_id"]).index(drop)] == "failing"
+    row = incidents.set_index("run_id").loc[_truth("goal_drift")["run_id"]]
+    assert row["verdict"] == "to review" and "threshold not calibrated" in row["worst_failure_mode"]
+    assert incidents["explore"][0] == f"run_explorer?run={incidents['run_id'][0]}"
+    assert "UTC (" in incidents["last_span"][0] and "ago)" in incidents["last_span"][0]
+    assert "Newest span in this window: 2026-01-16 21:46:43 UTC" in at.caption[0].value
+    links = at.get("page_link")
+    assert links[0].proto.page.endswith("run_explorer") or "run_explorer" in str(links[0].proto)
+    assert "Open failing run" in links[0].proto.label
+    counts = {m.label: int(m.value) for m in at.metric if m.label.endswith(" runs")}
+    assert counts["failing runs"] == verdicts.count("failing") and counts["healthy runs"] >= 2
+
+
+def test_filters_are_read_from_and_kept_in_the_url(monkeypatch, db_path):
+    run = _truth("recursion_loop")["run_id"]
+    monkeypatch.setenv(SOURCE_ENV, str(db_path))
+    at = AppTest.from_file(app_main, default_timeout=TIMEOUT)
+    at.query_params["run_filter"] = run  # a pasted link: the URL is there before the first run
+    at.query_params["window"] = "All time"
+    at.run()
+    at.switch_page("views/loops.py").run()
+    assert not at.exception and at.selectbox(key="run_filter").value == run
+    assert list(at.dataframe[0].value["run_id"]) == [run]
+    # Writing the URL back is the browser's side of bind="query-params" (tests/test_browser.py).
 
 
 def test_split_brain_lists_divergent_reads_and_lost_updates(monkeypatch, db_path):
@@ -187,6 +222,10 @@ def test_empty_database_says_how_to_send_spans(monkeypatch, tmp_path):
     at = _run_page(monkeypatch, str(path), "loops")
     assert len(at.info) == 4
     assert all("OTEL_EXPORTER_OTLP_ENDPOINT" in i.value and "driftscope demo" in i.value for i in at.info)
+    # The Overview of an empty store does not show green "clear" tiles: it says where spans go.
+    at = _run_page(monkeypatch, str(path), None)
+    assert not at.metric and "No spans received yet" in at.warning[0].value
+    assert f"driftscope ingest FILE --db {path}" in at.warning[0].value
 
 
 def test_missing_database_file_gives_a_banner(monkeypatch, tmp_path):

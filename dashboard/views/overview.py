@@ -1,37 +1,85 @@
-"""Overview: one tile per failure mode, the rejection rate against its threshold, the worst runs."""
+"""Overview: which runs are failing (then to review, then degraded), how fresh the data is, then
+one tile per failure mode and the rejection rate against its threshold."""
 
 import streamlit as st
 
 from dashboard import ui
 from dashboard.figures import findings_by_mode_figure, rejection_rate_figure
+from dashboard.filters import utc_now
+from dashboard.overview import age_text, incident_runs, verdict_counts
+
+# How many incident runs get an "open" link above the table (the table links every run).
+OPEN_LINKS = 3
 
 ctx = ui.page_context()
 st.title("Coordination failures")
-st.caption(
-    "Counts of each failure mode in the window; a red status means it occurred (or crossed its threshold)."
-)
 
-
-found = ui.load_findings(ctx)
-if found is not None:
-    tiles, summary, worst = ui.cached_overview(ctx.source_key, ctx.version, ctx.window, ctx.filters)
-    for start in range(0, len(tiles), 4):
-        for column, tile in zip(st.columns(4), tiles[start : start + 4], strict=False):
-            column.metric(
-                tile.title,
-                tile.count,
-                delta="breached" if tile.breached else "clear",
-                delta_color="red" if tile.breached else "green",
-                delta_arrow="off",
-                chart_data=tile.trend,
-                chart_type="bar",
-                border=True,
-                help=f"{tile.failure_mode} (MAST: {tile.mast_category}; detector `{tile.metric}`)",
+if not ui.has_spans():
+    ui.no_spans_state()
+else:
+    found = ui.load_findings(ctx)
+    if found is not None:
+        overview = ui.cached_overview(ctx.source_key, ctx.version, ctx.window, ctx.filters)
+        now = utc_now()
+        if overview.newest_span is None:
+            st.caption("No span in this window.")
+        else:
+            age = age_text((now - overview.newest_span.to_pydatetime()).total_seconds())
+            st.caption(
+                f"Newest span in this window: {overview.newest_span.isoformat(sep=' ', timespec='seconds')} "
+                f"UTC ({age}) · {ui.describe_scope(ctx)}"
             )
-    left, right = st.columns(2)
-    with left:
-        ui.plot(findings_by_mode_figure(summary), key="by_mode")
-    with right:
-        ui.plot(rejection_rate_figure(found.frames.get("rejection_rates")), key="rejection_rate")
-    st.subheader("Worst runs")
-    ui.findings_table(worst, "runs with findings, rejections or errors", key="worst_runs")
+        counts = verdict_counts(overview.verdicts)
+        columns = st.columns(4)
+        for column, (verdict, help_text) in zip(
+            columns,
+            (
+                ("failing", "a coordination failure took effect"),
+                ("to review", "only goal drift over the uncalibrated default threshold"),
+                ("degraded", "a guard refused calls or caught the failure"),
+                ("healthy", "no finding, refusal or error"),
+            ),
+            strict=True,
+        ):
+            column.metric(f"{verdict} runs", counts[verdict], border=True, help=help_text)
+        incidents = incident_runs(overview.verdicts, found, now)
+        st.subheader("Runs that need attention")
+        if incidents.empty:
+            ui.empty_state("failing, to-review or degraded runs")
+        else:
+            st.caption(
+                "Failing runs first, then runs to review, then degraded ones; newest activity first. "
+                "Open a run to see its findings and their evidence spans in the trace."
+            )
+            for row in incidents.head(OPEN_LINKS).itertuples():
+                st.page_link(
+                    "views/run_explorer.py",
+                    label=f"Open {ui.md_escape(row.verdict)} run {ui.md_escape(row.run_id)}: "
+                    f"{ui.md_escape(row.worst_failure_mode or 'no finding')}",
+                    query_params={"run": row.run_id},
+                )
+            ui.table(incidents, key="incidents")
+
+        st.subheader("Failure modes")
+        st.caption(
+            "Findings of each failure mode in the window; red means it occurred (or crossed its "
+            "threshold). Bars: when they occurred, oldest to newest."
+        )
+        for start in range(0, len(overview.tiles), 4):
+            for column, tile in zip(st.columns(4), overview.tiles[start : start + 4], strict=False):
+                column.metric(
+                    tile.title,
+                    tile.count,
+                    delta="breached" if tile.breached else "clear",
+                    delta_color="red" if tile.breached else "green",
+                    delta_arrow="off",
+                    chart_data=tile.trend,
+                    chart_type="bar",
+                    border=True,
+                    help=f"{tile.failure_mode} (MAST: {tile.mast_category}; detector `{tile.metric}`)",
+                )
+        left, right = st.columns(2)
+        with left:
+            ui.plot(findings_by_mode_figure(overview.by_mode), key="by_mode")
+        with right:
+            ui.plot(rejection_rate_figure(found.frames.get("rejection_rates")), key="rejection_rate")
