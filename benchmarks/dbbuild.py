@@ -15,8 +15,10 @@ import time
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from benchmarks.generator import TEMPLATE_NAMESPACE, template_payloads
+from benchmarks.generator import TEMPLATE_NAMESPACE, Shape, template_payloads
 from collector.decode import PROTOBUF, SPAN_COLUMNS, decode_payload
 from collector.store import batch_to_arrow, insert_batches, open_store
 
@@ -56,12 +58,20 @@ def _select_copy(base_minutes: int) -> str:
 class SpanDatabase:
     """A database file grown to a number of stored spans by copies of one generated base."""
 
-    def __init__(self, path: Path, seed: int = 7, base_spans: int | None = None) -> None:
+    def __init__(
+        self, path: Path, seed: int = 7, base_spans: int | None = None, shape: Shape | None = None
+    ) -> None:
         self.path = Path(path)
         for stale in (self.path, Path(f"{self.path}.wal")):
             stale.unlink(missing_ok=True)
         self.conn = open_store(self.path)
-        payloads = template_payloads(base_spans or BASE_SPANS, seed)
+        self.shape = shape or Shape()
+        self.seed = seed
+        base_spans = base_spans or BASE_SPANS
+        if self.shape.spans_per_run is not None:  # whole runs only, so every copy has whole runs
+            run = self.shape.spans_per_run
+            base_spans = run * -(-base_spans // run)
+        payloads = template_payloads(base_spans, seed, shape=self.shape)
         batches = [decode_payload(p, PROTOBUF) for p in payloads]
         base = batch_to_arrow(batches)
         first_ns, last_ns = min(base.column("start_ns").to_pylist()), max(base.column("end_ns").to_pylist())
@@ -87,9 +97,11 @@ class SpanDatabase:
     def spans(self) -> int:
         return self.copies * self.base_table.num_rows
 
-    def grow_to(self, spans: int, copies_per_statement: int = 200) -> float:
+    def grow_to(self, spans: int, copies_per_statement: int | None = None) -> float:
         """Add copies until at least ``spans`` are stored; return the seconds it took."""
         start = time.perf_counter()
+        # About 800k rows per statement, whatever the size of the base.
+        copies_per_statement = copies_per_statement or max(1, 819_200 // self.base_table.num_rows)
         target = -(-spans // self.base_table.num_rows)
         while self.copies < target:
             upto = min(target, self.copies + copies_per_statement)
@@ -99,6 +111,31 @@ class SpanDatabase:
         elapsed = time.perf_counter() - start
         logger.info("database %s grown to %d spans in %.1fs", self.path, self.spans, elapsed)
         return elapsed
+
+    def append_batch(self, spans: int = 512, copy: int | None = None, seed: int = 1009) -> int:
+        """Ingest ``spans`` new spans into the existing runs of copy ``copy`` (default: the newest)
+        through the real decoder and ``insert_batches``, as a live collector would; return the
+        rows stored. Another seed gives new trace and span ids under the same run ids."""
+        from benchmarks.generator import generate_requests
+
+        namespace = self.copies if copy is None else copy
+        requests = generate_requests(spans, seed, namespace=namespace, shape=self.shape)
+        batches = [decode_payload(r.SerializeToString(), PROTOBUF) for r in requests]
+        shift_ns = namespace * self.base_minutes * 60_000_000_000
+        for batch in batches:  # the copy's runs were moved later in time by dbbuild
+            table = batch.table
+            for name in ("start_ns", "end_ns"):
+                index = table.schema.get_field_index(name)
+                table = table.set_column(index, name, pc.add(table.column(name), shift_ns))
+            index = table.schema.get_field_index("Timestamp")
+            shifted = pc.add(table.column("Timestamp"), pa.scalar(shift_ns // 1000, pa.duration("us")))
+            batch.table = table.set_column(
+                index, "Timestamp", shifted.cast(table.schema.field("Timestamp").type)
+            )
+        self.conn.execute("BEGIN")
+        stored = insert_batches(self.conn, batches)
+        self.conn.execute("COMMIT")
+        return stored
 
     def window(self):
         """The ``analytics.types.Window`` covering every stored span."""
