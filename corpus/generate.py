@@ -15,7 +15,9 @@ from pathlib import Path
 
 # run set -> generator module (corpus.frameworks.<module>.generate)
 GENERATORS = {
-    "smolagents": "smolagents_crew",
+    "smolagents": "smolagents_crew:generate",
+    "langgraph-openinference": "langgraph_crew:generate_openinference",
+    "langgraph-openllmetry": "langgraph_crew:generate_openllmetry",
 }
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "sample_traces" / "frameworks"
 
@@ -35,8 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OPENAI_API_KEY", "sk-scripted-no-network")
     os.environ["OTEL_SDK_DISABLED"] = "false"
     for name in args.run_sets or list(GENERATORS):
-        module = importlib.import_module(f"corpus.frameworks.{GENERATORS[name]}")
-        truth = module.generate(args.out / name)
+        module_name, function = GENERATORS[name].split(":")
+        module = importlib.import_module(f"corpus.frameworks.{module_name}")
+        truth = getattr(module, function)(args.out / name)
         print(f"{name}: wrote {truth.parent}", file=sys.stderr)
     return 0
 

@@ -1,0 +1,475 @@
+"""Detection quality on real-framework traces: ``python -m benchmarks.eval_frameworks``.
+
+Starts a real ``driftscope serve`` on free loopback ports, POSTs every captured OTLP request of
+``sample_traces/frameworks/*/otlp.jsonl`` to /v1/traces unchanged (same body, content type and
+encoding as the framework's exporter sent), reads every detector back through the read API
+(/api/v1/metrics/<name>, /api/v1/metrics/run_summary, /api/v1/runs/<run>/spans) and scores it
+against each run set's ``truth.json``:
+
+- per injected failure: found by the detector meant for it, or missed; other detectors' findings;
+- per healthy run: findings of any detector (false findings) and the run verdict;
+- per run set: of the spans under an agent span, the share that got an agent (and the right one).
+
+Writes ``docs/detection-quality.md`` (with the date and commit) and prints the same tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from benchmarks.serve_proc import REPO, ServeProcess
+from corpus.dump import read_requests
+from corpus.truth import FAILURE_DETECTORS, FAILURE_TEXT, RunSet, RunTruth, load_run_set
+
+logger = logging.getLogger(__name__)
+
+CORPUS = REPO / "sample_traces" / "frameworks"
+REPORT = REPO / "docs" / "detection-quality.md"
+# Findings of goal_divergence come from embeddings; the worker scores new subtasks in the
+# background, so the evaluation waits until the stored scores stop changing.
+EMBEDDING_SETTLE_SECONDS = 3.0
+EMBEDDING_WAIT_SECONDS = 240.0
+
+
+@dataclass
+class RunResult:
+    run_set: str
+    truth: RunTruth
+    stored_run_ids: list[str] = field(default_factory=list)
+    findings: dict[str, int] = field(default_factory=dict)  # detector -> findings in this run
+    verdicts: list[str] = field(default_factory=list)  # run_summary verdict of each stored run id
+    spans: int = 0
+
+    @property
+    def expected_detector(self) -> str | None:
+        return FAILURE_DETECTORS.get(self.truth.failure) if self.truth.failure else None
+
+    @property
+    def found(self) -> bool | None:
+        """True/False for an injected failure (was its detector's finding there); None if healthy."""
+        if self.expected_detector is None:
+            return None
+        return self.findings.get(self.expected_detector, 0) > 0
+
+    @property
+    def other_findings(self) -> dict[str, int]:
+        return {k: v for k, v in sorted(self.findings.items()) if v and k != self.expected_detector}
+
+    @property
+    def verdict(self) -> str:
+        """The worst verdict over the stored runs of this run ('missing' when none was stored)."""
+        order = ["missing", "healthy", "degraded", "to review", "failing"]
+        return (
+            max(self.verdicts, key=lambda v: order.index(v) if v in order else 2.5)
+            if self.verdicts
+            else "missing"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "run_set": self.run_set,
+            "run": self.truth.run,
+            "failure": self.truth.failure,
+            "expected_detector": self.expected_detector,
+            "found": self.found,
+            "findings": dict(sorted(self.findings.items())),
+            "verdict": self.verdict,
+            "stored_run_ids": self.stored_run_ids,
+            "spans": self.spans,
+        }
+
+
+@dataclass
+class AgentCoverage:
+    """Spans under an agent span (ancestor-or-self named in the truth's agent_span_names)."""
+
+    under_agent: int = 0
+    with_agent: int = 0
+    right_agent: int = 0
+    wrong: Counter = field(default_factory=Counter)  # (span name, expected, got) -> spans
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "under_agent": self.under_agent,
+            "with_agent": self.with_agent,
+            "right_agent": self.right_agent,
+            "with_agent_share": share(self.with_agent, self.under_agent),
+            "right_agent_share": share(self.right_agent, self.under_agent),
+            "most_common_misses": [
+                {"span_name": n, "expected": e, "got": g, "spans": c}
+                for (n, e, g), c in self.wrong.most_common(8)
+            ],
+        }
+
+
+@dataclass
+class Evaluation:
+    results: list[RunResult]
+    coverage: dict[str, AgentCoverage]
+    run_sets: dict[str, RunSet]
+    detectors: list[str]
+    unmatched_run_ids: dict[str, int]
+    requests: int
+    spans_stored: int
+    embeddings: bool
+
+    def case_results(self) -> dict[str, Any]:
+        return {f"{r.run_set}/{r.truth.run}": r for r in self.results}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "runs": [r.as_dict() for r in self.results],
+            "agent_coverage": {k: v.as_dict() for k, v in self.coverage.items()},
+            "detectors": self.detectors,
+            "unmatched_run_ids": self.unmatched_run_ids,
+            "requests": self.requests,
+            "spans_stored": self.spans_stored,
+            "embeddings": self.embeddings,
+        }
+
+
+def share(part: int, whole: int) -> float | None:
+    return round(part / whole, 4) if whole else None
+
+
+def load_corpus(root: Path = CORPUS, names: list[str] | None = None) -> dict[str, RunSet]:
+    """The run sets under ``root`` (each a folder with truth.json and otlp.jsonl), by folder name."""
+    found = {p.parent.name: p for p in sorted(root.glob("*/truth.json"))}
+    if not found:
+        raise FileNotFoundError(f"no run sets (*/truth.json) under {root}; run `make framework-corpus` first")
+    if names:
+        unknown = sorted(set(names) - set(found))
+        if unknown:
+            raise ValueError(f"unknown run set(s) {', '.join(unknown)}; found: {', '.join(found)}")
+        found = {name: found[name] for name in names}
+    return {name: load_run_set(path) for name, path in found.items()}
+
+
+def post_captured(client: httpx.Client, base_url: str, otlp_path: Path) -> int:
+    """POST every captured request of ``otlp_path`` to the collector unchanged; returns the count."""
+    count = 0
+    for record in read_requests(otlp_path):
+        headers = {"Content-Type": record["content_type"]}
+        if record.get("content_encoding"):
+            headers["Content-Encoding"] = record["content_encoding"]
+        response = client.post(f"{base_url}{record['path']}", content=record["body"], headers=headers)
+        if response.status_code != 200:
+            raise RuntimeError(
+                f"{otlp_path}: request {count + 1} was refused with {response.status_code}: {response.text[:300]}"
+            )
+        count += 1
+    return count
+
+
+def get_json(client: httpx.Client, url: str) -> dict[str, Any]:
+    response = client.get(url)
+    if response.status_code != 200:
+        raise RuntimeError(f"GET {url} answered {response.status_code}: {response.text[:300]}")
+    return response.json()
+
+
+def wait_for_embeddings(client: httpx.Client, base_url: str) -> int:
+    """Wait until the embedding worker's stored vectors stop growing; returns their number."""
+    deadline = time.monotonic() + EMBEDDING_WAIT_SECONDS
+    last, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        count = get_json(client, f"{base_url}/api/v1/health").get("embeddings", 0)
+        if count != last:
+            last, since = count, time.monotonic()
+        elif count > 0 and time.monotonic() - since >= EMBEDDING_SETTLE_SECONDS:
+            return count
+        time.sleep(0.5)
+    logger.warning("embeddings still changing after %ss; evaluating what is there", EMBEDDING_WAIT_SECONDS)
+    return last
+
+
+def run_keys(run_sets: dict[str, RunSet]) -> dict[str, tuple[str, str]]:
+    """Stored run id -> (run set, run): a session id the run set gave, else one of its trace ids."""
+    keys: dict[str, tuple[str, str]] = {}
+    for name, run_set in run_sets.items():
+        for run in run_set.runs:
+            for key in [run.session_id, *run.trace_ids]:
+                if key:
+                    keys[key] = (name, run.run)
+    return keys
+
+
+def expected_agents(spans: list[dict[str, Any]], agent_span_names: dict[str, str]) -> dict[str, str | None]:
+    """Span id -> the agent it belongs to: the nearest ancestor-or-self whose name is an agent span."""
+    by_id = {s["span_id"]: s for s in spans}
+    memo: dict[str, str | None] = {}
+
+    def agent_of(span_id: str, depth: int = 0) -> str | None:
+        if span_id in memo:
+            return memo[span_id]
+        span = by_id.get(span_id)
+        if span is None or depth > 512:
+            return None
+        agent = agent_span_names.get(span["span_name"])
+        if agent is None and span["parent_span_id"]:
+            agent = agent_of(span["parent_span_id"], depth + 1)
+        memo[span_id] = agent
+        return agent
+
+    return {s["span_id"]: agent_of(s["span_id"]) for s in spans}
+
+
+def evaluate(
+    root: Path = CORPUS,
+    names: list[str] | None = None,
+    embeddings: bool = True,
+    workdir: Path | None = None,
+) -> Evaluation:
+    """Ingest the corpus through a fresh ``driftscope serve`` and score every detector on it."""
+    run_sets = load_corpus(root, names)
+    with tempfile.TemporaryDirectory(prefix="eval-frameworks-", dir=workdir) as tmp:
+        serve = ServeProcess(Path(tmp) / "eval.duckdb", embeddings=embeddings)
+        with serve, httpx.Client(timeout=300) as client:
+            base = serve.http_url
+            requests = sum(post_captured(client, base, root / name / "otlp.jsonl") for name in run_sets)
+            if embeddings:
+                wait_for_embeddings(client, base)
+            return _score(client, base, run_sets, requests, embeddings)
+
+
+def _score(
+    client: httpx.Client, base: str, run_sets: dict[str, RunSet], requests: int, embeddings: bool
+) -> Evaluation:
+    keys = run_keys(run_sets)
+    metrics = get_json(client, f"{base}/api/v1/metrics")["metrics"]
+    detectors = sorted(m["name"] for m in metrics if m.get("failure_mode"))
+    results = {(name, run.run): RunResult(name, run) for name, rs in run_sets.items() for run in rs.runs}
+    unmatched: Counter = Counter()
+
+    def result_for(run_id: str) -> RunResult | None:
+        key = keys.get(run_id)
+        if key is None:
+            unmatched[run_id] += 1
+            return None
+        return results[key]
+
+    for name in detectors:
+        rows = get_json(client, f"{base}/api/v1/metrics/{name}")["rows"]
+        for row in rows:
+            result = result_for(str(row.get("run_id")))
+            if result is not None:
+                result.findings[name] = result.findings.get(name, 0) + 1
+    # Detectors a run needs that are not registered count as zero findings (missed).
+    summary = get_json(client, f"{base}/api/v1/metrics/run_summary")["rows"]
+    coverage = {name: AgentCoverage() for name in run_sets}
+    spans_stored = 0
+    for row in summary:
+        run_id = str(row["run_id"])
+        result = result_for(run_id)
+        spans_stored += int(row["spans"])
+        if result is None:
+            continue
+        result.stored_run_ids.append(run_id)
+        result.verdicts.append(row["verdict"])
+        result.spans += int(row["spans"])
+        if row.get("drifted_subtasks") and "goal_divergence" not in detectors:
+            result.findings["goal_divergence"] = int(row["drifted_subtasks"])
+        spans = get_json(client, f"{base}/api/v1/runs/{quote(run_id, safe='')}/spans?limit=100000")["rows"]
+        agent_names = run_sets[result.run_set].agent_span_names
+        expected = expected_agents(spans, agent_names)
+        cov = coverage[result.run_set]
+        for span in spans:
+            want = expected[span["span_id"]]
+            if want is None:
+                continue
+            cov.under_agent += 1
+            got = span.get("agent_id")
+            if got:
+                cov.with_agent += 1
+            if got == want:
+                cov.right_agent += 1
+            else:
+                cov.wrong[(span["span_name"], want, got)] += 1
+    return Evaluation(
+        results=list(results.values()),
+        coverage=coverage,
+        run_sets=run_sets,
+        detectors=detectors,
+        unmatched_run_ids=dict(unmatched.most_common(20)),
+        requests=requests,
+        spans_stored=spans_stored,
+        embeddings=embeddings,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# The report
+
+
+def _fmt_share(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0%}" if value in (0, 1) else f"{value:.1%}"
+
+
+def _findings_text(findings: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(findings.items()) if v) or "none"
+
+
+def summary_tables(evaluation: Evaluation) -> str:
+    """The per-framework and per-failure tables as Markdown."""
+    lines: list[str] = []
+    by_set: dict[str, list[RunResult]] = defaultdict(list)
+    for result in evaluation.results:
+        by_set[result.run_set].append(result)
+
+    lines += [
+        "## Summary per run set",
+        "",
+        "| run set | instrumentation | runs | failures found | healthy runs without findings | healthy verdicts | failing verdicts on failures | spans under an agent with an agent | with the right agent |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    totals = Counter()
+    for name, results in by_set.items():
+        failures = [r for r in results if r.truth.failure]
+        healthy = [r for r in results if not r.truth.failure]
+        found = sum(1 for r in failures if r.found)
+        clean = sum(1 for r in healthy if not any(r.findings.values()))
+        healthy_ok = sum(1 for r in healthy if r.verdict == "healthy")
+        failing_ok = sum(1 for r in failures if r.verdict == "failing")
+        cov = evaluation.coverage[name].as_dict()
+        totals.update(
+            runs=len(results), failures=len(failures), found=found, healthy=len(healthy), clean=clean,
+            healthy_ok=healthy_ok, failing_ok=failing_ok,
+        )  # fmt: skip
+        lines.append(
+            f"| {name} | {evaluation.run_sets[name].instrumentation} | {len(results)} | {found}/{len(failures)} | "
+            f"{clean}/{len(healthy)} | {healthy_ok}/{len(healthy)} | {failing_ok}/{len(failures)} | "
+            f"{_fmt_share(cov['with_agent_share'])} ({cov['with_agent']}/{cov['under_agent']}) | "
+            f"{_fmt_share(cov['right_agent_share'])} |"
+        )
+    lines.append(
+        f"| **all** | | {totals['runs']} | {totals['found']}/{totals['failures']} | "
+        f"{totals['clean']}/{totals['healthy']} | {totals['healthy_ok']}/{totals['healthy']} | "
+        f"{totals['failing_ok']}/{totals['failures']} | | |"
+    )
+    lines += ["", "## Injected failures", ""]
+    lines += [
+        "| failure | detector meant for it | run set | run | found | its findings | other findings | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for failure in FAILURE_DETECTORS:
+        for result in (r for r in evaluation.results if r.truth.failure == failure):
+            detector = result.expected_detector
+            registered = detector in evaluation.detectors
+            found = (
+                "found" if result.found else ("missed" if registered else "missed (detector not registered)")
+            )
+            lines.append(
+                f"| {failure} | {detector} | {result.run_set} | {result.truth.run} | {found} | "
+                f"{result.findings.get(detector, 0)} | {_findings_text(result.other_findings)} | {result.verdict} |"
+            )
+    lines += ["", "## Healthy runs", ""]
+    lines += ["| run set | run | spans | false findings | verdict |", "|---|---|---|---|---|"]
+    for result in (r for r in evaluation.results if not r.truth.failure):
+        lines.append(
+            f"| {result.run_set} | {result.truth.run} | {result.spans} | {_findings_text(result.findings)} | "
+            f"{result.verdict} |"
+        )
+    lines += ["", "## Agent attribution: spans that got the wrong agent or none (most common)", ""]
+    lines += ["| run set | span name | expected agent | agent_id stored | spans |", "|---|---|---|---|---|"]
+    for name, cov in evaluation.coverage.items():
+        for (span_name, want, got), count in cov.wrong.most_common(6):
+            lines.append(f"| {name} | `{span_name}` | {want} | {got or '(none)'} | {count} |")
+    if evaluation.unmatched_run_ids:
+        lines += [
+            "",
+            "Stored run ids that match no run of the ground truth (neither its session id nor one of "
+            f"its trace ids): {len(evaluation.unmatched_run_ids)} (e.g. "
+            + ", ".join(f"`{k}`" for k in list(evaluation.unmatched_run_ids)[:5])
+            + ").",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def render_report(evaluation: Evaluation, notes: str = "") -> str:
+    today = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    failures = "\n".join(
+        f"- `{name}` ({FAILURE_TEXT[name]}): `{detector}`" for name, detector in FAILURE_DETECTORS.items()
+    )
+    run_sets = "\n".join(
+        f"- **{name}**: {rs.instrumentation}; run id: {rs.session}. Versions: "
+        + ", ".join(f"{k} {v}" for k, v in rs.versions.items())
+        for name, rs in evaluation.run_sets.items()
+    )
+    return (
+        "# Detection quality on real agent frameworks\n\n"
+        f"Measured {today} on commit `{git_commit()}` by `make eval-frameworks` "
+        "(`python -m benchmarks.eval_frameworks`): the captured OTLP of `sample_traces/frameworks/` "
+        f"({evaluation.requests} requests, {evaluation.spans_stored} spans stored) POSTed unchanged to a "
+        f"real `driftscope serve` (embeddings {'on' if evaluation.embeddings else 'off'}), every detector "
+        "read back through `/api/v1/metrics/<name>` and `/api/v1/metrics/run_summary`, spans through "
+        "`/api/v1/runs/<run>/spans`. How the corpus is made: `corpus/README.md`.\n\n"
+        "## Run sets\n\n"
+        f"{run_sets}\n\n"
+        "## Failures injected and the detector meant for each\n\n"
+        f"{failures}\n\n"
+        "A failure is *found* when its detector lists at least one finding in that run. A healthy run "
+        "should have no finding of any detector and the verdict `healthy`; a run with an injected "
+        "failure should get `failing`. *Spans under an agent* are the spans whose nearest "
+        "ancestor-or-self is an agent span of the ground truth (`agent_span_names` in each "
+        "`truth.json`); *with an agent* counts those with any `agent_id`, *right agent* those whose "
+        "`agent_id` is that agent.\n\n"
+        f"{summary_tables(evaluation)}"
+        f"{notes}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_sets", nargs="*", help="run sets to evaluate (default: every one in the corpus)")
+    parser.add_argument(
+        "--corpus", type=Path, default=CORPUS, help="corpus folder (sample_traces/frameworks)"
+    )
+    parser.add_argument("--report", type=Path, default=REPORT, help="Markdown report to write ('-' = none)")
+    parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    parser.add_argument(
+        "--embeddings", choices=("true", "false"), default="true", help="run the embedding worker"
+    )
+    parser.add_argument("--notes", type=Path, help="Markdown appended to the report (the reasons for misses)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        evaluation = evaluate(args.corpus, args.run_sets or None, embeddings=args.embeddings == "true")
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(summary_tables(evaluation))
+    if str(args.report) != "-":
+        notes = args.notes.read_text() if args.notes else ""
+        args.report.write_text(render_report(evaluation, notes))
+        print(f"wrote {args.report}", file=sys.stderr)
+    if args.json:
+        args.json.write_text(json.dumps(evaluation.as_dict(), indent=1, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
