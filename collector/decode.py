@@ -153,6 +153,11 @@ def parse_json(payload: bytes) -> tuple[ExportTraceServiceRequest, list[str]]:
         document = json.loads(payload)
     except (UnicodeDecodeError, ValueError) as exc:
         raise DecodeError(f"Body is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise DecodeError(
+            "Body nests JSON arrays/objects too deeply to decode; OTLP JSON needs only a few levels "
+            "(AnyValue nesting past 8 levels is cut anyway)"
+        ) from None
     if not isinstance(document, dict):
         raise DecodeError(
             f"Expected a JSON object (an ExportTraceServiceRequest), got {type(document).__name__}"
@@ -178,7 +183,14 @@ def parse_json(payload: bytes) -> tuple[ExportTraceServiceRequest, list[str]]:
     try:
         request = json_format.ParseDict(document, ExportTraceServiceRequest(), ignore_unknown_fields=True)
     except (json_format.ParseError, TypeError, ValueError, AttributeError) as exc:
-        raise DecodeError(f"Body is not a valid OTLP JSON ExportTraceServiceRequest: {exc}") from exc
+        reason = str(exc)
+        reason = reason if len(reason) <= 300 else reason[:150] + " ... " + reason[-150:]
+        raise DecodeError(f"Body is not a valid OTLP JSON ExportTraceServiceRequest: {reason}") from exc
+    except RecursionError:
+        raise DecodeError(
+            "Body nests AnyValue arrays/kvlists too deeply to decode; send at most a few dozen levels "
+            "(nesting past 8 levels is cut anyway)"
+        ) from None
     return request, bad
 
 

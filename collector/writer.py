@@ -3,6 +3,11 @@
 Receivers call ``IngestQueue.submit`` and wait on the returned future; the ``SpanWriter`` thread
 drains whatever is queued, inserts it in one transaction, commits, and only then resolves the
 futures. A request is therefore acknowledged only after its spans are durable.
+
+Every other write of the process (retention deletes, embeddings, goal scores, thresholds) is a
+function handed to the same thread with ``SpanWriter.execute_write_fn`` (datasette's
+``execute_write_fn``): it runs on the writer's connection in a transaction of its own, between
+span commits, so no second cursor ever writes the file.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Any
 
 import duckdb
 
@@ -39,12 +45,16 @@ class ShuttingDownError(RuntimeError):
     """The server is stopping and accepts no new spans (503)."""
 
 
+WriteFn = Callable[[duckdb.DuckDBPyConnection], Any]
+
+
 class IngestQueue:
     """A FIFO of (batch, future) bounded by total payload bytes, not by item count."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._items: deque[tuple[DecodedBatch, Future, int]] = deque()
+        self._writes: deque[tuple[WriteFn, Future]] = deque()
         self._bytes = 0
         self._cond = threading.Condition()
         self._closed = False
@@ -75,6 +85,27 @@ class IngestQueue:
             self._cond.notify()
         return future
 
+    def submit_write(self, fn: WriteFn) -> Future:
+        """Queue a write function; return a future resolved with its result after its commit."""
+        future: Future = Future()
+        with self._cond:
+            if self._closed:
+                raise ShuttingDownError("driftscope is shutting down and accepts no new writes")
+            self._writes.append((fn, future))
+            self._cond.notify()
+        return future
+
+    @property
+    def pending_writes(self) -> int:
+        return len(self._writes)
+
+    def take_writes(self) -> list[tuple[WriteFn, Future]]:
+        """Take every queued write function (the writer runs them after the span batches)."""
+        with self._cond:
+            jobs = list(self._writes)
+            self._writes.clear()
+            return jobs
+
     def _retry_after(self) -> int:
         """Seconds a refused client should wait: 1 at first, growing with how long the overload
         has lasted (up to 30). The OTLP SDK exporters honour Retry-After but give up after six
@@ -87,7 +118,7 @@ class IngestQueue:
     def take(self, max_rows: int, timeout: float) -> list[tuple[DecodedBatch, Future, int]]:
         """Block up to ``timeout`` for work, then take queued items up to ``max_rows`` rows."""
         with self._cond:
-            if not self._items:
+            if not self._items and not self._writes:
                 self._cond.wait(timeout)
             taken: list[tuple[DecodedBatch, Future, int]] = []
             rows = 0
@@ -137,7 +168,9 @@ class SpanWriter(threading.Thread):
         self.last_error: str | None = None
         self.healthy = True
         self.checkpoints = 0
-        self.busy_seconds = 0.0  # time spent in successful commits (insert + COMMIT)
+        self.busy_seconds = 0.0  # time spent in successful commits (insert + COMMIT) and writes
+        self.writes = 0  # write functions committed (execute_write_fn)
+        self.failed_writes = 0
         self.traces = TraceIndex(conn)
 
     def run(self) -> None:
@@ -146,8 +179,13 @@ class SpanWriter(threading.Thread):
         idle_since = time.monotonic()
         while True:
             items = self.queue.take(self.max_rows_per_commit, timeout=0.2)
+            jobs = self.queue.take_writes()
+            if jobs:
+                dirty = True
+                self._run_writes(jobs)
+                idle_since = time.monotonic()
             if not items:
-                if self._stop_requested.is_set() and len(self.queue) == 0:
+                if self._stop_requested.is_set() and len(self.queue) == 0 and not self.queue.pending_writes:
                     return
                 if dirty and time.monotonic() - idle_since >= self.IDLE_CHECKPOINT_S:
                     dirty = not self._checkpoint()
@@ -181,6 +219,31 @@ class SpanWriter(threading.Thread):
                 self.on_commit(stored)
             idle_since = time.monotonic()
 
+    def execute_write_fn(self, fn: WriteFn, timeout: float | None = None) -> Any:
+        """Run ``fn(conn)`` on the writer's connection, in a transaction of its own, and return
+        its result once committed (its exception is raised here, after a rollback).
+
+        Called from any thread but the writer's own; blocks until the writer has run it.
+        """
+        if threading.current_thread() is self:
+            raise RuntimeError("execute_write_fn called from the writer thread itself")
+        return self.queue.submit_write(fn).result(timeout)
+
+    def _run_writes(self, jobs: list[tuple[WriteFn, Future]]) -> None:
+        for fn, future in jobs:
+            if not future.set_running_or_notify_cancel():
+                continue
+            started = time.perf_counter()
+            try:
+                result = self._transaction(lambda conn, fn=fn: fn(conn))
+            except BaseException as exc:  # noqa: BLE001 - the caller gets it; the writer goes on
+                self.failed_writes += 1
+                future.set_exception(exc)
+                continue
+            self.busy_seconds += time.perf_counter() - started
+            self.writes += 1
+            future.set_result(result)
+
     # Seconds without work after which committed data is checkpointed into the file, so readers
     # scan compressed row groups and a restart replays little WAL.
     IDLE_CHECKPOINT_S = 1.0
@@ -195,15 +258,22 @@ class SpanWriter(threading.Thread):
         return True
 
     def _commit(self, batches: list[DecodedBatch]) -> int:
-        conn = self.conn
-        conn.execute("BEGIN TRANSACTION")
-        try:
+        def insert(conn: duckdb.DuckDBPyConnection) -> int:
             if self._fault is not None:
                 self._fault()
             stored = insert_batches(conn, batches, self.traces)
             rejected = sum(b.rejected for b in batches)
             if rejected:
                 bump_counter(conn, "spans_rejected", rejected)
+            return stored
+
+        return self._transaction(insert)
+
+    def _transaction(self, fn: WriteFn) -> Any:
+        conn = self.conn
+        conn.execute("BEGIN TRANSACTION")
+        try:
+            result = fn(conn)
             conn.execute("COMMIT")
         except BaseException:
             try:
@@ -211,7 +281,7 @@ class SpanWriter(threading.Thread):
             except duckdb.Error:
                 pass
             raise
-        return stored
+        return result
 
     def stop(self, timeout: float = 30.0) -> None:
         """Close the queue, drain and commit what is queued, then end the thread."""

@@ -56,11 +56,17 @@ def check_exposure(config: ServeConfig) -> None:
 
 
 class RetentionWorker(threading.Thread):
-    """Deletes spans older than the retention period, in small batches, in the background."""
+    """Deletes spans older than the retention period, in small batches, in the background.
 
-    def __init__(self, conn, retention_seconds: float, interval: float = 60.0) -> None:
+    ``write`` runs a function on the single writer's connection (``SpanWriter.execute_write_fn``),
+    so every delete is a short transaction of the one writer, between ingest commits.
+    """
+
+    BATCH = 10_000
+
+    def __init__(self, write, retention_seconds: float, interval: float = 60.0) -> None:
         super().__init__(name="driftscope-retention", daemon=True)
-        self.conn = conn.cursor()
+        self.write = write
         self.retention_seconds = retention_seconds
         self.interval = interval
         self.deleted = 0
@@ -68,15 +74,19 @@ class RetentionWorker(threading.Thread):
 
     def run_once(self) -> int:
         cutoff_ns = int((time.time() - self.retention_seconds) * 1e9)
+
+        def delete_batch(conn) -> int:
+            return conn.execute(
+                "DELETE FROM spans WHERE rowid IN (SELECT rowid FROM spans WHERE end_ns < ? LIMIT ?)",
+                [cutoff_ns, self.BATCH],
+            ).fetchone()[0]
+
         total = 0
         while not self._stop_event.is_set():
             # Small deletes keep each transaction short so ingest commits are never held up long.
-            deleted = self.conn.execute(
-                "DELETE FROM spans WHERE rowid IN (SELECT rowid FROM spans WHERE end_ns < ? LIMIT 10000)",
-                [cutoff_ns],
-            ).fetchone()[0]
+            deleted = self.write(delete_batch)
             total += deleted
-            if deleted < 10000:
+            if deleted < self.BATCH:
                 break
         self.deleted += total
         if total:
@@ -93,6 +103,7 @@ class RetentionWorker(threading.Thread):
 
     def stop(self) -> None:
         self._stop_event.set()
+        self.join(5)
 
 
 def run_serve(config: ServeConfig) -> int:
@@ -110,13 +121,13 @@ def run_serve(config: ServeConfig) -> int:
         limits=DecodeLimits(max_attribute_bytes=config.max_attribute_bytes),
     )
     worker = None
-    if config.embeddings:
-        worker = _start_embedding_worker(conn)
-    writer = SpanWriter(conn.cursor(), queue, on_commit=(lambda n: worker.notify()) if worker else None)
+    writer = SpanWriter(conn.cursor(), queue, on_commit=lambda n: worker.notify() if worker else None)
     writer.start()
+    if config.embeddings:
+        worker = _start_embedding_worker(conn, writer.execute_write_fn)
     retention = None
     if config.retention:
-        retention = RetentionWorker(conn, config.retention, config.retention_interval)
+        retention = RetentionWorker(writer.execute_write_fn, config.retention, config.retention_interval)
         retention.start()
 
     if not fastdecode.AVAILABLE:
@@ -135,6 +146,8 @@ def run_serve(config: ServeConfig) -> int:
             "commits": writer.commits,
             "checkpoints": writer.checkpoints,
             "writer_busy_seconds": round(writer.busy_seconds, 3),
+            "writer_writes": writer.writes,
+            "writer_failed_writes": writer.failed_writes,
             "fast_decoder": fastdecode.AVAILABLE,
             "counters": stats.snapshot(),
             "retention_deleted": retention.deleted if retention else 0,
@@ -180,11 +193,12 @@ def run_serve(config: ServeConfig) -> int:
         server.run()  # returns after SIGTERM/SIGINT once in-flight requests are answered
     finally:
         grpc_server.stop(grace=10).wait(15)
-        writer.stop()
+        # The workers write through the writer: stop them first, then drain the writer.
         if retention:
             retention.stop()
         if worker is not None:
             worker.stop()
+        writer.stop()
         try:
             conn.execute("CHECKPOINT")
         except Exception as exc:  # noqa: BLE001 - the WAL replays on next start anyway
@@ -210,12 +224,12 @@ class _QuietServer(uvicorn.Server):
         yield
 
 
-def _start_embedding_worker(conn):
+def _start_embedding_worker(conn, write):
     try:
-        from analytics.embeddings import EmbeddingWorker
+        from analytics.worker import EmbeddingWorker
     except ImportError as exc:
         logger.warning("embedding worker unavailable, goal divergence will embed on demand: %s", exc)
         return None
-    worker = EmbeddingWorker(conn.cursor)
+    worker = EmbeddingWorker(conn.cursor, write=write)
     worker.start()
     return worker

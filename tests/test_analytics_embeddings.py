@@ -11,6 +11,7 @@ import pytest
 from analytics.embeddings import embed_counting, load_model
 from analytics.goals import cosine_divergence
 from analytics.onnx_runtime import MAX_SEQ_LENGTH, TOKENS_PER_BATCH, plan_batches
+from analytics.types import direct_write
 from tests.fixtures_analytics import new_db
 
 PAIRS = pathlib.Path(__file__).resolve().parents[1] / "sample_traces" / "calibration" / "goal_pairs.csv"
@@ -93,7 +94,7 @@ def test_goal_pair_divergences_equal_sentence_transformers_with_two_threads(onnx
     roots, subtasks = _pairs()
     conn = new_db()
     texts = [*dict.fromkeys([*roots, *subtasks])]
-    vectors, embedded = embed_counting(texts * 2, conn, threads=2)  # each distinct text once
+    vectors, embedded = embed_counting(texts * 2, conn, threads=2, write=direct_write(conn))  # once each
     assert embedded == len(texts)
     assert conn.execute("SELECT count(*) FROM embeddings").fetchone()[0] == len(texts)
     index = {text: row for row, text in enumerate(texts)}
@@ -102,3 +103,10 @@ def test_goal_pair_divergences_equal_sentence_transformers_with_two_threads(onnx
     assert np.max(np.abs(got - want)) < 5e-6
     _, again = embed_counting(texts, conn, threads=2)
     assert again == 0
+
+
+def test_embedding_without_a_writer_never_writes_the_database(onnx_model):
+    conn = new_db()
+    vectors, embedded = embed_counting(["a read-side text", "another one"], conn, threads=1)
+    assert embedded == 2 and vectors.shape[0] == 2
+    assert conn.execute("SELECT count(*) FROM embeddings").fetchone()[0] == 0

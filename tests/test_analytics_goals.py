@@ -11,9 +11,11 @@ import duckdb
 import numpy as np
 
 from analytics import Filters, Window, run_metric
-from analytics.embeddings import EmbeddingWorker, embed_texts, text_hash
+from analytics.embeddings import embed_texts, text_hash
 from analytics.goals import MAX_CHART_CHAINS, cosine_divergence, goal_pairs, goal_run_stats
 from analytics.thresholds import store_threshold
+from analytics.types import direct_write
+from analytics.worker import EmbeddingWorker, embed_pending
 from collector.migrations_runner import apply_migrations
 from dashboard.figures import goal_divergence_figure
 from tests.fixtures_analytics import BASE_TIME, insert_spans, make_span, new_db
@@ -109,7 +111,7 @@ def test_distribution_of_many_chains_is_per_hop():
 
 def test_embeddings_cached_by_sha256_and_reused():
     conn = new_db()
-    vectors = embed_texts(["alpha task", "beta task", "alpha task"], conn)
+    vectors = embed_texts(["alpha task", "beta task", "alpha task"], conn, write=direct_write(conn))
     assert vectors.shape == (3, 384)
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     assert np.allclose(vectors[0], vectors[2])
@@ -177,12 +179,15 @@ def test_embedding_worker_embeds_pending_texts_in_background(tmp_path):
     assert stored == 4
 
 
-def test_goal_divergence_same_with_cold_and_warm_cache():
+def test_goal_divergence_same_before_and_after_the_worker_stored_scores():
     conn = new_db()
     insert_spans(conn, _delegations())
     cold = run_metric(conn, "goal_divergence")["divergence"].to_numpy()
-    assert conn.execute("SELECT count(*) FROM embeddings").fetchone()[0] == 3
-    assert conn.execute("SELECT count(*) FROM goal_scores").fetchone()[0] == 2  # both pairs scored
+    # a detector call is a read: it scores what it needs but never writes the database
+    assert conn.execute("SELECT count(*) FROM embeddings").fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM goal_scores").fetchone()[0] == 0
+    assert embed_pending(conn.cursor()) == (2, 3)  # the worker (own cursor) stores 2 pairs, 3 texts
+    assert conn.execute("SELECT count(*) FROM goal_scores").fetchone()[0] == 2
     warm = run_metric(conn, "goal_divergence")["divergence"].to_numpy()
     assert len(cold) == 1 and np.allclose(cold, warm, atol=1e-6)
 
@@ -192,7 +197,7 @@ def test_distribution_and_summary_score_pending_pairs_on_a_cold_database():
     insert_spans(conn, _delegations())
     spread = run_metric(conn, "goal_divergence_distribution")
     assert spread["subtasks"].sum() == 2 and spread["drifted"].sum() == 1
-    assert conn.execute("SELECT count(*) FROM goal_scores").fetchone()[0] == 2
+    assert conn.execute("SELECT count(*) FROM goal_scores").fetchone()[0] == 0  # reads never write
 
 
 def test_goal_divergence_on_read_only_database_file(tmp_path):

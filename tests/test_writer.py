@@ -1,0 +1,111 @@
+"""The single writer: span batches and write functions share one thread and one connection."""
+
+from __future__ import annotations
+
+import threading
+
+import duckdb
+import pytest
+
+from collector.decode import PROTOBUF, decode_payload
+from collector.store import open_store
+from collector.writer import IngestQueue, ShuttingDownError, SpanWriter
+from tests.otlp_builders import make_request
+
+
+@pytest.fixture
+def writer(tmp_path):
+    conn = open_store(tmp_path / "w.duckdb")
+    writer = SpanWriter(conn.cursor(), IngestQueue(64 * 1024 * 1024))
+    writer.start()
+    yield writer
+    writer.stop()
+    conn.close()
+
+
+def _batch(n: int):
+    body = make_request([{"name": f"s{i}"} for i in range(n)]).SerializeToString()
+    return decode_payload(body, PROTOBUF)
+
+
+def test_write_functions_run_on_the_writer_thread_and_commit(writer):
+    seen = {}
+
+    def create(conn: duckdb.DuckDBPyConnection) -> int:
+        seen["thread"] = threading.current_thread().name
+        conn.execute("CREATE TABLE notes (x INTEGER)")
+        conn.execute("INSERT INTO notes VALUES (1), (2)")
+        return 2
+
+    assert writer.execute_write_fn(create, timeout=10) == 2
+    assert seen["thread"] == "driftscope-writer"
+    assert writer.execute_write_fn(lambda c: c.execute("SELECT sum(x) FROM notes").fetchone()[0]) == 3
+    assert writer.writes == 2
+
+
+def test_a_failing_write_is_rolled_back_raised_to_its_caller_and_the_writer_goes_on(writer):
+    writer.execute_write_fn(lambda c: c.execute("CREATE TABLE notes (x INTEGER)"))
+
+    def half_done(conn):
+        conn.execute("INSERT INTO notes VALUES (7)")
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        writer.execute_write_fn(half_done, timeout=10)
+    assert writer.failed_writes == 1
+    assert writer.execute_write_fn(lambda c: c.execute("SELECT count(*) FROM notes").fetchone()[0]) == 0
+    future = writer.queue.submit(_batch(3))
+    assert future.result(10) == 3  # spans still commit after a failed write
+    assert writer.healthy
+
+
+def test_span_batches_and_writes_interleave_without_losing_either(writer):
+    writer.execute_write_fn(lambda c: c.execute("CREATE TABLE ticks (i INTEGER)"))
+    futures = []
+    errors = []
+
+    def tick(i):
+        try:
+            writer.execute_write_fn(lambda c: c.execute("INSERT INTO ticks VALUES (?)", [i]), timeout=30)
+        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=tick, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for _ in range(20):
+        futures.append(writer.queue.submit(_batch(5)))
+    for t in threads:
+        t.join(30)
+    assert not errors
+    assert sum(f.result(30) for f in futures) == 100
+    counts = writer.execute_write_fn(
+        lambda c: c.execute("SELECT (SELECT count(*) FROM ticks), (SELECT count(*) FROM spans)").fetchone()
+    )
+    assert counts == (20, 100)
+
+
+def test_writes_after_stop_are_refused_and_queued_ones_drain(tmp_path):
+    conn = open_store(tmp_path / "w.duckdb")
+    writer = SpanWriter(conn.cursor(), IngestQueue(1024 * 1024))
+    queued = writer.queue.submit_write(lambda c: c.execute("CREATE TABLE late (x INTEGER)"))
+    writer.start()
+    writer.stop()
+    queued.result(10)  # queued before the stop: it ran
+    with pytest.raises(ShuttingDownError):
+        writer.execute_write_fn(lambda c: None)
+    assert conn.execute("SELECT count(*) FROM late").fetchone()[0] == 0
+    conn.close()
+
+
+def test_the_writer_thread_cannot_wait_on_itself(writer):
+    result = writer.execute_write_fn(lambda c: _nested(writer), timeout=10)
+    assert isinstance(result, RuntimeError)
+
+
+def _nested(writer):
+    try:
+        writer.execute_write_fn(lambda c: None)
+    except RuntimeError as exc:
+        return exc
+    return None
