@@ -202,7 +202,7 @@ def run_keys(run_sets: dict[str, RunSet]) -> dict[str, tuple[str, str]]:
     keys: dict[str, tuple[str, str]] = {}
     for name, run_set in run_sets.items():
         for run in run_set.runs:
-            for key in [run.session_id, *run.trace_ids]:
+            for key in [run.session_id, *run.trace_ids, *run.emitted_run_ids]:
                 if key:
                     keys[key] = (name, run.run)
     return keys

@@ -92,6 +92,16 @@ class CaptureServer:
             return len(self.requests)
 
 
+# Attributes frameworks use for a conversation / session id (what a collector may take as the run).
+RUN_ID_KEYS = (
+    "session.id",
+    "gen_ai.conversation.id",
+    "traceloop.association.properties.session_id",
+    "traceloop.association.properties.thread_id",
+    "traceloop.association.properties.conversation_id",
+)
+
+
 class RunRecorder:
     """A span processor that notes the trace ids of the root spans started during each labelled run.
 
@@ -103,6 +113,9 @@ class RunRecorder:
         self.current: str | None = None
         self.traces: dict[str, list[str]] = {}
         self.span_counts: dict[str, int] = {}
+        # Conversation ids the framework itself put on the spans of each run (some frameworks give
+        # a delegated sub-run an id of its own).
+        self.emitted_ids: dict[str, list[str]] = {}
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         if self.current is None:
@@ -118,7 +131,14 @@ class RunRecorder:
         return
 
     def on_end(self, span: Any) -> None:
-        return
+        if self.current is None:
+            return
+        for key in RUN_ID_KEYS:
+            value = (span.attributes or {}).get(key)
+            if isinstance(value, str) and value:
+                ids = self.emitted_ids.setdefault(self.current, [])
+                if value not in ids:
+                    ids.append(value)
 
     def shutdown(self) -> None:
         return

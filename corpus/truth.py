@@ -44,6 +44,9 @@ class RunTruth:
     task: str
     session_id: str | None = None
     trace_ids: list[str] = field(default_factory=list)
+    # Session / conversation ids the framework put on the run's spans (may include ids of its own
+    # for delegated sub-runs, besides session_id).
+    emitted_run_ids: list[str] = field(default_factory=list)
     spans_started: int = 0
     subtasks: list[Subtask] = field(default_factory=list)
     note: str = ""

@@ -403,6 +403,7 @@ def generate_with(kind: str, out_dir: Path) -> Path:
                 task=spec["task"],
                 session_id=thread,
                 trace_ids=tracing.recorder.traces.get(spec["label"], []),
+                emitted_run_ids=tracing.recorder.emitted_ids.get(spec["label"], []),
                 spans_started=tracing.recorder.span_counts.get(spec["label"], 0),
                 subtasks=spec["subtasks"],
                 note=spec.get("note", ""),
