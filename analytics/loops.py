@@ -1,8 +1,9 @@
-"""Loop detectors: repeated (exact and near-duplicate) tool calls, ping-pong delegation,
+"""Loop detectors: repeated (exact and re-worded) calls, ping-pong delegation,
 step-budget exhaustion and duplicate side effects."""
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import duckdb
@@ -12,15 +13,21 @@ import pandas as pd
 from analytics._evidence import EVIDENCE, THRESHOLD, TIMES
 from analytics.registry import register
 from analytics.sql_loader import run_sql
+from analytics.tasks import extract_task
 from analytics.thresholds import current_threshold
 from analytics.types import Filters, Window
 
 logger = logging.getLogger(__name__)
 
-# A loop is the same (or nearly the same) call executed 3+ times; calls a guard refused did not
-# execute, so they count towards a loop only when 3+ of them were refused (the agent hammering
-# a guard). A retry after one failure, or one re-check, is normal.
+# A loop is the same (or nearly the same) call executed 3+ times (2 repeats); calls a guard
+# refused did not execute, so they count towards a loop only when 3+ of them were refused (the
+# agent hammering a guard). A retry after one failure, or one re-check, is normal: on the
+# calibration data (docs/analytics.md, "Loops") 2-call repeats are common in healthy runs.
 MIN_REPEATS = 3
+# A call is compared with at most this many calls before it in its (run, agent, tool) group
+# (exact repeats are linked at any distance): loops are bursts of retries, and a window keeps the
+# cost linear in the number of calls.
+NEIGHBOUR_WINDOW = 4
 # Ping-pong: 4+ alternating hand-offs (A -> B -> A -> B); a single return hand-off is normal.
 # Inferred from agent turns (no delegate spans), 6+: a supervisor going back to the same worker
 # for a second round is normal too.
@@ -46,13 +53,13 @@ def connected_components(n: int, left: np.ndarray, right: np.ndarray) -> np.ndar
             return labels
 
 
-def group_loops(calls: pd.DataFrame) -> pd.DataFrame:
-    """Turn candidate calls (with ``similar_later`` edges) into one row per loop."""
+def group_loops(calls: pd.DataFrame, min_repeats: int = MIN_REPEATS) -> pd.DataFrame:
+    """Turn linked calls (each with the ``linked`` call_idx list) into one row per loop."""
     n = len(calls)
-    pairs = calls[["call_idx", "similar_later"]].explode("similar_later").dropna()
+    pairs = calls[["call_idx", "linked"]].explode("linked").dropna()
     left = pairs["call_idx"].to_numpy(dtype=np.int64)
-    right = pairs["similar_later"].to_numpy(dtype=np.int64)
-    # call_idx identifies a call (its rowid, unordered and sparse): map it to its row position
+    right = pairs["linked"].to_numpy(dtype=np.int64)
+    # call_idx identifies a call (unordered and sparse): map it to its row position
     order = calls["call_idx"].to_numpy(dtype=np.int64)
     sorter = np.argsort(order, kind="stable")
 
@@ -62,9 +69,10 @@ def group_loops(calls: pd.DataFrame) -> pd.DataFrame:
     labels = connected_components(n, position(left), position(right)) if n else np.array([], int)
     calls = calls.assign(loop=labels)
     calls["rejected"] = calls["rejected"].astype(bool)
+    calls["failing"] = calls["failing"].astype(bool)
     refused = calls.groupby("loop")["rejected"].transform("sum")
     executed = calls.groupby("loop")["rejected"].transform("size") - refused
-    is_loop = (executed >= MIN_REPEATS) | (refused >= MIN_REPEATS)
+    is_loop = (executed >= min_repeats) | (refused >= min_repeats)
     members = calls[is_loop].sort_values(["loop", "start_ns", "SpanId"])
     if members.empty:
         return pd.DataFrame(columns=_LOOP_COLUMNS)
@@ -76,9 +84,11 @@ def group_loops(calls: pd.DataFrame) -> pd.DataFrame:
             "run_id": grouped["run_id"].first(),
             "agent": grouped["agent"].first().replace({"": None}),
             "tool_name": grouped["tool_name"].first(),
+            "call_type": grouped["source"].first(),
             "kind": np.where(grouped["norm_args"].nunique() == 1, "exact", "near_duplicate"),
-            "failing": grouped["failing"].first(),
+            "failing": grouped["failing"].all(),
             "calls": grouped.size(),
+            "failed": (grouped["failing"].sum() - grouped["rejected"].sum()).astype(int),
             "refused": grouped["rejected"].sum().astype(int),
             "distinct_arguments": grouped["norm_args"].nunique(),
             "min_similarity": grouped["min_similarity"].min().astype(float),
@@ -91,37 +101,77 @@ def group_loops(calls: pd.DataFrame) -> pd.DataFrame:
 
 
 _LOOP_COLUMNS = [
-    "trace_id", "span_ids", "run_id", "agent", "tool_name", "kind", "failing", "calls", "refused",
-    "distinct_arguments", "min_similarity", "signature", "first_seen", "last_seen",
+    "trace_id", "span_ids", "run_id", "agent", "tool_name", "call_type", "kind", "failing", "calls",
+    "failed", "refused", "distinct_arguments", "min_similarity", "signature", "first_seen", "last_seen",
 ]  # fmt: skip
+
+
+@functools.lru_cache(maxsize=65536)
+def _task_of(text: str) -> str:
+    return extract_task(text) or ""
+
+
+def linked_calls(
+    conn: duckdb.DuckDBPyConnection,
+    window: Window,
+    filters: Filters,
+    similarity: float,
+    neighbour_window: int = NEIGHBOUR_WINDOW,
+    min_calls: int = MIN_REPEATS,
+) -> pd.DataFrame:
+    """Calls of (run, agent, tool) groups linked to another call of their group (repeated_calls.sql).
+
+    Agent invocations are compared on their task statements, extracted here from the inputs of
+    agent spans invoked ``min_calls``+ times in a run.
+    """
+    inputs = run_sql(conn, "loop_agent_inputs", window, filters, min_calls=min_calls)["input_text"].tolist()
+    return run_sql(
+        conn,
+        "repeated_calls",
+        window,
+        filters,
+        similarity=similarity,
+        neighbours=neighbour_window,
+        min_calls=min_calls,
+        agent_inputs=inputs,
+        agent_tasks=[_task_of(text) for text in inputs],
+    )
 
 
 @register(
     "repeated_calls",
-    description="Loops of repeated tool calls: identical or near-identical arguments, same outcome.",
+    description="Loops of repeated calls (tool calls, delegations, agent invocations, code actions): "
+    "identical or re-worded arguments, whatever their outcome.",
     columns={
         **EVIDENCE,
-        "agent": "agent that repeated the call",
-        "tool_name": "tool called",
+        "agent": "agent that repeated the call ('' unknown for agent invocations: the caller is not resolved)",
+        "tool_name": "tool called (the invoked agent for delegations and agent invocations)",
+        "call_type": "'tool' (tool span), 'delegation' (driftscope delegate span), 'agent' (agent span "
+        "invoked with a task) or 'code' (a call in a code block of an LLM output)",
         "kind": "'exact' (one normalized signature) or 'near_duplicate' (similar arguments)",
         "failing": "True when every call in the loop failed (error, rejected or status Error)",
         "calls": "number of calls in the loop (executed and refused)",
+        "failed": "executed calls of the loop that failed (error or status Error)",
         "refused": "calls of the loop a guard refused (did not execute)",
         "distinct_arguments": "distinct normalized argument strings in the loop",
-        "min_similarity": "lowest token-set Jaccard similarity that links a member, 0..1",
+        "min_similarity": "lowest similarity of a link between members (token-set Jaccard of stemmed "
+        "argument words, stop words dropped; 1 for identical arguments), 0..1",
         "signature": "normalized arguments of the first call: its argument words, lower case, sorted",
         **TIMES,
         **THRESHOLD,
     },
-    row="one loop (a group of repeated calls of one tool by one agent in one run)",
+    row="one loop (repeated calls of one tool or agent by one agent in one run)",
     failure_mode="step repetition: the agent retries the same call without progress",
     mast_category="specification issues",
 )
 def repeated_calls(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
-    """Exact and near-duplicate repeated tool calls, each loop reported once with its members."""
+    """Exact and re-worded repeated calls, each loop reported once with its members.
+
+    A call is linked to identical calls of its group and to similar calls among the
+    ``NEIGHBOUR_WINDOW`` before it; loops are the linked components with ``MIN_REPEATS``+ calls.
+    """
     info = current_threshold(conn, "near_duplicate_similarity")
-    calls = run_sql(conn, "repeated_calls", window, filters, similarity=info.value)
-    out = group_loops(calls)
+    out = group_loops(linked_calls(conn, window, filters, info.value))
     out["threshold"] = info.value
     out["threshold_version"] = info.version
     out["calibrated"] = info.calibrated

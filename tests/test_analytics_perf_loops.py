@@ -91,7 +91,7 @@ def test_run_summary_is_not_cached_for_in_memory_databases():
     assert run_metric(healthy, "run_summary").loc[0, "verdict"] == "healthy"
 
 
-def test_repeated_calls_needs_three_calls_of_one_failing_class():
+def test_repeated_calls_group_errors_and_successes_and_need_three_calls():
     conn = new_db()
     call = dict(agent_id="a", tool_name="search", tool_args={"q": "same"})
     insert_spans(
@@ -99,16 +99,15 @@ def test_repeated_calls_needs_three_calls_of_one_failing_class():
         [
             make_span(0, outcome="error", **call),
             make_span(1, outcome="error", **call),
-            make_span(2, outcome="ok", **call),  # a success: another group, no loop of three
+            make_span(2, outcome="ok", **call),  # a retry loop ends in a success: one loop
             make_span(3, run="run-2", outcome="error", **call),
-            make_span(4, run="run-2", outcome="error", **call),
-            make_span(5, run="run-2", outcome="error", **call),
-            make_span(6, run="run-2", agent_id="b", tool_name="search", tool_args={"q": "same"}),
+            make_span(4, run="run-2", outcome="ok", **call),  # one retry after an error: normal
+            make_span(5, run="run-2", agent_id="b", tool_name="search", tool_args={"q": "same"}),
         ],
     )  # fmt: skip
     loops = run_metric(conn, "repeated_calls")
-    assert list(loops["run_id"]) == ["run-2"]
-    assert loops.loc[0, "calls"] == 3 and loops.loc[0, "failing"]
+    assert list(loops["run_id"]) == ["run-1"]
+    assert loops.loc[0, "calls"] == 3 and loops.loc[0, "failed"] == 2 and not loops.loc[0, "failing"]
 
 
 def test_repeated_calls_stored_out_of_time_order_form_one_loop_listed_by_start():

@@ -1,86 +1,188 @@
--- repeated_calls (candidate pairs): tool calls of one agent in one run, with each pair of calls
--- of the same tool and the same failing/succeeding class whose normalized arguments are
--- identical (same sorted argument words, stop words dropped) or nearly so (token-set Jaccard of
--- those words >= $similarity). Loops are the connected components
--- of these pairs, formed in numpy (analytics.loops.group_loops).
--- A loop has 3+ members and every pair lies inside one (run, agent, tool, failing) group, so only
--- calls of groups with 3+ calls are candidates: the rest can never be part of a loop. Calls
--- without a run never pair (the pair join compares run ids), so they are no candidates either.
--- Cost: the groups are counted on one integer hash of their key (a collision only keeps a few
--- more candidates; pairs compare the key columns themselves); a call is identified by its rowid
--- (no numbering window); arguments are split into words once per distinct argument string.
-WITH calls AS NOT MATERIALIZED (
-    SELECT rowid AS call_idx, TraceId, SpanId, run_id, coalesce(agent_id, '') AS agent, tool_name,
-           Timestamp, start_ns, tool_args, outcome,
-           coalesce(outcome IN ('error', 'rejected') OR StatusCode = 'Error', false) AS failing
+-- repeated_calls (linked calls): every call of a (run, agent, tool) group that is linked to
+-- another call of its group, with the calls it links to. analytics.loops forms the loops (the
+-- connected components of these links) and keeps those with enough calls.
+-- A call is
+--   * a tool call (tool_name set; not a driftscope delegate/objective span),
+--   * a delegation (driftscope op = 'delegate': the delegator calls the delegate_to agent with its
+--     subtask); hand-offs whose target also hands back to the delegator in the run are a
+--     ping-pong (the ping_pong detector's finding), not a repeat,
+--   * an agent invocation (an agent span whose input has a task: the invoked agent is the "tool",
+--     the task statement extracted in Python, bound as $agent_inputs -> $agent_tasks, is the
+--     argument; the caller is not resolved, so the agent column is ''),
+--   * a code action: a call `name(...)` in a ```py / <code> block of an LLM output, for agents
+--     that act through code (only for (run, agent, name) without tool spans, and never a name
+--     of an invoked agent or a Python builtin).
+-- Outcomes are not part of the group: a retry loop is error, error, ok.
+-- Two calls are linked when their normalized arguments are identical (the same sorted argument
+-- words: whitespace, case and key order free) - any two such calls of the group, chained in time
+-- order - or when one is among the $neighbours calls before the other in the group and their
+-- similarity (token-set Jaccard of stemmed argument words, stop words dropped) is >= $similarity.
+-- Cost is linear: the exact links are a lag() over (group, signature) and the similarity is
+-- computed for at most $neighbours neighbours per call (one join per offset, on the call's number in
+-- its group); groups with fewer than $min_calls calls cannot hold a loop and are dropped first,
+-- on a hash of their key (a collision only keeps a few more calls; links compare the keys).
+WITH tool_calls AS NOT MATERIALIZED (
+    SELECT TraceId, SpanId, run_id, coalesce(agent_id, '') AS agent, tool_name, Timestamp, start_ns,
+           coalesce(tool_args, '') AS args,
+           coalesce(outcome IN ('error', 'rejected') OR StatusCode = 'Error', false) AS failing,
+           coalesce(outcome = 'rejected', false) AS rejected, 'tool' AS source
     FROM spans
     WHERE {span_filter} AND tool_name IS NOT NULL AND run_id IS NOT NULL
       AND coalesce(op, '') NOT IN ('delegate', 'objective')
+      -- an execution guard's check that let the call through is not the call (the call is its
+      -- own span); a refused check is a refused call
+      AND NOT (coalesce(guard, '') = 'execution_guard' AND coalesce(outcome, 'ok') <> 'rejected')
       AND ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
 ),
-keys AS (  -- (run, agent, tool, failing) groups with 3+ calls
-    SELECT hash(run_id, agent, tool_name, failing) AS h
-    FROM calls
-    GROUP BY h
-    HAVING count(*) >= 3
+handoffs AS NOT MATERIALIZED (
+    SELECT TraceId, SpanId, run_id, agent_id, delegate_to, Timestamp, start_ns, goal_text, tool_args,
+           outcome, StatusCode
+    FROM spans
+    WHERE {span_filter} AND op = 'delegate' AND run_id IS NOT NULL AND agent_id IS NOT NULL
+      AND delegate_to IS NOT NULL AND agent_id <> delegate_to
 ),
-candidates AS MATERIALIZED (
-    SELECT call_idx, TraceId, SpanId, run_id, agent, tool_name, Timestamp, start_ns,
-           coalesce(tool_args, '') AS args, failing, coalesce(outcome = 'rejected', false) AS rejected, h
-    FROM (SELECT *, hash(run_id, agent, tool_name, failing) AS h FROM calls)
-    WHERE h IN (SELECT h FROM keys)
+delegations AS NOT MATERIALIZED (
+    SELECT TraceId, SpanId, run_id, agent_id AS agent, delegate_to AS tool_name, Timestamp, start_ns,
+           coalesce(goal_text, tool_args, '') AS args,
+           coalesce(outcome IN ('error', 'rejected') OR StatusCode = 'Error', false) AS failing,
+           coalesce(outcome = 'rejected', false) AS rejected, 'delegation' AS source
+    FROM handoffs d
+    WHERE ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
+      AND NOT EXISTS (SELECT 1 FROM handoffs b
+                      WHERE b.run_id = d.run_id AND b.agent_id = d.delegate_to AND b.delegate_to = d.agent_id)
 ),
-words AS (  -- signature: the argument words, lower case, sorted (whitespace/case/key order free)
-    SELECT args, array_to_string(list_sort(w), ' ') AS norm_args, list_distinct(w) AS tokens
+agent_tasks AS (
+    SELECT unnest($agent_inputs::VARCHAR[]) AS input_text, unnest($agent_tasks::VARCHAR[]) AS task
+),
+invocations AS NOT MATERIALIZED (
+    SELECT s.TraceId, s.SpanId, s.run_id, '' AS agent,
+           coalesce(s.agent_id, s.agent_name, s.SpanName) AS tool_name, s.Timestamp, s.start_ns,
+           t.task AS args, coalesce(s.StatusCode = 'Error', false) AS failing, false AS rejected,
+           'agent' AS source
+    FROM spans s JOIN agent_tasks t ON t.input_text = s.input_text
+    WHERE {span_filter} AND s.span_family = 'agent' AND s.run_id IS NOT NULL
+      AND ($agent::VARCHAR IS NULL OR coalesce(s.agent_id, s.agent_name, s.SpanName) = $agent::VARCHAR)
+),
+llm_code AS (  -- code blocks of LLM outputs (the message content when the output is a JSON message)
+    SELECT TraceId, SpanId, run_id, agent, Timestamp, start_ns,
+           list_concat(regexp_extract_all(text, '(?s)<code>(.*?)</code>', 1),
+                       regexp_extract_all(text, '(?s)```(?:py|python)?[ \t]*\n(.*?)```', 1)) AS blocks
     FROM (
-        SELECT args,
-               list_filter(string_split_regex(lower(args), '[^a-z0-9_.]+'),
-                           lambda x: x <> '' AND x NOT IN ('a', 'an', 'the', 'in', 'for', 'of', 'to',
-                                                           'and', 'or', 'on', 'at', 'by', 'with')) AS w
-        FROM (SELECT DISTINCT args FROM candidates)
+        SELECT TraceId, SpanId, run_id, coalesce(agent_id, '') AS agent, Timestamp, start_ns,
+               CASE WHEN left(output_text, 1) = '{' AND json_valid(output_text)
+                    THEN coalesce(json_extract_string(output_text, '$.content'), output_text)
+                    ELSE output_text END AS text
+        FROM spans
+        WHERE {span_filter} AND span_family = 'llm' AND run_id IS NOT NULL
+          AND (contains(output_text, '<code>') OR contains(output_text, '```'))
+          AND ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
     )
 ),
-pairs AS MATERIALIZED (  -- each pair of calls of one group (in call_idx order)
-    SELECT a.call_idx AS i, b.call_idx AS j, a.args AS args_i, b.args AS args_j
-    FROM candidates a JOIN candidates b ON a.h = b.h AND a.call_idx < b.call_idx
-    -- the key columns are compared after the join on the hash (a CASE, so that they are not
-    -- hashed as further join keys: they only catch a hash collision)
-    WHERE CASE WHEN a.run_id = b.run_id AND a.agent = b.agent AND a.tool_name = b.tool_name
-                    AND a.failing = b.failing THEN true ELSE false END
+code_calls AS NOT MATERIALIZED (
+    SELECT TraceId, SpanId, run_id, agent, tool_name, Timestamp, start_ns, args,
+           false AS failing, false AS rejected, 'code' AS source
+    FROM (
+        SELECT TraceId, SpanId, run_id, agent, Timestamp, start_ns,
+               unnest(regexp_extract_all(block, '(^|[^A-Za-z0-9_.])([A-Za-z_][A-Za-z0-9_]*)\s*\(((?:[^()"'']|"[^"]*"|''[^'']*'')*)\)', 2)) AS tool_name,
+               unnest(regexp_extract_all(block, '(^|[^A-Za-z0-9_.])([A-Za-z_][A-Za-z0-9_]*)\s*\(((?:[^()"'']|"[^"]*"|''[^'']*'')*)\)', 3)) AS args
+        FROM (SELECT *, unnest(blocks) AS block FROM llm_code)
+    )
+    WHERE tool_name NOT IN ('print', 'len', 'range', 'str', 'int', 'float', 'bool', 'list', 'dict', 'set',
+                            'tuple', 'sorted', 'reversed', 'enumerate', 'zip', 'map', 'filter', 'max',
+                            'min', 'sum', 'abs', 'round', 'any', 'all', 'isinstance', 'type', 'open',
+                            'format', 'repr', 'hasattr', 'getattr', 'setattr', 'super', 'final_answer')
+      AND hash(run_id, agent, tool_name) NOT IN (SELECT hash(run_id, agent, tool_name) FROM tool_calls)
+      AND hash(run_id, tool_name) NOT IN (SELECT hash(run_id, tool_name) FROM invocations)
 ),
-arg_similarity AS (  -- token-set Jaccard, once per distinct pair of argument strings
-    SELECT p.args_i, p.args_j,
-           CASE WHEN a.norm_args = b.norm_args THEN 1.0
-                WHEN len(a.tokens) + len(b.tokens) = 0 THEN 0.0
+calls AS NOT MATERIALIZED (
+    SELECT * FROM tool_calls
+    UNION ALL SELECT * FROM delegations
+    UNION ALL SELECT * FROM invocations
+    UNION ALL SELECT * FROM code_calls
+),
+keys AS (  -- (run, agent, tool) groups with enough calls for a loop
+    SELECT hash(run_id, agent, tool_name) AS h
+    FROM calls
+    GROUP BY h
+    HAVING count(*) >= $min_calls
+),
+candidates AS MATERIALIZED (
+    SELECT row_number() OVER () AS call_idx, *
+    FROM calls
+    WHERE hash(run_id, agent, tool_name) IN (SELECT h FROM keys)
+),
+words AS (  -- per distinct argument string: its signature (the argument words, lower case,
+            -- sorted: whitespace/case/key order free) and its similarity tokens
+    SELECT args, array_to_string(list_sort(w), ' ') AS norm_args,
+           list_distinct(
+               -- light stemming, in three steps: plural -ies/-s, then -ing/-ed, then a final -e
+               list_transform(list_transform(list_transform(
+                   list_filter(list_transform(w, lambda x: trim(x, '.')),
+                               lambda x: x <> '' AND x NOT IN (
+                                   'is', 'are', 'was', 'were', 'be', 'been', 'being', 'what', 'which',
+                                   'who', 'whom', 'whose', 'how', 'when', 'where', 'why', 'me', 'my',
+                                   'i', 'you', 'your', 'we', 'our', 'it', 'its', 'this', 'that',
+                                   'these', 'those', 'there', 'please', 'can', 'could', 'would',
+                                   'should', 'do', 'does', 'did', 'find', 'get', 'show', 'give', 'tell',
+                                   'list', 'search', 'look', 'lookup', 'up', 'about', 'from', 'into',
+                                   'as', 'any', 'all', 'some', 'current', 'latest', 'args', 'kwargs',
+                                   'sanitize_inputs_outputs', 'true', 'false', 'null', 'none',
+                                   'a', 'an', 'the', 'in', 'for', 'of', 'to', 'and', 'or', 'on', 'at',
+                                   'by', 'with')),
+                   lambda x: CASE WHEN length(x) > 4 AND suffix(x, 'ies') THEN left(x, length(x) - 3) || 'y'
+                                  WHEN length(x) > 3 AND suffix(x, 's') AND NOT suffix(x, 'ss')
+                                       AND NOT suffix(x, 'us') AND NOT suffix(x, 'is')
+                                  THEN left(x, length(x) - 1)
+                                  ELSE x END),
+                   lambda x: CASE WHEN length(x) > 5 AND suffix(x, 'ing') THEN left(x, length(x) - 3)
+                                  WHEN length(x) > 4 AND suffix(x, 'ed') THEN left(x, length(x) - 2)
+                                  ELSE x END),
+                   lambda x: CASE WHEN length(x) > 3 AND suffix(x, 'e') THEN left(x, length(x) - 1)
+                                  ELSE x END)) AS tokens
+    FROM (
+        SELECT args,
+               list_filter(string_split_regex(lower(unescaped), '[^a-z0-9_.]+'),
+                           lambda x: x <> '' AND x NOT IN ('a', 'an', 'the', 'in', 'for', 'of', 'to',
+                                                           'and', 'or', 'on', 'at', 'by', 'with')) AS w
+        -- JSON escapes (\n, \t, \r) are white space, not the letters n, t, r
+        FROM (SELECT args, regexp_replace(args, '\\[ntr]', ' ', 'g') AS unescaped
+              FROM (SELECT DISTINCT args FROM candidates))
+    )
+),
+ranked AS MATERIALIZED (
+    SELECT c.call_idx, c.TraceId, c.SpanId, c.run_id, c.agent, c.tool_name, c.Timestamp, c.start_ns,
+           c.failing, c.rejected, c.source, w.norm_args, w.tokens,
+           hash(c.run_id, c.agent, c.tool_name) AS h,
+           row_number() OVER (PARTITION BY c.run_id, c.agent, c.tool_name ORDER BY c.start_ns, c.SpanId) AS rn,
+           lag(c.call_idx) OVER (PARTITION BY c.run_id, c.agent, c.tool_name, w.norm_args
+                                 ORDER BY c.start_ns, c.SpanId) AS same_before
+    FROM candidates c JOIN words w USING (args)
+),
+near AS (  -- each call and its $neighbours predecessors in the group with other arguments
+    SELECT a.call_idx AS i, b.call_idx AS j,
+           CASE WHEN len(a.tokens) + len(b.tokens) = 0 THEN 0.0
                 ELSE len(list_intersect(a.tokens, b.tokens))
                      / (len(a.tokens) + len(b.tokens) - len(list_intersect(a.tokens, b.tokens)))
            END AS similarity
-    FROM (SELECT DISTINCT args_i, args_j FROM pairs) p
-    JOIN words a ON a.args = p.args_i
-    JOIN words b ON b.args = p.args_j
+    FROM ranked a
+    CROSS JOIN range(1, $neighbours + 1) AS o(d)
+    JOIN ranked b ON b.h = a.h AND b.rn = a.rn - o.d
+    WHERE a.norm_args <> b.norm_args
+      AND CASE WHEN a.run_id = b.run_id AND a.agent = b.agent AND a.tool_name = b.tool_name
+               THEN true ELSE false END
 ),
-close_pairs AS MATERIALIZED (
-    SELECT p.i, p.j, s.similarity
-    FROM pairs p JOIN arg_similarity s USING (args_i, args_j)
-    WHERE s.similarity >= $similarity
+links AS (
+    SELECT i, j, similarity FROM near WHERE similarity >= $similarity
+    UNION ALL
+    SELECT call_idx AS i, same_before AS j, 1.0 AS similarity FROM ranked WHERE same_before IS NOT NULL
 ),
-later AS (SELECT i AS call_idx, list(j) AS similar_later FROM close_pairs GROUP BY i),
-linked AS (  -- lowest similarity of a pair the call belongs to, as the earlier or the later call
-    SELECT call_idx, min(similarity) AS min_similarity
-    FROM (SELECT i AS call_idx, similarity FROM close_pairs UNION ALL SELECT j, similarity FROM close_pairs)
+linked AS (
+    SELECT call_idx, list(other) AS linked, min(similarity) AS min_similarity
+    FROM (SELECT i AS call_idx, j AS other, similarity FROM links
+          UNION ALL SELECT j, i, similarity FROM links)
     GROUP BY call_idx
-),
-members AS (  -- a loop has 3+ calls with a close pair each, all in one group: only such calls
-                -- can belong to one (group_loops forms the loops)
-    SELECT c.*, k.min_similarity
-    FROM candidates c JOIN linked k USING (call_idx)
-    QUALIFY count(*) OVER (PARTITION BY c.h) >= 3
 )
-SELECT c.call_idx, c.TraceId, c.SpanId, c.run_id, c.agent, c.tool_name, c.Timestamp, c.start_ns,
-       c.failing, c.rejected, w.norm_args,
-       coalesce(l.similar_later, []::BIGINT[]) AS similar_later,
-       c.min_similarity
-FROM members c
-JOIN words w USING (args)
-LEFT JOIN later l USING (call_idx)
-ORDER BY c.run_id, c.start_ns, c.SpanId
+SELECT r.call_idx, r.TraceId, r.SpanId, r.run_id, r.agent, r.tool_name, r.Timestamp, r.start_ns,
+       r.failing, r.rejected, r.source, r.norm_args, l.linked, l.min_similarity
+FROM ranked r JOIN linked l USING (call_idx)
+ORDER BY r.run_id, r.start_ns, r.SpanId
