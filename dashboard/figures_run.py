@@ -20,30 +20,54 @@ def _failed(row) -> bool:
     return row.get("outcome") in ("rejected", "error") or row.get("status_code") == "Error"
 
 
-def waterfall_figure(spans: pd.DataFrame, highlight: set[str] | None = None) -> go.Figure:
-    """A run's spans as a waterfall (ms from the run's first span); failures and findings in red."""
-    title = "Spans (waterfall)"
+def waterfall_figure(
+    spans: pd.DataFrame,
+    highlight: set[str] | None = None,
+    rows: list | None = None,
+    matches: set[str] | None = None,
+    selected: str | None = None,
+) -> go.Figure:
+    """A run's spans as a timeline (ms from the run's first span) beside the trace tree.
+
+    With ``rows`` (``dashboard.trace.trace_rows``) the bars follow the tree's depth-first order
+    and labels are indented by depth. Red: rejected or failed; orange: evidence of the selected
+    finding (``highlight``); black outline: search ``matches``; thick outline: the ``selected`` span.
+    """
+    title = "Timeline"
     if spans is None or spans.empty:
         return empty_figure(title, "No spans for this run")
     highlight = highlight or set()
+    matches = matches or set()
     t0 = int(spans["start_ns"].min())
-    records = span_records(spans)
+    every = span_records(spans)
+    if rows is None:
+        records, depths = every, [0] * len(every)
+    else:
+        records = [every[r.position] for r in rows]
+        depths = [r.depth for r in rows]
     starts = [(int(r["start_ns"]) - t0) / 1e6 for r in records]
     widths = [max((int(r["end_ns"]) - int(r["start_ns"])) / 1e6, 0.05) for r in records]
     colors = [
         FAIL_COLOR if _failed(r) else WARN_COLOR if r.get("span_id") in highlight else OK_COLOR
         for r in records
     ]
-    labels = [f"{esc(r.get('agent_id') or '-', 30)} · {esc(r.get('span_name'), 40)}" for r in records]
+    outline = [
+        3 if r.get("span_id") == selected else 1.5 if r.get("span_id") in matches else 0 for r in records
+    ]
+    labels = [
+        f"{'· ' * min(d, 12)}{esc(r.get('agent_id') or '-', 30)} · {esc(r.get('span_name'), 40)}"
+        for r, d in zip(records, depths, strict=True)
+    ]
     hover = [
         "<br>".join(
             [
                 f"<b>{esc(r.get('span_name'), 80)}</b>",
-                f"span {esc(r.get('span_id'))}",
+                f"span {esc(r.get('span_id'))} · trace {esc(r.get('trace_id'))}",
                 f"agent {esc(r.get('agent_id'))}",
                 f"tool {esc(r.get('tool_name'))}",
                 f"op {esc(r.get('op'))} outcome {esc(r.get('outcome'))} {esc(r.get('reject_reason'))}",
                 f"status {esc(r.get('status_code'))}",
+                "finding evidence" if r.get("span_id") in highlight else "",
             ]
         )
         for r in records
@@ -54,9 +78,10 @@ def waterfall_figure(spans: pd.DataFrame, highlight: set[str] | None = None) -> 
             x=widths,
             base=starts,
             orientation="h",
-            marker_color=colors,
+            marker=dict(color=colors, line=dict(color="#111111", width=outline)),
             hovertext=hover,
             hoverinfo="text",
+            customdata=[r.get("span_id") for r in records],
         )
     )
     fig.update_yaxes(
@@ -67,7 +92,9 @@ def waterfall_figure(spans: pd.DataFrame, highlight: set[str] | None = None) -> 
     )
     fig.update_xaxes(title="ms since the run's first span")
     return _layout(
-        fig, title + " — red: rejected or failed, orange: finding evidence", height=140 + 22 * len(records)
+        fig,
+        title + " — red: rejected or failed, orange: evidence of the selected finding",
+        height=140 + 22 * len(records),
     )
 
 

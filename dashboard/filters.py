@@ -62,10 +62,18 @@ def describe_filters(filters: Filters) -> str:
     return ", ".join(parts) or "no filters"
 
 
-def run_link(run_id: str | None, page: str = "run_explorer") -> str | None:
-    """A relative link to the run explorer showing ``run_id``."""
+def run_link(
+    run_id: str | None, page: str = "run_explorer", span: str | None = None, query: str | None = None
+) -> str | None:
+    """A relative link to the run explorer showing ``run_id`` (and selecting ``span`` or searching
+    for ``query``, e.g. a trace id)."""
     if not run_id:
         return None
     from urllib.parse import quote
 
-    return f"{page}?run={quote(str(run_id), safe='')}"
+    link = f"{page}?run={quote(str(run_id), safe='')}"
+    if span:
+        link += f"&span={quote(str(span), safe='')}"
+    if query:
+        link += f"&q={quote(str(query), safe='')}"
+    return link

@@ -16,6 +16,7 @@ from datetime import datetime
 import numpy as np
 import pandas as pd
 
+from analytics.summary import FAILING_DETECTORS
 from analytics.types import Filters, Window
 
 logger = logging.getLogger(__name__)
@@ -455,18 +456,82 @@ def run_failures(findings: list[Finding]) -> tuple[set[str], set[str]]:
 
 
 def findings_frame(findings: list[Finding]) -> pd.DataFrame:
-    """Findings as a table: failure mode, MAST category, run, agents, time, detail summary."""
+    """Findings as a table: status, failure mode, MAST category, run, agents, time, evidence, details."""
     rows = [
         {
+            "status": finding_status(f),
             "failure_mode": f.failure_mode,
             "mast_category": f.mast_category,
             "run_id": f.run_id,
             "agents": f.agents,
             "first_seen": f.first_seen,
             "details": "; ".join(f"{k}={v}" for k, v in f.details.items() if v)[:300],
+            "trace_id": f.trace_id,
+            "span_ids": f.span_ids,
         }
         for f in findings
     ]
     return pd.DataFrame(
-        rows, columns=["failure_mode", "mast_category", "run_id", "agents", "first_seen", "details"]
+        rows,
+        columns=[
+            "status", "failure_mode", "mast_category", "run_id", "agents", "first_seen", "details",
+            "trace_id", "span_ids",
+        ],
+    )  # fmt: skip
+
+
+REVIEW = "to review (threshold not calibrated)"
+STATUS_RANK = {"failure": 0, REVIEW: 1, "warning": 2}
+
+
+def _true(text: str | None) -> bool:
+    return str(text).strip().lower() in ("true", "1")
+
+
+def finding_status(finding: Finding) -> str:
+    """``failure`` (it makes its run failing, as run_summary decides), ``to review (threshold not
+    calibrated)`` (goal drift over the uncalibrated default) or ``warning`` (a guard or the agent
+    caught it: divergent reads, budget stops, refreshed holders, refused calls)."""
+    if finding.metric == "goal_divergence":
+        return "failure" if _true(finding.details.get("calibrated")) else REVIEW
+    if finding.metric == "context_drift_holders":
+        return "warning" if _true(finding.details.get("refreshed")) else "failure"
+    if finding.metric == "stale_policy_sends" or finding.metric in FAILING_DETECTORS:
+        return "failure"
+    return "warning"
+
+
+def _catalogue_rank(metric: str) -> int:
+    names = list(FAILURE_MODES)
+    return names.index(metric) if metric in names else len(names)
+
+
+def severity_key(finding: Finding) -> tuple[int, int, int]:
+    """Sort key, worst first: status, then whether the detector makes runs failing, then catalogue order."""
+    failing = list(FAILING_DETECTORS)
+    return (
+        STATUS_RANK[finding_status(finding)],
+        failing.index(finding.metric) if finding.metric in failing else len(failing),
+        _catalogue_rank(finding.metric),
+    )
+
+
+def order_by_run_and_severity(findings: list[Finding]) -> list[int]:
+    """Positions of ``findings`` grouped by run, worst first within a run; runs whose worst finding is
+    worse come first (ties: first listed first). Findings without a run come last."""
+    keys = [severity_key(f) for f in findings]
+    worst: dict[str | None, tuple] = {}
+    first: dict[str | None, int] = {}
+    for i, (finding, key) in enumerate(zip(findings, keys, strict=True)):
+        worst[finding.run_id] = min(worst.get(finding.run_id, key), key)
+        first.setdefault(finding.run_id, i)
+    return sorted(
+        range(len(findings)),
+        key=lambda i: (
+            findings[i].run_id is None,
+            worst[findings[i].run_id],
+            first[findings[i].run_id],
+            keys[i],
+            i,
+        ),
     )

@@ -283,6 +283,23 @@ def with_run_links(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
         config["explore"] = st.column_config.LinkColumn(
             "run", display_text=r"run=(.*)$", help="Open in the run explorer"
         )
+        # Evidence ids open the run with that span selected, trace ids with the trace searched.
+        if "span_ids" in frame.columns:
+            frame["span_ids"] = [
+                run_link(r, span=_first(s)) if _first(s) else None
+                for r, s in zip(frame["run_id"], frame["span_ids"], strict=True)
+            ]
+            config["span_ids"] = st.column_config.LinkColumn(
+                "evidence span", display_text=r"span=([^&]*)", help="Open the run at this evidence span"
+            )
+        if "trace_id" in frame.columns:
+            frame["trace_id"] = [
+                run_link(r, query=t) if isinstance(t, str) and t else None
+                for r, t in zip(frame["run_id"], frame["trace_id"], strict=True)
+            ]
+            config["trace_id"] = st.column_config.LinkColumn(
+                "trace", display_text=r"q=([^&]*)", help="Open the run with this trace searched"
+            )
     # What happened first, evidence ids last.
     tail = [c for c in ("run_id", "trace_id", "span_ids", "run_ids") if c in frame.columns]
     frame = frame[[c for c in frame.columns if c not in tail] + tail]
@@ -292,6 +309,16 @@ def with_run_links(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
                 lambda v: ", ".join(map(str, v)) if isinstance(v, list | tuple) else v
             )
     return frame, config
+
+
+def _first(ids) -> str | None:
+    """The first id of a list-ish cell (None when empty)."""
+    if ids is None or isinstance(ids, float):
+        return None
+    if isinstance(ids, str):
+        return ids or None
+    ids = list(ids)
+    return str(ids[0]) if ids else None
 
 
 def findings_table(frame: pd.DataFrame, what: str, key: str | None = None) -> None:
@@ -367,6 +394,24 @@ def report_download(ctx: PageContext) -> None:
         key="download_report",
         on_click="ignore",
     )
+
+
+def run_report(ctx: PageContext, run: str, fmt: str = "html") -> str:
+    """The drift report of one run (the run explorer's download), from the cached detector frames."""
+    from dataclasses import replace
+
+    from dashboard.report import build_report
+
+    key, version, window = ctx.source_key, ctx.version, ctx.window
+    filters = replace(ctx.filters, run=run)
+    found = gather_findings(
+        get_source(key),
+        window,
+        filters,
+        read=lambda name: cached_metric(key, version, name, window, filters),
+        metrics=cached_metrics_list(key),
+    )
+    return build_report(get_source(key), window, filters, run, fmt, found=found)
 
 
 @st.cache_resource(ttl=CACHE_TTL, max_entries=FRAME_ENTRIES, show_spinner="Running detectors…")

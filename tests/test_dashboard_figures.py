@@ -247,3 +247,30 @@ def test_long_tables_are_paginated():
     assert len(at.dataframe[0].value) == 500 and "Rows 1-500 of 1,200 (3 pages)" in at.caption[0].value
     at.number_input(key="t_page").set_value(3).run()
     assert list(at.dataframe[0].value["n"]) == list(range(1000, 1200))
+
+
+def test_trace_rows_nest_spans_by_parent_depth_first_in_start_order():
+    from dashboard.trace import ancestors, search_spans, span_io, trace_rows
+
+    spans = pd.DataFrame(
+        {"trace_id": ["t"] * 5 + ["u"], "span_id": ["root", "b", "a", "a1", "loop", "root"],
+         "parent_span_id": [None, "root", "root", "a", "loop", "missing"],
+         "start_ns": [0, 20, 10, 15, 5, 1], "end_ns": 30, "span_name": "s",
+         "tool_args": [None, None, '{"q": 1}', None, None, None], "tool_result": [None, None, "ok", None, None, None],
+         "attributes": [{}, {}, {"gen_ai.agent.id": "Needle-Agent"}, {}, {}, {}]}
+    )  # fmt: skip
+    rows = trace_rows(spans)
+    # roots by start (t/root, then u/root whose parent is not in the run, then the self-parented span)
+    assert [(spans["span_id"][r.position], spans["trace_id"][r.position], r.depth) for r in rows] == [
+        ("root", "t", 0),
+        ("a", "t", 1),
+        ("a1", "t", 2),
+        ("b", "t", 1),
+        ("root", "u", 0),
+        ("loop", "t", 0),
+    ]
+    assert rows[0].children == (1, 3) and rows[2].parent == 1
+    assert ancestors(rows, {2}) == {0, 1}
+    assert search_spans(spans, "needle-agent") == {"a"}  # attribute values, case-insensitive
+    assert search_spans(spans, "u") >= {"root"} and search_spans(spans, "") == set()
+    assert span_io(spans.iloc[2]) == ({"tool_args": '{"q": 1}'}, {"tool_result": "ok"})

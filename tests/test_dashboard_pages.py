@@ -30,7 +30,7 @@ def _run_page(monkeypatch, source: str, page: str | None, query: dict | None = N
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     if not at.error:  # every working page offers the report for its filters
-        assert [b.proto.label for b in at.get("download_button")] == ["Download report"]
+        assert "Download report" in [b.proto.label for b in at.get("download_button")]
     return at
 
 
@@ -175,17 +175,72 @@ def test_run_explorer_opens_the_run_named_in_the_query(monkeypatch, db_path):
     run = _truth("ping_pong")["run_id"]
     at = _run_page(monkeypatch, str(db_path), "run_explorer", {"run": run})
     assert at.selectbox(key="explorer_run").value == run
-    assert len(at.get("plotly_chart")) == 2  # waterfall and delegation graph
+    assert len(at.get("plotly_chart")) == 2  # timeline and delegation graph
     findings = at.dataframe[0].value
     assert "delegation loop without progress" in set(findings["failure_mode"])
+    assert "Download this run's report" in [b.proto.label for b in at.get("download_button")]
 
 
-def test_run_explorer_shows_span_text_as_json_not_markup(monkeypatch, db_path):
+def _evidence_labels(at: AppTest) -> list[str]:
+    return [e.label for e in at.expander if "evidence]" in e.label]
+
+
+def test_run_explorer_highlights_only_the_selected_findings_evidence(monkeypatch, db_path):
+    from dashboard.datasource import DuckDBFileSource
+
+    run = _truth("split_brain")["run_id"]
+    spans = DuckDBFileSource(db_path).run_spans(run).set_index("span_id")
+    at = _run_page(monkeypatch, str(db_path), "run_explorer", {"run": run})
+    findings = at.dataframe[0].value
+    assert findings["status"][0] == "failure" and "lost update" in findings["failure_mode"][0]
+    first = findings["span_ids"][0].rpartition("span=")[2]  # the evidence link names a span
+    assert findings["span_ids"][0].startswith(f"run_explorer?run={run}&span=")
+    # the first finding's evidence spans, and only they, are marked; the panel opens on the first
+    labels = _evidence_labels(at)
+    assert len(labels) == 2 and all(e.proto.expanded for e in at.expander if "evidence]" in e.label)
+    evidence = [
+        s
+        for s in spans.sort_values("start_ns").index
+        if any(spans.loc[s, "span_name"].replace("_", "\\_") in label for label in labels)
+    ]
+    assert first in evidence
+    assert at.subheader[2].value.startswith("Attributes of span ")
+    assert at.subheader[2].value == f"Attributes of span {first}"
+    # the tree nests: the root span holds the agents' spans, which hold their tool calls
+    root = at.expander[0]
+    assert root.label.startswith("crew run") and root.proto.expanded
+    assert len(root.expander) > 3 and len(root.expander[0].expander) >= 1
+    # another finding (?finding=3, a divergent read) moves the highlight to its own evidence
+    at.query_params["finding"] = "3"
+    at.run()
+    third = at.dataframe[0].value["span_ids"][2].rpartition("span=")[2]
+    assert at.subheader[2].value == f"Attributes of span {third}"
+    assert _evidence_labels(at) != labels
+
+
+def test_run_explorer_search_and_span_links(monkeypatch, db_path):
+    from dashboard.datasource import DuckDBFileSource
+
+    run = _truth("split_brain")["run_id"]
+    spans = DuckDBFileSource(db_path).run_spans(run)
+    span = spans["span_id"][5]
+    at = _run_page(monkeypatch, str(db_path), "run_explorer", {"run": run, "span": span})
+    assert at.subheader[2].value == f"Attributes of span {span}"
+    trace = spans["trace_id"][0]
+    at = _run_page(monkeypatch, str(db_path), "run_explorer", {"run": run, "q": trace})
+    assert f"{(spans['trace_id'] == trace).sum()} span(s) match" in " ".join(c.value for c in at.caption)
+    at.text_input(key="q").set_value("report/q3/status").run()  # an attribute value
+    matched = [e.label for e in at.expander if "match]" in e.label]
+    assert matched and len(matched) == int((spans["state_key"] == "report/q3/status").sum())
+
+
+def test_run_explorer_shows_span_text_as_text_not_markup(monkeypatch, db_path):
     at = _run_page(monkeypatch, str(db_path), "run_explorer", {"run": XSS_RUN})
-    spans = at.dataframe[-1].value
-    assert len(spans) == 4
+    assert len(at.expander) == 4
     assert all("<script" not in m.value for m in at.markdown)
+    assert all("<script" not in e.label for e in at.expander)
     assert any("error: <script>alert(" in str(j.value) for j in at.json)  # shown as JSON text
+    assert any("<script>alert(" in c.value for c in at.code)  # inputs/outputs as code, not HTML
 
 
 def test_calibration_page_lists_thresholds_with_provenance(monkeypatch, db_path):

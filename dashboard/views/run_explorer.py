@@ -1,15 +1,23 @@
-"""Run explorer: one run's spans as a waterfall, its delegation graph, and each span's attributes."""
+"""Run explorer: one run's findings; the selected finding's evidence spans highlighted in a nested,
+collapsible trace view with its timeline; each span's inputs, outputs and attributes.
 
+URL: ``?run=`` the run, ``&span=`` a span to inspect, ``&q=`` a search (trace id, span id or any
+attribute value), ``&finding=`` the finding (1-based, worst first) whose evidence is highlighted.
+"""
+
+import pandas as pd
 import streamlit as st
 
 from dashboard import ui
 from dashboard.figures_run import delegation_graph_figure, waterfall_figure
-from dashboard.findings import findings_frame, run_failures
+from dashboard.findings import findings_frame, order_by_run_and_severity, run_failures
+from dashboard.trace import ancestors, duration_text, failed, search_spans, span_io, trace_rows
 
-SPAN_COLUMNS = (
-    "span_name", "agent_id", "tool_name", "op", "outcome", "reject_reason", "hop", "state_key",
-    "state_version", "status_code", "span_id",
-)  # fmt: skip
+# Spans drawn as nested expanders; past this the tree lists the first ones (the timeline has all).
+TREE_LIMIT = 250
+# Deeper spans are drawn flat inside their deepest drawn ancestor (Streamlit nests containers).
+MAX_NESTING = 10
+BLANK = ("", "nan", "None", "NaT", "<NA>")
 
 
 def _text(value) -> str:
@@ -21,46 +29,187 @@ def _text(value) -> str:
     return str(value)
 
 
+def _label(span: pd.Series, evidence: set[str], matches: set[str], selected: str | None) -> str:
+    """An expander label: markers, then agent · span name · duration (span text escaped)."""
+    marks = []
+    if span["span_id"] == selected:
+        marks.append(":blue-background[inspected]")
+    if span["span_id"] in evidence:
+        marks.append(":orange-background[evidence]")
+    if failed(span):
+        marks.append(":red-background[failed]")
+    if span["span_id"] in matches:
+        marks.append(":violet-background[match]")
+    agent = _text(span.get("agent_id"))
+    who = f"{ui.md_escape(agent)} · " if agent not in BLANK else ""
+    return " ".join([*marks, f"{who}{ui.md_escape(span['span_name'])} · {duration_text(span)}"])
+
+
+def _span_body(span: pd.Series, t0: int) -> None:
+    """What an expanded span shows: ids and fields as plain text, inputs and outputs as code."""
+    start = (int(span["start_ns"]) - t0) / 1e6
+    facts = [f"span {span['span_id']}", f"trace {span['trace_id']}", f"+{start:.1f} ms"]
+    for name in ("tool_name", "op", "outcome", "reject_reason", "status_code", "state_key", "hop"):
+        value = _text(span.get(name))
+        if value not in BLANK:
+            facts.append(f"{name} {value}")
+    st.text(" · ".join(facts))
+    inputs, outputs = span_io(span)
+    if inputs or outputs:
+        left, right = st.columns(2)
+        with left:
+            for name, text in inputs.items():
+                st.caption(f"input: {name}")
+                st.code(text, language=None, wrap_lines=True)
+        with right:
+            for name, text in outputs.items():
+                st.caption(f"output: {name}")
+                st.code(text, language=None, wrap_lines=True)
+
+
+def trace_tree(
+    spans: pd.DataFrame, rows, evidence: set[str], matches: set[str], selected: str | None
+) -> None:
+    """The spans as nested expanders: the path to evidence, matches and the inspected span open."""
+    shown = rows[:TREE_LIMIT]
+    marked = {i for i, r in enumerate(shown) if r.span_id in evidence | matches | {selected}}
+    open_rows = ancestors(shown, marked) | marked
+    t0 = int(spans["start_ns"].min())
+
+    def draw(index: int, depth: int) -> None:
+        row = shown[index]
+        span = spans.iloc[row.position]
+        with st.expander(_label(span, evidence, matches, selected), expanded=index in open_rows):
+            _span_body(span, t0)
+            for child in row.children:
+                if child < len(shown):
+                    if depth < MAX_NESTING:
+                        draw(child, depth + 1)
+                    else:
+                        flat(child)
+
+    def flat(index: int) -> None:  # past MAX_NESTING: the whole subtree at this level
+        draw_flat = [index]
+        while draw_flat:
+            i = draw_flat.pop(0)
+            row = shown[i]
+            span = spans.iloc[row.position]
+            with st.expander(_label(span, evidence, matches, selected), expanded=i in open_rows):
+                _span_body(span, t0)
+            draw_flat.extend(c for c in row.children if c < len(shown))
+
+    for index, row in enumerate(shown):
+        if row.parent is None:
+            draw(index, 0)
+    if len(rows) > TREE_LIMIT:
+        st.caption(f"The tree lists the first {TREE_LIMIT:,} of {len(rows):,} spans; the timeline shows all.")
+
+
+def attribute_panel(spans: pd.DataFrame, rows, span_id: str) -> None:
+    """Every field and attribute of one span, shown as text (never rendered)."""
+    position = next((r.position for r in rows if r.span_id == span_id), 0)
+    span = spans.iloc[position]
+    st.subheader(f"Attributes of span {span['span_id']}")
+    fields = {
+        k: _text(v) for k, v in span.items() if k not in ("attributes", "events") and _text(v) not in BLANK
+    }
+    left, right = st.columns(2)
+    left.json(fields, expanded=True)
+    right.json(span.get("attributes") or {}, expanded=True)
+
+
+def _query_int(name: str) -> int | None:
+    try:
+        return int(st.query_params.get(name, ""))
+    except ValueError:
+        return None
+
+
 def show_run(ctx: ui.PageContext, run: str) -> None:
-    """Findings, waterfall, delegation graph and span attributes of one run."""
+    """Findings, trace tree with timeline, delegation graph and span attributes of one run."""
     spans = ui.cached_run_spans(ctx.source_key, ctx.version, run)
     if spans.empty:
         st.info(f"No spans stored for run {run!r}. It may be outside the data this source holds.")
         return
     found = ui.load_findings(ctx)
     findings = found.findings(run=run) if found is not None else []
-    evidence, failed_agents = run_failures(findings)
+    findings = [findings[i] for i in order_by_run_and_severity(findings)]
+    _, failed_agents = run_failures(findings)
     top = st.columns(4)
     top[0].metric("Spans", len(spans), border=True)
     top[1].metric("Agents", spans["agent_id"].nunique(), border=True)
     top[2].metric("Rejected / failed", int(spans["outcome"].isin(["rejected", "error"]).sum()), border=True)
     top[3].metric("Findings", len(findings), border=True)
-    if findings:
-        ui.table(findings_frame(findings), key="run_findings")
-    left, right = st.columns([3, 2])
-    with left:
-        ui.plot(waterfall_figure(spans, evidence), key="waterfall")
-    with right:
-        ui.plot(delegation_graph_figure(spans, failed_agents), key="graph")
 
-    st.subheader("Spans")
-    columns = [c for c in SPAN_COLUMNS if c in spans.columns]
-    picked = st.dataframe(
-        spans[columns], hide_index=True, on_select="rerun", selection_mode="single-row", key="span_table"
+    chosen = None
+    if findings:
+        st.subheader("Findings")
+        st.caption("Worst first. Select a finding to highlight its evidence spans in the trace below.")
+        shown, config = ui.with_run_links(findings_frame(findings))
+        shown.insert(0, "#", range(1, len(shown) + 1))
+        picked = st.dataframe(
+            shown, hide_index=True, column_config=config, on_select="rerun",
+            selection_mode="single-row", key=f"findings_{run}",
+        )  # fmt: skip
+        rows = picked.selection.rows if picked is not None else []
+        wanted = _query_int("finding")
+        chosen = rows[0] if rows else (wanted - 1 if wanted and 0 < wanted <= len(findings) else 0)
+        if rows:
+            st.query_params["finding"] = str(chosen + 1)
+        finding = findings[chosen]
+        st.markdown(
+            f"**Finding {chosen + 1}: {ui.md_escape(finding.failure_mode)}** "
+            f"({ui.md_escape(findings_frame([finding])['status'][0])}); "
+            f"{len(finding.span_ids)} evidence span(s), highlighted in orange."
+        )
+    evidence = set(findings[chosen].span_ids) if findings else set()
+
+    rows = trace_rows(spans)
+    query = st.text_input(
+        "Search spans", key="q", bind="query-params", placeholder="trace id, span id or attribute value"
     )
-    rows = picked.selection.rows if picked is not None else []
-    failing = spans.index[spans["outcome"].isin(["rejected", "error"]) | (spans["status_code"] == "Error")]
-    # Without a click, show the first failing span: what an on-call engineer looks at first.
-    span = spans.iloc[rows[0]] if rows else spans.loc[failing[0]] if len(failing) else spans.iloc[0]
-    st.subheader(f"Attributes of span {span['span_id']}")
-    st.caption(
-        "Click a row above to inspect another span (default: the first failing one). Shown as text, never rendered."
+    matches = search_spans(spans, query)
+    if query:
+        st.caption(f"{len(matches)} span(s) match {query!r}." if matches else f"No span matches {query!r}.")
+    # The inspected span: a ?span= link, else the selected finding's first evidence span (as the
+    # detector lists them, like the evidence links), else the first search match, else the first failing span, else the first span.
+    order = [r.span_id for r in rows]
+    failing = [s for s, f in zip(spans["span_id"].astype(str), spans.apply(failed, axis=1), strict=True) if f]
+    candidates = [
+        st.query_params.get("span") if st.query_params.get("span") in order else None,
+        next((s for s in (findings[chosen].span_ids if findings else []) if s in order), None),
+        next((s for s in order if s in matches), None),
+        failing[0] if failing else None,
+        order[0],
+    ]
+    default = next(c for c in candidates if c)
+    names = dict(zip(spans["span_id"].astype(str), spans["span_name"].astype(str), strict=True))
+    # Keyed by the finding and search, so choosing another finding moves the panel to its evidence.
+    inspected = st.selectbox(
+        "Inspect span",
+        order,
+        index=order.index(default),
+        format_func=lambda s: f"{s} · {names.get(s, '')}"[:120],
+        key=f"inspect_{run}_{chosen}_{query}_{st.query_params.get('span')}",
     )
-    blank = ("", "nan", "None", "NaT", "<NA>")
-    fields = {k: _text(v) for k, v in span.items() if k != "attributes" and _text(v) not in blank}
-    left, right = st.columns(2)
-    left.json(fields, expanded=True)
-    right.json(span.get("attributes") or {}, expanded=True)
+
+    st.subheader("Trace")
+    left, right = st.columns([1, 1])
+    with left:
+        trace_tree(spans, rows, evidence, matches, inspected)
+    with right:
+        ui.plot(waterfall_figure(spans, evidence, rows, matches, inspected), key="waterfall")
+    attribute_panel(spans, rows, inspected)
+    st.subheader("Agents")
+    ui.plot(delegation_graph_figure(spans, failed_agents), key="graph")
+    st.download_button(
+        "Download this run's report",
+        data=lambda: ui.run_report(ctx, run),
+        file_name=f"driftscope-report-{run[:60]}.html".replace("/", "_"),
+        mime="text/html",
+        key="download_run_report",
+        on_click="ignore",
+    )
 
 
 ctx = ui.page_context()
@@ -76,4 +225,6 @@ else:
     run = st.selectbox("Run", run_ids, index=run_ids.index(wanted) if wanted else 0, key="explorer_run")
     if run != st.query_params.get("run"):
         st.query_params["run"] = run
+        for stale in ("span", "finding"):  # they named spans and findings of the previous run
+            st.query_params.pop(stale, None)
     show_run(ctx, run)
