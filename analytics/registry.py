@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import duckdb
 import pandas as pd
 
+from analytics.schema import ensure_readable
 from analytics.types import Filters, Window
 
 logger = logging.getLogger(__name__)
@@ -102,4 +103,5 @@ def run_metric(
         known = ", ".join(sorted(METRICS))
         raise KeyError(f"Unknown metric {name!r}; known metrics: {known}") from None
     logger.debug("running metric %s window=%s filters=%s", name, window, filters)
+    ensure_readable(conn)
     return metric.func(conn, window, filters)

@@ -14,6 +14,8 @@ from typing import Any
 
 import duckdb
 
+from analytics.schema import ensure_readable
+
 logger = logging.getLogger(__name__)
 
 # Defaults in force until calibrated. The goal-divergence default only suits short, clean task
@@ -95,6 +97,7 @@ def store_threshold(
 
 def list_thresholds(conn: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     """Every threshold in force (newest stored version, or the default), one dict per name."""
+    ensure_readable(conn)
     names = set(DEFAULTS)
     names.update(row[0] for row in conn.execute("SELECT DISTINCT name FROM thresholds").fetchall())
     out = []

@@ -20,7 +20,8 @@ import pyarrow.compute as pc
 
 from benchmarks.generator import TEMPLATE_NAMESPACE, Shape, template_payloads
 from collector.decode import PROTOBUF, SPAN_COLUMNS, decode_payload
-from collector.store import batch_to_arrow, insert_batches, open_store
+from collector.store import batch_to_arrow, insert_batches
+from driftscope.database import open_database
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ class SpanDatabase:
         self.path = Path(path)
         for stale in (self.path, Path(f"{self.path}.wal")):
             stale.unlink(missing_ok=True)
-        self.conn = open_store(self.path)
+        self.conn = open_database(self.path)
         self.shape = shape or Shape()
         self.seed = seed
         base_spans = base_spans or BASE_SPANS

@@ -11,7 +11,7 @@ from pathlib import Path
 import duckdb
 
 from benchmarks.generator import OBJECTS, QUALIFIERS, VERBS
-from collector.migrations_runner import apply_migrations
+from driftscope.database import migrate
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def _embed_rate(texts: list[str], threads: int | None) -> dict:
 
     assert len({text_hash(text) for text in texts}) == len(texts), "texts must be distinct"
     conn = duckdb.connect(":memory:")
-    apply_migrations(conn)
+    migrate(conn)
     start, cpu_start = time.perf_counter(), time.process_time()
     vectors = embed_texts(texts, conn, threads=threads)
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start

@@ -209,9 +209,16 @@ def run_keys(run_sets: dict[str, RunSet]) -> dict[str, tuple[str, str]]:
 
 
 def expected_agents(spans: list[dict[str, Any]], agent_span_names: dict[str, str]) -> dict[str, str | None]:
-    """Span id -> the agent it belongs to: the nearest ancestor-or-self whose name is an agent span."""
+    """Span id -> the agent it belongs to: the nearest ancestor-or-self whose name is an agent span
+    (a key ending in ``*`` matches span names starting with the rest)."""
     by_id = {s["span_id"]: s for s in spans}
     memo: dict[str, str | None] = {}
+    prefixes = [(key[:-1], agent) for key, agent in agent_span_names.items() if key.endswith("*")]
+
+    def agent_named(span_name: str) -> str | None:
+        if span_name in agent_span_names:
+            return agent_span_names[span_name]
+        return next((agent for prefix, agent in prefixes if span_name.startswith(prefix)), None)
 
     def agent_of(span_id: str, depth: int = 0) -> str | None:
         if span_id in memo:
@@ -219,7 +226,7 @@ def expected_agents(spans: list[dict[str, Any]], agent_span_names: dict[str, str
         span = by_id.get(span_id)
         if span is None or depth > 512:
             return None
-        agent = agent_span_names.get(span["span_name"])
+        agent = agent_named(span["span_name"])
         if agent is None and span["parent_span_id"]:
             agent = agent_of(span["parent_span_id"], depth + 1)
         memo[span_id] = agent

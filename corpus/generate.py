@@ -20,6 +20,7 @@ GENERATORS = {
     "langgraph-openllmetry": "langgraph_crew:generate_openllmetry",
     "openai-agents": "openai_agents_crew:generate",
     "pydantic-ai": "pydantic_ai_crew:generate",
+    "crewai": "crewai_crew:generate",
 }
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "sample_traces" / "frameworks"
 

@@ -86,7 +86,8 @@ def cmd_report(args: argparse.Namespace, values: dict[str, Any]) -> int:
 def cmd_calibrate(args: argparse.Namespace, values: dict[str, Any]) -> int:
     from analytics.calibration import calibrate_from_baseline, calibrate_from_pairs
     from analytics.types import Window
-    from collector.store import StoreLockedError, open_store
+    from collector.store import StoreLockedError
+    from driftscope.database import open_database
 
     db = args.db or os.environ.get("DRIFTSCOPE_DB") or "./driftscope-data/driftscope.duckdb"
     if not args.pairs and not args.baseline_since:
@@ -96,7 +97,7 @@ def cmd_calibrate(args: argparse.Namespace, values: dict[str, Any]) -> int:
     if args.pairs and not Path(args.pairs).is_file():
         raise ConfigError(f"No such file: {args.pairs}")
     try:
-        conn = open_store(db)
+        conn = open_database(db)
     except StoreLockedError as exc:
         raise ConfigError(str(exc)) from exc
     results: dict[str, Any] = {}

@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from collector.files import ingest_files, iter_file_requests
 from collector.store import StoreLockedError
+from driftscope.database import open_database
 from driftscope.settings import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -24,6 +25,7 @@ def ingest_to_db(db: str, paths: list[str]) -> int:
     """Decode and store straight into ``db``; exit status 1 if anything was rejected."""
     with tqdm(desc="spans", unit="span", file=sys.stderr, disable=None) as bar:
         try:
+            open_database(db).close()  # the analytics tables too, as `serve` would create them
             result = ingest_files(db, paths, progress=bar.update)
         except StoreLockedError as exc:
             raise ConfigError(str(exc)) from exc

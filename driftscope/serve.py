@@ -19,9 +19,10 @@ from collector.decode import DecodeLimits
 from collector.grpc_receiver import start_grpc_server
 from collector.http_receiver import ReceiverConfig, build_ingest_routes
 from collector.stats import IngestStats
-from collector.store import StoreLockedError, open_store
+from collector.store import StoreLockedError
 from collector.writer import IngestQueue, SpanWriter
 from driftscope.api import build_api_routes
+from driftscope.database import open_database
 from driftscope.settings import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ def run_serve(config: ServeConfig) -> int:
     """Run until SIGTERM/SIGINT; then stop accepting, drain, commit, and exit 0."""
     check_exposure(config)
     try:
-        conn = open_store(config.db, memory_limit=config.memory_limit)
+        conn = open_database(config.db, memory_limit=config.memory_limit)
     except StoreLockedError as exc:
         raise ConfigError(str(exc)) from exc
     stats = IngestStats()

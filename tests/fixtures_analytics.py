@@ -14,7 +14,7 @@ from typing import Any
 
 import duckdb
 
-from collector.migrations_runner import apply_migrations
+from driftscope.database import migrate
 
 BASE_TIME = datetime(2026, 1, 5, 9, 0, 0)
 
@@ -38,7 +38,7 @@ _COLUMNS = [
 def new_db() -> duckdb.DuckDBPyConnection:
     """An in-memory database with the real schema applied."""
     conn = duckdb.connect(":memory:")
-    apply_migrations(conn)
+    migrate(conn)
     return conn
 
 
@@ -128,7 +128,7 @@ def sample_traces_db(names: list[str] | None = None) -> duckdb.DuckDBPyConnectio
     else:
         paths = [samples / f"{name}.json" for name in names]
     conn = duckdb.connect(":memory:")
-    apply_migrations(conn)
+    migrate(conn)
     result = ingest_files(None, paths, conn=conn)
     assert not result.errors and result.rejected == 0
     return conn

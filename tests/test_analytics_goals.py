@@ -16,7 +16,7 @@ from analytics.goals import MAX_CHART_CHAINS, cosine_divergence, goal_pairs, goa
 from analytics.thresholds import store_threshold
 from analytics.types import direct_write
 from analytics.worker import EmbeddingWorker, embed_pending
-from collector.migrations_runner import apply_migrations
+from driftscope.database import migrate
 from dashboard.figures import goal_divergence_figure
 from tests.fixtures_analytics import BASE_TIME, insert_spans, make_span, new_db
 
@@ -159,7 +159,7 @@ def _wait_for_embeddings(conn, expected: int) -> int:
 
 def test_embedding_worker_embeds_pending_texts_in_background(tmp_path):
     conn = duckdb.connect(str(tmp_path / "serve.duckdb"))
-    apply_migrations(conn)
+    migrate(conn)
     insert_spans(conn, _delegations())
     worker = EmbeddingWorker(lambda: conn.cursor(), interval_s=60.0, min_gap_s=0.05).start()
     try:
@@ -203,7 +203,7 @@ def test_distribution_and_summary_score_pending_pairs_on_a_cold_database():
 def test_goal_divergence_on_read_only_database_file(tmp_path):
     path = tmp_path / "incident.duckdb"
     conn = duckdb.connect(str(path))
-    apply_migrations(conn)
+    migrate(conn)
     insert_spans(conn, _delegations())
     conn.close()
     readonly = duckdb.connect(str(path), read_only=True)
@@ -233,7 +233,7 @@ def test_onnx_runtime_gives_the_sentence_transformers_vectors():
 
 def _worker_db(tmp_path):
     conn = duckdb.connect(str(tmp_path / "serve.duckdb"))
-    apply_migrations(conn)
+    migrate(conn)
     insert_spans(conn, _delegations())
     return conn
 

@@ -11,7 +11,7 @@ import duckdb
 import pytest
 
 from analytics import Filters, run_metric, summary
-from collector.migrations_runner import apply_migrations
+from driftscope.database import migrate
 from tests.fixtures_analytics import insert_spans, make_span, new_db, sample_traces_db
 
 
@@ -63,7 +63,7 @@ def _write_run(run: str, t0: float) -> list[dict]:
 def test_run_summary_cache_follows_new_spans_and_thresholds(tmp_path):
     summary.clear_cache()
     conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
-    apply_migrations(conn)
+    migrate(conn)
     insert_spans(conn, _write_run("run-1", 0))
     first = run_metric(conn, "run_summary")
     again = run_metric(conn, "run_summary")

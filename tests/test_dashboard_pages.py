@@ -268,11 +268,11 @@ def test_collector_down_gives_a_banner_not_a_traceback(monkeypatch):
 def test_empty_database_says_how_to_send_spans(monkeypatch, tmp_path):
     import duckdb
 
-    from collector.migrations_runner import apply_migrations
+    from driftscope.database import migrate
 
     path = tmp_path / "empty.duckdb"
     conn = duckdb.connect(str(path))
-    apply_migrations(conn)
+    migrate(conn)
     conn.close()
     at = _run_page(monkeypatch, str(path), "loops")
     assert len(at.info) == 4

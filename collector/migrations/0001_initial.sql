@@ -66,25 +66,8 @@ CREATE TABLE spans (
     PRIMARY KEY (TraceId, SpanId)
 );
 
--- One row per distinct text embedded by the analytics worker.
-CREATE TABLE embeddings (
-    text_hash   VARCHAR PRIMARY KEY,              -- sha256 hex of the exact text embedded
-    model       VARCHAR NOT NULL,
-    dim         INTEGER NOT NULL,
-    vector      FLOAT[] NOT NULL,                 -- L2-normalised
-    created_at  TIMESTAMP NOT NULL
-);
-
--- Versioned, calibrated thresholds with provenance; detectors use the newest per name.
-CREATE TABLE thresholds (
-    name        VARCHAR NOT NULL,                 -- e.g. goal_divergence, rejection_rate
-    version     INTEGER NOT NULL,
-    value       DOUBLE NOT NULL,
-    method      VARCHAR NOT NULL,                 -- youden_j / target_fpr / quantile / mean_k_sigma / default
-    provenance  VARCHAR NOT NULL,                 -- JSON: model, data, window, metrics
-    created_at  TIMESTAMP NOT NULL,
-    PRIMARY KEY (name, version)
-);
+-- The analytics tables (embeddings, thresholds, goal scores) are analytics' own migrations
+-- (analytics/migrations); databases created before they moved keep the tables this file made.
 
 -- Ingest counters that survive restarts (accepted-and-discarded metrics/logs requests, etc.).
 CREATE TABLE ingest_counters (
