@@ -25,11 +25,14 @@
 #define OK 0
 #define FALLBACK (-1)
 #define NOMEM (-2)
+#define LIMIT (-3) /* a per-request count limit was passed (Ctx.limit says which) */
+enum { LIMIT_NONE = 0, LIMIT_SPANS, LIMIT_ITEMS };
 
 #define MAX_ANY_DEPTH 16   /* AnyValue nesting validated before giving up (upb allows ~100 levels) */
 #define MAX_GROUP_DEPTH 16 /* nesting of unknown groups skipped before giving up */
 #define CACHE_SIZE 2048    /* string cache slots per call (power of two) */
 #define CACHE_MAX_LEN 64   /* values longer than this are not cached (keys always are) */
+#define CACHE_MAX_PROBES 16 /* a string whose slot run is longer is simply not cached */
 #define KEY_TABLE_SIZE 1024
 
 /* ------------------------------------------------------------------------------------------ */
@@ -191,6 +194,7 @@ typedef struct {
 typedef struct {
     Py_ssize_t a0, n; /* range in Ctx.rattrs */
     Py_ssize_t nuniq; /* distinct keys */
+    int over;         /* more attributes than max_attrs: its spans are rejected */
 } Res;
 
 enum {
@@ -201,6 +205,7 @@ enum {
     REASON_START_ZERO,
     REASON_OVERFLOW,
     REASON_END_BEFORE_START,
+    REASON_TOO_MANY_ATTRS, /* the span, a kept event or link, or its resource has > max_attrs */
 };
 
 typedef struct {
@@ -219,6 +224,7 @@ typedef struct {
     uint64_t time;
     Py_ssize_t a0, na;
     int is_link;
+    int over; /* more attributes than max_attrs (only the first max_attrs are kept) */
 } Event;
 
 typedef struct {
@@ -247,6 +253,10 @@ typedef struct {
     Res *res;
     Py_ssize_t nres, cres;
     Py_ssize_t max_bytes, max_items, max_depth;
+    /* counts bounded while parsing (issue 12): spans per request, attributes per span / event /
+       link / resource, and spans + events + links + attributes per request (work) */
+    Py_ssize_t max_spans, max_attrs, max_work, work;
+    int limit;
     /* pass 2 */
     CacheEnt *cache;
     Py_ssize_t ncache;
@@ -315,13 +325,22 @@ static inline int rd_tag(const uint8_t **pp, const uint8_t *end, uint32_t *field
     return OK;
 }
 
+/* A length prefix as upb reads it: a varint of at most 5 bytes (over-long encodings within 5 bytes
+   are accepted, a 6th byte is malformed) whose value is below INT32_MAX and fits the buffer. */
 static inline int rd_len(const uint8_t **pp, const uint8_t *end, Slice *out) {
-    uint64_t n;
-    CHECK(rd_varint(pp, end, &n));
-    if (n >= INT32_MAX || n > (uint64_t)(end - *pp)) return FALLBACK;
-    out->p = *pp;
+    const uint8_t *p = *pp;
+    uint64_t n = 0;
+    int i;
+    for (i = 0; i < 5; i++) {
+        if (p >= end) return FALLBACK;
+        uint8_t b = *p++;
+        n |= (uint64_t)(b & 0x7f) << (7 * i);
+        if (!(b & 0x80)) break;
+    }
+    if (i == 5 || n >= INT32_MAX || n > (uint64_t)(end - p)) return FALLBACK;
+    out->p = p;
     out->n = (Py_ssize_t)n;
-    *pp += n;
+    *pp = p + n;
     return OK;
 }
 
@@ -419,8 +438,12 @@ static inline int is_ascii(const uint8_t *p, Py_ssize_t n) {
     return 1;
 }
 
+/* Random per process (module init): keys cannot be chosen to collide in the duplicate-key table or
+   the string cache (hash flooding, issue 12); both are bounded in the worst case as well. */
+static uint64_t g_hash_seed = 0x9E3779B97F4A7C15ull;
+
 static inline uint64_t hash_bytes(const uint8_t *p, Py_ssize_t n) {
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ ((uint64_t)n * 0xC2B2AE3D27D4EB4Full);
+    uint64_t h = g_hash_seed ^ ((uint64_t)n * 0xC2B2AE3D27D4EB4Full);
     while (n >= 8) {
         uint64_t k;
         memcpy(&k, p, 8);
@@ -577,7 +600,9 @@ static int parse_kv_validate(Ctx *c, Slice m, int depth) {
 }
 
 static inline int same_key(const Attr *x, const Attr *y) {
-    return x->h == y->h && x->key.n == y->key.n && memcmp(x->key.p, y->key.p, (size_t)x->key.n) == 0;
+    /* a missing key is a NULL slice: memcmp must not see it (even with length 0) */
+    return x->h == y->h && x->key.n == y->key.n &&
+           (x->key.n == 0 || memcmp(x->key.p, y->key.p, (size_t)x->key.n) == 0);
 }
 
 /* x repeats the key of the first attribute y: a dict keeps y's position and x's value. */
@@ -656,6 +681,25 @@ static int span_reason(const Span *sp) {
 }
 
 /* A Span.Event or Span.Link into Ctx.events (its attributes into Ctx.eattrs). */
+/* One more span, event, link or attribute of the request: LIMIT past max_work. */
+static inline int count_item(Ctx *c) {
+    if (++c->work > c->max_work) {
+        c->limit = LIMIT_ITEMS;
+        return LIMIT;
+    }
+    return OK;
+}
+
+/* Parse (validate) a KeyValue past the attribute cap without keeping it or its array items. */
+static int parse_kv_discard(Ctx *c, Slice m) {
+    Attr scratch;
+    attr_init(&scratch);
+    Py_ssize_t items0 = c->nitems;
+    int rc = parse_kv(c, m, &scratch, 0);
+    c->nitems = items0;
+    return rc;
+}
+
 static int parse_event_or_link(Ctx *c, Slice m, int is_link) {
     ENSURE(c->events, c->nevents, c->cevents);
     Event *ev = &c->events[c->nevents];
@@ -678,6 +722,12 @@ static int parse_event_or_link(Ctx *c, Slice m, int is_link) {
             CHECK(rd_str(&p, end, &ev->tstate));
         } else if (wt == 2 && ((!is_link && f == 3) || (is_link && f == 4))) {
             CHECK(rd_len(&p, end, &s));
+            CHECK(count_item(c));
+            if (c->neattrs - ev->a0 >= c->max_attrs) {
+                CHECK(parse_kv_discard(c, s));
+                ev->over = 1;
+                continue;
+            }
             ENSURE(c->eattrs, c->neattrs, c->ceattrs);
             Attr *a = &c->eattrs[c->neattrs];
             attr_init(a);
@@ -712,6 +762,11 @@ static int parse_status(Span *sp, Slice m) {
 }
 
 static int parse_span(Ctx *c, Slice m, Py_ssize_t scope) {
+    if (c->nspans >= c->max_spans) {
+        c->limit = LIMIT_SPANS;
+        return LIMIT;
+    }
+    CHECK(count_item(c));
     ENSURE(c->spans, c->nspans, c->cspans);
     Span *sp = &c->spans[c->nspans];
     memset(sp, 0, sizeof *sp);
@@ -719,6 +774,8 @@ static int parse_span(Ctx *c, Slice m, Py_ssize_t scope) {
     sp->a0 = c->nattrs;
     sp->e0 = c->nevents;
     Py_ssize_t eattrs0 = c->neattrs;
+    Py_ssize_t kept_events = 0, kept_links = 0;
+    int over = 0;
     const uint8_t *p = m.p, *end = m.p + m.n;
     while (p < end) {
         uint32_t f;
@@ -745,6 +802,12 @@ static int parse_span(Ctx *c, Slice m, Py_ssize_t scope) {
                 continue;
             case 9: {
                 CHECK(rd_len(&p, end, &s));
+                CHECK(count_item(c));
+                if (c->nattrs - sp->a0 >= c->max_attrs) {
+                    CHECK(parse_kv_discard(c, s));
+                    over = 1;
+                    continue;
+                }
                 ENSURE(c->attrs, c->nattrs, c->cattrs);
                 Attr *a = &c->attrs[c->nattrs];
                 attr_init(a);
@@ -753,10 +816,23 @@ static int parse_span(Ctx *c, Slice m, Py_ssize_t scope) {
                 continue;
             }
             case 11:
-            case 13:
+            case 13: {
                 CHECK(rd_len(&p, end, &s));
+                CHECK(count_item(c));
+                Py_ssize_t *kept = f == 13 ? &kept_links : &kept_events;
+                Py_ssize_t events0 = c->nevents, eattrs_before = c->neattrs, items0 = c->nitems;
                 CHECK(parse_event_or_link(c, s, f == 13));
+                if (*kept >= c->max_items) {
+                    /* past the cut of max_array_items: validated, never built, not kept */
+                    c->nevents = events0;
+                    c->neattrs = eattrs_before;
+                    c->nitems = items0;
+                } else {
+                    ++*kept;
+                    over |= c->events[events0].over;
+                }
                 continue;
+            }
             case 15:
                 CHECK(rd_len(&p, end, &s));
                 CHECK(parse_status(sp, s));
@@ -777,6 +853,7 @@ static int parse_span(Ctx *c, Slice m, Py_ssize_t scope) {
     sp->na = c->nattrs - sp->a0;
     sp->ne = c->nevents - sp->e0;
     sp->reason = span_reason(sp);
+    if (sp->reason == REASON_NONE && over) sp->reason = REASON_TOO_MANY_ATTRS;
     if (sp->reason == REASON_NONE) {
         Py_ssize_t unused;
         CHECK(check_attrs(c, c->attrs + sp->a0, sp->na, &sp->nuniq));
@@ -866,6 +943,13 @@ static int parse_resource(Ctx *c, Slice m) {
         CHECK(rd_tag(&p, end, &f, &wt));
         if (f == 1 && wt == 2) {
             CHECK(rd_len(&p, end, &s));
+            CHECK(count_item(c));
+            Res *r = &c->res[c->nres - 1];
+            if (c->nrattrs - r->a0 >= c->max_attrs) {
+                CHECK(parse_kv_discard(c, s));
+                r->over = 1;
+                continue;
+            }
             ENSURE(c->rattrs, c->nrattrs, c->crattrs);
             Attr *a = &c->rattrs[c->nrattrs];
             attr_init(a);
@@ -885,6 +969,8 @@ static int parse_resource_spans(Ctx *c, Slice m) {
     ENSURE(c->res, c->nres, c->cres);
     Py_ssize_t idx = c->nres++;
     c->res[idx].a0 = c->nrattrs;
+    c->res[idx].over = 0;
+    Py_ssize_t spans0 = c->nspans;
     const uint8_t *p = m.p, *end = m.p + m.n;
     while (p < end) {
         uint32_t f;
@@ -904,6 +990,15 @@ static int parse_resource_spans(Ctx *c, Slice m) {
         }
     }
     c->res[idx].n = c->nrattrs - c->res[idx].a0;
+    if (c->res[idx].over) {
+        /* every span under a resource with too many attributes is rejected; nothing of it is kept */
+        for (Py_ssize_t s = spans0; s < c->nspans; s++)
+            if (c->spans[s].reason == REASON_NONE) c->spans[s].reason = REASON_TOO_MANY_ATTRS;
+        c->nrattrs = c->res[idx].a0;
+        c->res[idx].n = 0;
+        c->res[idx].nuniq = 0;
+        return OK;
+    }
     return check_attrs(c, c->rattrs + c->res[idx].a0, c->res[idx].n, &c->res[idx].nuniq);
 }
 
@@ -1003,11 +1098,16 @@ static PyObject *make_text(Ctx *c, const uint8_t *p, Py_ssize_t n);
    when the cache is full. */
 static PyObject *cached_entry(Ctx *c, const uint8_t *p, Py_ssize_t n, uint64_t h, CacheEnt **entry) {
     size_t mask = CACHE_SIZE - 1, slot = (size_t)h & mask;
+    int probes = 0, free_slot = 0;
     *entry = NULL;
-    for (;;) {
+    for (; probes < CACHE_MAX_PROBES; probes++) {
         CacheEnt *e = &c->cache[slot];
-        if (!e->s) break;
-        if (e->h == h && e->n == n && memcmp(e->p, p, (size_t)n) == 0) {
+        if (!e->s) {
+            free_slot = 1;
+            break;
+        }
+        /* an empty scope name or version is a NULL slice: no memcmp for length 0 */
+        if (e->h == h && e->n == n && (n == 0 || memcmp(e->p, p, (size_t)n) == 0)) {
             Py_INCREF(e->s);
             *entry = e;
             return e->s;
@@ -1015,7 +1115,7 @@ static PyObject *cached_entry(Ctx *c, const uint8_t *p, Py_ssize_t n, uint64_t h
         slot = (slot + 1) & mask;
     }
     PyObject *s = new_str(p, n);
-    if (s && c->ncache < CACHE_SIZE / 2) {
+    if (s && free_slot && c->ncache < CACHE_SIZE / 2) {
         CacheEnt *e = &c->cache[slot];
         e->h = h;
         e->p = p;
@@ -1930,7 +2030,7 @@ static PyObject *events_column(Ctx *c, const Span *sp, int links) {
     return events_json(c, sp, links);
 }
 
-static PyObject *reject_message(const Span *sp) {
+static PyObject *reject_message(const Ctx *c, const Span *sp) {
     PyObject *name = new_str(sp->name.p, sp->name.n);
     if (!name) return NULL;
     PyObject *head = PyUnicode_Substring(name, 0, 60);
@@ -1956,6 +2056,11 @@ static PyObject *reject_message(const Span *sp) {
         break;
     case REASON_OVERFLOW:
         msg = PyUnicode_FromFormat("span %U: timestamp beyond year 2262 (nanoseconds overflow int64)", r);
+        break;
+    case REASON_TOO_MANY_ATTRS:
+        msg = PyUnicode_FromFormat("span %U: more than %zd attributes on the span, one of its events or links, "
+                                   "or its resource (max_attributes_per_span)",
+                                   r, c->max_attrs);
         break;
     default:
         msg = PyUnicode_FromFormat("span %U: end_time_unix_nano %llu is before start_time_unix_nano %llu", r,
@@ -2122,7 +2227,7 @@ static PyObject *build(Ctx *c) {
     for (Py_ssize_t s = 0; s < c->nspans; s++) {
         const Span *sp = &c->spans[s];
         if (sp->reason) {
-            PyObject *msg = reject_message(sp);
+            PyObject *msg = reject_message(c, sp);
             if (!msg) goto fail;
             int rc = PyList_Append(o.errors, msg);
             Py_DECREF(msg);
@@ -2292,14 +2397,15 @@ static void ctx_free(Ctx *c) {
 static PyObject *decode(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *payload;
-    Py_ssize_t max_bytes, max_items, max_depth;
-    if (!PyArg_ParseTuple(args, "O!nnn:decode", &PyBytes_Type, &payload, &max_bytes, &max_items, &max_depth))
+    Py_ssize_t max_bytes, max_items, max_depth, max_spans, max_attrs, max_work;
+    if (!PyArg_ParseTuple(args, "O!nnnnnn:decode", &PyBytes_Type, &payload, &max_bytes, &max_items, &max_depth,
+                          &max_spans, &max_attrs, &max_work))
         return NULL;
     if (!g_configured) {
         PyErr_SetString(PyExc_RuntimeError, "collector._otlpfast.configure() has not been called");
         return NULL;
     }
-    if (max_bytes < 0 || max_items < 0 || max_depth < 1) {
+    if (max_bytes < 0 || max_items < 0 || max_depth < 1 || max_spans < 0 || max_attrs < 0 || max_work < 0) {
         PyErr_SetString(PyExc_ValueError, "limits must not be negative (max_depth at least 1)");
         return NULL;
     }
@@ -2308,6 +2414,9 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     c.max_bytes = max_bytes;
     c.max_items = max_items;
     c.max_depth = max_depth;
+    c.max_spans = max_spans;
+    c.max_attrs = max_attrs;
+    c.max_work = max_work;
     const uint8_t *data = (const uint8_t *)PyBytes_AS_STRING(payload);
     Py_ssize_t n = PyBytes_GET_SIZE(payload);
     int rc;
@@ -2320,7 +2429,9 @@ static PyObject *decode(PyObject *self, PyObject *args) {
         Py_END_ALLOW_THREADS
     }
     PyObject *result = NULL;
-    if (rc == NOMEM) {
+    if (rc == LIMIT) {
+        result = PyUnicode_FromString(c.limit == LIMIT_SPANS ? "spans" : "items");
+    } else if (rc == NOMEM) {
         PyErr_NoMemory();
     } else if (rc == FALLBACK) {
         result = Py_None;
@@ -2480,7 +2591,8 @@ static PyMethodDef methods[] = {
      "Load the convention tables of collector.conventions (called once by collector.fastdecode, at\n"
      "import; not while another thread may be decoding)."},
     {"decode", decode, METH_VARARGS,
-     "decode(payload: bytes, max_attribute_bytes: int, max_array_items: int, max_depth: int) -> tuple | None\n"
+     "decode(payload: bytes, max_attribute_bytes: int, max_array_items: int, max_depth: int, max_spans: int,\n"
+     "       max_attributes_per_span: int, max_items: int) -> tuple | str | None\n"
      "Decode an ExportTraceServiceRequest; None when the Python path must decode it."},
     {NULL, NULL, 0, NULL},
 };
@@ -2492,7 +2604,20 @@ static struct PyModuleDef moduledef = {
 
 static PyObject *intern(const char *s) { return PyUnicode_InternFromString(s); }
 
+/* g_hash_seed from os.urandom (a fresh key per process). */
+static int seed_hash(void) {
+    PyObject *os = PyImport_ImportModule("os");
+    if (!os) return -1;
+    PyObject *raw = PyObject_CallMethod(os, "urandom", "i", 8);
+    Py_DECREF(os);
+    if (!raw) return -1;
+    if (PyBytes_GET_SIZE(raw) == 8) memcpy(&g_hash_seed, PyBytes_AS_STRING(raw), 8);
+    Py_DECREF(raw);
+    return 0;
+}
+
 PyMODINIT_FUNC PyInit__otlpfast(void) {
+    if (seed_hash() < 0) return NULL;
     static const char *kinds[6] = {"Unspecified", "Internal", "Server", "Client", "Producer", "Consumer"};
     static const char *codes[3] = {"Unset", "Ok", "Error"};
     if (!(S_empty = intern("")) || !(S_tool = intern("tool")) || !(S_other = intern("other")) ||

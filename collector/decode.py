@@ -23,7 +23,7 @@ from google.protobuf.message import DecodeError as _ProtoDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from collector.conventions import ATTRIBUTE_COLUMNS, COORDINATION_COLUMNS, OTEL_COLUMNS, map_coordination
-from collector.fastdecode import FastResult, decode_fast
+from collector.fastdecode import FastResult, LimitExceededError, decode_fast
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -71,13 +71,70 @@ class DecodeError(ValueError):
     """The payload as a whole could not be decoded; the message says what was wrong."""
 
 
+class RequestTooLargeError(DecodeError):
+    """The request carries more spans or items than the limits allow (HTTP 413)."""
+
+    def __init__(self, kind: str, limits: DecodeLimits) -> None:
+        if kind == "spans":
+            text = f"more than {limits.max_spans_per_request} spans (max_spans_per_request)"
+        else:
+            text = (
+                f"more than {limits.max_items_per_request} spans, events, links and attributes together "
+                "(max_items_per_request)"
+            )
+        super().__init__(f"request carries {text}; split the export into smaller batches")
+
+
+def check_request_counts(request: ExportTraceServiceRequest, limits: DecodeLimits) -> None:
+    """Raise ``RequestTooLargeError`` for a request past the per-request counts (counted as the
+    compiled decoder counts them: every span, event, link and top-level attribute)."""
+    max_spans, max_items = limits.max_spans_per_request, limits.max_items_per_request
+    spans = items = 0
+    for resource_spans in request.resource_spans:
+        items += len(resource_spans.resource.attributes)
+        for scope_spans in resource_spans.scope_spans:
+            spans += len(scope_spans.spans)
+            if spans > max_spans:
+                raise RequestTooLargeError("spans", limits)
+            for span in scope_spans.spans:
+                items += 1 + len(span.attributes) + len(span.events) + len(span.links)
+                for event in span.events:
+                    items += len(event.attributes)
+                for link in span.links:
+                    items += len(link.attributes)
+                if items > max_items:
+                    raise RequestTooLargeError("items", limits)
+        if items > max_items:
+            raise RequestTooLargeError("items", limits)
+
+
+def _check_attribute_counts(span, resource_attributes: int, limits: DecodeLimits) -> str | None:
+    cap, kept = limits.max_attributes_per_span, limits.max_array_items
+    if (
+        resource_attributes > cap
+        or len(span.attributes) > cap
+        or any(len(event.attributes) > cap for event in span.events[:kept])
+        or any(len(link.attributes) > cap for link in span.links[:kept])
+    ):
+        return (
+            f"span {span.name[:60]!r}: more than {cap} attributes on the span, one of its events or links, "
+            "or its resource (max_attributes_per_span)"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class DecodeLimits:
-    """Bounds on hostile values (issue: reliability)."""
+    """Bounds on hostile values and on the work one request may cost (issue 12)."""
 
     max_attribute_bytes: int = 64 * 1024
     max_depth: int = 8
     max_array_items: int = 1000
+    # Counted while decoding: past either the whole request is refused (RequestTooLargeError).
+    max_spans_per_request: int = 100_000
+    max_items_per_request: int = 2_000_000  # spans + events + links + attributes
+    # A span whose attributes, or whose kept events' / links' / resource's, pass it is rejected.
+    max_attributes_per_span: int = 1024
 
 
 @dataclass
@@ -367,8 +424,13 @@ def decode_export_request(
     coordination_rows: list[tuple] = []
     coordination_values = _COORDINATION_VALUES
     events_json, links_json = _events_json, _links_json
+    check_request_counts(request, limits)
     for resource_spans in request.resource_spans:
-        resource = attributes_to_dict(resource_spans.resource.attributes, limits)
+        resource_attributes = len(resource_spans.resource.attributes)
+        if resource_attributes > limits.max_attributes_per_span:
+            resource = {}  # every span under it is rejected below; nothing of it is kept
+        else:
+            resource = attributes_to_dict(resource_spans.resource.attributes, limits)
         service = resource.get("service.name")
         service = service if isinstance(service, str) and service else "unknown_service"
         resource_map = _as_string_map(resource)
@@ -376,7 +438,7 @@ def decode_export_request(
             scope_name = _truncate(scope_spans.scope.name, limits)
             scope_version = _truncate(scope_spans.scope.version, limits)
             for span in scope_spans.spans:
-                problem = _check_span(span)
+                problem = _check_span(span) or _check_attribute_counts(span, resource_attributes, limits)
                 if problem:
                     batch.rejected += 1
                     batch.errors.append(problem)
@@ -485,7 +547,10 @@ def decode_payload(
     (tests/test_fastdecode.py).
     """
     if content_type == PROTOBUF:
-        fast = decode_fast(payload, limits)
+        try:
+            fast = decode_fast(payload, limits)
+        except LimitExceededError as exc:
+            raise RequestTooLargeError(exc.kind, limits) from None
         if fast is not None:
             batch = _fast_batch(fast, now)
         else:

@@ -64,6 +64,15 @@ _MAX_LIMIT = 2**62
 AttributeTriple = tuple[list[int], list[str], list[str]]
 
 
+class LimitExceededError(ValueError):
+    """The request carries more spans (``kind`` "spans") or more spans + events + links +
+    attributes (``kind`` "items") than ``DecodeLimits`` allows; the decoder stopped there."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
 @dataclass
 class FastResult:
     """Rows of one request, column-wise (see the module docstring for what equals what).
@@ -115,9 +124,14 @@ def decode_fast(payload: bytes, limits: DecodeLimits) -> FastResult | None:
         return None
     if type(payload) is not bytes:
         payload = bytes(payload)
-    out = _otlpfast.decode(payload, max_bytes, max_items, max_depth)
+    counts = (limits.max_spans_per_request, limits.max_attributes_per_span, limits.max_items_per_request)
+    if not all(0 <= n <= _MAX_LIMIT for n in counts):
+        return None
+    out = _otlpfast.decode(payload, max_bytes, max_items, max_depth, *counts)
     if out is None:
         return None
+    if type(out) is str:  # "spans" or "items": a count limit was passed while parsing
+        raise LimitExceededError(out)
     otel, coordination, span_attributes, resource_attributes, accepted, rejected, errors = out
     columns = dict(zip(OTEL_OUTPUT_COLUMNS, otel, strict=True))
     columns.update(zip(conventions.COORDINATION_COLUMNS, coordination, strict=True))

@@ -111,16 +111,20 @@ def last_span_text(last_seen, now: datetime) -> str:
     return f"{stamp.isoformat(sep=' ', timespec='seconds')} UTC ({age_text(ago)})"
 
 
-def incident_runs(summary: pd.DataFrame, found: FindingSet, now: datetime, limit: int = 25) -> pd.DataFrame:
-    """Runs that need a person (``INCIDENT_COLUMNS``): failing, then to review, then degraded.
+def incident_runs(
+    summary: pd.DataFrame, found: FindingSet, now: datetime, limit: int = 25, include_healthy: bool = False
+) -> pd.DataFrame:
+    """Runs that need a person (``INCIDENT_COLUMNS``): failing, then to review, then degraded
+    (then healthy, with ``include_healthy``).
 
     ``summary`` is ``run_summary`` (verdict per run). Within a verdict the newest activity comes
     first. A run to review names its goal drift as ``to review (threshold not calibrated)``.
     """
     if summary is None or summary.empty:
         return pd.DataFrame(columns=INCIDENT_COLUMNS)
-    frame = summary[summary["verdict"].isin(list(VERDICT_ORDER))].copy()
-    frame["_order"] = frame["verdict"].map(VERDICT_ORDER)
+    order = {**VERDICT_ORDER, "healthy": len(VERDICT_ORDER)} if include_healthy else VERDICT_ORDER
+    frame = summary[summary["verdict"].isin(list(order))].copy()
+    frame["_order"] = frame["verdict"].map(order)
     frame["_last"] = pd.to_datetime(frame["last_seen"], errors="coerce")
     frame = frame.sort_values(["_order", "_last"], ascending=[True, False], kind="stable").head(limit)
     runs = [str(r) for r in frame["run_id"]]

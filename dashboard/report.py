@@ -24,7 +24,7 @@ from dashboard.evidence import (
     evidence_keys,
     evidence_table,
 )
-from dashboard.findings import Finding, FindingSet, gather_findings
+from dashboard.findings import Finding, FindingSet, finding_status, gather_findings, order_by_run_and_severity
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +60,7 @@ class ReportData:
     runs: pd.DataFrame
     thresholds: pd.DataFrame
     errors: dict[str, str]
+    verdicts: pd.DataFrame | None = None  # run_summary of the scope (None when unavailable)
 
     @property
     def findings(self) -> list[Finding]:
@@ -119,6 +120,15 @@ def gather_report(
         listed.extend(chosen)
         ids.extend(f"F{offset + i}" for i in range(1, len(chosen) + 1))
         offset += metric.count
+    # Grouped by run, worst first: the order an incident review reads them (and the run explorer lists them).
+    order = order_by_run_and_severity(listed)
+    listed, ids = [listed[i] for i in order], [ids[i] for i in order]
+    try:
+        verdicts = source.metric("run_summary", window, filters)
+    except Exception as exc:  # the findings stand without the per-run verdicts
+        logger.warning("run summary unavailable: %s", exc)
+        errors["run_summary"] = f"{type(exc).__name__}: {exc}"
+        verdicts = None
     try:
         spans = source.evidence_spans(evidence_keys(listed, MAX_EVIDENCE_SPANS))
     except Exception as exc:  # evidence is best effort; the findings themselves still stand
@@ -150,6 +160,7 @@ def gather_report(
         runs=runs,
         thresholds=thresholds,
         errors=errors,
+        verdicts=verdicts,
     )
 
 
@@ -228,6 +239,7 @@ def report_document(data: ReportData) -> dict:
         {
             "id": fid,
             "metric": finding.metric,
+            "status": finding_status(finding),
             "failure_mode": finding.failure_mode,
             "mast_category": finding.mast_category,
             "run_id": finding.run_id,

@@ -1,6 +1,7 @@
 """HTML and Markdown renderings of a drift report.
 
-HTML is one self-contained file: inline CSS, plotly.js embedded once, no external requests. Every
+HTML is one self-contained file: inline CSS, charts drawn as plain HTML and inline SVG (no
+JavaScript, no charting library: the size follows the findings), no external requests. Every
 value that may come from a span goes through ``html.escape`` (HTML) or ``md_escape`` (Markdown).
 """
 
@@ -14,9 +15,9 @@ from datetime import datetime
 import pandas as pd
 
 from dashboard.evidence import EVIDENCE_COLUMNS
-from dashboard.figures import findings_by_mode_figure, rejection_rate_figure
 from dashboard.filters import describe_filters, describe_window
 from dashboard.findings import MAST_CATEGORIES, short_title
+from dashboard.overview import incident_runs
 from dashboard.report import ReportData, provenance_object, report_document
 
 MAST_HELP = {
@@ -31,9 +32,13 @@ SHOWN_EVIDENCE = [c for c in EVIDENCE_COLUMNS if c != "trace_id"]
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;max-width:1200px;color:#1d2433;padding:0 1rem}
 h1{margin-bottom:.2rem}h2{border-bottom:2px solid #e3e8ee;padding-bottom:.3rem;margin-top:2.2rem}
-.meta{color:#5b6675}table{border-collapse:collapse;width:100%;margin:.6rem 0;font-size:.88rem}
-th,td{border:1px solid #dde3ea;padding:.3rem .5rem;text-align:left;vertical-align:top}
-th{background:#f4f6f8}td.text{font-family:ui-monospace,monospace;white-space:pre-wrap;word-break:break-word;min-width:22rem}
+.meta{color:#5b6675}table{border-collapse:collapse;width:100%;margin:.6rem 0;font-size:.88rem;table-layout:auto}
+th,td{border:1px solid #dde3ea;padding:.3rem .5rem;text-align:left;vertical-align:top;overflow-wrap:anywhere}
+th{background:#f4f6f8}td.text{font-family:ui-monospace,monospace;white-space:pre-wrap;overflow-wrap:anywhere;width:40%}
+table.evidence{table-layout:fixed}table.evidence td,table.evidence th{font-size:.8rem}
+.bar{background:#d62728;height:.8rem;display:inline-block;vertical-align:middle}
+.v-failing{color:#a61b1b;font-weight:600}.v-review{color:#9a5b00;font-weight:600}.v-degraded{color:#9a5b00}
+.status-failure{border-left-color:#d62728}.status-review,.status-warning{border-left-color:#ff7f0e}
 .finding{border:1px solid #dde3ea;border-left:5px solid #d62728;border-radius:4px;padding:.6rem 1rem;margin:1rem 0}
 .tag{display:inline-block;border-radius:3px;padding:0 .4rem;margin-right:.4rem;font-size:.8rem;color:#fff}
 .specification{background:#9467bd}.inter-agent{background:#d62728}.task{background:#ff7f0e}.unclassified{background:#9aa5b1}
@@ -62,7 +67,9 @@ def _html_table(frame: pd.DataFrame, text_columns: tuple[str, ...] = ()) -> str:
     return _html_rows(list(frame.columns), frame.to_dict("records"), text_columns)
 
 
-def _html_rows(columns: list[str], records: list[dict], text_columns: tuple[str, ...] = ()) -> str:
+def _html_rows(
+    columns: list[str], records: list[dict], text_columns: tuple[str, ...] = (), css: str = ""
+) -> str:
     """An escaped HTML table of ``records`` (dicts) in ``columns`` order."""
     if not records:
         return "<p class='meta'>none</p>"
@@ -74,7 +81,8 @@ def _html_rows(columns: list[str], records: list[dict], text_columns: tuple[str,
         + "</tr>"
         for r in records
     ]
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    klass = f" class='{css}'" if css else ""
+    return f"<table{klass}><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
 def _cell(value) -> str:
@@ -88,17 +96,83 @@ def _cell(value) -> str:
 
 
 def _figures_html(data: ReportData) -> str:
-    summary = data.summary.copy()
-    summary["title"] = summary["metric"].map(short_title)
-    figures = [findings_by_mode_figure(summary)]
-    rates = data.frames.get("rejection_rates")
-    if rates is not None and not rates.empty:
-        figures.append(rejection_rate_figure(rates))
+    """Findings per failure mode as bars, and the rejection rate per bucket as an inline SVG line."""
+    summary = data.summary
     parts = []
-    for index, fig in enumerate(figures):
-        # plotly.js goes inline exactly once, with the first figure, so the file works offline.
-        parts.append(fig.to_html(full_html=False, include_plotlyjs=index == 0, config={"displaylogo": False}))
+    if not summary.empty:
+        most = max(int(summary["findings"].max()), 1)
+        rows = "".join(
+            f"<tr><td>{_e(short_title(r['metric']))}</td><td>{int(r['findings']):,}</td>"
+            f"<td><span class='bar' style='width:{max(2, round(300 * int(r['findings']) / most))}px'></span></td></tr>"
+            for r in summary.to_dict("records")
+        )
+        parts.append(
+            "<h3>Findings per failure mode</h3><table><thead><tr><th>failure mode</th><th>findings</th>"
+            f"<th></th></tr></thead><tbody>{rows}</tbody></table>"
+        )
+    rates = data.frames.get("rejection_rates")
+    if rates is not None and not rates.empty and "rejection_rate" in rates:
+        parts.append(_rate_svg(rates))
     return "\n".join(parts)
+
+
+def _rate_svg(rates: pd.DataFrame, width: int = 900, height: int = 160) -> str:
+    """The rejection rate of each bucket (all tools together: the worst tool per bucket) as an SVG line."""
+    frame = rates.copy()
+    frame["bucket"] = (
+        pd.to_datetime(frame["bucket_start"], errors="coerce") if "bucket_start" in frame else pd.NaT
+    )
+    worst = frame.dropna(subset=["bucket"]).groupby("bucket")["rejection_rate"].max().sort_index()
+    if worst.empty:
+        return ""
+    threshold = float(frame["threshold"].iloc[0]) if "threshold" in frame and len(frame) else None
+    n = len(worst)
+    xs = [20 + (width - 40) * (i / max(n - 1, 1)) for i in range(n)]
+    ys = [height - 20 - (height - 40) * min(max(float(v), 0.0), 1.0) for v in worst.to_numpy()]
+    points = " ".join(f"{x:.1f},{y:.1f}" for x, y in zip(xs, ys, strict=True))
+    line = ""
+    if threshold is not None and not pd.isna(threshold):
+        ty = height - 20 - (height - 40) * min(max(threshold, 0.0), 1.0)
+        line = (
+            f"<line x1='20' x2='{width - 20}' y1='{ty:.1f}' y2='{ty:.1f}' stroke='#d62728' "
+            f"stroke-dasharray='4 3'/><text x='{width - 20}' y='{ty - 4:.1f}' text-anchor='end' "
+            f"font-size='11' fill='#d62728'>threshold {threshold:.2f}</text>"
+        )
+    first, last = worst.index[0], worst.index[-1]
+    return (
+        f"<h3>Rejection rate per bucket (highest tool; 0 to 1)</h3>"
+        f"<svg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 {width} {height}' width='100%' "
+        f"role='img' aria-label='rejection rate'>"
+        f"<rect x='20' y='20' width='{width - 40}' height='{height - 40}' fill='#f8f9fb' stroke='#dde3ea'/>"
+        f"{line}<polyline fill='none' stroke='#1f77b4' stroke-width='2' points='{points}'/>"
+        f"<text x='20' y='{height - 4}' font-size='11'>{_e(first)}</text>"
+        f"<text x='{width - 20}' y='{height - 4}' font-size='11' text-anchor='end'>{_e(last)}</text></svg>"
+    )
+
+
+def _verdicts_html(data: ReportData) -> str:
+    """Per-run verdicts, failing first: what an incident review reads before the findings."""
+    if data.verdicts is None:
+        return "<p class='meta'>Run verdicts unavailable (see the failed detectors below).</p>"
+    table = incident_runs(data.verdicts, data.found, data.generated_at, limit=50, include_healthy=True)
+    if table.empty:
+        return "<p class='meta'>No runs in this scope.</p>"
+    rows = []
+    for r in table.to_dict("records"):
+        klass = {"failing": "v-failing", "to review": "v-review", "degraded": "v-degraded"}.get(
+            r["verdict"], ""
+        )
+        rows.append(
+            f"<tr><td class='{klass}'>{_e(r['verdict'])}</td><td><code>{_e(r['run_id'])}</code></td>"
+            f"<td>{_e(r['worst_failure_mode'])}</td><td>{r['findings']}</td>"
+            f"<td>{_e(', '.join(r['agents']))}</td><td>{_e(r['last_span'])}</td></tr>"
+        )
+    total = len(data.verdicts)
+    note = f"<p class='meta'>The first {len(table)} of {total:,} runs.</p>" if total > len(table) else ""
+    return (
+        "<table><thead><tr><th>verdict</th><th>run</th><th>worst failure mode</th><th>findings</th>"
+        f"<th>agents</th><th>last span</th></tr></thead><tbody>{''.join(rows)}</tbody></table>{note}"
+    )
 
 
 def render_html(data: ReportData) -> str:
@@ -113,6 +187,8 @@ def render_html(data: ReportData) -> str:
         "<h1>driftscope coordination-failure report</h1>",
         f"<p class='meta'>Generated {_e(doc['generated_at'])} UTC from {_e(data.source)}. "
         f"Window: {_e(describe_window(data.window))}; {_e(describe_filters(data.filters))}.</p>",
+        "<h2>Runs by verdict</h2>",
+        _verdicts_html(data),
         "<h2>Summary</h2>",
         f"<p><b>{summary['findings']:,}</b> findings in <b>{summary['runs_with_findings']:,}</b> of "
         f"<b>{summary['runs']:,}</b> runs.{_listing_note(data)}</p>",
@@ -130,16 +206,14 @@ def render_html(data: ReportData) -> str:
     if not doc["findings"] and not summary["findings"]:
         out.append("<p>No coordination failures were found in this scope.</p>")
     omitted = data.omitted
-    for position, finding in enumerate(doc["findings"]):
+    run = object()
+    for finding in doc["findings"]:
+        if finding["run_id"] != run:
+            run = finding["run_id"]
+            out.append(f"<h3 class='run'>Run <code>{_e(run)}</code></h3>")
         out.append(_finding_html(finding))
-        following = doc["findings"][position + 1]["metric"] if position + 1 < len(doc["findings"]) else None
-        if finding["metric"] in omitted and following != finding["metric"]:
-            out.append(
-                _omitted_html(data, finding["metric"], finding["failure_mode"], *omitted[finding["metric"]])
-            )
-    shown = {f["metric"] for f in doc["findings"]}
-    for row in data.summary.to_dict("records"):  # modes with findings but none listed (limit 0)
-        if row["metric"] in omitted and row["metric"] not in shown:
+    for row in data.summary.to_dict("records"):  # listings capped per failure mode
+        if row["metric"] in omitted:
             out.append(_omitted_html(data, row["metric"], row["failure_mode"], *omitted[row["metric"]]))
     out.append("<h2>Thresholds in force</h2>")
     out.append(_thresholds_html(doc["thresholds"]))
@@ -182,15 +256,18 @@ def _finding_html(finding: dict) -> str:
     details = "".join(
         f"<tr><th>{_e(k)}</th><td class='text'>{_e(v)}</td></tr>" for k, v in finding["details"].items()
     )
+    status = {"failure": "status-failure", "warning": "status-warning"}.get(
+        finding["status"], "status-review"
+    )
     return (
-        f"<div class='finding' id='{_e(finding['id'])}'>"
-        f"<h3>{_e(finding['id'])}: {_e(finding['failure_mode'])}</h3>"
+        f"<div class='finding {status}' id='{_e(finding['id'])}'>"
+        f"<h4>{_e(finding['id'])}: {_e(finding['failure_mode'])} ({_e(finding['status'])})</h4>"
         f"<p><span class='tag {_tag_class(category)}'>MAST: {_e(category)}</span>"
         f"detector <code>{_e(finding['metric'])}</code> · run <code>{_e(finding['run_id'])}</code> · "
         f"agents {_e(', '.join(finding['agents']))} · {_e(finding['first_seen'])} – {_e(finding['last_seen'])}</p>"
         f"<table><tbody>{details}</tbody></table>"
         f"<p><b>Evidence spans</b> (trace <code>{_e(finding['trace_id'])}</code>)</p>"
-        f"{_html_rows(SHOWN_EVIDENCE, finding['evidence'], text_columns=('text',))}</div>"
+        f"{_html_rows(SHOWN_EVIDENCE, finding['evidence'], text_columns=('text',), css='evidence')}</div>"
     )
 
 
@@ -285,13 +362,14 @@ def render_markdown(data: ReportData) -> str:
         out.append(f"| {md_escape(category)} | {count} | {md_escape(MAST_HELP.get(category, ''))} |")
     out.append("")
     out.extend(_md_table(data.summary))
+    out = out[:4] + _verdicts_md(data) + out[4:]
     out += ["## Findings", ""]
     if not doc["findings"] and not summary["findings"]:
         out += ["No coordination failures were found in this scope.", ""]
     omitted = data.omitted
-    for position, finding in enumerate(doc["findings"]):
+    for finding in doc["findings"]:
         out += [
-            f"### {finding['id']}: {md_escape(finding['failure_mode'])}",
+            f"### {finding['id']}: {md_escape(finding['failure_mode'])} ({md_escape(finding['status'])})",
             "",
             f"- MAST category: **{md_escape(finding['mast_category'])}**",
             f"- detector: {md_escape(finding['metric'])}, run: {md_escape(finding['run_id'])}, "
@@ -302,15 +380,8 @@ def render_markdown(data: ReportData) -> str:
         out += [f"- {md_escape(k)}: {md_escape(v)}" for k, v in finding["details"].items()]
         out += ["", "Evidence spans:", ""]
         out.extend(_md_rows(SHOWN_EVIDENCE, finding["evidence"]))
-        following = doc["findings"][position + 1]["metric"] if position + 1 < len(doc["findings"]) else None
-        if finding["metric"] in omitted and following != finding["metric"]:
-            out += [
-                _omitted_md(data, finding["metric"], finding["failure_mode"], *omitted[finding["metric"]]),
-                "",
-            ]
-    shown = {f["metric"] for f in doc["findings"]}
     for row in data.summary.to_dict("records"):
-        if row["metric"] in omitted and row["metric"] not in shown:
+        if row["metric"] in omitted:
             out += [_omitted_md(data, row["metric"], row["failure_mode"], *omitted[row["metric"]]), ""]
     out += ["## Thresholds in force", ""]
     rows = [
@@ -330,3 +401,12 @@ def render_markdown(data: ReportData) -> str:
         out += [f"- {md_escape(k)}: {md_escape(v)}" for k, v in doc["errors"].items()]
         out.append("")
     return "\n".join(out)
+
+
+def _verdicts_md(data: ReportData) -> list[str]:
+    """The per-run verdict table as Markdown lines (failing runs first)."""
+    if data.verdicts is None:
+        return ["## Runs by verdict", "", "_run verdicts unavailable_", ""]
+    table = incident_runs(data.verdicts, data.found, data.generated_at, limit=50, include_healthy=True)
+    columns = ["verdict", "run_id", "worst_failure_mode", "findings", "agents", "last_span"]
+    return ["## Runs by verdict", "", *_md_rows(columns, table.to_dict("records"))]

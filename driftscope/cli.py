@@ -151,6 +151,11 @@ def cmd_up(args: argparse.Namespace, values: dict[str, Any]) -> int:
         "max_body_bytes",
         "queue_max_bytes",
         "max_attribute_bytes",
+        "max_spans_per_request",
+        "max_attributes_per_span",
+        "max_items_per_request",
+        "max_pending_bytes",
+        "decode_workers",
         "memory_limit",
         "log_level",
     ):
@@ -160,7 +165,7 @@ def cmd_up(args: argparse.Namespace, values: dict[str, Any]) -> int:
         serve_args.append("--insecure")
     if values.get("embeddings") is not None:
         serve_args += [BY_NAME["embeddings"].flag, "true" if values["embeddings"] else "false"]
-    for name in ("retention", "retention_interval"):
+    for name in ("retention", "retention_interval", "header_timeout", "body_timeout"):
         if values.get(name):
             serve_args += [BY_NAME[name].flag, f"{values[name]:g}s"]
     host = values["host"]

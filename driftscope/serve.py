@@ -18,6 +18,7 @@ from collector import fastdecode
 from collector.decode import DecodeLimits
 from collector.grpc_receiver import start_grpc_server
 from collector.http_receiver import ReceiverConfig, build_ingest_routes
+from collector.ingest_guard import DecodePool, guarded_h11_protocol
 from collector.stats import IngestStats
 from collector.store import StoreLockedError
 from collector.writer import IngestQueue, SpanWriter
@@ -39,6 +40,13 @@ class ServeConfig:
     max_body_bytes: int = 64 * 1024 * 1024
     queue_max_bytes: int = 256 * 1024 * 1024
     max_attribute_bytes: int = 64 * 1024
+    max_spans_per_request: int = 100_000
+    max_attributes_per_span: int = 1024
+    max_items_per_request: int = 2_000_000
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    max_pending_bytes: int = 256 * 1024 * 1024
+    decode_workers: int = 2
     memory_limit: int = 1024**3
     retention: float | None = None
     retention_interval: float = 60.0
@@ -119,8 +127,19 @@ def run_serve(config: ServeConfig) -> int:
     receiver_config = ReceiverConfig(
         max_body_bytes=config.max_body_bytes,
         token=config.token,
-        limits=DecodeLimits(max_attribute_bytes=config.max_attribute_bytes),
+        limits=DecodeLimits(
+            max_attribute_bytes=config.max_attribute_bytes,
+            max_spans_per_request=config.max_spans_per_request,
+            max_attributes_per_span=config.max_attributes_per_span,
+            max_items_per_request=config.max_items_per_request,
+        ),
+        header_timeout=config.header_timeout,
+        body_timeout=config.body_timeout,
+        max_pending_bytes=config.max_pending_bytes,
+        decode_workers=config.decode_workers,
     )
+    # One decode pool for both transports: at most decode_workers requests decode at once.
+    decode_pool = DecodePool(config.decode_workers)
     worker = None
     writer = SpanWriter(conn.cursor(), queue, on_commit=lambda n: worker.notify() if worker else None)
     writer.start()
@@ -160,11 +179,13 @@ def run_serve(config: ServeConfig) -> int:
             ),
         }
 
-    routes = build_ingest_routes(queue, receiver_config, stats) + build_api_routes(
+    routes = build_ingest_routes(queue, receiver_config, stats, decode_pool) + build_api_routes(
         conn.cursor, config.token, health_extra
     )
     app = Starlette(routes=routes)
-    grpc_server = start_grpc_server(config.host, config.grpc_port, queue, receiver_config, stats)
+    grpc_server = start_grpc_server(
+        config.host, config.grpc_port, queue, receiver_config, stats, pool=decode_pool
+    )
     server = _QuietServer(
         uvicorn.Config(
             app,
@@ -174,6 +195,8 @@ def run_serve(config: ServeConfig) -> int:
             access_log=False,
             timeout_graceful_shutdown=30,
             limit_concurrency=2048,
+            # uvicorn has no header or body deadline of its own (issue 12).
+            http=guarded_h11_protocol(config.header_timeout, config.body_timeout),
         )
     )
     logger.info(

@@ -19,6 +19,14 @@ class ConfigError(ValueError):
     """A setting has a value a person must fix; the message says what and how."""
 
 
+def parse_count(name: str, raw: Any) -> int:
+    """A positive whole number such as 1024 (underscores allowed: 100_000)."""
+    text = str(raw).strip().replace("_", "")
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 2**62:
+        raise ConfigError(f"Expected {name} to be a positive whole number such as 1024, got {raw!r}")
+    return int(text)
+
+
 def parse_port(name: str, raw: Any) -> int:
     try:
         value = int(str(raw).strip())
@@ -186,6 +194,65 @@ SETTINGS: tuple[Setting, ...] = (
         parse_size,
         SERVE,
         metavar="SIZE",
+    ),
+    Setting(
+        "max_spans_per_request",
+        100_000,
+        "Most spans one OTLP request may carry; a request with more is refused (HTTP 413 / gRPC "
+        "INVALID_ARGUMENT) before its spans are built.",
+        parse_count,
+        SERVE,
+        metavar="N",
+    ),
+    Setting(
+        "max_attributes_per_span",
+        1024,
+        "Most attributes one span, event, link or resource may carry; a span past it (or under a "
+        "resource past it) is rejected in partial_success.",
+        parse_count,
+        SERVE,
+        metavar="N",
+    ),
+    Setting(
+        "max_items_per_request",
+        2_000_000,
+        "Most spans + events + links + attributes + array items one OTLP request may carry; past it "
+        "the request is refused (HTTP 413 / gRPC INVALID_ARGUMENT) while decoding.",
+        parse_count,
+        SERVE,
+        metavar="N",
+    ),
+    Setting(
+        "header_timeout",
+        "10s",
+        "An HTTP client must send its request line and headers within this time, or the connection is closed.",
+        parse_duration,
+        SERVE,
+        metavar="DURATION",
+    ),
+    Setting(
+        "body_timeout",
+        "60s",
+        "An HTTP request body must arrive within this time of its headers (408 past it).",
+        parse_duration,
+        SERVE,
+        metavar="DURATION",
+    ),
+    Setting(
+        "max_pending_bytes",
+        256 * 1024**2,
+        "Bytes all unfinished HTTP request bodies may hold together; past it requests get 503 with Retry-After.",
+        parse_size,
+        SERVE,
+        metavar="SIZE",
+    ),
+    Setting(
+        "decode_workers",
+        2,
+        "Threads decoding OTLP bodies (HTTP and gRPC share them): at most this many decode at once.",
+        parse_count,
+        SERVE,
+        metavar="N",
     ),
     Setting(
         "retention",
