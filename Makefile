@@ -66,3 +66,31 @@ sample-traces: dev
 
 clean:
 	rm -rf $(VENV) driftscope-data test-artifacts
+
+# The real-framework corpus (sample_traces/frameworks/): each framework driven by scripted models in
+# venvs of its own, pinned in corpus/requirements-*.txt (never the project's dependencies). CrewAI
+# has a venv of its own: it needs openai<3, the OpenAI Agents SDK openai>=3.
+FW_VENV := .venv-frameworks
+CREWAI_VENV := .venv-crewai
+FW_RUN_SETS := smolagents langgraph-openinference langgraph-openllmetry openai-agents pydantic-ai
+
+$(FW_VENV)/.installed: corpus/requirements-frameworks.txt
+	$(PYTHON) -m venv $(FW_VENV)
+	$(FW_VENV)/bin/python -m pip install --quiet -r corpus/requirements-frameworks.txt
+	@touch $@
+
+$(CREWAI_VENV)/.installed: corpus/requirements-crewai.txt
+	$(PYTHON) -m venv $(CREWAI_VENV)
+	$(CREWAI_VENV)/bin/python -m pip install --quiet -r corpus/requirements-crewai.txt
+	@touch $@
+
+# One process per run set: instrumentors patch frameworks globally.
+framework-corpus: $(FW_VENV)/.installed $(CREWAI_VENV)/.installed
+	@for set in $(FW_RUN_SETS); do \
+		HF_HUB_OFFLINE=1 $(FW_VENV)/bin/python -m corpus.generate $$set || exit 1; \
+	done
+	HF_HUB_OFFLINE=1 $(CREWAI_VENV)/bin/python -m corpus.generate crewai
+
+# Ingest the corpus through a real `driftscope serve`, score every detector, write docs/detection-quality.md.
+eval-frameworks: dev
+	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.eval_frameworks --notes corpus/detection-quality-notes.md

@@ -45,6 +45,24 @@ EMBEDDING_SETTLE_SECONDS = 3.0
 EMBEDDING_WAIT_SECONDS = 240.0
 
 
+# A finding counts for an injected failure only when its evidence names the tool the failure was
+# injected on (a loop of some other tool in the same run is not that failure being found).
+FAILURE_TOOL = {"retry_loop": "web_search", "duplicate_side_effect": "send_report"}
+
+
+def _norm(text: str) -> str:
+    return " ".join("".join(ch if ch.isalnum() else " " for ch in text.lower()).split())
+
+
+def statement_matches(extracted: str | None, truth: str) -> bool:
+    """True when an extracted task statement is the true one (or contains it, or is contained in
+    it and at least half as long): a statement lost in framework boilerplate does not match."""
+    if not extracted:
+        return False
+    got, want = _norm(extracted), _norm(truth)
+    return want in got and len(got) <= 3 * len(want) + 40 or (got in want and len(got) * 2 >= len(want))
+
+
 @dataclass
 class RunResult:
     run_set: str
@@ -53,6 +71,7 @@ class RunResult:
     findings: dict[str, int] = field(default_factory=dict)  # detector -> findings in this run
     verdicts: list[str] = field(default_factory=list)  # run_summary verdict of each stored run id
     spans: int = 0
+    matched: int = 0  # findings of the expected detector whose evidence is the injected failure
 
     @property
     def expected_detector(self) -> str | None:
@@ -63,7 +82,7 @@ class RunResult:
         """True/False for an injected failure (was its detector's finding there); None if healthy."""
         if self.expected_detector is None:
             return None
-        return self.findings.get(self.expected_detector, 0) > 0
+        return self.matched > 0
 
     @property
     def other_findings(self) -> dict[str, int]:
@@ -86,6 +105,7 @@ class RunResult:
             "failure": self.truth.failure,
             "expected_detector": self.expected_detector,
             "found": self.found,
+            "matched_findings": self.matched,
             "findings": dict(sorted(self.findings.items())),
             "verdict": self.verdict,
             "stored_run_ids": self.stored_run_ids,
@@ -197,10 +217,16 @@ def wait_for_embeddings(client: httpx.Client, base_url: str) -> int:
     return last
 
 
+SETUP = "__setup__"
+
+
 def run_keys(run_sets: dict[str, RunSet]) -> dict[str, tuple[str, str]]:
-    """Stored run id -> (run set, run): a session id the run set gave, else one of its trace ids."""
+    """Stored run id -> (run set, run): a session id the run set gave, else one of its trace ids.
+    Traces emitted while a crew was built map to (run set, SETUP)."""
     keys: dict[str, tuple[str, str]] = {}
     for name, run_set in run_sets.items():
+        for trace_id in run_set.setup_trace_ids:
+            keys[trace_id] = (name, SETUP)
         for run in run_set.runs:
             for key in [run.session_id, *run.trace_ids, *run.emitted_run_ids]:
                 if key:
@@ -235,6 +261,18 @@ def expected_agents(spans: list[dict[str, Any]], agent_span_names: dict[str, str
     return {s["span_id"]: agent_of(s["span_id"]) for s in spans}
 
 
+def finding_is_the_failure(truth: RunTruth, row: dict[str, Any]) -> bool:
+    """Whether a finding of the detector meant for the run's failure points at that failure:
+    goal drift must flag the off-topic statement itself, loops and duplicates the injected tool."""
+    if truth.failure == "off_topic_task":
+        off_topic = [s.task for s in truth.subtasks if s.off_topic]
+        return any(statement_matches(row.get("subtask"), task) for task in off_topic)
+    tool = FAILURE_TOOL.get(truth.failure or "")
+    if tool and row.get("tool_name") is not None:
+        return tool in str(row["tool_name"]).lower()
+    return True
+
+
 def evaluate(
     root: Path = CORPUS,
     names: list[str] | None = None,
@@ -267,7 +305,7 @@ def _score(
         if key is None:
             unmatched[run_id] += 1
             return None
-        return results[key]
+        return results.get(key)  # None for set-up traces
 
     for name in detectors:
         rows = get_json(client, f"{base}/api/v1/metrics/{name}")["rows"]
@@ -275,6 +313,8 @@ def _score(
             result = result_for(str(row.get("run_id")))
             if result is not None:
                 result.findings[name] = result.findings.get(name, 0) + 1
+                if name == result.expected_detector and finding_is_the_failure(result.truth, row):
+                    result.matched += 1
     # Detectors a run needs that are not registered count as zero findings (missed).
     summary = get_json(client, f"{base}/api/v1/metrics/run_summary")["rows"]
     coverage = {name: AgentCoverage() for name in run_sets}
@@ -288,8 +328,6 @@ def _score(
         result.stored_run_ids.append(run_id)
         result.verdicts.append(row["verdict"])
         result.spans += int(row["spans"])
-        if row.get("drifted_subtasks") and "goal_divergence" not in detectors:
-            result.findings["goal_divergence"] = int(row["drifted_subtasks"])
         spans = get_json(client, f"{base}/api/v1/runs/{quote(run_id, safe='')}/spans?limit=100000")["rows"]
         agent_names = run_sets[result.run_set].agent_span_names
         expected = expected_agents(spans, agent_names)
@@ -369,7 +407,7 @@ def summary_tables(evaluation: Evaluation) -> str:
     )
     lines += ["", "## Injected failures", ""]
     lines += [
-        "| failure | detector meant for it | run set | run | found | its findings | other findings | verdict |",
+        "| failure | detector meant for it | run set | run | found | its findings (on the injected failure) | other findings | verdict |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for failure in FAILURE_DETECTORS:
@@ -381,7 +419,8 @@ def summary_tables(evaluation: Evaluation) -> str:
             )
             lines.append(
                 f"| {failure} | {detector} | {result.run_set} | {result.truth.run} | {found} | "
-                f"{result.findings.get(detector, 0)} | {_findings_text(result.other_findings)} | {result.verdict} |"
+                f"{result.findings.get(detector, 0)} ({result.matched}) | {_findings_text(result.other_findings)} | "
+                f"{result.verdict} |"
             )
     lines += ["", "## Healthy runs", ""]
     lines += ["| run set | run | spans | false findings | verdict |", "|---|---|---|---|---|"]
@@ -437,7 +476,10 @@ def render_report(evaluation: Evaluation, notes: str = "") -> str:
         f"{run_sets}\n\n"
         "## Failures injected and the detector meant for each\n\n"
         f"{failures}\n\n"
-        "A failure is *found* when its detector lists at least one finding in that run. A healthy run "
+        "A failure is *found* when its detector lists a finding in that run that points at it: goal "
+        "drift must flag the off-topic statement itself (not boilerplate, not another subtask), "
+        "`repeated_calls` on a retry loop and `duplicate_side_effects` must name the injected tool "
+        "(`web_search`, `send_report`). A healthy run "
         "should have no finding of any detector and the verdict `healthy`; a run with an injected "
         "failure should get `failing`. *Spans under an agent* are the spans whose nearest "
         "ancestor-or-self is an agent span of the ground truth (`agent_span_names` in each "

@@ -66,6 +66,9 @@ class RunSet:
     agent_span_names: dict[str, str]
     runs: list[RunTruth] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # Traces the framework emits while the crew is built, outside any run (OpenLLMetry's
+    # create_agent spans): part of the capture, belonging to no run.
+    setup_trace_ids: list[str] = field(default_factory=list)
 
     def write(self, path: Path) -> None:
         payload = asdict(self)

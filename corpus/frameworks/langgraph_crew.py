@@ -386,7 +386,8 @@ def generate_with(kind: str, out_dir: Path) -> Path:
         FAILING_QUERIES.clear()
         FAILING_QUERIES.update(spec.get("failing", ()))
         scripts = {name: list(spec[name]) for name in ("supervisor", "researcher", "analyst")}
-        graph, models = build_graph(scripts)
+        with tracing.recorder.run("__setup__"):
+            graph, models = build_graph(scripts)
         with tracing.recorder.run(spec["label"]):
             graph.invoke(
                 {"messages": [("user", spec["task"])], "task": ""},
@@ -412,6 +413,7 @@ def generate_with(kind: str, out_dir: Path) -> Path:
     # OpenInference names a node's span after the node (the ReAct sub-agent's graph span too);
     # OpenLLMetry names them "execute_task <node>" and adds "invoke_agent <agent>" for a named
     # sub-graph. Spans of the ReAct loop inside (agent, tools, call_model) belong to the sub-agent.
+    run_set.setup_trace_ids = tracing.recorder.traces.get("__setup__", [])
     names = ("supervisor", "researcher", "analyst")
     if kind == "openinference":
         run_set.agent_span_names = {name: name for name in names}
