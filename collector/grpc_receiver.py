@@ -20,6 +20,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from collector.auth import token_matches
 from collector.decode import PROTOBUF, DecodeError, decode_payload
 from collector.http_receiver import ReceiverConfig
+from collector.ingest_guard import DecodePool
 from collector.stats import IngestStats
 from collector.writer import IngestQueue, QueueFullError, ShuttingDownError, StoreUnavailableError
 
@@ -45,10 +46,15 @@ _SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 class TraceServiceReceiver:
     """Implements ``opentelemetry.proto.collector.trace.v1.TraceService``."""
 
-    def __init__(self, queue: IngestQueue, config: ReceiverConfig, stats: IngestStats) -> None:
+    def __init__(
+        self, queue: IngestQueue, config: ReceiverConfig, stats: IngestStats, pool: DecodePool | None = None
+    ) -> None:
         self.queue = queue
         self.config = config
         self.stats = stats
+        # Decoding runs on the pool the HTTP receiver shares: grpcio's handler threads wait on it,
+        # so no more than ``config.decode_workers`` requests hold decoding memory at once.
+        self.pool = pool or DecodePool(config.decode_workers)
 
     def Export(self, request: bytes, context):  # noqa: N802 - name fixed by the protocol
         metadata = dict(context.invocation_metadata())
@@ -58,7 +64,7 @@ class TraceServiceReceiver:
                 grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token (authorization metadata)"
             )
         try:
-            batch = decode_payload(request, PROTOBUF, self.config.limits)
+            batch = self.pool.call(decode_payload, request, PROTOBUF, self.config.limits)
         except DecodeError as exc:
             self.stats.add("grpc_bad_requests")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -89,7 +95,13 @@ class TraceServiceReceiver:
 
 
 def start_grpc_server(
-    host: str, port: int, queue: IngestQueue, config: ReceiverConfig, stats: IngestStats, workers: int = 16
+    host: str,
+    port: int,
+    queue: IngestQueue,
+    config: ReceiverConfig,
+    stats: IngestStats,
+    workers: int = 16,
+    pool: DecodePool | None = None,
 ) -> grpc.Server:
     """Start the gRPC server on ``host:port`` and return it (already serving)."""
     server = grpc.server(
@@ -98,8 +110,11 @@ def start_grpc_server(
             ("grpc.max_receive_message_length", config.max_body_bytes),
             ("grpc.max_send_message_length", 4 * 1024 * 1024),
         ],
+        # Past this many calls in progress grpcio answers RESOURCE_EXHAUSTED instead of queueing
+        # (and holding) more request messages.
+        maximum_concurrent_rpcs=workers * 2,
     )
-    receiver = TraceServiceReceiver(queue, config, stats)
+    receiver = TraceServiceReceiver(queue, config, stats, pool)
     handler = grpc.unary_unary_rpc_method_handler(
         receiver.Export,
         request_deserializer=None,  # the handler decodes the raw bytes itself

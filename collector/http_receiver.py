@@ -20,7 +20,16 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from collector.auth import token_matches
-from collector.decode import JSON, PROTOBUF, DecodedBatch, DecodeError, DecodeLimits, decode_payload
+from collector.decode import (
+    JSON,
+    PROTOBUF,
+    DecodedBatch,
+    DecodeError,
+    DecodeLimits,
+    RequestTooLargeError,
+    decode_payload,
+)
+from collector.ingest_guard import DecodePool, PendingBytes, PendingBytesFullError
 from collector.stats import IngestStats
 from collector.writer import IngestQueue, QueueFullError, ShuttingDownError, StoreUnavailableError
 
@@ -29,11 +38,18 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ReceiverConfig:
-    """What both receivers need to know: limits and the optional token."""
+    """What both receivers need to know: limits, timeouts and the optional token."""
 
     max_body_bytes: int = 64 * 1024 * 1024
     token: str | None = None
     limits: DecodeLimits = DecodeLimits()
+    # Seconds a client may take to send its request line and headers / its whole body.
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    # Bytes all unfinished HTTP request bodies (read, not yet decoded) may hold together.
+    max_pending_bytes: int = 256 * 1024 * 1024
+    # Threads decoding request bodies (HTTP and gRPC share them): at most this many decode at once.
+    decode_workers: int = 2
 
 
 class BodyTooLargeError(ValueError):
@@ -56,41 +72,91 @@ def _error(content_type: str, http_status: int, grpc_code: int, message: str, he
 
 
 def gunzip_bounded(data: bytes, limit: int) -> bytes:
-    """Decompress gzip ``data``; raise ``BodyTooLargeError`` past ``limit`` bytes (gzip bombs)."""
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = inflater.decompress(data, limit + 1)
-    except zlib.error as exc:
-        raise DecodeError(f"Content-Encoding is gzip but the body is not valid gzip: {exc}") from exc
-    if len(out) > limit or inflater.unconsumed_tail:
-        raise BodyTooLargeError(f"decompressed body exceeds the {limit}-byte limit")
-    if not inflater.eof:
-        raise DecodeError("Content-Encoding is gzip but the gzip stream is truncated")
-    return out
+    """Decompress gzip ``data`` as gzip readers do: every member of a multi-member stream, zero
+    padding after the last one allowed. ``DecodeError`` for anything else after a member or a
+    truncated stream; ``BodyTooLargeError`` once the output of all members passes ``limit``."""
+    out: list[bytes] = []
+    size = 0
+    rest = data
+    while True:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            chunk = inflater.decompress(rest, limit - size + 1)
+        except zlib.error as exc:
+            raise DecodeError(f"Content-Encoding is gzip but the body is not valid gzip: {exc}") from exc
+        size += len(chunk)
+        if size > limit or inflater.unconsumed_tail:
+            raise BodyTooLargeError(f"decompressed body exceeds the {limit}-byte limit")
+        if not inflater.eof:
+            raise DecodeError("Content-Encoding is gzip but the gzip stream is truncated")
+        out.append(chunk)
+        rest = inflater.unused_data
+        if not rest.strip(b"\x00"):
+            return b"".join(out)
+        if not rest.startswith(b"\x1f\x8b"):
+            raise DecodeError(
+                f"Content-Encoding is gzip but {len(rest)} byte(s) after the gzip stream are not another "
+                "gzip member; send only the compressed body"
+            )
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+class BodyTimeoutError(ValueError):
+    """The body did not arrive within ``body_timeout`` seconds (408)."""
+
+
+async def _read_body(
+    request: Request, limit: int, pending: PendingBytes, timeout: float
+) -> tuple[bytes, int]:
+    """The body, at most ``limit`` bytes, within ``timeout`` seconds; every byte held counts
+    against ``pending`` (the caller releases the returned count once the body is decoded)."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise BodyTooLargeError(f"body of {declared} bytes exceeds the {limit}-byte limit")
     chunks = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLargeError(f"body exceeds the {limit}-byte limit")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                if size + len(chunk) > limit:
+                    raise BodyTooLargeError(f"body exceeds the {limit}-byte limit")
+                pending.reserve(len(chunk))
+                size += len(chunk)
+                chunks.append(chunk)
+    except BaseException as exc:
+        pending.release(size)
+        if isinstance(exc, TimeoutError):
+            raise BodyTimeoutError(
+                f"request body not received within {timeout:g}s (body_timeout); send faster or smaller batches"
+            ) from None
+        raise
+    return b"".join(chunks), size
+
+
+def _gunzip_and_decode(body: bytes, encoding: str, media: str, config: ReceiverConfig) -> DecodedBatch:
+    """What runs on the decode pool: gunzip (bounded) and decode."""
+    if encoding == "gzip":
+        body = gunzip_bounded(body, config.max_body_bytes)
+    return decode_payload(body, media, config.limits)
 
 
 def _media_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";")[0].strip().lower()
 
 
-def build_ingest_routes(queue: IngestQueue, config: ReceiverConfig, stats: IngestStats) -> list[Route]:
-    """Starlette routes for the OTLP/HTTP endpoints, bound to ``queue``."""
+def build_ingest_routes(
+    queue: IngestQueue,
+    config: ReceiverConfig,
+    stats: IngestStats,
+    pool: DecodePool | None = None,
+    pending: PendingBytes | None = None,
+) -> list[Route]:
+    """Starlette routes for the OTLP/HTTP endpoints, bound to ``queue``. Bodies are decoded on
+    ``pool`` (never on the event loop) and held against ``pending`` until decoded."""
+    pool = pool or DecodePool(config.decode_workers)
+    pending = pending or PendingBytes(config.max_pending_bytes)
+    closing = {"Connection": "close"}
 
-    async def receive(request: Request) -> tuple[str, bytes] | Response:
+    async def receive(request: Request) -> tuple[str, str, bytes, int] | Response:
         media = _media_type(request)
         if not token_matches(request.headers.get("authorization"), config.token):
             stats.add("http_unauthenticated")
@@ -102,33 +168,42 @@ def build_ingest_routes(queue: IngestQueue, config: ReceiverConfig, stats: Inges
                 status_code=415,
                 media_type="text/plain",
             )
+        encoding = request.headers.get("content-encoding", "").strip().lower()
+        if encoding not in ("", "identity", "gzip"):
+            return _error(media, 415, 3, f"Unsupported Content-Encoding {encoding!r}; use gzip or none")
         try:
-            body = await _read_body(request, config.max_body_bytes)
-            encoding = request.headers.get("content-encoding", "").strip().lower()
-            if encoding == "gzip":
-                body = gunzip_bounded(body, config.max_body_bytes)
-            elif encoding not in ("", "identity"):
-                return _error(media, 415, 3, f"Unsupported Content-Encoding {encoding!r}; use gzip or none")
+            body, held = await _read_body(request, config.max_body_bytes, pending, config.body_timeout)
         except BodyTooLargeError as exc:
             stats.add("http_too_large")
-            return _error(media, 413, 8, f"Request too large: {exc}; split the export into smaller batches")
-        except DecodeError as exc:
-            stats.add("http_bad_request")
-            return _error(media, 400, 3, str(exc))
+            return _error(
+                media, 413, 8, f"Request too large: {exc}; split the export into smaller batches", closing
+            )
+        except BodyTimeoutError as exc:
+            stats.add("http_body_timeout")
+            return _error(media, 408, 4, str(exc), closing)
+        except PendingBytesFullError as exc:
+            stats.add("http_pending_full")
+            return _error(media, 503, 8, f"{exc}; retry later", {"Retry-After": "2", **closing})
         except ClientDisconnect:
             return Response(status_code=400)
-        return media, body
+        return media, encoding, body, held
 
     async def traces(request: Request) -> Response:
         received = await receive(request)
         if isinstance(received, Response):
             return received
-        media, body = received
+        media, encoding, body, held = received
         try:
-            batch = decode_payload(body, media, config.limits)
+            batch = await pool.run(_gunzip_and_decode, body, encoding, media, config)
+        except (BodyTooLargeError, RequestTooLargeError) as exc:
+            stats.add("http_too_large")
+            return _error(media, 413, 8, f"Request too large: {exc}; split the export into smaller batches")
         except DecodeError as exc:
             stats.add("http_bad_request")
             return _error(media, 400, 3, str(exc))
+        finally:
+            del body
+            pending.release(held)
         if batch.accepted:
             try:
                 future = queue.submit(batch)
@@ -157,7 +232,20 @@ def build_ingest_routes(queue: IngestQueue, config: ReceiverConfig, stats: Inges
         received = await receive(request)
         if isinstance(received, Response):
             return received
-        media, _ = received
+        media, encoding, body, held = received
+        try:
+            if encoding == "gzip":
+                # Still checked, so a bad body gets the same answer on every endpoint.
+                await pool.run(gunzip_bounded, body, config.max_body_bytes)
+        except BodyTooLargeError as exc:
+            stats.add("http_too_large")
+            return _error(media, 413, 8, f"Request too large: {exc}; split the export into smaller batches")
+        except DecodeError as exc:
+            stats.add("http_bad_request")
+            return _error(media, 400, 3, str(exc))
+        finally:
+            del body
+            pending.release(held)
         stats.add(f"discarded_{request.url.path.rsplit('/', 1)[-1]}_requests")
         # Empty Export*ServiceResponse: no fields set, identical bytes for metrics and logs.
         return Response(b"" if media == PROTOBUF else b"{}", media_type=media)
