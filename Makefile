@@ -84,6 +84,8 @@ $(CREWAI_VENV)/.installed: corpus/requirements-crewai.txt
 	$(CREWAI_VENV)/bin/python -m pip install --quiet -r corpus/requirements-crewai.txt
 	@touch $@
 
+.PHONY: framework-corpus eval-frameworks
+
 # One process per run set: instrumentors patch frameworks globally.
 framework-corpus: $(FW_VENV)/.installed $(CREWAI_VENV)/.installed
 	@for set in $(FW_RUN_SETS); do \
