@@ -72,6 +72,13 @@ class RunResult:
     verdicts: list[str] = field(default_factory=list)  # run_summary verdict of each stored run id
     spans: int = 0
     matched: int = 0  # findings of the expected detector whose evidence is the injected failure
+    flagged_subtasks: list[str] = field(default_factory=list)  # goal_divergence's subtask statements
+
+    @property
+    def unclean_flagged(self) -> list[str]:
+        """Flagged statements that are not a true task statement of the run (boilerplate kept)."""
+        truths = [s.task for s in self.truth.subtasks]
+        return [t for t in self.flagged_subtasks if not any(statement_matches(t, want) for want in truths)]
 
     @property
     def expected_detector(self) -> str | None:
@@ -109,6 +116,8 @@ class RunResult:
             "findings": dict(sorted(self.findings.items())),
             "verdict": self.verdict,
             "stored_run_ids": self.stored_run_ids,
+            "flagged_subtasks": [t[:300] for t in self.flagged_subtasks],
+            "unclean_flagged": len(self.unclean_flagged),
             "spans": self.spans,
         }
 
@@ -263,10 +272,12 @@ def expected_agents(spans: list[dict[str, Any]], agent_span_names: dict[str, str
 
 def finding_is_the_failure(truth: RunTruth, row: dict[str, Any]) -> bool:
     """Whether a finding of the detector meant for the run's failure points at that failure:
-    goal drift must flag the off-topic statement itself, loops and duplicates the injected tool."""
+    goal drift must flag the invocation that got the off-topic statement (its extracted statement
+    contains it), loops and duplicates must be of the injected tool."""
     if truth.failure == "off_topic_task":
-        off_topic = [s.task for s in truth.subtasks if s.off_topic]
-        return any(statement_matches(row.get("subtask"), task) for task in off_topic)
+        off_topic = [_norm(s.task) for s in truth.subtasks if s.off_topic]
+        flagged = _norm(str(row.get("subtask") or ""))
+        return any(task in flagged for task in off_topic)
     tool = FAILURE_TOOL.get(truth.failure or "")
     if tool and row.get("tool_name") is not None:
         return tool in str(row["tool_name"]).lower()
@@ -315,6 +326,8 @@ def _score(
                 result.findings[name] = result.findings.get(name, 0) + 1
                 if name == result.expected_detector and finding_is_the_failure(result.truth, row):
                     result.matched += 1
+                if name == "goal_divergence":
+                    result.flagged_subtasks.append(str(row.get("subtask")))
     # Detectors a run needs that are not registered count as zero findings (missed).
     summary = get_json(client, f"{base}/api/v1/metrics/run_summary")["rows"]
     coverage = {name: AgentCoverage() for name in run_sets}
@@ -378,8 +391,8 @@ def summary_tables(evaluation: Evaluation) -> str:
     lines += [
         "## Summary per run set",
         "",
-        "| run set | instrumentation | runs | failures found | healthy runs without findings | healthy verdicts | failing verdicts on failures | spans under an agent with an agent | with the right agent |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| run set | instrumentation | runs | failures found | healthy runs without findings | healthy verdicts | failing verdicts on failures | spans under an agent with an agent | with the right agent | goal findings whose statement is a true task |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     totals = Counter()
     for name, results in by_set.items():
@@ -390,6 +403,8 @@ def summary_tables(evaluation: Evaluation) -> str:
         healthy_ok = sum(1 for r in healthy if r.verdict == "healthy")
         failing_ok = sum(1 for r in failures if r.verdict == "failing")
         cov = evaluation.coverage[name].as_dict()
+        flagged = sum(len(r.flagged_subtasks) for r in results)
+        clean_flagged = flagged - sum(len(r.unclean_flagged) for r in results)
         totals.update(
             runs=len(results), failures=len(failures), found=found, healthy=len(healthy), clean=clean,
             healthy_ok=healthy_ok, failing_ok=failing_ok,
@@ -398,12 +413,12 @@ def summary_tables(evaluation: Evaluation) -> str:
             f"| {name} | {evaluation.run_sets[name].instrumentation} | {len(results)} | {found}/{len(failures)} | "
             f"{clean}/{len(healthy)} | {healthy_ok}/{len(healthy)} | {failing_ok}/{len(failures)} | "
             f"{_fmt_share(cov['with_agent_share'])} ({cov['with_agent']}/{cov['under_agent']}) | "
-            f"{_fmt_share(cov['right_agent_share'])} |"
+            f"{_fmt_share(cov['right_agent_share'])} | {clean_flagged}/{flagged} |"
         )
     lines.append(
         f"| **all** | | {totals['runs']} | {totals['found']}/{totals['failures']} | "
         f"{totals['clean']}/{totals['healthy']} | {totals['healthy_ok']}/{totals['healthy']} | "
-        f"{totals['failing_ok']}/{totals['failures']} | | |"
+        f"{totals['failing_ok']}/{totals['failures']} | | | |"
     )
     lines += ["", "## Injected failures", ""]
     lines += [
@@ -477,14 +492,16 @@ def render_report(evaluation: Evaluation, notes: str = "") -> str:
         "## Failures injected and the detector meant for each\n\n"
         f"{failures}\n\n"
         "A failure is *found* when its detector lists a finding in that run that points at it: goal "
-        "drift must flag the off-topic statement itself (not boilerplate, not another subtask), "
+        "drift must flag the invocation that got the off-topic statement (not another subtask), "
         "`repeated_calls` on a retry loop and `duplicate_side_effects` must name the injected tool "
         "(`web_search`, `send_report`). A healthy run "
         "should have no finding of any detector and the verdict `healthy`; a run with an injected "
         "failure should get `failing`. *Spans under an agent* are the spans whose nearest "
         "ancestor-or-self is an agent span of the ground truth (`agent_span_names` in each "
         "`truth.json`); *with an agent* counts those with any `agent_id`, *right agent* those whose "
-        "`agent_id` is that agent.\n\n"
+        "`agent_id` is that agent. *Goal findings whose statement is a true task* counts the "
+        "`goal_divergence` findings whose extracted subtask statement is one of the run's true task "
+        "statements (`subtasks` in `truth.json`), not a prompt with the framework's boilerplate.\n\n"
         f"{summary_tables(evaluation)}"
         f"{notes}"
     )

@@ -38,7 +38,6 @@ _FOLLOWS = "follows from the miss of its detector"
 # case id -> reason it fails today. Case ids: <kind>[<run set>/<run>] as in the test ids below.
 KNOWN_MISSES: dict[str, str] = {
     # smolagents
-    "found[smolagents/off-topic]": _OFF_TOPIC,
     "found[smolagents/ping-pong]": _PING_PONG,
     "found[smolagents/duplicate-email]": _DUPLICATE,
     "found[smolagents/runaway]": _RUNAWAY,
@@ -76,6 +75,8 @@ KNOWN_MISSES: dict[str, str] = {
     "verdict_failing[langgraph-openllmetry/off-topic]": _FOLLOWS,
     "verdict_failing[langgraph-openllmetry/duplicate-email]": _FOLLOWS,
     "verdict_failing[langgraph-openllmetry/runaway]": _FOLLOWS,
+    "statements[smolagents]": "the extracted statement keeps smolagents' managed-agent boilerplate after "
+    "the request ('---\\nYou're helping your manager ...') (issue 13 parts 2 and 5)",
     "agents[langgraph-openllmetry]": "spans inside a sub-agent get the LangGraph-internal node name ('agent', "
     "'tools') or 'LangGraph', not the sub-agent (issue 13 part 2)",
     # OpenAI Agents SDK
@@ -146,9 +147,15 @@ def test_known_misses_name_real_cases():
     for key in KNOWN_MISSES:
         kind, _, target = key.partition("[")
         target = target.rstrip("]")
-        assert kind in {"found", "verdict_failing", "no_findings", "verdict_healthy", "agents", "one_run"}, (
-            key
-        )
+        assert kind in {
+            "found",
+            "verdict_failing",
+            "no_findings",
+            "verdict_healthy",
+            "agents",
+            "one_run",
+            "statements",
+        }, key
         assert target in cases or target in RUN_SETS, f"KNOWN_MISSES names no case of the subset: {key}"
 
 
@@ -197,6 +204,12 @@ def test_every_span_of_an_agent_has_that_agent(evaluation, name):
     coverage = evaluation.coverage[name]
     assert coverage.under_agent > 0
     assert coverage.right_agent == coverage.under_agent, coverage.wrong.most_common(5)
+
+
+@pytest.mark.parametrize("name", _set_cases("statements"))
+def test_goal_findings_flag_true_task_statements_not_boilerplate(evaluation, name):
+    unclean = [t[:120] for r in evaluation.results if r.run_set == name for t in r.unclean_flagged]
+    assert unclean == []
 
 
 def test_expected_agent_is_the_nearest_agent_span_above():
