@@ -9,6 +9,7 @@ skips, when the browser is missing.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -232,7 +233,95 @@ def test_sidebar_download_builds_the_report_on_click(browser, dashboard, tmp_pat
         html = saved.read_text(encoding="utf-8")
         assert download_info.value.suggested_filename == "driftscope-report.html"
         assert "<h1>driftscope coordination-failure report</h1>" in html
-        assert "<h2>Findings</h2>" in html and "class='finding'" in html
+        assert "<h2>Findings</h2>" in html and "class='finding " in html
         assert "<script>alert(" not in html  # span text stays escaped
+    finally:
+        context.close()
+
+
+def test_incident_path_overview_to_evidence_to_report(browser, dashboard, tmp_path, request):
+    """The on-call path: the Overview's first row is a failing run; one click opens it with the
+    worst finding's evidence spans highlighted in a nested trace view; the report downloaded from
+    there lists that finding first."""
+    dashboard_url, _ = dashboard
+    source = request.node.callspec.params["dashboard"]
+    context = browser.new_context(viewport={"width": 1500, "height": 2400}, accept_downloads=True)
+    page = context.new_page()
+    problems: list[str] = []
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.on("dialog", lambda d: (problems.append(f"dialog opened: {d.message}"), d.dismiss()))
+    try:
+        page.goto(f"{dashboard_url}/", wait_until="domcontentloaded")
+        _settle(page, "Coordination failures", 2)
+        main = page.locator('[data-testid="stMain"]')
+        # The first screen leads with the runs that need attention, failing first.
+        headings = main.locator("h3").all_inner_texts()
+        assert headings.index("Runs that need attention") < headings.index("Failure modes")
+        first = main.locator('[data-testid="stPageLink"]').first
+        label = first.inner_text()
+        assert label.startswith("Open failing run "), label
+        run = label.removeprefix("Open failing run ").split(": ", 1)[0]
+        first.click()
+        page.get_by_role("heading", name="Trace").first.wait_for(timeout=90_000)
+        _settle(page, "Run explorer", 2)
+        page.screenshot(path=str(ARTIFACTS / f"incident-{source}-run.png"), full_page=True)
+        assert f"run={run}" in page.url
+        picker = page.locator('[data-testid="stMain"] [data-testid="stSelectbox"] input').first
+        assert picker.input_value() == run
+        finding = main.locator(
+            '[data-testid="stMarkdownContainer"]', has_text="Finding 1: "
+        ).last.inner_text()
+        mode = finding.removeprefix("Finding 1: ").split(" (", 1)[0].strip()
+        assert mode and "evidence span(s), highlighted" in finding
+        # The evidence spans are marked in a nested tree (an expander inside an expander), and
+        # the attribute panel opened on one of them.
+        headers = main.locator('[data-testid="stExpander"] summary')
+        marked = headers.filter(has_text="evidence")
+        assert marked.count() >= 1
+        assert main.locator('[data-testid="stExpander"] [data-testid="stExpander"]').count() >= 1
+        inspected = main.get_by_role("heading", name=re.compile("^Attributes of span ")).first.inner_text()
+        span_id = inspected.rsplit(" ", 1)[1]
+        assert marked.filter(has_text="inspected").count() == 1
+        # The report from there lists the same finding first.
+        with page.expect_download(timeout=120_000) as download_info:
+            page.get_by_role("button", name="Download this run's report").click()
+        saved = tmp_path / "run-report.html"
+        download_info.value.save_as(saved)
+        html_text = saved.read_text(encoding="utf-8")
+        first_finding = re.search(r"<div class='finding [a-z-]+' id='F\d+'><h4>F\d+: (.*?) \(", html_text)
+        assert first_finding is not None and first_finding.group(1) == html.escape(mode)
+        assert span_id in html_text[first_finding.start() :].split("<div class='finding", 2)[1]
+        runs = re.findall(r"<h3 class='run'>Run <code>(.*?)</code></h3>", html_text)
+        assert runs == [html.escape(run)]
+        assert not problems, problems
+    finally:
+        context.close()
+
+
+def test_report_fits_the_window_and_the_url_keeps_the_filters(browser, dashboard, tmp_path):
+    """The HTML report is not wider than a 1,400 px window; a filter chosen in the sidebar is in
+    the URL, and opening that URL restores it."""
+    dashboard_url, _ = dashboard
+    context = browser.new_context(viewport={"width": 1400, "height": 1200}, accept_downloads=True)
+    page = context.new_page()
+    try:
+        page.goto(f"{dashboard_url}/", wait_until="domcontentloaded")
+        _settle(page, "Coordination failures", 2)
+        with page.expect_download(timeout=120_000) as download_info:
+            page.get_by_role("button", name="Download report").click()
+        saved = tmp_path / "report.html"
+        download_info.value.save_as(saved)
+        page.goto(saved.as_uri())
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 1400, width
+        page.goto(f"{dashboard_url}/loops", wait_until="domcontentloaded")
+        _settle(page, "Loops & budgets", 0)
+        page.get_by_label("Agent").click()
+        page.get_by_role("option", name="analyst", exact=True).click()
+        page.wait_for_url(re.compile(r"agent=analyst"), timeout=30_000)
+        _settle(page, "Loops & budgets", 0)
+        page.goto(page.url, wait_until="domcontentloaded")  # the pasted link
+        _settle(page, "Loops & budgets", 0)
+        assert page.get_by_label("Agent").input_value() == "analyst"
     finally:
         context.close()
