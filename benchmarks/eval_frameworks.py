@@ -19,6 +19,7 @@ import argparse
 import datetime as dt
 import json
 import logging
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -289,17 +290,25 @@ def evaluate(
     names: list[str] | None = None,
     embeddings: bool = True,
     workdir: Path | None = None,
+    keep_db: Path | None = None,
 ) -> Evaluation:
-    """Ingest the corpus through a fresh ``driftscope serve`` and score every detector on it."""
+    """Ingest the corpus through a fresh ``driftscope serve`` and score every detector on it.
+
+    ``keep_db``: copy the database there after serve stopped (to inspect it with ``duckdb``).
+    """
     run_sets = load_corpus(root, names)
     with tempfile.TemporaryDirectory(prefix="eval-frameworks-", dir=workdir) as tmp:
-        serve = ServeProcess(Path(tmp) / "eval.duckdb", embeddings=embeddings)
+        db = Path(tmp) / "eval.duckdb"
+        serve = ServeProcess(db, embeddings=embeddings)
         with serve, httpx.Client(timeout=300) as client:
             base = serve.http_url
             requests = sum(post_captured(client, base, root / name / "otlp.jsonl") for name in run_sets)
             if embeddings:
                 wait_for_embeddings(client, base)
-            return _score(client, base, run_sets, requests, embeddings)
+            evaluation = _score(client, base, run_sets, requests, embeddings)
+        if keep_db is not None:
+            shutil.copyfile(db, keep_db)
+        return evaluation
 
 
 def _score(
@@ -519,11 +528,14 @@ def main(argv: list[str] | None = None) -> int:
         "--embeddings", choices=("true", "false"), default="true", help="run the embedding worker"
     )
     parser.add_argument("--notes", type=Path, help="Markdown appended to the report (the reasons for misses)")
+    parser.add_argument("--keep-db", type=Path, help="copy the evaluated DuckDB file here (to inspect it)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
-        evaluation = evaluate(args.corpus, args.run_sets or None, embeddings=args.embeddings == "true")
+        evaluation = evaluate(
+            args.corpus, args.run_sets or None, embeddings=args.embeddings == "true", keep_db=args.keep_db
+        )
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
