@@ -79,6 +79,9 @@ def filter_params(window: Window, filters: Filters) -> dict[str, Any]:
         "run": filters.run,
         "origin_task": filters.origin_task,
         "ingested_after": None,
+        # Internal: run_summary recomputes only the runs (origin tasks) new spans touched.
+        "runs": None,
+        "origin_tasks": None,
     }
 
 

@@ -6,6 +6,8 @@ import collections
 import logging
 import os
 import threading
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from typing import Any
 
 import duckdb
@@ -15,7 +17,7 @@ from analytics.goals import goal_run_stats
 from analytics.loops import MIN_PING_PONG_DELEGATIONS, MIN_PING_PONG_INFERRED
 from analytics.registry import register, run_metric
 from analytics.sql_loader import filter_params, load_sql, query_df, run_sql
-from analytics.thresholds import current_threshold
+from analytics.thresholds import ThresholdInfo, current_threshold
 from analytics.types import Filters, Window
 
 logger = logging.getLogger(__name__)
@@ -99,34 +101,198 @@ _SQL_COUNTED: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
 }
 
 
+# Detectors whose findings are keyed by something other than the run: run_summary recomputes
+# them for the touched values of that key (the run a finding is counted in is one of several).
+# Every other counted detector must find a run's findings from that run's spans alone;
+# tests/test_analytics_summary.py holds the incremental summary equal to a full one.
+_COUNTED_BY = {"constraint_drops": "origin_task_id"}
+
+
 def _findings_per_run(
-    conn: duckdb.DuckDBPyConnection, name: str, window: Window, filters: Filters
+    conn: duckdb.DuckDBPyConnection,
+    name: str,
+    window: Window,
+    filters: Filters,
+    runs: list[str] | None = None,
+    origin_tasks: list[str] | None = None,
 ) -> pd.DataFrame:
-    """Findings of detector ``name`` per run: ``n`` plus its extra counts, indexed by run_id."""
+    """Findings of detector ``name`` per run: ``n`` plus its extra counts.
+
+    Indexed by run_id; for detectors in ``_COUNTED_BY`` a plain frame with that key and run_id.
+    ``runs`` / ``origin_tasks`` limit the spans (or cells) to those runs (origin tasks)."""
     extra_params, extra_counts = _SQL_COUNTED[name]
     counts = "".join(f", count(*) FILTER (WHERE {cond}) AS {label}" for label, cond in extra_counts.items())
-    sql = f"SELECT run_id, count(*) AS n{counts}\nFROM (\n{load_sql(name)}\n) findings\nGROUP BY run_id"
-    params = {**filter_params(window, filters), **extra_params}
-    return query_df(conn, sql, params).set_index("run_id")
+    keys = "run_id" if name not in _COUNTED_BY else f"{_COUNTED_BY[name]}, run_id"
+    sql = f"SELECT {keys}, count(*) AS n{counts}\nFROM (\n{load_sql(name)}\n) findings\nGROUP BY {keys}"
+    params = {**filter_params(window, filters), **extra_params, "runs": runs, "origin_tasks": origin_tasks}
+    frame = query_df(conn, sql, params)
+    return frame if name in _COUNTED_BY else frame.set_index("run_id")
 
 
-# run_summary results are kept per database file and data version, so a repeated call (a
-# dashboard re-render, the report after the overview) does not run every detector again. The
-# version is the number of spans, the newest ingested_at and the thresholds in force: spans are
-# only inserted (the collector fills inherited fields in the same commit that inserts the spans
-# that caused it), so a change of stored spans changes the count or the newest ingested_at.
-# In-memory databases are not cached (they have no stable identity).
+@dataclass
+class _Parts:
+    """The per-run pieces run_summary is assembled from, kept between calls.
+
+    ``base``: run_summary.sql rows indexed by run_id; ``found``: each counted detector's finding
+    counts (indexed by run_id, or keyed as ``_COUNTED_BY`` says); ``goals``: goal_run_stats."""
+
+    base: pd.DataFrame
+    found: dict[str, pd.DataFrame]
+    goals: pd.DataFrame
+
+
+def _compute_parts(
+    conn: duckdb.DuckDBPyConnection,
+    window: Window,
+    filters: Filters,
+    goal_threshold: float,
+    runs: list[str] | None = None,
+    origin_tasks: list[str] | None = None,
+) -> _Parts:
+    """Every piece, for all runs in scope, or only for ``runs`` (and ``origin_tasks``)."""
+    base = run_sql(conn, "run_summary", window, filters, runs=runs).set_index("run_id", drop=False)
+    found: dict[str, pd.DataFrame] = {}
+    for name in _SQL_COUNTED:
+        if name in _COUNTED_BY:
+            found[name] = _findings_per_run(conn, name, window, filters, origin_tasks=origin_tasks)
+        else:
+            found[name] = _findings_per_run(conn, name, window, filters, runs=runs)
+    for name in COUNTED_DETECTORS:
+        if name in found:
+            continue
+        # Detectors with Python post-processing (repeated_calls forms loops in numpy) have no
+        # run-list filter: they run once per touched run (or once over everything).
+        if runs is None:
+            frames = [run_metric(conn, name, window, filters)]
+        else:
+            frames = [
+                run_metric(conn, name, window, replace(filters, run=run))
+                for run in runs
+                if filters.run is None or filters.run == run
+            ]
+        counts = [_counts_by_run(frame) for frame in frames if not frame.empty]
+        found[name] = (
+            pd.concat(counts).to_frame("n") if counts else pd.DataFrame({"n": pd.Series(dtype="int64")})
+        )
+    goals = goal_run_stats(conn, window, filters, goal_threshold, runs=runs)
+    return _Parts(base, found, goals)
+
+
+def _replace_rows(old: pd.DataFrame, new: pd.DataFrame, drop: pd.Series) -> pd.DataFrame:
+    """``old`` without the rows where ``drop`` holds, plus ``new`` (dtypes of the non-empty)."""
+    kept = old[~drop]
+    if new.empty:
+        return kept
+    if kept.empty:
+        return new
+    return pd.concat([kept, new])
+
+
+def _merge_parts(old: _Parts, new: _Parts, runs: list[str], origin_tasks: list[str]) -> _Parts:
+    """``old`` with the pieces of ``runs`` / ``origin_tasks`` replaced by ``new``'s."""
+    base = _replace_rows(old.base, new.base, old.base.index.isin(runs))
+    base = base.reset_index(drop=True).sort_values(["first_seen", "run_id"], kind="stable")
+    base = base.set_index("run_id", drop=False)
+    found = {}
+    for name, frame in old.found.items():
+        if name in _COUNTED_BY:
+            drop = frame[_COUNTED_BY[name]].isin(origin_tasks)
+        else:
+            drop = frame.index.isin(runs)
+        found[name] = _replace_rows(frame, new.found[name], drop)
+    goals = _replace_rows(old.goals, new.goals, old.goals.index.isin(runs))
+    return _Parts(base, found, goals)
+
+
+def _assemble(conn: duckdb.DuckDBPyConnection, parts: _Parts, goal_threshold: ThresholdInfo) -> pd.DataFrame:
+    """The run_summary frame (counts, verdicts) from its pieces."""
+    base = parts.base.copy()
+    allowed = _count_thresholds(conn)
+    failing = pd.Series(False, index=base.index)
+    degraded = base["rejections"] > 0
+
+    def per_run(counts: pd.Series) -> pd.Series:
+        return counts.reindex(base.index, fill_value=0).astype("int64")
+
+    found = {}
+    for name, frame in parts.found.items():
+        if name in _COUNTED_BY:  # one row per (key, run): sum per run
+            frame = frame.drop(columns=_COUNTED_BY[name]).groupby("run_id").sum()
+        found[name] = frame
+    for name in COUNTED_DETECTORS:
+        base[f"{name}_count"] = per_run(found[name]["n"])
+        over = base[f"{name}_count"] > allowed.get(name, 0.0)
+        if name in FAILING_DETECTORS:
+            failing |= over
+        else:
+            degraded |= over
+    base["stale_holders_unrefreshed"] = per_run(found["context_drift_holders"]["unrefreshed"])
+    base["stale_policy_sends_count"] = per_run(found["stale_policy_sends"]["n"])
+    base["stale_sends_allowed"] = per_run(found["stale_policy_sends"]["allowed"])
+    # Goal columns from one SQL aggregate over the subtasks (no row per subtask).
+    goals = parts.goals
+    base["drifted_subtasks"] = per_run(goals["drifted_subtasks"])
+    base["worst_divergence"] = goals["worst_divergence"].astype("float64").reindex(base.index)
+    # Over the uncalibrated default, a divergence is a question for a person, not a failure:
+    # ordinary decompositions of a goal can score past it until the threshold is calibrated.
+    drifted = base["drifted_subtasks"] > 0
+    review = drifted if not goal_threshold.calibrated else pd.Series(False, index=base.index)
+    failing |= drifted & goal_threshold.calibrated
+    failing |= (base["stale_sends_allowed"] > 0) | (base["stale_holders_unrefreshed"] > 0)
+    degraded |= base["stale_policy_sends_count"] > 0
+    base["verdict"] = "healthy"
+    base.loc[degraded, "verdict"] = "degraded"
+    base.loc[review, "verdict"] = "to review"
+    base.loc[failing, "verdict"] = "failing"
+    return base.reset_index(drop=True)
+
+
+# run_summary is kept per database file, window and filters, and brought up to date on each
+# call: the runs that new spans touched are recomputed and merged with the kept pieces of the
+# others, so a call after an ingest costs the touched runs, not every detector over every run.
+# Spans are only inserted, except for retention's deletes; the collector fills inherited fields
+# (agent, run) of earlier spans only in traces that get new spans in the same commit. So the
+# touched runs are the runs of the traces whose spans changed. Those traces are found among the
+# spans ingested from ``_SLACK`` before the newest one seen last time (a batch decoded earlier
+# than that but committed later, or a delete, changes the total count differently from the
+# counts of those recent spans, and everything is recomputed). A change of thresholds also
+# recomputes everything. In-memory databases are not cached (they have no stable identity).
 _CACHE_SIZE = 32
-_cache: collections.OrderedDict[tuple, pd.DataFrame] = collections.OrderedDict()
+_SLACK = timedelta(seconds=10)
+# Past this share of the kept runs, one full recomputation is cheaper than a filtered one.
+_MAX_TOUCHED_SHARE = 0.25
+
+
+@dataclass
+class _Version:
+    """What a kept summary was computed from: spans, the newest ingested_at, the recent spans
+    per trace (ingested from ``newest - _SLACK`` on) and the thresholds in force."""
+
+    spans: int
+    newest: datetime | None
+    recent: dict[str, int]
+    thresholds: tuple
+
+    @property
+    def bound(self) -> datetime | None:
+        return None if self.newest is None else self.newest - _SLACK
+
+
+@dataclass
+class _Kept:
+    version: _Version
+    parts: _Parts
+    summary: pd.DataFrame
+
+
+_cache: collections.OrderedDict[tuple, _Kept] = collections.OrderedDict()
 _cache_lock = threading.Lock()
 
 
-def _data_version(conn: duckdb.DuckDBPyConnection) -> tuple | None:
-    """Identity and version of the database behind ``conn``; None when it must not be cached."""
-    path, spans, newest, thresholds, newest_threshold = conn.execute(
-        "SELECT (SELECT path FROM duckdb_databases() WHERE database_name = current_database()), "
-        "(SELECT count(*) FROM spans), (SELECT max(ingested_at) FROM spans), "
-        "(SELECT count(*) FROM thresholds), (SELECT max(created_at) FROM thresholds)"
+def _database_identity(conn: duckdb.DuckDBPyConnection) -> tuple | None:
+    """Identity of the database file behind ``conn``; None when it must not be cached."""
+    (path,) = conn.execute(
+        "SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
     ).fetchone()
     if not path or path == ":memory:":
         return None
@@ -134,11 +300,83 @@ def _data_version(conn: duckdb.DuckDBPyConnection) -> tuple | None:
         stat = os.stat(path)
     except OSError:
         return None
-    return (path, stat.st_dev, stat.st_ino, spans, newest, thresholds, newest_threshold)
+    return (path, stat.st_dev, stat.st_ino)
+
+
+def _recent_counts(
+    conn: duckdb.DuckDBPyConnection, since: datetime, bound: datetime
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Spans per trace ingested at or after ``since``, and at or after ``bound`` (>= since)."""
+    rows = conn.execute(
+        "SELECT TraceId, count(*), count(*) FILTER (WHERE ingested_at >= $bound) FROM spans "
+        "WHERE ingested_at >= $since GROUP BY TraceId",
+        {"since": since, "bound": bound},
+    ).fetchall()
+    return {t: n for t, n, _ in rows}, {t: m for t, _, m in rows if m}
+
+
+def _read_version(
+    conn: duckdb.DuckDBPyConnection, previous: _Version | None
+) -> tuple[_Version, set[str] | None]:
+    """The current version, and the traces changed since ``previous`` (None: recompute all)."""
+    spans, newest, thresholds, newest_threshold = conn.execute(
+        "SELECT (SELECT count(*) FROM spans), (SELECT max(ingested_at) FROM spans), "
+        "(SELECT count(*) FROM thresholds), (SELECT max(created_at) FROM thresholds)"
+    ).fetchone()
+    bound = None if newest is None else newest - _SLACK
+    if previous is None or previous.bound is None or newest is None or newest < previous.newest:
+        recent = _recent_counts(conn, bound, bound)[1] if bound is not None else {}
+        return _Version(spans, newest, recent, (thresholds, newest_threshold)), None
+    since_previous, recent = _recent_counts(conn, previous.bound, bound)
+    version = _Version(spans, newest, recent, (thresholds, newest_threshold))
+    if version.thresholds != previous.thresholds:
+        return version, None
+    # Spans ingested before the previous bound cannot have changed (no delete, no late batch)
+    # when the count grew by exactly the growth of the recent spans, and no recent trace shrank.
+    if spans - previous.spans != sum(since_previous.values()) - sum(previous.recent.values()):
+        return version, None
+    touched = set()
+    for trace, count in since_previous.items():
+        before = previous.recent.get(trace, 0)
+        if count < before:
+            return version, None
+        if count > before:
+            touched.add(trace)
+    if any(trace not in since_previous for trace in previous.recent):
+        return version, None
+    return version, touched
+
+
+def _touched_scope(conn: duckdb.DuckDBPyConnection, traces: set[str]) -> tuple[list[str], list[str]]:
+    """Runs and origin tasks whose pieces may have changed with the spans of ``traces``.
+
+    The runs with a span in those traces (and the traces' own ids: a span without a run counts
+    under its trace id until a parent gives it one), their origin tasks, and every run working
+    on one of those origin tasks (its goal root or constraint ledger may come from them)."""
+    rows = conn.execute(
+        "SELECT DISTINCT run_id FROM spans WHERE TraceId IN (SELECT unnest($traces::VARCHAR[])) "
+        "AND run_id IS NOT NULL",
+        {"traces": sorted(traces)},
+    ).fetchall()
+    runs = {run for (run,) in rows} | set(traces)
+    rows = conn.execute(
+        "SELECT DISTINCT origin_task_id FROM spans WHERE run_id IN (SELECT unnest($runs::VARCHAR[])) "
+        "AND origin_task_id IS NOT NULL",
+        {"runs": sorted(runs)},
+    ).fetchall()
+    tasks = sorted(task for (task,) in rows)
+    if tasks:
+        rows = conn.execute(
+            "SELECT DISTINCT run_id FROM spans "
+            "WHERE origin_task_id IN (SELECT unnest($tasks::VARCHAR[])) AND run_id IS NOT NULL",
+            {"tasks": tasks},
+        ).fetchall()
+        runs |= {run for (run,) in rows}
+    return sorted(runs), tasks
 
 
 def clear_cache() -> None:
-    """Forget every cached run summary."""
+    """Forget every kept run summary."""
     with _cache_lock:
         _cache.clear()
 
@@ -177,62 +415,34 @@ def run_summary(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filter
     """Health of every run, combining every detector's findings.
 
     A count above its baseline-calibrated ``count_per_run:<detector>`` threshold (0 until
-    calibrated) makes the run fail. Results are cached per database file and data version.
+    calibrated) makes the run fail. Results are kept per database file, window and filters;
+    after new spans only the runs they touched are recomputed (see ``_read_version``).
     """
-    version = _data_version(conn)
-    key = None if version is None else (version, window, filters)
-    if key is not None:
-        with _cache_lock:
-            cached = _cache.get(key)
-            if cached is not None:
-                _cache.move_to_end(key)
-                return cached.copy()
-    summary = _run_summary(conn, window, filters)
-    if key is not None:
-        with _cache_lock:
-            _cache[key] = summary.copy()
-            while len(_cache) > _CACHE_SIZE:
-                _cache.popitem(last=False)
-    return summary
-
-
-def _run_summary(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
-    base = run_sql(conn, "run_summary", window, filters).set_index("run_id", drop=False)
-    allowed = _count_thresholds(conn)
-    failing = pd.Series(False, index=base.index)
-    degraded = base["rejections"] > 0
-
-    def per_run(counts: pd.Series) -> pd.Series:
-        return counts.reindex(base.index, fill_value=0).astype("int64")
-
-    found = {name: _findings_per_run(conn, name, window, filters) for name in _SQL_COUNTED}
-    for name in COUNTED_DETECTORS:
-        if name in found:
-            base[f"{name}_count"] = per_run(found[name]["n"])
-        else:  # detectors with Python post-processing (repeated_calls forms loops in numpy)
-            base[f"{name}_count"] = per_run(_counts_by_run(run_metric(conn, name, window, filters)))
-        over = base[f"{name}_count"] > allowed.get(name, 0.0)
-        if name in FAILING_DETECTORS:
-            failing |= over
-        else:
-            degraded |= over
-    base["stale_holders_unrefreshed"] = per_run(found["context_drift_holders"]["unrefreshed"])
-    base["stale_policy_sends_count"] = per_run(found["stale_policy_sends"]["n"])
-    base["stale_sends_allowed"] = per_run(found["stale_policy_sends"]["allowed"])
-    # Goal columns from one SQL aggregate over the subtasks (no row per subtask).
+    identity = _database_identity(conn)
     goal_threshold = current_threshold(conn, "goal_divergence")
-    goals = goal_run_stats(conn, window, filters, goal_threshold.value)
-    base["drifted_subtasks"] = per_run(goals["drifted_subtasks"])
-    base["worst_divergence"] = goals["worst_divergence"].astype("float64").reindex(base.index)
-    # Over the uncalibrated default, a divergence is a question for a person, not a failure:
-    # ordinary decompositions of a goal can score past it until the threshold is calibrated.
-    drifted = base["drifted_subtasks"] > 0
-    review = drifted if not goal_threshold.calibrated else pd.Series(False, index=base.index)
-    failing |= drifted & goal_threshold.calibrated
-    failing |= (base["stale_sends_allowed"] > 0) | (base["stale_holders_unrefreshed"] > 0)
-    degraded |= base["stale_policy_sends_count"] > 0
-    base["verdict"] = "healthy"
-    base.loc[degraded, "verdict"] = "degraded"
-    base.loc[review, "verdict"] = "to review"
-    base.loc[failing, "verdict"] = "failing"
-    return base.reset_index(drop=True)
+    if identity is None:
+        return _assemble(conn, _compute_parts(conn, window, filters, goal_threshold.value), goal_threshold)
+    key = (identity, window, filters)
+    with _cache_lock:
+        kept = _cache.get(key)
+    version, touched = _read_version(conn, kept.version if kept is not None else None)
+    if kept is not None and touched is not None and not touched and version.spans == kept.version.spans:
+        with _cache_lock:
+            _cache[key] = _Kept(version, kept.parts, kept.summary)
+            _cache.move_to_end(key)
+        return kept.summary.copy()
+    parts = None
+    if kept is not None and touched is not None:
+        runs, tasks = _touched_scope(conn, touched)
+        if len(runs) <= max(8, _MAX_TOUCHED_SHARE * len(kept.parts.base)):
+            fresh = _compute_parts(conn, window, filters, goal_threshold.value, runs, tasks)
+            parts = _merge_parts(kept.parts, fresh, runs, tasks)
+    if parts is None:
+        parts = _compute_parts(conn, window, filters, goal_threshold.value)
+    summary = _assemble(conn, parts, goal_threshold)
+    with _cache_lock:
+        _cache[key] = _Kept(version, parts, summary.copy())
+        _cache.move_to_end(key)
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return summary

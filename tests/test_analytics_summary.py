@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
-from analytics import run_metric
-from tests.fixtures_analytics import insert_spans, make_span, new_db
+import random
+from datetime import timedelta
+
+import duckdb
+import pandas as pd
+import pytest
+
+from analytics import METRICS, Filters, Window, run_metric, summary
+from analytics.thresholds import current_threshold
+from driftscope.database import migrate
+from tests.fixtures_analytics import BASE_TIME, insert_spans, make_span, new_db, trace_id
 
 
 def test_enforcement_coverage_separates_enforced_partial_and_watch_only_tools():
@@ -55,3 +64,113 @@ def test_run_summary_verdicts_failing_degraded_healthy():
     assert summary.loc["run-guarded", "verdict"] == "degraded"
     assert summary.loc["run-guarded", "rejections"] == 1
     assert summary.loc["run-ok", "verdict"] == "healthy"
+
+
+# --- run_summary brought up to date incrementally equals a full recomputation -----------------
+
+_AGENTS = ["a", "b", "c", None]
+_KEYS = ["k1", "k2", "plan"]
+
+
+def _random_batch(rng: random.Random, batch: int, runs: list[str]) -> list[dict]:
+    """Spans of every kind the counted detectors look at, over a few runs, traces and origin
+    tasks (an origin task may span runs), some without run or agent."""
+    rows = []
+    for _ in range(rng.randint(1, 12)):
+        run = rng.choice(runs)
+        trace = trace_id(f"{run}/{rng.randint(0, 2)}")
+        fields: dict = dict(
+            run=run,
+            TraceId=trace,
+            agent_id=rng.choice(_AGENTS),
+            outcome=rng.choice(["ok", "ok", "ok", "rejected", None]),
+            ingested_at=BASE_TIME + timedelta(seconds=batch),
+        )
+        if rng.random() < 0.1:
+            fields["run_id"] = trace  # no run yet: counted under its trace id
+        kind = rng.choice(["read", "write", "write", "send", "delegate", "step", "call"])
+        if kind in ("read", "write"):
+            fields.update(op=kind, state_key=rng.choice(_KEYS), state_version=f"v{rng.randint(1, 4)}")
+            if kind == "write" and rng.random() < 0.6:
+                fields["state_expected_version"] = f"v{rng.randint(0, 3)}"
+        elif kind == "send":
+            fields.update(op="send", tool_name="send_email", side_effect=True,
+                          policy_version=f"p{rng.randint(1, 3)}",
+                          idempotency_key=rng.choice([None, "i1", "i2"]),
+                          tool_args={"to": rng.choice(["x", "y"])})  # fmt: skip
+        elif kind == "delegate":
+            ledger = ["C1", "C2", "C3"]
+            fields.update(op="delegate", origin_task_id=rng.choice(["t1", "t2", f"t-{run}"]),
+                          hop=rng.randint(1, 3), delegate_to=rng.choice(["a", "b", "c"]),
+                          constraints_carried=rng.sample(ledger, rng.randint(0, 3)))  # fmt: skip
+            if rng.random() < 0.3:
+                fields["constraints_ledger"] = ledger
+        elif kind == "step":
+            fields.update(op="step", objective_id="goal", objective_version=f"o{rng.randint(1, 3)}",
+                          budget_max_steps=3, step=rng.randint(1, 5))  # fmt: skip
+        else:
+            fields.update(tool_name=rng.choice(["search", "fetch"]), tool_args={"q": rng.choice(["a", "b"])})
+        rows.append(make_span(batch * 5 + rng.random() * 20, **fields))
+    return rows
+
+
+@pytest.mark.parametrize(
+    "seed", [*range(2), *(pytest.param(s, marks=pytest.mark.slow) for s in range(2, 12))]
+)
+def test_incremental_run_summary_equals_a_full_one_on_random_span_sets(tmp_path, seed):
+    rng = random.Random(seed)
+    conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
+    migrate(conn)
+    runs = [f"run-{i}" for i in range(rng.randint(2, 5))]
+    scopes = [(Window(), Filters()), (Window(), Filters(agent="a")),
+              (Window(since=BASE_TIME + timedelta(seconds=8)), Filters(origin_task="t1"))]  # fmt: skip
+    summary.clear_cache()
+    for batch in range(5):
+        insert_spans(conn, _random_batch(rng, batch, runs))
+        if rng.random() < 0.3:
+            # The collector fills inherited fields of earlier spans of a trace in the commit that
+            # stores new spans of that trace.
+            trace = trace_id(f"{rng.choice(runs)}/0")
+            conn.execute("UPDATE spans SET agent_id = 'c' WHERE agent_id IS NULL AND TraceId = ?", [trace])
+            conn.execute("INSERT INTO spans SELECT * REPLACE (SpanId || 'x' AS SpanId, "
+                         "ingested_at + INTERVAL 1 MICROSECOND AS ingested_at) FROM spans "
+                         "WHERE TraceId = ? LIMIT 1", [trace])  # fmt: skip
+        for window, filters in scopes:
+            kept = run_metric(conn, "run_summary", window, filters)  # brought up to date
+            pd.testing.assert_frame_equal(kept, _full_summary(conn, window, filters))
+
+
+def _full_summary(conn, window, filters) -> pd.DataFrame:
+    """run_summary recomputed from scratch, past the kept state (the registered column order)."""
+    threshold = current_threshold(conn, "goal_divergence")
+    frame = summary._assemble(conn, summary._compute_parts(conn, window, filters, threshold.value), threshold)
+    return frame.loc[:, list(METRICS["run_summary"].columns)]
+
+
+def test_incremental_run_summary_recomputes_only_touched_runs_and_follows_deletes(tmp_path):
+    conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
+    migrate(conn)
+    summary.clear_cache()
+    write = dict(op="write", state_key="k", outcome="ok", tool_name="state_write")
+    insert_spans(conn, [make_span(0, run="run-1", agent_id="a", state_version="v1", **write),
+                        make_span(1, run="run-2", agent_id="a", state_version="v1", **write)])  # fmt: skip
+    assert list(run_metric(conn, "run_summary")["verdict"]) == ["healthy", "healthy"]
+    version, touched = summary._read_version(conn, None)
+    # b clobbers a's write in run-2 only: run-2 alone is touched
+    insert_spans(conn, [make_span(2, run="run-2", agent_id="b", state_version="v2", **write)])
+    assert summary._read_version(conn, version)[1] == {trace_id("run-2")}
+    rows = run_metric(conn, "run_summary").set_index("run_id")
+    assert rows.loc["run-2", "lost_updates_count"] == 1 and rows.loc["run-2", "verdict"] == "failing"
+    assert rows.loc["run-1", "verdict"] == "healthy"
+    # a delete (retention) cannot be followed span by span: everything is recomputed
+    version = summary._read_version(conn, None)[0]
+    conn.execute("DELETE FROM spans WHERE agent_id = 'b'")
+    assert summary._read_version(conn, version)[1] is None
+    assert list(run_metric(conn, "run_summary")["verdict"]) == ["healthy", "healthy"]
+    # a batch stored late (ingested long before the newest span) is caught by the count
+    late = make_span(3, run="run-1", agent_id="b", state_version="v2", **write)
+    late["ingested_at"] = BASE_TIME - timedelta(hours=1)
+    version = summary._read_version(conn, None)[0]
+    insert_spans(conn, [late])
+    assert summary._read_version(conn, version)[1] is None
+    assert run_metric(conn, "run_summary").set_index("run_id").loc["run-1", "verdict"] == "failing"

@@ -5,6 +5,8 @@
 -- guard refused did not happen and are left out. A delegation without structured constraint
 -- fields (an unguarded free-text hand-off) carries the constraint ids its arguments cite as
 -- "[C1]" - the convention of driftscope's free-text context.
+-- $origin_tasks (internal, None for detectors) limits the cells to a list of origin tasks, so
+-- run_summary can recompute only the origin tasks new spans touched.
 -- Only the columns used are read from spans (the regex runs only on delegations without
 -- structured constraint fields).
 SELECT * FROM (
@@ -21,12 +23,15 @@ SELECT * FROM (
           AND op = 'delegate' AND origin_task_id IS NOT NULL AND hop IS NOT NULL
           AND coalesce(outcome, 'ok') <> 'rejected'
           AND ($origin_task::VARCHAR IS NULL OR origin_task_id = $origin_task::VARCHAR)
+          AND ($origin_tasks::VARCHAR[] IS NULL OR origin_task_id IN (SELECT unnest($origin_tasks::VARCHAR[])))
     ),
     ledger AS (
         SELECT DISTINCT origin_task_id, constraint_id FROM (
             SELECT origin_task_id, unnest(constraints_ledger) AS constraint_id
             FROM spans
             WHERE {span_filter} AND origin_task_id IS NOT NULL AND constraints_ledger IS NOT NULL
+              AND ($origin_tasks::VARCHAR[] IS NULL
+                   OR origin_task_id IN (SELECT unnest($origin_tasks::VARCHAR[])))
             UNION ALL
             SELECT origin_task_id, unnest(constraints_carried) FROM deleg
             WHERE constraints_carried IS NOT NULL
