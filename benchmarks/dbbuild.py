@@ -116,23 +116,27 @@ class SpanDatabase:
     def append_batch(self, spans: int = 512, copy: int | None = None, seed: int = 1009) -> int:
         """Ingest ``spans`` new spans into the existing runs of copy ``copy`` (default: the newest)
         through the real decoder and ``insert_batches``, as a live collector would; return the
-        rows stored. Another seed gives new trace and span ids under the same run ids."""
+        rows stored. Another seed gives new trace and span ids under the same run ids. As in the
+        copies, ids are moved to the copy's namespace and goal texts are left as in the base (so
+        the call timed after it is a query, not model inference on new texts)."""
         from benchmarks.generator import generate_requests
 
         namespace = self.copies if copy is None else copy
-        requests = generate_requests(spans, seed, namespace=namespace, shape=self.shape)
-        batches = [decode_payload(r.SerializeToString(), PROTOBUF) for r in requests]
+        ns_hex = f"{namespace:016x}"
         shift_ns = namespace * self.base_minutes * 60_000_000_000
-        for batch in batches:  # the copy's runs were moved later in time by dbbuild
+        requests = generate_requests(spans, seed, shape=self.shape)
+        batches = [decode_payload(r.SerializeToString(), PROTOBUF) for r in requests]
+        for batch in batches:
             table = batch.table
+            for name in _STAMPED:
+                index = table.schema.get_field_index(name)
+                table = table.set_column(index, name, pc.replace_substring(table.column(name), _MARK, ns_hex))
             for name in ("start_ns", "end_ns"):
                 index = table.schema.get_field_index(name)
                 table = table.set_column(index, name, pc.add(table.column(name), shift_ns))
             index = table.schema.get_field_index("Timestamp")
             shifted = pc.add(table.column("Timestamp"), pa.scalar(shift_ns // 1000, pa.duration("us")))
-            batch.table = table.set_column(
-                index, "Timestamp", shifted.cast(table.schema.field("Timestamp").type)
-            )
+            batch.table = table.set_column(index, "Timestamp", shifted)
         self.conn.execute("BEGIN")
         stored = insert_batches(self.conn, batches)
         self.conn.execute("COMMIT")

@@ -156,6 +156,7 @@ class Evaluation:
     requests: int
     spans_stored: int
     embeddings: bool
+    detector_errors: dict[str, str] = field(default_factory=dict)
 
     def case_results(self) -> dict[str, Any]:
         return {f"{r.run_set}/{r.truth.run}": r for r in self.results}
@@ -169,6 +170,7 @@ class Evaluation:
             "requests": self.requests,
             "spans_stored": self.spans_stored,
             "embeddings": self.embeddings,
+            "detector_errors": self.detector_errors,
         }
 
 
@@ -274,11 +276,17 @@ def expected_agents(spans: list[dict[str, Any]], agent_span_names: dict[str, str
 def finding_is_the_failure(truth: RunTruth, row: dict[str, Any]) -> bool:
     """Whether a finding of the detector meant for the run's failure points at that failure:
     goal drift must flag the invocation that got the off-topic statement (its extracted statement
-    contains it), loops and duplicates must be of the injected tool."""
+    contains it), loops and duplicates must be of the injected tool, a re-delegation loop of the
+    sub-agent's invocations."""
     if truth.failure == "off_topic_task":
         off_topic = [_norm(s.task) for s in truth.subtasks if s.off_topic]
         flagged = _norm(str(row.get("subtask") or ""))
         return any(task in flagged for task in off_topic)
+    if truth.failure == "redelegation" and row.get("tool_name") is not None:
+        # The loop must be of the invocations of the sub-agent (its name, or the framework's
+        # delegation tool), not of some span inside it.
+        tool = str(row["tool_name"]).lower()
+        return "delegate" in tool or any(s.agent.lower() in tool for s in truth.subtasks)
     tool = FAILURE_TOOL.get(truth.failure or "")
     if tool and row.get("tool_name") is not None:
         return tool in str(row["tool_name"]).lower()
@@ -327,8 +335,14 @@ def _score(
             return None
         return results.get(key)  # None for set-up traces
 
+    errors: dict[str, str] = {}
     for name in detectors:
-        rows = get_json(client, f"{base}/api/v1/metrics/{name}")["rows"]
+        try:
+            rows = get_json(client, f"{base}/api/v1/metrics/{name}")["rows"]
+        except RuntimeError as exc:  # one broken detector must not hide the others' results
+            logger.error("%s", exc)
+            errors[name] = str(exc)[:300]
+            continue
         for row in rows:
             result = result_for(str(row.get("run_id")))
             if result is not None:
@@ -372,6 +386,7 @@ def _score(
         run_sets=run_sets,
         detectors=detectors,
         unmatched_run_ids=dict(unmatched.most_common(20)),
+        detector_errors=errors,
         requests=requests,
         spans_stored=spans_stored,
         embeddings=embeddings,
@@ -429,6 +444,9 @@ def summary_tables(evaluation: Evaluation) -> str:
         f"{totals['clean']}/{totals['healthy']} | {totals['healthy_ok']}/{totals['healthy']} | "
         f"{totals['failing_ok']}/{totals['failures']} | | | |"
     )
+    if evaluation.detector_errors:
+        lines += ["", "**Detectors that answered with an error** (counted as no finding):", ""]
+        lines += [f"- `{name}`: {error}" for name, error in evaluation.detector_errors.items()]
     lines += ["", "## Injected failures", ""]
     lines += [
         "| failure | detector meant for it | run set | run | found | its findings (on the injected failure) | other findings | verdict |",
@@ -503,7 +521,8 @@ def render_report(evaluation: Evaluation, notes: str = "") -> str:
         "A failure is *found* when its detector lists a finding in that run that points at it: goal "
         "drift must flag the invocation that got the off-topic statement (not another subtask), "
         "`repeated_calls` on a retry loop and `duplicate_side_effects` must name the injected tool "
-        "(`web_search`, `send_report`). A healthy run "
+        "(`web_search`, `send_report`), on a re-delegation the sub-agent (its name or the "
+        "framework's delegation tool). A healthy run "
         "should have no finding of any detector and the verdict `healthy`; a run with an injected "
         "failure should get `failing`. *Spans under an agent* are the spans whose nearest "
         "ancestor-or-self is an agent span of the ground truth (`agent_span_names` in each "

@@ -1,8 +1,9 @@
 """Run the benchmark suite: `python -m benchmarks.run [--smoke] [--sizes 100000 1000000 ...]`.
 
 Sections: ingest (http, grpc, memory/disk run, embedding worker busy vs idle), queries (every
-detector at each size), embeddings (texts/s, cache hits on sample_traces) and dashboard (HTML
-report, Overview page). Results are merged into ``benchmarks/results/<date>.json`` (or --out) and
+detector at each size), shapes (every detector on crews of different shapes at the same stored
+spans, with a growth table per dimension), embeddings (texts/s, cache hits on sample_traces) and
+dashboard (HTML report, Overview page). Results are merged into ``benchmarks/results/<date>.json`` (or --out) and
 a Markdown table of targets against measurements is printed.
 """
 
@@ -24,7 +25,7 @@ from benchmarks.report import check_targets, detector_table, markdown_table
 logger = logging.getLogger(__name__)
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("ingest", "queries", "embeddings", "dashboard")
+SECTIONS = ("ingest", "queries", "shapes", "embeddings", "dashboard")
 FULL = {
     "ingest_spans": 200_000,
     # The issue's sizes: peak RSS across a 10M-span ingest (~15-20 min on 2 cores) and every
@@ -38,6 +39,11 @@ FULL = {
     "dashboard_spans": 1_000_000,
     "query_limit_s": 300.0,
     "dashboard_limit_s": 600.0,
+    # Issue 14: the shape matrix (benchmarks.shapes.DIMENSIONS) at 1M and 10M stored spans.
+    "shape_spans": [1_000_000, 10_000_000],
+    "shape_dimensions": "full",
+    "shape_repeats": 3,
+    "shape_limit_s": 60.0,
 }
 # Smoke: every script runs once at a tiny size (the embedding-worker ingest pair is left out: it
 # loads the model inside serve, which alone takes longer than the whole smoke run should).
@@ -52,6 +58,10 @@ SMOKE = {
     "dashboard_spans": 512,
     "query_limit_s": 120.0,
     "dashboard_limit_s": 300.0,
+    "shape_spans": [2048],
+    "shape_dimensions": "smoke",
+    "shape_repeats": 1,
+    "shape_limit_s": 60.0,
 }
 
 
@@ -115,6 +125,22 @@ def run_sections(sections: list[str], config: dict, workdir: Path) -> dict:
             limit_s=config["query_limit_s"],
             base_spans=config["base_spans"],
         )
+    if "shapes" in sections:
+        from benchmarks.shapes import DIMENSIONS, SMOKE_DIMENSIONS, run_shapes
+
+        dimensions = SMOKE_DIMENSIONS if config["shape_dimensions"] == "smoke" else DIMENSIONS
+        out["shapes"] = {
+            str(spans): run_shapes(
+                workdir,
+                spans,
+                dimensions,
+                repeats=config["shape_repeats"],
+                limit_s=config["shape_limit_s"],
+                appends=1 if config["smoke"] else 3,
+                only=config.get("shape_labels"),
+            )
+            for spans in config["shape_spans"]
+        }
     if "embeddings" in sections:
         from benchmarks.embeddings import sample_trace_cache, texts_per_second
 
@@ -155,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ingest-spans", type=int, help="spans per ingest run (http and grpc)")
     parser.add_argument("--memory-spans", type=int, help="spans in the memory/disk ingest run")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
+    parser.add_argument("--shape-spans", type=int, nargs="+", help="stored spans of each shape database")
+    parser.add_argument("--shapes", nargs="+", help="only these shape labels (see benchmarks.shapes.matrix)")
     parser.add_argument("--out", type=Path, help="results JSON (default benchmarks/results/<date>.json)")
     parser.add_argument("--workdir", type=Path, help="scratch directory for databases")
     args = parser.parse_args(argv)
@@ -169,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         config["ingest_spans"] = args.ingest_spans
     if args.memory_spans:
         config["memory_spans"] = args.memory_spans
+    if args.shape_spans:
+        config["shape_spans"] = sorted(args.shape_spans)
+    if args.shapes:
+        config["shape_labels"] = args.shapes
     sections = args.only or list(SECTIONS)
     today = datetime.now(UTC).date().isoformat()
     out_path = args.out or (
@@ -182,6 +214,11 @@ def main(argv: list[str] | None = None) -> int:
         args.workdir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="driftscope-bench-", dir=args.workdir) as scratch:
         results = run_sections(sections, config, Path(scratch))
+    for spans, section in (results.get("shapes") or {}).items():
+        # Shapes run a few at a time (--shapes) add to the shapes already in the file.
+        kept = ((existing.get("shapes") or {}).get(spans) or {}).get("by_shape") or {}
+        section["by_shape"] = {**kept, **section["by_shape"]}
+        results["shapes"] = {**(existing.get("shapes") or {}), **results["shapes"]}
     document = {
         **existing,
         "date": today,
@@ -199,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown_table(document))
     if document.get("queries"):
         print("\n" + detector_table(document))
+    for section in (document.get("shapes") or {}).values():
+        from benchmarks.shapes import growth_table
+
+        print(growth_table(section))
     print(f"\nresults written to {out_path}")
     return 0
 

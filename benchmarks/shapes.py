@@ -32,13 +32,10 @@ DIMENSIONS: dict[str, list] = {
     "agents_per_run": [2, 8, 64],
     "depth": [1, 3],  # with fanout 2 at depth 3 (14 agent spans) against 8 at depth 1
     "writes_per_key": [1, 100, 100_000],
-    "spans_per_trace": [1, 100, 100_000],
+    "spans_per_trace": [1, 100, 1000],  # 100k-span traces: calls_per_session=100000
     "distinct_args": [0.0, 0.5, 1.0],
 }
-SMOKE_DIMENSIONS: dict[str, list] = {
-    "calls_per_session": [10, 100],
-    "writes_per_key": [1, 1000],
-}
+SMOKE_DIMENSIONS: dict[str, list] = {"calls_per_session": [10, 100]}
 
 
 def shape_for(dimension: str, value) -> Shape:
@@ -123,7 +120,10 @@ def run_shapes(
         try:
             db.conn.execute("SET threads = 2")
             timings = time_detectors(db.conn, repeats, limit_s=limit_s, skip=skip)
-            summary = time_incremental_summary(db, appends, batch)
+            if timings.get("run_summary", {}).get("median_s") is None:
+                summary = {"skipped": "the full run_summary timed out"}
+            else:
+                summary = time_incremental_summary(db, appends, batch)
             stored = db.conn.execute("SELECT count(*) FROM spans").fetchone()[0]
         finally:
             db.close()
