@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from benchmarks.generator import TEMPLATE_NAMESPACE, generate_requests, stamp, template_payloads
+from benchmarks.generator import (
+    TEMPLATE_NAMESPACE,
+    Shape,
+    SpanGenerator,
+    generate_requests,
+    stamp,
+    template_payloads,
+)
 from benchmarks.report import check_targets, markdown_table
 from collector.decode import PROTOBUF, decode_payload
 
@@ -23,6 +30,68 @@ def test_generator_is_deterministic_and_stamping_equals_generating_the_namespace
     assert not any(f"{TEMPLATE_NAMESPACE:016x}" in trace for trace in batch.columns["TraceId"])
     tool_rows = [i for i, name in enumerate(batch.columns["SpanName"]) if name.startswith("execute_tool")]
     assert tool_rows and all(len(batch.columns["SpanAttributes"][i]) >= 10 for i in tool_rows)
+
+
+def test_shapes_make_the_runs_they_describe_and_stamp_like_the_classic_one():
+    shape = Shape(calls_per_session=40, agents_per_run=3, depth=2, fanout=2, writes_per_key=5,
+                  spans_per_trace=7, distinct_args=0.0)  # fmt: skip
+    assert Shape.parse(shape.label) == shape and Shape.parse("classic").classic
+    run = SpanGenerator(5, shape=shape).next_run()
+    assert len(run) == shape.spans_per_run == 1 + (2 + 4) + 40
+    traces = [span.trace_id for span in run]
+    assert len(set(traces)) == -(-len(run) // 7)  # cut into traces of 7 spans
+    by_id = {span.span_id: span for span in run}
+    assert all(by_id[s.parent_span_id].trace_id == s.trace_id for s in run if s.parent_span_id)
+
+    def attr(span, key):
+        return next((kv.value for kv in span.attributes if kv.key == key), None)
+
+    agents = {attr(s, "gen_ai.agent.id").string_value for s in run if attr(s, "gen_ai.agent.id")}
+    assert agents == {"orchestrator", "agent-00", "agent-01", "agent-02"}
+    assert {attr(s, "driftscope.hop").int_value for s in run if attr(s, "driftscope.hop")} == {1, 2}
+    arguments = [
+        attr(s, "gen_ai.tool.call.arguments").string_value for s in run if s.name.startswith("execute_tool")
+    ]
+    assert len(set(arguments)) <= 8  # no distinct arguments: all from the shared pool
+    # Tool spans cut from their agent span's trace still name their agent.
+    cut = [s for s in run if s.name.startswith("execute_tool") and not s.parent_span_id]
+    assert cut and all(attr(s, "gen_ai.agent.id") is not None for s in cut)
+    first = template_payloads(200, seed=3, shape=shape)
+    generated = [r.SerializeToString() for r in generate_requests(200, seed=3, namespace=9, shape=shape)]
+    assert [stamp(p, 9) for p in first] == generated
+    with pytest.raises(ValueError, match="distinct_args"):
+        Shape(distinct_args=2.0)
+    with pytest.raises(ValueError, match="Expected shape fields"):
+        Shape.parse("calls=3")
+
+
+def test_shape_database_appends_live_batches_to_its_newest_runs(tmp_path):
+    from benchmarks.dbbuild import SpanDatabase
+    from benchmarks.shapes import growth_table
+
+    shape = Shape(calls_per_session=30, agents_per_run=2, fanout=2)
+    db = SpanDatabase(tmp_path / "shape.duckdb", shape=shape, base_spans=100)
+    try:
+        db.grow_to(300)
+        runs_before = db.conn.execute("SELECT count(DISTINCT run_id) FROM spans").fetchone()[0]
+        assert db.conn.execute("SELECT count(*) FROM spans").fetchone()[0] % shape.spans_per_run == 0
+        assert db.append_batch(20) == 20
+        assert db.conn.execute("SELECT count(DISTINCT run_id) FROM spans").fetchone()[0] == runs_before
+    finally:
+        db.close()
+    section = {
+        "spans": 300,
+        "dimensions": {"calls_per_session": [10, 1000]},
+        "by_shape": {
+            "calls_per_session=10,agents_per_run=8,fanout=8,distinct_args=0.5": {
+                "detectors": {"x": {"median_s": 0.1}}, "run_summary_live": {"incremental_s": 0.01}},
+            "calls_per_session=1000,agents_per_run=8,fanout=8,distinct_args=0.5": {
+                "detectors": {"x": {"median_s": 0.3}}, "run_summary_live": {"incremental_s": 0.02}},
+        },
+    }  # fmt: skip
+    table = growth_table(section)
+    assert "| x | 0.100 | 0.300 | x3.0 / x100 |" in table
+    assert "| run_summary (after new spans) | 0.010 | 0.020 | x2.0 / x100 |" in table
 
 
 @pytest.mark.slow
@@ -53,6 +122,12 @@ def test_smoke_run_writes_results_for_every_section(tmp_path, capsys):
         assert set(entry["detectors"]) == set(METRICS)
         assert all(t["median_s"] is not None and t["median_s"] >= 0 for t in entry["detectors"].values())
     assert sizes["1024"]["span_growth"] == 2.0 and set(sizes["1024"]["time_growth"]) == set(METRICS)
+
+    shapes = document["shapes"]["2048"]["by_shape"]
+    assert len(shapes) == 2
+    for entry in shapes.values():
+        assert entry["spans"] >= 2048 and set(entry["detectors"]) == set(METRICS)
+        assert entry["run_summary_live"]["identical_to_full"] is True
 
     embeddings = document["embeddings"]
     assert embeddings["throughput"]["vectors_shape"] == [8, 384]
