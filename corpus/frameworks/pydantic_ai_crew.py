@@ -291,7 +291,7 @@ def generate(out_dir: Path) -> Path:
         service_name=service,
         versions=package_versions("pydantic-ai-slim", "opentelemetry-exporter-otlp-proto-http"),
         session="manager.run(..., conversation_id=<run>) -> gen_ai.conversation.id on the top agent run; "
-        "delegated runs (other.run(task, usage=ctx.usage), as the docs show) are not given one",
+        "delegated runs (other.run(task, usage=ctx.usage), as the docs show) get a generated id of their own",
         agent_span_names={
             "invoke_agent manager": "manager",
             "invoke_agent researcher": "researcher",
