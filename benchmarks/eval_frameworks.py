@@ -41,8 +41,9 @@ logger = logging.getLogger(__name__)
 CORPUS = REPO / "sample_traces" / "frameworks"
 REPORT = REPO / "docs" / "detection-quality.md"
 # Findings of goal_divergence come from embeddings; the worker scores new subtasks in the
-# background, so the evaluation waits until the stored scores stop changing.
-EMBEDDING_SETTLE_SECONDS = 3.0
+# background (a pass at least every 5 s), so the evaluation waits until the stored vectors have not
+# changed for longer than one worker interval.
+EMBEDDING_SETTLE_SECONDS = 6.0
 EMBEDDING_WAIT_SECONDS = 240.0
 
 
@@ -488,12 +489,22 @@ def summary_tables(evaluation: Evaluation) -> str:
 
 
 def git_commit() -> str:
+    """The short HEAD commit, plus the runtime files that differ from it (the tree is shared)."""
     try:
-        return subprocess.run(
+        head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
         ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", *RUNTIME_PACKAGES],
+            cwd=REPO, capture_output=True, text=True, check=True,
+        ).stdout.split("\n")  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+    changed = [line[3:] for line in dirty if line.strip()]
+    return f"{head}` with uncommitted changes to `{', '.join(changed)}" if changed else head
+
+
+RUNTIME_PACKAGES = ("collector", "analytics", "driftscope", "dashboard", "guards")
 
 
 def render_report(evaluation: Evaluation, notes: str = "") -> str:
