@@ -20,7 +20,8 @@
 -- Cost is linear: the exact links are a lag() over (group, signature) and the similarity is
 -- computed for at most $neighbours neighbours per call (one join per offset, on the call's number in
 -- its group); groups with fewer than $min_calls calls cannot hold a loop and are dropped first,
--- on a hash of their key (a collision only keeps a few more calls; links compare the keys).
+-- on a hash of their key, and calls are then numbered and linked within the hash of their key
+-- (a 64-bit collision, ~n^2/2^64, could only merge two groups; analytics.loops splits a loop by key).
 WITH tool_calls AS NOT MATERIALIZED (
     SELECT TraceId, SpanId, run_id, coalesce(agent_id, '') AS agent, tool_name, Timestamp, start_ns,
            coalesce(tool_args, '') AS args,
@@ -108,8 +109,8 @@ keys AS (  -- (run, agent, tool) groups with enough calls for a loop
 ),
 candidates AS MATERIALIZED (
     SELECT row_number() OVER () AS call_idx, *
-    FROM calls
-    WHERE hash(run_id, agent, tool_name) IN (SELECT h FROM keys)
+    FROM (SELECT *, hash(run_id, agent, tool_name) AS h FROM calls)
+    WHERE h IN (SELECT h FROM keys)
 ),
 words AS (  -- per distinct argument string: its signature (the argument words, lower case,
             -- sorted: whitespace/case/key order free) and its similarity tokens
@@ -149,32 +150,70 @@ words AS (  -- per distinct argument string: its signature (the argument words, 
               FROM (SELECT DISTINCT args FROM candidates))
     )
 ),
-ranked AS MATERIALIZED (
-    SELECT c.call_idx, c.TraceId, c.SpanId, c.run_id, c.agent, c.tool_name, c.Timestamp, c.start_ns,
-           c.failing, c.rejected, c.source, w.norm_args, w.tokens,
-           hash(c.run_id, c.agent, c.tool_name) AS h,
-           row_number() OVER (PARTITION BY c.run_id, c.agent, c.tool_name ORDER BY c.start_ns, c.SpanId) AS rn,
-           lag(c.call_idx) OVER (PARTITION BY c.run_id, c.agent, c.tool_name, w.norm_args
-                                 ORDER BY c.start_ns, c.SpanId) AS same_before
-    FROM candidates c JOIN words w USING (args)
+token_rows AS (  -- every token of every distinct argument string, as a number
+    SELECT args, hash(unnest(tokens)) AS tok FROM words
 ),
-near AS (  -- each call and its $neighbours predecessors in the group with other arguments
-    SELECT a.call_idx AS i, b.call_idx AS j,
-           CASE WHEN len(a.tokens) + len(b.tokens) = 0 THEN 0.0
-                ELSE len(list_intersect(a.tokens, b.tokens))
-                     / (len(a.tokens) + len(b.tokens) - len(list_intersect(a.tokens, b.tokens)))
-           END AS similarity
-    FROM ranked a
-    CROSS JOIN range(1, $neighbours + 1) AS o(d)
-    JOIN ranked b ON b.h = a.h AND b.rn = a.rn - o.d
-    WHERE a.norm_args <> b.norm_args
-      AND CASE WHEN a.run_id = b.run_id AND a.agent = b.agent AND a.tool_name = b.tool_name
-               THEN true ELSE false END
+token_order AS (  -- a global order of the tokens, rarest first (prefix filtering, below)
+    SELECT tok, count(*) AS df FROM token_rows GROUP BY tok
+),
+sigs AS (  -- per distinct argument string: a number, its signature hash, distinct token hashes
+           -- rarest first, and the first three tokens of its prefix: two strings with a Jaccard
+           -- >= t share a token within the first n - ceil(t * n) + 1 tokens of each (n = its
+           -- token count)
+    SELECT args, row_number() OVER () AS aid, sig, toks, nt, plen,
+           CASE WHEN plen >= 1 THEN toks[1] END AS p1,
+           CASE WHEN plen >= 2 THEN toks[2] END AS p2,
+           CASE WHEN plen >= 3 THEN toks[3] END AS p3
+    FROM (
+        SELECT w.args, hash(w.norm_args) AS sig, coalesce(t.toks, []::UBIGINT[]) AS toks,
+               len(coalesce(t.toks, []::UBIGINT[])) AS nt,
+               len(coalesce(t.toks, []::UBIGINT[]))
+                   - ceil($similarity * len(coalesce(t.toks, []::UBIGINT[])) - 1e-9) + 1 AS plen
+        FROM words w
+        LEFT JOIN (SELECT r.args, list(r.tok ORDER BY o.df, r.tok) AS toks
+                   FROM token_rows r JOIN token_order o USING (tok)
+                   GROUP BY r.args) t USING (args)
+    )
+),
+calls_sig AS MATERIALIZED (  -- narrow: each candidate call with its argument string's number
+    SELECT c.call_idx, c.h, c.start_ns, c.SpanId, s.aid, s.sig, s.nt, s.plen, s.p1, s.p2, s.p3
+    FROM candidates c JOIN sigs s USING (args)
+),
+firsts AS (  -- the first call of each (group, signature): identical calls link to it
+    SELECT h, sig, min(call_idx) AS first_idx FROM calls_sig GROUP BY h, sig
+),
+neighbours AS (  -- each call with the (up to) 4 calls before it in its group, one sort
+    SELECT call_idx, aid, sig, nt, plen, p1, p2, p3,
+           [lag(x, 1) OVER w, lag(x, 2) OVER w, lag(x, 3) OVER w, lag(x, 4) OVER w][1:$neighbours] AS before
+    FROM (SELECT *, {'i': call_idx, 'aid': aid, 'sig': sig, 'nt': nt, 'plen': plen,
+                     'p1': p1, 'p2': p2, 'p3': p3} AS x
+          FROM calls_sig)
+    WINDOW w AS (PARTITION BY h ORDER BY start_ns, SpanId)
+),
+near AS (  -- neighbours with other arguments that pass the size filter (a Jaccard is at most
+           -- min/max of the token counts) and the prefix filter (a shared token among the first
+           -- plen; not checked when plen > 3), then their exact token-set Jaccard
+    SELECT i, j, common / (nt_i + nt_j - common) AS similarity
+    FROM (
+        SELECT p.i, p.j, p.nt_i, p.nt_j, len(list_intersect(a.toks, b.toks)) AS common
+        FROM (
+            SELECT call_idx AS i, b.i AS j, aid AS aid_i, b.aid AS aid_j, nt AS nt_i, b.nt AS nt_j
+            FROM (SELECT *, unnest(before) AS b FROM neighbours)
+            WHERE b IS NOT NULL AND b.sig <> sig AND nt > 0
+              AND least(nt, b.nt) >= $similarity * greatest(nt, b.nt) - 1e-9
+              AND (plen > 3 OR b.plen > 3
+                   OR p1 IN (b.p1, b.p2, b.p3) OR p2 IN (b.p1, b.p2, b.p3) OR p3 IN (b.p1, b.p2, b.p3))
+        ) p
+        JOIN sigs a ON a.aid = p.aid_i
+        JOIN sigs b ON b.aid = p.aid_j
+    )
 ),
 links AS (
     SELECT i, j, similarity FROM near WHERE similarity >= $similarity
     UNION ALL
-    SELECT call_idx AS i, same_before AS j, 1.0 AS similarity FROM ranked WHERE same_before IS NOT NULL
+    SELECT c.call_idx AS i, f.first_idx AS j, 1.0 AS similarity
+    FROM calls_sig c JOIN firsts f ON f.h = c.h AND f.sig = c.sig
+    WHERE c.call_idx <> f.first_idx
 ),
 linked AS (
     SELECT call_idx, list(other) AS linked, min(similarity) AS min_similarity
@@ -182,7 +221,9 @@ linked AS (
           UNION ALL SELECT j, i, similarity FROM links)
     GROUP BY call_idx
 )
-SELECT r.call_idx, r.TraceId, r.SpanId, r.run_id, r.agent, r.tool_name, r.Timestamp, r.start_ns,
-       r.failing, r.rejected, r.source, r.norm_args, l.linked, l.min_similarity
-FROM ranked r JOIN linked l USING (call_idx)
-ORDER BY r.run_id, r.start_ns, r.SpanId
+SELECT c.call_idx, c.TraceId, c.SpanId, c.run_id, c.agent, c.tool_name, c.Timestamp, c.start_ns,
+       c.failing, c.rejected, c.source, w.norm_args, l.linked, l.min_similarity
+FROM linked l
+JOIN candidates c USING (call_idx)
+JOIN words w USING (args)
+ORDER BY c.run_id, c.start_ns, c.SpanId
