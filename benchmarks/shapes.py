@@ -15,6 +15,7 @@ whose cost follows stored spans only stays near 1 whatever the shape.
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 import time
 from pathlib import Path
@@ -69,12 +70,13 @@ def time_incremental_summary(db: SpanDatabase, appends: int, batch: int) -> dict
     from analytics.summary import clear_cache
 
     run_metric(db.conn, "run_summary")  # the cached state a live dashboard would have
-    times = []
+    times, cpu = [], []
     for i in range(appends):
         db.append_batch(batch, seed=2000 + i)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         incremental = run_metric(db.conn, "run_summary")
         times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
     clear_cache()
     start = time.perf_counter()
     full = run_metric(db.conn, "run_summary")
@@ -87,6 +89,7 @@ def time_incremental_summary(db: SpanDatabase, appends: int, batch: int) -> dict
         identical = False
     return {
         "incremental_s": round(statistics.median(times), 4),
+        "incremental_cpu_s": round(statistics.median(cpu), 4),
         "incremental_runs_s": [round(t, 4) for t in times],
         "full_after_appends_s": round(full_s, 4),
         "identical_to_full": identical,
@@ -125,6 +128,7 @@ def run_shapes(
             else:
                 summary = time_incremental_summary(db, appends, batch)
             stored = db.conn.execute("SELECT count(*) FROM spans").fetchone()[0]
+            load = os.getloadavg()
         finally:
             db.close()
             path.unlink(missing_ok=True)
@@ -135,6 +139,7 @@ def run_shapes(
             "build_s": round(build_s, 1),
             "detectors": timings,
             "run_summary_live": summary,
+            "load_average": [round(x, 2) for x in load],
         }
         logger.info("shape %s done in %.0fs", label, time.perf_counter() - start)
     return {"spans": spans, "dimensions": dimensions, "by_shape": results}
