@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from driftscope.settings import BY_NAME, SETTINGS, ConfigError, resolve, settings_markdown
@@ -87,8 +89,59 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--baseline-since", default=None, help="Healthy baseline window start (e.g. 24h).")
     cal.add_argument("--baseline-until", default=None, help="Healthy baseline window end.")
     cal.add_argument("--quantile", type=float, default=0.99, help="Quantile for baseline thresholds.")
+    cal.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="Compute the thresholds and print them beside those in force; store nothing.",
+    )
+    cal.add_argument(
+        "--allow-findings",
+        action="store_true",
+        help="Calibrate from a baseline window even though detectors find failures in it.",
+    )
     subparsers["settings"].add_argument("--markdown", action="store_true", help="Markdown table (default).")
+    parser.set_defaults(_subparsers=subparsers)
     return parser
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; an unknown flag is reported with the subcommand's usage (and a close match)."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        sub = args._subparsers[args.command]
+        known = [o for action in sub._actions for o in action.option_strings]
+        hints = []
+        for extra in extras:
+            close = difflib.get_close_matches(extra.split("=", 1)[0], known, n=1, cutoff=0.5)
+            if close:
+                hints.append(f"{extra.split('=', 1)[0]}: did you mean {close[0]}?")
+        sub.error(f"unrecognized arguments: {' '.join(extras)}" + ("; " + "; ".join(hints) if hints else ""))
+    return args
+
+
+def check_db_path(path: str, flag: str | None = None) -> None:
+    """Refuse a database path that cannot be created, naming the flag and variable to change.
+
+    Creates missing parent folders (as the store would); never creates the file itself.
+    """
+    flag = flag or BY_NAME["db"].flag
+    where = f"Pass {flag} PATH (or set {BY_NAME['db'].env}) to a file in a writable folder."
+    target = Path(path)
+    if target.is_dir():
+        raise ConfigError(f"{flag} {path} is a folder, not a database file. {where}")
+    existing = next((p for p in [target.parent, *target.parent.parents] if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise ConfigError(f"{flag} {path}: {existing} is a file, not a folder. {where}")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"{flag} {path}: cannot create the folder {target.parent} ({exc.strerror}). {where}"
+        ) from exc
+    if not os.access(target.parent, os.W_OK | os.X_OK) or (
+        target.exists() and not os.access(target, os.W_OK)
+    ):
+        raise ConfigError(f"{flag} {path}: no permission to write there. {where}")
 
 
 def settings_for(args: argparse.Namespace, command: str) -> dict[str, Any]:
@@ -227,10 +280,15 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     try:
         values = settings_for(args, args.command)
         _configure_logging(values.get("log_level", "INFO"))
+        writes_db = args.command in ("serve", "up") or (
+            args.command == "ingest" and not values.get("endpoint")
+        )
+        if writes_db and values.get("db"):
+            check_db_path(values["db"])
         if args.command == "serve":
             return cmd_serve(values)
         if args.command == "ingest":
@@ -239,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_up(args, values)
         if args.command == "settings":
             print(settings_markdown())
+            sys.stdout.flush()  # a closed pipe raises here, inside the handler below
             return 0
         from driftscope import commands
 
@@ -259,6 +318,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`driftscope settings | head`): its choice, not an error. Point
+        # stdout at /dev/null so the interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

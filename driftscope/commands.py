@@ -6,6 +6,8 @@ import argparse
 import json
 import logging
 import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,12 +39,24 @@ def cmd_dashboard(args: argparse.Namespace, values: dict[str, Any]) -> int:
     source = values["source"]
     if not source.startswith(("http://", "https://")) and not Path(source).is_file():
         raise ConfigError(f"--source {source!r} is neither an http(s) URL nor an existing DuckDB file")
+
+    def stop(signum, frame):  # noqa: ARG001 - signal handler signature
+        raise KeyboardInterrupt
+
+    # SIGTERM (a service manager, `kill`) stops the Streamlit child too, as Ctrl-C does: it must
+    # not stay behind holding the port.
+    signal.signal(signal.SIGTERM, stop)
     process = run_dashboard(source, values["dashboard_port"], token=values.get("token"))
     try:
         return process.wait()
     except KeyboardInterrupt:
         process.terminate()
-        return process.wait(30)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        return 0
 
 
 def cmd_demo(args: argparse.Namespace, values: dict[str, Any]) -> int:
@@ -70,6 +84,12 @@ def cmd_report(args: argparse.Namespace, values: dict[str, Any]) -> int:
     from dashboard.datasource import SourceUnavailable
 
     try:
+        if args.run and source.run_totals(Window(), Filters(run=args.run)).empty:
+            newest = [str(r) for r in source.filter_options(Window())["runs"][:5]]
+            raise ConfigError(
+                f"No spans of run {args.run!r} in {source.description}; nothing to report. "
+                + (f"Newest runs: {', '.join(newest)}." if newest else "The source holds no run.")
+            )
         content = build_report(source, window, Filters(), run=args.run, fmt=args.fmt)
     except SourceUnavailable as exc:
         raise ConfigError(str(exc)) from exc
@@ -83,10 +103,53 @@ def cmd_report(args: argparse.Namespace, values: dict[str, Any]) -> int:
     return 0
 
 
+def finding_counts(conn, window) -> dict[str, int]:
+    """Findings per finding detector in ``window`` under the thresholds in force (zeros left out)."""
+    from analytics.registry import list_metrics, run_metric
+    from analytics.types import Filters
+    from dashboard.datasource import metric_description
+    from dashboard.findings import finding_metrics, finding_rows
+
+    counts = {}
+    for metric in finding_metrics([metric_description(m) for m in list_metrics()]):
+        rows = finding_rows(run_metric(conn, metric["name"], window, Filters()), metric["name"])
+        if len(rows):
+            counts[metric["name"]] = len(rows)
+    return counts
+
+
+def _threshold_versions(conn) -> dict[str, int]:
+    return dict(conn.execute("SELECT name, max(version) FROM thresholds GROUP BY name").fetchall())
+
+
+def _thresholds_in_force(conn) -> dict[str, dict]:
+    from analytics.thresholds import list_thresholds
+
+    return {t["name"]: t for t in list_thresholds(conn)}
+
+
+def threshold_diff(before: dict[str, dict], after: dict[str, dict]) -> list[dict]:
+    """Thresholds whose value or version changed: name, before, after, method."""
+    rows = []
+    for name in sorted(after):
+        old, new = before.get(name, {}), after[name]
+        if (old.get("value"), old.get("version")) != (new.get("value"), new.get("version")):
+            rows.append(
+                {
+                    "name": name,
+                    "before": old.get("value"),
+                    "after": new.get("value"),
+                    "method": new.get("method"),
+                }
+            )
+    return rows
+
+
 def cmd_calibrate(args: argparse.Namespace, values: dict[str, Any]) -> int:
     from analytics.calibration import calibrate_from_baseline, calibrate_from_pairs
     from analytics.types import Window
     from collector.store import StoreLockedError
+    from driftscope.cli import check_db_path
     from driftscope.database import open_database
 
     db = args.db or os.environ.get("DRIFTSCOPE_DB") or "./driftscope-data/driftscope.duckdb"
@@ -96,12 +159,42 @@ def cmd_calibrate(args: argparse.Namespace, values: dict[str, Any]) -> int:
         )
     if args.pairs and not Path(args.pairs).is_file():
         raise ConfigError(f"No such file: {args.pairs}")
+    if not Path(db).is_file():
+        check_db_path(db)
+        raise ConfigError(f"No database at {db}: ingest spans first (--db PATH or DRIFTSCOPE_DB)")
+    window = None
+    if args.baseline_since:
+        try:
+            window = Window(
+                since=parse_instant("--baseline-since", args.baseline_since),
+                until=parse_instant("--baseline-until", args.baseline_until) if args.baseline_until else None,
+            )
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
     try:
         conn = open_database(db)
     except StoreLockedError as exc:
         raise ConfigError(str(exc)) from exc
     results: dict[str, Any] = {}
     try:
+        if window is not None:
+            # A baseline is what "healthy" looks like: thresholds calibrated on failures let those
+            # failures pass from then on, silently switching detectors off.
+            in_window = finding_counts(conn, window)
+            if in_window and not (args.allow_findings or args.dry_run):
+                listed = ", ".join(f"{name} {n}" for name, n in sorted(in_window.items()))
+                raise ConfigError(
+                    f"The baseline window ({args.baseline_since} to {args.baseline_until or 'now'}) holds "
+                    f"{sum(in_window.values())} finding(s) ({listed}); a baseline must be healthy, or the "
+                    "new thresholds will let these failures pass. Pick a window without failures, preview "
+                    "the effect with --dry-run, or pass --allow-findings to calibrate anyway."
+                )
+            if in_window:
+                logger.warning("the baseline window holds findings: %s", in_window)
+            results["baseline_findings"] = in_window
+        before_versions = _threshold_versions(conn)
+        before = _thresholds_in_force(conn)
+        findings_before = finding_counts(conn, Window()) if args.dry_run else None
         if args.pairs:
             try:
                 result = calibrate_from_pairs(conn, args.pairs, target_fpr=args.target_fpr)
@@ -109,17 +202,24 @@ def cmd_calibrate(args: argparse.Namespace, values: dict[str, Any]) -> int:
                 raise ConfigError(str(exc)) from exc
             result.pop("roc", None)
             results["pairs"] = result
-        if args.baseline_since:
+        if window is not None:
             try:
-                window = Window(
-                    since=parse_instant("--baseline-since", args.baseline_since),
-                    until=parse_instant("--baseline-until", args.baseline_until)
-                    if args.baseline_until
-                    else None,
-                )
                 results["baseline"] = calibrate_from_baseline(conn, window, quantile=args.quantile)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from exc
+        results["changed"] = threshold_diff(before, _thresholds_in_force(conn))
+        if args.dry_run:
+            results["findings_all_time"] = {
+                "before": findings_before,
+                "after": finding_counts(conn, Window()),
+            }
+            # Nothing stays stored: remove the versions this run added.
+            for name in _threshold_versions(conn):
+                conn.execute(
+                    "DELETE FROM thresholds WHERE name = ? AND version > ?",
+                    [name, before_versions.get(name, 0)],
+                )
+            results["dry_run"] = "nothing was stored"
     finally:
         conn.close()
     print(json.dumps(results, indent=2, default=str))

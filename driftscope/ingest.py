@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
@@ -9,7 +10,7 @@ import time
 import httpx
 from tqdm import tqdm
 
-from collector.files import ingest_files, iter_file_requests
+from collector.files import IngestResult, ingest_files, iter_file_requests
 from collector.store import StoreLockedError
 from driftscope.database import open_database
 from driftscope.settings import ConfigError
@@ -17,29 +18,99 @@ from driftscope.settings import ConfigError
 logger = logging.getLogger(__name__)
 
 
+OTLP_HINT = (
+    'expected OTLP/JSON trace data: an ExportTraceServiceRequest with "resourceSpans" per file, '
+    "or one per line (JSON Lines, as the OpenTelemetry Collector's file exporter writes)"
+)
+
+
 def _count_requests(paths: list[str]) -> int:
     return sum(1 for path in paths for _ in iter_file_requests(path))
 
 
+def what_is_missing(path: str) -> str:
+    """Why a file that yielded no span is not trace data, in a few words."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(1 << 20)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if not head.strip():
+        return "is empty"
+    first_line = head.strip().splitlines()[0]
+    document = None
+    for candidate in (head, first_line):
+        try:
+            document = json.loads(candidate)
+            break
+        except ValueError:
+            continue
+    else:
+        return "is not JSON"
+    if not isinstance(document, dict):
+        return f"holds a JSON {type(document).__name__}, not an object"
+    if "resourceSpans" not in document:
+        keys = ", ".join(sorted(map(str, document))[:6]) or "none"
+        return f'has no "resourceSpans" (its top-level keys: {keys})'
+    return 'has "resourceSpans" but no span in them'
+
+
+def count_spans(payload: bytes) -> int:
+    """Spans in one OTLP/JSON request (0 when it is not one)."""
+    try:
+        document = json.loads(payload)
+    except ValueError:
+        return 0
+    if not isinstance(document, dict):
+        return 0
+    total = 0
+    for resource in document.get("resourceSpans") or []:
+        scopes = (resource or {}).get("scopeSpans") or (resource or {}).get("instrumentationLibrarySpans")
+        for scope in scopes or []:
+            total += len((scope or {}).get("spans") or [])
+    return total
+
+
+def _report_empty_files(empty: list[str]) -> None:
+    for path in empty:
+        logger.error("%s: no span ingested: the file %s; %s", path, what_is_missing(path), OTLP_HINT)
+
+
 def ingest_to_db(db: str, paths: list[str]) -> int:
-    """Decode and store straight into ``db``; exit status 1 if anything was rejected."""
+    """Decode and store straight into ``db``.
+
+    Exit status 1 if anything was rejected or a file held no span (each such file is named with
+    what it lacks).
+    """
+    total = IngestResult()
+    empty = []
     with tqdm(desc="spans", unit="span", file=sys.stderr, disable=None) as bar:
         try:
-            open_database(db).close()  # the analytics tables too, as `serve` would create them
-            result = ingest_files(db, paths, progress=bar.update)
+            conn = open_database(db)  # the analytics tables too, as `serve` would create them
         except StoreLockedError as exc:
             raise ConfigError(str(exc)) from exc
-    for error in result.errors[:20]:
+        try:
+            for path in paths:
+                result = ingest_files(db, [path], progress=bar.update, conn=conn)
+                if result.accepted + result.rejected == 0:
+                    empty.append(path)
+                for name in ("requests", "accepted", "stored", "rejected"):
+                    setattr(total, name, getattr(total, name) + getattr(result, name))
+                total.errors.extend(result.errors)
+        finally:
+            conn.close()
+    for error in total.errors[:20]:
         logger.warning("%s", error)
+    _report_empty_files(empty)
     logger.info(
         "%d request(s), %d span(s) accepted (%d new), %d rejected, into %s",
-        result.requests,
-        result.accepted,
-        result.stored,
-        result.rejected,
+        total.requests,
+        total.accepted,
+        total.stored,
+        total.rejected,
         db,
     )
-    return 1 if result.errors else 0
+    return 1 if total.errors or empty else 0
 
 
 def ingest_to_endpoint(endpoint: str, paths: list[str], token: str | None, max_attempts: int = 8) -> int:
@@ -51,11 +122,15 @@ def ingest_to_endpoint(endpoint: str, paths: list[str], token: str | None, max_a
     if token:
         headers["Authorization"] = f"Bearer {token}"
     failures = 0
+    sent = 0
+    per_file: dict[str, int] = {path: 0 for path in paths}
     with (
         httpx.Client(timeout=60) as client,
         tqdm(total=_count_requests(paths), desc="requests", unit="req", file=sys.stderr, disable=None) as bar,
     ):
-        for where, payload in iter_file_requests_all(paths):
+        for path, where, payload in iter_file_requests_all(paths):
+            spans = count_spans(payload)
+            per_file[path] += spans
             for attempt in range(max_attempts):
                 try:
                     response = client.post(url, content=payload, headers=headers)
@@ -72,12 +147,25 @@ def ingest_to_endpoint(endpoint: str, paths: list[str], token: str | None, max_a
             if response.status_code != 200:
                 failures += 1
                 logger.warning("%s: HTTP %d %s", where, response.status_code, response.text[:300])
-            elif response.content not in (b"", b"{}"):
-                logger.warning("%s: %s", where, response.text[:300])
+            else:
+                sent += spans
+                if response.content not in (b"", b"{}"):
+                    logger.warning("%s: %s", where, response.text[:300])
             bar.update(1)
-    return 1 if failures else 0
+    empty = [path for path, spans in per_file.items() if spans == 0]
+    _report_empty_files(empty)
+    logger.info(
+        "%d span(s) sent to %s in requests it accepted; %d request(s) failed (partial rejections are "
+        "listed above)",
+        sent,
+        url,
+        failures,
+    )
+    return 1 if failures or empty else 0
 
 
 def iter_file_requests_all(paths: list[str]):
+    """``(path, where, payload)`` of every request in ``paths``."""
     for path in paths:
-        yield from iter_file_requests(path)
+        for where, payload in iter_file_requests(path):
+            yield path, where, payload
