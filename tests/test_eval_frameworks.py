@@ -241,3 +241,39 @@ def test_task_statement_match_rejects_boilerplate():
     long_prompt = truth + " " + "You're helping your manager solve a wider task. " * 20
     assert not statement_matches(long_prompt, truth)
     assert not statement_matches(None, truth)
+
+
+def test_capture_server_keeps_what_the_real_exporter_sent(tmp_path):
+    from opentelemetry.exporter.otlp.proto.http import Compression
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from corpus.capture import CaptureServer, RunRecorder
+    from corpus.dump import decode_spans, read_requests
+
+    server = CaptureServer().start()
+    recorder = RunRecorder()
+    provider = TracerProvider(resource=Resource.create({"service.name": "capture-test"}))
+    provider.add_span_processor(recorder)
+    provider.add_span_processor(
+        SimpleSpanProcessor(OTLPSpanExporter(endpoint=server.endpoint, compression=Compression.Gzip))
+    )
+    tracer = provider.get_tracer("capture-test")
+    with recorder.run("r1"), tracer.start_as_current_span("root", attributes={"session.id": "s-1"}):
+        with tracer.start_as_current_span("child"):
+            pass
+    provider.shutdown()
+    path = tmp_path / "otlp.jsonl"
+    assert server.write_jsonl(path) == 2
+    server.stop()
+    records = list(read_requests(path))
+    assert {r["content_type"] for r in records} == {"application/x-protobuf"}
+    assert {r["content_encoding"] for r in records} == {"gzip"}
+    spans = decode_spans(path)
+    assert sorted(s["name"] for s in spans) == ["child", "root"]
+    root = next(s for s in spans if s["name"] == "root")
+    assert recorder.traces == {"r1": [root["trace_id"]]}
+    assert recorder.emitted_ids == {"r1": ["s-1"]}
+    assert recorder.span_counts == {"r1": 2}
