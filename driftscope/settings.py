@@ -216,8 +216,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "max_items_per_request",
         2_000_000,
-        "Most spans + events + links + attributes + array items one OTLP request may carry; past it "
-        "the request is refused (HTTP 413 / gRPC INVALID_ARGUMENT) while decoding.",
+        "Most spans + events + links + attributes (of spans, events, links and resources) one OTLP "
+        "request may carry; past it the request is refused (HTTP 413 / gRPC INVALID_ARGUMENT) while decoding.",
         parse_count,
         SERVE,
         metavar="N",
