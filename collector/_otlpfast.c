@@ -2,10 +2,11 @@
  * collector._otlpfast: a compiled fast path for OTLP/HTTP protobuf trace requests.
  *
  * Parses the protobuf wire format of an ExportTraceServiceRequest directly (no upb objects) and
- * builds the same rows as collector.decode.decode_export_request, including the port of
- * collector.conventions.map_coordination. The Python wrapper is collector/fastdecode.py; its
- * docstring lists what this code handles and when it returns None (the caller then decodes the
- * whole request with the Python path).
+ * builds the same raw columns as collector.decode.decode_export_request: the OpenTelemetry
+ * columns and the attribute (key, value) lists. It knows no attribute convention: the coordination
+ * columns are mapped afterwards from collector/conventions.py's table. The Python wrapper is
+ * collector/fastdecode.py; its docstring lists what this code handles and when it returns None
+ * (the caller then decodes the whole request with the Python path).
  *
  * Two passes:
  *   1. parse (GIL released): walk the wire data, validate everything upb would validate
@@ -33,117 +34,13 @@ enum { LIMIT_NONE = 0, LIMIT_SPANS, LIMIT_ITEMS };
 #define CACHE_SIZE 2048    /* string cache slots per call (power of two) */
 #define CACHE_MAX_LEN 64   /* values longer than this are not cached (keys always are) */
 #define CACHE_MAX_PROBES 16 /* a string whose slot run is longer is simply not cached */
-#define KEY_TABLE_SIZE 1024
 
-/* ------------------------------------------------------------------------------------------ */
-/* Configuration (set by configure() from collector/conventions.py)                           */
-/* ------------------------------------------------------------------------------------------ */
-
-enum { CK_TEXT = 0, CK_INT, CK_BOOL, CK_LIST };
-
-/* Attribute keys read by map_coordination itself (not the driftscope.* table). */
-enum {
-    FK_OI_KIND,
-    FK_TL_KIND,
-    FK_GENAI_OP,
-    FK_TL_ENTITY,
-    FK_INPUT,
-    FK_TL_INPUT,
-    FK_OUTPUT,
-    FK_TL_OUTPUT,
-    FK_GRAPH_NODE,
-    FK_METADATA,
-    FK_GRAPH_PARENT,
-    FK_GENAI_AGENT_NAME,
-    FK_AGENT_NAME,
-    FK_GENAI_AGENT_ID,
-    FK_GENAI_TOOL_NAME,
-    FK_TOOL_NAME,
-    FK_GENAI_CALL_ID,
-    FK_TOOL_CALL_ID,
-    FK_GENAI_ARGS,
-    FK_TOOL_PARAMS,
-    FK_GENAI_RESULT,
-    FK_CONV,
-    FK_SESSION,
-    FK_TL_SESSION,
-    FK_TL_CONV,
-    FK_SERVICE,
-    NFIXED
-};
-static const char *FIXED_KEYS[NFIXED] = {
-    "openinference.span.kind",
-    "traceloop.span.kind",
-    "gen_ai.operation.name",
-    "traceloop.entity.name",
-    "input.value",
-    "traceloop.entity.input",
-    "output.value",
-    "traceloop.entity.output",
-    "graph.node.id",
-    "metadata",
-    "graph.node.parent_id",
-    "gen_ai.agent.name",
-    "agent.name",
-    "gen_ai.agent.id",
-    "gen_ai.tool.name",
-    "tool.name",
-    "gen_ai.tool.call.id",
-    "tool_call.id",
-    "gen_ai.tool.call.arguments",
-    "tool.parameters",
-    "gen_ai.tool.call.result",
-    "gen_ai.conversation.id",
-    "session.id",
-    "traceloop.association.properties.session_id",
-    "traceloop.association.properties.conversation_id",
-    "service.name",
-};
-
-/* Coordination columns written by map_coordination itself. */
-enum {
-    OC_SPAN_FAMILY,
-    OC_OPERATION,
-    OC_AGENT_ID,
-    OC_AGENT_NAME,
-    OC_AGENT_SOURCE,
-    OC_TOOL_NAME,
-    OC_TOOL_CALL_ID,
-    OC_TOOL_ARGS,
-    OC_TOOL_RESULT,
-    OC_RUN_ID,
-    OC_INPUT,
-    OC_OUTPUT,
-    OC_GRAPH_NODE,
-    OC_GRAPH_PARENT,
-    OC_OP,
-    NOC
-};
-static const char *OC_NAMES[NOC] = {
-    "span_family", "operation",   "agent_id",  "agent_name",   "agent_source",
-    "tool_name",   "tool_call_id", "tool_args", "tool_result",  "run_id",
-    "input_text",  "output_text", "graph_node_id", "graph_node_parent_id", "op",
-};
-
-typedef struct {
-    uint64_t h;
-    char *p; /* owned copy of the key's UTF-8 bytes; NULL = empty slot */
-    Py_ssize_t n;
-    int fixed;   /* FK_* or -1 */
-    int ds_col;  /* index in COORDINATION_COLUMNS or -1 */
-    int ds_kind; /* CK_* */
-} KeyEnt;
-
-static KeyEnt g_keys[KEY_TABLE_SIZE];
-static int g_configured = 0;
-static Py_ssize_t g_ncoord = 0;
-static int g_oc[NOC];
-static PyObject *g_text, *g_int, *g_bool, *g_str_list, *g_langgraph;
-static PyObject *g_genai_family, *g_oi_family, *g_tl_family, *g_family_op, *g_json_dumps;
+/* json.dumps and its keyword arguments (ensure_ascii=False, separators=(",", ":")), module init. */
+static PyObject *g_json_dumps, *g_json_kwargs;
 
 /* Interned constants (module init). */
-static PyObject *S_empty, *S_tool, *S_other, *S_attribute, *S_brackets, *S_true, *S_false;
-static PyObject *S_unknown_service, *S_upper, *S_lower;
+static PyObject *S_empty, *S_brackets, *S_true, *S_false;
+static PyObject *S_unknown_service;
 static PyObject *S_kinds[6], *S_codes[3];
 
 /* ------------------------------------------------------------------------------------------ */
@@ -232,7 +129,6 @@ typedef struct {
     const uint8_t *p;
     Py_ssize_t n;
     PyObject *s;
-    int kid; /* key table slot of this text as an attribute key; -2 until looked up */
 } CacheEnt;
 
 typedef struct {
@@ -1121,7 +1017,6 @@ static PyObject *cached_entry(Ctx *c, const uint8_t *p, Py_ssize_t n, uint64_t h
         e->p = p;
         e->n = n;
         e->s = s;
-        e->kid = -2;
         Py_INCREF(s);
         c->ncache++;
         *entry = e;
@@ -1545,14 +1440,17 @@ done:
 }
 
 /* json.dumps(value, ensure_ascii=False, separators=(",", ":")) */
-static PyObject *json_dumps(PyObject *value) { return PyObject_CallOneArg(g_json_dumps, value); }
+static PyObject *json_dumps(PyObject *value) {
+    PyObject *args = PyTuple_Pack(1, value);
+    if (!args) return NULL;
+    PyObject *out = PyObject_Call(g_json_dumps, args, g_json_kwargs);
+    Py_DECREF(args);
+    return out;
+}
 
-/*
- * The attribute's text in the attribute map (new ref in *map) and, when mv is not NULL, the
- * Python value map_coordination would see (new ref in *mv).
- */
-static int attr_values(Ctx *c, const Attr *a, PyObject **map, PyObject **mv) {
-    PyObject *m = NULL, *v = NULL;
+/* The attribute's text in the attribute map (new ref in *map), as _as_string_map writes it. */
+static int attr_text(Ctx *c, const Attr *a, PyObject **map) {
+    PyObject *m = NULL;
     char num[32];
     switch (a->kind) {
     case AK_STR:
@@ -1566,23 +1464,14 @@ static int attr_values(Ctx *c, const Attr *a, PyObject **map, PyObject **mv) {
     case AK_NONE:
         m = S_empty;
         Py_INCREF(m);
-        if (mv) {
-            v = Py_None;
-            Py_INCREF(v);
-        }
         break;
     case AK_BOOL:
         m = a->i ? S_true : S_false;
         Py_INCREF(m);
-        if (mv) {
-            v = a->i ? Py_True : Py_False;
-            Py_INCREF(v);
-        }
         break;
     case AK_INT: {
         int len = snprintf(num, sizeof num, "%lld", (long long)a->i);
         m = new_str((const uint8_t *)num, len);
-        if (m && mv) v = PyLong_FromLongLong((long long)a->i);
         break;
     }
     case AK_DOUBLE:
@@ -1590,10 +1479,7 @@ static int attr_values(Ctx *c, const Attr *a, PyObject **map, PyObject **mv) {
             PyObject *f = PyFloat_FromDouble(a->d);
             if (!f) return -1;
             m = PyObject_Repr(f);
-            if (mv)
-                v = f;
-            else
-                Py_DECREF(f);
+            Py_DECREF(f);
         } else {
             /* str(float): "nan", "inf" or "-inf" */
             m = PyUnicode_FromString(isnan(a->d) ? "nan" : (a->d > 0 ? "inf" : "-inf"));
@@ -1603,10 +1489,7 @@ static int attr_values(Ctx *c, const Attr *a, PyObject **map, PyObject **mv) {
         PyObject *list = array_items(c, a);
         if (!list) return -1;
         m = json_string_list(list);
-        if (mv)
-            v = list;
-        else
-            Py_DECREF(list);
+        Py_DECREF(list);
         break;
     }
     case AK_COMPLEX: {
@@ -1619,272 +1502,20 @@ static int attr_values(Ctx *c, const Attr *a, PyObject **map, PyObject **mv) {
         } else {
             m = json_dumps(value);
         }
-        if (mv)
-            v = value;
-        else
-            Py_DECREF(value);
+        Py_DECREF(value);
         break;
     }
     default:
         PyErr_SetString(PyExc_SystemError, "_otlpfast: unexpected attribute kind");
         return -1;
     }
-    if (!m) {
-        Py_XDECREF(v);
-        return -1;
-    }
-    if (mv && !v) {
-        if (PyErr_Occurred()) {
-            Py_DECREF(m);
-            return -1;
-        }
-        v = m; /* str, bytes (base64) and non-finite doubles: the same text */
-        Py_INCREF(v);
-    }
+    if (!m) return -1;
     *map = m;
-    if (mv) *mv = v;
     return 0;
 }
 
-static int key_lookup(const Attr *a);
-
-/* An attribute's key as a str (new ref) and its key table slot (or -1) in *kid. */
-static PyObject *attr_key(Ctx *c, const Attr *a, int *kid) {
-    CacheEnt *e;
-    PyObject *key = cached_entry(c, a->key.p, a->key.n, a->h, &e);
-    if (!key) return NULL;
-    if (!e) {
-        *kid = key_lookup(a);
-    } else {
-        if (e->kid == -2) e->kid = key_lookup(a);
-        *kid = e->kid;
-    }
-    return key;
-}
-
-static int key_lookup(const Attr *a) {
-    size_t slot = (size_t)a->h & (KEY_TABLE_SIZE - 1);
-    for (;;) {
-        const KeyEnt *e = &g_keys[slot];
-        if (!e->p) return -1;
-        if (e->h == a->h && e->n == a->key.n && memcmp(e->p, a->key.p, (size_t)a->key.n) == 0)
-            return (int)slot;
-        slot = (slot + 1) & (KEY_TABLE_SIZE - 1);
-    }
-}
-
-/* A coerced value for a driftscope.* column (new ref; Py_None allowed). */
-static PyObject *coerce(int kind, PyObject *v) {
-    switch (kind) {
-    case CK_TEXT:
-        if (PyUnicode_CheckExact(v)) {
-            Py_INCREF(v);
-            return v;
-        }
-        return PyObject_CallOneArg(g_text, v);
-    case CK_INT:
-        if (PyLong_CheckExact(v)) {
-            int overflow;
-            long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
-            if (x == -1 && PyErr_Occurred()) return NULL;
-            if (!overflow && x >= -2147483648LL && x < 2147483648LL) {
-                Py_INCREF(v);
-                return v;
-            }
-            Py_RETURN_NONE;
-        }
-        return PyObject_CallOneArg(g_int, v);
-    case CK_BOOL:
-        if (PyBool_Check(v)) {
-            Py_INCREF(v);
-            return v;
-        }
-        return PyObject_CallOneArg(g_bool, v);
-    default: /* CK_LIST */
-        if (PyList_CheckExact(v)) {
-            Py_ssize_t n = PyList_GET_SIZE(v);
-            int all_str = 1;
-            for (Py_ssize_t k = 0; k < n && all_str; k++) all_str = PyUnicode_CheckExact(PyList_GET_ITEM(v, k));
-            if (all_str) return PyList_GetSlice(v, 0, n); /* [_text(s) or "" for s] of strs: a copy */
-        }
-        return PyObject_CallOneArg(g_str_list, v);
-    }
-}
-
-/* _text(value) for map_coordination: NULL stands for None (no exception set) on success. */
-static int text_of(PyObject *v, PyObject **out) {
-    *out = NULL;
-    if (!v || v == Py_None) return 0;
-    if (PyUnicode_CheckExact(v)) {
-        Py_INCREF(v);
-        *out = v;
-        return 0;
-    }
-    PyObject *r = PyObject_CallOneArg(g_text, v);
-    if (!r) return -1;
-    if (r == Py_None) {
-        Py_DECREF(r);
-        return 0;
-    }
-    *out = r;
-    return 0;
-}
-
-static inline int truthy_str(PyObject *s) { return s && PyUnicode_Check(s) && PyUnicode_GET_LENGTH(s) > 0; }
-
-/* _first(): the first value that is not None and not "" (borrowed; NULL for None). */
-static PyObject *first_of(PyObject **mv, const int *keys, int n) {
-    for (int k = 0; k < n; k++) {
-        PyObject *v = mv[keys[k]];
-        if (!v || v == Py_None) continue;
-        if (PyUnicode_Check(v) && PyUnicode_GET_LENGTH(v) == 0) continue;
-        return v;
-    }
-    return NULL;
-}
-
-static inline void set_col(PyObject **co, int col, PyObject *v /* stolen; NULL/None = None */) {
-    if (v == Py_None) {
-        Py_DECREF(v);
-        v = NULL;
-    }
-    Py_XSETREF(co[col], v);
-}
-
-static int is_family(PyObject *family, const char *name) {
-    return family && PyUnicode_Check(family) && PyUnicode_CompareWithASCIIString(family, name) == 0;
-}
-
-/*
- * The port of collector.conventions.map_coordination (after the driftscope.* fields, which the
- * caller already wrote into co). fmv: mapping values of this span's keys (FK_*), rmv: of the
- * resource's. Returns -1 with an exception set on failure.
- */
-static int map_fixed(PyObject **co, PyObject **fmv, PyObject **rmv) {
-    PyObject *oi_kind = NULL, *tl_kind = NULL, *operation = NULL, *entity = NULL;
-    PyObject *input_text = NULL, *output_text = NULL, *graph = NULL, *tmp = NULL;
-    PyObject *family = NULL; /* borrowed until `owned` holds it */
-    PyObject *owned = NULL;
-    int rc = -1;
-    if (text_of(fmv[FK_OI_KIND], &oi_kind) < 0 || text_of(fmv[FK_TL_KIND], &tl_kind) < 0 ||
-        text_of(fmv[FK_GENAI_OP], &operation) < 0)
-        goto done;
-    if (truthy_str(operation)) {
-        family = PyDict_GetItemWithError(g_genai_family, operation);
-        if (!family && PyErr_Occurred()) goto done;
-    }
-    if (!family && truthy_str(oi_kind)) {
-        tmp = PyObject_CallMethodNoArgs(oi_kind, S_upper);
-        if (!tmp) goto done;
-        family = PyDict_GetItemWithError(g_oi_family, tmp);
-        Py_CLEAR(tmp);
-        if (!family && PyErr_Occurred()) goto done;
-    }
-    if (!family && truthy_str(tl_kind)) {
-        tmp = PyObject_CallMethodNoArgs(tl_kind, S_lower);
-        if (!tmp) goto done;
-        family = PyDict_GetItemWithError(g_tl_family, tmp);
-        Py_CLEAR(tmp);
-        if (!family && PyErr_Occurred()) goto done;
-    }
-    if (!family && co[g_oc[OC_OP]]) family = S_tool;
-    Py_XINCREF(family); /* the dicts could change under a Python callback below */
-    owned = family;
-    int family_true = 0;
-    if (family) {
-        family_true = PyObject_IsTrue(family);
-        if (family_true < 0) goto done;
-    }
-    PyObject *fam_or_other = family_true ? family : S_other;
-    Py_INCREF(fam_or_other);
-    set_col(co, g_oc[OC_SPAN_FAMILY], fam_or_other);
-    if (truthy_str(operation)) {
-        Py_INCREF(operation);
-        set_col(co, g_oc[OC_OPERATION], operation);
-    } else {
-        PyObject *op = PyDict_GetItemWithError(g_family_op, family_true ? family : S_empty);
-        if (!op && PyErr_Occurred()) goto done;
-        Py_XINCREF(op);
-        set_col(co, g_oc[OC_OPERATION], op);
-    }
-    int is_agent = is_family(family, "agent"), is_tool = is_family(family, "tool");
-
-    static const int K_INPUT[] = {FK_INPUT, FK_TL_INPUT}, K_OUTPUT[] = {FK_OUTPUT, FK_TL_OUTPUT};
-    static const int K_AGENT_NAME[] = {FK_GENAI_AGENT_NAME, FK_AGENT_NAME}, K_AGENT_ID[] = {FK_GENAI_AGENT_ID};
-    static const int K_TOOL_NAME[] = {FK_GENAI_TOOL_NAME, FK_TOOL_NAME};
-    static const int K_CALL_ID[] = {FK_GENAI_CALL_ID, FK_TOOL_CALL_ID};
-    static const int K_ARGS[] = {FK_GENAI_ARGS, FK_TOOL_PARAMS}, K_RESULT[] = {FK_GENAI_RESULT};
-    static const int K_RUN[] = {FK_CONV, FK_SESSION, FK_TL_SESSION, FK_TL_CONV};
-    static const int K_RES_RUN[] = {0, 1};
-
-    if (text_of(fmv[FK_TL_ENTITY], &entity) < 0) goto done;
-    if (text_of(first_of(fmv, K_INPUT, 2), &input_text) < 0) goto done;
-    if (text_of(first_of(fmv, K_OUTPUT, 2), &output_text) < 0) goto done;
-    if (text_of(fmv[FK_GRAPH_NODE], &graph) < 0) goto done;
-    if (!truthy_str(graph)) {
-        Py_CLEAR(graph);
-        PyObject *md = fmv[FK_METADATA];
-        if (md && md != Py_None) {
-            graph = PyObject_CallOneArg(g_langgraph, md);
-            if (!graph) goto done;
-            if (graph == Py_None || (PyUnicode_Check(graph) && PyUnicode_GET_LENGTH(graph) == 0))
-                Py_CLEAR(graph); /* `"" or None` and `"" or ""` both end as falsy; None here */
-        }
-    }
-    PyObject *v;
-    /* agent */
-    PyObject *agent_name = first_of(fmv, K_AGENT_NAME, 2);
-    if (!agent_name && is_agent) agent_name = truthy_str(entity) ? entity : graph;
-    PyObject *agent_id = first_of(fmv, K_AGENT_ID, 1);
-    if (!agent_id) agent_id = agent_name;
-    if (text_of(agent_id, &v) < 0) goto done;
-    set_col(co, g_oc[OC_AGENT_ID], v);
-    if (text_of(agent_name, &v) < 0) goto done;
-    set_col(co, g_oc[OC_AGENT_NAME], v);
-    if (agent_id) Py_INCREF(S_attribute);
-    set_col(co, g_oc[OC_AGENT_SOURCE], agent_id ? S_attribute : NULL);
-    /* tool */
-    PyObject *tool_name = first_of(fmv, K_TOOL_NAME, 2);
-    if (!tool_name && is_tool) tool_name = entity;
-    if (text_of(tool_name, &v) < 0) goto done;
-    set_col(co, g_oc[OC_TOOL_NAME], v);
-    if (text_of(first_of(fmv, K_CALL_ID, 2), &v) < 0) goto done;
-    set_col(co, g_oc[OC_TOOL_CALL_ID], v);
-    PyObject *args = first_of(fmv, K_ARGS, 2);
-    if (!args && is_tool) args = input_text;
-    if (text_of(args, &v) < 0) goto done;
-    set_col(co, g_oc[OC_TOOL_ARGS], v);
-    PyObject *result = first_of(fmv, K_RESULT, 1);
-    if (!result && is_tool) result = output_text;
-    if (text_of(result, &v) < 0) goto done;
-    set_col(co, g_oc[OC_TOOL_RESULT], v);
-    /* run */
-    PyObject *run = first_of(fmv, K_RUN, 4);
-    if (!run) run = first_of(rmv, K_RES_RUN, 2);
-    if (text_of(run, &v) < 0) goto done;
-    set_col(co, g_oc[OC_RUN_ID], v);
-
-    set_col(co, g_oc[OC_INPUT], input_text);
-    input_text = NULL;
-    set_col(co, g_oc[OC_OUTPUT], output_text);
-    output_text = NULL;
-    set_col(co, g_oc[OC_GRAPH_NODE], graph);
-    graph = NULL;
-    if (text_of(fmv[FK_GRAPH_PARENT], &v) < 0) goto done;
-    set_col(co, g_oc[OC_GRAPH_PARENT], v);
-    rc = 0;
-done:
-    Py_XDECREF(owned);
-    Py_XDECREF(oi_kind);
-    Py_XDECREF(tl_kind);
-    Py_XDECREF(operation);
-    Py_XDECREF(entity);
-    Py_XDECREF(input_text);
-    Py_XDECREF(output_text);
-    Py_XDECREF(graph);
-    Py_XDECREF(tmp);
-    return rc;
-}
+/* An attribute's key as a str (new ref). */
+static PyObject *attr_key(Ctx *c, const Attr *a) { return cached_str(c, a->key.p, a->key.n, a->h); }
 
 static PyObject *array_items(Ctx *c, const Attr *a);
 
@@ -2093,22 +1724,15 @@ enum {
 
 typedef struct {
     PyObject *otel[N_OTEL];
-    PyObject **coord; /* g_ncoord lists */
     PyObject *soff, *skeys, *svals, *roff, *rkeys, *rvals, *errors;
     /* per resource */
     PyObject **rkey_obj, **rval_obj; /* nrattrs each */
-    PyObject **rmv;                  /* nres * 2: conversation id, session id */
     PyObject **service;              /* nres */
     PyObject **scope_obj;            /* nscopes * 2 */
-    PyObject **co;                   /* g_ncoord scratch */
 } Out;
 
 static void out_free(Ctx *c, Out *o) {
     for (int k = 0; k < N_OTEL; k++) Py_XDECREF(o->otel[k]);
-    if (o->coord) {
-        for (Py_ssize_t k = 0; k < g_ncoord; k++) Py_XDECREF(o->coord[k]);
-        PyMem_Free(o->coord);
-    }
     Py_XDECREF(o->soff);
     Py_XDECREF(o->skeys);
     Py_XDECREF(o->svals);
@@ -2122,20 +1746,14 @@ static void out_free(Ctx *c, Out *o) {
             Py_XDECREF(o->rval_obj[k]);
         }
     }
-    if (o->rmv)
-        for (Py_ssize_t k = 0; k < c->nres * 2; k++) Py_XDECREF(o->rmv[k]);
     if (o->service)
         for (Py_ssize_t k = 0; k < c->nres; k++) Py_XDECREF(o->service[k]);
     if (o->scope_obj)
         for (Py_ssize_t k = 0; k < c->nscopes * 2; k++) Py_XDECREF(o->scope_obj[k]);
-    if (o->co)
-        for (Py_ssize_t k = 0; k < g_ncoord; k++) Py_XDECREF(o->co[k]);
     PyMem_Free(o->rkey_obj);
     PyMem_Free(o->rval_obj);
-    PyMem_Free(o->rmv);
     PyMem_Free(o->service);
     PyMem_Free(o->scope_obj);
-    PyMem_Free(o->co);
 }
 
 static PyObject **calloc_objs(Py_ssize_t n) {
@@ -2144,31 +1762,30 @@ static PyObject **calloc_objs(Py_ssize_t n) {
     return p;
 }
 
-/* Per resource: its keys and texts, service name, and the values run_id may fall back to. */
+/* Per resource: its keys and texts, and its service name (the `service.name` string, an
+   OpenTelemetry column, not a convention). */
 static int build_resources(Ctx *c, Out *o) {
+    static const char SERVICE_KEY[] = "service.name";
     if (!(o->rkey_obj = calloc_objs(c->nrattrs)) || !(o->rval_obj = calloc_objs(c->nrattrs)) ||
-        !(o->rmv = calloc_objs(c->nres * 2)) || !(o->service = calloc_objs(c->nres)))
+        !(o->service = calloc_objs(c->nres)))
         return -1;
     for (Py_ssize_t r = 0; r < c->nres; r++) {
         const Res *res = &c->res[r];
         for (Py_ssize_t k = res->a0; k < res->a0 + res->n; k++) {
             const Attr *a = &c->rattrs[k];
-            PyObject *mv = NULL;
-            int kid;
             if (a->skip) continue; /* rkey_obj[k] stays NULL */
-            if (!(o->rkey_obj[k] = attr_key(c, a, &kid))) return -1;
-            int fixed = kid >= 0 ? g_keys[kid].fixed : -1;
-            int want = fixed == FK_SERVICE || fixed == FK_CONV || fixed == FK_SESSION;
-            if (attr_values(c, &c->rattrs[res->a0 + a->use], &o->rval_obj[k], want ? &mv : NULL) < 0) return -1;
-            if (fixed == FK_SERVICE)
-                Py_XSETREF(o->service[r], mv);
-            else if (fixed == FK_CONV)
-                Py_XSETREF(o->rmv[2 * r], mv);
-            else if (fixed == FK_SESSION)
-                Py_XSETREF(o->rmv[2 * r + 1], mv);
+            if (!(o->rkey_obj[k] = attr_key(c, a))) return -1;
+            const Attr *value = &c->rattrs[res->a0 + a->use];
+            if (attr_text(c, value, &o->rval_obj[k]) < 0) return -1;
+            if (a->key.n == (Py_ssize_t)(sizeof SERVICE_KEY - 1) &&
+                memcmp(a->key.p, SERVICE_KEY, sizeof SERVICE_KEY - 1) == 0) {
+                PyObject *svc = value->kind == AK_STR ? o->rval_obj[k] : NULL;
+                Py_XINCREF(svc);
+                Py_XSETREF(o->service[r], svc);
+            }
         }
         PyObject *svc = o->service[r];
-        if (!(svc && PyUnicode_Check(svc) && PyUnicode_GET_LENGTH(svc) > 0)) {
+        if (!(svc && PyUnicode_GET_LENGTH(svc) > 0)) {
             Py_INCREF(S_unknown_service);
             Py_XSETREF(o->service[r], S_unknown_service);
         }
@@ -2186,8 +1803,6 @@ static PyObject *build(Ctx *c) {
     Out o;
     memset(&o, 0, sizeof o);
     PyObject *result = NULL;
-    PyObject *fmv[NFIXED];
-    for (int k = 0; k < NFIXED; k++) fmv[k] = NULL;
     PyObject *last_tid = NULL, *last_pid = NULL;
     const uint8_t *last_tid_p = NULL, *last_pid_p = NULL;
 
@@ -2204,9 +1819,6 @@ static PyObject *build(Ctx *c) {
     }
     for (int k = 0; k < N_OTEL; k++)
         if (!(o.otel[k] = PyList_New(n))) goto fail;
-    if (!(o.coord = calloc_objs(g_ncoord)) || !(o.co = calloc_objs(g_ncoord))) goto fail;
-    for (Py_ssize_t k = 0; k < g_ncoord; k++)
-        if (!(o.coord[k] = PyList_New(n))) goto fail;
     if (!(o.soff = PyList_New(n + 1)) || !(o.skeys = PyList_New(nspairs)) || !(o.svals = PyList_New(nspairs)) ||
         !(o.roff = PyList_New(n + 1)) || !(o.rkeys = PyList_New(nrpairs)) || !(o.rvals = PyList_New(nrpairs)) ||
         !(o.errors = PyList_New(0)))
@@ -2294,31 +1906,16 @@ static PyObject *build(Ctx *c) {
         if (set_long(o.otel[O_START], j, PyLong_FromUnsignedLongLong(sp->start)) < 0) goto fail;
         if (set_long(o.otel[O_END], j, PyLong_FromUnsignedLongLong(sp->end)) < 0) goto fail;
 
-        /* span attributes and the driftscope.* columns */
+        /* span attributes */
         for (Py_ssize_t k = 0; k < sp->na; k++) {
             const Attr *a = &c->attrs[sp->a0 + k];
-            int kid;
             if (a->skip) continue;
-            PyObject *key = attr_key(c, a, &kid), *map, *mv = NULL;
+            PyObject *key = attr_key(c, a), *map;
             if (!key) goto fail;
             PyList_SET_ITEM(o.skeys, sp_pos, key);
-            if (attr_values(c, &c->attrs[sp->a0 + a->use], &map, kid >= 0 ? &mv : NULL) < 0) goto fail;
+            if (attr_text(c, &c->attrs[sp->a0 + a->use], &map) < 0) goto fail;
             PyList_SET_ITEM(o.svals, sp_pos, map);
             sp_pos++;
-            if (kid < 0) continue;
-            const KeyEnt *e = &g_keys[kid];
-            if (e->ds_col >= 0 && mv != Py_None) {
-                PyObject *cv = coerce(e->ds_kind, mv);
-                if (!cv) {
-                    Py_DECREF(mv);
-                    goto fail;
-                }
-                set_col(o.co, e->ds_col, cv);
-            }
-            if (e->fixed >= 0)
-                Py_XSETREF(fmv[e->fixed], mv);
-            else
-                Py_DECREF(mv);
         }
         if (set_long(o.soff, j + 1, PyLong_FromSsize_t(sp_pos)) < 0) goto fail;
         /* resource attributes, repeated per span */
@@ -2332,42 +1929,20 @@ static PyObject *build(Ctx *c) {
             rp_pos++;
         }
         if (set_long(o.roff, j + 1, PyLong_FromSsize_t(rp_pos)) < 0) goto fail;
-
-        if (map_fixed(o.co, fmv, o.rmv + 2 * r) < 0) goto fail;
-        if (!o.co[g_oc[OC_RUN_ID]]) {
-            Py_INCREF(last_tid);
-            o.co[g_oc[OC_RUN_ID]] = last_tid;
-        }
-        for (Py_ssize_t k = 0; k < g_ncoord; k++) {
-            v = o.co[k] ? o.co[k] : Py_None;
-            if (!o.co[k]) Py_INCREF(v);
-            o.co[k] = NULL;
-            PyList_SET_ITEM(o.coord[k], j, v);
-        }
-        for (int k = 0; k < NFIXED; k++) Py_CLEAR(fmv[k]);
         j++;
     }
 
     {
-        PyObject *otel = PyTuple_New(N_OTEL), *coord = PyTuple_New(g_ncoord);
-        if (!otel || !coord) {
-            Py_XDECREF(otel);
-            Py_XDECREF(coord);
-            goto fail;
-        }
+        PyObject *otel = PyTuple_New(N_OTEL);
+        if (!otel) goto fail;
         for (int k = 0; k < N_OTEL; k++) {
             PyTuple_SET_ITEM(otel, k, o.otel[k]);
             o.otel[k] = NULL;
         }
-        for (Py_ssize_t k = 0; k < g_ncoord; k++) {
-            PyTuple_SET_ITEM(coord, k, o.coord[k]);
-            o.coord[k] = NULL;
-        }
-        result = Py_BuildValue("(NN(OOO)(OOO)nnO)", otel, coord, o.soff, o.skeys, o.svals, o.roff, o.rkeys,
+        result = Py_BuildValue("(N(OOO)(OOO)nnO)", otel, o.soff, o.skeys, o.svals, o.roff, o.rkeys,
                                o.rvals, n, rejected, o.errors);
     }
 fail:
-    for (int k = 0; k < NFIXED; k++) Py_XDECREF(fmv[k]);
     Py_XDECREF(last_tid);
     Py_XDECREF(last_pid);
     out_free(c, &o);
@@ -2401,10 +1976,6 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!nnnnnn:decode", &PyBytes_Type, &payload, &max_bytes, &max_items, &max_depth,
                           &max_spans, &max_attrs, &max_work))
         return NULL;
-    if (!g_configured) {
-        PyErr_SetString(PyExc_RuntimeError, "collector._otlpfast.configure() has not been called");
-        return NULL;
-    }
     if (max_bytes < 0 || max_items < 0 || max_depth < 1 || max_spans < 0 || max_attrs < 0 || max_work < 0) {
         PyErr_SetString(PyExc_ValueError, "limits must not be negative (max_depth at least 1)");
         return NULL;
@@ -2447,149 +2018,7 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     return result;
 }
 
-static void clear_config(void) {
-    for (int k = 0; k < KEY_TABLE_SIZE; k++) {
-        PyMem_Free(g_keys[k].p);
-        memset(&g_keys[k], 0, sizeof(KeyEnt));
-    }
-    Py_CLEAR(g_text);
-    Py_CLEAR(g_int);
-    Py_CLEAR(g_bool);
-    Py_CLEAR(g_str_list);
-    Py_CLEAR(g_langgraph);
-    Py_CLEAR(g_genai_family);
-    Py_CLEAR(g_oi_family);
-    Py_CLEAR(g_tl_family);
-    Py_CLEAR(g_family_op);
-    Py_CLEAR(g_json_dumps);
-    g_configured = 0;
-    g_ncoord = 0;
-}
-
-/* The key table entry for key (created if absent); -1 with an exception on failure. */
-static int key_entry(const char *key, Py_ssize_t n) {
-    uint64_t h = hash_bytes((const uint8_t *)key, n);
-    size_t slot = (size_t)h & (KEY_TABLE_SIZE - 1);
-    for (int probes = 0; probes < KEY_TABLE_SIZE / 2; probes++) {
-        KeyEnt *e = &g_keys[slot];
-        if (!e->p) {
-            e->p = PyMem_Malloc((size_t)(n ? n : 1));
-            if (!e->p) {
-                PyErr_NoMemory();
-                return -1;
-            }
-            memcpy(e->p, key, (size_t)n);
-            e->n = n;
-            e->h = h;
-            e->fixed = -1;
-            e->ds_col = -1;
-            return (int)slot;
-        }
-        if (e->h == h && e->n == n && memcmp(e->p, key, (size_t)n) == 0) return (int)slot;
-        slot = (slot + 1) & (KEY_TABLE_SIZE - 1);
-    }
-    PyErr_SetString(PyExc_ValueError, "too many attribute keys for the fast decoder's key table");
-    return -1;
-}
-
-static PyObject *configure(PyObject *self, PyObject *args, PyObject *kwargs) {
-    (void)self;
-    static char *kwlist[] = {"fields",       "columns",       "list_columns", "int_columns",
-                             "bool_columns", "text",          "to_int",       "to_bool",
-                             "str_list",     "langgraph_node", "genai_family", "openinference_family",
-                             "traceloop_family", "family_operation", "json_dumps", NULL};
-    PyObject *fields, *columns, *list_cols, *int_cols, *bool_cols, *text, *to_int, *to_bool, *str_list, *lg;
-    PyObject *genai, *oi, *tl, *fop, *dumps;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!OOOOOOOOO!O!O!O!O:configure", kwlist, &PyDict_Type,
-                                     &fields, &PyTuple_Type, &columns, &list_cols, &int_cols, &bool_cols, &text,
-                                     &to_int, &to_bool, &str_list, &lg, &PyDict_Type, &genai, &PyDict_Type, &oi,
-                                     &PyDict_Type, &tl, &PyDict_Type, &fop, &dumps))
-        return NULL;
-    clear_config();
-    Py_ssize_t ncols = PyTuple_GET_SIZE(columns);
-    for (int k = 0; k < NOC; k++) {
-        g_oc[k] = -1;
-        for (Py_ssize_t i = 0; i < ncols; i++) {
-            PyObject *name = PyTuple_GET_ITEM(columns, i);
-            if (PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, OC_NAMES[k]) == 0) g_oc[k] = (int)i;
-        }
-        if (g_oc[k] < 0) {
-            PyErr_Format(PyExc_ValueError, "coordination columns lack %s", OC_NAMES[k]);
-            goto fail;
-        }
-    }
-    for (int k = 0; k < NFIXED; k++) {
-        int slot = key_entry(FIXED_KEYS[k], (Py_ssize_t)strlen(FIXED_KEYS[k]));
-        if (slot < 0) goto fail;
-        g_keys[slot].fixed = k;
-    }
-    PyObject *key, *col;
-    Py_ssize_t pos = 0;
-    while (PyDict_Next(fields, &pos, &key, &col)) {
-        Py_ssize_t n, ci = -1;
-        if (!PyUnicode_Check(key) || !PyUnicode_Check(col)) {
-            PyErr_SetString(PyExc_TypeError, "fields must map str to str");
-            goto fail;
-        }
-        const char *k8 = PyUnicode_AsUTF8AndSize(key, &n);
-        if (!k8) goto fail;
-        for (Py_ssize_t i = 0; i < ncols; i++) {
-            int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(columns, i), col, Py_EQ);
-            if (eq < 0) goto fail;
-            if (eq) ci = i;
-        }
-        if (ci < 0) {
-            PyErr_Format(PyExc_ValueError, "field %R maps to %R, which is not a coordination column", key, col);
-            goto fail;
-        }
-        for (int k = 0; k < KEY_TABLE_SIZE; k++) {
-            if (g_keys[k].p && g_keys[k].ds_col == ci) {
-                PyErr_Format(PyExc_ValueError, "two driftscope fields map to column %R", col);
-                goto fail;
-            }
-        }
-        int slot = key_entry(k8, n);
-        if (slot < 0) goto fail;
-        int in_list = PySequence_Contains(list_cols, col), in_int = PySequence_Contains(int_cols, col),
-            in_bool = PySequence_Contains(bool_cols, col);
-        if (in_list < 0 || in_int < 0 || in_bool < 0) goto fail;
-        g_keys[slot].ds_col = (int)ci;
-        g_keys[slot].ds_kind = in_list ? CK_LIST : in_int ? CK_INT : in_bool ? CK_BOOL : CK_TEXT;
-    }
-    g_ncoord = ncols;
-    Py_INCREF(text);
-    g_text = text;
-    Py_INCREF(to_int);
-    g_int = to_int;
-    Py_INCREF(to_bool);
-    g_bool = to_bool;
-    Py_INCREF(str_list);
-    g_str_list = str_list;
-    Py_INCREF(lg);
-    g_langgraph = lg;
-    Py_INCREF(genai);
-    g_genai_family = genai;
-    Py_INCREF(oi);
-    g_oi_family = oi;
-    Py_INCREF(tl);
-    g_tl_family = tl;
-    Py_INCREF(fop);
-    g_family_op = fop;
-    Py_INCREF(dumps);
-    g_json_dumps = dumps;
-    g_configured = 1;
-    Py_RETURN_NONE;
-fail:
-    clear_config();
-    return NULL;
-}
-
 static PyMethodDef methods[] = {
-    {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
-     "configure(fields, columns, list_columns, int_columns, bool_columns, text, to_int, to_bool, str_list, "
-     "langgraph_node, genai_family, openinference_family, traceloop_family, family_operation, json_dumps)\n"
-     "Load the convention tables of collector.conventions (called once by collector.fastdecode, at\n"
-     "import; not while another thread may be decoding)."},
     {"decode", decode, METH_VARARGS,
      "decode(payload: bytes, max_attribute_bytes: int, max_array_items: int, max_depth: int, max_spans: int,\n"
      "       max_attributes_per_span: int, max_items: int) -> tuple | str | None\n"
@@ -2620,11 +2049,16 @@ PyMODINIT_FUNC PyInit__otlpfast(void) {
     if (seed_hash() < 0) return NULL;
     static const char *kinds[6] = {"Unspecified", "Internal", "Server", "Client", "Producer", "Consumer"};
     static const char *codes[3] = {"Unset", "Ok", "Error"};
-    if (!(S_empty = intern("")) || !(S_tool = intern("tool")) || !(S_other = intern("other")) ||
-        !(S_attribute = intern("attribute")) || !(S_brackets = intern("[]")) || !(S_true = intern("true")) ||
-        !(S_false = intern("false")) || !(S_unknown_service = intern("unknown_service")) ||
-        !(S_upper = intern("upper")) || !(S_lower = intern("lower")))
+    if (!(S_empty = intern("")) || !(S_brackets = intern("[]")) || !(S_true = intern("true")) ||
+        !(S_false = intern("false")) || !(S_unknown_service = intern("unknown_service")))
         return NULL;
+    PyObject *json = PyImport_ImportModule("json");
+    if (!json) return NULL;
+    g_json_dumps = PyObject_GetAttrString(json, "dumps");
+    Py_DECREF(json);
+    if (!g_json_dumps) return NULL;
+    g_json_kwargs = Py_BuildValue("{s:O,s:(ss)}", "ensure_ascii", Py_False, "separators", ",", ":");
+    if (!g_json_kwargs) return NULL;
     for (int k = 0; k < 6; k++)
         if (!(S_kinds[k] = intern(kinds[k]))) return NULL;
     for (int k = 0; k < 3; k++)

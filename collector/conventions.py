@@ -1,13 +1,24 @@
-"""Map span attributes of every supported convention onto driftscope's typed columns.
+"""The convention table: which span attribute becomes which coordination column, and the mapping
+it drives.
 
-Pure functions: attributes in (already converted to Python values), column values out. The
-precedence is driftscope / OpenTelemetry GenAI first, then OpenInference, then OpenLLMetry
-(docs/semantic-conventions.md).
+``RULES`` is the one place where the precedence of driftscope / OpenTelemetry GenAI /
+OpenInference / OpenLLMetry / framework keys is stated: per column, the places its value may
+come from, in order (the first non-empty one wins), each with the condition under which it
+applies and how its value is read. ``map_coordination`` (one span) and ``map_columns`` (a decoded
+batch, both decoders) apply it; docs/semantic-conventions.md documents it per framework and a
+test holds the two equal. Decoders hand attributes over as OTLP's string map (the
+``SpanAttributes`` values, non-strings JSON-encoded), which is also what a ClickHouse
+``otel_traces`` row holds, so a view generated from this table would read the same values.
+
+Pure functions, no I/O.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 # The OpenTelemetry columns of `spans`, in table order (collector/migrations/0003_attribute_lists.sql);
@@ -93,9 +104,56 @@ LIST_COLUMNS = frozenset(
 INT_COLUMNS = frozenset({"hop", "step", "budget_max_steps"})
 BOOL_COLUMNS = frozenset({"objective_superseded", "side_effect"})
 
-# driftscope.* attribute -> column (one-to-one).
-_DRIFTSCOPE_FIELDS = {
-    "driftscope.op": "op",
+# Instrumentation scope names (the OTLP InstrumentationScope.name each library sets).
+SCOPE_SMOLAGENTS = "openinference.instrumentation.smolagents"
+SCOPE_OPENAI_AGENTS = "openinference.instrumentation.openai_agents"
+SCOPE_TRACELOOP_LANGCHAIN = "opentelemetry.instrumentation.langchain"
+SCOPE_TRACELOOP_CREWAI = "opentelemetry.instrumentation.crewai"
+# smolagents agent classes: a `<class>.run` span name names no agent of its own.
+SMOLAGENTS_AGENT_CLASSES = frozenset(
+    {"MultiStepAgent", "CodeAgent", "ToolCallingAgent", "StructuredCodeAgent", "ManagedAgent"}
+)
+
+
+@dataclass(frozen=True)
+class Source:
+    """One place a column's value may come from.
+
+    ``key`` is a span attribute key, or ``resource:<key>`` (a resource attribute), ``span:name``
+    (the span's name) or ``column:<name>`` (a column mapped earlier in the table). ``when`` names
+    a condition of ``CONDITIONS`` the span must meet (empty: always); ``read`` names a function of
+    ``READERS`` that turns the raw value into the column's (empty: the value as it is); a source
+    whose value is absent, empty, or read as None gives way to the next one.
+    """
+
+    convention: str
+    key: str
+    when: str = ""
+    read: str = ""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A coordination column: its sources in order of precedence, its type, its default."""
+
+    column: str
+    sources: tuple[Source, ...]
+    kind: str = "text"  # text | int | bool | list
+    default: str | None = None
+
+
+def _kind(column: str) -> str:
+    if column in LIST_COLUMNS:
+        return "list"
+    if column in INT_COLUMNS:
+        return "int"
+    if column in BOOL_COLUMNS:
+        return "bool"
+    return "text"
+
+
+# driftscope.* attribute -> column (one-to-one; the guards write these).
+_DRIFTSCOPE_KEYS = {
     "driftscope.state.key": "state_key",
     "driftscope.state.version": "state_version",
     "driftscope.state.expected_version": "state_expected_version",
@@ -104,7 +162,6 @@ _DRIFTSCOPE_FIELDS = {
     "driftscope.task.id": "task_id",
     "driftscope.task.origin_id": "origin_task_id",
     "driftscope.hop": "hop",
-    "driftscope.delegate.to": "delegate_to",
     "driftscope.constraints.ledger": "constraints_ledger",
     "driftscope.constraints.carried": "constraints_carried",
     "driftscope.constraints.waived": "constraints_waived",
@@ -123,6 +180,124 @@ _DRIFTSCOPE_FIELDS = {
     "driftscope.guard": "guard",
     "driftscope.policy.current_version": "policy_current_version",
     "driftscope.scenario": "scenario",
+}
+
+S = Source
+# The convention table. Rules are applied in this order, so a `column:` source only names a
+# column of an earlier rule; within a rule the first source with a value wins.
+RULES: tuple[Rule, ...] = (
+    *(Rule(column, (S("driftscope", key),), _kind(column)) for key, column in _DRIFTSCOPE_KEYS.items()),
+    Rule(
+        "op",
+        (
+            S("driftscope", "driftscope.op"),
+            # An OpenAI Agents handoff ("handoff to <agent>", a TOOL span) is a delegation.
+            S("openai-agents", "span:name", when="openai_agents_handoff", read="delegate"),
+        ),
+    ),
+    Rule(
+        "delegate_to",
+        (
+            S("driftscope", "driftscope.delegate.to"),
+            S("openai-agents", "output.value", when="openai_agents_handoff"),  # the target agent
+        ),
+    ),
+    Rule(
+        "span_family",
+        (
+            S("genai", "gen_ai.operation.name", read="genai_family"),
+            S("openinference", "openinference.span.kind", read="openinference_family"),
+            S("openllmetry", "traceloop.span.kind", read="traceloop_family"),
+            S("driftscope", "column:op", read="tool"),  # a guard's span is a tool call
+        ),
+        default="other",
+    ),
+    Rule(
+        "operation",
+        (
+            S("genai", "gen_ai.operation.name"),
+            S("driftscope", "column:span_family", read="family_operation"),
+        ),
+    ),
+    Rule("input_text", (S("openinference", "input.value"), S("openllmetry", "traceloop.entity.input"))),
+    Rule("output_text", (S("openinference", "output.value"), S("openllmetry", "traceloop.entity.output"))),
+    Rule(
+        "graph_node_id",
+        (
+            S("openinference", "graph.node.id"),
+            S("openinference", "metadata", read="langgraph_node"),  # LangGraph via LangChain
+            S("openllmetry", "traceloop.association.properties.langgraph_node"),
+        ),
+    ),
+    Rule("graph_node_parent_id", (S("openinference", "graph.node.parent_id"),)),
+    Rule(
+        "agent_name",
+        (
+            S("genai", "gen_ai.agent.name"),
+            S("openinference", "agent.name"),
+            # smolagents: `<agent name>.run` (`<class>.run` for an unnamed agent).
+            S("smolagents", "span:name", when="smolagents_agent", read="smolagents_agent"),
+            S("openai-agents", "input.value", when="openai_agents_handoff"),  # the handing agent
+            S("openllmetry", "traceloop.entity.name", when="agent"),
+            S("openinference", "column:graph_node_id", when="agent"),  # CrewAI role, LangGraph node
+        ),
+    ),
+    Rule(
+        "agent_id",
+        (
+            # OpenLLMetry's LangChain and CrewAI instrumentations put a run / object UUID here,
+            # a new "agent" per call or per process; their agent name is the identity.
+            S("genai", "gen_ai.agent.id", when="stable_agent_id"),
+            S("genai", "column:agent_name"),
+        ),
+    ),
+    Rule("agent_source", (S("driftscope", "column:agent_id", read="attribute"),)),
+    Rule(
+        "tool_name",
+        (
+            S("genai", "gen_ai.tool.name"),
+            S("openinference", "tool.name"),
+            S("openllmetry", "traceloop.entity.name", when="tool_call"),
+        ),
+    ),
+    Rule("tool_call_id", (S("genai", "gen_ai.tool.call.id"), S("openinference", "tool_call.id"))),
+    Rule(
+        "tool_args",
+        (
+            # The call's own arguments, never `tool.parameters` (the tool's JSON schema).
+            S("genai", "gen_ai.tool.call.arguments", read="call_arguments"),
+            S("openinference", "input.value", when="tool_call", read="call_arguments"),
+            S("openllmetry", "traceloop.entity.input", when="tool_call", read="call_arguments"),
+        ),
+    ),
+    Rule(
+        "tool_result",
+        (
+            S("genai", "gen_ai.tool.call.result"),
+            S("openinference", "output.value", when="tool_call"),
+            S("openllmetry", "traceloop.entity.output", when="tool_call"),
+        ),
+    ),
+    Rule(
+        "run_id",
+        (
+            S("genai", "gen_ai.conversation.id"),
+            S("openinference", "session.id"),
+            S("openllmetry", "traceloop.association.properties.session_id"),
+            S("openllmetry", "traceloop.association.properties.conversation_id"),
+            S("genai", "resource:gen_ai.conversation.id"),
+            S("openinference", "resource:session.id"),
+        ),
+    ),
+)
+del S
+
+# driftscope.* attribute -> column, as the table states it (for tests and tools).
+_DRIFTSCOPE_FIELDS = {
+    source.key: rule.column
+    for rule in RULES
+    for source in rule.sources
+    if source.convention == "driftscope" and "." in source.key and ":" not in source.key
 }
 
 _OPENINFERENCE_FAMILY = {
@@ -159,6 +334,10 @@ def _json_fallback(value: Any) -> str:
     return value.hex() if isinstance(value, (bytes, bytearray)) else str(value)
 
 
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_json_fallback)
+
+
 def _text(value: Any) -> str | None:
     """A scalar as text; structured values as compact JSON; None stays None."""
     if value is None:
@@ -171,7 +350,7 @@ def _text(value: Any) -> str | None:
         return str(value)
     if isinstance(value, bytes):
         return value.hex()
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_json_fallback)
+    return _dumps(value)
 
 
 def _int(value: Any) -> int | None:
@@ -225,125 +404,322 @@ def _str_list(value: Any) -> list[str] | None:
     return [_text(value) or ""]
 
 
+_COERCERS: dict[str, Callable[[Any], Any]] = {"text": _text, "int": _int, "bool": _bool, "list": _str_list}
+
+
 def _coerce(column: str, value: Any) -> Any:
-    if column in LIST_COLUMNS:
-        return _str_list(value)
-    if column in INT_COLUMNS:
-        return _int(value)
-    if column in BOOL_COLUMNS:
-        return _bool(value)
-    return _text(value)
+    return _COERCERS[_kind(column)](value)
 
 
-_COERCERS = {
-    column: _str_list
-    if column in LIST_COLUMNS
-    else _int
-    if column in INT_COLUMNS
-    else _bool
-    if column in BOOL_COLUMNS
-    else _text
-    for column in _DRIFTSCOPE_FIELDS.values()
-}
+# --- readers: raw value -> column value (None: this source gives way to the next) -------------
 
 
-def _first(attrs: dict[str, Any], *keys: str) -> Any:
-    for key in keys:
-        value = attrs.get(key)
-        if value is not None and value != "":
-            return value
-    return None
+def _parse_json_object(value: Any) -> Any:
+    if isinstance(value, str):
+        if not value.startswith("{"):
+            return None
+        try:
+            return json.loads(value)
+        except (ValueError, RecursionError):
+            return None
+    return value
 
 
 def _langgraph_node(metadata: Any) -> str | None:
     """LangGraph's node name, which the OpenInference LangChain instrumentation puts in the
     ``metadata`` attribute (a JSON object) rather than in ``graph.node.id``."""
-    if isinstance(metadata, str) and "langgraph_node" in metadata:
-        try:
-            metadata = json.loads(metadata)
-        except (ValueError, RecursionError):
-            return None
+    if isinstance(metadata, str) and "langgraph_node" not in metadata:
+        return None
+    metadata = _parse_json_object(metadata)
     if isinstance(metadata, dict):
         node = metadata.get("langgraph_node")
         return node if isinstance(node, str) and node else None
     return None
 
 
-def map_coordination(attrs: dict[str, Any], resource: dict[str, Any]) -> dict[str, Any]:
-    """Extract the coordination columns from one span's attributes.
+_SMOLAGENTS_WRAPPER_KEYS = frozenset({"args", "kwargs", "sanitize_inputs_outputs"})
+_TRACELOOP_WRAPPER_KEYS = frozenset({"input_str", "inputs", "tags", "metadata", "kwargs"})
 
-    ``attrs`` and ``resource`` map attribute keys to Python values (str, int, float, bool,
-    bytes, list, dict). Returns a dict with every name in ``COORDINATION_COLUMNS``; unknown or
-    absent fields are None. Values of the wrong type are coerced when unambiguous, else None.
+
+def call_arguments(value: Any) -> Any:
+    """A tool call's own arguments, unwrapped from what instrumentations wrap them in.
+
+    smolagents' ``Tool.__call__`` is traced (OpenInference) as its bound arguments
+    ``{"args": [...], "sanitize_inputs_outputs": ..., "kwargs": {...}}``; OpenLLMetry's LangChain
+    tool spans hold ``{"input_str", "tags", "metadata", "inputs", "kwargs"}`` (metadata carries
+    per-call ids, so no two calls would look alike). Both become the arguments alone, as compact
+    JSON; anything else is kept as it is.
     """
-    out: dict[str, Any] = dict.fromkeys(COORDINATION_COLUMNS)
-    # Each driftscope.* key maps to its own column, so walking whichever of the two is smaller
-    # gives the same result; spans usually carry far fewer attributes than the 25 fields.
-    if len(attrs) < len(_DRIFTSCOPE_FIELDS):
-        fields = _DRIFTSCOPE_FIELDS
-        for key, value in attrs.items():
-            column = fields.get(key)
-            if column is not None and value is not None:
-                out[column] = _COERCERS[column](value)
+    parsed = _parse_json_object(value)
+    if not isinstance(parsed, dict) or not parsed:
+        return value
+    keys = parsed.keys()
+    if keys <= _SMOLAGENTS_WRAPPER_KEYS and ("args" in keys or "kwargs" in keys):
+        args = parsed.get("args") or []
+        kwargs = parsed.get("kwargs") or {}
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            return value
+        if not args:
+            return _dumps(kwargs)
+        if not kwargs:
+            return (
+                args[0]
+                if len(args) == 1 and isinstance(args[0], str)
+                else _dumps(args[0] if len(args) == 1 else args)
+            )
+        return _dumps({"args": args, "kwargs": kwargs})
+    if keys <= _TRACELOOP_WRAPPER_KEYS and "input_str" in keys:
+        inputs = parsed.get("inputs")
+        if isinstance(inputs, dict) and inputs:
+            return _dumps(inputs)
+        input_str = parsed.get("input_str")
+        return input_str if isinstance(input_str, str) else value
+    return value
+
+
+_SMOLAGENTS_NAMED = re.compile(r"helpful agent named '([^'\n]{1,200})'")
+
+
+def smolagents_agent(span_name: Any, view: SpanView) -> str | None:
+    """The agent a smolagents ``<name>.run`` span is the run of: its name, or for an agent
+    traced under its class name (instrumentations before names were used, or an unnamed
+    manager), the name its managed-agent prompt gives it, else the class."""
+    if not isinstance(span_name, str) or not span_name.endswith(".run"):
+        return None
+    name = span_name[:-4]
+    if name in SMOLAGENTS_AGENT_CLASSES:
+        task = view.attrs.get("input.value")
+        if isinstance(task, str) and "helpful agent named" in task:
+            match = _SMOLAGENTS_NAMED.search(task)
+            if match:
+                return match.group(1)
+    return name or None
+
+
+READERS: dict[str, Callable[[Any, SpanView], Any]] = {
+    "genai_family": lambda value, view: _GENAI_FAMILY.get(value) if isinstance(value, str) else None,
+    "openinference_family": lambda value, view: _OPENINFERENCE_FAMILY.get(str(value).upper()),
+    "traceloop_family": lambda value, view: _TRACELOOP_FAMILY.get(str(value).lower()),
+    "family_operation": lambda value, view: _FAMILY_OPERATION.get(value),
+    "langgraph_node": lambda value, view: _langgraph_node(value),
+    "call_arguments": lambda value, view: call_arguments(value),
+    "smolagents_agent": smolagents_agent,
+    "tool": lambda value, view: "tool",
+    "delegate": lambda value, view: "delegate",
+    "attribute": lambda value, view: "attribute",
+}
+
+
+class SpanView:
+    """What conditions and readers may look at: the span's attributes, name and scope, and the
+    columns mapped so far (``out``, indexed like ``COORDINATION_COLUMNS``)."""
+
+    __slots__ = ("attrs", "name", "scope", "out")
+
+    def __init__(self, attrs: Mapping[str, Any], name: str, scope: str, out: list) -> None:
+        self.attrs = attrs
+        self.name = name
+        self.scope = scope
+        self.out = out
+
+
+_INDEX = {column: index for index, column in enumerate(COORDINATION_COLUMNS)}
+_FAMILY = _INDEX["span_family"]
+_OP = _INDEX["op"]
+
+CONDITIONS: dict[str, Callable[[SpanView], bool]] = {
+    "agent": lambda view: view.out[_FAMILY] == "agent",
+    "tool": lambda view: view.out[_FAMILY] == "tool",
+    # a tool call proper: a tool span that is not a hand-off between agents
+    "tool_call": lambda view: view.out[_FAMILY] == "tool" and view.out[_OP] != "delegate",
+    "smolagents_agent": lambda view: view.scope == SCOPE_SMOLAGENTS and view.out[_FAMILY] == "agent",
+    "openai_agents_handoff": lambda view: (
+        view.scope == SCOPE_OPENAI_AGENTS and view.name.startswith("handoff to ")
+    ),
+    "stable_agent_id": lambda view: view.scope not in (SCOPE_TRACELOOP_LANGCHAIN, SCOPE_TRACELOOP_CREWAI),
+}
+
+# --- the table compiled for the per-span loop -------------------------------------------------
+
+_ATTR, _RESOURCE, _NAME, _COLUMN = range(4)
+
+
+def _compile_source(rule: Rule, source: Source) -> tuple:
+    key = source.key
+    if key.startswith("resource:"):
+        where, key = _RESOURCE, key[len("resource:") :]
+    elif key == "span:name":
+        where = _NAME
+    elif key.startswith("column:"):
+        where, key = _COLUMN, _INDEX[key[len("column:") :]]
     else:
-        for key, column in _DRIFTSCOPE_FIELDS.items():
-            value = attrs.get(key)
+        where = _ATTR
+    when = CONDITIONS[source.when] if source.when else None
+    read = READERS[source.read] if source.read else None
+    return where, key, when, read
+
+
+def _compile(rules: Sequence[Rule]) -> tuple[dict[str, tuple[int, Callable]], list[tuple]]:
+    """Direct rules (one plain attribute, no condition, no reader) become a key -> column
+    lookup; the others keep their order."""
+    direct: dict[str, tuple[int, Callable]] = {}
+    ordered: list[tuple] = []
+    done: set[str] = set()
+    for rule in rules:
+        if rule.column not in _INDEX:
+            raise ValueError(f"convention rule for unknown column {rule.column!r}")
+        if rule.column in done:
+            raise ValueError(f"two convention rules for column {rule.column!r}")
+        done.add(rule.column)
+        coerce = _COERCERS[rule.kind]
+        sources = [_compile_source(rule, source) for source in rule.sources]
+        for where, key, _, _ in sources:
+            if where == _COLUMN and COORDINATION_COLUMNS[key] not in done - {rule.column}:
+                raise ValueError(f"rule {rule.column!r} reads a column not mapped before it")
+        (where, key, when, read), *more = sources
+        if not more and where == _ATTR and when is None and read is None and rule.default is None:
+            direct[key] = (_INDEX[rule.column], coerce)
+        else:
+            ordered.append((_INDEX[rule.column], tuple(sources), coerce, rule.default))
+    return direct, ordered
+
+
+_DIRECT, _ORDERED = _compile(RULES)
+_DIRECT_ITEMS = tuple(_DIRECT.items())
+_NO_RESOURCE: Mapping[str, Any] = {}
+
+
+def _generate_mapper(ordered: list[tuple]) -> tuple[str, dict[str, Any]]:
+    """Python source of the per-span mapper for the table's non-direct rules, and its globals.
+
+    Generated once at import from ``RULES`` (as a SQL view could be): a loop interpreting the
+    table costs several times more per span, and this runs for every span ingested.
+    """
+    env: dict[str, Any] = {"SpanView": SpanView, "text": _text}
+    lines = [
+        "def map_ordered(attrs, resource, name, scope, out):",
+        "    get = attrs.get",
+        "    view = SpanView(attrs, name, scope, out)",
+    ]
+    for index, sources, coerce, default in ordered:
+        lines.append(f"    # {COORDINATION_COLUMNS[index]}")
+        lines.append("    v = None")
+        for n, (where, key, when, read) in enumerate(sources):
+            test = "v is None" if n else "True"
+            if when is not None:
+                env[f"when_{id(when)}"] = when
+                test += f" and when_{id(when)}(view)"
+            getter = {
+                _ATTR: f"get({key!r})",
+                _RESOURCE: f"resource.get({key!r})",
+                _NAME: "name",
+                _COLUMN: f"out[{key}]",
+            }[where]
+            lines.append(f"    if {test}:")
+            lines.append(f"        v = {getter}")
+            if read is None:
+                lines.append("        if v == '':")
+                lines.append("            v = None")
+            else:
+                env[f"read_{id(read)}"] = read
+                lines.append("        if v is not None and v != '':")
+                lines.append(f"            v = read_{id(read)}(v, view)")
+                lines.append("        if v == '':")
+                lines.append("            v = None")
+        if coerce is _text:
+            value = "(v if v.__class__ is str else text(v))"
+        else:
+            env[f"coerce_{id(coerce)}"] = coerce
+            value = f"coerce_{id(coerce)}(v)"
+        lines.append(f"    out[{index}] = {value} if v is not None else {default!r}")
+    lines.append("    return out")
+    return "\n".join(lines) + "\n", env
+
+
+MAPPER_SOURCE, _env = _generate_mapper(_ORDERED)
+exec(compile(MAPPER_SOURCE, "<collector.conventions mapper>", "exec"), _env)  # noqa: S102 (our own table)
+_map_ordered = _env["map_ordered"]
+del _env
+
+
+def _map_span(attrs: Mapping[str, Any], resource: Mapping[str, Any], name: str, scope: str) -> list:
+    out: list = [None] * len(COORDINATION_COLUMNS)
+    # Each direct key maps to its own column, so walking whichever of the two is smaller gives
+    # the same result; spans usually carry far fewer attributes than there are driftscope keys.
+    if len(attrs) < len(_DIRECT_ITEMS):
+        direct = _DIRECT
+        for key, value in attrs.items():
+            hit = direct.get(key)
+            if hit is not None and value is not None:
+                out[hit[0]] = value if hit[1] is _text and value.__class__ is str else hit[1](value)
+    else:
+        get = attrs.get
+        for key, (index, coerce) in _DIRECT_ITEMS:
+            value = get(key)
             if value is not None:
-                out[column] = _coerce(column, value)
+                out[index] = value if coerce is _text and value.__class__ is str else coerce(value)
+    return _map_ordered(attrs, resource, name, scope, out)
 
-    oi_kind = _text(attrs.get("openinference.span.kind"))
-    tl_kind = _text(attrs.get("traceloop.span.kind"))
-    operation = _text(attrs.get("gen_ai.operation.name"))
-    family = None
-    if operation:
-        family = _GENAI_FAMILY.get(operation)
-    if family is None and oi_kind:
-        family = _OPENINFERENCE_FAMILY.get(oi_kind.upper())
-    if family is None and tl_kind:
-        family = _TRACELOOP_FAMILY.get(tl_kind.lower())
-    if family is None and out["op"] is not None:
-        family = "tool"
-    out["span_family"] = family or "other"
-    out["operation"] = operation or _FAMILY_OPERATION.get(family or "")
 
-    entity = _text(attrs.get("traceloop.entity.name"))
-    out["input_text"] = _text(_first(attrs, "input.value", "traceloop.entity.input"))
-    out["output_text"] = _text(_first(attrs, "output.value", "traceloop.entity.output"))
-    out["graph_node_id"] = _text(attrs.get("graph.node.id")) or _langgraph_node(attrs.get("metadata"))
-    out["graph_node_parent_id"] = _text(attrs.get("graph.node.parent_id"))
+def map_coordination(
+    attrs: Mapping[str, Any], resource: Mapping[str, Any], name: str = "", scope: str = ""
+) -> dict[str, Any]:
+    """Extract the coordination columns of one span by the convention table.
 
-    agent_name = _first(attrs, "gen_ai.agent.name", "agent.name")
-    if agent_name is None and family == "agent":
-        agent_name = entity or out["graph_node_id"]
-    agent_id = _first(attrs, "gen_ai.agent.id")
-    if agent_id is None:
-        agent_id = agent_name
-    out["agent_id"] = _text(agent_id)
-    out["agent_name"] = _text(agent_name)
-    out["agent_source"] = "attribute" if agent_id is not None else None
+    ``attrs`` and ``resource`` map attribute keys to values (the decoders pass OTLP's string map;
+    typed Python values are accepted too), ``name`` is the span's name and ``scope`` its
+    instrumentation scope's. Returns a dict with every name in ``COORDINATION_COLUMNS``; unknown
+    or absent fields are None. Values of the wrong type are coerced when unambiguous, else None.
+    """
+    return dict(zip(COORDINATION_COLUMNS, _map_span(attrs, resource, name, scope), strict=True))
 
-    tool_name = _first(attrs, "gen_ai.tool.name", "tool.name")
-    if tool_name is None and family == "tool":
-        tool_name = entity
-    out["tool_name"] = _text(tool_name)
-    out["tool_call_id"] = _text(_first(attrs, "gen_ai.tool.call.id", "tool_call.id"))
-    args = _first(attrs, "gen_ai.tool.call.arguments", "tool.parameters")
-    if args is None and family == "tool":
-        args = out["input_text"]
-    out["tool_args"] = _text(args)
-    result = _first(attrs, "gen_ai.tool.call.result")
-    if result is None and family == "tool":
-        result = out["output_text"]
-    out["tool_result"] = _text(result)
 
-    run = _first(
-        attrs,
-        "gen_ai.conversation.id",
-        "session.id",
-        "traceloop.association.properties.session_id",
-        "traceloop.association.properties.conversation_id",
-    )
-    if run is None:
-        run = _first(resource, "gen_ai.conversation.id", "session.id")
-    out["run_id"] = _text(run)
-    return out
+class _ResourceSlice:
+    """One span's resource attributes inside a batch's triple, read only when a rule needs one
+    (rarely: the run when a span names none), so no dict is built per span."""
+
+    __slots__ = ("keys", "values", "start", "stop")
+
+    def __init__(self, keys: Sequence[str], values: Sequence[str]) -> None:
+        self.keys, self.values, self.start, self.stop = keys, values, 0, 0
+
+    def get(self, key: str) -> Any:
+        found = None
+        keys = self.keys
+        for index in range(self.start, self.stop):
+            if keys[index] == key:
+                found = self.values[index]  # the last duplicate wins, as in a dict
+        return found
+
+
+def map_columns(
+    span_attributes: tuple[Sequence[int], Sequence[str], Sequence[str]],
+    resource_attributes: tuple[Sequence[int], Sequence[str], Sequence[str]],
+    names: Sequence[str],
+    scopes: Sequence[str],
+    trace_ids: Sequence[str],
+) -> dict[str, list]:
+    """The coordination columns of a decoded batch, column-wise.
+
+    The attribute arguments are ``(offsets, keys, values)`` triples (span i's pairs at
+    ``offsets[i]:offsets[i + 1]``), as both decoders build them. A span with no run takes its
+    trace id as run id.
+    """
+    s_off, s_keys, s_vals = span_attributes
+    r_off, r_keys, r_vals = resource_attributes
+    rows = []
+    run = _INDEX["run_id"]
+    resource = _ResourceSlice(r_keys, r_vals)
+    for i in range(len(names)):
+        resource.start, resource.stop = r_off[i], r_off[i + 1]
+        s0, s1 = s_off[i], s_off[i + 1]
+        out = _map_span(dict(zip(s_keys[s0:s1], s_vals[s0:s1], strict=True)), resource, names[i], scopes[i])
+        if out[run] is None:
+            out[run] = trace_ids[i]
+        rows.append(out)
+    if not rows:
+        return {column: [] for column in COORDINATION_COLUMNS}
+    return {
+        column: list(values)
+        for column, values in zip(COORDINATION_COLUMNS, zip(*rows, strict=True), strict=True)
+    }

@@ -12,7 +12,6 @@ import base64
 import binascii
 import json
 import math
-import operator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -22,7 +21,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError as _ProtoDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from collector.conventions import ATTRIBUTE_COLUMNS, COORDINATION_COLUMNS, OTEL_COLUMNS, map_coordination
+from collector.conventions import ATTRIBUTE_COLUMNS, COORDINATION_COLUMNS, OTEL_COLUMNS, map_columns
 from collector.fastdecode import FastResult, LimitExceededError, decode_fast
 
 PROTOBUF = "application/x-protobuf"
@@ -63,7 +62,6 @@ _MAX_NS = 2**63 - 1
 _ZERO_TRACE = b"\x00" * 16
 _ZERO_SPAN = b"\x00" * 8
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId")
-_COORDINATION_VALUES = operator.itemgetter(*COORDINATION_COLUMNS)
 _json_string = json.encoder.encode_basestring  # JSON string literal, as ensure_ascii=False writes it
 
 
@@ -421,8 +419,6 @@ def decode_export_request(
     # Rows are gathered as tuples and transposed once at the end: far fewer Python operations per
     # span than appending to ~60 column lists one value at a time.
     otel_rows: list[tuple] = []
-    coordination_rows: list[tuple] = []
-    coordination_values = _COORDINATION_VALUES
     events_json, links_json = _events_json, _links_json
     check_request_counts(request, limits)
     for resource_spans in request.resource_spans:
@@ -443,7 +439,7 @@ def decode_export_request(
                     batch.rejected += 1
                     batch.errors.append(problem)
                     continue
-                attrs, attribute_map = _attributes_and_map(span.attributes, limits)
+                _, attribute_map = _attributes_and_map(span.attributes, limits)
                 start, end = span.start_time_unix_nano, span.end_time_unix_nano
                 trace_hex = span.trace_id.hex()
                 kind = span.kind
@@ -472,18 +468,13 @@ def decode_export_request(
                         end,
                     )
                 )
-                mapped = map_coordination(attrs, resource)
-                if mapped["run_id"] is None:
-                    mapped["run_id"] = trace_hex
-                coordination_rows.append(coordination_values(mapped))
     if otel_rows:
         cols: dict[str, Any] = {}
         for name, values in zip(OTEL_COLUMNS, zip(*otel_rows, strict=True), strict=True):
             cols[name] = values
-        for name, values in zip(COORDINATION_COLUMNS, zip(*coordination_rows, strict=True), strict=True):
-            cols[name] = values
         for name in ATTRIBUTE_COLUMNS:
             cols[name] = flatten_pairs(cols[name])
+        cols.update(_coordination(cols))
         batch.table = build_table(cols, len(otel_rows), ingested_at)
         batch.accepted = len(otel_rows)
     if id_errors:
@@ -526,12 +517,25 @@ def build_table(columns: dict[str, Any], rows: int, ingested_at: datetime) -> pa
     return pa.Table.from_arrays(arrays, schema=SPAN_SCHEMA)
 
 
+def _coordination(columns: dict[str, Any]) -> dict[str, list]:
+    """The coordination columns, mapped by the convention table from the raw columns (the
+    same for both decoders: from the attribute string maps, span names and scopes)."""
+    return map_columns(
+        columns["SpanAttributes"],
+        columns["ResourceAttributes"],
+        columns["SpanName"],
+        columns["ScopeName"],
+        columns["TraceId"],
+    )
+
+
 def _fast_batch(fast: FastResult, now: datetime | None) -> DecodedBatch:
     batch = DecodedBatch(accepted=fast.accepted, rejected=fast.rejected, errors=fast.errors)
     if fast.accepted:
         columns = fast.columns
         columns["SpanAttributes"] = fast.span_attributes
         columns["ResourceAttributes"] = fast.resource_attributes
+        columns.update(_coordination(columns))
         ingested_at = (now or datetime.now(UTC)).replace(tzinfo=None)
         batch.table = build_table(columns, fast.accepted, ingested_at)
     return batch

@@ -1,10 +1,12 @@
 """A compiled fast path for OTLP/HTTP protobuf trace requests (``collector._otlpfast``).
 
 ``decode_fast(payload, limits)`` parses the protobuf wire format of an
-``ExportTraceServiceRequest`` in C and returns the same rows as
-``collector.decode.decode_export_request(parse_protobuf(payload), limits)``, including the
-convention mapping of ``collector.conventions.map_coordination``, or ``None`` when the request
-must go through the Python path (the caller then decodes the *whole* request there).
+``ExportTraceServiceRequest`` in C and returns the same raw columns as
+``collector.decode.decode_export_request(parse_protobuf(payload), limits)`` (the OpenTelemetry
+columns and the attribute (key, value) lists), or ``None`` when the request must go through the
+Python path (the caller then decodes the *whole* request there). It knows no attribute
+convention: ``collector.decode`` maps the coordination columns afterwards, for both paths, with
+``collector.conventions.map_columns`` (driven by the convention table).
 
 What it handles: every field of the OTLP trace protos (unknown fields of any wire type, groups
 included, are skipped as upb skips them; repeated occurrences of a message field merge as upb
@@ -27,17 +29,10 @@ It returns ``None`` (fall back) when:
 - ``AnyValue`` nesting anywhere is deeper than 16 levels or unknown groups nest deeper than 16;
 - ``limits.max_depth`` is below 1 or a limit is negative;
 - the extension is not built (``AVAILABLE`` is False).
-
-The driftscope.* key -> column table, the column kinds, the family tables and the value coercions
-come from ``collector.conventions`` when this module is imported, so a field added there needs no
-C change; ``map_coordination``'s own logic (precedence of keys, fallbacks) is ported to C and kept
-equal to the Python one by tests/test_fastdecode.py.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -77,8 +72,8 @@ class LimitExceededError(ValueError):
 class FastResult:
     """Rows of one request, column-wise (see the module docstring for what equals what).
 
-    ``columns`` has one list per name of ``collector.decode.SPAN_COLUMNS`` except
-    SpanAttributes, ResourceAttributes and ingested_at ("Timestamp" holds ``start_ns // 1000``);
+    ``columns`` has one list per OpenTelemetry column of ``collector.decode.SPAN_COLUMNS`` except
+    SpanAttributes and ResourceAttributes ("Timestamp" holds ``start_ns // 1000``);
     ``span_attributes`` / ``resource_attributes`` are ``(offsets, keys, values)``: span i's
     pairs are ``keys[offsets[i]:offsets[i + 1]]`` with the values at the same positions.
     """
@@ -89,30 +84,6 @@ class FastResult:
     accepted: int
     rejected: int
     errors: list[str]
-
-
-def _configure() -> None:
-    _otlpfast.configure(
-        fields=dict(conventions._DRIFTSCOPE_FIELDS),
-        columns=tuple(conventions.COORDINATION_COLUMNS),
-        list_columns=frozenset(conventions.LIST_COLUMNS),
-        int_columns=frozenset(conventions.INT_COLUMNS),
-        bool_columns=frozenset(conventions.BOOL_COLUMNS),
-        text=conventions._text,
-        to_int=conventions._int,
-        to_bool=conventions._bool,
-        str_list=conventions._str_list,
-        langgraph_node=conventions._langgraph_node,
-        genai_family=dict(conventions._GENAI_FAMILY),
-        openinference_family=dict(conventions._OPENINFERENCE_FAMILY),
-        traceloop_family=dict(conventions._TRACELOOP_FAMILY),
-        family_operation=dict(conventions._FAMILY_OPERATION),
-        json_dumps=functools.partial(json.dumps, ensure_ascii=False, separators=(",", ":")),
-    )
-
-
-if AVAILABLE:
-    _configure()
 
 
 def decode_fast(payload: bytes, limits: DecodeLimits) -> FastResult | None:
@@ -132,7 +103,6 @@ def decode_fast(payload: bytes, limits: DecodeLimits) -> FastResult | None:
         return None
     if type(out) is str:  # "spans" or "items": a count limit was passed while parsing
         raise LimitExceededError(out)
-    otel, coordination, span_attributes, resource_attributes, accepted, rejected, errors = out
+    otel, span_attributes, resource_attributes, accepted, rejected, errors = out
     columns = dict(zip(OTEL_OUTPUT_COLUMNS, otel, strict=True))
-    columns.update(zip(conventions.COORDINATION_COLUMNS, coordination, strict=True))
     return FastResult(columns, span_attributes, resource_attributes, accepted, rejected, errors)

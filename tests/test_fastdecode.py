@@ -1,9 +1,11 @@
 """The compiled decoder (collector.fastdecode / collector._otlpfast) against the Python path.
 
 Invariant everywhere: ``decode_fast(payload, limits)`` is either None (the caller falls back to
-the Python path) or exactly what ``decode_export_request(parse_protobuf(payload), limits)``
-produces (same values, same Python types, same errors); for payloads the Python path cannot
-parse it is None. Where the fast path is expected to handle a payload, tests also assert it did
+the Python path) or exactly the raw columns ``decode_export_request(parse_protobuf(payload),
+limits)`` produces (OpenTelemetry columns and attribute lists: same values, same Python types,
+same errors); for payloads the Python path cannot parse it is None. The coordination columns
+are mapped from those raw columns by one function for both paths (collector.conventions), so
+they are not compared here (tests/test_conventions.py tests the mapping). Where the fast path is expected to handle a payload, tests also assert it did
 not fall back.
 """
 
@@ -28,16 +30,15 @@ from benchmarks.generator import template_payloads
 from collector import fastdecode
 from collector.conventions import (
     _DRIFTSCOPE_FIELDS,
-    BOOL_COLUMNS,
     COORDINATION_COLUMNS,
-    INT_COLUMNS,
-    LIST_COLUMNS,
 )
 from collector.decode import (
+    PROTOBUF,
     SPAN_COLUMNS,
     DecodeError,
     DecodeLimits,
     decode_export_request,
+    decode_payload,
     parse_json,
     parse_protobuf,
 )
@@ -50,7 +51,9 @@ SAMPLES = pathlib.Path(__file__).resolve().parents[1] / "sample_traces"
 DEFAULT = DecodeLimits()
 EPOCH = datetime(1970, 1, 1)
 ATTRIBUTE_COLUMNS = ("SpanAttributes", "ResourceAttributes")
-OUTPUT_COLUMNS = [c for c in SPAN_COLUMNS if c not in ATTRIBUTE_COLUMNS + ("ingested_at",)]
+OUTPUT_COLUMNS = [
+    c for c in SPAN_COLUMNS if c not in ATTRIBUTE_COLUMNS + COORDINATION_COLUMNS + ("ingested_at",)
+]
 
 
 def quick(examples: int) -> settings:
@@ -175,9 +178,9 @@ def _kv(key: bytes, any_value: bytes) -> bytes:
 # --- the module itself -------------------------------------------------------------------------
 
 
-def test_extension_is_built_and_configured():
+def test_extension_is_built():
     assert fastdecode.AVAILABLE, "build it: .venv/bin/python setup.py build_ext --inplace"
-    assert list(fastdecode.OTEL_OUTPUT_COLUMNS) + list(COORDINATION_COLUMNS) == OUTPUT_COLUMNS
+    assert list(fastdecode.OTEL_OUTPUT_COLUMNS) == OUTPUT_COLUMNS
 
 
 def test_empty_request_decodes_to_no_rows():
@@ -330,28 +333,6 @@ def test_builder_payloads_equal_the_python_path(attrs):
     assert check_equivalent(payload)
 
 
-def test_every_driftscope_field_maps_like_the_python_path():
-    """Every key of conventions._DRIFTSCOPE_FIELDS (so fields added there are covered too)."""
-    samples = {"text": "v1", "list": ["C1", "C2"], "int": 7, "bool": True}
-    attrs = {}
-    for key, column in _DRIFTSCOPE_FIELDS.items():
-        kind = (
-            "list"
-            if column in LIST_COLUMNS
-            else "int"
-            if column in INT_COLUMNS
-            else "bool"
-            if column in BOOL_COLUMNS
-            else "text"
-        )
-        attrs[key] = samples[kind]
-    payload = _payload([{"attrs": attrs, **_ids(0)}])
-    assert check_equivalent(payload)
-    fast = decode_fast(payload, DEFAULT)
-    for column in _DRIFTSCOPE_FIELDS.values():
-        assert fast.columns[column][0] is not None, column
-
-
 def _add_event(span, name: str, time: int, attrs: dict) -> None:
     event = span.events.add(name=name, time_unix_nano=time)
     for key, value in attrs.items():
@@ -385,6 +366,8 @@ def test_events_and_links_equal_the_python_path():
 
 
 def test_resource_attributes_service_and_run_fallback():
+    """Raw columns equal; the run falls back to a resource's session, then the trace id, on both
+    paths alike (the mapping is shared)."""
     request = make_request([{"attrs": {"x": 1}, **_ids(0)}, {"attrs": {"session.id": ""}, **_ids(1)}])
     resource = request.resource_spans[0].resource
     set_attr(resource.attributes, "session.id", "res-session")
@@ -403,8 +386,9 @@ def test_resource_attributes_service_and_run_fallback():
     assert check_equivalent(payload)
     fast = decode_fast(payload, DEFAULT)
     assert fast.columns["ServiceName"] == ["crew", "crew", "unknown_service", "unknown_service"]
-    assert fast.columns["run_id"][:2] == ["res-session", "res-session"]
-    assert fast.columns["run_id"][2] == (b"\x05" * 16).hex()  # no run attribute: the trace id
+    for batch in (decode_payload(payload, PROTOBUF), decode_export_request(parse_protobuf(payload))):
+        assert batch.columns["run_id"][:2] == ["res-session", "res-session"]
+        assert batch.columns["run_id"][2] == (b"\x05" * 16).hex()  # no run attribute: the trace id
 
 
 def test_limits_truncate_strings_and_arrays_like_the_python_path():
@@ -535,7 +519,8 @@ def test_resource_and_scope_after_their_spans_and_repeated_merge():
     assert check_equivalent(payload)
     fast = decode_fast(payload, DEFAULT)
     assert fast.columns["ScopeName"] == ["late-scope"] * 2 and fast.columns["ScopeVersion"] == ["v2"] * 2
-    assert fast.columns["run_id"] == ["sess"] * 2 and fast.columns["ServiceName"] == ["svc"] * 2
+    assert fast.columns["ServiceName"] == ["svc"] * 2
+    assert decode_payload(payload, PROTOBUF).columns["run_id"] == ["sess"] * 2
 
 
 def test_many_attributes_and_many_distinct_strings():
