@@ -109,6 +109,9 @@ def start_grpc_server(
         options=[
             ("grpc.max_receive_message_length", config.max_body_bytes),
             ("grpc.max_send_message_length", 4 * 1024 * 1024),
+            # grpc sets SO_REUSEPORT by default: a second collector on a taken port would start
+            # and the kernel would split the traffic between the two. Refuse the port instead.
+            ("grpc.so_reuseport", 0),
         ],
         # Past this many calls in progress grpcio answers RESOURCE_EXHAUSTED instead of queueing
         # (and holding) more request messages.

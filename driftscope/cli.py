@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -155,8 +157,53 @@ def _configure_logging(level: str) -> None:
     )
 
 
+def check_port_free(host: str, port: int, name: str) -> None:
+    """Refuse a port another process listens on, naming the flag and variable that move it.
+
+    A probe bind with SO_REUSEADDR (as servers bind): a port in TIME_WAIT passes, a listening
+    socket does not. The port is released at once; the server binds it moments later.
+    """
+    setting = BY_NAME[name]
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ConfigError(f"Cannot resolve host {host!r} for {setting.flag} {port}: {exc}") from exc
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            reason = (
+                "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror})"
+            )
+            raise ConfigError(
+                f"Port {port} on {host} ({setting.flag}) {reason}: another collector, dashboard or program "
+                f"holds it. Stop that, or choose another port with {setting.flag} PORT or {setting.env}=PORT."
+            ) from exc
+
+
+def _wait_for_dashboard(port: int, process: subprocess.Popen, timeout: float = 90) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ConfigError(f"the dashboard exited during start-up (port {port}); see its messages above")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise ConfigError(f"the dashboard did not answer on port {port} within {timeout:.0f}s")
+
+
 def cmd_serve(values: dict[str, Any]) -> int:
     from driftscope.serve import ServeConfig, run_serve
+
+    for name in ("http_port", "grpc_port"):
+        check_port_free(values["host"], values[name], name)
 
     fields = ServeConfig.__dataclass_fields__
     return run_serve(ServeConfig(**{k: v for k, v in values.items() if k in fields}))
@@ -223,6 +270,10 @@ def cmd_up(args: argparse.Namespace, values: dict[str, Any]) -> int:
             serve_args += [BY_NAME[name].flag, f"{values[name]:g}s"]
     host = values["host"]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{values['http_port']}"
+    # Every port first: success is printed only for a collector and a dashboard that are ours.
+    for name in ("http_port", "grpc_port"):
+        check_port_free(host, values[name], name)
+    check_port_free("127.0.0.1", values["dashboard_port"], "dashboard_port")
     children: list[subprocess.Popen] = []
 
     def stop_children(signum, frame):  # noqa: ARG001 - signal handler signature
@@ -242,11 +293,21 @@ def cmd_up(args: argparse.Namespace, values: dict[str, Any]) -> int:
 
         dash = run_dashboard(url, values["dashboard_port"], token=values.get("token"))
         children.append(dash)
-        logger.info("collector on %s, dashboard on http://127.0.0.1:%d", url, values["dashboard_port"])
+        _wait_for_dashboard(values["dashboard_port"], dash)
+        logger.info(
+            "collector on %s (OTLP/HTTP; OTLP/gRPC on port %d), dashboard on http://127.0.0.1:%d. "
+            "Point agents at it: export OTEL_EXPORTER_OTLP_ENDPOINT=%s",
+            url,
+            values["grpc_port"],
+            values["dashboard_port"],
+            url,
+        )
         if args.demo:
-            from guards.demo import run_demo
-
-            if run_demo(url, None, live=True, token=values.get("token")) != 0:
+            # In a child process, so this idle parent does not keep the demo's imports in memory.
+            demo = subprocess.run(
+                [sys.executable, "-m", "driftscope", "demo", "--endpoint", url, "--live"], env=serve_env
+            )
+            if demo.returncode != 0:
                 logger.warning("some demo spans were not accepted by the collector; see the messages above")
         while all(child.poll() is None for child in children):
             time.sleep(0.5)

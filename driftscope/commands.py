@@ -46,6 +46,9 @@ def cmd_dashboard(args: argparse.Namespace, values: dict[str, Any]) -> int:
     # SIGTERM (a service manager, `kill`) stops the Streamlit child too, as Ctrl-C does: it must
     # not stay behind holding the port.
     signal.signal(signal.SIGTERM, stop)
+    from driftscope.cli import check_port_free
+
+    check_port_free("127.0.0.1", values["dashboard_port"], "dashboard_port")
     process = run_dashboard(source, values["dashboard_port"], token=values.get("token"))
     try:
         return process.wait()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -207,3 +208,59 @@ def test_sigterm_to_dashboard_stops_its_streamlit_child(crew_db):
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def _listening(port: int, reuseport: bool = False) -> socket.socket:
+    holder = socket.socket()
+    if reuseport:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    holder.bind(("127.0.0.1", port))
+    holder.listen()
+    return holder
+
+
+@pytest.mark.parametrize(("taken", "flag", "env"), [
+    ("http", "--http-port", "DRIFTSCOPE_HTTP_PORT"), ("grpc", "--grpc-port", "DRIFTSCOPE_GRPC_PORT"),
+])  # fmt: skip
+def test_serve_refuses_a_taken_port_naming_the_flag_and_variable(tmp_path, taken, flag, env):
+    from tests.serve_helpers import free_port
+
+    ports = {"http": free_port(), "grpc": free_port()}
+    with _listening(ports[taken], reuseport=True):  # as another collector's grpc server holds it
+        result = _cli(
+            "serve", "--db", str(tmp_path / "d.duckdb"),
+            "--http-port", str(ports["http"]), "--grpc-port", str(ports["grpc"]),
+        )  # fmt: skip
+    assert result.returncode == 2
+    assert f"Port {ports[taken]} on 127.0.0.1 ({flag}) is already in use" in result.stderr
+    assert f"{flag} PORT or {env}=PORT" in result.stderr
+    _no_traceback(result)
+
+
+def test_up_checks_every_port_before_announcing_anything(tmp_path):
+    from tests.serve_helpers import free_port
+
+    http_port, grpc_port, dash_port = free_port(), free_port(), free_port()
+    with _listening(dash_port):
+        result = _cli(
+            "up", "--db", str(tmp_path / "d.duckdb"), "--http-port", str(http_port),
+            "--grpc-port", str(grpc_port), "--dashboard-port", str(dash_port),
+        )  # fmt: skip
+    assert result.returncode == 2
+    assert f"Port {dash_port} on 127.0.0.1 (--dashboard-port) is already in use" in result.stderr
+    assert "DRIFTSCOPE_DASHBOARD_PORT=PORT" in result.stderr and "collector on" not in result.stderr
+    assert not (tmp_path / "d.duckdb").exists()  # no collector was started
+
+
+def test_grpc_receiver_refuses_a_port_another_server_holds_with_so_reuseport():
+    """grpc binds with SO_REUSEPORT unless told not to; two collectors would then share a port."""
+    from collector.grpc_receiver import start_grpc_server
+    from collector.http_receiver import ReceiverConfig
+    from collector.stats import IngestStats
+    from collector.writer import IngestQueue
+    from tests.serve_helpers import free_port
+
+    port = free_port()
+    with _listening(port, reuseport=True), pytest.raises((OSError, RuntimeError)):
+        server = start_grpc_server("127.0.0.1", port, IngestQueue(1 << 20), ReceiverConfig(), IngestStats())
+        server.stop(None)
