@@ -56,7 +56,14 @@ TRAVEL = {
 }
 PRODUCTS = {
     "slots": {
-        "product": ["iPhone 15", "Pixel 8", "Galaxy S24", "ThinkPad X1", "MacBook Air M3", "Kindle Paperwhite"],
+        "product": [
+            "iPhone 15",
+            "Pixel 8",
+            "Galaxy S24",
+            "ThinkPad X1",
+            "MacBook Air M3",
+            "Kindle Paperwhite",
+        ],
         "attribute": ["battery life", "price", "screen size", "weight", "release date", "reviews"],
     },
     "key": "query",
