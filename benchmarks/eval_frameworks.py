@@ -472,11 +472,20 @@ def summary_tables(evaluation: Evaluation) -> str:
             f"| {result.run_set} | {result.truth.run} | {result.spans} | {_findings_text(result.findings)} | "
             f"{result.verdict} |"
         )
-    lines += ["", "## Agent attribution: spans that got the wrong agent or none (most common)", ""]
-    lines += ["| run set | span name | expected agent | agent_id stored | spans |", "|---|---|---|---|---|"]
+    lines += ["", "## Agent attribution: spans that got the wrong agent or none", ""]
+    lines += [
+        "| run set | expected agent | agent_id stored | spans | most common span names |",
+        "|---|---|---|---|---|",
+    ]
     for name, cov in evaluation.coverage.items():
-        for (span_name, want, got), count in cov.wrong.most_common(6):
-            lines.append(f"| {name} | `{span_name}` | {want} | {got or '(none)'} | {count} |")
+        pairs: Counter = Counter()
+        examples: dict[tuple, Counter] = defaultdict(Counter)
+        for (span_name, want, got), count in cov.wrong.items():
+            pairs[(want, got)] += count
+            examples[(want, got)][span_name] += count
+        for (want, got), count in pairs.most_common(8):
+            names = ", ".join(f"`{n}`" for n, _ in examples[(want, got)].most_common(4))
+            lines.append(f"| {name} | {want} | {got or '(none)'} | {count} | {names} |")
     if evaluation.unmatched_run_ids:
         lines += [
             "",
