@@ -18,13 +18,16 @@ from analytics.schema import ensure_readable
 
 logger = logging.getLogger(__name__)
 
-# Defaults in force until calibrated. The goal-divergence default only suits short, clean task
-# statements; calibrate it on your own crews (labelled pairs or a healthy baseline window).
+# Defaults in force until calibrated; calibrate on your own crews (labelled pairs or a healthy
+# baseline window). The goal-divergence default lets ordinary decompositions pass: on the 367
+# labelled pairs of sample_traces/calibration, 0.80 flags 0.6% of on-goal subtasks and 77% of
+# drifted ones (0.45 flagged 55% of on-goal subtasks: "Plan the offsite" -> "Find venues" is 0.777).
+# Until calibrated, run_summary treats what it flags as "to review", not as a failure.
 DEFAULTS: dict[str, tuple[float, str]] = {
     "goal_divergence": (
-        0.45,
-        "uncalibrated default 0.45 (1 - cosine, all-MiniLM-L6-v2); only suits short, clean task "
-        "statements - run `driftscope calibrate`",
+        0.80,
+        "uncalibrated default 0.80 (1 - cosine, all-MiniLM-L6-v2): flags clear drift only; short "
+        "subtasks of long goals score high - run `driftscope calibrate`",
     ),
     "near_duplicate_similarity": (
         0.75,

@@ -13,11 +13,11 @@ import numpy as np
 from analytics import Filters, Window, run_metric
 from analytics.embeddings import embed_texts, text_hash
 from analytics.goals import MAX_CHART_CHAINS, cosine_divergence, goal_pairs, goal_run_stats
-from analytics.thresholds import store_threshold
+from analytics.thresholds import DEFAULTS, store_threshold
 from analytics.types import direct_write
 from analytics.worker import EmbeddingWorker, embed_pending
-from driftscope.database import migrate
 from dashboard.figures import goal_divergence_figure
+from driftscope.database import migrate
 from tests.fixtures_analytics import BASE_TIME, insert_spans, make_span, new_db
 
 GOAL = "Plan a three-day team offsite in Lisbon for 25 people under a 20,000 EUR budget"
@@ -45,13 +45,14 @@ def test_goal_divergence_flags_drifted_delegation_with_uncalibrated_default():
     insert_spans(conn, _delegations())
     found = run_metric(conn, "goal_divergence").set_index("delegate_to")
     assert list(found.index) == ["writer"]  # only the drifted subtask is a row
-    assert found.loc["writer", "divergence"] > 0.45 and bool(found.loc["writer", "drifted"])
-    assert (found["threshold"] == 0.45).all() and (found["threshold_version"] == 0).all()
+    default = DEFAULTS["goal_divergence"][0]
+    assert found.loc["writer", "divergence"] > default and bool(found.loc["writer", "drifted"])
+    assert (found["threshold"] == default).all() and (found["threshold_version"] == 0).all()
     assert not found["calibrated"].any()
     assert (found["root_goal"] == GOAL).all() and (found["source"] == "driftscope").all()
     every = goal_pairs(conn, Window(), Filters()).set_index("delegate_to")
     assert set(every.index) == {"venues", "writer"}
-    assert every.loc["venues", "divergence"] < 0.45 < every.loc["writer", "divergence"]
+    assert every.loc["venues", "divergence"] < default < every.loc["writer", "divergence"]
     assert found.loc["writer", "divergence"] == round(every.loc["writer", "divergence"], 4)
     assert found.loc["writer", "span_ids"].tolist() == every.loc["writer", "span_ids"].tolist()
 

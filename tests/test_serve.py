@@ -243,7 +243,7 @@ def test_json_response_body_is_an_export_response(serve):
 def test_thresholds_endpoint_lists_what_is_in_force(serve):
     rows = httpx.get(f"{serve.http_url}/api/v1/thresholds").json()["rows"]
     by_name = {row["name"]: row for row in rows}
-    assert by_name["goal_divergence"]["value"] == 0.45 and by_name["goal_divergence"]["calibrated"] is False
+    assert by_name["goal_divergence"]["value"] == 0.80 and by_name["goal_divergence"]["calibrated"] is False
     assert all({"value", "version", "method", "provenance", "calibrated"} <= set(row) for row in rows)
 
 
