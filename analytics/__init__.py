@@ -3,7 +3,7 @@
 Importing the package registers every detector in ``analytics.registry.METRICS``.
 """
 
-from analytics import constraints, context, goals, loops, state, summary  # noqa: F401  (registers)
+from analytics import constraints, context, goals, loops, runaway, state, summary  # noqa: F401  (registers)
 from analytics.registry import METRICS, Metric, list_metrics, register, run_metric
 from analytics.types import Filters, Window
 

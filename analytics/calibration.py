@@ -22,6 +22,8 @@ import numpy as np
 
 from analytics.embeddings import MODEL_NAME
 from analytics.goals import goal_pairs, score_pairs
+from analytics.loop_similarity import argument_similarity
+from analytics.runaway import AGENT_THRESHOLD, RUN_THRESHOLD, RUNAWAY_MARGIN, baseline_limit
 from analytics.sql_loader import run_sql
 from analytics.tasks import extract_task
 from analytics.thresholds import store_threshold
@@ -39,8 +41,9 @@ MIN_BASELINE_RUNS = 10
 COUNT_DETECTORS = (
     "divergent_reads", "lost_updates", "constraint_drops", "context_drift_holders",
     "stale_policy_sends", "repeated_calls", "ping_pong", "budget_exhaustion",
-    "duplicate_side_effects",
+    "duplicate_side_effects", "runaway_runs",
 )  # fmt: skip
+LOOP_PAIR_COLUMNS = ("first", "second", "same_request")
 
 
 @dataclass(frozen=True)
@@ -139,10 +142,15 @@ def calibrate_from_pairs(
 ) -> dict[str, Any]:
     """Calibrate the goal-divergence threshold on labelled pairs and store it.
 
+    A CSV of labelled argument pairs (first, second, same_request) calibrates the loop
+    similarity instead (``calibrate_loop_similarity``).
+
     Returns the stored version and value with AUROC, the chosen point's precision, recall,
     false-positive rate and Youden J, and the ROC curve.
     """
     path = pathlib.Path(csv_path)
+    if is_loop_pairs(path):
+        return calibrate_loop_similarity(conn, path, target_fpr)
     roots, subtasks, labels = read_pairs(path)
     scores = score_pairs(roots, subtasks, conn)
     area = auroc(labels, scores)
@@ -171,6 +179,83 @@ def calibrate_from_pairs(
     logger.info("goal_divergence calibrated: %.4f (AUROC %.3f, %s)", chosen.threshold, area, method)
     return {
         "name": "goal_divergence",
+        "version": info.version,
+        "value": info.value,
+        "method": method,
+        "pairs": int(len(labels)),
+        **metrics,
+        "roc": [{"threshold": p.threshold, "tpr": p.tpr, "fpr": p.fpr} for p in points],
+    }
+
+
+def is_loop_pairs(csv_path: str | pathlib.Path) -> bool:
+    """Whether ``csv_path`` holds labelled argument pairs (first, second, same_request)."""
+    with pathlib.Path(csv_path).open(newline="", encoding="utf-8") as handle:
+        header = next(csv.reader(handle), [])
+    return all(column in header for column in LOOP_PAIR_COLUMNS)
+
+
+def read_loop_pairs(csv_path: str | pathlib.Path) -> tuple[list[str], list[str], np.ndarray]:
+    """Read labelled argument pairs (header with first, second, same_request); return its columns."""
+    path = pathlib.Path(csv_path)
+    with path.open(newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        missing = [column for column in LOOP_PAIR_COLUMNS if column not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"Expected columns {list(LOOP_PAIR_COLUMNS)} in {path}, missing {missing}")
+        firsts, seconds, labels = [], [], []
+        for line, row in enumerate(reader, start=2):
+            label = str(row["same_request"]).strip().lower()
+            if label not in _TRUE | _FALSE | {"same", "different"}:
+                raise ValueError(f"{path}:{line}: expected same_request to be 1/0 or yes/no, got {label!r}")
+            firsts.append(row["first"])
+            seconds.append(row["second"])
+            labels.append(label in _TRUE | {"same"})
+    if not labels:
+        raise ValueError(f"{path} holds no pairs")
+    return firsts, seconds, np.asarray(labels, dtype=bool)
+
+
+def calibrate_loop_similarity(
+    conn: duckdb.DuckDBPyConnection, csv_path: str | pathlib.Path, target_fpr: float | None = None
+) -> dict[str, Any]:
+    """Calibrate ``near_duplicate_similarity`` (repeated_calls) on labelled argument pairs.
+
+    Each pair is scored with the detector's similarity (``analytics.loop_similarity``); the
+    threshold is the ROC point at maximal Youden J or the best recall at ``target_fpr``, stored
+    with AUROC, precision, recall, the confusion matrix, the file and its sha256.
+    """
+    path = pathlib.Path(csv_path)
+    firsts, seconds, labels = read_loop_pairs(path)
+    scores = np.asarray([argument_similarity(a, b) for a, b in zip(firsts, seconds, strict=True)])
+    area = auroc(labels, scores)
+    points = roc_points(labels, scores)
+    chosen = choose_point(points, target_fpr)
+    # flag score > cut; the detector links score >= threshold: the cut sits between two scores
+    method = "target_fpr" if target_fpr is not None else "youden_j"
+    metrics = {
+        "auroc": area,
+        "precision": chosen.precision,
+        "recall": chosen.recall,
+        "fpr": chosen.fpr,
+        "tpr": chosen.tpr,
+        "youden_j": chosen.tpr - chosen.fpr,
+        "confusion": {"tp": chosen.tp, "fp": chosen.fp, "tn": chosen.tn, "fn": chosen.fn},
+    }
+    provenance = {
+        "measure": "token-set Jaccard of stemmed argument words, stop words dropped (analytics.loop_similarity)",
+        "data": str(path),
+        "data_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "pairs": int(len(labels)),
+        "same_request": int(labels.sum()),
+        "target_fpr": target_fpr,
+        "metrics": metrics,
+    }
+    value = float(np.clip(chosen.threshold, 0.05, 1.0))
+    info = store_threshold(conn, "near_duplicate_similarity", value, method, provenance)
+    logger.info("near_duplicate_similarity calibrated: %.4f (AUROC %.3f, %s)", value, area, method)
+    return {
+        "name": "near_duplicate_similarity",
         "version": info.version,
         "value": info.value,
         "method": method,
@@ -249,6 +334,30 @@ def calibrate_from_baseline(
     # A loop threshold must sit above the similarity healthy consecutive calls already show.
     similarity = _consecutive_call_similarity(conn, window, filters)
     store("near_duplicate_similarity", similarity, "token-set Jaccard", clip=(0.5, 1.0))
+    # Runaway limits per crew (service): the baseline's spans per run / per agent in a run.
+    counts = run_sql(conn, "runaway_runs", window, filters)
+    for service, group in counts.groupby("service"):
+        for whole, prefix in ((True, RUN_THRESHOLD), (False, AGENT_THRESHOLD)):
+            values = group.loc[group["whole_run"].astype(bool) == whole, "spans"].to_numpy(dtype=np.float64)
+            name = f"{prefix}:{service}"
+            if len(values) < MIN_BASELINE_RUNS:
+                skipped[name] = (
+                    f"{len(values)} values in the baseline window; need at least {MIN_BASELINE_RUNS}"
+                )
+                continue
+            limit = baseline_limit(values, quantile)
+            provenance = {
+                "data": "baseline window",
+                "window": window_info,
+                "quantile": quantile,
+                "margin": RUNAWAY_MARGIN,
+                "unit": "spans per run" if whole else "spans per agent in a run",
+                "metrics": {"n": int(len(values)), "median": float(np.median(values)),
+                            "max": float(np.max(values))},
+            }  # fmt: skip
+            info = store_threshold(conn, name, limit, "quantile_x_margin", provenance)
+            stored[name] = {"value": info.value, "version": info.version, "method": "quantile_x_margin",
+                            "n": len(values)}  # fmt: skip
     runs = run_metric(conn, "run_summary", window, filters)
     for detector in COUNT_DETECTORS:
         column = f"{detector}_count"

@@ -24,13 +24,14 @@ logger = logging.getLogger(__name__)
 
 COUNTED_DETECTORS = (
     "divergent_reads", "lost_updates", "constraint_drops", "context_drift_holders",
-    "repeated_calls", "ping_pong", "budget_exhaustion", "duplicate_side_effects",
+    "repeated_calls", "ping_pong", "budget_exhaustion", "duplicate_side_effects", "runaway_runs",
 )  # fmt: skip
 # Findings that mean a coordination failure took effect. The others (divergent reads whose
 # writes a guard sorted out, budgets that stopped an agent, stale holders that refreshed,
 # refused calls) are warnings: the crew degraded but a guard or the agent caught it.
 FAILING_DETECTORS = (
     "lost_updates", "constraint_drops", "repeated_calls", "ping_pong", "duplicate_side_effects",
+    "runaway_runs",
 )  # fmt: skip
 
 
@@ -399,7 +400,7 @@ def clear_cache() -> None:
         "stale_sends_allowed": "stale-policy sends that went out",
         "drifted_subtasks": "subtasks over the goal-divergence threshold",
         "worst_divergence": "highest goal divergence in the run (1 - cosine), None without subtasks",
-        "verdict": "'failing' (lost update, dropped constraint, loop, ping-pong, duplicate side effect, "
+        "verdict": "'failing' (lost update, dropped constraint, loop, runaway run, ping-pong, duplicate side effect, "
         "drifted subtask under a calibrated threshold, unrefreshed stale holder or allowed stale send), "
         "'to review' (otherwise failing only by subtasks over the uncalibrated default goal-divergence "
         "threshold), 'degraded' (only refused calls, divergent reads, budget stops, refreshed holders), "

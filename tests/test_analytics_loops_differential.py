@@ -20,13 +20,13 @@ from __future__ import annotations
 import json
 import pathlib
 import random
-import re
 
 import duckdb
 import numpy as np
 import pytest
 
 from analytics import run_metric
+from analytics.loop_similarity import argument_words, similarity_tokens
 from analytics.loops import MIN_REPEATS, NEIGHBOUR_WINDOW, connected_components
 from analytics.sql_loader import filter_params, query_df
 from analytics.types import Filters, Window
@@ -36,36 +36,12 @@ OLD_SQL = (pathlib.Path(__file__).parent / "reference_sql" / "repeated_calls_v1.
 SPAN_FILTER = "(TRUE)"
 THRESHOLD = 0.75  # the uncalibrated default of near_duplicate_similarity, as in the old detector
 
-OLD_STOP = {"a", "an", "the", "in", "for", "of", "to", "and", "or", "on", "at", "by", "with"}
-NEW_STOP = OLD_STOP | set(
-    """is are was were be been being what which who whom whose how when where why me my i you your
-    we our it its this that these those there please can could would should do does did find get
-    show give tell list search look lookup up about from into as any all some current latest args
-    kwargs sanitize_inputs_outputs true false null none""".split()
-)
-
-
-def _stem(x: str) -> str:
-    if len(x) > 4 and x.endswith("ies"):
-        x = x[:-3] + "y"
-    elif len(x) > 3 and x.endswith("s") and not x.endswith(("ss", "us", "is")):
-        x = x[:-1]
-    if len(x) > 5 and x.endswith("ing"):
-        x = x[:-3]
-    elif len(x) > 4 and x.endswith("ed"):
-        x = x[:-2]
-    if len(x) > 3 and x.endswith("e"):
-        x = x[:-1]
-    return x
-
-
 def _words(args: str) -> list[str]:
-    text = re.sub(r"\\[ntr]", " ", args).lower()
-    return [w for w in re.split(r"[^a-z0-9_.]+", text) if w and w not in OLD_STOP]
+    return argument_words(args)
 
 
 def _tokens(args: str) -> frozenset[str]:
-    return frozenset(_stem(w) for w in (w.strip(".") for w in _words(args)) if w and w not in NEW_STOP)
+    return similarity_tokens(args)
 
 
 def _jaccard(a: frozenset, b: frozenset) -> float:

@@ -1,0 +1,151 @@
+"""Runaway runs: a run (or an agent in a run) with far more spans than its crew's runs usually
+have, and no step budget to stop it.
+
+The crew is the service (``ServiceName``). Its limits are calibrated from a healthy baseline
+window (``analytics.calibration.calibrate_from_baseline`` stores
+``runaway_spans_per_run:<service>`` and ``runaway_spans_per_agent:<service>``: the baseline's
+quantile times ``RUNAWAY_MARGIN``). Uncalibrated, the limit is conservative: ``UNCALIBRATED_FACTOR``
+times the crew's median run in the window, never below ``UNCALIBRATED_FLOOR`` spans, and only
+when the window holds ``UNCALIBRATED_MIN_RUNS`` runs of the crew (fewer say nothing about what is
+usual). Spans, not tool calls: agents that act through code have no tool spans, and on real agent
+traces the span count of a run separates resource-abuse runs from the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import duckdb
+import numpy as np
+import pandas as pd
+
+from analytics._evidence import EVIDENCE, TIMES
+from analytics.registry import register
+from analytics.sql_loader import run_sql
+from analytics.types import Filters, Window
+
+logger = logging.getLogger(__name__)
+
+RUN_THRESHOLD = "runaway_spans_per_run"
+AGENT_THRESHOLD = "runaway_spans_per_agent"
+RUNAWAY_MARGIN = 2.0
+UNCALIBRATED_FACTOR = 5.0
+UNCALIBRATED_FLOOR = 100
+UNCALIBRATED_MIN_RUNS = 5
+EVIDENCE_SPANS = 20
+
+_COLUMNS = [
+    "trace_id", "span_ids", "run_id", "agent", "service", "spans", "calls", "limit", "ratio",
+    "baseline", "threshold_version", "calibrated", "first_seen", "last_seen",
+]  # fmt: skip
+
+
+def baseline_limit(values: np.ndarray, quantile: float) -> float:
+    """The limit a healthy baseline gives: its ``quantile`` times ``RUNAWAY_MARGIN``."""
+    return float(np.quantile(np.asarray(values, dtype=np.float64), quantile) * RUNAWAY_MARGIN)
+
+
+def _calibrated(conn: duckdb.DuckDBPyConnection) -> dict[str, tuple[float, int]]:
+    rows = conn.execute(
+        "SELECT name, arg_max(value, version), max(version) FROM thresholds "
+        "WHERE name LIKE 'runaway_spans_per_%' GROUP BY name"
+    ).fetchall()
+    return {name: (float(value), int(version)) for name, value, version in rows}
+
+
+def _limits(counts: pd.DataFrame, calibrated: dict[str, tuple[float, int]]) -> pd.DataFrame:
+    """Per row: its limit, the baseline it came from and the threshold version (0 = window)."""
+    out = counts.copy()
+    runs = out[out["whole_run"]]
+    medians = runs.groupby("service")["spans"].median()
+    sizes = runs.groupby("service").size()
+    agent_medians = out[~out["whole_run"]].groupby("service")["spans"].median()
+    limits, baselines, versions = [], [], []
+    for row in out.itertuples():
+        name = f"{RUN_THRESHOLD if row.whole_run else AGENT_THRESHOLD}:{row.service}"
+        if name in calibrated:
+            value, version = calibrated[name]
+            limits.append(value)
+            baselines.append("calibrated")
+            versions.append(version)
+        elif sizes.get(row.service, 0) >= UNCALIBRATED_MIN_RUNS:
+            median = (medians if row.whole_run else agent_medians).get(row.service, np.nan)
+            limits.append(max(UNCALIBRATED_FACTOR * float(median), UNCALIBRATED_FLOOR))
+            baselines.append("window_median")
+            versions.append(0)
+        else:
+            limits.append(np.inf)
+            baselines.append("none")
+            versions.append(0)
+    out["limit"] = limits
+    out["baseline"] = baselines
+    out["threshold_version"] = versions
+    return out
+
+
+@register(
+    "runaway_runs",
+    description="Runs (and agents in a run) with far more spans than their crew's runs usually have, "
+    "and no step budget to stop them.",
+    columns={
+        **EVIDENCE,
+        "agent": "agent over its limit; None when the whole run is",
+        "service": "the run's service (its crew)",
+        "spans": "spans of the run (or of the agent in the run)",
+        "calls": "tool calls among them",
+        "limit": "the crew's limit in spans: calibrated baseline quantile x margin, else "
+        "5 x the crew's median in the window (at least 100)",
+        "ratio": "spans / limit (> 1)",
+        "baseline": "'calibrated' (thresholds runaway_spans_per_run|agent:<service>) or "
+        "'window_median' (uncalibrated)",
+        "threshold_version": "thresholds.version of the limit; 0 = uncalibrated",
+        "calibrated": "False while the uncalibrated window-median limit is in force",
+        **TIMES,
+    },
+    row="one run, or one agent in one run, over its crew's span limit (evidence: the first spans past it)",
+    failure_mode="unaware of termination conditions: no budget stops a runaway run",
+    mast_category="specification issues",
+)
+def runaway_runs(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
+    """Runs and agents whose span count exceeds their crew's limit (runs with a budget excluded).
+
+    Counts always come from the whole window of the crew (the run and agent filters only select
+    the findings), so a filter never changes what counts as usual.
+    """
+    counts = run_sql(
+        conn, "runaway_runs", window, Filters(service=filters.service, origin_task=filters.origin_task)
+    )
+    if counts.empty:
+        return pd.DataFrame(columns=_COLUMNS)
+    counts["whole_run"] = counts["whole_run"].astype(bool)
+    rows = _limits(counts, _calibrated(conn))
+    over = rows[rows["spans"] > rows["limit"]]
+    if filters.run is not None:
+        over = over[over["run_id"] == filters.run]
+    if filters.agent is not None:
+        over = over[over["agent"] == filters.agent]
+    if over.empty:
+        return pd.DataFrame(columns=_COLUMNS)
+    agents = [
+        "" if whole else str(agent) for whole, agent in zip(over["whole_run"], over["agent"], strict=True)
+    ]
+    evidence = run_sql(
+        conn,
+        "runaway_evidence",
+        window,
+        Filters(),
+        flag_runs=over["run_id"].tolist(),
+        flag_agents=agents,
+        flag_limits=[int(np.floor(limit)) for limit in over["limit"]],
+        evidence_spans=EVIDENCE_SPANS,
+    )
+    spans = {(r.run_id, r.agent): list(r.span_ids) for r in evidence.itertuples()}
+    over = over.assign(
+        agent=[agent or None for agent in agents],
+        span_ids=[spans.get(key, []) for key in zip(over["run_id"], agents, strict=True)],
+    )
+    out = over.assign(
+        ratio=over["spans"] / over["limit"],
+        calibrated=over["baseline"] == "calibrated",
+    )
+    return out.sort_values(["first_seen", "run_id"]).reset_index(drop=True)

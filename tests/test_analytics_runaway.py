@@ -1,0 +1,70 @@
+"""runaway_runs: runs (and agents) far over their crew's usual span count, without a budget."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from analytics import Filters, Window, run_metric
+from analytics.calibration import calibrate_from_baseline
+from analytics.runaway import RUN_THRESHOLD, UNCALIBRATED_FLOOR
+from analytics.thresholds import current_threshold
+from tests.fixtures_analytics import BASE_TIME, insert_spans, make_span, new_db
+
+
+def _run(run: str, t0: float, calls: int, agent: str = "researcher", **fields) -> list[dict]:
+    return [
+        make_span(t0 + i * 0.01, run=run, agent_id=agent, tool_name="search_web",
+                  tool_args={"query": f"topic {i}"}, outcome="ok", **fields)
+        for i in range(calls)
+    ]  # fmt: skip
+
+
+def _crew(runaway_calls: int, budget: bool = False) -> list[dict]:
+    rows = []
+    for k in range(8):
+        rows += _run(f"run-{k}", k * 100, 20)
+    extra = dict(budget_max_steps=500, step=1) if budget else {}
+    rows += _run("run-runaway", 900, runaway_calls, **extra)
+    return rows
+
+
+def test_a_run_far_over_its_crews_median_is_a_runaway_uncalibrated():
+    conn = new_db()
+    insert_spans(conn, _crew(300))
+    found = run_metric(conn, "runaway_runs")
+    assert list(found["run_id"]) == ["run-runaway", "run-runaway"]  # the run and its agent
+    whole = found[found["agent"].isna()].iloc[0]
+    assert whole.spans == 300 and whole.limit == UNCALIBRATED_FLOOR and whole.baseline == "window_median"
+    assert not whole.calibrated and len(whole.span_ids) == 20 and whole.ratio == 3.0
+    assert set(found["agent"].dropna()) == {"researcher"}
+    # the filters select findings, never what counts as usual
+    assert len(run_metric(conn, "runaway_runs", filters=Filters(run="run-runaway"))) == 2
+    assert run_metric(conn, "runaway_runs", filters=Filters(run="run-1")).empty
+
+
+def test_a_run_with_a_step_budget_or_a_crew_with_few_runs_is_no_runaway():
+    conn = new_db()
+    insert_spans(conn, _crew(300, budget=True))
+    assert run_metric(conn, "runaway_runs").empty
+    conn = new_db()
+    insert_spans(conn, _run("run-a", 0, 20) + _run("run-b", 100, 400))  # two runs: nothing is usual
+    assert run_metric(conn, "runaway_runs").empty
+
+
+def test_calibrated_limit_from_a_healthy_baseline_and_the_run_verdict():
+    conn = new_db()
+    healthy = []
+    for k in range(12):
+        healthy += _run(f"base-{k}", k * 100, 10 + k)
+    insert_spans(conn, healthy)
+    end = BASE_TIME + timedelta(seconds=1200)
+    result = calibrate_from_baseline(conn, Window(until=end))
+    name = f"{RUN_THRESHOLD}:crew"
+    assert name in result["thresholds"]
+    limit = current_threshold(conn, name).value
+    assert 40 < limit < 50  # 2 x the 0.99 quantile of 10..21 spans
+    insert_spans(conn, _run("later-ok", 1500, 40) + _run("later-runaway", 1600, 60))
+    found = run_metric(conn, "runaway_runs", Window(since=end))
+    assert set(found["run_id"]) == {"later-runaway"} and found["calibrated"].all()
+    verdicts = run_metric(conn, "run_summary", Window(since=end)).set_index("run_id")["verdict"]
+    assert verdicts["later-runaway"] == "failing" and verdicts["later-ok"] == "healthy"
