@@ -68,6 +68,13 @@ class TraceServiceReceiver:
         except DecodeError as exc:
             self.stats.add("grpc_bad_requests")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Exception as exc:  # noqa: BLE001 - no request may get UNKNOWN; the log says it is a bug
+            logger.exception("decoding an OTLP/gRPC request failed unexpectedly")
+            self.stats.add("grpc_decode_failures")
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the request could not be decoded ({type(exc).__name__}); see the serve log",
+            )
         if batch.accepted:
             try:
                 future = self.queue.submit(batch)

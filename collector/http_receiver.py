@@ -201,6 +201,12 @@ def build_ingest_routes(
         except DecodeError as exc:
             stats.add("http_bad_request")
             return _error(media, 400, 3, str(exc))
+        except Exception as exc:  # noqa: BLE001 - no body may get a 5xx; the log says it is a bug
+            logger.exception("decoding an OTLP/HTTP body failed unexpectedly")
+            stats.add("http_decode_failures")
+            return _error(
+                media, 400, 3, f"the body could not be decoded ({type(exc).__name__}); see the serve log"
+            )
         finally:
             del body
             pending.release(held)
