@@ -16,7 +16,7 @@ from typing import Any
 MAX_TASK_CHARS = 1000
 # Bump when extract_task's output can change: stored goal-pair scores (analytics.goals) are keyed
 # by it, so pairs are scored again with the new statements.
-EXTRACTION_VERSION = 1
+EXTRACTION_VERSION = 2
 
 TASK_KEYS = (
     "task", "question", "query", "objective", "instruction", "instructions", "goal",
@@ -31,6 +31,10 @@ _MARKER = re.compile(
     r"instructions|request|user|human)\s*(?:is)?\s*[:\-]\s*"
 )
 _YOUR_TASK = re.compile(r"(?i)\byour (?:task|job|goal|objective) is(?: to)?\s*[:\-]?\s*")
+# A line that is only a horizontal rule ends the task section a marker opens: prompt templates put
+# their own instructions after it (smolagents' managed-agent prompt: "Task:\n<request>\n---\n
+# You're helping your manager ... Your final_answer WILL HAVE to contain these parts ...").
+_RULE_LINE = re.compile(r"(?m)^[ \t]*(?:-{3,}|\*{3,}|_{3,}|={3,})[ \t]*$")
 
 
 def extract_task(value: Any, max_chars: int = MAX_TASK_CHARS) -> str | None:
@@ -51,10 +55,13 @@ def extract_task(value: Any, max_chars: int = MAX_TASK_CHARS) -> str | None:
 
 
 def task_from_text(text: str) -> str:
-    """The part of a plain-text prompt after its last task marker (the preamble dropped)."""
+    """The part of a plain-text prompt after its last task marker (the preamble dropped), up to
+    a horizontal-rule line if one closes it (the template's instructions after it dropped)."""
     markers = list(_MARKER.finditer(text))
     if markers:
-        tail = text[markers[-1].end() :].strip()
+        tail = text[markers[-1].end() :]
+        section = _RULE_LINE.split(tail, maxsplit=1)[0].strip()
+        tail = section or tail.strip()
         if tail:
             return tail
     match = _YOUR_TASK.search(text)
@@ -125,6 +132,8 @@ def _message_role_and_text(message: Any) -> tuple[str | None, str | None]:
         return (str(role).lower() if role else None), _content_text(kwargs.get("content"))
     role = message.get("role") or message.get("type") or message.get("message.role")
     content = message.get("content", message.get("message.content", message.get("text")))
+    if content is None and isinstance(message.get("parts"), list):
+        content = message["parts"]  # GenAI semconv messages: {"role", "parts": [{"type": "text", "content"}]}
     return (str(role).lower() if role else None), _content_text(content)
 
 

@@ -109,6 +109,8 @@ SCOPE_SMOLAGENTS = "openinference.instrumentation.smolagents"
 SCOPE_OPENAI_AGENTS = "openinference.instrumentation.openai_agents"
 SCOPE_TRACELOOP_LANGCHAIN = "opentelemetry.instrumentation.langchain"
 SCOPE_TRACELOOP_CREWAI = "opentelemetry.instrumentation.crewai"
+# CrewAI's tools through which a manager hands work to a coworker.
+CREWAI_DELEGATION_TOOLS = frozenset({"Delegate work to coworker", "Ask question to coworker"})
 # smolagents agent classes: a `<class>.run` span name names no agent of its own.
 SMOLAGENTS_AGENT_CLASSES = frozenset(
     {"MultiStepAgent", "CodeAgent", "ToolCallingAgent", "StructuredCodeAgent", "ManagedAgent"}
@@ -191,8 +193,12 @@ RULES: tuple[Rule, ...] = (
         "op",
         (
             S("driftscope", "driftscope.op"),
-            # An OpenAI Agents handoff ("handoff to <agent>", a TOOL span) is a delegation.
+            # Hand-offs between agents are delegations: an OpenAI Agents handoff ("handoff to
+            # <agent>", a TOOL span), a LangGraph Command (OpenLLMetry's `goto <node>` span), a
+            # CrewAI manager's "Delegate work to coworker" / "Ask question to coworker" tool.
             S("openai-agents", "span:name", when="openai_agents_handoff", read="delegate"),
+            S("openllmetry", "langgraph.command.goto_node", read="delegate"),
+            S("crewai", "tool.name", when="crewai_delegation", read="delegate"),
         ),
     ),
     Rule(
@@ -200,6 +206,8 @@ RULES: tuple[Rule, ...] = (
         (
             S("driftscope", "driftscope.delegate.to"),
             S("openai-agents", "output.value", when="openai_agents_handoff"),  # the target agent
+            S("openllmetry", "langgraph.command.goto_node"),
+            S("crewai", "input.value", when="crewai_delegation", read="crewai_coworker"),
         ),
     ),
     Rule(
@@ -208,7 +216,7 @@ RULES: tuple[Rule, ...] = (
             S("genai", "gen_ai.operation.name", read="genai_family"),
             S("openinference", "openinference.span.kind", read="openinference_family"),
             S("openllmetry", "traceloop.span.kind", read="traceloop_family"),
-            S("driftscope", "column:op", read="tool"),  # a guard's span is a tool call
+            S("driftscope", "driftscope.op", read="tool"),  # a guard's span is a tool call
         ),
         default="other",
     ),
@@ -219,8 +227,25 @@ RULES: tuple[Rule, ...] = (
             S("driftscope", "column:span_family", read="family_operation"),
         ),
     ),
-    Rule("input_text", (S("openinference", "input.value"), S("openllmetry", "traceloop.entity.input"))),
-    Rule("output_text", (S("openinference", "output.value"), S("openllmetry", "traceloop.entity.output"))),
+    Rule(
+        "input_text",
+        (
+            S("openinference", "input.value"),
+            S("openllmetry", "traceloop.entity.input"),
+            S("openllmetry", "gen_ai.task.input"),
+            # an agent turn's conversation (the request is its first user message)
+            S("genai", "gen_ai.input.messages", when="agent"),
+            S("pydantic-ai", "pydantic_ai.all_messages", when="agent"),
+        ),
+    ),
+    Rule(
+        "output_text",
+        (
+            S("openinference", "output.value"),
+            S("openllmetry", "traceloop.entity.output"),
+            S("openllmetry", "gen_ai.task.output"),
+        ),
+    ),
     Rule(
         "graph_node_id",
         (
@@ -238,6 +263,15 @@ RULES: tuple[Rule, ...] = (
             # smolagents: `<agent name>.run` (`<class>.run` for an unnamed agent).
             S("smolagents", "span:name", when="smolagents_agent", read="smolagents_agent"),
             S("openai-agents", "input.value", when="openai_agents_handoff"),  # the handing agent
+            S("crewai", "tool.agent_role"),
+            # LangGraph: the top-level node a span runs in (first segment of the checkpoint
+            # namespace), so a sub-agent's inner `agent` / `tools` nodes are that sub-agent.
+            S("openinference", "metadata", read="langgraph_metadata_agent"),
+            S(
+                "openllmetry",
+                "traceloop.association.properties.langgraph_checkpoint_ns",
+                read="langgraph_agent",
+            ),
             S("openllmetry", "traceloop.entity.name", when="agent"),
             S("openinference", "column:graph_node_id", when="agent"),  # CrewAI role, LangGraph node
         ),
@@ -285,6 +319,7 @@ RULES: tuple[Rule, ...] = (
             S("openinference", "session.id"),
             S("openllmetry", "traceloop.association.properties.session_id"),
             S("openllmetry", "traceloop.association.properties.conversation_id"),
+            S("openllmetry", "traceloop.association.properties.thread_id"),  # LangGraph thread
             S("genai", "resource:gen_ai.conversation.id"),
             S("openinference", "resource:session.id"),
         ),
@@ -437,6 +472,28 @@ def _langgraph_node(metadata: Any) -> str | None:
     return None
 
 
+def langgraph_agent(checkpoint_ns: Any) -> str | None:
+    """The top-level LangGraph node of a checkpoint namespace (``"researcher:<id>|agent:<id>"``
+    -> ``"researcher"``): in a supervisor or swarm graph, the agent a span works for."""
+    if not isinstance(checkpoint_ns, str) or not checkpoint_ns:
+        return None
+    head = checkpoint_ns.split("|", 1)[0].split(":", 1)[0]
+    return head if head and not head.startswith("__") else None
+
+
+def _langgraph_metadata_agent(metadata: Any) -> str | None:
+    if isinstance(metadata, str) and "langgraph_checkpoint_ns" not in metadata:
+        return None
+    metadata = _parse_json_object(metadata)
+    return langgraph_agent(metadata.get("langgraph_checkpoint_ns")) if isinstance(metadata, dict) else None
+
+
+def _crewai_coworker(arguments: Any) -> str | None:
+    parsed = _parse_json_object(arguments)
+    coworker = parsed.get("coworker") if isinstance(parsed, dict) else None
+    return (coworker.strip() or None) if isinstance(coworker, str) else None
+
+
 _SMOLAGENTS_WRAPPER_KEYS = frozenset({"args", "kwargs", "sanitize_inputs_outputs"})
 _TRACELOOP_WRAPPER_KEYS = frozenset({"input_str", "inputs", "tags", "metadata", "kwargs"})
 
@@ -504,6 +561,9 @@ READERS: dict[str, Callable[[Any, SpanView], Any]] = {
     "langgraph_node": lambda value, view: _langgraph_node(value),
     "call_arguments": lambda value, view: call_arguments(value),
     "smolagents_agent": smolagents_agent,
+    "langgraph_agent": lambda value, view: langgraph_agent(value),
+    "langgraph_metadata_agent": lambda value, view: _langgraph_metadata_agent(value),
+    "crewai_coworker": lambda value, view: _crewai_coworker(value),
     "tool": lambda value, view: "tool",
     "delegate": lambda value, view: "delegate",
     "attribute": lambda value, view: "attribute",
@@ -536,6 +596,7 @@ CONDITIONS: dict[str, Callable[[SpanView], bool]] = {
     "openai_agents_handoff": lambda view: (
         view.scope == SCOPE_OPENAI_AGENTS and view.name.startswith("handoff to ")
     ),
+    "crewai_delegation": lambda view: view.attrs.get("tool.name") in CREWAI_DELEGATION_TOOLS,
     "stable_agent_id": lambda view: view.scope not in (SCOPE_TRACELOOP_LANGCHAIN, SCOPE_TRACELOOP_CREWAI),
 }
 

@@ -77,7 +77,11 @@ def batch_to_arrow(batches: list[DecodedBatch]) -> pa.Table:
 # first stored span (row-group min/max), so its cost follows recent traffic, not table size.
 _TREE_SQL = """
 CREATE OR REPLACE TEMP TABLE _tree AS
-SELECT rowid AS rid, TraceId, SpanId, ParentSpanId, agent_id, agent_name, run_id
+SELECT rowid AS rid, TraceId, SpanId, ParentSpanId, agent_id, agent_name, run_id, span_family,
+       input_text IS NULL AS no_input,
+       -- spans of driftscope's guards state their own delegation hops and runs
+       (task_id IS NOT NULL OR origin_task_id IS NOT NULL OR guard IS NOT NULL OR scenario IS NOT NULL
+        OR goal_text IS NOT NULL OR goal_root IS NOT NULL) AS guarded
 FROM spans WHERE ingested_at >= $since AND TraceId IN (SELECT TraceId FROM _incoming)
 """
 
@@ -133,8 +137,65 @@ class TraceIndex:
 
 
 _TREE_NEEDS_WORK_SQL = """
-SELECT count(*) FILTER (WHERE agent_id IS NULL), count(*) FILTER (WHERE run_id = TraceId)
+SELECT count(*) FILTER (WHERE agent_id IS NULL), count(*) FILTER (WHERE run_id = TraceId),
+       count(*) FILTER (WHERE span_family = 'agent' AND run_id <> TraceId AND NOT guarded),
+       count(*) FILTER (WHERE span_family = 'agent' AND agent_id IS NOT NULL AND NOT guarded)
 FROM _tree WHERE ParentSpanId <> ''
+"""
+
+# An agent invoked from a span of another run belongs to that run: PydanticAI gives every
+# delegated `agent.run(...)` a generated conversation id of its own. Repeated (in Python) while
+# a nesting level is merged, so chains of delegation end in the outermost run.
+_MERGE_NESTED_RUNS_SQL = """
+CREATE OR REPLACE TEMP TABLE _run_merge AS
+SELECT DISTINCT c.TraceId, c.run_id AS inner_run, p.run_id AS outer_run
+FROM _tree c JOIN _tree p ON p.TraceId = c.TraceId AND p.SpanId = c.ParentSpanId
+WHERE c.span_family = 'agent' AND NOT c.guarded AND NOT p.guarded
+  AND c.run_id <> c.TraceId AND p.run_id <> p.TraceId AND c.run_id <> p.run_id;
+UPDATE spans SET run_id = m.outer_run
+FROM _tree t, _run_merge m
+WHERE spans.rowid = t.rid AND t.TraceId = m.TraceId AND t.run_id = m.inner_run;
+UPDATE _tree SET run_id = m.outer_run
+FROM _run_merge m WHERE _tree.TraceId = m.TraceId AND _tree.run_id = m.inner_run;
+"""
+
+# Delegation hops from the nesting of agent spans (a managed agent's run inside its manager's,
+# an agent called as a tool, a CrewAI coworker under the manager's delegation): a span's hop is
+# the number of changes of agent among the agent spans on its path to the root. Recomputed for
+# every span of the touched traces, since a sub-agent's spans usually arrive before the
+# manager's span that makes them a hop (children end first); guarded traces state their own.
+_AGENT_HOPS_SQL = """
+WITH RECURSIVE walk(rid, TraceId, parent, last_agent, changes, depth) AS (
+    SELECT s.rid, s.TraceId, s.ParentSpanId,
+           CASE WHEN s.span_family = 'agent' THEN s.agent_id END, 0, 0
+    FROM _tree s
+    WHERE s.TraceId NOT IN (SELECT TraceId FROM _tree WHERE guarded)
+  UNION ALL
+    SELECT w.rid, w.TraceId, p.ParentSpanId,
+           CASE WHEN p.span_family = 'agent' AND p.agent_id IS NOT NULL THEN p.agent_id
+                ELSE w.last_agent END,
+           w.changes + CASE WHEN p.span_family = 'agent' AND p.agent_id IS NOT NULL
+                             AND w.last_agent IS NOT NULL AND p.agent_id <> w.last_agent
+                            THEN 1 ELSE 0 END,
+           w.depth + 1
+    FROM walk w JOIN _tree p ON p.TraceId = w.TraceId AND p.SpanId = w.parent
+    WHERE w.parent <> '' AND w.depth < 256
+),
+hops AS (SELECT rid, max(changes)::INTEGER AS hop FROM walk GROUP BY rid)
+UPDATE spans SET hop = hops.hop
+FROM hops WHERE spans.rowid = hops.rid AND spans.hop IS DISTINCT FROM hops.hop
+"""
+
+# An agent called as a tool (OpenAI Agents `agent.as_tool`) has no input of its own: its task is
+# the input of the tool call that invoked it.
+_AGENT_INPUT_FROM_TOOL_SQL = """
+UPDATE spans SET input_text = caller.input_text
+FROM (SELECT c.rid, t.input_text
+      FROM _tree c
+      JOIN _tree p ON p.TraceId = c.TraceId AND p.SpanId = c.ParentSpanId
+      JOIN spans t ON t.rowid = p.rid
+      WHERE c.span_family = 'agent' AND c.no_input AND p.span_family = 'tool' AND NOT p.no_input) caller
+WHERE spans.rowid = caller.rid
 """
 
 # A span that names no agent takes its nearest ancestor's agent (an agent span or any span with
@@ -216,11 +277,20 @@ def insert_batches(
         bound = {"since": since if since is not None else datetime.min}
         inserted = conn.execute(_INSERT_NEW_SQL, bound).fetchone()[0]
         conn.execute(_TREE_SQL, bound)
-        agentless, runless = conn.execute(_TREE_NEEDS_WORK_SQL).fetchone()
+        agentless, runless, agent_runs, agent_spans = conn.execute(_TREE_NEEDS_WORK_SQL).fetchone()
+        if agent_runs:
+            for _ in range(8):  # one nesting level per pass
+                conn.execute(_MERGE_NESTED_RUNS_SQL)
+                if not conn.execute("SELECT count(*) FROM _run_merge").fetchone()[0]:
+                    break
+            conn.execute("DROP TABLE _run_merge")
         if agentless:
             conn.execute(_INHERIT_AGENT_SQL)
         if runless:
             conn.execute(_INHERIT_RUN_SQL)
+        if agent_spans:
+            conn.execute(_AGENT_HOPS_SQL)
+            conn.execute(_AGENT_INPUT_FROM_TOOL_SQL)
         conn.execute("DROP TABLE _tree")
     finally:
         conn.unregister("_incoming")

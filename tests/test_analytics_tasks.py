@@ -63,3 +63,51 @@ def test_truncation_keeps_the_task_not_the_preamble():
     assert truncate_task("short", 100) == "short"
     long_task = "word " * 400
     assert len(truncate_task(long_task.strip(), 100)) <= 100
+
+
+# smolagents' managed-agent prompt (smolagents/prompts/toolcalling_agent.yaml, `managed_agent.task`),
+# as the sub-agent's `<name>.run` span carries it in OpenInference `input.value`.
+SMOLAGENTS_MANAGED_TASK = """You're a helpful agent named 'search_agent'.
+You have been submitted this task by your manager.
+---
+Task:
+{task}
+---
+You're helping your manager solve a wider task: so make sure to not provide a one-line answer, \
+but give as much information as possible to give them a clear understanding of the answer.
+
+Your final_answer WILL HAVE to contain these parts:
+### 1. Task outcome (short version):
+### 2. Task outcome (extremely detailed version):
+### 3. Additional context (if relevant):
+
+Put all these in your final_answer tool, everything that you do not pass as an argument to \
+final_answer will be lost.
+And even if your task resolution is not successful, please return as much context as possible, \
+so that your manager can act upon this feedback."""
+
+
+def test_smolagents_managed_agent_prompt_gives_the_request_not_the_boilerplate():
+    request = "Find Northwind Traders' EU revenue for fiscal year 2024."
+    prompt = SMOLAGENTS_MANAGED_TASK.format(task=request)
+    run_input = json.dumps({"task": prompt, "stream": False, "reset": True, "images": None})
+    assert extract_task(run_input) == request
+    # a long request keeps its own paragraphs, still without the template's instructions
+    long_request = "Compare Globex's revenue in 2023 and 2024.\n\n" + "Use the annual reports. " * 60
+    extracted = extract_task(json.dumps({"task": SMOLAGENTS_MANAGED_TASK.format(task=long_request)}))
+    assert extracted.startswith("Compare Globex's revenue") and "final_answer" not in extracted
+
+
+def test_a_rule_line_closes_the_task_section_only_after_a_marker():
+    assert task_from_text("Task: Book a room\n---\nAlways answer in JSON.") == "Book a room"
+    assert task_from_text("Intro\n---\nBook a room for 5") == "Intro\n---\nBook a room for 5"
+
+
+def test_genai_semconv_messages_with_parts():
+    messages = [
+        {"role": "system", "parts": [{"type": "text", "content": "You find facts about companies."}]},
+        {"role": "user", "parts": [{"type": "text", "content": "What was Northwind's EU revenue in 2024?"}]},
+        {"role": "assistant", "parts": [{"type": "tool_call", "id": "c1", "name": "ask", "arguments": "{}"}]},
+        {"role": "user", "parts": [{"type": "tool_call_response", "id": "c1", "result": "EUR 412 million"}]},
+    ]
+    assert extract_task(json.dumps(messages)) == "What was Northwind's EU revenue in 2024?"
