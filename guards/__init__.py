@@ -10,7 +10,7 @@ from guards.execution import ExecutionGuard, StepDecision, call_signature, norma
 from guards.objectives import ObjectiveRegistry, PolicyGate
 from guards.side_effects import IdempotentTool, traced_call
 from guards.state import VersionedStore
-from guards.telemetry import TRACER_NAME, Telemetry, acting_as
+from guards.telemetry import TRACER_NAME, ActingAsSpanProcessor, Telemetry, acting_as
 from guards.unguarded import (
     ForceStore,
     FreeTextDelegation,
@@ -23,6 +23,7 @@ from guards.unguarded import (
 __all__ = [
     "TRACER_NAME",
     "AcceptanceCriterion",
+    "ActingAsSpanProcessor",
     "Constraint",
     "ConstraintLedger",
     "DelegationRejected",

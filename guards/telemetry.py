@@ -57,6 +57,40 @@ def current_agent() -> str | None:
     return _current_agent.get()
 
 
+class ActingAsSpanProcessor:
+    """Stamps the run and agent bound by :func:`acting_as` on every span started inside it.
+
+    Add it to the SDK's provider (``provider.add_span_processor(ActingAsSpanProcessor())``) so the
+    caller's own spans (``invoke_agent``, LLM calls, a framework's spans) land in the same run as
+    the guard spans, not in a run named after their trace id. Attributes a span already carries
+    win. It has the SDK's span-processor methods without importing the SDK, so ``guards`` keeps
+    needing only ``opentelemetry-api``.
+    """
+
+    def on_start(self, span: Span, parent_context: Any = None) -> None:
+        """Add ``gen_ai.conversation.id`` and ``gen_ai.agent.id`` when a block binds them."""
+        present = getattr(span, "attributes", None) or {}
+        for key, value in (
+            ("gen_ai.conversation.id", _current_conversation.get()),
+            ("gen_ai.agent.id", _current_agent.get()),
+        ):
+            if value is not None and key not in present:
+                span.set_attribute(key, value)
+
+    def _on_ending(self, span: Span) -> None:
+        """Nothing to do as a span ends (the SDK calls this on every processor)."""
+
+    def on_end(self, span: Any) -> None:
+        """Nothing to do once a span ended."""
+
+    def shutdown(self) -> None:
+        """Nothing held."""
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Nothing buffered."""
+        return True
+
+
 def canonical_json(value: Any) -> str:
     """Compact JSON with sorted keys: the form arguments and results are recorded in."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
