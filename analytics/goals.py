@@ -271,12 +271,16 @@ def goal_run_stats(
     filters: Filters,
     threshold: float,
     runs: list[str] | None = None,
+    runs_since: datetime | None = None,
 ) -> pd.DataFrame:
     """Per run (index ``run_id``): ``drifted_subtasks`` (subtasks whose divergence, rounded to
     4 decimals, is above ``threshold``) and ``worst_divergence`` (the highest divergence of its
     subtasks, rounded). Runs without a scored subtask are absent. Computed in SQL, no row per
-    subtask; pairs without a stored score are scored first. ``runs`` limits it to those runs."""
-    frame = _scored_query(conn, "goal_run_stats", window, filters, threshold=threshold, runs=runs)
+    subtask; pairs without a stored score are scored first. ``runs`` limits it to those runs
+    (``runs_since``: no span of theirs starts earlier)."""
+    frame = _scored_query(
+        conn, "goal_run_stats", window, filters, threshold=threshold, runs=runs, runs_since=runs_since
+    )
     frame = frame[frame["run_id"].notna()]
     return frame.set_index("run_id")[["drifted_subtasks", "worst_divergence"]]
 

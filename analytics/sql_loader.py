@@ -81,6 +81,7 @@ def filter_params(window: Window, filters: Filters) -> dict[str, Any]:
         "ingested_after": None,
         # Internal: run_summary recomputes only the runs (origin tasks) new spans touched.
         "runs": None,
+        "runs_since": None,
         "origin_tasks": None,
     }
 

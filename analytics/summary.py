@@ -116,16 +116,19 @@ def _findings_per_run(
     filters: Filters,
     runs: list[str] | None = None,
     origin_tasks: list[str] | None = None,
+    runs_since: datetime | None = None,
 ) -> pd.DataFrame:
     """Findings of detector ``name`` per run: ``n`` plus its extra counts.
 
     Indexed by run_id; for detectors in ``_COUNTED_BY`` a plain frame with that key and run_id.
-    ``runs`` / ``origin_tasks`` limit the spans (or cells) to those runs (origin tasks)."""
+    ``runs`` / ``origin_tasks`` limit the spans (or cells) to those runs (origin tasks);
+    ``runs_since`` is no later than the first span of any of those runs."""
     extra_params, extra_counts = _SQL_COUNTED[name]
     counts = "".join(f", count(*) FILTER (WHERE {cond}) AS {label}" for label, cond in extra_counts.items())
     keys = "run_id" if name not in _COUNTED_BY else f"{_COUNTED_BY[name]}, run_id"
     sql = f"SELECT {keys}, count(*) AS n{counts}\nFROM (\n{load_sql(name)}\n) findings\nGROUP BY {keys}"
-    params = {**filter_params(window, filters), **extra_params, "runs": runs, "origin_tasks": origin_tasks}
+    params = {**filter_params(window, filters), **extra_params}
+    params.update(runs=runs, origin_tasks=origin_tasks, runs_since=runs_since)
     frame = query_df(conn, sql, params)
     return frame if name in _COUNTED_BY else frame.set_index("run_id")
 
@@ -147,36 +150,47 @@ def _compute_parts(
     window: Window,
     filters: Filters,
     goal_threshold: float,
-    runs: list[str] | None = None,
-    origin_tasks: list[str] | None = None,
+    scope: _Scope | None = None,
 ) -> _Parts:
-    """Every piece, for all runs in scope, or only for ``runs`` (and ``origin_tasks``)."""
-    base = run_sql(conn, "run_summary", window, filters, runs=runs).set_index("run_id", drop=False)
+    """Every piece, for all runs in scope, or only for the touched runs of ``scope``."""
+    runs = scope.runs if scope is not None else None
+    since = scope.since if scope is not None else None
+    base = run_sql(conn, "run_summary", window, filters, runs=runs, runs_since=since)
+    base = base.set_index("run_id", drop=False)
     found: dict[str, pd.DataFrame] = {}
     for name in _SQL_COUNTED:
         if name in _COUNTED_BY:
-            found[name] = _findings_per_run(conn, name, window, filters, origin_tasks=origin_tasks)
+            tasks = scope.origin_tasks if scope is not None else None
+            found[name] = _findings_per_run(conn, name, window, filters, origin_tasks=tasks)
         else:
-            found[name] = _findings_per_run(conn, name, window, filters, runs=runs)
+            found[name] = _findings_per_run(conn, name, window, filters, runs=runs, runs_since=since)
     for name in COUNTED_DETECTORS:
         if name in found:
             continue
         # Detectors with Python post-processing (repeated_calls forms loops in numpy) have no
-        # run-list filter: they run once per touched run (or once over everything).
-        if runs is None:
+        # run-list filter: they run once per touched run, from its first span on (or once over
+        # everything).
+        if scope is None:
             frames = [run_metric(conn, name, window, filters)]
         else:
             frames = [
-                run_metric(conn, name, window, replace(filters, run=run))
-                for run in runs
+                run_metric(conn, name, _window_from(window, first), replace(filters, run=run))
+                for run, first in scope.first_seen.items()
                 if filters.run is None or filters.run == run
             ]
         counts = [_counts_by_run(frame) for frame in frames if not frame.empty]
         found[name] = (
             pd.concat(counts).to_frame("n") if counts else pd.DataFrame({"n": pd.Series(dtype="int64")})
         )
-    goals = goal_run_stats(conn, window, filters, goal_threshold, runs=runs)
+    goals = goal_run_stats(conn, window, filters, goal_threshold, runs=runs, runs_since=since)
     return _Parts(base, found, goals)
+
+
+def _window_from(window: Window, first: datetime | None) -> Window:
+    """``window`` starting no earlier than ``first`` (a run's first span: its spans are the same)."""
+    if first is None or (window.since is not None and window.since >= first):
+        return window
+    return Window(since=first, until=window.until)
 
 
 def _replace_rows(old: pd.DataFrame, new: pd.DataFrame, drop: pd.Series) -> pd.DataFrame:
@@ -189,8 +203,9 @@ def _replace_rows(old: pd.DataFrame, new: pd.DataFrame, drop: pd.Series) -> pd.D
     return pd.concat([kept, new])
 
 
-def _merge_parts(old: _Parts, new: _Parts, runs: list[str], origin_tasks: list[str]) -> _Parts:
-    """``old`` with the pieces of ``runs`` / ``origin_tasks`` replaced by ``new``'s."""
+def _merge_parts(old: _Parts, new: _Parts, scope: _Scope) -> _Parts:
+    """``old`` with the pieces of the scope's runs / origin tasks replaced by ``new``'s."""
+    runs, origin_tasks = scope.runs, scope.origin_tasks
     base = _replace_rows(old.base, new.base, old.base.index.isin(runs))
     base = base.reset_index(drop=True).sort_values(["first_seen", "run_id"], kind="stable")
     base = base.set_index("run_id", drop=False)
@@ -260,8 +275,10 @@ def _assemble(conn: duckdb.DuckDBPyConnection, parts: _Parts, goal_threshold: Th
 # recomputes everything. In-memory databases are not cached (they have no stable identity).
 _CACHE_SIZE = 32
 _SLACK = timedelta(seconds=10)
-# Past this share of the kept runs, one full recomputation is cheaper than a filtered one.
+# Past this share of the kept runs (or this many runs), one full recomputation is cheaper than
+# filtered ones (each filtered scan compares every span's run with the list).
 _MAX_TOUCHED_SHARE = 0.25
+_MAX_TOUCHED = 200
 
 
 @dataclass
@@ -348,32 +365,48 @@ def _read_version(
     return version, touched
 
 
-def _touched_scope(conn: duckdb.DuckDBPyConnection, traces: set[str]) -> tuple[list[str], list[str]]:
+@dataclass
+class _Scope:
+    """The runs (and origin tasks) to recompute, and the first span of each of those runs."""
+
+    runs: list[str]
+    origin_tasks: list[str]
+    first_seen: dict[str, datetime]
+
+    @property
+    def since(self) -> datetime | None:
+        """No span of these runs starts earlier (older row groups can be skipped)."""
+        return min(self.first_seen.values()) if self.first_seen else None
+
+
+def _touched_scope(conn: duckdb.DuckDBPyConnection, traces: set[str]) -> _Scope:
     """Runs and origin tasks whose pieces may have changed with the spans of ``traces``.
 
     The runs with a span in those traces (and the traces' own ids: a span without a run counts
     under its trace id until a parent gives it one), their origin tasks, and every run working
     on one of those origin tasks (its goal root or constraint ledger may come from them)."""
     rows = conn.execute(
-        "SELECT DISTINCT run_id FROM spans WHERE TraceId IN (SELECT unnest($traces::VARCHAR[])) "
-        "AND run_id IS NOT NULL",
+        "SELECT DISTINCT run_id FROM spans WHERE TraceId = ANY($traces::VARCHAR[]) AND run_id IS NOT NULL",
         {"traces": sorted(traces)},
     ).fetchall()
     runs = {run for (run,) in rows} | set(traces)
     rows = conn.execute(
-        "SELECT DISTINCT origin_task_id FROM spans WHERE run_id IN (SELECT unnest($runs::VARCHAR[])) "
+        "SELECT DISTINCT origin_task_id FROM spans WHERE run_id = ANY($runs::VARCHAR[]) "
         "AND origin_task_id IS NOT NULL",
         {"runs": sorted(runs)},
     ).fetchall()
     tasks = sorted(task for (task,) in rows)
     if tasks:
         rows = conn.execute(
-            "SELECT DISTINCT run_id FROM spans "
-            "WHERE origin_task_id IN (SELECT unnest($tasks::VARCHAR[])) AND run_id IS NOT NULL",
+            "SELECT DISTINCT run_id FROM spans WHERE origin_task_id = ANY($tasks::VARCHAR[]) AND run_id IS NOT NULL",
             {"tasks": tasks},
         ).fetchall()
         runs |= {run for (run,) in rows}
-    return sorted(runs), tasks
+    first = conn.execute(
+        "SELECT run_id, min(Timestamp) FROM spans WHERE run_id = ANY($runs::VARCHAR[]) GROUP BY run_id",
+        {"runs": sorted(runs)},
+    ).fetchall()
+    return _Scope(sorted(runs), tasks, dict(first))
 
 
 def clear_cache() -> None:
@@ -434,10 +467,10 @@ def run_summary(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filter
         return kept.summary.copy()
     parts = None
     if kept is not None and touched is not None:
-        runs, tasks = _touched_scope(conn, touched)
-        if len(runs) <= max(8, _MAX_TOUCHED_SHARE * len(kept.parts.base)):
-            fresh = _compute_parts(conn, window, filters, goal_threshold.value, runs, tasks)
-            parts = _merge_parts(kept.parts, fresh, runs, tasks)
+        scope = _touched_scope(conn, touched)
+        if len(scope.runs) <= min(_MAX_TOUCHED, max(8, _MAX_TOUCHED_SHARE * len(kept.parts.base))):
+            fresh = _compute_parts(conn, window, filters, goal_threshold.value, scope)
+            parts = _merge_parts(kept.parts, fresh, scope)
     if parts is None:
         parts = _compute_parts(conn, window, filters, goal_threshold.value)
     summary = _assemble(conn, parts, goal_threshold)

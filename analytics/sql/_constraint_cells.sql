@@ -23,7 +23,7 @@ SELECT * FROM (
           AND op = 'delegate' AND origin_task_id IS NOT NULL AND hop IS NOT NULL
           AND coalesce(outcome, 'ok') <> 'rejected'
           AND ($origin_task::VARCHAR IS NULL OR origin_task_id = $origin_task::VARCHAR)
-          AND ($origin_tasks::VARCHAR[] IS NULL OR origin_task_id IN (SELECT unnest($origin_tasks::VARCHAR[])))
+          AND ($origin_tasks::VARCHAR[] IS NULL OR origin_task_id = ANY($origin_tasks::VARCHAR[]))
     ),
     ledger AS (
         SELECT DISTINCT origin_task_id, constraint_id FROM (
@@ -31,7 +31,7 @@ SELECT * FROM (
             FROM spans
             WHERE {span_filter} AND origin_task_id IS NOT NULL AND constraints_ledger IS NOT NULL
               AND ($origin_tasks::VARCHAR[] IS NULL
-                   OR origin_task_id IN (SELECT unnest($origin_tasks::VARCHAR[])))
+                   OR origin_task_id = ANY($origin_tasks::VARCHAR[]))
             UNION ALL
             SELECT origin_task_id, unnest(constraints_carried) FROM deleg
             WHERE constraints_carried IS NOT NULL
