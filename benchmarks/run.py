@@ -154,9 +154,13 @@ def run_sections(sections: list[str], config: dict, workdir: Path) -> dict:
         from analytics.types import Window
         from benchmarks.dashboard import in_subprocess
         from benchmarks.dbbuild import SpanDatabase
+        from benchmarks.generator import Shape
 
+        if config.get("dashboard_shape"):  # the shape is built here, not taken from queries
+            keep.unlink(missing_ok=True)
         if not keep.exists():
-            db = SpanDatabase(keep, base_spans=config["base_spans"])
+            shape = Shape.parse(config.get("dashboard_shape") or "classic")
+            db = SpanDatabase(keep, base_spans=config["base_spans"], shape=shape)
             db.grow_to(config["dashboard_spans"])
             db.close()
         with duckdb.connect(str(keep), read_only=True) as conn:
@@ -166,6 +170,7 @@ def run_sections(sections: list[str], config: dict, workdir: Path) -> dict:
         window = Window(since=first, until=last)
         limit = config["dashboard_limit_s"]
         out["dashboard"] = {
+            "shape": config.get("dashboard_shape") or "classic",
             "spans": stored,
             "report_html": in_subprocess("report_build", keep, window, limit),
             "overview_page": in_subprocess("overview_render", keep, window, limit),
@@ -183,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
     parser.add_argument("--shape-spans", type=int, nargs="+", help="stored spans of each shape database")
     parser.add_argument("--shapes", nargs="+", help="only these shape labels (see benchmarks.shapes.matrix)")
+    parser.add_argument("--dashboard-shape", help="shape label of the dashboard section's database")
+    parser.add_argument(
+        "--dashboard-spans", type=int, help="stored spans of the dashboard section's database"
+    )
     parser.add_argument("--out", type=Path, help="results JSON (default benchmarks/results/<date>.json)")
     parser.add_argument("--workdir", type=Path, help="scratch directory for databases")
     args = parser.parse_args(argv)
@@ -201,6 +210,10 @@ def main(argv: list[str] | None = None) -> int:
         config["shape_spans"] = sorted(args.shape_spans)
     if args.shapes:
         config["shape_labels"] = args.shapes
+    if args.dashboard_shape:
+        config["dashboard_shape"] = args.dashboard_shape
+    if args.dashboard_spans:
+        config["dashboard_spans"] = args.dashboard_spans
     sections = args.only or list(SECTIONS)
     today = datetime.now(UTC).date().isoformat()
     out_path = args.out or (
