@@ -124,9 +124,84 @@ def delegation_edges(delegations: list[dict]) -> dict[tuple[str, str], list[dict
     return grouped
 
 
-def delegation_graph_figure(spans: pd.DataFrame, failed_agents: set[str] | None = None) -> go.Figure:
-    """Agents as nodes, delegations as arrows labelled by hop; failing agents and delegations in red."""
-    title = "Delegation graph"
+def interaction_edges(records: list[dict], conflict_spans: set[str] | None = None) -> list[dict]:
+    """Every interaction between two agents of a run, one dict per (kind, from, to):
+
+    * ``delegation``: a delegate span of ``from`` naming ``to`` (labelled by hop);
+    * ``handoff``: a span of ``to`` whose parent span belongs to ``from`` (one agent invoking another);
+    * ``shared key``: ``from`` wrote a state key that ``to`` read or also wrote.
+
+    ``conflict`` is True when a span behind the edge failed or is evidence of a finding
+    (``conflict_spans``), e.g. the clobbering write of a lost update.
+    """
+    conflict_spans = conflict_spans or set()
+    edges: dict[tuple[str, str, str], dict] = {}
+
+    def add(kind: str, source: str, target: str, label: str, spans: list[dict]) -> None:
+        if not source or not target or source == target:
+            return
+        edge = edges.setdefault(
+            (kind, source, target),
+            {"kind": kind, "source": source, "target": target, "labels": [], "conflict": False},
+        )
+        if label and label not in edge["labels"]:
+            edge["labels"].append(label)
+        edge["conflict"] |= any(_failed(r) or r.get("span_id") in conflict_spans for r in spans)
+
+    for r in records:
+        if r.get("op") == "delegate" and r.get("agent_id") and r.get("delegate_to"):
+            hop = r.get("hop")
+            add("delegation", r["agent_id"], r["delegate_to"], "" if hop is None else f"hop {int(hop)}", [r])
+    by_id = {(r.get("trace_id"), r.get("span_id")): r for r in records}
+    for r in records:
+        parent = by_id.get((r.get("trace_id"), r.get("parent_span_id")))
+        if parent is not None and r.get("op") != "delegate":
+            add("handoff", parent.get("agent_id"), r.get("agent_id"), "", [r])
+    keys: dict[str, dict[str, list[dict]]] = {}
+    for r in records:
+        if r.get("state_key") and r.get("op") in ("read", "write") and r.get("agent_id"):
+            keys.setdefault(r["state_key"], {"read": [], "write": []})[r["op"]].append(r)
+    for key, ops in keys.items():
+        for w in ops["write"]:
+            for other in ops["read"] + ops["write"]:
+                if other is w or other.get("agent_id") == w.get("agent_id"):
+                    continue
+                if other["op"] == "write" and other.get("agent_id", "") < w.get("agent_id", ""):
+                    continue  # two writers: one edge, not two
+                add("shared key", w["agent_id"], other["agent_id"], key, [w, other])
+    return list(edges.values())
+
+
+def _positions(nodes: list[str], edges: list[tuple[str, str]]) -> dict[str, tuple[float, float]]:
+    """Delegation depth from left to right when agents delegate, else a circle."""
+    import math
+
+    if edges:
+        level = delegation_levels(edges, nodes)
+        positions = {}
+        for depth in sorted(set(level.values())):
+            members = [n for n in nodes if level[n] == depth]
+            for i, n in enumerate(members):
+                positions[n] = (float(depth), (len(members) - 1) / 2 - i)
+        return positions
+    if len(nodes) == 1:
+        return {nodes[0]: (0.0, 0.0)}
+    return {
+        n: (math.cos(2 * math.pi * i / len(nodes)), math.sin(2 * math.pi * i / len(nodes)))
+        for i, n in enumerate(nodes)
+    }
+
+
+EDGE_STYLE = {"delegation": "solid", "handoff": "dot", "shared key": "dash"}
+
+
+def delegation_graph_figure(
+    spans: pd.DataFrame, failed_agents: set[str] | None = None, conflict_spans: set[str] | None = None
+) -> go.Figure:
+    """Agents and every interaction of the run: delegations (arrows, by hop), handoffs (dotted
+    arrows) and shared state keys (dashed lines, named on hover). Red: failing agents, and edges
+    with a failed span or a finding's evidence (``conflict_spans``)."""
+    title = "Agents and interactions"
     if spans is None or spans.empty:
         return empty_figure(title, "No spans for this run")
     failed_agents = set(failed_agents or ())
@@ -134,47 +209,51 @@ def delegation_graph_figure(spans: pd.DataFrame, failed_agents: set[str] | None 
     for r in records:
         if _failed(r) and r.get("agent_id"):
             failed_agents.add(r["agent_id"])
-    delegations = [
-        r for r in records if r.get("op") == "delegate" and r.get("agent_id") and r.get("delegate_to")
-    ]
-    nodes = sorted(
-        {r["agent_id"] for r in records if r.get("agent_id")} | {r["delegate_to"] for r in delegations}
-    )
+    edges = interaction_edges(records, conflict_spans)
+    nodes = sorted({r["agent_id"] for r in records if r.get("agent_id")} | {e["target"] for e in edges})
     if not nodes:
         return empty_figure(title, "No agents recorded in this run")
-    edges = [(r["agent_id"], r["delegate_to"]) for r in delegations]
-    pairs = set(edges)
-    level = delegation_levels(edges, nodes)
-    positions: dict[str, tuple[float, float]] = {}
-    for depth in sorted(set(level.values())):
-        members = [n for n in nodes if level[n] == depth]
-        for i, n in enumerate(members):
-            positions[n] = (float(depth), (len(members) - 1) / 2 - i)
+    delegations = [(e["source"], e["target"]) for e in edges if e["kind"] in ("delegation", "handoff")]
+    positions = _positions(nodes, delegations)
+    pairs = {(e["source"], e["target"]) for e in edges}
     fig = go.Figure()
-    for (source, target), group in delegation_edges(delegations).items():
-        (x0, y0), (x1, y1) = positions[source], positions[target]
-        # A -> B and B -> A both exist in ping-pong: draw them a little apart.
-        shift = (
-            0.12
-            if (target, source) in pairs and source < target
-            else -0.12
-            if (target, source) in pairs
-            else 0
-        )
-        y0, y1 = y0 + shift, y1 + shift
-        bad = any(_failed(r) for r in group) or target in failed_agents
-        fig.add_annotation(
-            x=x1, y=y1, ax=x0, ay=y0, xref="x", yref="y", axref="x", ayref="y",
-            showarrow=True, arrowhead=3, arrowwidth=2, standoff=14, startstandoff=14,
-            arrowcolor=FAIL_COLOR if bad else MUTED_COLOR,
+    for kind in EDGE_STYLE:  # one legend entry per kind of interaction
+        fig.add_scatter(
+            x=[None], y=[None], mode="lines", name=kind,
+            line=dict(color=MUTED_COLOR, dash=EDGE_STYLE[kind]), hoverinfo="skip",
         )  # fmt: skip
-        hops = sorted({int(r["hop"]) for r in group if r.get("hop") is not None and not pd.isna(r["hop"])})
-        label = (
-            ("hop " if len(hops) == 1 else "hops ") + ", ".join(map(str, hops)) if hops else f"{len(group)}×"
+    for edge in edges:
+        (x0, y0), (x1, y1) = positions[edge["source"]], positions[edge["target"]]
+        # Edges both ways (ping-pong, two writers) and of several kinds are drawn a little apart.
+        offset = {"delegation": 0.0, "handoff": 0.06, "shared key": -0.06}[edge["kind"]]
+        if (edge["target"], edge["source"]) in pairs:
+            offset += 0.12 if edge["source"] < edge["target"] else -0.12
+        y0, y1 = y0 + offset, y1 + offset
+        color = (
+            FAIL_COLOR
+            if edge["conflict"] or edge["target"] in failed_agents and edge["kind"] == "delegation"
+            else MUTED_COLOR
         )
-        fig.add_annotation(
-            x=(x0 + x1) / 2, y=(y0 + y1) / 2, text=label, showarrow=False, yshift=10 if shift >= 0 else -10
-        )
+        label = ", ".join(edge["labels"][:3]) + (" …" if len(edge["labels"]) > 3 else "")
+        hover = f"{esc(edge['kind'])}: {esc(edge['source'], 40)} → {esc(edge['target'], 40)}"
+        if label:
+            hover += f"<br>{esc(label, 120)}"
+        if edge["conflict"]:
+            hover += "<br>conflict: a failed span or a finding's evidence"
+        fig.add_scatter(
+            x=[x0, (x0 + x1) / 2, x1], y=[y0, (y0 + y1) / 2, y1], mode="lines",
+            line=dict(color=color, width=2, dash=EDGE_STYLE[edge["kind"]]),
+            hovertext=[hover] * 3, hoverinfo="text", showlegend=False,
+        )  # fmt: skip
+        if edge["kind"] != "shared key":
+            fig.add_annotation(
+                x=x1, y=y1, ax=x0, ay=y0, xref="x", yref="y", axref="x", ayref="y",
+                showarrow=True, arrowhead=3, arrowwidth=2, standoff=14, startstandoff=14, arrowcolor=color,
+            )  # fmt: skip
+        if edge["kind"] == "delegation" and label:
+            fig.add_annotation(
+                x=(x0 + x1) / 2, y=(y0 + y1) / 2, text=esc(label, 40), showarrow=False, yshift=10
+            )
     fig.add_scatter(
         x=[positions[n][0] for n in nodes],
         y=[positions[n][1] for n in nodes],
@@ -186,11 +265,14 @@ def delegation_graph_figure(spans: pd.DataFrame, failed_agents: set[str] | None 
         hoverinfo="text",
         showlegend=False,
     )
-    fig.update_xaxes(visible=False, range=[-0.5, max(level.values()) + 0.5])
+    xs = [x for x, _ in positions.values()]
     ys = [y for _, y in positions.values()]
+    fig.update_xaxes(visible=False, range=[min(xs) - 0.5, max(xs) + 0.5])
     fig.update_yaxes(visible=False, range=[min(ys) - 0.8, max(ys) + 0.8])
     return _layout(
-        fig, title + " — red: agent or delegation with failures", height=260 + 40 * len(nodes) // 2
+        fig,
+        title + " — solid: delegation, dotted: handoff, dashed: shared key; red: failing or conflicting",
+        height=300 + 40 * len(nodes) // 2,
     )
 
 

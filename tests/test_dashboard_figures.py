@@ -274,3 +274,38 @@ def test_trace_rows_nest_spans_by_parent_depth_first_in_start_order():
     assert search_spans(spans, "needle-agent") == {"a"}  # attribute values, case-insensitive
     assert search_spans(spans, "u") >= {"root"} and search_spans(spans, "") == set()
     assert span_io(spans.iloc[2]) == ({"tool_args": '{"q": 1}'}, {"tool_result": "ok"})
+
+
+def test_agent_graph_links_agents_by_delegation_handoff_and_shared_keys_with_conflicts_red():
+    from dashboard.figures_run import interaction_edges
+
+    rows = [
+        # root invokes a and b (handoffs), a and b both write "plan" (b's write is finding evidence),
+        # c reads it; a delegates to c
+        {"span_id": "r", "parent_span_id": None, "agent_id": None},
+        {"span_id": "ia", "parent_span_id": "r", "agent_id": "a"},
+        {"span_id": "wa", "parent_span_id": "ia", "agent_id": "a", "op": "write", "state_key": "plan"},
+        {"span_id": "ib", "parent_span_id": "ia", "agent_id": "b"},
+        {"span_id": "wb", "parent_span_id": "ib", "agent_id": "b", "op": "write", "state_key": "plan"},
+        {"span_id": "rc", "parent_span_id": None, "agent_id": "c", "op": "read", "state_key": "plan"},
+        {"span_id": "d", "parent_span_id": None, "agent_id": "a", "op": "delegate", "delegate_to": "c", "hop": 1},
+    ]  # fmt: skip
+    spans = pd.DataFrame(
+        [{"trace_id": "t", "start_ns": i, "end_ns": i + 1, "span_name": "s", "outcome": "ok", "status_code": "Unset",
+          "op": None, "state_key": None, "delegate_to": None, "hop": None, **r} for i, r in enumerate(rows)]
+    )  # fmt: skip
+    from dashboard.figures_run import span_records
+
+    edges = {(e["kind"], e["source"], e["target"]): e for e in interaction_edges(span_records(spans), {"wb"})}
+    assert set(edges) == {
+        ("handoff", "a", "b"), ("delegation", "a", "c"),
+        ("shared key", "a", "b"), ("shared key", "a", "c"), ("shared key", "b", "c"),
+    }  # fmt: skip
+    assert (
+        edges[("shared key", "a", "b")]["labels"] == ["plan"] and edges[("shared key", "a", "b")]["conflict"]
+    )
+    assert edges[("shared key", "b", "c")]["conflict"] and not edges[("shared key", "a", "c")]["conflict"]
+    assert edges[("delegation", "a", "c")]["labels"] == ["hop 1"]
+    fig = delegation_graph_figure(spans, set(), {"wb"})
+    red = [t for t in fig.data if t.mode == "lines" and t.line.color == "#d62728"]
+    assert len(red) == 2  # the two shared-key edges through b's clobbering write

@@ -134,7 +134,7 @@ def show_run(ctx: ui.PageContext, run: str) -> None:
     found = ui.load_findings(ctx)
     findings = found.findings(run=run) if found is not None else []
     findings = [findings[i] for i in order_by_run_and_severity(findings)]
-    _, failed_agents = run_failures(findings)
+    all_evidence, failed_agents = run_failures(findings)
     top = st.columns(4)
     top[0].metric("Spans", len(spans), border=True)
     top[1].metric("Agents", spans["agent_id"].nunique(), border=True)
@@ -201,7 +201,7 @@ def show_run(ctx: ui.PageContext, run: str) -> None:
         ui.plot(waterfall_figure(spans, evidence, rows, matches, inspected), key="waterfall")
     attribute_panel(spans, rows, inspected)
     st.subheader("Agents")
-    ui.plot(delegation_graph_figure(spans, failed_agents), key="graph")
+    ui.plot(delegation_graph_figure(spans, failed_agents, all_evidence), key="graph")
     st.download_button(
         "Download this run's report",
         data=lambda: ui.run_report(ctx, run),
