@@ -943,6 +943,100 @@ static int parse_request(Ctx *c, const uint8_t *data, Py_ssize_t n) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Counting only: the guard in front of the Python path (collector.decode.check_request_counts)  */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    Py_ssize_t spans, work, max_spans, max_work;
+    int limit;
+} Counts;
+
+static inline int count_one(Counts *k, int span) {
+    if (span && ++k->spans > k->max_spans) {
+        k->limit = LIMIT_SPANS;
+        return LIMIT;
+    }
+    if (++k->work > k->max_work) {
+        k->limit = LIMIT_ITEMS;
+        return LIMIT;
+    }
+    return OK;
+}
+
+/* Count the occurrences of length-delimited field `want` of message m (attributes). */
+static int count_field(Counts *k, Slice m, uint32_t want) {
+    const uint8_t *p = m.p, *end = m.p + m.n;
+    while (p < end) {
+        uint32_t f;
+        int wt;
+        Slice s;
+        CHECK(rd_tag(&p, end, &f, &wt));
+        if (f == want && wt == 2) {
+            CHECK(rd_len(&p, end, &s));
+            CHECK(count_one(k, 0));
+        } else {
+            CHECK(skip_field(&p, end, f, wt, 0));
+        }
+    }
+    return OK;
+}
+
+/* Spans, events, links and attributes (of spans, events, links and resources) of a request, as
+   check_request_counts counts them, keeping nothing: LIMIT as soon as one passes its maximum,
+   FALLBACK where the wire format breaks (upb stops there too). */
+static int count_request(Counts *k, Slice m, int level) {
+    const uint8_t *p = m.p, *end = m.p + m.n;
+    while (p < end) {
+        uint32_t f;
+        int wt;
+        Slice s;
+        CHECK(rd_tag(&p, end, &f, &wt));
+        if (wt != 2) {
+            CHECK(skip_field(&p, end, f, wt, 0));
+            continue;
+        }
+        CHECK(rd_len(&p, end, &s));
+        switch (level) {
+        case 0: /* ExportTraceServiceRequest: resource_spans */
+            if (f == 1) CHECK(count_request(k, s, 1));
+            break;
+        case 1: /* ResourceSpans: resource, scope_spans */
+            if (f == 1) CHECK(count_field(k, s, 1));
+            if (f == 2) CHECK(count_request(k, s, 2));
+            break;
+        case 2: /* ScopeSpans: spans */
+            if (f == 2) {
+                CHECK(count_one(k, 1));
+                CHECK(count_request(k, s, 3));
+            }
+            break;
+        default: /* Span: attributes, events (attributes = 3), links (attributes = 4) */
+            if (f == 9) CHECK(count_one(k, 0));
+            if (f == 11 || f == 13) {
+                CHECK(count_one(k, 0));
+                CHECK(count_field(k, s, f == 11 ? 3 : 4));
+            }
+        }
+    }
+    return OK;
+}
+
+static PyObject *count(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *payload;
+    Counts k;
+    memset(&k, 0, sizeof k);
+    if (!PyArg_ParseTuple(args, "O!nn:count", &PyBytes_Type, &payload, &k.max_spans, &k.max_work)) return NULL;
+    Slice m = {(const uint8_t *)PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload)};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = count_request(&k, m, 0);
+    Py_END_ALLOW_THREADS
+    if (rc == LIMIT) return PyUnicode_FromString(k.limit == LIMIT_SPANS ? "spans" : "items");
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Pass 2: Python objects                                                                     */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -2023,6 +2117,9 @@ static PyMethodDef methods[] = {
      "decode(payload: bytes, max_attribute_bytes: int, max_array_items: int, max_depth: int, max_spans: int,\n"
      "       max_attributes_per_span: int, max_items: int) -> tuple | str | None\n"
      "Decode an ExportTraceServiceRequest; None when the Python path must decode it."},
+    {"count", count, METH_VARARGS,
+     "count(payload: bytes, max_spans: int, max_items: int) -> str | None\n"
+     "'spans' or 'items' when the request passes that count (counted without keeping anything), else None."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -22,7 +22,7 @@ from google.protobuf.message import DecodeError as _ProtoDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from collector.conventions import ATTRIBUTE_COLUMNS, COORDINATION_COLUMNS, OTEL_COLUMNS, map_columns
-from collector.fastdecode import FastResult, LimitExceededError, decode_fast
+from collector.fastdecode import FastResult, LimitExceededError, check_counts, decode_fast
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -180,6 +180,10 @@ def parse_protobuf(payload: bytes) -> ExportTraceServiceRequest:
     return request
 
 
+def _json_len(value: Any) -> int:
+    return len(value) if isinstance(value, list) else 0
+
+
 def _hex_to_b64(value: Any, where: str, bad: list[str]) -> str:
     if not isinstance(value, str):
         bad.append(f"{where} must be a hex string, got {type(value).__name__}")
@@ -198,11 +202,14 @@ def _rewrite_ids(node: dict, where: str, bad: list[str]) -> None:
             node[key] = _hex_to_b64(node[key], f"{where}.{key}", bad)
 
 
-def parse_json(payload: bytes) -> tuple[ExportTraceServiceRequest, list[str]]:
+def parse_json(
+    payload: bytes, limits: DecodeLimits | None = None
+) -> tuple[ExportTraceServiceRequest, list[str]]:
     """Parse an OTLP JSON ``ExportTraceServiceRequest`` (hex ids, lowerCamelCase, int enums).
 
     Returns the message and the id problems found (those spans are rejected later, the rest
-    kept). Raises ``DecodeError`` for a body that is not OTLP JSON.
+    kept). Raises ``DecodeError`` for a body that is not OTLP JSON, ``RequestTooLargeError`` for
+    one past ``limits``' counts (checked on the JSON document, before protobuf builds anything).
     """
     try:
         document = json.loads(payload)
@@ -221,20 +228,37 @@ def parse_json(payload: bytes) -> tuple[ExportTraceServiceRequest, list[str]]:
     resource_spans = document.get("resourceSpans", document.get("resource_spans")) or []
     if not isinstance(resource_spans, list):
         raise DecodeError("resourceSpans must be a JSON array")
+    limits = limits or DecodeLimits()
+    spans = items = 0
     for r_index, rs in enumerate(resource_spans):
         if not isinstance(rs, dict):
             continue
+        resource = rs.get("resource")
+        items += _json_len(resource.get("attributes")) if isinstance(resource, dict) else 0
         for s_index, ss in enumerate(rs.get("scopeSpans", rs.get("scope_spans")) or []):
             if not isinstance(ss, dict):
                 continue
+            spans += _json_len(ss.get("spans"))
+            if spans > limits.max_spans_per_request:
+                raise RequestTooLargeError("spans", limits)
             for p_index, span in enumerate(ss.get("spans") or []):
                 if not isinstance(span, dict):
                     continue
+                items += 1 + _json_len(span.get("attributes"))
+                for key in ("events", "links"):
+                    nested = span.get(key)
+                    items += _json_len(nested)
+                    for entry in nested if isinstance(nested, list) else ():
+                        items += _json_len(entry.get("attributes")) if isinstance(entry, dict) else 0
+                if items > limits.max_items_per_request:
+                    raise RequestTooLargeError("items", limits)
                 where = f"resourceSpans[{r_index}].scopeSpans[{s_index}].spans[{p_index}]"
                 _rewrite_ids(span, where, bad)
                 for link in span.get("links") or []:
                     if isinstance(link, dict):
                         _rewrite_ids(link, f"{where}.links", bad)
+    if items > limits.max_items_per_request:  # resource attributes of resources without spans
+        raise RequestTooLargeError("items", limits)
     try:
         request = json_format.ParseDict(document, ExportTraceServiceRequest(), ignore_unknown_fields=True)
     except (json_format.ParseError, TypeError, ValueError, AttributeError) as exc:
@@ -558,9 +582,13 @@ def decode_payload(
         if fast is not None:
             batch = _fast_batch(fast, now)
         else:
+            try:  # counted on the wire first: upb would build every span before the Python check
+                check_counts(payload, limits)
+            except LimitExceededError as exc:
+                raise RequestTooLargeError(exc.kind, limits) from None
             batch = decode_export_request(parse_protobuf(payload), limits, now)
     elif content_type == JSON:
-        request, id_errors = parse_json(payload)
+        request, id_errors = parse_json(payload, limits)
         batch = decode_export_request(request, limits, now, id_errors)
     else:
         raise DecodeError(f"Unsupported content type {content_type!r}; use {PROTOBUF} or {JSON}")

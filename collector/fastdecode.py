@@ -106,3 +106,17 @@ def decode_fast(payload: bytes, limits: DecodeLimits) -> FastResult | None:
     otel, span_attributes, resource_attributes, accepted, rejected, errors = out
     columns = dict(zip(OTEL_OUTPUT_COLUMNS, otel, strict=True))
     return FastResult(columns, span_attributes, resource_attributes, accepted, rejected, errors)
+
+
+def check_counts(payload: bytes, limits: DecodeLimits) -> None:
+    """Raise ``LimitExceededError`` when the request carries more spans or items than ``limits``
+    allow, counted on the wire without keeping anything (as ``check_request_counts`` counts them):
+    the guard in front of upb for requests ``decode_fast`` leaves to the Python path."""
+    if _otlpfast is None:
+        return
+    max_spans, max_items = limits.max_spans_per_request, limits.max_items_per_request
+    if not (0 <= max_spans <= _MAX_LIMIT and 0 <= max_items <= _MAX_LIMIT):
+        return
+    kind = _otlpfast.count(payload if type(payload) is bytes else bytes(payload), max_spans, max_items)
+    if kind is not None:
+        raise LimitExceededError(kind)

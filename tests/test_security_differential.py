@@ -22,11 +22,12 @@ from collector.decode import (
     DecodeError,
     DecodeLimits,
     RequestTooLargeError,
+    check_request_counts,
     decode_export_request,
     decode_payload,
     parse_protobuf,
 )
-from collector.fastdecode import AVAILABLE, LimitExceededError, decode_fast
+from collector.fastdecode import AVAILABLE, LimitExceededError, check_counts, decode_fast
 from tests.otlp_builders import set_attr
 
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason="the compiled decoder is not built")
@@ -287,3 +288,45 @@ def test_missing_keys_and_empty_scope_fields_decode_like_upb():
     request.resource_spans[0].resource.attributes.add()
     request.resource_spans[0].resource.attributes.add()
     assert assert_same_as_upb(request.SerializeToString(), DecodeLimits()) == "equal"
+
+
+COUNT_LIMITS = DecodeLimits(max_spans_per_request=2, max_items_per_request=9, max_attributes_per_span=3)
+
+
+@fuzz(600)
+@given(st.lists(span_specs, min_size=1, max_size=4), st.dictionaries(text, scalars, max_size=3))
+def test_the_wire_count_agrees_with_the_python_count(specs, resource):
+    """fastdecode.check_counts (C, on the wire, keeping nothing) refuses exactly the requests
+    check_request_counts (Python, on the parsed message) refuses, for the same reason."""
+    payload = build_request(specs, resource).SerializeToString()
+    try:
+        check_counts(payload, COUNT_LIMITS)
+        wire = None
+    except LimitExceededError as exc:
+        wire = exc.kind
+    try:
+        check_request_counts(parse_protobuf(payload), COUNT_LIMITS)
+        python = None
+    except RequestTooLargeError as exc:
+        python = "spans" if "max_spans_per_request" in str(exc) else "items"
+    assert (wire is None) == (python is None), (wire, python)
+    event(f"counts: {wire}")
+
+
+def test_counts_are_checked_before_upb_builds_a_request_the_compiled_decoder_leaves_to_it():
+    """A key longer than max_attribute_bytes sends the request to the Python path; 8 million
+    empty spans after it must be refused from the wire count (413), not built by upb first (the
+    trailing malformed byte would make upb answer 400 only after building them all)."""
+    spans = ExportTraceServiceRequest()
+    scope = spans.resource_spans.add().scope_spans.add()
+    first = scope.spans.add(
+        trace_id=b"\x01" * 16, span_id=b"\x02" * 8, start_time_unix_nano=5, end_time_unix_nano=6
+    )
+    set_attr(first.attributes, "k" * 70_000, "v")
+    body = spans.SerializeToString()
+    scope_body = spans.resource_spans[0].scope_spans[0].SerializeToString() + b"\x12\x00" * 8_000_000
+    resource_spans = b"\x12" + encode_varint(len(scope_body)) + scope_body
+    payload = b"\x0a" + encode_varint(len(resource_spans)) + resource_spans + b"\xff"
+    assert decode_fast(body, DecodeLimits()) is None  # the long key: Python path
+    with pytest.raises(RequestTooLargeError, match="max_spans_per_request"):
+        decode_payload(payload, PROTOBUF, DecodeLimits())
