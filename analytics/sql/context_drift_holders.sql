@@ -5,8 +5,9 @@
 -- superseded when a version first seen after it appears (or a span flags it superseded). A
 -- holder that itself tried to write the subject while holding (accepted or refused) is in a
 -- write conflict (lost_updates / divergent_reads), not context drift, and is left out.
--- Performance: each lookup is one join + aggregate (no window: a lead() over the versions cost
--- more than the self-join). Holdings are aggregated only from reads of a superseded or flagged
+-- Performance: the next version of each version comes from one window over the moments a
+-- subject got a new version (a self-join of the versions grew with the square of the versions
+-- per subject: hot keys). Holdings are aggregated only from reads of a superseded or flagged
 -- version (about a quarter of the observations), the agent filter applies to them up front, and
 -- the holder's own writes are looked up only for holdings already held past the moment their
 -- version went stale (about 40% of them).
@@ -16,15 +17,22 @@ version_first AS (
            bool_or(flagged) AS any_flagged
     FROM obs GROUP BY ALL
 ),
-versions AS (  -- each version with the earliest version first seen strictly after it
-    SELECT mine.run_id, mine.subject, mine.version,
-           min(v.first_ns) AS newer_ns,
-           arg_min(v.version, v.first_ns) AS superseded_by,
-           arg_min(v.first_span, v.first_ns) AS supersede_span_id
-    FROM version_first mine
-    JOIN version_first v
-      ON v.run_id = mine.run_id AND v.subject = mine.subject AND v.first_ns > mine.first_ns
-    GROUP BY ALL
+instants AS (  -- the distinct moments a subject got a new version, each with the next moment
+               -- (versions first seen at the same moment: the lowest version and span stand for
+               -- them, one of the tied ones either way)
+    SELECT run_id, subject, first_ns,
+           lead(first_ns) OVER w AS newer_ns,
+           lead(version) OVER w AS superseded_by,
+           lead(first_span) OVER w AS supersede_span_id
+    FROM (SELECT run_id, subject, first_ns, min(version) AS version, min(first_span) AS first_span
+          FROM version_first GROUP BY ALL)
+    WINDOW w AS (PARTITION BY run_id, subject ORDER BY first_ns)
+),
+versions AS (  -- each version with the earliest version first seen strictly after it: one
+               -- window over a subject's moments (a self-join grew with the square of them)
+    SELECT f.run_id, f.subject, f.version, i.newer_ns, i.superseded_by, i.supersede_span_id
+    FROM version_first f JOIN instants i USING (run_id, subject, first_ns)
+    WHERE i.newer_ns IS NOT NULL
 ),
 open_versions AS (  -- superseded or flagged versions: the only ones a holding can be stale on
     SELECT * FROM versions

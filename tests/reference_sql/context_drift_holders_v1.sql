@@ -1,0 +1,115 @@
+-- context_drift_holders: agents that kept holding a version of an objective (or of a shared
+-- state key such as a policy) after another agent superseded it.
+-- A holding starts at an agent's first read of a version and ends at its next observation of the
+-- subject with another version (a refresh), else at its last span in the run. A version is
+-- superseded when a version first seen after it appears (or a span flags it superseded). A
+-- holder that itself tried to write the subject while holding (accepted or refused) is in a
+-- write conflict (lost_updates / divergent_reads), not context drift, and is left out.
+-- Performance: each lookup is one join + aggregate (no window: a lead() over the versions cost
+-- more than the self-join). Holdings are aggregated only from reads of a superseded or flagged
+-- version (about a quarter of the observations), the agent filter applies to them up front, and
+-- the holder's own writes are looked up only for holdings already held past the moment their
+-- version went stale (about 40% of them).
+WITH obs AS NOT MATERIALIZED ({held_versions}),
+version_first AS (
+    SELECT run_id, subject, version, min(start_ns) AS first_ns, arg_min(SpanId, start_ns) AS first_span,
+           bool_or(flagged) AS any_flagged
+    FROM obs GROUP BY ALL
+),
+versions AS (  -- each version with the earliest version first seen strictly after it
+    SELECT mine.run_id, mine.subject, mine.version,
+           min(v.first_ns) AS newer_ns,
+           arg_min(v.version, v.first_ns) AS superseded_by,
+           arg_min(v.first_span, v.first_ns) AS supersede_span_id
+    FROM version_first mine
+    JOIN version_first v
+      ON v.run_id = mine.run_id AND v.subject = mine.subject AND v.first_ns > mine.first_ns
+    GROUP BY ALL
+),
+open_versions AS (  -- superseded or flagged versions: the only ones a holding can be stale on
+    SELECT * FROM versions
+    UNION ALL
+    SELECT f.run_id, f.subject, f.version, NULL, NULL, NULL
+    FROM version_first f ANTI JOIN versions v USING (run_id, subject, version)
+    WHERE f.any_flagged
+),
+candidates AS (  -- holdings of a version that was superseded or flagged
+    SELECT o.run_id, o.agent_id, o.subject, o.version,
+           min(o.start_ns) AS hold_start_ns,
+           arg_min(o.SpanId, o.start_ns) AS read_span_id,
+           min(o.start_ns) FILTER (WHERE o.flagged) AS flagged_ns,
+           any_value(v.newer_ns) AS newer_ns, any_value(v.superseded_by) AS superseded_by,
+           any_value(v.supersede_span_id) AS supersede_span_id
+    FROM obs o JOIN open_versions v USING (run_id, subject, version)
+    WHERE NOT o.is_write AND ($agent::VARCHAR IS NULL OR o.agent_id = $agent::VARCHAR)
+    GROUP BY o.run_id, o.agent_id, o.subject, o.version
+    HAVING coalesce(any_value(v.newer_ns), min(o.start_ns) FILTER (WHERE o.flagged)) IS NOT NULL
+),
+ended AS (  -- the holder's next observation of the subject with another version
+    SELECT c.run_id, c.agent_id, c.subject, c.version,
+           arg_min(o.SpanId, o.start_ns) AS end_span_id, min(o.start_ns) AS end_ns
+    FROM candidates c
+    JOIN obs o ON o.run_id = c.run_id AND o.agent_id = c.agent_id AND o.subject = c.subject
+              AND o.version <> c.version AND o.start_ns > c.hold_start_ns
+    GROUP BY ALL
+),
+agent_last AS (  -- last span end of the holders that never refreshed
+    SELECT s.run_id, s.agent_id, max(s.end_ns) AS last_ns
+    FROM spans s
+    SEMI JOIN (SELECT c.run_id, c.agent_id
+               FROM candidates c ANTI JOIN ended e USING (run_id, agent_id, subject, version)) u
+      ON s.run_id = u.run_id AND s.agent_id = u.agent_id
+    WHERE {span_filter} AND s.agent_id IS NOT NULL
+    GROUP BY ALL
+),
+superseding AS (
+    SELECT c.*, e.end_span_id, e.end_ns, coalesce(e.end_ns, a.last_ns) AS hold_end_ns,
+           greatest(c.hold_start_ns, coalesce(least(c.newer_ns, c.flagged_ns), c.newer_ns, c.flagged_ns))
+               AS stale_from_ns
+    FROM candidates c
+    LEFT JOIN ended e USING (run_id, agent_id, subject, version)
+    LEFT JOIN agent_last a USING (run_id, agent_id)
+),
+stale AS (  -- held past the moment the version went stale
+    SELECT * FROM superseding
+    WHERE stale_from_ns < hold_end_ns OR flagged_ns IS NOT NULL
+),
+held AS (
+    SELECT * FROM stale
+    WHERE NOT EXISTS (  -- the holder tried to write the subject itself: a write conflict
+          SELECT 1 FROM spans w
+          WHERE {span_filter}
+            AND w.op = 'write' AND w.run_id = stale.run_id AND w.agent_id = stale.agent_id
+            AND w.state_key = stale.subject
+            AND w.start_ns > stale.hold_start_ns AND w.start_ns <= stale.hold_end_ns)
+),
+current AS (  -- newest version first seen when the holding ended
+    SELECT f.run_id, f.agent_id, f.subject, f.version, arg_max(v.version, v.first_ns) AS current_version
+    FROM held f
+    JOIN version_first v ON v.run_id = f.run_id AND v.subject = f.subject AND v.first_ns <= f.hold_end_ns
+    GROUP BY ALL
+),
+found AS (
+    SELECT f.*, c.current_version FROM held f LEFT JOIN current c USING (run_id, agent_id, subject, version)
+),
+evidence AS (  -- every read of the held version by the holder, in time order
+    SELECT f.run_id, f.agent_id, f.subject, f.version,
+           list(o.SpanId ORDER BY o.start_ns) AS span_ids, min(o.TraceId) AS trace_id
+    FROM found f
+    JOIN obs o USING (run_id, agent_id, subject, version)
+    WHERE NOT o.is_write
+    GROUP BY ALL
+)
+SELECT ev.trace_id, ev.span_ids, f.run_id, f.agent_id AS agent, f.subject AS objective_id,
+       f.version AS held_version, f.superseded_by, f.current_version,
+       f.read_span_id, f.supersede_span_id,
+       f.end_span_id IS NOT NULL AS refreshed,
+       f.end_span_id AS refresh_span_id,
+       make_timestamp(f.stale_from_ns // 1000) AS held_from,
+       make_timestamp(f.hold_end_ns // 1000) AS held_until,
+       (f.hold_end_ns - f.stale_from_ns) / 1e9 AS held_s,
+       make_timestamp(f.hold_start_ns // 1000) AS first_seen,
+       make_timestamp(f.hold_end_ns // 1000) AS last_seen
+FROM found f
+JOIN evidence ev USING (run_id, agent_id, subject, version)
+ORDER BY first_seen, agent
