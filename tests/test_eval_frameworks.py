@@ -32,7 +32,6 @@ _OFF_TOPIC = "the off-topic delegated task statement is not extracted and flagge
 _DUPLICATE = "nothing marks a framework tool as side-effecting, so duplicate_side_effects sees no side effect (issue 13 part 2)"
 _RUNAWAY = "no runaway-run detector is registered yet (issue 13 part 4)"
 _PING_PONG = "hand-offs / mutual delegations are not read as delegations (issue 13 part 2)"
-_SMOL_GOAL = "smolagents sub-agent task = boilerplate prompt, flagged as goal drift (issue 13 part 5)"
 _FOLLOWS = "follows from the miss of its detector"
 
 # case id -> reason it fails today. Case ids: <kind>[<run set>/<run>] as in the test ids below.
@@ -44,41 +43,16 @@ KNOWN_MISSES: dict[str, str] = {
     "verdict_failing[smolagents/off-topic]": "uncalibrated goal threshold gives 'to review' " + _FOLLOWS,
     "verdict_failing[smolagents/duplicate-email]": _FOLLOWS,
     "verdict_failing[smolagents/runaway]": _FOLLOWS,
-    **{
-        f"no_findings[smolagents/{run}]": _SMOL_GOAL
-        for run in (
-            "healthy-northwind",
-            "healthy-contoso",
-            "healthy-fabrikam",
-            "healthy-initech",
-            "healthy-umbrella",
-            "healthy-compare",
-        )
-    },  # fmt: skip
-    **{
-        f"verdict_healthy[smolagents/{run}]": _SMOL_GOAL
-        for run in (
-            "healthy-northwind",
-            "healthy-contoso",
-            "healthy-fabrikam",
-            "healthy-initech",
-            "healthy-umbrella",
-            "healthy-compare",
-        )
-    },  # fmt: skip
+    # Found before only because the three task statements were the same managed-agent boilerplate;
+    # with the requests extracted, the third (re-worded) one no longer matches: re-worded
+    # re-delegations are issue 13 part 3.
+    "found[smolagents/redelegation]": _REDELEGATION,
     # LangGraph through OpenLLMetry
     "found[langgraph-openllmetry/redelegation]": _REDELEGATION,
     "found[langgraph-openllmetry/off-topic]": _OFF_TOPIC,
     "found[langgraph-openllmetry/duplicate-email]": _DUPLICATE,
-    "found[langgraph-openllmetry/runaway]": _RUNAWAY,
-    "verdict_failing[langgraph-openllmetry/redelegation]": _FOLLOWS,
     "verdict_failing[langgraph-openllmetry/off-topic]": _FOLLOWS,
     "verdict_failing[langgraph-openllmetry/duplicate-email]": _FOLLOWS,
-    "verdict_failing[langgraph-openllmetry/runaway]": _FOLLOWS,
-    "statements[smolagents]": "the extracted statement keeps smolagents' managed-agent boilerplate after "
-    "the request ('---\\nYou're helping your manager ...') (issue 13 parts 2 and 5)",
-    "agents[langgraph-openllmetry]": "spans inside a sub-agent get the LangGraph-internal node name ('agent', "
-    "'tools') or 'LangGraph', not the sub-agent (issue 13 part 2)",
     # OpenAI Agents SDK
     "found[openai-agents/redelegation]": _REDELEGATION,
     "found[openai-agents/off-topic]": _OFF_TOPIC,
@@ -90,17 +64,13 @@ KNOWN_MISSES: dict[str, str] = {
     "verdict_failing[openai-agents/runaway]": _FOLLOWS,
     # PydanticAI
     "found[pydantic-ai/redelegation]": _REDELEGATION,
-    "found[pydantic-ai/off-topic]": _OFF_TOPIC,
     "found[pydantic-ai/ping-pong]": _PING_PONG,
     "found[pydantic-ai/duplicate-email]": _DUPLICATE,
     "found[pydantic-ai/runaway]": _RUNAWAY,
     "verdict_failing[pydantic-ai/redelegation]": _FOLLOWS,
     "verdict_failing[pydantic-ai/off-topic]": _FOLLOWS,
-    "verdict_failing[pydantic-ai/ping-pong]": _FOLLOWS,
     "verdict_failing[pydantic-ai/duplicate-email]": _FOLLOWS,
     "verdict_failing[pydantic-ai/runaway]": _FOLLOWS,
-    "one_run[pydantic-ai]": "every delegated agent run carries its own gen_ai.conversation.id, so one "
-    "run is stored as several (issue 13 part 2)",
 }
 
 RUN_SETS = load_corpus(CORPUS, SUBSET)
