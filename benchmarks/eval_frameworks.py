@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gzip
 import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -158,6 +160,8 @@ class Evaluation:
     spans_stored: int
     embeddings: bool
     detector_errors: dict[str, str] = field(default_factory=dict)
+    calibration: dict[str, Any] | None = None  # `driftscope calibrate` output, calibrated mode only
+    baseline: list[str] = field(default_factory=list)  # runs calibrated on (not scored)
 
     def case_results(self) -> dict[str, Any]:
         return {f"{r.run_set}/{r.truth.run}": r for r in self.results}
@@ -172,7 +176,35 @@ class Evaluation:
             "spans_stored": self.spans_stored,
             "embeddings": self.embeddings,
             "detector_errors": self.detector_errors,
+            "calibration": self.calibration,
+            "baseline": self.baseline,
         }
+
+
+def failing_cases(evaluation: Evaluation) -> list[str]:
+    """The case ids of tests/test_eval_frameworks.py that fail on ``evaluation`` (what its
+    KNOWN_MISSES should list): ``<kind>[<run set>/<run>]`` or ``<kind>[<run set>]``."""
+    cases = []
+    for r in evaluation.results:
+        case = f"{r.run_set}/{r.truth.run}"
+        if r.truth.failure:
+            if not r.found:
+                cases.append(f"found[{case}]")
+            if r.verdict != "failing":
+                cases.append(f"verdict_failing[{case}]")
+        else:
+            if any(r.findings.values()):
+                cases.append(f"no_findings[{case}]")
+            if r.verdict != "healthy":
+                cases.append(f"verdict_healthy[{case}]")
+    for name, cov in evaluation.coverage.items():
+        if cov.under_agent == 0 or cov.right_agent != cov.under_agent:
+            cases.append(f"agents[{name}]")
+        if any(len(r.stored_run_ids) != 1 for r in evaluation.results if r.run_set == name):
+            cases.append(f"one_run[{name}]")
+        if any(r.unclean_flagged for r in evaluation.results if r.run_set == name):
+            cases.append(f"statements[{name}]")
+    return cases
 
 
 def share(part: int, whole: int) -> float | None:
@@ -192,20 +224,48 @@ def load_corpus(root: Path = CORPUS, names: list[str] | None = None) -> dict[str
     return {name: load_run_set(path) for name, path in found.items()}
 
 
-def post_captured(client: httpx.Client, base_url: str, otlp_path: Path) -> int:
-    """POST every captured request of ``otlp_path`` to the collector unchanged; returns the count."""
-    count = 0
-    for record in read_requests(otlp_path):
+def post_records(client: httpx.Client, base_url: str, records: list[dict[str, Any]], source: str) -> int:
+    """POST captured requests to the collector unchanged (body, content type, encoding)."""
+    for number, record in enumerate(records, 1):
         headers = {"Content-Type": record["content_type"]}
         if record.get("content_encoding"):
             headers["Content-Encoding"] = record["content_encoding"]
         response = client.post(f"{base_url}{record['path']}", content=record["body"], headers=headers)
         if response.status_code != 200:
             raise RuntimeError(
-                f"{otlp_path}: request {count + 1} was refused with {response.status_code}: {response.text[:300]}"
+                f"{source}: request {number} was refused with {response.status_code}: {response.text[:300]}"
             )
-        count += 1
-    return count
+    return len(records)
+
+
+def post_captured(client: httpx.Client, base_url: str, otlp_path: Path) -> int:
+    """POST every captured request of ``otlp_path`` to the collector unchanged; returns the count."""
+    return post_records(client, base_url, list(read_requests(otlp_path)), str(otlp_path))
+
+
+def requests_by_run(otlp_path: Path, run_set: RunSet) -> list[tuple[dict[str, Any], str | None]]:
+    """Each captured request with the run its spans belong to (None: only set-up spans).
+
+    The generators flush after every run, so a request holds one run's spans (plus, at most,
+    set-up spans); a request mixing runs is an error.
+    """
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    owner = {trace_id: run.run for run in run_set.runs for trace_id in run.trace_ids}
+    out = []
+    for number, record in enumerate(read_requests(otlp_path), 1):
+        body = gzip.decompress(record["body"]) if record.get("content_encoding") == "gzip" else record["body"]
+        request = ExportTraceServiceRequest.FromString(body)
+        runs = {
+            owner.get(span.trace_id.hex())
+            for resource_spans in request.resource_spans
+            for scope_spans in resource_spans.scope_spans
+            for span in scope_spans.spans
+        } - {None}
+        if len(runs) > 1:
+            raise ValueError(f"{otlp_path}: request {number} mixes runs {sorted(runs)}")
+        out.append((record, runs.pop() if runs else None))
+    return out
 
 
 def get_json(client: httpx.Client, url: str) -> dict[str, Any]:
@@ -294,39 +354,96 @@ def finding_is_the_failure(truth: RunTruth, row: dict[str, Any]) -> bool:
     return True
 
 
+def baseline_runs(run_sets: dict[str, RunSet]) -> set[tuple[str, str]]:
+    """The healthy runs a calibrated evaluation learns from: every other healthy run of each crew
+    (in the order they were made); the others and every failure run are held out."""
+    chosen = set()
+    for name, run_set in run_sets.items():
+        healthy = [run.run for run in run_set.runs if run.failure is None]
+        chosen |= {(name, run) for run in healthy[::2]}
+    return chosen
+
+
+def calibrate_offline(db: Path) -> dict[str, Any]:
+    """``driftscope calibrate`` on the stopped collector's file, from every stored span (the
+    baseline runs only). Failure findings in the baseline are reported, not refused: that healthy
+    runs have findings is itself a result of the evaluation."""
+    done = subprocess.run(
+        [sys.executable, "-m", "driftscope", "calibrate", "--db", str(db),
+         "--baseline-since", "2000-01-01T00:00:00Z", "--allow-findings"],
+        cwd=REPO, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"driftscope calibrate failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(done.stdout)
+
+
 def evaluate(
     root: Path = CORPUS,
     names: list[str] | None = None,
     embeddings: bool = True,
     workdir: Path | None = None,
     keep_db: Path | None = None,
+    calibrate: bool = False,
 ) -> Evaluation:
     """Ingest the corpus through a fresh ``driftscope serve`` and score every detector on it.
 
+    ``calibrate``: first ingest only the baseline runs (``baseline_runs``), stop the collector, run
+    ``driftscope calibrate`` on them, restart it, ingest the held-out runs and score only those
+    (the path the product recommends: thresholds from a healthy window of the crew).
     ``keep_db``: copy the database there after serve stopped (to inspect it with ``duckdb``).
     """
     run_sets = load_corpus(root, names)
+    baseline = baseline_runs(run_sets) if calibrate else set()
+    calibration = None
     with tempfile.TemporaryDirectory(prefix="eval-frameworks-", dir=workdir) as tmp:
         db = Path(tmp) / "eval.duckdb"
-        serve = ServeProcess(db, embeddings=embeddings)
-        with serve, httpx.Client(timeout=300) as client:
+        requests = 0
+        if calibrate:
+            first, later = [], []
+            for name, run_set in run_sets.items():
+                for record, run in requests_by_run(root / name / "otlp.jsonl", run_set):
+                    (first if run is None or (name, run) in baseline else later).append(record)
+            with ServeProcess(db, embeddings=embeddings) as serve, httpx.Client(timeout=300) as client:
+                requests += post_records(client, serve.http_url, first, "baseline")
+                if embeddings:
+                    wait_for_embeddings(client, serve.http_url)
+            calibration = calibrate_offline(db)
+        with ServeProcess(db, embeddings=embeddings) as serve, httpx.Client(timeout=300) as client:
             base = serve.http_url
-            requests = sum(post_captured(client, base, root / name / "otlp.jsonl") for name in run_sets)
+            if calibrate:
+                requests += post_records(client, base, later, "held-out runs")
+            else:
+                requests += sum(post_captured(client, base, root / name / "otlp.jsonl") for name in run_sets)
             if embeddings:
                 wait_for_embeddings(client, base)
-            evaluation = _score(client, base, run_sets, requests, embeddings)
+            evaluation = _score(client, base, run_sets, requests, embeddings, skip=baseline)
+        evaluation.calibration = calibration
+        evaluation.baseline = sorted(f"{name}/{run}" for name, run in baseline)
         if keep_db is not None:
             shutil.copyfile(db, keep_db)
         return evaluation
 
 
 def _score(
-    client: httpx.Client, base: str, run_sets: dict[str, RunSet], requests: int, embeddings: bool
+    client: httpx.Client,
+    base: str,
+    run_sets: dict[str, RunSet],
+    requests: int,
+    embeddings: bool,
+    skip: set[tuple[str, str]] = frozenset(),
 ) -> Evaluation:
+    """Score the stored runs against the truth; runs in ``skip`` (a calibration baseline) are
+    neither scored nor counted as unmatched."""
     keys = run_keys(run_sets)
     metrics = get_json(client, f"{base}/api/v1/metrics")["metrics"]
     detectors = sorted(m["name"] for m in metrics if m.get("failure_mode"))
-    results = {(name, run.run): RunResult(name, run) for name, rs in run_sets.items() for run in rs.runs}
+    results = {
+        (name, run.run): RunResult(name, run)
+        for name, rs in run_sets.items()
+        for run in rs.runs
+        if (name, run.run) not in skip
+    }
     unmatched: Counter = Counter()
 
     def result_for(run_id: str) -> RunResult | None:
@@ -406,15 +523,15 @@ def _findings_text(findings: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(findings.items()) if v) or "none"
 
 
-def summary_tables(evaluation: Evaluation) -> str:
-    """The per-framework and per-failure tables as Markdown."""
+def summary_tables(evaluation: Evaluation, level: str = "##") -> str:
+    """The per-framework and per-failure tables as Markdown (section headings at ``level``)."""
     lines: list[str] = []
     by_set: dict[str, list[RunResult]] = defaultdict(list)
     for result in evaluation.results:
         by_set[result.run_set].append(result)
 
     lines += [
-        "## Summary per run set",
+        f"{level} Summary per run set",
         "",
         "| run set | instrumentation | runs | failures found | healthy runs without findings | healthy verdicts | failing verdicts on failures | spans under an agent with an agent | with the right agent | goal findings whose statement is a true task |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -448,7 +565,7 @@ def summary_tables(evaluation: Evaluation) -> str:
     if evaluation.detector_errors:
         lines += ["", "**Detectors that answered with an error** (counted as no finding):", ""]
         lines += [f"- `{name}`: {error}" for name, error in evaluation.detector_errors.items()]
-    lines += ["", "## Injected failures", ""]
+    lines += ["", f"{level} Injected failures", ""]
     lines += [
         "| failure | detector meant for it | run set | run | found | its findings (on the injected failure) | other findings | verdict |",
         "|---|---|---|---|---|---|---|---|",
@@ -465,14 +582,14 @@ def summary_tables(evaluation: Evaluation) -> str:
                 f"{result.findings.get(detector, 0)} ({result.matched}) | {_findings_text(result.other_findings)} | "
                 f"{result.verdict} |"
             )
-    lines += ["", "## Healthy runs", ""]
+    lines += ["", f"{level} Healthy runs", ""]
     lines += ["| run set | run | spans | false findings | verdict |", "|---|---|---|---|---|"]
     for result in (r for r in evaluation.results if not r.truth.failure):
         lines.append(
             f"| {result.run_set} | {result.truth.run} | {result.spans} | {_findings_text(result.findings)} | "
             f"{result.verdict} |"
         )
-    lines += ["", "## Agent attribution: spans that got the wrong agent or none", ""]
+    lines += ["", f"{level} Agent attribution: spans that got the wrong agent or none", ""]
     lines += [
         "| run set | expected agent | agent_id stored | spans | most common span names |",
         "|---|---|---|---|---|",
@@ -516,7 +633,36 @@ def git_commit() -> str:
 RUNTIME_PACKAGES = ("collector", "analytics", "driftscope", "dashboard", "guards")
 
 
-def render_report(evaluation: Evaluation, notes: str = "") -> str:
+def _mode_section(evaluation: Evaluation) -> str:
+    if evaluation.calibration is None:
+        return (
+            "## Uncalibrated: a new user's first look\n\n"
+            "Every run ingested into an empty store; every threshold at its default.\n\n"
+            f"{summary_tables(evaluation, '###')}\n"
+        )
+    cal = evaluation.calibration
+    changed = [c for c in cal.get("changed") or [] if isinstance(c, dict)]
+    findings = cal.get("baseline_findings") or {}
+    stored = ", ".join(
+        f"`{c['name']}` {c.get('before')} -> {round(c['after'], 3) if isinstance(c.get('after'), float) else c.get('after')}"
+        for c in changed
+        if not str(c.get("name", "")).startswith("count_per_run:") or c.get("after")
+    )
+    return (
+        "## Calibrated from a healthy baseline of each crew\n\n"
+        f"Every other healthy run of each crew ({len(evaluation.baseline)} runs) ingested first, the "
+        "collector stopped, `driftscope calibrate --baseline-since ... --allow-findings` run on them, "
+        "the collector restarted and the held-out runs (the other healthy runs and every failure run) "
+        "ingested and scored; the baseline runs are not scored. "
+        f"Findings in the baseline: {_findings_text(findings) if findings else 'none'}. "
+        f"Thresholds it stored (besides `count_per_run:*` at 0): {stored or 'none'}.\n\n"
+        f"{summary_tables(evaluation, '###')}\n"
+    )
+
+
+def render_report(evaluations: list[Evaluation], notes: str = "") -> str:
+    """The Markdown report of one or more evaluations of the same corpus (uncalibrated, calibrated)."""
+    first = evaluations[0]
     today = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     failures = "\n".join(
         f"- `{name}` ({FAILURE_TEXT[name]}): `{detector}`" for name, detector in FAILURE_DETECTORS.items()
@@ -524,14 +670,15 @@ def render_report(evaluation: Evaluation, notes: str = "") -> str:
     run_sets = "\n".join(
         f"- **{name}**: {rs.instrumentation}; run id: {rs.session}. Versions: "
         + ", ".join(f"{k} {v}" for k, v in rs.versions.items())
-        for name, rs in evaluation.run_sets.items()
+        for name, rs in first.run_sets.items()
     )
+    runs = sum(len(rs.runs) for rs in first.run_sets.values())
     return (
         "# Detection quality on real agent frameworks\n\n"
         f"Measured {today} on commit `{git_commit()}` by `make eval-frameworks` "
         "(`python -m benchmarks.eval_frameworks`): the captured OTLP of `sample_traces/frameworks/` "
-        f"({evaluation.requests} requests, {evaluation.spans_stored} spans stored) POSTed unchanged to a "
-        f"real `driftscope serve` (embeddings {'on' if evaluation.embeddings else 'off'}), every detector "
+        f"({runs} runs, {first.requests} requests, {first.spans_stored} spans stored) POSTed unchanged to a "
+        f"real `driftscope serve` (embeddings {'on' if first.embeddings else 'off'}), every detector "
         "read back through `/api/v1/metrics/<name>` and `/api/v1/metrics/run_summary`, spans through "
         "`/api/v1/runs/<run>/spans`. How the corpus is made: `corpus/README.md`.\n\n"
         "## Run sets\n\n"
@@ -550,8 +697,8 @@ def render_report(evaluation: Evaluation, notes: str = "") -> str:
         "`agent_id` is that agent. *Goal findings whose statement is a true task* counts the "
         "`goal_divergence` findings whose extracted subtask statement is one of the run's true task "
         "statements (`subtasks` in `truth.json`), not a prompt with the framework's boilerplate.\n\n"
-        f"{summary_tables(evaluation)}"
-        f"{notes}"
+        + "".join(_mode_section(e) for e in evaluations)
+        + notes
     )
 
 
@@ -568,23 +715,49 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--notes", type=Path, help="Markdown appended to the report (the reasons for misses)")
     parser.add_argument("--keep-db", type=Path, help="copy the evaluated DuckDB file here (to inspect it)")
+    parser.add_argument(
+        "--known-misses", action="store_true", help="also print the failing test case ids (KNOWN_MISSES keys)"
+    )
+    parser.add_argument(
+        "--mode",
+        choices=("uncalibrated", "calibrated", "both"),
+        default="both",
+        help="uncalibrated (empty store, default thresholds), calibrated (thresholds from every other healthy "
+        "run of each crew, held-out runs scored), or both (default)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    modes = {"uncalibrated": [False], "calibrated": [True], "both": [False, True]}[args.mode]
     try:
-        evaluation = evaluate(
-            args.corpus, args.run_sets or None, embeddings=args.embeddings == "true", keep_db=args.keep_db
-        )
+        evaluations = [
+            evaluate(
+                args.corpus,
+                args.run_sets or None,
+                embeddings=args.embeddings == "true",
+                keep_db=args.keep_db,
+                calibrate=calibrate,
+            )
+            for calibrate in modes
+        ]
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(summary_tables(evaluation))
+    for evaluation in evaluations:
+        print("# calibrated" if evaluation.calibration is not None else "# uncalibrated")
+        print(summary_tables(evaluation))
+        if args.known_misses:
+            print("failing cases (tests/test_eval_frameworks.py KNOWN_MISSES keys):")
+            print("\n".join(failing_cases(evaluation)) or "none")
     if str(args.report) != "-":
         notes = args.notes.read_text() if args.notes else ""
-        args.report.write_text(render_report(evaluation, notes))
+        args.report.write_text(render_report(evaluations, notes))
         print(f"wrote {args.report}", file=sys.stderr)
     if args.json:
-        args.json.write_text(json.dumps(evaluation.as_dict(), indent=1, default=str) + "\n")
+        payload = {
+            "uncalibrated" if e.calibration is None else "calibrated": e.as_dict() for e in evaluations
+        }
+        args.json.write_text(json.dumps(payload, indent=1, default=str) + "\n")
     return 0
 
 

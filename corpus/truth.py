@@ -48,6 +48,8 @@ class RunTruth:
     # for delegated sub-runs, besides session_id).
     emitted_run_ids: list[str] = field(default_factory=list)
     spans_started: int = 0
+    # Emails the side-effecting tool (send_report) really sent during the run.
+    side_effects_executed: int = 0
     subtasks: list[Subtask] = field(default_factory=list)
     note: str = ""
 
@@ -87,6 +89,14 @@ def load_run_set(path: Path) -> RunSet:
         raw["subtasks"] = [Subtask(**s) for s in raw.get("subtasks", [])]
         runs.append(RunTruth(**raw))
     return RunSet(runs=runs, **data)
+
+
+def check_side_effects(spec: dict[str, Any], sent: int) -> int:
+    """Fail the generation when a duplicate-side-effect run did not really execute the side effect
+    twice (a framework's tool cache, for one, answers an identical second call without running it)."""
+    if spec.get("failure") == "duplicate_side_effect" and sent != 2:
+        raise RuntimeError(f"{spec['label']}: the side effect ran {sent} time(s), the run needs 2")
+    return sent
 
 
 def package_versions(*names: str) -> dict[str, str]:

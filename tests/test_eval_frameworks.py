@@ -27,53 +27,58 @@ pytestmark = pytest.mark.slow
 # (LangGraph) and native GenAI (PydanticAI). `make eval-frameworks` runs all of them.
 SUBSET = ["smolagents", "langgraph-openllmetry", "openai-agents", "pydantic-ai"]
 
-_REDELEGATION = "a manager re-asking its sub-agent is an agent invocation, not a tool call: not a loop yet (issue 13 part 3)"
-_OFF_TOPIC = "the off-topic delegated task statement is not extracted and flagged (issue 13 parts 2 and 5)"
+RUN_SETS = load_corpus(CORPUS, SUBSET)
+
+_REDELEGATION = (
+    "the manager's three invocations of its sub-agent with the same question (two identical, one "
+    "re-worded) are not grouped into one loop (issue 13 part 3)"
+)
+_OFF_TOPIC = "no subtask statement is extracted for the sub-agent's invocation, so nothing to score (issue 13 parts 2 and 5)"
+_TO_REVIEW = "goal drift over the uncalibrated default threshold makes the verdict 'to review', not 'failing'"
 _DUPLICATE = "nothing marks a framework tool as side-effecting, so duplicate_side_effects sees no side effect (issue 13 part 2)"
-_RUNAWAY = "no runaway-run detector is registered yet (issue 13 part 4)"
-_PING_PONG = "hand-offs / mutual delegations are not read as delegations (issue 13 part 2)"
+_RUNAWAY = (
+    "uncalibrated, runaway_runs needs a run over max(5 x the crew's median run, 100 spans); these runaway runs "
+    "have 54-84 spans (found once calibrated from a healthy baseline: docs/detection-quality.md)"
+)
+_PING_PONG = "the two sub-agents handing the task back and forth (through the manager or nested) are not read as a ping-pong (issue 13 part 2)"
 _FOLLOWS = "follows from the miss of its detector"
 
-# case id -> reason it fails today. Case ids: <kind>[<run set>/<run>] as in the test ids below.
+# case id -> reason it fails today. Case ids: <kind>[<run set>/<run>] or <kind>[<run set>], as
+# `python -m benchmarks.eval_frameworks --mode uncalibrated --known-misses` prints them.
 KNOWN_MISSES: dict[str, str] = {
     # smolagents
+    "found[smolagents/redelegation]": _REDELEGATION,
+    "verdict_failing[smolagents/off-topic]": _TO_REVIEW,
     "found[smolagents/ping-pong]": _PING_PONG,
     "found[smolagents/duplicate-email]": _DUPLICATE,
-    "found[smolagents/runaway]": _RUNAWAY,
-    "verdict_failing[smolagents/off-topic]": "uncalibrated goal threshold gives 'to review' " + _FOLLOWS,
     "verdict_failing[smolagents/duplicate-email]": _FOLLOWS,
+    "found[smolagents/runaway]": _RUNAWAY,
     "verdict_failing[smolagents/runaway]": _FOLLOWS,
-    # Found before only because the three task statements were the same managed-agent boilerplate;
-    # with the requests extracted, the third (re-worded) one no longer matches: re-worded
-    # re-delegations are issue 13 part 3.
-    "found[smolagents/redelegation]": _REDELEGATION,
     # LangGraph through OpenLLMetry
     "found[langgraph-openllmetry/redelegation]": _REDELEGATION,
     "found[langgraph-openllmetry/off-topic]": _OFF_TOPIC,
-    "found[langgraph-openllmetry/duplicate-email]": _DUPLICATE,
     "verdict_failing[langgraph-openllmetry/off-topic]": _FOLLOWS,
+    "found[langgraph-openllmetry/duplicate-email]": _DUPLICATE,
     "verdict_failing[langgraph-openllmetry/duplicate-email]": _FOLLOWS,
     # OpenAI Agents SDK
     "found[openai-agents/redelegation]": _REDELEGATION,
-    "found[openai-agents/off-topic]": _OFF_TOPIC,
-    "found[openai-agents/duplicate-email]": _DUPLICATE,
-    "found[openai-agents/runaway]": _RUNAWAY,
     "verdict_failing[openai-agents/redelegation]": _FOLLOWS,
+    "found[openai-agents/off-topic]": _OFF_TOPIC,
     "verdict_failing[openai-agents/off-topic]": _FOLLOWS,
+    "found[openai-agents/duplicate-email]": _DUPLICATE,
     "verdict_failing[openai-agents/duplicate-email]": _FOLLOWS,
+    "found[openai-agents/runaway]": _RUNAWAY,
     "verdict_failing[openai-agents/runaway]": _FOLLOWS,
     # PydanticAI
     "found[pydantic-ai/redelegation]": _REDELEGATION,
+    "verdict_failing[pydantic-ai/redelegation]": _FOLLOWS,
+    "verdict_failing[pydantic-ai/off-topic]": _TO_REVIEW,
     "found[pydantic-ai/ping-pong]": _PING_PONG,
     "found[pydantic-ai/duplicate-email]": _DUPLICATE,
-    "found[pydantic-ai/runaway]": _RUNAWAY,
-    "verdict_failing[pydantic-ai/redelegation]": _FOLLOWS,
-    "verdict_failing[pydantic-ai/off-topic]": _FOLLOWS,
     "verdict_failing[pydantic-ai/duplicate-email]": _FOLLOWS,
+    "found[pydantic-ai/runaway]": _RUNAWAY,
     "verdict_failing[pydantic-ai/runaway]": _FOLLOWS,
 }
-
-RUN_SETS = load_corpus(CORPUS, SUBSET)
 
 
 def _cases(kind: str, failing: bool) -> list:

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from corpus.capture import start_tracing
-from corpus.frameworks.smolagents_crew import SEARCH_RESULTS
-from corpus.truth import RunSet, RunTruth, Subtask, package_versions
+from corpus.frameworks.topics import MORE_HEALTHY, search_result
+from corpus.truth import RunSet, RunTruth, Subtask, check_side_effects, package_versions
 
 FAILING_QUERIES: set[str] = set()
 OUTBOX: list[dict[str, str]] = []
@@ -79,11 +79,7 @@ def build_crew(scripts: dict[str, list[str]], question: str):
         """Search the web and return the top result."""
         if query in FAILING_QUERIES:
             raise RuntimeError("search backend timed out after 30s (HTTP 504)")
-        lowered = query.lower()
-        for key, text in SEARCH_RESULTS.items():
-            if key in lowered:
-                return text
-        return "No results."
+        return search_result(query)
 
     @tool("compute_growth")
     def compute_growth(current: float, previous: float) -> str:
@@ -105,6 +101,7 @@ def build_crew(scripts: dict[str, list[str]], question: str):
         allow_delegation=False,
         max_iter=40,
         verbose=False,
+        cache=False,
     )
     analyst = Agent(
         role="Analyst",
@@ -115,6 +112,9 @@ def build_crew(scripts: dict[str, list[str]], question: str):
         allow_delegation=False,
         max_iter=10,
         verbose=False,
+        # CrewAI's tool cache answers an identical second call without running the tool: off, so
+        # a repeated send really sends (and a repeated search really searches) as in the other crews.
+        cache=False,
     )
     task = Task(description=question, expected_output="A short factual answer.")
     crew = Crew(
@@ -152,6 +152,20 @@ def scenarios() -> list[dict[str, Any]]:
                 scripts={
                     MANAGER: [delegate("Researcher", subtask), final(result)],
                     "Researcher": [act("web_search", {"query": query}), final(result)],
+                    "Analyst": [],
+                },
+            )
+        )
+    for key, question, subtask, queries, result in MORE_HEALTHY:
+        runs.append(
+            dict(
+                label=f"healthy-{key}",
+                failure=None,
+                task=question,
+                subtasks=[Subtask("Researcher", subtask)],
+                scripts={
+                    MANAGER: [delegate("Researcher", subtask), final(result)],
+                    "Researcher": [act("web_search", {"query": q}) for q in queries] + [final(result)],
                     "Analyst": [],
                 },
             )
@@ -260,10 +274,14 @@ def scenarios() -> list[dict[str, Any]]:
                 MANAGER: [delegate("Researcher", "Find Initech's operating margin for fiscal year 2024."),
                           delegate("Analyst", mail), final("11.8%, emailed to the CFO")],
                 "Researcher": [act("web_search", {"query": "Initech operating margin FY2024"}), final("11.8%")],
-                "Analyst": [act("send_report", send), act("send_report", send, "Not sure it went out; sending again."),
+                # CrewAI refuses a tool call identical to the one just before it, so the repeated send
+                # comes after another call (as an agent re-checking and re-sending would).
+                "Analyst": [act("send_report", send),
+                            act("compute_growth", {"current": 11.8, "previous": 11.8}, "Let me check the figure."),
+                            act("send_report", send, "Not sure it went out; sending again."),
                             final("Emailed.")],
             },
-            note="send_report called twice with identical arguments by the Analyst",
+            note="send_report called twice with identical arguments by the Analyst (a compute_growth call between)",
         )
     )  # fmt: skip
     facets = [
@@ -321,11 +339,13 @@ def generate(out_dir: Path) -> Path:
         FAILING_QUERIES.update(spec.get("failing", ()))
         crew, llms = build_crew(spec["scripts"], spec["task"])
         session_id = f"crew-{spec['label']}"
+        sent_before = len(OUTBOX)
         with tracing.recorder.run(spec["label"]), using_session(session_id):
             crew.kickoff()
         left = {name: len(llm.script) for name, llm in llms.items() if llm.script}
         if left:
             raise RuntimeError(f"{spec['label']}: unused scripted replies {left}")
+        sent = check_side_effects(spec, len(OUTBOX) - sent_before)
         tracing.flush()
         run_set.runs.append(
             RunTruth(
@@ -336,6 +356,7 @@ def generate(out_dir: Path) -> Path:
                 trace_ids=tracing.recorder.traces.get(spec["label"], []),
                 emitted_run_ids=tracing.recorder.emitted_ids.get(spec["label"], []),
                 spans_started=tracing.recorder.span_counts.get(spec["label"], 0),
+                side_effects_executed=sent,
                 subtasks=spec["subtasks"],
                 note=spec.get("note", ""),
             )

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from corpus.capture import start_tracing
-from corpus.frameworks.smolagents_crew import SEARCH_RESULTS
-from corpus.truth import RunSet, RunTruth, Subtask, package_versions
+from corpus.frameworks.topics import MORE_HEALTHY, search_result
+from corpus.truth import RunSet, RunTruth, Subtask, check_side_effects, package_versions
 
 FAILING_QUERIES: set[str] = set()
 OUTBOX: list[dict[str, str]] = []
@@ -77,11 +77,7 @@ def build_tools():
         """Search the web and return the top result."""
         if query in FAILING_QUERIES:
             raise RuntimeError("search backend timed out after 30s (HTTP 504)")
-        lowered = query.lower()
-        for key, text in SEARCH_RESULTS.items():
-            if key in lowered:
-                return text
-        return "No results."
+        return search_result(query)
 
     @tool
     def compute_growth(current: float, previous: float) -> str:
@@ -201,6 +197,18 @@ def scenarios() -> list[dict[str, Any]]:
                 subtasks=[Subtask("researcher", subtask)],
                 supervisor=[delegate("researcher", subtask, "1"), answer(result)],
                 researcher=[search(query, "1"), answer(result)],
+                analyst=[],
+            )
+        )
+    for key, question, subtask, queries, result in MORE_HEALTHY:
+        runs.append(
+            dict(
+                label=f"healthy-{key}",
+                failure=None,
+                task=question,
+                subtasks=[Subtask("researcher", subtask)],
+                supervisor=[delegate("researcher", subtask, "1"), answer(result)],
+                researcher=[search(q, str(i)) for i, q in enumerate(queries)] + [answer(result)],
                 analyst=[],
             )
         )
@@ -388,6 +396,7 @@ def generate_with(kind: str, out_dir: Path) -> Path:
         scripts = {name: list(spec[name]) for name in ("supervisor", "researcher", "analyst")}
         with tracing.recorder.run("__setup__"):
             graph, models = build_graph(scripts)
+        sent_before = len(OUTBOX)
         with tracing.recorder.run(spec["label"]):
             graph.invoke(
                 {"messages": [("user", spec["task"])], "task": ""},
@@ -396,6 +405,7 @@ def generate_with(kind: str, out_dir: Path) -> Path:
         left = {name: len(model.script) for name, model in models.items() if model.script}
         if left:
             raise RuntimeError(f"{spec['label']}: unused scripted replies {left}")
+        sent = check_side_effects(spec, len(OUTBOX) - sent_before)
         tracing.flush()
         run_set.runs.append(
             RunTruth(
@@ -406,6 +416,7 @@ def generate_with(kind: str, out_dir: Path) -> Path:
                 trace_ids=tracing.recorder.traces.get(spec["label"], []),
                 emitted_run_ids=tracing.recorder.emitted_ids.get(spec["label"], []),
                 spans_started=tracing.recorder.span_counts.get(spec["label"], 0),
+                side_effects_executed=sent,
                 subtasks=spec["subtasks"],
                 note=spec.get("note", ""),
             )

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from corpus.capture import start_tracing
-from corpus.frameworks.smolagents_crew import SEARCH_RESULTS
-from corpus.truth import RunSet, RunTruth, Subtask, package_versions
+from corpus.frameworks.topics import MORE_HEALTHY, search_result
+from corpus.truth import RunSet, RunTruth, Subtask, check_side_effects, package_versions
 
 FAILING_QUERIES: set[str] = set()
 OUTBOX: list[dict[str, str]] = []
@@ -75,11 +75,7 @@ def build_crew(scripts: dict[str, list[dict[str, Any]]]):
         """Search the web and return the top result."""
         if query in FAILING_QUERIES:
             raise ModelRetry("search backend timed out after 30s (HTTP 504)")
-        lowered = query.lower()
-        for key, text in SEARCH_RESULTS.items():
-            if key in lowered:
-                return text
-        return "No results."
+        return search_result(query)
 
     @analyst.tool_plain
     def compute_growth(current: float, previous: float) -> str:
@@ -144,6 +140,18 @@ def scenarios() -> list[dict[str, Any]]:
                 subtasks=[Subtask("researcher", subtask)],
                 manager=[call("ask_researcher", {"task": subtask}), answer(result)],
                 researcher=[call("web_search", {"query": query}), answer(result)],
+                analyst=[],
+            )
+        )
+    for key, question, subtask, queries, result in MORE_HEALTHY:
+        runs.append(
+            dict(
+                label=f"healthy-{key}",
+                failure=None,
+                task=question,
+                subtasks=[Subtask("researcher", subtask)],
+                manager=[call("ask_researcher", {"task": subtask}), answer(result)],
+                researcher=[call("web_search", {"query": q}) for q in queries] + [answer(result)],
                 analyst=[],
             )
         )
@@ -311,11 +319,13 @@ def generate(out_dir: Path) -> Path:
         scripts = {name: list(spec[name]) for name in ("manager", "researcher", "analyst")}
         manager = build_crew(scripts)
         conversation = f"pai-{spec['label']}"
+        sent_before = len(OUTBOX)
         with tracing.recorder.run(spec["label"]):
             asyncio.run(manager.run(spec["task"], conversation_id=conversation))
         left = {name: len(script) for name, script in scripts.items() if script}
         if left:
             raise RuntimeError(f"{spec['label']}: unused scripted replies {left}")
+        sent = check_side_effects(spec, len(OUTBOX) - sent_before)
         tracing.flush()
         run_set.runs.append(
             RunTruth(
@@ -326,6 +336,7 @@ def generate(out_dir: Path) -> Path:
                 trace_ids=tracing.recorder.traces.get(spec["label"], []),
                 emitted_run_ids=tracing.recorder.emitted_ids.get(spec["label"], []),
                 spans_started=tracing.recorder.span_counts.get(spec["label"], 0),
+                side_effects_executed=sent,
                 subtasks=spec["subtasks"],
                 note=spec.get("note", ""),
             )

@@ -11,20 +11,11 @@ from pathlib import Path
 
 from corpus.capture import start_tracing
 from corpus.frameworks.scripted_openai import ScriptedClient, call, say
-from corpus.truth import RunSet, RunTruth, Subtask, package_versions
+from corpus.frameworks.topics import MORE_HEALTHY, search_result
+from corpus.truth import RunSet, RunTruth, Subtask, check_side_effects, package_versions
 
 FRAMEWORK = "smolagents"
 SERVICE = "corpus-smolagents"
-
-SEARCH_RESULTS = {
-    "northwind": "Northwind Traders annual report 2024: EU revenue EUR 412 million (up 6%).",
-    "contoso": "Contoso 10-K: 18,250 employees as of December 31, 2023.",
-    "fabrikam": "Market study 2024: Fabrikam holds 14% of the German office-furniture market.",
-    "globex": "Globex revenue: USD 2.10 billion in 2023, USD 2.31 billion in 2024.",
-    "initech": "Initech FY2024: operating margin 11.8%.",
-    "umbrella": "Umbrella Logistics serves Madrid, Barcelona, Valencia and Seville in Spain.",
-    "pizza": "Neapolitan dough: 1 kg flour, 700 ml water, 25 g salt, 2 g yeast.",
-}
 
 
 class SearchBackend:
@@ -36,11 +27,7 @@ class SearchBackend:
     def search(self, query: str) -> str:
         if query in self.failing:
             raise RuntimeError("search backend timed out after 30s (HTTP 504)")
-        lowered = query.lower()
-        for key, text in SEARCH_RESULTS.items():
-            if key in lowered:
-                return text
-        return "No results."
+        return search_result(query)
 
 
 BACKEND = SearchBackend()
@@ -193,6 +180,21 @@ def scenarios():
                 subtasks=[Subtask("search_agent", subtask)],
                 manager=manager,
                 search=search_once(query, answer, n),
+            )
+        )
+    for n, (key, question, subtask, queries, answer) in enumerate(MORE_HEALTHY, start=60):
+        searches = [call("web_search", {"query": q}, f"call_{n}_{i}") for i, q in enumerate(queries)]
+        runs.append(
+            dict(
+                label=f"healthy-{key}",
+                failure=None,
+                task=question,
+                subtasks=[Subtask("search_agent", subtask)],
+                manager=[
+                    code("I will ask the search agent.", delegate("search_agent", subtask)),
+                    code("I have the answer.", f"final_answer({json.dumps(answer)})"),
+                ],
+                search=searches + [call("final_answer", {"answer": answer}, f"call_{n}_f")],
             )
         )
     # A healthy run with two different delegations (a comparison), so that two sub-agent calls in
@@ -383,8 +385,10 @@ def generate(out_dir: Path) -> Path:
         session_id = f"smol-{spec['label']}"
         BACKEND.failing = set(spec.get("failing", ()))
         crew = Crew(spec["manager"], spec["search"], spec.get("analyst"), spec.get("search_steps", 8))
+        sent_before = len(OUTBOX)
         with tracing.recorder.run(spec["label"]), using_session(session_id):
             crew.run(spec["task"])
+        sent = check_side_effects(spec, len(OUTBOX) - sent_before)
         tracing.flush()
         run_set.runs.append(
             RunTruth(
@@ -395,6 +399,7 @@ def generate(out_dir: Path) -> Path:
                 trace_ids=tracing.recorder.traces.get(spec["label"], []),
                 emitted_run_ids=tracing.recorder.emitted_ids.get(spec["label"], []),
                 spans_started=tracing.recorder.span_counts.get(spec["label"], 0),
+                side_effects_executed=sent,
                 subtasks=spec["subtasks"],
                 note=spec.get("note", ""),
             )
