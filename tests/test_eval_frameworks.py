@@ -47,6 +47,9 @@ _FOLLOWS = "follows from the miss of its detector"
 # `python -m benchmarks.eval_frameworks --mode uncalibrated --known-misses` prints them.
 KNOWN_MISSES: dict[str, str] = {
     # smolagents
+    # Found before only because the three task statements were the same managed-agent boilerplate;
+    # with the requests extracted, the third (re-worded) one no longer matches: re-worded
+    # re-delegations are issue 13 part 3.
     "found[smolagents/redelegation]": _REDELEGATION,
     "verdict_failing[smolagents/off-topic]": _TO_REVIEW,
     "found[smolagents/ping-pong]": _PING_PONG,
