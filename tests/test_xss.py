@@ -56,7 +56,9 @@ def _send_corpus(serve) -> None:
                 "driftscope.state.key": f"key {payload}",
                 "driftscope.state.version": f"v{index}",
                 "driftscope.outcome": "ok",
-                "driftscope.goal.root": CORPUS[1],
+                # A plain root goal: every payload subtask drifts far past the default threshold
+                # (0.80), so each is a finding whose evidence the reports must escape.
+                "driftscope.goal.root": "Plan a three-day team offsite in Lisbon for 25 people",
                 "driftscope.goal.text": payload,
                 "input.value": payload,
             }
