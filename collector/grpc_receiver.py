@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from collector.auth import token_matches
 from collector.decode import PROTOBUF, DecodeError, decode_payload
 from collector.http_receiver import ReceiverConfig
-from collector.ingest_guard import DecodePool
+from collector.ingest_guard import DecodePool, PendingBytes, PendingBytesFullError
 from collector.stats import IngestStats
 from collector.writer import IngestQueue, QueueFullError, ShuttingDownError, StoreUnavailableError
 
@@ -47,7 +47,12 @@ class TraceServiceReceiver:
     """Implements ``opentelemetry.proto.collector.trace.v1.TraceService``."""
 
     def __init__(
-        self, queue: IngestQueue, config: ReceiverConfig, stats: IngestStats, pool: DecodePool | None = None
+        self,
+        queue: IngestQueue,
+        config: ReceiverConfig,
+        stats: IngestStats,
+        pool: DecodePool | None = None,
+        pending: PendingBytes | None = None,
     ) -> None:
         self.queue = queue
         self.config = config
@@ -55,6 +60,8 @@ class TraceServiceReceiver:
         # Decoding runs on the pool the HTTP receiver shares: grpcio's handler threads wait on it,
         # so no more than ``config.decode_workers`` requests hold decoding memory at once.
         self.pool = pool or DecodePool(config.decode_workers)
+        # Messages waiting for the pool count against the bytes HTTP bodies also count against.
+        self.pending = pending or PendingBytes(config.max_pending_bytes)
 
     def Export(self, request: bytes, context):  # noqa: N802 - name fixed by the protocol
         metadata = dict(context.invocation_metadata())
@@ -63,6 +70,13 @@ class TraceServiceReceiver:
             context.abort(
                 grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token (authorization metadata)"
             )
+        try:
+            self.pending.reserve(len(request))
+        except PendingBytesFullError as exc:
+            self.stats.add("grpc_pending_full")
+            message = f"{exc}; retry later"
+            context.set_trailing_metadata(_retry_metadata(2, message))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
         try:
             batch = self.pool.call(decode_payload, request, PROTOBUF, self.config.limits)
         except DecodeError as exc:
@@ -75,6 +89,8 @@ class TraceServiceReceiver:
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"the request could not be decoded ({type(exc).__name__}); see the serve log",
             )
+        finally:
+            self.pending.release(len(request))
         if batch.accepted:
             try:
                 future = self.queue.submit(batch)
@@ -109,6 +125,7 @@ def start_grpc_server(
     stats: IngestStats,
     workers: int = 16,
     pool: DecodePool | None = None,
+    pending: PendingBytes | None = None,
 ) -> grpc.Server:
     """Start the gRPC server on ``host:port`` and return it (already serving)."""
     server = grpc.server(
@@ -121,10 +138,10 @@ def start_grpc_server(
             ("grpc.so_reuseport", 0),
         ],
         # Past this many calls in progress grpcio answers RESOURCE_EXHAUSTED instead of queueing
-        # (and holding) more request messages.
-        maximum_concurrent_rpcs=workers * 2,
+        # (and holding) more request messages than there are handlers.
+        maximum_concurrent_rpcs=workers,
     )
-    receiver = TraceServiceReceiver(queue, config, stats, pool)
+    receiver = TraceServiceReceiver(queue, config, stats, pool, pending)
     handler = grpc.unary_unary_rpc_method_handler(
         receiver.Export,
         request_deserializer=None,  # the handler decodes the raw bytes itself

@@ -18,7 +18,7 @@ from collector import fastdecode
 from collector.decode import DecodeLimits
 from collector.grpc_receiver import start_grpc_server
 from collector.http_receiver import ReceiverConfig, build_ingest_routes
-from collector.ingest_guard import DecodePool, guarded_h11_protocol
+from collector.ingest_guard import DecodePool, PendingBytes, guarded_h11_protocol
 from collector.stats import IngestStats
 from collector.store import StoreLockedError
 from collector.writer import IngestQueue, SpanWriter
@@ -140,6 +140,8 @@ def run_serve(config: ServeConfig) -> int:
     )
     # One decode pool for both transports: at most decode_workers requests decode at once.
     decode_pool = DecodePool(config.decode_workers)
+    # One bound on request bytes waiting for it, HTTP bodies and gRPC messages together.
+    pending = PendingBytes(config.max_pending_bytes)
     worker = None
     writer = SpanWriter(conn.cursor(), queue, on_commit=lambda n: worker.notify() if worker else None)
     writer.start()
@@ -179,12 +181,12 @@ def run_serve(config: ServeConfig) -> int:
             ),
         }
 
-    routes = build_ingest_routes(queue, receiver_config, stats, decode_pool) + build_api_routes(
+    routes = build_ingest_routes(queue, receiver_config, stats, decode_pool, pending) + build_api_routes(
         conn.cursor, config.token, health_extra
     )
     app = Starlette(routes=routes)
     grpc_server = start_grpc_server(
-        config.host, config.grpc_port, queue, receiver_config, stats, pool=decode_pool
+        config.host, config.grpc_port, queue, receiver_config, stats, pool=decode_pool, pending=pending
     )
     server = _QuietServer(
         uvicorn.Config(

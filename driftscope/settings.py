@@ -241,7 +241,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "max_pending_bytes",
         256 * 1024**2,
-        "Bytes all unfinished HTTP request bodies may hold together; past it requests get 503 with Retry-After.",
+        "Bytes of request bodies waiting to be decoded (HTTP bodies being read, gRPC messages) may hold "
+        "together; past it HTTP gets 503 + Retry-After, gRPC RESOURCE_EXHAUSTED + RetryInfo.",
         parse_size,
         SERVE,
         metavar="SIZE",

@@ -158,3 +158,23 @@ def test_stalled_uploads_hold_at_most_max_pending_bytes(server):
     for sock in socks:
         sock.close()
     assert _serving(server)
+
+
+def test_grpc_messages_count_against_the_same_pending_bytes(server):
+    """A gRPC message waiting for the decode pool holds bytes like an HTTP body: one over
+    max_pending_bytes (1 MiB here) gets RESOURCE_EXHAUSTED with RetryInfo; a small one passes."""
+    import grpc
+    from google.rpc import error_details_pb2
+
+    method = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+    big = make_request([{"name": "big", "attrs": {"blob": "x" * (1200 * 1024)}}]).SerializeToString()
+    small = make_request([{"name": "small"}]).SerializeToString()
+    with grpc.insecure_channel(server.grpc_endpoint) as channel:
+        export = channel.unary_unary(method, request_serializer=None, response_deserializer=None)
+        with pytest.raises(grpc.RpcError) as info:
+            export(big, timeout=30)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_pending_bytes" in info.value.details()
+        retry = dict(info.value.trailing_metadata())["google.rpc.retryinfo-bin"]
+        assert error_details_pb2.RetryInfo.FromString(retry).retry_delay.seconds >= 1
+        export(small, timeout=30)
