@@ -52,7 +52,7 @@ test: dev chromium lint
 	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q -p no:cacheprovider
 
 # The decoder fuzz tests against an AddressSanitizer + UBSan build of collector/_otlpfast.c, built
-# into a temporary directory (the checkout's build is untouched); ~3x the examples `make test` runs.
+# into a temporary directory (the checkout's build is untouched); DRIFTSCOPE_FUZZ_SCALE scales the examples.
 fuzz-sanitize: dev
 	HF_HUB_OFFLINE=1 $(PY) -m tests.fuzz_sanitize
 
