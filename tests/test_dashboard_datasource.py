@@ -201,7 +201,10 @@ def test_collector_stopping_mid_session_turns_into_a_banner(serve_factory, monke
     at = AppTest.from_file(app_main, default_timeout=120)
     at.run()
     assert not at.exception and not at.error
-    assert at.info and all("OTEL_EXPORTER_OTLP_ENDPOINT" in i.value for i in at.info)  # empty: what to do
+    # an empty collector: not green tiles, but where to send spans (this collector's own endpoint)
+    assert not at.metric and "No spans received yet" in at.warning[0].value
+    assert f"OTEL_EXPORTER_OTLP_ENDPOINT={server.http_url}" in at.warning[0].value
+    assert at.toggle(key="auto_refresh").value  # live source: auto-refresh on by default
     server.stop()
     at.run()
     assert not at.exception
