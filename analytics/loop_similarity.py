@@ -20,7 +20,7 @@ SIMILARITY_STOP_WORDS = SIGNATURE_STOP_WORDS | frozenset(
     """is are was were be been being what which who whom whose how when where why me my i you your
     we our it its this that these those there please can could would should do does did find get
     show give tell list search look lookup up about from into as any all some current latest args
-    kwargs sanitize_inputs_outputs true false null none""".split()
+    kwargs sanitize_inputs_outputs true false null none s has have had""".split()
 )
 _ESCAPE = re.compile(r"\\[ntr]")
 _SPLIT = re.compile(r"[^a-z0-9_.]+")

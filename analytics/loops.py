@@ -56,9 +56,9 @@ def connected_components(n: int, left: np.ndarray, right: np.ndarray) -> np.ndar
 def group_loops(calls: pd.DataFrame, min_repeats: int = MIN_REPEATS) -> pd.DataFrame:
     """Turn linked calls (each with the ``linked`` call_idx list) into one row per loop."""
     n = len(calls)
-    pairs = calls[["call_idx", "linked"]].explode("linked").dropna()
-    left = pairs["call_idx"].to_numpy(dtype=np.int64)
-    right = pairs["linked"].to_numpy(dtype=np.int64)
+    counts = calls["linked"].map(len).to_numpy(dtype=np.int64) if n else np.array([], np.int64)
+    left = np.repeat(calls["call_idx"].to_numpy(dtype=np.int64), counts)
+    right = np.concatenate([np.asarray(x, dtype=np.int64) for x in calls["linked"]]) if n else left
     # call_idx identifies a call (unordered and sparse): map it to its row position
     order = calls["call_idx"].to_numpy(dtype=np.int64)
     sorter = np.argsort(order, kind="stable")
@@ -67,6 +67,10 @@ def group_loops(calls: pd.DataFrame, min_repeats: int = MIN_REPEATS) -> pd.DataF
         return sorter[np.searchsorted(order, idx, sorter=sorter)]
 
     labels = connected_components(n, position(left), position(right)) if n else np.array([], int)
+    # a loop is one (run, agent, tool) group: split a component a 64-bit hash collision merged
+    if n:
+        keyed = calls[["run_id", "agent", "tool_name"]].assign(component=labels)
+        labels = keyed.groupby(["component", "run_id", "agent", "tool_name"], sort=False).ngroup().to_numpy()
     calls = calls.assign(loop=labels)
     calls["rejected"] = calls["rejected"].astype(bool)
     calls["failing"] = calls["failing"].astype(bool)
@@ -144,7 +148,7 @@ def linked_calls(
     "identical or re-worded arguments, whatever their outcome.",
     columns={
         **EVIDENCE,
-        "agent": "agent that repeated the call ('' unknown for agent invocations: the caller is not resolved)",
+        "agent": "agent that repeated the call (for agent invocations: the caller, None at the top)",
         "tool_name": "tool called (the invoked agent for delegations and agent invocations)",
         "call_type": "'tool' (tool span), 'delegation' (driftscope delegate span), 'agent' (agent span "
         "invoked with a task) or 'code' (a call in a code block of an LLM output)",

@@ -3,12 +3,13 @@
 -- connected components of these links) and keeps those with enough calls.
 -- A call is
 --   * a tool call (tool_name set; not a driftscope delegate/objective span),
---   * a delegation (driftscope op = 'delegate': the delegator calls the delegate_to agent with its
---     subtask); hand-offs whose target also hands back to the delegator in the run are a
+--   * a delegation (op = 'delegate': the delegator calls the delegate_to agent with its subtask,
+--     else the task extracted from its input, else its arguments); hand-offs whose target also hands back to the delegator in the run are a
 --     ping-pong (the ping_pong detector's finding), not a repeat,
---   * an agent invocation (an agent span whose input has a task: the invoked agent is the "tool",
---     the task statement extracted in Python, bound as $agent_inputs -> $agent_tasks, is the
---     argument; the caller is not resolved, so the agent column is ''),
+--   * an agent invocation (an agent span under a span of another agent, or at the top, whose
+--     input has a task: the caller is the parent span's agent ('' at the top), the invoked agent
+--     is the "tool" and the task statement, extracted in Python and bound as $agent_inputs ->
+--     $agent_tasks, is the argument),
 --   * a code action: a call `name(...)` in a ```py / <code> block of an LLM output, for agents
 --     that act through code (only for (run, agent, name) without tool spans, and never a name
 --     of an invoked agent or a Python builtin).
@@ -35,34 +36,47 @@ WITH tool_calls AS NOT MATERIALIZED (
       AND NOT (coalesce(guard, '') = 'execution_guard' AND coalesce(outcome, 'ok') <> 'rejected')
       AND ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
 ),
+agent_tasks AS (
+    SELECT unnest($agent_inputs::VARCHAR[]) AS input_text, unnest($agent_tasks::VARCHAR[]) AS task
+),
 handoffs AS NOT MATERIALIZED (
     SELECT TraceId, SpanId, run_id, agent_id, delegate_to, Timestamp, start_ns, goal_text, tool_args,
-           outcome, StatusCode
+           input_text, outcome, StatusCode
     FROM spans
     WHERE {span_filter} AND op = 'delegate' AND run_id IS NOT NULL AND agent_id IS NOT NULL
       AND delegate_to IS NOT NULL AND agent_id <> delegate_to
 ),
 delegations AS NOT MATERIALIZED (
     SELECT TraceId, SpanId, run_id, agent_id AS agent, delegate_to AS tool_name, Timestamp, start_ns,
-           coalesce(goal_text, tool_args, '') AS args,
+           coalesce(d.goal_text, t.task, d.tool_args, d.input_text, '') AS args,
            coalesce(outcome IN ('error', 'rejected') OR StatusCode = 'Error', false) AS failing,
            coalesce(outcome = 'rejected', false) AS rejected, 'delegation' AS source
-    FROM handoffs d
+    FROM handoffs d LEFT JOIN agent_tasks t ON t.input_text = d.input_text
     WHERE ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
       AND NOT EXISTS (SELECT 1 FROM handoffs b
                       WHERE b.run_id = d.run_id AND b.agent_id = d.delegate_to AND b.delegate_to = d.agent_id)
 ),
-agent_tasks AS (
-    SELECT unnest($agent_inputs::VARCHAR[]) AS input_text, unnest($agent_tasks::VARCHAR[]) AS task
-),
-invocations AS NOT MATERIALIZED (
-    SELECT s.TraceId, s.SpanId, s.run_id, '' AS agent,
-           coalesce(s.agent_id, s.agent_name, s.SpanName) AS tool_name, s.Timestamp, s.start_ns,
-           t.task AS args, coalesce(s.StatusCode = 'Error', false) AS failing, false AS rejected,
-           'agent' AS source
+agent_spans AS MATERIALIZED (  -- agent spans with a task (the candidates of loop_agent_inputs)
+    SELECT s.TraceId, s.SpanId, s.ParentSpanId, s.run_id, s.Timestamp, s.start_ns, s.StatusCode,
+           coalesce(s.agent_id, s.agent_name, s.SpanName) AS invoked, t.task
     FROM spans s JOIN agent_tasks t ON t.input_text = s.input_text
     WHERE {span_filter} AND s.span_family = 'agent' AND s.run_id IS NOT NULL
-      AND ($agent::VARCHAR IS NULL OR coalesce(s.agent_id, s.agent_name, s.SpanName) = $agent::VARCHAR)
+),
+invocations AS NOT MATERIALIZED (  -- an invocation is an agent span under another agent (or at
+                                   -- the top): the agent spans of one agent's own steps (a
+                                   -- LangGraph ReAct agent's 'agent' node) are not invocations
+    SELECT a.TraceId, a.SpanId, a.run_id, coalesce(p.agent_id, '') AS agent, a.invoked AS tool_name,
+           a.Timestamp, a.start_ns, a.task AS args, coalesce(a.StatusCode = 'Error', false) AS failing,
+           false AS rejected, 'agent' AS source
+    FROM agent_spans a
+    LEFT JOIN (SELECT TraceId, SpanId, agent_id FROM spans
+               WHERE SpanId IN (SELECT ParentSpanId FROM agent_spans)) p
+           ON p.TraceId = a.TraceId AND p.SpanId = a.ParentSpanId
+    WHERE p.agent_id IS DISTINCT FROM a.invoked
+      AND ($agent::VARCHAR IS NULL OR p.agent_id = $agent::VARCHAR)
+      -- an invocation that a delegate span of the run already records is counted there
+      AND hash(a.run_id, coalesce(p.agent_id, ''), a.invoked)
+          NOT IN (SELECT hash(run_id, agent, tool_name) FROM delegations)
 ),
 llm_code AS (  -- code blocks of LLM outputs (the message content when the output is a JSON message)
     SELECT TraceId, SpanId, run_id, agent, Timestamp, start_ns,
@@ -129,7 +143,7 @@ words AS (  -- per distinct argument string: its signature (the argument words, 
                                    'as', 'any', 'all', 'some', 'current', 'latest', 'args', 'kwargs',
                                    'sanitize_inputs_outputs', 'true', 'false', 'null', 'none',
                                    'a', 'an', 'the', 'in', 'for', 'of', 'to', 'and', 'or', 'on', 'at',
-                                   'by', 'with')),
+                                   'by', 'with', 's', 'has', 'have', 'had')),
                    lambda x: CASE WHEN length(x) > 4 AND suffix(x, 'ies') THEN left(x, length(x) - 3) || 'y'
                                   WHEN length(x) > 3 AND suffix(x, 's') AND NOT suffix(x, 'ss')
                                        AND NOT suffix(x, 'us') AND NOT suffix(x, 'is')
@@ -182,28 +196,55 @@ calls_sig AS MATERIALIZED (  -- narrow: each candidate call with its argument st
 firsts AS (  -- the first call of each (group, signature): identical calls link to it
     SELECT h, sig, min(call_idx) AS first_idx FROM calls_sig GROUP BY h, sig
 ),
-neighbours AS (  -- each call with the (up to) 4 calls before it in its group, one sort
+neighbours AS MATERIALIZED (  -- each call with the (up to) 4 calls before it in its group, one sort
     SELECT call_idx, aid, sig, nt, plen, p1, p2, p3,
-           [lag(x, 1) OVER w, lag(x, 2) OVER w, lag(x, 3) OVER w, lag(x, 4) OVER w][1:$neighbours] AS before
-    FROM (SELECT *, {'i': call_idx, 'aid': aid, 'sig': sig, 'nt': nt, 'plen': plen,
-                     'p1': p1, 'p2': p2, 'p3': p3} AS x
-          FROM calls_sig)
+           lag(call_idx, 1) OVER w AS call_idx_1, lag(aid, 1) OVER w AS aid_1, lag(sig, 1) OVER w AS sig_1, lag(nt, 1) OVER w AS nt_1,
+           lag(plen, 1) OVER w AS plen_1, lag(p1, 1) OVER w AS p1_1, lag(p2, 1) OVER w AS p2_1, lag(p3, 1) OVER w AS p3_1,
+           lag(call_idx, 2) OVER w AS call_idx_2, lag(aid, 2) OVER w AS aid_2, lag(sig, 2) OVER w AS sig_2, lag(nt, 2) OVER w AS nt_2,
+           lag(plen, 2) OVER w AS plen_2, lag(p1, 2) OVER w AS p1_2, lag(p2, 2) OVER w AS p2_2, lag(p3, 2) OVER w AS p3_2,
+           lag(call_idx, 3) OVER w AS call_idx_3, lag(aid, 3) OVER w AS aid_3, lag(sig, 3) OVER w AS sig_3, lag(nt, 3) OVER w AS nt_3,
+           lag(plen, 3) OVER w AS plen_3, lag(p1, 3) OVER w AS p1_3, lag(p2, 3) OVER w AS p2_3, lag(p3, 3) OVER w AS p3_3,
+           lag(call_idx, 4) OVER w AS call_idx_4, lag(aid, 4) OVER w AS aid_4, lag(sig, 4) OVER w AS sig_4, lag(nt, 4) OVER w AS nt_4,
+           lag(plen, 4) OVER w AS plen_4, lag(p1, 4) OVER w AS p1_4, lag(p2, 4) OVER w AS p2_4, lag(p3, 4) OVER w AS p3_4
+    FROM calls_sig
     WINDOW w AS (PARTITION BY h ORDER BY start_ns, SpanId)
 ),
-near AS (  -- neighbours with other arguments that pass the size filter (a Jaccard is at most
-           -- min/max of the token counts) and the prefix filter (a shared token among the first
-           -- plen; not checked when plen > 3), then their exact token-set Jaccard
+candidate_pairs AS (  -- neighbours with other arguments that pass the size filter (a Jaccard is
+                      -- at most min/max of the token counts) and the prefix filter (a shared
+                      -- token among the first plen; not checked when plen > 3)
+    SELECT call_idx AS i, call_idx_1 AS j, aid AS aid_i, aid_1 AS aid_j, nt AS nt_i, nt_1 AS nt_j
+    FROM neighbours
+    WHERE 1 <= $neighbours AND call_idx_1 IS NOT NULL AND sig_1 <> sig AND nt > 0
+      AND least(nt, nt_1) >= $similarity * greatest(nt, nt_1) - 1e-9
+      AND (plen > 3 OR plen_1 > 3 OR p1 IN (p1_1, p2_1, p3_1) OR p2 IN (p1_1, p2_1, p3_1)
+           OR p3 IN (p1_1, p2_1, p3_1))
+    UNION ALL
+    SELECT call_idx AS i, call_idx_2 AS j, aid AS aid_i, aid_2 AS aid_j, nt AS nt_i, nt_2 AS nt_j
+    FROM neighbours
+    WHERE 2 <= $neighbours AND call_idx_2 IS NOT NULL AND sig_2 <> sig AND nt > 0
+      AND least(nt, nt_2) >= $similarity * greatest(nt, nt_2) - 1e-9
+      AND (plen > 3 OR plen_2 > 3 OR p1 IN (p1_2, p2_2, p3_2) OR p2 IN (p1_2, p2_2, p3_2)
+           OR p3 IN (p1_2, p2_2, p3_2))
+    UNION ALL
+    SELECT call_idx AS i, call_idx_3 AS j, aid AS aid_i, aid_3 AS aid_j, nt AS nt_i, nt_3 AS nt_j
+    FROM neighbours
+    WHERE 3 <= $neighbours AND call_idx_3 IS NOT NULL AND sig_3 <> sig AND nt > 0
+      AND least(nt, nt_3) >= $similarity * greatest(nt, nt_3) - 1e-9
+      AND (plen > 3 OR plen_3 > 3 OR p1 IN (p1_3, p2_3, p3_3) OR p2 IN (p1_3, p2_3, p3_3)
+           OR p3 IN (p1_3, p2_3, p3_3))
+    UNION ALL
+    SELECT call_idx AS i, call_idx_4 AS j, aid AS aid_i, aid_4 AS aid_j, nt AS nt_i, nt_4 AS nt_j
+    FROM neighbours
+    WHERE 4 <= $neighbours AND call_idx_4 IS NOT NULL AND sig_4 <> sig AND nt > 0
+      AND least(nt, nt_4) >= $similarity * greatest(nt, nt_4) - 1e-9
+      AND (plen > 3 OR plen_4 > 3 OR p1 IN (p1_4, p2_4, p3_4) OR p2 IN (p1_4, p2_4, p3_4)
+           OR p3 IN (p1_4, p2_4, p3_4))
+),
+near AS (  -- their exact token-set Jaccard
     SELECT i, j, common / (nt_i + nt_j - common) AS similarity
     FROM (
         SELECT p.i, p.j, p.nt_i, p.nt_j, len(list_intersect(a.toks, b.toks)) AS common
-        FROM (
-            SELECT call_idx AS i, b.i AS j, aid AS aid_i, b.aid AS aid_j, nt AS nt_i, b.nt AS nt_j
-            FROM (SELECT *, unnest(before) AS b FROM neighbours)
-            WHERE b IS NOT NULL AND b.sig <> sig AND nt > 0
-              AND least(nt, b.nt) >= $similarity * greatest(nt, b.nt) - 1e-9
-              AND (plen > 3 OR b.plen > 3
-                   OR p1 IN (b.p1, b.p2, b.p3) OR p2 IN (b.p1, b.p2, b.p3) OR p3 IN (b.p1, b.p2, b.p3))
-        ) p
+        FROM candidate_pairs p
         JOIN sigs a ON a.aid = p.aid_i
         JOIN sigs b ON b.aid = p.aid_j
     )
@@ -226,4 +267,4 @@ SELECT c.call_idx, c.TraceId, c.SpanId, c.run_id, c.agent, c.tool_name, c.Timest
 FROM linked l
 JOIN candidates c USING (call_idx)
 JOIN words w USING (args)
-ORDER BY c.run_id, c.start_ns, c.SpanId
+
