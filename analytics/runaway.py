@@ -7,7 +7,7 @@ window (``analytics.calibration.calibrate_from_baseline`` stores
 quantile times ``RUNAWAY_MARGIN``). Uncalibrated, the limit is conservative: ``UNCALIBRATED_FACTOR``
 times the crew's median run in the window, never below ``UNCALIBRATED_FLOOR`` spans, and only
 when the window holds ``UNCALIBRATED_MIN_RUNS`` runs of the crew (fewer say nothing about what is
-usual). Spans, not tool calls: agents that act through code have no tool spans, and on real agent
+usual; runs of fewer than ``MEDIAN_MIN_SPANS`` spans are not counted in the median). Spans, not tool calls: agents that act through code have no tool spans, and on real agent
 traces the span count of a run separates resource-abuse runs from the rest.
 """
 
@@ -29,9 +29,14 @@ logger = logging.getLogger(__name__)
 RUN_THRESHOLD = "runaway_spans_per_run"
 AGENT_THRESHOLD = "runaway_spans_per_agent"
 RUNAWAY_MARGIN = 2.0
-UNCALIBRATED_FACTOR = 5.0
-UNCALIBRATED_FLOOR = 100
+# Uncalibrated limit: on the framework corpus (sample_traces/frameworks, 6 crews) healthy runs have
+# at most 2.3x the median run of their crew and the injected runaway runs 5.1-9.8x; runs of 1-2
+# spans (set-up traces, stray spans with their own trace id as run) say nothing about a crew's
+# runs and are left out of the median.
+UNCALIBRATED_FACTOR = 4.0
+UNCALIBRATED_FLOOR = 25
 UNCALIBRATED_MIN_RUNS = 5
+MEDIAN_MIN_SPANS = 3
 EVIDENCE_SPANS = 20
 
 _COLUMNS = [
@@ -56,10 +61,11 @@ def _calibrated(conn: duckdb.DuckDBPyConnection) -> dict[str, tuple[float, int]]
 def _limits(counts: pd.DataFrame, calibrated: dict[str, tuple[float, int]]) -> pd.DataFrame:
     """Per row: its limit, the baseline it came from and the threshold version (0 = window)."""
     out = counts.copy()
-    runs = out[out["whole_run"]]
+    typical = out[out["spans"] >= MEDIAN_MIN_SPANS]
+    runs = typical[typical["whole_run"]]
     medians = runs.groupby("service")["spans"].median()
     sizes = runs.groupby("service").size()
-    agent_medians = out[~out["whole_run"]].groupby("service")["spans"].median()
+    agent_medians = typical[~typical["whole_run"]].groupby("service")["spans"].median()
     limits, baselines, versions = [], [], []
     for row in out.itertuples():
         name = f"{RUN_THRESHOLD if row.whole_run else AGENT_THRESHOLD}:{row.service}"
@@ -94,7 +100,7 @@ def _limits(counts: pd.DataFrame, calibrated: dict[str, tuple[float, int]]) -> p
         "spans": "spans of the run (or of the agent in the run)",
         "calls": "tool calls among them",
         "limit": "the crew's limit in spans: calibrated baseline quantile x margin, else "
-        "5 x the crew's median in the window (at least 100)",
+        "4 x the crew's median in the window (at least 25)",
         "ratio": "spans / limit (> 1)",
         "baseline": "'calibrated' (thresholds runaway_spans_per_run|agent:<service>) or "
         "'window_median' (uncalibrated)",

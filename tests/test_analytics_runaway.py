@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from analytics import Filters, Window, run_metric
 from analytics.calibration import calibrate_from_baseline
-from analytics.runaway import RUN_THRESHOLD, UNCALIBRATED_FLOOR
+from analytics.runaway import RUN_THRESHOLD, UNCALIBRATED_FACTOR
 from analytics.thresholds import current_threshold
 from tests.fixtures_analytics import BASE_TIME, insert_spans, make_span, new_db
 
@@ -34,8 +34,10 @@ def test_a_run_far_over_its_crews_median_is_a_runaway_uncalibrated():
     found = run_metric(conn, "runaway_runs")
     assert list(found["run_id"]) == ["run-runaway", "run-runaway"]  # the run and its agent
     whole = found[found["agent"].isna()].iloc[0]
-    assert whole.spans == 300 and whole.limit == UNCALIBRATED_FLOOR and whole.baseline == "window_median"
-    assert not whole.calibrated and len(whole.span_ids) == 20 and whole.ratio == 3.0
+    assert (
+        whole.spans == 300 and whole.limit == UNCALIBRATED_FACTOR * 20 and whole.baseline == "window_median"
+    )
+    assert not whole.calibrated and len(whole.span_ids) == 20 and whole.ratio == 300 / 80
     assert set(found["agent"].dropna()) == {"researcher"}
     # the filters select findings, never what counts as usual
     assert len(run_metric(conn, "runaway_runs", filters=Filters(run="run-runaway"))) == 2
@@ -48,6 +50,10 @@ def test_a_run_with_a_step_budget_or_a_crew_with_few_runs_is_no_runaway():
     assert run_metric(conn, "runaway_runs").empty
     conn = new_db()
     insert_spans(conn, _run("run-a", 0, 20) + _run("run-b", 100, 400))  # two runs: nothing is usual
+    assert run_metric(conn, "runaway_runs").empty
+    conn = new_db()
+    small = [row for k in range(8) for row in _run(f"run-{k}", k * 100, 5)]
+    insert_spans(conn, small + _run("run-long", 900, 24))  # under the floor of 25 spans
     assert run_metric(conn, "runaway_runs").empty
 
 
