@@ -423,6 +423,11 @@ def _str_list(value: Any) -> list[str] | None:
     if isinstance(value, (list, tuple)):
         return [_text(item) or "" for item in value]
     if isinstance(value, str):
+        # What the decoders write for an array of plain strings: split it without a JSON parse.
+        if value.startswith('["') and value.endswith('"]') and "\\" not in value:
+            items = value[2:-2].split('","')
+            if not any('"' in item for item in items):
+                return items
         # Some SDKs flatten arrays into JSON strings; accept those, else a single id.
         stripped = value.strip()
         if stripped.startswith("["):
@@ -494,6 +499,7 @@ def _crewai_coworker(arguments: Any) -> str | None:
     return (coworker.strip() or None) if isinstance(coworker, str) else None
 
 
+_WRAPPER_MARKERS = ('"args"', '"kwargs"', '"input_str"')
 _SMOLAGENTS_WRAPPER_KEYS = frozenset({"args", "kwargs", "sanitize_inputs_outputs"})
 _TRACELOOP_WRAPPER_KEYS = frozenset({"input_str", "inputs", "tags", "metadata", "kwargs"})
 
@@ -507,6 +513,8 @@ def call_arguments(value: Any) -> Any:
     per-call ids, so no two calls would look alike). Both become the arguments alone, as compact
     JSON; anything else is kept as it is.
     """
+    if isinstance(value, str) and not any(marker in value for marker in _WRAPPER_MARKERS):
+        return value  # no wrapper key in the text: no JSON parse needed
     parsed = _parse_json_object(value)
     if not isinstance(parsed, dict) or not parsed:
         return value
@@ -537,15 +545,16 @@ def call_arguments(value: Any) -> Any:
 _SMOLAGENTS_NAMED = re.compile(r"helpful agent named '([^'\n]{1,200})'")
 
 
-def smolagents_agent(span_name: Any, view: SpanView) -> str | None:
+def smolagents_agent(span_name: Any, get: Callable[[str], Any]) -> str | None:
     """The agent a smolagents ``<name>.run`` span is the run of: its name, or for an agent
     traced under its class name (instrumentations before names were used, or an unnamed
-    manager), the name its managed-agent prompt gives it, else the class."""
+    manager), the name its managed-agent prompt gives it, else the class. ``get`` reads the
+    span's attributes."""
     if not isinstance(span_name, str) or not span_name.endswith(".run"):
         return None
     name = span_name[:-4]
     if name in SMOLAGENTS_AGENT_CLASSES:
-        task = view.attrs.get("input.value")
+        task = get("input.value")
         if isinstance(task, str) and "helpful agent named" in task:
             match = _SMOLAGENTS_NAMED.search(task)
             if match:
@@ -553,173 +562,161 @@ def smolagents_agent(span_name: Any, view: SpanView) -> str | None:
     return name or None
 
 
-READERS: dict[str, Callable[[Any, SpanView], Any]] = {
-    "genai_family": lambda value, view: _GENAI_FAMILY.get(value) if isinstance(value, str) else None,
-    "openinference_family": lambda value, view: _OPENINFERENCE_FAMILY.get(str(value).upper()),
-    "traceloop_family": lambda value, view: _TRACELOOP_FAMILY.get(str(value).lower()),
-    "family_operation": lambda value, view: _FAMILY_OPERATION.get(value),
-    "langgraph_node": lambda value, view: _langgraph_node(value),
-    "call_arguments": lambda value, view: call_arguments(value),
-    "smolagents_agent": smolagents_agent,
-    "langgraph_agent": lambda value, view: langgraph_agent(value),
-    "langgraph_metadata_agent": lambda value, view: _langgraph_metadata_agent(value),
-    "crewai_coworker": lambda value, view: _crewai_coworker(value),
-    "tool": lambda value, view: "tool",
-    "delegate": lambda value, view: "delegate",
-    "attribute": lambda value, view: "attribute",
-}
-
-
-class SpanView:
-    """What conditions and readers may look at: the span's attributes, name and scope, and the
-    columns mapped so far (``out``, indexed like ``COORDINATION_COLUMNS``)."""
-
-    __slots__ = ("attrs", "name", "scope", "out")
-
-    def __init__(self, attrs: Mapping[str, Any], name: str, scope: str, out: list) -> None:
-        self.attrs = attrs
-        self.name = name
-        self.scope = scope
-        self.out = out
-
-
 _INDEX = {column: index for index, column in enumerate(COORDINATION_COLUMNS)}
-_FAMILY = _INDEX["span_family"]
-_OP = _INDEX["op"]
 
-CONDITIONS: dict[str, Callable[[SpanView], bool]] = {
-    "agent": lambda view: view.out[_FAMILY] == "agent",
-    "tool": lambda view: view.out[_FAMILY] == "tool",
+# Readers and conditions are named Python expressions, so the generated mapper inlines them (a
+# ClickHouse view generated from the table would give each name its SQL expression). A reader
+# turns the raw value ``v`` into the column's (``get`` reads the span's other attributes); a
+# condition sees ``out`` (the columns mapped so far, by ``COLUMN[...]`` index), ``get``, the span
+# ``name`` and its instrumentation ``scope``.
+READERS: dict[str, str] = {
+    "genai_family": "GENAI_FAMILY.get(v) if v.__class__ is str else None",
+    "openinference_family": "OPENINFERENCE_FAMILY.get(str(v).upper())",
+    "traceloop_family": "TRACELOOP_FAMILY.get(str(v).lower())",
+    "family_operation": "FAMILY_OPERATION.get(v)",
+    "langgraph_node": "langgraph_node(v)",
+    "call_arguments": "call_arguments(v)",
+    "smolagents_agent": "smolagents_agent(v, get)",
+    "langgraph_agent": "langgraph_agent(v)",
+    "langgraph_metadata_agent": "langgraph_metadata_agent(v)",
+    "crewai_coworker": "crewai_coworker(v)",
+    "tool": "'tool'",
+    "delegate": "'delegate'",
+    "attribute": "'attribute'",
+}
+CONDITIONS: dict[str, str] = {
+    "agent": "out[COLUMN['span_family']] == 'agent'",
+    "tool": "out[COLUMN['span_family']] == 'tool'",
     # a tool call proper: a tool span that is not a hand-off between agents
-    "tool_call": lambda view: view.out[_FAMILY] == "tool" and view.out[_OP] != "delegate",
-    "smolagents_agent": lambda view: view.scope == SCOPE_SMOLAGENTS and view.out[_FAMILY] == "agent",
-    "openai_agents_handoff": lambda view: (
-        view.scope == SCOPE_OPENAI_AGENTS and view.name.startswith("handoff to ")
-    ),
-    "crewai_delegation": lambda view: view.attrs.get("tool.name") in CREWAI_DELEGATION_TOOLS,
-    "stable_agent_id": lambda view: view.scope not in (SCOPE_TRACELOOP_LANGCHAIN, SCOPE_TRACELOOP_CREWAI),
+    "tool_call": "out[COLUMN['span_family']] == 'tool' and out[COLUMN['op']] != 'delegate'",
+    "smolagents_agent": "scope == SCOPE_SMOLAGENTS and out[COLUMN['span_family']] == 'agent'",
+    "openai_agents_handoff": "scope == SCOPE_OPENAI_AGENTS and name.startswith('handoff to ')",
+    "crewai_delegation": "str(get('tool.name')) in CREWAI_DELEGATION_TOOLS",
+    "stable_agent_id": "scope != SCOPE_TRACELOOP_LANGCHAIN and scope != SCOPE_TRACELOOP_CREWAI",
+}
+_ENV: dict[str, Any] = {
+    "COLUMN": _INDEX,
+    "GENAI_FAMILY": _GENAI_FAMILY,
+    "OPENINFERENCE_FAMILY": _OPENINFERENCE_FAMILY,
+    "TRACELOOP_FAMILY": _TRACELOOP_FAMILY,
+    "FAMILY_OPERATION": _FAMILY_OPERATION,
+    "SCOPE_SMOLAGENTS": SCOPE_SMOLAGENTS,
+    "SCOPE_OPENAI_AGENTS": SCOPE_OPENAI_AGENTS,
+    "SCOPE_TRACELOOP_LANGCHAIN": SCOPE_TRACELOOP_LANGCHAIN,
+    "SCOPE_TRACELOOP_CREWAI": SCOPE_TRACELOOP_CREWAI,
+    "CREWAI_DELEGATION_TOOLS": CREWAI_DELEGATION_TOOLS,
+    "langgraph_node": _langgraph_node,
+    "call_arguments": call_arguments,
+    "smolagents_agent": smolagents_agent,
+    "langgraph_agent": langgraph_agent,
+    "langgraph_metadata_agent": _langgraph_metadata_agent,
+    "crewai_coworker": _crewai_coworker,
+    "text": _text,
+    "int_": _int,
+    "bool_": _bool,
+    "str_list": _str_list,
+}
+_COERCE_EXPR = {
+    "text": "(v if v.__class__ is str else text(v))",
+    "int": "int_(v)",
+    "bool": "bool_(v)",
+    "list": "str_list(v)",
 }
 
-# --- the table compiled for the per-span loop -------------------------------------------------
 
-_ATTR, _RESOURCE, _NAME, _COLUMN = range(4)
-
-
-def _compile_source(rule: Rule, source: Source) -> tuple:
+def _expression(source: Source, columns: Sequence[str]) -> str:
+    """Python expression reading a source's raw value."""
     key = source.key
     if key.startswith("resource:"):
-        where, key = _RESOURCE, key[len("resource:") :]
-    elif key == "span:name":
-        where = _NAME
-    elif key.startswith("column:"):
-        where, key = _COLUMN, _INDEX[key[len("column:") :]]
-    else:
-        where = _ATTR
-    when = CONDITIONS[source.when] if source.when else None
-    read = READERS[source.read] if source.read else None
-    return where, key, when, read
+        return f"resource.get({key[len('resource:') :]!r})"
+    if key == "span:name":
+        return "name"
+    if key.startswith("column:"):
+        column = key[len("column:") :]
+        if column not in columns:
+            raise ValueError(f"source {key!r} reads a column not mapped before it")
+        return f"out[{_INDEX[column]}]"
+    return f"get({key!r})"
 
 
-def _compile(rules: Sequence[Rule]) -> tuple[dict[str, tuple[int, Callable]], list[tuple]]:
-    """Direct rules (one plain attribute, no condition, no reader) become a key -> column
-    lookup; the others keep their order."""
-    direct: dict[str, tuple[int, Callable]] = {}
-    ordered: list[tuple] = []
-    done: set[str] = set()
+def generate_mapper(rules: Sequence[Rule] = RULES) -> str:
+    """Python source of ``map_span(attrs, resource, name, scope) -> list`` for the table.
+
+    Generated once at import (as a SQL view could be generated from the same table): rules with
+    a single plain attribute (the driftscope.* fields) become a key -> column lookup walked over
+    the span's attributes; the others are inlined in table order. Interpreting the table per span
+    instead costs several times more, and this runs for every span ingested.
+    """
+    direct: list[str] = []
+    body: list[str] = []
+    done: list[str] = []
     for rule in rules:
         if rule.column not in _INDEX:
             raise ValueError(f"convention rule for unknown column {rule.column!r}")
         if rule.column in done:
             raise ValueError(f"two convention rules for column {rule.column!r}")
-        done.add(rule.column)
-        coerce = _COERCERS[rule.kind]
-        sources = [_compile_source(rule, source) for source in rule.sources]
-        for where, key, _, _ in sources:
-            if where == _COLUMN and COORDINATION_COLUMNS[key] not in done - {rule.column}:
-                raise ValueError(f"rule {rule.column!r} reads a column not mapped before it")
-        (where, key, when, read), *more = sources
-        if not more and where == _ATTR and when is None and read is None and rule.default is None:
-            direct[key] = (_INDEX[rule.column], coerce)
-        else:
-            ordered.append((_INDEX[rule.column], tuple(sources), coerce, rule.default))
-    return direct, ordered
-
-
-_DIRECT, _ORDERED = _compile(RULES)
-_DIRECT_ITEMS = tuple(_DIRECT.items())
-_NO_RESOURCE: Mapping[str, Any] = {}
-
-
-def _generate_mapper(ordered: list[tuple]) -> tuple[str, dict[str, Any]]:
-    """Python source of the per-span mapper for the table's non-direct rules, and its globals.
-
-    Generated once at import from ``RULES`` (as a SQL view could be): a loop interpreting the
-    table costs several times more per span, and this runs for every span ingested.
-    """
-    env: dict[str, Any] = {"SpanView": SpanView, "text": _text}
-    lines = [
-        "def map_ordered(attrs, resource, name, scope, out):",
-        "    get = attrs.get",
-        "    view = SpanView(attrs, name, scope, out)",
-    ]
-    for index, sources, coerce, default in ordered:
-        lines.append(f"    # {COORDINATION_COLUMNS[index]}")
-        lines.append("    v = None")
-        for n, (where, key, when, read) in enumerate(sources):
+        (first, *more) = rule.sources
+        index = _INDEX[rule.column]
+        if not more and not first.when and not first.read and rule.default is None and ":" not in first.key:
+            direct.append(f"    {first.key!r}: ({index}, {rule.kind!r}),")
+            done.append(rule.column)
+            continue
+        body.append(f"    # {rule.column}")
+        for n, source in enumerate(rule.sources):
             test = "v is None" if n else "True"
-            if when is not None:
-                env[f"when_{id(when)}"] = when
-                test += f" and when_{id(when)}(view)"
-            getter = {
-                _ATTR: f"get({key!r})",
-                _RESOURCE: f"resource.get({key!r})",
-                _NAME: "name",
-                _COLUMN: f"out[{key}]",
-            }[where]
-            lines.append(f"    if {test}:")
-            lines.append(f"        v = {getter}")
-            if read is None:
-                lines.append("        if v == '':")
-                lines.append("            v = None")
-            else:
-                env[f"read_{id(read)}"] = read
-                lines.append("        if v is not None and v != '':")
-                lines.append(f"            v = read_{id(read)}(v, view)")
-                lines.append("        if v == '':")
-                lines.append("            v = None")
-        if coerce is _text:
-            value = "(v if v.__class__ is str else text(v))"
-        else:
-            env[f"coerce_{id(coerce)}"] = coerce
-            value = f"coerce_{id(coerce)}(v)"
-        lines.append(f"    out[{index}] = {value} if v is not None else {default!r}")
-    lines.append("    return out")
-    return "\n".join(lines) + "\n", env
+            if source.when:
+                condition = re.sub(
+                    r"COLUMN\['(\w+)'\]", lambda m: str(_INDEX[m.group(1)]), CONDITIONS[source.when]
+                )
+                test += f" and ({condition})"
+            body.append(f"    if {test}:" if n or source.when else "    if True:")
+            body.append(f"        v = {_expression(source, done)}")
+            if source.read:
+                body.append("        if v is not None and v != '':")
+                body.append(f"            v = {READERS[source.read]}")
+            body.append("        if v == '':")
+            body.append("            v = None")
+        coerce = _COERCE_EXPR[rule.kind]
+        body.append(f"    out[{index}] = {coerce} if v is not None else {rule.default!r}")
+        done.append(rule.column)
+    lines = [
+        "DIRECT = {",
+        *direct,
+        "}",
+        "",
+        "",
+        "def map_span(attrs, resource, name, scope):",
+        f"    out = [None] * {len(COORDINATION_COLUMNS)}",
+        "    get = attrs.get",
+        "    # each direct key has its own column: walk the span's attributes or the keys, the fewer",
+        "    if len(attrs) <= len(DIRECT):",
+        "        pairs = attrs.items()",
+        "    else:",
+        "        pairs = [(key, get(key)) for key in DIRECT]",
+        "    for key, value in pairs:",
+        "        hit = DIRECT.get(key)",
+        "        if hit is not None and value is not None:",
+        "            kind = hit[1]",
+        "            if kind == 'text':",
+        "                out[hit[0]] = value if value.__class__ is str else text(value)",
+        "            elif kind == 'list':",
+        "                out[hit[0]] = str_list(value)",
+        "            elif kind == 'int':",
+        "                out[hit[0]] = int_(value)",
+        "            else:",
+        "                out[hit[0]] = bool_(value)",
+        "    v = None",
+        *body,
+        "    return out",
+    ]
+    return "\n".join(lines) + "\n"
 
 
-MAPPER_SOURCE, _env = _generate_mapper(_ORDERED)
-exec(compile(MAPPER_SOURCE, "<collector.conventions mapper>", "exec"), _env)  # noqa: S102 (our own table)
-_map_ordered = _env["map_ordered"]
-del _env
-
-
-def _map_span(attrs: Mapping[str, Any], resource: Mapping[str, Any], name: str, scope: str) -> list:
-    out: list = [None] * len(COORDINATION_COLUMNS)
-    # Each direct key maps to its own column, so walking whichever of the two is smaller gives
-    # the same result; spans usually carry far fewer attributes than there are driftscope keys.
-    if len(attrs) < len(_DIRECT_ITEMS):
-        direct = _DIRECT
-        for key, value in attrs.items():
-            hit = direct.get(key)
-            if hit is not None and value is not None:
-                out[hit[0]] = value if hit[1] is _text and value.__class__ is str else hit[1](value)
-    else:
-        get = attrs.get
-        for key, (index, coerce) in _DIRECT_ITEMS:
-            value = get(key)
-            if value is not None:
-                out[index] = value if coerce is _text and value.__class__ is str else coerce(value)
-    return _map_ordered(attrs, resource, name, scope, out)
+MAPPER_SOURCE = generate_mapper()
+_namespace = dict(_ENV)
+exec(compile(MAPPER_SOURCE, "<collector.conventions mapper>", "exec"), _namespace)  # noqa: S102 (our own table)
+_map_span: Callable[[Mapping[str, Any], Any, str, str], list] = _namespace["map_span"]
+del _namespace
 
 
 def map_coordination(

@@ -78,10 +78,8 @@ def batch_to_arrow(batches: list[DecodedBatch]) -> pa.Table:
 _TREE_SQL = """
 CREATE OR REPLACE TEMP TABLE _tree AS
 SELECT rowid AS rid, TraceId, SpanId, ParentSpanId, agent_id, agent_name, run_id, span_family,
-       input_text IS NULL AS no_input,
        -- spans of driftscope's guards state their own delegation hops and runs
-       (task_id IS NOT NULL OR origin_task_id IS NOT NULL OR guard IS NOT NULL OR scenario IS NOT NULL
-        OR goal_text IS NOT NULL OR goal_root IS NOT NULL) AS guarded
+       (task_id IS NOT NULL OR guard IS NOT NULL OR scenario IS NOT NULL) AS guarded
 FROM spans WHERE ingested_at >= $since AND TraceId IN (SELECT TraceId FROM _incoming)
 """
 
@@ -194,8 +192,8 @@ FROM (SELECT c.rid, t.input_text
       FROM _tree c
       JOIN _tree p ON p.TraceId = c.TraceId AND p.SpanId = c.ParentSpanId
       JOIN spans t ON t.rowid = p.rid
-      WHERE c.span_family = 'agent' AND c.no_input AND p.span_family = 'tool' AND NOT p.no_input) caller
-WHERE spans.rowid = caller.rid
+      WHERE c.span_family = 'agent' AND p.span_family = 'tool' AND t.input_text IS NOT NULL) caller
+WHERE spans.rowid = caller.rid AND spans.input_text IS NULL
 """
 
 # A span that names no agent takes its nearest ancestor's agent (an agent span or any span with
