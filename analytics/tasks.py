@@ -16,7 +16,7 @@ from typing import Any
 MAX_TASK_CHARS = 1000
 # Bump when extract_task's output can change: stored goal-pair scores (analytics.goals) are keyed
 # by it, so pairs are scored again with the new statements.
-EXTRACTION_VERSION = 2
+EXTRACTION_VERSION = 3
 
 TASK_KEYS = (
     "task", "question", "query", "objective", "instruction", "instructions", "goal",
@@ -35,6 +35,13 @@ _YOUR_TASK = re.compile(r"(?i)\byour (?:task|job|goal|objective) is(?: to)?\s*[:
 # their own instructions after it (smolagents' managed-agent prompt: "Task:\n<request>\n---\n
 # You're helping your manager ... Your final_answer WILL HAVE to contain these parts ...").
 _RULE_LINE = re.compile(r"(?m)^[ \t]*(?:-{3,}|\*{3,}|_{3,}|={3,})[ \t]*$")
+# Where frameworks append their own instructions to the task they hand an agent (CrewAI's
+# translations: `expected_output`, `task_with_context`, `task`; smolagents' managed-agent prompt):
+# the statement ends before them.
+_FRAMEWORK_INSTRUCTIONS = re.compile(
+    r"(?:This is the expected criteria for your final answer:|This is the context you're working with:|"
+    r"Begin! This is VERY important to you|You're helping your manager solve a wider task)"
+)
 
 
 def extract_task(value: Any, max_chars: int = MAX_TASK_CHARS) -> str | None:
@@ -51,6 +58,7 @@ def extract_task(value: Any, max_chars: int = MAX_TASK_CHARS) -> str | None:
         task = _task_from_structure(value)
     if task is None:
         return None
+    task = _FRAMEWORK_INSTRUCTIONS.split(task, maxsplit=1)[0].strip() or task
     return truncate_task(_normalize_space(task), max_chars)
 
 

@@ -111,3 +111,16 @@ def test_genai_semconv_messages_with_parts():
         {"role": "user", "parts": [{"type": "tool_call_response", "id": "c1", "result": "EUR 412 million"}]},
     ]
     assert extract_task(json.dumps(messages)) == "What was Northwind's EU revenue in 2024?"
+
+
+def test_crewai_task_prompt_gives_the_description_not_the_instructions():
+    # CrewAI's translations (en.json): the task description, then `expected_output` and `task`.
+    prompt = (
+        "Find a recipe for Neapolitan pizza dough with high hydration.\n\n"
+        "This is the expected criteria for your final answer: Your best answer to your coworker.\n"
+        "you MUST return the actual complete content as the final answer, not a summary.\n\n"
+        "This is the context you're working with:\nThe user asked the crew this question."
+    )
+    assert extract_task(prompt) == "Find a recipe for Neapolitan pizza dough with high hydration."
+    react = "\nCurrent Task: What is Fabrikam's market share?\n\nBegin! This is VERY important to you, use the tools"
+    assert extract_task(react) == "What is Fabrikam's market share?"
