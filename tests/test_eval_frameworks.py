@@ -36,10 +36,6 @@ _REDELEGATION = (
 _OFF_TOPIC = "no subtask statement is extracted for the sub-agent's invocation, so nothing to score (issue 13 parts 2 and 5)"
 _TO_REVIEW = "goal drift over the uncalibrated default threshold makes the verdict 'to review', not 'failing'"
 _DUPLICATE = "nothing marks a framework tool as side-effecting, so duplicate_side_effects sees no side effect (issue 13 part 2)"
-_RUNAWAY = (
-    "uncalibrated, runaway_runs needs a run over max(5 x the crew's median run, 100 spans); these runaway runs "
-    "have 54-84 spans (found once calibrated from a healthy baseline: docs/detection-quality.md)"
-)
 _PING_PONG = "the two sub-agents handing the task back and forth (through the manager or nested) are not read as a ping-pong (issue 13 part 2)"
 _FOLLOWS = "follows from the miss of its detector"
 
@@ -55,14 +51,14 @@ KNOWN_MISSES: dict[str, str] = {
     "found[smolagents/ping-pong]": _PING_PONG,
     "found[smolagents/duplicate-email]": _DUPLICATE,
     "verdict_failing[smolagents/duplicate-email]": _FOLLOWS,
-    "found[smolagents/runaway]": _RUNAWAY,
-    "verdict_failing[smolagents/runaway]": _FOLLOWS,
     # LangGraph through OpenLLMetry
     "found[langgraph-openllmetry/redelegation]": _REDELEGATION,
     "found[langgraph-openllmetry/off-topic]": _OFF_TOPIC,
     "verdict_failing[langgraph-openllmetry/off-topic]": _FOLLOWS,
     "found[langgraph-openllmetry/duplicate-email]": _DUPLICATE,
     "verdict_failing[langgraph-openllmetry/duplicate-email]": _FOLLOWS,
+    "tasks[langgraph-openllmetry]": "no subtask statement is scored for the ReAct sub-agent (its task is the "
+    "sub-graph's first user message, inside OpenLLMetry's traceloop.entity.input) (issue 13 parts 2 and 5)",
     # OpenAI Agents SDK
     "found[openai-agents/redelegation]": _REDELEGATION,
     "verdict_failing[openai-agents/redelegation]": _FOLLOWS,
@@ -70,8 +66,8 @@ KNOWN_MISSES: dict[str, str] = {
     "verdict_failing[openai-agents/off-topic]": _FOLLOWS,
     "found[openai-agents/duplicate-email]": _DUPLICATE,
     "verdict_failing[openai-agents/duplicate-email]": _FOLLOWS,
-    "found[openai-agents/runaway]": _RUNAWAY,
-    "verdict_failing[openai-agents/runaway]": _FOLLOWS,
+    "tasks[openai-agents]": "no subtask statement is scored for the as_tool researcher (its task is the "
+    'ask_researcher call\'s {"input": ...}) (issue 13 parts 2 and 5)',
     # PydanticAI
     "found[pydantic-ai/redelegation]": _REDELEGATION,
     "verdict_failing[pydantic-ai/redelegation]": _FOLLOWS,
@@ -79,8 +75,6 @@ KNOWN_MISSES: dict[str, str] = {
     "found[pydantic-ai/ping-pong]": _PING_PONG,
     "found[pydantic-ai/duplicate-email]": _DUPLICATE,
     "verdict_failing[pydantic-ai/duplicate-email]": _FOLLOWS,
-    "found[pydantic-ai/runaway]": _RUNAWAY,
-    "verdict_failing[pydantic-ai/runaway]": _FOLLOWS,
 }
 
 
@@ -182,6 +176,16 @@ def test_every_span_of_an_agent_has_that_agent(evaluation, name):
     coverage = evaluation.coverage[name]
     assert coverage.under_agent > 0
     assert coverage.right_agent == coverage.under_agent, coverage.wrong.most_common(5)
+
+
+@pytest.mark.parametrize("name", _set_cases("tasks"))
+def test_every_true_task_statement_is_extracted(evaluation, name):
+    missing = {
+        r.truth.run: r.tasks_extracted
+        for r in evaluation.results
+        if r.run_set == name and r.tasks_extracted[0] < r.tasks_extracted[1]
+    }
+    assert missing == {}, "runs -> (true task statements found among the scored subtasks, true statements)"
 
 
 @pytest.mark.parametrize("name", _set_cases("statements"))
