@@ -278,8 +278,10 @@ def baseline_value(values: np.ndarray, quantile: float, k_sigma: float | None) -
 def _consecutive_call_similarity(
     conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters
 ) -> np.ndarray:
+    """The loop similarity of each tool call to the previous call of its (run, agent, tool)."""
     frame = run_sql(conn, "call_similarity", window, filters)
-    return frame["similarity"].to_numpy(dtype=np.float64)
+    scores = [argument_similarity(a, b) for a, b in zip(frame["args"], frame["previous"], strict=True)]
+    return np.repeat(np.asarray(scores, dtype=np.float64), frame["n"].to_numpy(dtype=np.int64))
 
 
 def calibrate_from_baseline(
@@ -333,7 +335,12 @@ def calibrate_from_baseline(
     store("rejection_rate", rates, "rejections / attempts per bucket", clip=(0.0, 1.0))
     # A loop threshold must sit above the similarity healthy consecutive calls already show.
     similarity = _consecutive_call_similarity(conn, window, filters)
-    store("near_duplicate_similarity", similarity, "token-set Jaccard", clip=(0.5, 1.0))
+    store(
+        "near_duplicate_similarity",
+        similarity,
+        "token-set Jaccard of stemmed argument words",
+        clip=(0.5, 1.0),
+    )
     # Runaway limits per crew (service): the baseline's spans per run / per agent in a run.
     counts = run_sql(conn, "runaway_runs", window, filters)
     for service, group in counts.groupby("service"):

@@ -19,10 +19,13 @@ from analytics.types import Filters, Window
 
 logger = logging.getLogger(__name__)
 
-# A loop is the same (or nearly the same) call executed 3+ times (2 repeats); calls a guard
-# refused did not execute, so they count towards a loop only when 3+ of them were refused (the
-# agent hammering a guard). A retry after one failure, or one re-check, is normal: on the
-# calibration data (docs/analytics.md, "Loops") 2-call repeats are common in healthy runs.
+# A loop is the same (or a re-worded) call executed 3+ times (2 repeats); calls a guard refused
+# did not execute, so they count towards a loop only when 3+ of them were refused (the agent
+# hammering a guard). A retry after one failure, or one re-check, is normal. On the framework
+# corpus (sample_traces/frameworks, 72 healthy runs) no healthy run has a repeat at 2, 3 or 4
+# calls, and every injected retry loop is found at 3 and 4; 2 would add findings in 11 failure
+# runs (two identical asks of a re-delegation, the two sends of a duplicate side effect) but
+# flag every single retry after a transient error, which that corpus has no healthy example of.
 MIN_REPEATS = 3
 # A call is compared with at most this many calls before it in its (run, agent, tool) group
 # (exact repeats are linked at any distance): loops are bursts of retries, and a window keeps the
