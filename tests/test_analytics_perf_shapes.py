@@ -27,14 +27,15 @@ def _reference_sql(name: str) -> str:
     return text.replace("{span_filter}", "(\n" + load_sql("_span_filter").strip() + "\n)")
 
 
-def _observations(rng: random.Random, runs: int) -> list[dict]:
-    """Reads, writes and objective sightings of a few hot keys by several agents per run."""
+def _observations(rng: random.Random, runs: int, long: bool = False) -> list[dict]:
+    """Reads, writes and objective sightings of a few hot keys by several agents per run
+    (``long``: hundreds of them by a writer and a reader, who holds dozens of versions of a key)."""
     rows = []
     for r in range(runs):
         run = f"run-{r}"
         versions = {"k": 0, "plan": 0, "goal": 0}
-        for _ in range(rng.randint(5, 60)):
-            agent = rng.choice(["a", "b", "c", "d"])
+        for _ in range(rng.randint(500, 900) if long else rng.randint(5, 60)):
+            agent = rng.choice(["a", "b"] if long else ["a", "b", "c", "d"])
             t = rng.random() * 100
             subject = rng.choice(list(versions))
             fields = dict(run=run, TraceId=trace_id(f"{run}/{rng.randint(0, 1)}"), agent_id=agent)
@@ -45,7 +46,9 @@ def _observations(rng: random.Random, runs: int) -> list[dict]:
                 fields.update(op="step", objective_id="goal", objective_version=version,
                               objective_superseded=rng.random() < 0.05)  # fmt: skip
             else:
-                op = rng.choice(["read", "read", "write"])
+                op = (
+                    rng.choice(["read", "read", "write"]) if not long else "write" if agent == "a" else "read"
+                )
                 fields.update(op=op, state_key=subject, state_version=version,
                               outcome=rng.choice(["ok", "ok", "ok", "rejected"]))  # fmt: skip
             rows.append(make_span(t, **fields))
@@ -57,12 +60,12 @@ def _sorted(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 @pytest.mark.parametrize(
-    "seed", [*range(20), *(pytest.param(s, marks=pytest.mark.slow) for s in range(20, 120))]
+    "seed", [*range(10), *(pytest.param(s, marks=pytest.mark.slow) for s in range(10, 80))]
 )
 def test_context_drift_holders_equals_the_old_sql_on_random_span_sets(seed):
     rng = random.Random(seed)
     conn = new_db()
-    insert_spans(conn, _observations(rng, rng.randint(1, 4)))
+    insert_spans(conn, _observations(rng, rng.randint(1, 4), long=seed >= 10 and seed % 4 == 3))
     for filters in (Filters(), Filters(agent="b")):
         params = filter_params(Window(), filters)
         old = query_df(conn, _reference_sql("context_drift_holders_v1"), params)
@@ -71,11 +74,44 @@ def test_context_drift_holders_equals_the_old_sql_on_random_span_sets(seed):
         pd.testing.assert_frame_equal(_sorted(new, keys), _sorted(old[list(new.columns)], keys))
 
 
-def test_random_span_sets_hold_stale_holders():
-    # Otherwise the equality above could compare empty frames only.
+def test_random_span_sets_hold_stale_holders_also_dozens_per_agent_and_key():
+    # Otherwise the equality above could compare empty frames only, or never take the path of
+    # holders with many holdings of one subject (over 32: "crowded" in the SQL).
     found = 0
     for seed in range(20):
         conn = new_db()
         insert_spans(conn, _observations(random.Random(seed), 3))
         found += len(run_metric(conn, "context_drift_holders"))
     assert found > 20
+    conn = new_db()
+    insert_spans(conn, _observations(random.Random(3), 1, long=True))
+    # A reader holding 34+ versions of one key: every one but the newest is superseded.
+    (read,) = conn.execute(
+        "SELECT max(n) FROM (SELECT count(DISTINCT state_version) AS n FROM spans "
+        "WHERE op = 'read' GROUP BY agent_id, state_key)"
+    ).fetchone()
+    new = run_metric(conn, "context_drift_holders")
+    assert read > 34 and len(new) > 20
+    old = query_df(conn, _reference_sql("context_drift_holders_v1"), filter_params(Window(), Filters()))
+    keys = ["run_id", "agent", "objective_id", "held_version"]
+    pd.testing.assert_frame_equal(_sorted(new, keys), _sorted(old[list(new.columns)], keys))
+
+
+def test_holding_ended_by_another_version_seen_at_the_same_instant_as_its_first_read():
+    conn = new_db()
+    rows = [make_span(0, agent_id="w", op="write", state_key="k", state_version="v1", outcome="ok")]
+    rows += [make_span(1 + i, agent_id="w", op="write", state_key="k", state_version=f"v{i + 2}",
+                       outcome="ok") for i in range(40)]  # fmt: skip
+    # a reads v1 and, at the same instant, sees v2; its next observation later is v3
+    rows += [make_span(0.5, agent_id="a", op="read", state_key="k", state_version="v1", outcome="ok")]
+    rows += [make_span(0.5, agent_id="a", op="read", state_key="k", state_version="v2", outcome="ok")]
+    rows += [make_span(2 + i, agent_id="a", op="read", state_key="k", state_version=f"v{i + 1}",
+                       outcome="ok") for i in range(40)]  # fmt: skip
+    insert_spans(conn, rows)
+    params = filter_params(Window(), Filters())
+    old = query_df(conn, _reference_sql("context_drift_holders_v1"), params)
+    new = run_metric(conn, "context_drift_holders")
+    keys = ["run_id", "agent", "objective_id", "held_version"]
+    pd.testing.assert_frame_equal(_sorted(new, keys), _sorted(old[list(new.columns)], keys))
+    held_v1 = new[(new.agent == "a") & (new.held_version == "v1")].iloc[0]
+    assert held_v1.refreshed and held_v1.held_until > held_v1.first_seen

@@ -7,7 +7,9 @@
 -- write conflict (lost_updates / divergent_reads), not context drift, and is left out.
 -- Performance: the next version of each version comes from one window over the moments a
 -- subject got a new version (a self-join of the versions grew with the square of the versions
--- per subject: hot keys). Holdings are aggregated only from reads of a superseded or flagged
+-- per subject: hot keys), and a holding's end from the holder's observations numbered by stretch
+-- of one version (comparing every holding with every observation grew with the square of them
+-- per agent and subject: long sessions). Holdings are aggregated only from reads of a superseded or flagged
 -- version (about a quarter of the observations), the agent filter applies to them up front, and
 -- the holder's own writes are looked up only for holdings already held past the moment their
 -- version went stale (about 40% of them).
@@ -53,10 +55,47 @@ candidates AS (  -- holdings of a version that was superseded or flagged
     GROUP BY o.run_id, o.agent_id, o.subject, o.version
     HAVING coalesce(any_value(v.newer_ns), min(o.start_ns) FILTER (WHERE o.flagged)) IS NOT NULL
 ),
-ended AS (  -- the holder's next observation of the subject with another version
+crowded AS (  -- (run, agent, subject) with many holdings: their ends come from islands below;
+              -- for the others comparing each holding with each observation is cheaper
+    SELECT run_id, agent_id, subject FROM candidates GROUP BY ALL HAVING count(*) > 32
+),
+islands AS (  -- the observations of a crowded (run, agent, subject) in time order, numbered by
+              -- stretch of one version (island)
+    SELECT *, sum(starts::INTEGER) OVER (PARTITION BY run_id, agent_id, subject
+                                         ORDER BY start_ns, version, SpanId
+                                         ROWS UNBOUNDED PRECEDING) AS island
+    FROM (SELECT o.run_id, o.agent_id, o.subject, o.version, o.start_ns, o.SpanId,
+                 coalesce(lag(o.version) OVER (PARTITION BY o.run_id, o.agent_id, o.subject
+                                               ORDER BY o.start_ns, o.version, o.SpanId) <> o.version,
+                          true) AS starts
+          FROM obs o
+          SEMI JOIN crowded c
+            ON c.run_id = o.run_id AND c.agent_id = o.agent_id AND c.subject = o.subject)
+),
+next_island AS (  -- the first observation of the stretch after the holding's first read
+    SELECT h.run_id, h.agent_id, h.subject, h.version, h.hold_start_ns,
+           s.start_ns AS next_ns, s.SpanId AS next_span
+    FROM (SELECT c.run_id, c.agent_id, c.subject, c.version, c.hold_start_ns, max(i.island) AS island
+          FROM candidates c
+          JOIN islands i ON i.run_id = c.run_id AND i.agent_id = c.agent_id AND i.subject = c.subject
+                        AND i.version = c.version AND i.start_ns = c.hold_start_ns
+          GROUP BY ALL) h
+    JOIN islands s ON s.run_id = h.run_id AND s.agent_id = h.agent_id AND s.subject = h.subject
+                  AND s.island = h.island + 1 AND s.starts
+),
+ended AS (  -- the holder's next observation of the subject with another version: the next
+            -- stretch's first, unless that is at the very moment of the first read (a tie: then
+            -- the first observation of another version strictly later, looked up)
+    SELECT run_id, agent_id, subject, version, next_span AS end_span_id, next_ns AS end_ns
+    FROM next_island WHERE next_ns > hold_start_ns
+    UNION ALL
     SELECT c.run_id, c.agent_id, c.subject, c.version,
            arg_min(o.SpanId, o.start_ns) AS end_span_id, min(o.start_ns) AS end_ns
-    FROM candidates c
+    FROM (SELECT run_id, agent_id, subject, version, hold_start_ns
+          FROM next_island WHERE next_ns = hold_start_ns
+          UNION ALL
+          SELECT c.run_id, c.agent_id, c.subject, c.version, c.hold_start_ns
+          FROM candidates c ANTI JOIN crowded USING (run_id, agent_id, subject)) c
     JOIN obs o ON o.run_id = c.run_id AND o.agent_id = c.agent_id AND o.subject = c.subject
               AND o.version <> c.version AND o.start_ns > c.hold_start_ns
     GROUP BY ALL
