@@ -32,8 +32,8 @@ DIMENSIONS: dict[str, list] = {
     "calls_per_session": [10, 1000, 100_000],
     "agents_per_run": [2, 8, 64],
     "depth": [1, 3],  # with fanout 2 at depth 3 (14 agent spans) against 8 at depth 1
-    "writes_per_key": [1, 100, 100_000],
-    "spans_per_trace": [1, 100, 1000],  # 100k-span traces: calls_per_session=100000
+    "writes_per_key": [1, 100_000],  # 100_000: one key per run, written by every agent
+    "spans_per_trace": [1, 100],  # one trace per run (1,009 spans): the base; 100k: calls_per_session
     "distinct_args": [0.0, 0.5, 1.0],
 }
 SMOKE_DIMENSIONS: dict[str, list] = {"calls_per_session": [10, 100]}
