@@ -77,6 +77,16 @@ class RunResult:
     spans: int = 0
     matched: int = 0  # findings of the expected detector whose evidence is the injected failure
     flagged_subtasks: list[str] = field(default_factory=list)  # goal_divergence's subtask statements
+    extracted_subtasks: list[str] = field(default_factory=list)  # every subtask statement scored
+
+    @property
+    def tasks_extracted(self) -> tuple[int, int]:
+        """(true task statements found among the extracted subtask statements, true statements)."""
+        truths = {s.task for s in self.truth.subtasks}
+        found = sum(
+            1 for want in truths if any(statement_matches(got, want) for got in self.extracted_subtasks)
+        )
+        return found, len(truths)
 
     @property
     def unclean_flagged(self) -> list[str]:
@@ -122,6 +132,8 @@ class RunResult:
             "stored_run_ids": self.stored_run_ids,
             "flagged_subtasks": [t[:300] for t in self.flagged_subtasks],
             "unclean_flagged": len(self.unclean_flagged),
+            "tasks_extracted": list(self.tasks_extracted),
+            "extracted_subtasks": [t[:300] for t in self.extracted_subtasks],
             "spans": self.spans,
         }
 
@@ -202,6 +214,8 @@ def failing_cases(evaluation: Evaluation) -> list[str]:
             cases.append(f"agents[{name}]")
         if any(len(r.stored_run_ids) != 1 for r in evaluation.results if r.run_set == name):
             cases.append(f"one_run[{name}]")
+        if any(r.tasks_extracted[0] < r.tasks_extracted[1] for r in evaluation.results if r.run_set == name):
+            cases.append(f"tasks[{name}]")
         if any(r.unclean_flagged for r in evaluation.results if r.run_set == name):
             cases.append(f"statements[{name}]")
     return cases
@@ -482,7 +496,12 @@ def _score(
         result.stored_run_ids.append(run_id)
         result.verdicts.append(row["verdict"])
         result.spans += int(row["spans"])
-        spans = get_json(client, f"{base}/api/v1/runs/{quote(run_id, safe='')}/spans?limit=100000")["rows"]
+        quoted = quote(run_id, safe="")
+        goal_rows = get_json(client, f"{base}/api/v1/metrics/goal_divergence_distribution?run={quoted}")[
+            "rows"
+        ]
+        result.extracted_subtasks += [str(g["subtask"]) for g in goal_rows if g.get("subtask")]
+        spans = get_json(client, f"{base}/api/v1/runs/{quoted}/spans?limit=100000")["rows"]
         agent_names = run_sets[result.run_set].agent_span_names
         expected = expected_agents(spans, agent_names)
         cov = coverage[result.run_set]
@@ -533,8 +552,8 @@ def summary_tables(evaluation: Evaluation, level: str = "##") -> str:
     lines += [
         f"{level} Summary per run set",
         "",
-        "| run set | instrumentation | runs | failures found | healthy runs without findings | healthy verdicts | failing verdicts on failures | spans under an agent with an agent | with the right agent | goal findings whose statement is a true task |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| run set | instrumentation | runs | failures found | healthy runs without findings | healthy verdicts | failing verdicts on failures | spans under an agent with an agent | with the right agent | true task statements extracted | goal findings whose statement is a true task |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     totals = Counter()
     for name, results in by_set.items():
@@ -547,6 +566,8 @@ def summary_tables(evaluation: Evaluation, level: str = "##") -> str:
         cov = evaluation.coverage[name].as_dict()
         flagged = sum(len(r.flagged_subtasks) for r in results)
         clean_flagged = flagged - sum(len(r.unclean_flagged) for r in results)
+        tasks_found = sum(r.tasks_extracted[0] for r in results)
+        tasks_total = sum(r.tasks_extracted[1] for r in results)
         totals.update(
             runs=len(results), failures=len(failures), found=found, healthy=len(healthy), clean=clean,
             healthy_ok=healthy_ok, failing_ok=failing_ok,
@@ -555,12 +576,12 @@ def summary_tables(evaluation: Evaluation, level: str = "##") -> str:
             f"| {name} | {evaluation.run_sets[name].instrumentation} | {len(results)} | {found}/{len(failures)} | "
             f"{clean}/{len(healthy)} | {healthy_ok}/{len(healthy)} | {failing_ok}/{len(failures)} | "
             f"{_fmt_share(cov['with_agent_share'])} ({cov['with_agent']}/{cov['under_agent']}) | "
-            f"{_fmt_share(cov['right_agent_share'])} | {clean_flagged}/{flagged} |"
+            f"{_fmt_share(cov['right_agent_share'])} | {tasks_found}/{tasks_total} | {clean_flagged}/{flagged} |"
         )
     lines.append(
         f"| **all** | | {totals['runs']} | {totals['found']}/{totals['failures']} | "
         f"{totals['clean']}/{totals['healthy']} | {totals['healthy_ok']}/{totals['healthy']} | "
-        f"{totals['failing_ok']}/{totals['failures']} | | | |"
+        f"{totals['failing_ok']}/{totals['failures']} | | | | |"
     )
     if evaluation.detector_errors:
         lines += ["", "**Detectors that answered with an error** (counted as no finding):", ""]
@@ -694,7 +715,10 @@ def render_report(evaluations: list[Evaluation], notes: str = "") -> str:
         "failure should get `failing`. *Spans under an agent* are the spans whose nearest "
         "ancestor-or-self is an agent span of the ground truth (`agent_span_names` in each "
         "`truth.json`); *with an agent* counts those with any `agent_id`, *right agent* those whose "
-        "`agent_id` is that agent. *Goal findings whose statement is a true task* counts the "
+        "`agent_id` is that agent. *True task statements extracted* counts the distinct task "
+        "statements of the ground truth (`subtasks`: what each sub-agent was really asked) found "
+        "among the subtask statements driftscope scores for the run "
+        "(`/api/v1/metrics/goal_divergence_distribution?run=...`). *Goal findings whose statement is a true task* counts the "
         "`goal_divergence` findings whose extracted subtask statement is one of the run's true task "
         "statements (`subtasks` in `truth.json`), not a prompt with the framework's boilerplate.\n\n"
         + "".join(_mode_section(e) for e in evaluations)
