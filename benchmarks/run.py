@@ -253,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.shapes import growth_table
 
         print(growth_table(section))
+        print(growth_table(section, "median_cpu_s"))
     print(f"\nresults written to {out_path}")
     return 0
 

@@ -145,8 +145,10 @@ def run_shapes(
     return {"spans": spans, "dimensions": dimensions, "by_shape": results}
 
 
-def growth_table(section: dict) -> str:
-    """Markdown: per dimension, each detector's median at each value, and its ratio to the first."""
+def growth_table(section: dict, metric: str = "median_s") -> str:
+    """Markdown: per dimension, each detector's median at each value, and its ratio to the first.
+
+    ``metric``: ``median_s`` (wall seconds) or ``median_cpu_s`` (CPU seconds of the process)."""
     by_shape = section.get("by_shape") or {}
     out = []
     for dimension, values in section.get("dimensions", {}).items():
@@ -156,16 +158,16 @@ def growth_table(section: dict) -> str:
             continue
         names = sorted({n for _, lbl in present for n in by_shape[lbl]["detectors"]})
         header = ["detector"] + [f"{dimension}={v}" for v, _ in present] + ["growth (time / value ratio)"]
-        out.append(f"\n{section['spans']:,} stored spans, varying {dimension}\n")
+        unit = "CPU seconds" if metric == "median_cpu_s" else "seconds"
+        out.append(f"\n{section['spans']:,} stored spans, varying {dimension} (median {unit})\n")
         out.append("| " + " | ".join(header) + " |")
         out.append("|" + "---|" * len(header))
-        rows = [
-            (n, [by_shape[lbl]["detectors"].get(n, {}).get("median_s") for _, lbl in present]) for n in names
-        ]
-        live = [by_shape[lbl].get("run_summary_live", {}).get("incremental_s") for _, lbl in present]
+        rows = [(n, [by_shape[lbl]["detectors"].get(n, {}).get(metric) for _, lbl in present]) for n in names]
+        live_metric = "incremental_cpu_s" if metric == "median_cpu_s" else "incremental_s"
+        live = [by_shape[lbl].get("run_summary_live", {}).get(live_metric) for _, lbl in present]
         rows.append(("run_summary (after new spans)", live))
         for name, medians in rows:
-            cells = [f"{m:.3f}" if m is not None else "timed out" for m in medians]
+            cells = [f"{m:.3f}" if m is not None else "-" for m in medians]
             first, last = medians[0], medians[-1]
             v0, v1 = present[0][0], present[-1][0]
             value_ratio = (v1 / v0) if v0 else None
