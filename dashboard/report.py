@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Literal
@@ -36,6 +37,8 @@ FORMATS = ("html", "md", "json")
 # JSON lists every finding unless asked otherwise: it is the way to get them all.
 LISTED_PER_MODE = {"html": 20, "md": 20, "json": None}
 RUNS_LISTED = 50
+# Runs whose spans are read to find the text of dropped constraints (one read per run).
+CONSTRAINT_TEXT_RUNS = 20
 INDENT_LIMIT = 2000
 
 
@@ -120,6 +123,7 @@ def gather_report(
         listed.extend(chosen)
         ids.extend(f"F{offset + i}" for i in range(1, len(chosen) + 1))
         offset += metric.count
+    add_constraint_texts(source, listed, errors)
     # Grouped by run, worst first: the order an incident review reads them (and the run explorer lists them).
     order = order_by_run_and_severity(listed)
     listed, ids = [listed[i] for i in order], [ids[i] for i in order]
@@ -162,6 +166,47 @@ def gather_report(
         errors=errors,
         verdicts=verdicts,
     )
+
+
+def constraint_texts(spans: pd.DataFrame, ids: set[str]) -> dict[str, str]:
+    """The text of each constraint id as the run's spans state it: a guard's ledger
+    (``{"id": "C2", "text": "..."}`` in tool arguments) or a free-text context (``[C2] ...;``)."""
+    found: dict[str, str] = {}
+    columns = [c for c in ("tool_args", "input_text", "goal_text") if c in spans.columns]
+    texts = [str(v) for c in columns for v in spans[c].dropna().tolist()]
+    for cid in ids:
+        quoted = re.escape(cid)
+        patterns = (
+            rf'"id"\s*:\s*"{quoted}"\s*,\s*"text"\s*:\s*"((?:[^"\\]|\\.)*)"',
+            rf'"text"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"id"\s*:\s*"{quoted}"',
+            rf"\[{quoted}\]\s*([^;\[\]\n\"]+)",
+        )
+        for text in texts:
+            match = next((m for m in (re.search(p, text) for p in patterns) if m), None)
+            if match:
+                found[cid] = match.group(1).strip()
+                break
+    return found
+
+
+def add_constraint_texts(source, findings: list[Finding], errors: dict[str, str]) -> None:
+    """Put each dropped constraint's text beside its id (``details["constraint_text"]``)."""
+    drops = [
+        f for f in findings if f.metric == "constraint_drops" and f.run_id and f.details.get("constraint_id")
+    ]
+    runs = list(dict.fromkeys(f.run_id for f in drops))[:CONSTRAINT_TEXT_RUNS]
+    for run in runs:
+        wanted = [f for f in drops if f.run_id == run]
+        try:
+            texts = constraint_texts(source.run_spans(run), {f.details["constraint_id"] for f in wanted})
+        except Exception as exc:  # the ids stand without their text
+            logger.warning("constraint texts of run %s unavailable: %s", run, exc)
+            errors.setdefault("constraint_text", f"{type(exc).__name__}: {exc}")
+            continue
+        for finding in wanted:
+            text = texts.get(finding.details["constraint_id"])
+            if text:
+                finding.details = {**finding.details, "constraint_text": text}
 
 
 def build_report(

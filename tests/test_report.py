@@ -202,3 +202,21 @@ def test_report_lists_runs_by_verdict_then_findings_by_run_and_severity(reports)
     verdicts = re.findall(r"<td class='v-[a-z]+'>([a-z ]+)</td>", table)
     assert verdicts[0] == "failing" and "to review" in verdicts
     assert verdicts == sorted(verdicts, key=["failing", "to review", "degraded"].index)
+
+
+def test_dropped_constraints_are_listed_with_their_text(reports):
+    from tests.test_dashboard_db import truths
+
+    doc = json.loads(reports["json"])
+    drops = {
+        (f["run_id"], f["details"]["constraint_id"]): f
+        for f in doc["findings"]
+        if f["metric"] == "constraint_drops"
+    }
+    expected = {
+        (t["run_id"], d["constraint_id"]): d["constraint_text"]
+        for t in truths()
+        for d in t["constraint_drops"]
+    }
+    assert expected and {k: f["details"].get("constraint_text") for k, f in drops.items()} == expected
+    assert "Venue must be wheelchair accessible" in reports["html"] and "constraint\\_text" in reports["md"]
