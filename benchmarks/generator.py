@@ -431,6 +431,9 @@ class SpanGenerator:
                         agents[children.get(position, position + 1) % len(agents)],
                     )
                     _attr(span, "driftscope.task.origin_id", origin_task)
+                    # The delegation's hop, so constraint ledgers have cells (a classic run's
+                    # delegations carry none).
+                    _attr(span, "driftscope.hop", hop)
                 _attr(span, "driftscope.outcome", outcome)
             agent_span.end_time_unix_nano = max(agent_span.end_time_unix_nano, clock)
         root.end_time_unix_nano = max(root.end_time_unix_nano, clock)
