@@ -39,11 +39,11 @@ def waterfall_figure(
     highlight = highlight or set()
     matches = matches or set()
     t0 = int(spans["start_ns"].min())
-    every = span_records(spans)
     if rows is None:
-        records, depths = every, [0] * len(every)
+        records = span_records(spans)
+        depths = [0] * len(records)
     else:
-        records = [every[r.position] for r in rows]
+        records = span_records(spans.iloc[[r.position for r in rows]])
         depths = [r.depth for r in rows]
     starts = [(int(r["start_ns"]) - t0) / 1e6 for r in records]
     widths = [max((int(r["end_ns"]) - int(r["start_ns"])) / 1e6, 0.05) for r in records]

@@ -15,6 +15,8 @@ from dashboard.trace import ancestors, duration_text, failed, search_spans, span
 
 # Spans drawn as nested expanders; past this the tree lists the first ones (the timeline has all).
 TREE_LIMIT = 250
+# Bars of the timeline (a browser draws a few hundred bars quickly, not tens of thousands).
+TIMELINE_LIMIT = 500
 # Deeper spans are drawn flat inside their deepest drawn ancestor (Streamlit nests containers).
 MAX_NESTING = 10
 BLANK = ("", "nan", "None", "NaT", "<NA>")
@@ -198,7 +200,11 @@ def show_run(ctx: ui.PageContext, run: str) -> None:
     with left:
         trace_tree(spans, rows, evidence, matches, inspected)
     with right:
-        ui.plot(waterfall_figure(spans, evidence, rows, matches, inspected), key="waterfall")
+        ui.plot(waterfall_figure(spans, evidence, rows[:TIMELINE_LIMIT], matches, inspected), key="waterfall")
+        if len(rows) > TIMELINE_LIMIT:
+            st.caption(
+                f"The timeline draws the first {TIMELINE_LIMIT:,} of {len(rows):,} spans in tree order."
+            )
     attribute_panel(spans, rows, inspected)
     st.subheader("Agents")
     ui.plot(delegation_graph_figure(spans, failed_agents, all_evidence), key="graph")
