@@ -611,10 +611,13 @@ def summary_tables(evaluation: Evaluation, level: str = "##") -> str:
             f"{result.verdict} |"
         )
     lines += ["", f"{level} Agent attribution: spans that got the wrong agent or none", ""]
-    lines += [
-        "| run set | expected agent | agent_id stored | spans | most common span names |",
-        "|---|---|---|---|---|",
-    ]
+    if not any(cov.wrong for cov in evaluation.coverage.values()):
+        lines.append("None: every span under an agent span got that agent.")
+    else:
+        lines += [
+            "| run set | expected agent | agent_id stored | spans | most common span names |",
+            "|---|---|---|---|---|",
+        ]
     for name, cov in evaluation.coverage.items():
         pairs: Counter = Counter()
         examples: dict[tuple, Counter] = defaultdict(Counter)
