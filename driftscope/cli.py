@@ -302,6 +302,12 @@ def cmd_up(args: argparse.Namespace, values: dict[str, Any]) -> int:
             values["dashboard_port"],
             url,
         )
+        # The other commands default to port 4318: name the ports this collector really uses.
+        logger.info(
+            "From another shell: driftscope demo --endpoint %s | driftscope report --source %s -o report.html",
+            url,
+            url,
+        )
         if args.demo:
             # In a child process, so this idle parent does not keep the demo's imports in memory.
             demo = subprocess.run(

@@ -264,3 +264,34 @@ def test_grpc_receiver_refuses_a_port_another_server_holds_with_so_reuseport():
     with _listening(port, reuseport=True), pytest.raises((OSError, RuntimeError)):
         server = start_grpc_server("127.0.0.1", port, IngestQueue(1 << 20), ReceiverConfig(), IngestStats())
         server.stop(None)
+
+
+def test_up_announces_the_ports_it_really_uses_once_both_answer(tmp_path):
+    from tests.serve_helpers import free_port
+
+    http_port, grpc_port, dash_port = free_port(), free_port(), free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "driftscope", "up", "--db", str(tmp_path / "up.duckdb"),
+         "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--dashboard-port", str(dash_port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "DRIFTSCOPE_EMBEDDINGS": "false"},
+    )  # fmt: skip
+    lines = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any("From another shell" in line for line in lines):
+            line = process.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+        announced = "".join(lines)
+        url = f"http://127.0.0.1:{http_port}"
+        assert f"collector on {url} (OTLP/HTTP; OTLP/gRPC on port {grpc_port})" in announced, announced
+        assert f"dashboard on http://127.0.0.1:{dash_port}" in announced
+        assert f"driftscope demo --endpoint {url}" in announced and f"report --source {url}" in announced
+        # announced only once the dashboard answers
+        assert httpx.get(f"http://127.0.0.1:{dash_port}/_stcore/health", timeout=5).status_code == 200
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=90)
+    assert process.returncode == 0
