@@ -77,7 +77,7 @@ def batch_to_arrow(batches: list[DecodedBatch]) -> pa.Table:
 # first stored span (row-group min/max), so its cost follows recent traffic, not table size.
 _TREE_SQL = """
 CREATE OR REPLACE TEMP TABLE _tree AS
-SELECT rowid AS rid, TraceId, SpanId, ParentSpanId, agent_id, agent_name, run_id, span_family,
+SELECT rowid AS rid, TraceId, SpanId, ParentSpanId, agent_id, agent_name, run_id, span_family, start_ns,
        -- spans of driftscope's guards state their own delegation hops and runs
        (task_id IS NOT NULL OR guard IS NOT NULL OR scenario IS NOT NULL) AS guarded
 FROM spans WHERE ingested_at >= $since AND TraceId IN (SELECT TraceId FROM _incoming)
@@ -184,16 +184,40 @@ UPDATE spans SET hop = hops.hop
 FROM hops WHERE spans.rowid = hops.rid AND spans.hop IS DISTINCT FROM hops.hop
 """
 
-# An agent called as a tool (OpenAI Agents `agent.as_tool`) has no input of its own: its task is
-# the input of the tool call that invoked it.
+# An agent called as a tool (OpenAI Agents `agent.as_tool`) or from a graph node (OpenLLMetry's
+# `invoke_agent <sub-agent>` inside LangGraph's `execute_task <node>`) has no input of its own:
+# its task is the input of the call that invoked it.
 _AGENT_INPUT_FROM_TOOL_SQL = """
 UPDATE spans SET input_text = caller.input_text
 FROM (SELECT c.rid, t.input_text
       FROM _tree c
       JOIN _tree p ON p.TraceId = c.TraceId AND p.SpanId = c.ParentSpanId
       JOIN spans t ON t.rowid = p.rid
-      WHERE c.span_family = 'agent' AND p.span_family = 'tool' AND t.input_text IS NOT NULL) caller
+      WHERE c.span_family = 'agent' AND p.span_family IN ('tool', 'chain') AND t.input_text IS NOT NULL) caller
 WHERE spans.rowid = caller.rid AND spans.input_text IS NULL
+"""
+
+# An agent span still without input (OpenAI Agents and OpenLLMetry agent spans: the request is
+# only in the agent's model calls) takes the input of the first model call made under it, not
+# under a nested agent.
+_AGENT_INPUT_FROM_FIRST_LLM_SQL = """
+WITH RECURSIVE up(rid, start_ns, TraceId, parent, depth) AS (
+    SELECT l.rid, l.start_ns, l.TraceId, l.ParentSpanId, 0
+    FROM _tree l WHERE l.span_family = 'llm' AND NOT l.guarded
+  UNION ALL
+    SELECT u.rid, u.start_ns, u.TraceId, p.ParentSpanId, u.depth + 1
+    FROM up u JOIN _tree p ON p.TraceId = u.TraceId AND p.SpanId = u.parent
+    WHERE p.span_family <> 'agent' AND u.depth < 64
+),
+owner AS (
+    SELECT a.rid AS agent_rid, arg_min(u.rid, u.start_ns) AS llm_rid
+    FROM up u JOIN _tree a ON a.TraceId = u.TraceId AND a.SpanId = u.parent AND a.span_family = 'agent'
+    GROUP BY a.rid
+)
+UPDATE spans SET input_text = l.input_text
+FROM owner o, spans l
+WHERE spans.rowid = o.agent_rid AND l.rowid = o.llm_rid
+  AND spans.input_text IS NULL AND l.input_text IS NOT NULL
 """
 
 # A span that names no agent takes its nearest ancestor's agent (an agent span or any span with
@@ -289,6 +313,7 @@ def insert_batches(
         if agent_spans:
             conn.execute(_AGENT_HOPS_SQL)
             conn.execute(_AGENT_INPUT_FROM_TOOL_SQL)
+            conn.execute(_AGENT_INPUT_FROM_FIRST_LLM_SQL)
         conn.execute("DROP TABLE _tree")
     finally:
         conn.unregister("_incoming")
