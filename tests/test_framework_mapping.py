@@ -469,3 +469,79 @@ def test_every_key_of_the_convention_table_is_documented():
     )
     assert not missing, f"not in {DOCS.name}: {missing}"
     assert re.search(r"(?m)^## smolagents", text)
+
+
+def test_agent_without_input_takes_its_invocation_or_first_model_call_input(conn):
+    session = {"session.id": "oai-2"}
+    spans = [
+        {
+            "name": "manager",
+            "span_id": _sid(1),
+            "trace_id": TRACE,
+            "attrs": {"openinference.span.kind": "AGENT", "agent.name": "manager", **session},
+        },
+        {"name": "turn", "span_id": _sid(2), "parent": _sid(1), "trace_id": TRACE,
+         "attrs": {"openinference.span.kind": "CHAIN", **session}},
+        {
+            "name": "generation",
+            "span_id": _sid(3),
+            "parent": _sid(2),
+            "trace_id": TRACE,
+            "start": 1_700_000_000_000_000_100,
+            "attrs": {
+                "openinference.span.kind": "LLM",
+                "input.value": '[{"role": "user", "content": "What is Fabrikam\'s market share in Germany?"}]',
+                **session,
+            },
+        },
+        {
+            "name": "later generation",
+            "span_id": _sid(4),
+            "parent": _sid(2),
+            "trace_id": TRACE,
+            "start": 1_700_000_000_000_000_900,
+            "attrs": {"openinference.span.kind": "LLM", "input.value": "later", **session},
+        },
+        {
+            "name": "execute_task researcher",
+            "span_id": _sid(5),
+            "parent": _sid(1),
+            "trace_id": TRACE,
+            "attrs": {"traceloop.span.kind": "task", "gen_ai.task.input": '{"inputs": {"task": "Find X"}}', **session},
+        },
+        {
+            "name": "invoke_agent researcher",
+            "span_id": _sid(6),
+            "parent": _sid(5),
+            "trace_id": TRACE,
+            "attrs": {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "researcher", **session},
+        },
+    ]  # fmt: skip
+    _ingest(conn, spans, OPENAI_AGENTS)
+    rows = _rows(conn, "input_text")
+    assert rows["manager"] == (
+        '[{"role": "user", "content": "What is Fabrikam\'s market share in Germany?"}]',
+    )
+    assert rows["invoke_agent researcher"] == ('{"inputs": {"task": "Find X"}}',)
+
+
+def test_a_rule_added_to_the_table_needs_no_other_code():
+    """The mapper is generated from the rules: a new source in a rule is all it takes."""
+    from collector import conventions
+
+    rules = tuple(
+        conventions.Rule(
+            rule.column, (conventions.Source("example", "example.agent"), *rule.sources), rule.kind
+        )
+        if rule.column == "agent_name"
+        else rule
+        for rule in RULES
+    )
+    namespace = dict(conventions._ENV)
+    exec(conventions.generate_mapper(rules), namespace)  # noqa: S102
+    out = namespace["map_span"]({"example.agent": "scout"}, {}, "", "")
+    assert (out[conventions._INDEX["agent_name"]], out[conventions._INDEX["agent_id"]]) == ("scout", "scout")
+    with pytest.raises(ValueError, match="not mapped before"):
+        conventions.generate_mapper(
+            (conventions.Rule("agent_id", (conventions.Source("x", "column:agent_name"),)),)
+        )
