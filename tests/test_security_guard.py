@@ -2,10 +2,12 @@
 decode pool's concurrency bound, the pending-bytes bound."""
 
 import gzip
+import json
 import threading
 import time
 
 import pytest
+from google.protobuf import json_format
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -93,3 +95,40 @@ def test_pending_bytes_refuse_past_the_limit_and_free_on_release():
     pending.release(60)
     pending.reserve(60)
     assert pending.held == 100 and pending.peak == 100
+
+
+HOSTILE_VALUES = [
+    "[" * 5000,
+    '{"a":' * 5000,
+    '{"langgraph_node": ' + "[" * 5000,
+    '{"args": ' + "[" * 5000 + "]" * 5000 + "}",
+    "[" * 900 + "]" * 900,
+    "9" * 5000,
+    "-1e999",
+    "NaN",
+    "\x00",
+    "",
+    "\ud7ff" * 10,
+    '{"input_str": "' + "x" * 100 + '", "inputs": ' + "{" * 3000 + "}",
+]
+
+
+@pytest.mark.parametrize("value", HOSTILE_VALUES, ids=range(len(HOSTILE_VALUES)))
+def test_a_hostile_value_in_every_convention_key_never_costs_the_good_span(value):
+    """Every attribute the convention table reads, on a span and its resource, set to a value
+    built to break a parser: the request decodes (no exception), and the good span beside it is
+    accepted (the hostile one too, its value kept as text)."""
+    from collector import conventions
+    from collector.decode import JSON, PROTOBUF, decode_payload, encode_hex_ids
+    from tests.otlp_builders import make_request, set_attr
+
+    keys = sorted({source.key for rule in conventions.RULES for source in rule.sources})
+    span_keys = [k for k in keys if ":" not in k]
+    resource_keys = [k.split(":", 1)[1] for k in keys if k.startswith("resource:")]
+    request = make_request([{"name": "good"}, {"name": value[:50], "attrs": dict.fromkeys(span_keys, value)}])
+    for key in resource_keys:
+        set_attr(request.resource_spans[0].resource.attributes, key, value)
+    document = encode_hex_ids(json_format.MessageToDict(request))
+    for payload, media in ((request.SerializeToString(), PROTOBUF), (json.dumps(document).encode(), JSON)):
+        batch = decode_payload(payload, media)
+        assert batch.accepted == 2, (media, batch.errors)
