@@ -33,7 +33,6 @@ _REDELEGATION = (
     "the manager's three invocations of its sub-agent with the same question (two identical, one "
     "re-worded) are not grouped into one loop (issue 13 part 3)"
 )
-_OFF_TOPIC = "no subtask statement is extracted for the sub-agent's invocation, so nothing to score (issue 13 parts 2 and 5)"
 _TO_REVIEW = "goal drift over the uncalibrated default threshold makes the verdict 'to review', not 'failing'"
 _DUPLICATE = "nothing marks a framework tool as side-effecting, so duplicate_side_effects sees no side effect (issue 13 part 2)"
 _PING_PONG = "the two sub-agents handing the task back and forth (through the manager or nested) are not read as a ping-pong (issue 13 part 2)"
@@ -53,21 +52,15 @@ KNOWN_MISSES: dict[str, str] = {
     "verdict_failing[smolagents/duplicate-email]": _FOLLOWS,
     # LangGraph through OpenLLMetry
     "found[langgraph-openllmetry/redelegation]": _REDELEGATION,
-    "found[langgraph-openllmetry/off-topic]": _OFF_TOPIC,
     "verdict_failing[langgraph-openllmetry/off-topic]": _FOLLOWS,
     "found[langgraph-openllmetry/duplicate-email]": _DUPLICATE,
     "verdict_failing[langgraph-openllmetry/duplicate-email]": _FOLLOWS,
-    "tasks[langgraph-openllmetry]": "no subtask statement is scored for the ReAct sub-agent (its task is the "
-    "sub-graph's first user message, inside OpenLLMetry's traceloop.entity.input) (issue 13 parts 2 and 5)",
     # OpenAI Agents SDK
     "found[openai-agents/redelegation]": _REDELEGATION,
     "verdict_failing[openai-agents/redelegation]": _FOLLOWS,
-    "found[openai-agents/off-topic]": _OFF_TOPIC,
     "verdict_failing[openai-agents/off-topic]": _FOLLOWS,
     "found[openai-agents/duplicate-email]": _DUPLICATE,
     "verdict_failing[openai-agents/duplicate-email]": _FOLLOWS,
-    "tasks[openai-agents]": "no subtask statement is scored for the as_tool researcher (its task is the "
-    'ask_researcher call\'s {"input": ...}) (issue 13 parts 2 and 5)',
     # PydanticAI
     "found[pydantic-ai/redelegation]": _REDELEGATION,
     "verdict_failing[pydantic-ai/redelegation]": _FOLLOWS,
