@@ -129,3 +129,22 @@ def test_langgraph_node_in_openinference_metadata_names_the_agent():
     assert (agent["graph_node_id"], agent["agent_id"]) == ("researcher", "researcher")
     chain = map_coordination({"openinference.span.kind": "CHAIN", "metadata": "not json langgraph_node"}, {})
     assert chain["graph_node_id"] is None and chain["agent_id"] is None
+
+
+def test_tool_schema_is_never_taken_for_the_call_arguments():
+    schema = '{"query": {"type": "string", "description": "The search query"}}'
+    out = map_coordination(
+        {"openinference.span.kind": "TOOL", "tool.name": "web_search", "tool.parameters": schema}, {}
+    )
+    assert out["tool_name"] == "web_search" and out["tool_args"] is None
+    out = map_coordination(
+        {"openinference.span.kind": "TOOL", "tool.parameters": schema, "input.value": '{"query": "fx"}'}, {}
+    )
+    assert out["tool_args"] == '{"query": "fx"}'
+
+
+def test_resource_run_and_string_values_as_the_decoders_pass_them():
+    out = map_coordination(
+        {"driftscope.hop": "2", "driftscope.constraints.ledger": '["C1","C2"]'}, {"session.id": "s"}
+    )
+    assert (out["hop"], out["constraints_ledger"], out["run_id"]) == (2, ["C1", "C2"], "s")
