@@ -126,7 +126,7 @@ candidates AS MATERIALIZED (
     FROM (SELECT *, hash(run_id, agent, tool_name) AS h FROM calls)
     WHERE h IN (SELECT h FROM keys)
 ),
-words AS (  -- per distinct argument string: its signature (the argument words, lower case,
+words AS MATERIALIZED (  -- per distinct argument string: its signature (the argument words, lower case,
             -- sorted: whitespace/case/key order free) and its similarity tokens
     SELECT args, array_to_string(list_sort(w), ' ') AS norm_args,
            list_distinct(
@@ -170,7 +170,7 @@ token_rows AS (  -- every token of every distinct argument string, as a number
 token_order AS (  -- a global order of the tokens, rarest first (prefix filtering, below)
     SELECT tok, count(*) AS df FROM token_rows GROUP BY tok
 ),
-sigs AS (  -- per distinct argument string: a number, its signature hash, distinct token hashes
+sigs AS MATERIALIZED (  -- per distinct argument string: a number, its signature hash, distinct token hashes
            -- rarest first, and the first three tokens of its prefix: two strings with a Jaccard
            -- >= t share a token within the first n - ceil(t * n) + 1 tokens of each (n = its
            -- token count)
@@ -197,48 +197,38 @@ firsts AS (  -- the first call of each (group, signature): identical calls link 
     SELECT h, sig, min(call_idx) AS first_idx FROM calls_sig GROUP BY h, sig
 ),
 neighbours AS MATERIALIZED (  -- each call with the (up to) 4 calls before it in its group, one sort
-    SELECT call_idx, aid, sig, nt, plen, p1, p2, p3,
-           lag(call_idx, 1) OVER w AS call_idx_1, lag(aid, 1) OVER w AS aid_1, lag(sig, 1) OVER w AS sig_1, lag(nt, 1) OVER w AS nt_1,
-           lag(plen, 1) OVER w AS plen_1, lag(p1, 1) OVER w AS p1_1, lag(p2, 1) OVER w AS p2_1, lag(p3, 1) OVER w AS p3_1,
-           lag(call_idx, 2) OVER w AS call_idx_2, lag(aid, 2) OVER w AS aid_2, lag(sig, 2) OVER w AS sig_2, lag(nt, 2) OVER w AS nt_2,
-           lag(plen, 2) OVER w AS plen_2, lag(p1, 2) OVER w AS p1_2, lag(p2, 2) OVER w AS p2_2, lag(p3, 2) OVER w AS p3_2,
-           lag(call_idx, 3) OVER w AS call_idx_3, lag(aid, 3) OVER w AS aid_3, lag(sig, 3) OVER w AS sig_3, lag(nt, 3) OVER w AS nt_3,
-           lag(plen, 3) OVER w AS plen_3, lag(p1, 3) OVER w AS p1_3, lag(p2, 3) OVER w AS p2_3, lag(p3, 3) OVER w AS p3_3,
-           lag(call_idx, 4) OVER w AS call_idx_4, lag(aid, 4) OVER w AS aid_4, lag(sig, 4) OVER w AS sig_4, lag(nt, 4) OVER w AS nt_4,
-           lag(plen, 4) OVER w AS plen_4, lag(p1, 4) OVER w AS p1_4, lag(p2, 4) OVER w AS p2_4, lag(p3, 4) OVER w AS p3_4
+    SELECT call_idx, aid,
+           lag(call_idx, 1) OVER w AS call_idx_1, lag(aid, 1) OVER w AS aid_1,
+           lag(call_idx, 2) OVER w AS call_idx_2, lag(aid, 2) OVER w AS aid_2,
+           lag(call_idx, 3) OVER w AS call_idx_3, lag(aid, 3) OVER w AS aid_3,
+           lag(call_idx, 4) OVER w AS call_idx_4, lag(aid, 4) OVER w AS aid_4
     FROM calls_sig
     WINDOW w AS (PARTITION BY h ORDER BY start_ns, SpanId)
+),
+neighbour_pairs AS (
+    SELECT n.call_idx AS i, n.call_idx_1 AS j, n.aid AS aid_i, n.aid_1 AS aid_j
+    FROM neighbours n WHERE 1 <= $neighbours AND n.call_idx_1 IS NOT NULL
+    UNION ALL
+    SELECT n.call_idx AS i, n.call_idx_2 AS j, n.aid AS aid_i, n.aid_2 AS aid_j
+    FROM neighbours n WHERE 2 <= $neighbours AND n.call_idx_2 IS NOT NULL
+    UNION ALL
+    SELECT n.call_idx AS i, n.call_idx_3 AS j, n.aid AS aid_i, n.aid_3 AS aid_j
+    FROM neighbours n WHERE 3 <= $neighbours AND n.call_idx_3 IS NOT NULL
+    UNION ALL
+    SELECT n.call_idx AS i, n.call_idx_4 AS j, n.aid AS aid_i, n.aid_4 AS aid_j
+    FROM neighbours n WHERE 4 <= $neighbours AND n.call_idx_4 IS NOT NULL
 ),
 candidate_pairs AS (  -- neighbours with other arguments that pass the size filter (a Jaccard is
                       -- at most min/max of the token counts) and the prefix filter (a shared
                       -- token among the first plen; not checked when plen > 3)
-    SELECT call_idx AS i, call_idx_1 AS j, aid AS aid_i, aid_1 AS aid_j, nt AS nt_i, nt_1 AS nt_j
-    FROM neighbours
-    WHERE 1 <= $neighbours AND call_idx_1 IS NOT NULL AND sig_1 <> sig AND nt > 0
-      AND least(nt, nt_1) >= $similarity * greatest(nt, nt_1) - 1e-9
-      AND (plen > 3 OR plen_1 > 3 OR p1 IN (p1_1, p2_1, p3_1) OR p2 IN (p1_1, p2_1, p3_1)
-           OR p3 IN (p1_1, p2_1, p3_1))
-    UNION ALL
-    SELECT call_idx AS i, call_idx_2 AS j, aid AS aid_i, aid_2 AS aid_j, nt AS nt_i, nt_2 AS nt_j
-    FROM neighbours
-    WHERE 2 <= $neighbours AND call_idx_2 IS NOT NULL AND sig_2 <> sig AND nt > 0
-      AND least(nt, nt_2) >= $similarity * greatest(nt, nt_2) - 1e-9
-      AND (plen > 3 OR plen_2 > 3 OR p1 IN (p1_2, p2_2, p3_2) OR p2 IN (p1_2, p2_2, p3_2)
-           OR p3 IN (p1_2, p2_2, p3_2))
-    UNION ALL
-    SELECT call_idx AS i, call_idx_3 AS j, aid AS aid_i, aid_3 AS aid_j, nt AS nt_i, nt_3 AS nt_j
-    FROM neighbours
-    WHERE 3 <= $neighbours AND call_idx_3 IS NOT NULL AND sig_3 <> sig AND nt > 0
-      AND least(nt, nt_3) >= $similarity * greatest(nt, nt_3) - 1e-9
-      AND (plen > 3 OR plen_3 > 3 OR p1 IN (p1_3, p2_3, p3_3) OR p2 IN (p1_3, p2_3, p3_3)
-           OR p3 IN (p1_3, p2_3, p3_3))
-    UNION ALL
-    SELECT call_idx AS i, call_idx_4 AS j, aid AS aid_i, aid_4 AS aid_j, nt AS nt_i, nt_4 AS nt_j
-    FROM neighbours
-    WHERE 4 <= $neighbours AND call_idx_4 IS NOT NULL AND sig_4 <> sig AND nt > 0
-      AND least(nt, nt_4) >= $similarity * greatest(nt, nt_4) - 1e-9
-      AND (plen > 3 OR plen_4 > 3 OR p1 IN (p1_4, p2_4, p3_4) OR p2 IN (p1_4, p2_4, p3_4)
-           OR p3 IN (p1_4, p2_4, p3_4))
+    SELECT p.i, p.j, p.aid_i, p.aid_j, a.nt AS nt_i, b.nt AS nt_j
+    FROM neighbour_pairs p
+    JOIN sigs a ON a.aid = p.aid_i
+    JOIN sigs b ON b.aid = p.aid_j
+    WHERE a.sig <> b.sig AND a.nt > 0
+      AND least(a.nt, b.nt) >= $similarity * greatest(a.nt, b.nt) - 1e-9
+      AND (a.plen > 3 OR b.plen > 3 OR a.p1 IN (b.p1, b.p2, b.p3) OR a.p2 IN (b.p1, b.p2, b.p3)
+           OR a.p3 IN (b.p1, b.p2, b.p3))
 ),
 near AS (  -- their exact token-set Jaccard
     SELECT i, j, common / (nt_i + nt_j - common) AS similarity
