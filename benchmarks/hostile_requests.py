@@ -97,6 +97,11 @@ def scenario_bodies() -> dict[str, tuple[dict, bytes]]:
         "ordinary_100k_keys": (PB, _request([good, _span(b"many", ordinary)])),
         "empty_spans_16MiB_gzip": ({**PB, "Content-Encoding": "gzip"}, gzip.compress(empty_spans)),
         "ordinary_spans_16MiB_gzip": ({**PB, "Content-Encoding": "gzip"}, gzip.compress(ordinary_spans)),
+        # A key past max_attribute_bytes sends the request to upb and the Python path first.
+        "python_path_empty_spans_16MiB_gzip": (
+            {**PB, "Content-Encoding": "gzip"},
+            gzip.compress(_request([_span(b"x", _field(9, _kv(b"k" * 70_000)))] + [b""] * (8 * 1024 * 1024))),
+        ),
         "ledger_recursion_bomb": (
             PB,
             _request(
