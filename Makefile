@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: up install dev test test-fast lint format bench bench-smoke sample-traces chromium clean
+.PHONY: up install dev test test-fast lint format bench bench-smoke bench-shapes sample-traces chromium clean
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "driftscope needs Python 3.11 ($(PYTHON) not found)"; exit 1; }
@@ -67,6 +67,10 @@ bench: dev
 
 bench-smoke: dev
 	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.run --smoke
+
+# Issue 14: every detector on each crew shape at 1M stored spans (make bench also runs 10M).
+bench-shapes: dev
+	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.run --only shapes --shape-spans 1000000
 
 sample-traces: dev
 	$(PY) -m guards.simulator regenerate sample_traces/
