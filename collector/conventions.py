@@ -302,6 +302,8 @@ RULES: tuple[Rule, ...] = (
             S("genai", "gen_ai.tool.call.arguments", read="call_arguments"),
             S("openinference", "input.value", when="tool_call", read="call_arguments"),
             S("openllmetry", "traceloop.entity.input", when="tool_call", read="call_arguments"),
+            # a CrewAI delegation's arguments are the task handed over ({"task", "context", "coworker"})
+            S("crewai", "input.value", when="crewai_delegation"),
         ),
     ),
     Rule(

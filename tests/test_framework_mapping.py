@@ -429,7 +429,7 @@ def test_crewai_coworker_tool_is_a_delegation():
         "Researcher",
         "tool",
     )
-    assert out["tool_args"] is None  # a hand-off, not a tool call to repeat
+    assert out["tool_args"] == '{"task": "Find X", "context": "...", "coworker": "Researcher"}'
 
 
 def test_driftscope_spans_keep_their_stated_hops_and_runs(conn):
