@@ -40,8 +40,11 @@ def test_a_run_far_over_its_crews_median_is_a_runaway_uncalibrated():
     assert not whole.calibrated and len(whole.span_ids) == 20 and whole.ratio == 300 / 80
     assert set(found["agent"].dropna()) == {"researcher"}
     # the filters select findings, never what counts as usual
-    assert len(run_metric(conn, "runaway_runs", filters=Filters(run="run-runaway"))) == 2
-    assert run_metric(conn, "runaway_runs", filters=Filters(run="run-1")).empty
+    for run in ["run-runaway", *(f"run-{k}" for k in range(8))]:
+        filtered = run_metric(conn, "runaway_runs", filters=Filters(run=run))
+        restricted = found[found["run_id"] == run]
+        assert filtered.to_dict("records") == restricted.to_dict("records"), run
+    assert len(run_metric(conn, "runaway_runs", filters=Filters(agent="researcher"))) == 1
 
 
 def test_a_run_with_a_step_budget_or_a_crew_with_few_runs_is_no_runaway():
