@@ -331,3 +331,34 @@ def test_custom_window_selects_the_sample_day(monkeypatch, db_path):
     # 10:20 query loop and the January 16 XSS run are not.
     assert [len(df.value) for df in at.dataframe] == [1, 2, 1]
     assert "repeated tool calls" in at.info[0].value
+
+
+def test_run_explorer_bounds_what_it_draws_for_a_long_run(monkeypatch, tmp_path):
+    import json
+
+    from collector.files import ingest_files
+    from driftscope.database import open_database
+    from tests.test_dashboard_db import _attr
+
+    start = 1_768_600_000_000_000_000
+    common = [_attr("gen_ai.conversation.id", "run-big"), _attr("gen_ai.agent.id", "worker")]
+    spans = [
+        {"traceId": "6" * 32, "spanId": "b" * 16, "name": "invoke_agent worker", "kind": 1,
+         "startTimeUnixNano": str(start), "endTimeUnixNano": str(start + 10**12), "attributes": common}
+    ]  # fmt: skip
+    for i in range(619):
+        spans.append(
+            {"traceId": "6" * 32, "spanId": f"{i + 1:016x}", "parentSpanId": "b" * 16, "name": f"step {i}",
+             "kind": 1, "startTimeUnixNano": str(start + i * 10**6), "endTimeUnixNano": str(start + i * 10**6 + 5),
+             "attributes": [*common, _attr("gen_ai.tool.name", "search")]}
+        )  # fmt: skip
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps({"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": spans}]}]}))
+    db = tmp_path / "big.duckdb"
+    open_database(db).close()
+    assert ingest_files(db, [path]).accepted == 620
+    at = _run_page(monkeypatch, str(db), "run_explorer", {"run": "run-big"})
+    captions = " ".join(c.value for c in at.caption)
+    assert "first 250 of 620 spans" in captions and "first 500 of 620 spans" in captions
+    inspect = next(box for box in at.selectbox if box.label == "Inspect span")
+    assert len(at.expander) == 250 and 500 <= len(inspect.options) <= 501  # + the inspected span

@@ -176,21 +176,26 @@ def show_run(ctx: ui.PageContext, run: str) -> None:
     # The inspected span: a ?span= link, else the selected finding's first evidence span (as the
     # detector lists them, like the evidence links), else the first search match, else the first failing span, else the first span.
     order = [r.span_id for r in rows]
-    failing = [s for s, f in zip(spans["span_id"].astype(str), spans.apply(failed, axis=1), strict=True) if f]
+    position = {span_id: i for i, span_id in enumerate(order)}
+    failed_mask = spans["outcome"].isin(["rejected", "error"]) | (spans["status_code"] == "Error")
+    failing = spans.loc[failed_mask, "span_id"].astype(str).tolist()
     candidates = [
-        st.query_params.get("span") if st.query_params.get("span") in order else None,
-        next((s for s in (findings[chosen].span_ids if findings else []) if s in order), None),
+        st.query_params.get("span") if st.query_params.get("span") in position else None,
+        next((s for s in (findings[chosen].span_ids if findings else []) if s in position), None),
         next((s for s in order if s in matches), None),
         failing[0] if failing else None,
         order[0],
     ]
     default = next(c for c in candidates if c)
+    # A long run offers its first spans, the first evidence spans and matches, and the default.
+    marked = [s for s in order if s in evidence or s in matches][:TIMELINE_LIMIT]
+    choices = sorted({default, *order[:TIMELINE_LIMIT], *marked}, key=position.__getitem__)
     names = dict(zip(spans["span_id"].astype(str), spans["span_name"].astype(str), strict=True))
     # Keyed by the finding and search, so choosing another finding moves the panel to its evidence.
     inspected = st.selectbox(
         "Inspect span",
-        order,
-        index=order.index(default),
+        choices,
+        index=choices.index(default),
         format_func=lambda s: f"{s} · {names.get(s, '')}"[:120],
         key=f"inspect_{run}_{chosen}_{query}_{st.query_params.get('span')}",
     )
