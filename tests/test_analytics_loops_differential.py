@@ -36,6 +36,7 @@ OLD_SQL = (pathlib.Path(__file__).parent / "reference_sql" / "repeated_calls_v1.
 SPAN_FILTER = "(TRUE)"
 THRESHOLD = 0.75  # the uncalibrated default of near_duplicate_similarity, as in the old detector
 
+
 def _words(args: str) -> list[str]:
     return argument_words(args)
 
