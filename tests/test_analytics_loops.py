@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -185,3 +187,63 @@ def test_context_drift_holder_duration_and_stale_policy_sends():
     assert list(sends.outcome) == ["ok", "rejected"]
     assert list(sends.allowed) == [True, False]
     assert set(sends.current_policy_version) == {"p2"}
+
+
+def _code_output(query: str) -> str:
+    return json.dumps(
+        {
+            "role": "assistant",
+            "content": f'Thought: search again.\n<code>\nr = web_search(query="{query}")\nprint(r)\n</code>',
+        }
+    )
+
+
+def test_code_actions_of_llm_outputs_are_calls_where_the_agent_has_no_tool_spans():
+    conn = new_db()
+    llm = dict(agent_id="coder", span_family="llm")
+    queries = ["EU revenue 2024", "revenue of the EU in 2024", "What was the EU revenue in 2024?"]
+    insert_spans(conn, [make_span(i, output_text=_code_output(q), **llm) for i, q in enumerate(queries)])
+    loops = run_metric(conn, "repeated_calls")
+    assert list(loops["call_type"]) == ["code"] and list(loops["tool_name"]) == ["web_search"]
+    assert loops.loc[0, "calls"] == 3 and loops.loc[0, "agent"] == "coder"
+    # the same agent with tool spans of that tool: the tool spans are the calls, not the code
+    conn = new_db()
+    rows = [make_span(i, output_text=_code_output(q), **llm) for i, q in enumerate(queries)]
+    rows += [make_span(10 + i, agent_id="coder", tool_name="web_search", tool_args={"query": q})
+             for i, q in enumerate(queries)]  # fmt: skip
+    insert_spans(conn, rows)
+    loops = run_metric(conn, "repeated_calls")
+    assert list(loops["call_type"]) == ["tool"] and loops.loc[0, "calls"] == 3
+
+
+def test_a_manager_re_asking_its_sub_agent_is_a_loop_of_agent_invocations():
+    conn = new_db()
+    manager = make_span(0, agent_id="manager", span_family="agent", SpanName="manager.run",
+                        input_text=json.dumps({"task": "How many employees does Contoso have?"}))  # fmt: skip
+    rows = [manager]
+    for i, task in enumerate(["Find Contoso's employee count in 2023", "Find the Contoso employee count for 2023",
+                              "Contoso employee count 2023"]):  # fmt: skip
+        sub = make_span(1 + i * 3, agent_id="search_agent", span_family="agent", SpanName="search_agent.run",
+                        ParentSpanId=manager["SpanId"], input_text=json.dumps({"task": task}))  # fmt: skip
+        # the sub-agent's own step spans carry its task too: they are not invocations
+        step = make_span(2 + i * 3, agent_id="search_agent", span_family="agent", SpanName="step",
+                         ParentSpanId=sub["SpanId"], input_text=json.dumps({"task": task}))  # fmt: skip
+        rows += [sub, step]
+    insert_spans(conn, rows)
+    loops = run_metric(conn, "repeated_calls")
+    assert list(loops["call_type"]) == ["agent"]
+    loop = loops.iloc[0]
+    assert (loop.agent, loop.tool_name, loop.calls) == ("manager", "search_agent", 3)
+    assert list(loop.span_ids) == [rows[1]["SpanId"], rows[3]["SpanId"], rows[5]["SpanId"]]
+
+
+def test_repeated_delegations_are_a_loop_unless_they_bounce_back():
+    conn = new_db()
+    deleg = dict(op="delegate", tool_name="delegate", goal_text="Compile Q3 churn numbers by segment")
+    insert_spans(conn, [make_span(i, agent_id="planner", delegate_to="worker", **deleg) for i in range(3)])
+    loops = run_metric(conn, "repeated_calls")
+    assert list(loops["call_type"]) == ["delegation"] and loops.loc[0, "tool_name"] == "worker"
+    conn = new_db()  # planner -> worker -> planner ...: a ping-pong, the ping_pong detector's finding
+    insert_spans(conn, [make_span(i, agent_id=a, delegate_to=b, **deleg)
+                        for i, (a, b) in enumerate([("planner", "worker"), ("worker", "planner")] * 3)])  # fmt: skip
+    assert run_metric(conn, "repeated_calls").empty
