@@ -2,27 +2,31 @@
 -- another call of its group, with the calls it links to. analytics.loops forms the loops (the
 -- connected components of these links) and keeps those with enough calls.
 -- A call is
---   * a tool call (tool_name set; not a driftscope delegate/objective span),
+--   * a tool call (tool_name set; not a driftscope delegate/objective span; an execution guard's
+--     check that let the call through is not a call, a refused one is a refused call),
 --   * a delegation (op = 'delegate': the delegator calls the delegate_to agent with its subtask,
---     else the task extracted from its input, else its arguments); hand-offs whose target also hands back to the delegator in the run are a
---     ping-pong (the ping_pong detector's finding), not a repeat,
+--     else the task extracted from its input, else its arguments); hand-offs whose target also
+--     hands back to the delegator in the run are a ping-pong (the ping_pong detector's finding),
 --   * an agent invocation (an agent span under a span of another agent, or at the top, whose
 --     input has a task: the caller is the parent span's agent ('' at the top), the invoked agent
 --     is the "tool" and the task statement, extracted in Python and bound as $agent_inputs ->
---     $agent_tasks, is the argument),
+--     $agent_tasks, is the argument; one a delegate span already records is counted there),
 --   * a code action: a call `name(...)` in a ```py / <code> block of an LLM output, for agents
 --     that act through code (only for (run, agent, name) without tool spans, and never a name
 --     of an invoked agent or a Python builtin).
 -- Outcomes are not part of the group: a retry loop is error, error, ok.
 -- Two calls are linked when their normalized arguments are identical (the same sorted argument
--- words: whitespace, case and key order free) - any two such calls of the group, chained in time
--- order - or when one is among the $neighbours calls before the other in the group and their
--- similarity (token-set Jaccard of stemmed argument words, stop words dropped) is >= $similarity.
--- Cost is linear: the exact links are a lag() over (group, signature) and the similarity is
--- computed for at most $neighbours neighbours per call (one join per offset, on the call's number in
--- its group); groups with fewer than $min_calls calls cannot hold a loop and are dropped first,
--- on a hash of their key, and calls are then numbered and linked within the hash of their key
--- (a 64-bit collision, ~n^2/2^64, could only merge two groups; analytics.loops splits a loop by key).
+-- words: whitespace, case and key order free; every such call links to the first of them), or
+-- when one is among the $neighbours (at most 4) calls before the other in the group and their
+-- similarity (token-set Jaccard of stemmed argument words, stop words dropped;
+-- analytics.loop_similarity is its Python twin) is >= $similarity.
+-- Cost is linear in the calls: groups with fewer than $min_calls calls cannot hold a loop and are
+-- dropped first (on a hash of their key); each distinct argument string is tokenized once; one
+-- sort of the calls by (group hash, time) gives every call its 4 predecessors (lag); a size
+-- filter and a prefix filter (tokens rarest first: two sets with a Jaccard >= t share a token
+-- within their first n - ceil(t * n) + 1) drop most neighbour pairs before the exact Jaccard.
+-- A 64-bit hash collision of two group keys (~n^2/2^64) could only merge two groups;
+-- analytics.loops splits a loop by key.
 WITH tool_calls AS NOT MATERIALIZED (
     SELECT TraceId, SpanId, run_id, coalesce(agent_id, '') AS agent, tool_name, Timestamp, start_ns,
            coalesce(tool_args, '') AS args,
