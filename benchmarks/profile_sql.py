@@ -13,7 +13,9 @@ import duckdb
 
 # Extra parameters some detectors pass to their SQL (their default thresholds; goal SQL: the
 # scorer whose stored scores it joins, the default threshold and listing limits).
-EXTRA_PARAMS = {"similarity": 0.8, "threshold": 0.45, "max_chains": 40, "pending_limit": 100_000}
+EXTRA_PARAMS = {"similarity": 0.8, "threshold": 0.45, "max_chains": 40, "pending_limit": 100_000,
+                # repeated_calls: its neighbour window, minimum calls and (no) agent task statements
+                "neighbours": 4, "min_calls": 3, "agent_inputs": [], "agent_tasks": []}  # fmt: skip
 
 
 def operator_times(conn: duckdb.DuckDBPyConnection, name: str, top: int = 8) -> dict:
