@@ -6,7 +6,7 @@ import collections
 import logging
 import os
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -168,16 +168,13 @@ def _compute_parts(
         if name in found:
             continue
         # Detectors with Python post-processing (repeated_calls forms loops in numpy) have no
-        # run-list filter: they run once per touched run, from its first span on (or once over
-        # everything).
+        # run-list filter: they run once from the touched runs' first span on (every span of
+        # those runs is in that window), and only the touched runs' counts are kept.
         if scope is None:
             frames = [run_metric(conn, name, window, filters)]
         else:
-            frames = [
-                run_metric(conn, name, _window_from(window, first), replace(filters, run=run))
-                for run, first in scope.first_seen.items()
-                if filters.run is None or filters.run == run
-            ]
+            frame = run_metric(conn, name, _window_from(window, scope.since), filters)
+            frames = [frame[frame["run_id"].isin(scope.runs)]]
         counts = [_counts_by_run(frame) for frame in frames if not frame.empty]
         found[name] = (
             pd.concat(counts).to_frame("n") if counts else pd.DataFrame({"n": pd.Series(dtype="int64")})
