@@ -12,6 +12,7 @@ import pandas as pd
 
 from analytics._evidence import EVIDENCE, THRESHOLD, TIMES
 from analytics.registry import register
+from analytics.side_effects import current_side_effect_tools
 from analytics.sql_loader import run_sql
 from analytics.tasks import extract_task
 from analytics.thresholds import current_threshold
@@ -250,5 +251,9 @@ def budget_exhaustion(conn: duckdb.DuckDBPyConnection, window: Window, filters: 
     mast_category="task verification",
 )
 def duplicate_side_effects(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
-    """Side effects executed twice or more, by key or by identical normalized arguments."""
-    return run_sql(conn, "duplicate_side_effects", window, filters)
+    """Side effects executed twice or more, by key or by identical normalized arguments.
+
+    A span without ``driftscope.side_effect`` is a side effect when its tool name matches the
+    side-effect tool pattern in force (``analytics.side_effects``).
+    """
+    return run_sql(conn, "duplicate_side_effects", window, filters, **current_side_effect_tools().params())

@@ -16,6 +16,7 @@ import pandas as pd
 from analytics.goals import goal_run_stats
 from analytics.loops import MIN_PING_PONG_DELEGATIONS, MIN_PING_PONG_INFERRED
 from analytics.registry import register, run_metric
+from analytics.side_effects import current_side_effect_tools
 from analytics.sql_loader import filter_params, load_sql, query_df, run_sql
 from analytics.thresholds import ThresholdInfo, current_threshold
 from analytics.types import Filters, Window
@@ -128,6 +129,8 @@ def _findings_per_run(
     keys = "run_id" if name not in _COUNTED_BY else f"{_COUNTED_BY[name]}, run_id"
     sql = f"SELECT {keys}, count(*) AS n{counts}\nFROM (\n{load_sql(name)}\n) findings\nGROUP BY {keys}"
     params = {**filter_params(window, filters), **extra_params}
+    if name == "duplicate_side_effects":  # the process's side-effect tool pattern, read per call
+        params.update(current_side_effect_tools().params())
     params.update(runs=runs, origin_tasks=origin_tasks, runs_since=runs_since)
     frame = query_df(conn, sql, params)
     return frame if name in _COUNTED_BY else frame.set_index("run_id")

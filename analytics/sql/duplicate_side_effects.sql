@@ -8,7 +8,7 @@
 -- use's selective condition is pushed into its scan; arguments are normalized once per distinct
 -- string.
 WITH executed AS NOT MATERIALIZED (
-    SELECT TraceId, SpanId, run_id, agent_id, tool_name, idempotency_key, side_effect, Timestamp,
+    SELECT TraceId, SpanId, run_id, agent_id, tool_name, idempotency_key, side_effect, op, Timestamp,
            start_ns, coalesce(tool_args, '') AS raw_args
     FROM spans
     WHERE {span_filter}
@@ -33,7 +33,29 @@ by_key AS (
     GROUP BY run_id, idempotency_key
     HAVING count(*) > 1
 ),
-effects AS NOT MATERIALIZED (SELECT * FROM executed WHERE side_effect AND tool_name IS NOT NULL),
+-- Side effects: driftscope.side_effect decides when a span carries it (false included); a tool
+-- call without it and without a driftscope op (a framework's tool call; a guard's state write
+-- is the state detectors' business) is one when its tool name matches $side_effect_tools and not
+-- $side_effect_exclude, on the name as written or on its lower-case words joined by '_'
+-- (sendEmail, send-email -> send_email; analytics/side_effects.py). Names are classified once
+-- per distinct name.
+inferred_tools AS MATERIALIZED (
+    SELECT tool_name
+    FROM (SELECT tool_name,
+                 lower(regexp_replace(regexp_replace(tool_name, '([a-z0-9])([A-Z])', '\1_\2', 'g'),
+                                      '[^A-Za-z0-9]+', '_', 'g')) AS words
+          FROM (SELECT DISTINCT tool_name FROM executed
+                WHERE side_effect IS NULL AND op IS NULL AND tool_name IS NOT NULL))
+    WHERE (regexp_matches(tool_name, $side_effect_tools::VARCHAR) OR regexp_matches(words, $side_effect_tools::VARCHAR))
+      AND ($side_effect_exclude::VARCHAR IS NULL
+           OR NOT (regexp_matches(tool_name, $side_effect_exclude::VARCHAR)
+                   OR regexp_matches(words, $side_effect_exclude::VARCHAR)))
+),
+effects AS NOT MATERIALIZED (
+    SELECT * FROM executed
+    WHERE tool_name IS NOT NULL
+      AND coalesce(side_effect, op IS NULL AND tool_name IN (SELECT tool_name FROM inferred_tools))
+),
 normalized AS MATERIALIZED (
     SELECT raw_args, hash(raw_args) AS raw_hash, norm_args,
            dense_rank() OVER (ORDER BY norm_args) AS args_id  -- an integer to group by
