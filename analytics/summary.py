@@ -456,7 +456,7 @@ def run_summary(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filter
     goal_threshold = current_threshold(conn, "goal_divergence")
     if identity is None:
         return _assemble(conn, _compute_parts(conn, window, filters, goal_threshold.value), goal_threshold)
-    key = (identity, window, filters)
+    key = (identity, window, filters, current_side_effect_tools())  # a changed pattern: other findings
     with _cache_lock:
         kept = _cache.get(key)
     version, touched = _read_version(conn, kept.version if kept is not None else None)

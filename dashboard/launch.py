@@ -13,6 +13,8 @@ logger = logging.getLogger(__name__)
 
 SOURCE_ENV = "DRIFTSCOPE_SOURCE"
 TOKEN_ENV = "DRIFTSCOPE_TOKEN"
+# A database-file source runs analytics in the dashboard process, with this side-effect tool pattern.
+SIDE_EFFECT_TOOLS_ENV = "DRIFTSCOPE_SIDE_EFFECT_TOOLS"
 
 
 def dashboard_command(port: int, host: str = "127.0.0.1") -> list[str]:

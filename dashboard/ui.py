@@ -16,6 +16,7 @@ from datetime import time as dtime
 import pandas as pd
 import streamlit as st
 
+from analytics.side_effects import configure_side_effect_tools
 from analytics.types import Filters, Window
 from dashboard.datasource import DataSource, SourceUnavailable, open_source
 from dashboard.filters import (
@@ -28,7 +29,7 @@ from dashboard.filters import (
     window_for,
 )
 from dashboard.findings import FindingSet, gather_findings
-from dashboard.launch import SOURCE_ENV, TOKEN_ENV
+from dashboard.launch import SIDE_EFFECT_TOOLS_ENV, SOURCE_ENV, TOKEN_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,8 @@ def source_key() -> str:
 @st.cache_resource(show_spinner=False)
 def get_source(key: str) -> DataSource:
     """One data-source object per configured source, shared by all sessions."""
+    if not key.startswith(("http://", "https://")):  # analytics runs here: the same setting as serve
+        configure_side_effect_tools(os.environ.get(SIDE_EFFECT_TOOLS_ENV) or None)
     return open_source(key, os.environ.get(TOKEN_ENV) or None)
 
 

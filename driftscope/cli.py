@@ -258,6 +258,7 @@ def cmd_up(args: argparse.Namespace, values: dict[str, Any]) -> int:
         "decode_workers",
         "memory_limit",
         "log_level",
+        "side_effect_tools",
     ):
         if values.get(name) is not None:
             serve_args += [BY_NAME[name].flag, str(values[name])]

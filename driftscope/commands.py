@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from driftscope.settings import ConfigError
+from driftscope.settings import BY_NAME, ConfigError
 from driftscope.timeparse import parse_instant
 
 logger = logging.getLogger(__name__)
@@ -33,6 +33,22 @@ def _open_source(source: str, token: str | None):
     return DuckDBFileSource(source)
 
 
+def _apply_side_effect_tools(source: str, pattern: str | None) -> None:
+    """Use ``--side-effect-tools`` where analytics runs: in this process for a database file; a
+    read-API source answers with its collector's own setting."""
+    if source.startswith(("http://", "https://")):
+        if pattern is not None:
+            logger.warning(
+                "--side-effect-tools is ignored for a read-API source: %s answers with the value its "
+                "`driftscope serve` was started with; pass it there",
+                source,
+            )
+        return
+    from analytics.side_effects import configure_side_effect_tools
+
+    configure_side_effect_tools(pattern)
+
+
 def cmd_dashboard(args: argparse.Namespace, values: dict[str, Any]) -> int:
     from dashboard.launch import run_dashboard
 
@@ -49,6 +65,10 @@ def cmd_dashboard(args: argparse.Namespace, values: dict[str, Any]) -> int:
     from driftscope.cli import check_port_free
 
     check_port_free("127.0.0.1", values["dashboard_port"], "dashboard_port")
+    _apply_side_effect_tools(source, values.get("side_effect_tools"))
+    if values.get("side_effect_tools") is not None and not source.startswith(("http://", "https://")):
+        # The Streamlit child runs analytics on the file and reads the setting from its environment.
+        os.environ[BY_NAME["side_effect_tools"].env] = values["side_effect_tools"]
     process = run_dashboard(source, values["dashboard_port"], token=values.get("token"))
     try:
         return process.wait()
@@ -77,6 +97,7 @@ def cmd_report(args: argparse.Namespace, values: dict[str, Any]) -> int:
     from dashboard.report import build_report
 
     source = _open_source(values["source"], values.get("token"))
+    _apply_side_effect_tools(values["source"], values.get("side_effect_tools"))
     window = Window()
     if args.since:
         try:

@@ -14,6 +14,7 @@ from pathlib import Path
 import uvicorn
 from starlette.applications import Starlette
 
+from analytics.side_effects import configure_side_effect_tools
 from collector import fastdecode
 from collector.decode import DecodeLimits
 from collector.grpc_receiver import start_grpc_server
@@ -51,6 +52,7 @@ class ServeConfig:
     retention: float | None = None
     retention_interval: float = 60.0
     embeddings: bool = True
+    side_effect_tools: str | None = None  # None: analytics.side_effects' default verb pattern
 
 
 def check_exposure(config: ServeConfig) -> None:
@@ -118,6 +120,9 @@ class RetentionWorker(threading.Thread):
 def run_serve(config: ServeConfig) -> int:
     """Run until SIGTERM/SIGINT; then stop accepting, drain, commit, and exit 0."""
     check_exposure(config)
+    # Read at query time by duplicate_side_effects: the read API (so the dashboard and reports
+    # reading through it) uses this value, for spans stored before it was set too.
+    side_effect_tools = configure_side_effect_tools(config.side_effect_tools)
     try:
         conn = open_database(config.db, memory_limit=config.memory_limit)
     except StoreLockedError as exc:
@@ -174,6 +179,7 @@ def run_serve(config: ServeConfig) -> int:
             "counters": stats.snapshot(),
             "retention_deleted": retention.deleted if retention else 0,
             "token_required": bool(config.token),
+            "side_effect_tools": side_effect_tools.pattern if side_effect_tools.configured else "default",
             "embedding_worker": (
                 {"enabled": True, "embedded": worker.embedded, "last_error": worker.last_error}
                 if worker is not None

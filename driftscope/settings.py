@@ -94,6 +94,18 @@ def parse_text(name: str, raw: Any) -> str:
     return str(raw)
 
 
+def parse_tool_pattern(name: str, raw: Any) -> str:
+    """An RE2 regular expression of tool names (checked by DuckDB, which matches it)."""
+    from analytics.side_effects import check_pattern
+
+    try:
+        return check_pattern(str(raw))
+    except ValueError as exc:
+        raise ConfigError(
+            f"Expected {name} to be a regular expression of tool names such as '^(send_report|file_claim)$': {exc}"
+        ) from None
+
+
 def parse_log_level(name: str, raw: Any) -> str:
     text = str(raw).strip().upper()
     if text not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -278,6 +290,16 @@ SETTINGS: tuple[Setting, ...] = (
         parse_bool,
         SERVE,
         metavar="BOOL",
+    ),
+    Setting(
+        "side_effect_tools",
+        None,
+        "Tool names duplicate_side_effects treats as side-effecting when a span does not say "
+        "(driftscope.side_effect), as an RE2 regex matched against the name and its words "
+        "(sendEmail -> send_email); replaces the default verb list (docs/analytics.md).",
+        parse_tool_pattern,
+        SERVE + ("dashboard", "report"),
+        metavar="REGEX",
     ),
     Setting(
         "endpoint",
