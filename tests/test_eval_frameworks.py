@@ -34,7 +34,6 @@ _REDELEGATION = (
     "re-worded) are not grouped into one loop (issue 13 part 3)"
 )
 _TO_REVIEW = "goal drift over the uncalibrated default threshold makes the verdict 'to review', not 'failing'"
-_DUPLICATE = "nothing marks a framework tool as side-effecting, so duplicate_side_effects sees no side effect (issue 13 part 2)"
 _PING_PONG = "the two sub-agents handing the task back and forth (through the manager or nested) are not read as a ping-pong (issue 13 part 2)"
 _FOLLOWS = "follows from the miss of its detector"
 
@@ -48,26 +47,18 @@ KNOWN_MISSES: dict[str, str] = {
     "found[smolagents/redelegation]": _REDELEGATION,
     "verdict_failing[smolagents/off-topic]": _TO_REVIEW,
     "found[smolagents/ping-pong]": _PING_PONG,
-    "found[smolagents/duplicate-email]": _DUPLICATE,
-    "verdict_failing[smolagents/duplicate-email]": _FOLLOWS,
     # LangGraph through OpenLLMetry
     "found[langgraph-openllmetry/redelegation]": _REDELEGATION,
     "verdict_failing[langgraph-openllmetry/off-topic]": _FOLLOWS,
-    "found[langgraph-openllmetry/duplicate-email]": _DUPLICATE,
-    "verdict_failing[langgraph-openllmetry/duplicate-email]": _FOLLOWS,
     # OpenAI Agents SDK
     "found[openai-agents/redelegation]": _REDELEGATION,
     "verdict_failing[openai-agents/redelegation]": _FOLLOWS,
     "verdict_failing[openai-agents/off-topic]": _FOLLOWS,
-    "found[openai-agents/duplicate-email]": _DUPLICATE,
-    "verdict_failing[openai-agents/duplicate-email]": _FOLLOWS,
     # PydanticAI
     "found[pydantic-ai/redelegation]": _REDELEGATION,
     "verdict_failing[pydantic-ai/redelegation]": _FOLLOWS,
     "verdict_failing[pydantic-ai/off-topic]": _TO_REVIEW,
     "found[pydantic-ai/ping-pong]": _PING_PONG,
-    "found[pydantic-ai/duplicate-email]": _DUPLICATE,
-    "verdict_failing[pydantic-ai/duplicate-email]": _FOLLOWS,
 }
 
 
