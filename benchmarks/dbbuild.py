@@ -5,7 +5,7 @@ decoder and ``collector.store.insert_batches`` once (so agent/run inheritance is
 own), and the database is then grown by copying that base in SQL, each copy moved to its own
 namespace (trace, run, task and ticket ids, as ``benchmarks.generator.stamp`` does to payloads)
 and later in time. The result is what ingesting ``generate_requests`` for consecutive namespaces
-would store, apart from ``ingested_at``.
+would store, apart from ``ingested_at`` (copy k: k seconds after a day before the build).
 """
 
 from __future__ import annotations
@@ -51,6 +51,11 @@ def _select_copy(base_minutes: int) -> str:
             exprs.append(f"Timestamp + to_microseconds(k * {shift_us}) AS Timestamp")
         elif name in ("start_ns", "end_ns"):
             exprs.append(f"{name} + k * {shift_us * 1000} AS {name}")
+        elif name == "ingested_at":
+            # Copy k as if ingested k seconds after a day before the build: copies are in
+            # ingest order and older than anything ingested later (append_batch), as in a
+            # served file; every copy at the base's instant would make all spans "just in".
+            exprs.append("ingested_at - INTERVAL 1 DAY + to_microseconds(k * 1000000) AS ingested_at")
         else:
             exprs.append(name)
     return "SELECT " + ", ".join(exprs) + " FROM _base, range(?, ?) AS r(k)"
