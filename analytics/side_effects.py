@@ -1,8 +1,9 @@
 """Which tool calls have side effects, for ``duplicate_side_effects``.
 
 A span's explicit ``driftscope.side_effect`` (the guards set it) always decides, ``false``
-included. Framework tool calls carry no such attribute, so for them the detector reads the tool
-name (at query time: a changed setting applies to the spans already stored). A name is turned
+included. Framework tool calls carry no such attribute, so for them the detector reads the tool's
+MCP annotations (``readOnlyHint`` / ``destructiveHint``) where recorded, else the tool name (at
+query time: a changed setting applies to the spans already stored). A name is turned
 into its lower-case words joined by ``_`` (``sendEmail``, ``send-email`` and ``Send Email`` all
 read ``send_email``); the pattern is an RE2 regular expression matched (anywhere, as
 ``regexp_matches``) against the name as written or against those words.

@@ -84,6 +84,21 @@ def test_the_explicit_attribute_wins_both_ways():
     assert _found(_twice("web_search", side_effect=True)) == ["web_search"]
 
 
+def test_mcp_tool_annotations_decide_before_the_name():
+    read_only = {"mcp.tool.annotations.readOnlyHint": "true"}
+    writes = {"mcp.tool.annotations.readOnlyHint": "false"}
+    destructive = {"tool.annotations.destructiveHint": "True"}
+    rows = (
+        _twice("send_report", attrs=read_only)  # a verb in the name, but annotated read-only
+        + _twice("crm_sync", attrs=writes)  # no verb, annotated as writing
+        + _twice("purge_cache", attrs=destructive)
+        + _twice("web_search", attrs={"mcp.tool.annotations.destructiveHint": "false"})  # name decides
+    )
+    assert _found(rows) == ["crm_sync", "purge_cache"]
+    # The explicit attribute still wins over an annotation.
+    assert _found(_twice("crm_sync", attrs=writes, side_effect=False)) == []
+
+
 def test_guard_state_writes_are_left_to_the_state_detectors():
     # A guarded shared-state write (driftscope op) is not inferred from its name.
     assert _found(_twice("state_write", op="write", state_key="k")) == []

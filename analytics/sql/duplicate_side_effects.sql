@@ -9,7 +9,7 @@
 -- string.
 WITH executed AS NOT MATERIALIZED (
     SELECT TraceId, SpanId, run_id, agent_id, tool_name, idempotency_key, side_effect, op, Timestamp,
-           start_ns, coalesce(tool_args, '') AS raw_args
+           start_ns, coalesce(tool_args, '') AS raw_args, rowid AS row_id
     FROM spans
     WHERE {span_filter}
       AND coalesce(outcome, 'ok') = 'ok' AND StatusCode <> 'Error' AND op IS DISTINCT FROM 'read'
@@ -35,21 +35,37 @@ by_key AS (
 ),
 -- Side effects: driftscope.side_effect decides when a span carries it (false included); a tool
 -- call without it and without a driftscope op (a framework's tool call; a guard's state write
--- is the state detectors' business) is one when its tool name matches $side_effect_tools and not
--- $side_effect_exclude, on the name as written or on its lower-case words joined by '_'
--- (sendEmail, send-email -> send_email; analytics/side_effects.py). Names are classified once
--- per distinct name.
+-- is the state detectors' business) is one when its tool's MCP annotations say so (readOnlyHint
+-- false, or destructiveHint true; readOnlyHint true: not one), else when its tool name matches
+-- $side_effect_tools and not $side_effect_exclude, on the name as written or on its lower-case
+-- words joined by '_' (sendEmail, send-email -> send_email; analytics/side_effects.py). Names
+-- are classified once per distinct name; annotations describe a tool, so they are read from one
+-- call of each (its attributes only: a rowid semi-join).
+named_tools AS MATERIALIZED (
+    SELECT tool_name, min(row_id) AS row_id
+    FROM executed
+    WHERE side_effect IS NULL AND op IS NULL AND tool_name IS NOT NULL
+    GROUP BY tool_name
+),
+tool_hints AS MATERIALIZED (
+    SELECT tool_name,
+           lower(list_filter(SpanAttributes, lambda a: a.key ILIKE '%readonlyhint' OR a.key ILIKE '%read\_only\_hint' ESCAPE '\')[1].value) AS read_only,
+           lower(list_filter(SpanAttributes, lambda a: a.key ILIKE '%destructivehint' OR a.key ILIKE '%destructive\_hint' ESCAPE '\')[1].value) AS destructive
+    FROM spans
+    WHERE rowid IN (SELECT row_id FROM named_tools)
+),
 inferred_tools AS MATERIALIZED (
     SELECT tool_name
-    FROM (SELECT tool_name,
-                 lower(regexp_replace(regexp_replace(tool_name, '([a-z0-9])([A-Z])', '\1_\2', 'g'),
+    FROM (SELECT n.tool_name, h.read_only, h.destructive,
+                 lower(regexp_replace(regexp_replace(n.tool_name, '([a-z0-9])([A-Z])', '\1_\2', 'g'),
                                       '[^A-Za-z0-9]+', '_', 'g')) AS words
-          FROM (SELECT DISTINCT tool_name FROM executed
-                WHERE side_effect IS NULL AND op IS NULL AND tool_name IS NOT NULL))
-    WHERE (regexp_matches(tool_name, $side_effect_tools::VARCHAR) OR regexp_matches(words, $side_effect_tools::VARCHAR))
-      AND ($side_effect_exclude::VARCHAR IS NULL
-           OR NOT (regexp_matches(tool_name, $side_effect_exclude::VARCHAR)
-                   OR regexp_matches(words, $side_effect_exclude::VARCHAR)))
+          FROM named_tools n LEFT JOIN tool_hints h USING (tool_name))
+    WHERE coalesce(
+        CASE WHEN read_only = 'true' THEN false WHEN read_only = 'false' OR destructive = 'true' THEN true END,
+        (regexp_matches(tool_name, $side_effect_tools::VARCHAR) OR regexp_matches(words, $side_effect_tools::VARCHAR))
+        AND ($side_effect_exclude::VARCHAR IS NULL
+             OR NOT (regexp_matches(tool_name, $side_effect_exclude::VARCHAR)
+                     OR regexp_matches(words, $side_effect_exclude::VARCHAR))))
 ),
 effects AS NOT MATERIALIZED (
     SELECT * FROM executed
