@@ -10,6 +10,7 @@ import json
 import os
 
 import httpx
+import pytest
 from google.protobuf import json_format
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,6 +19,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from collector.conventions import COORDINATION_COLUMNS, INT_COLUMNS, LIST_COLUMNS, map_coordination
 from collector.decode import JSON, PROTOBUF, DecodeError, DecodeLimits, decode_payload, encode_hex_ids
 from tests.otlp_builders import set_attr
+
+# Property tests with thousands of examples: `make test` runs them, `make test-fast` does not.
+pytestmark = pytest.mark.slow
 
 
 def fuzz(examples: int) -> settings:
