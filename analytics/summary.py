@@ -379,17 +379,18 @@ class _Scope:
         return min(self.first_seen.values()) if self.first_seen else None
 
 
-def _touched_scope(conn: duckdb.DuckDBPyConnection, traces: set[str]) -> _Scope:
+def _touched_scope(conn: duckdb.DuckDBPyConnection, traces: set[str], kept_runs: pd.Index) -> _Scope:
     """Runs and origin tasks whose pieces may have changed with the spans of ``traces``.
 
-    The runs with a span in those traces (and the traces' own ids: a span without a run counts
-    under its trace id until a parent gives it one), their origin tasks, and every run working
-    on one of those origin tasks (its goal root or constraint ledger may come from them)."""
+    The runs with a span in those traces (and those of the traces' own ids that are kept runs: a
+    span without a run counts under its trace id until a parent gives it one, and that run then
+    loses it), their origin tasks, and every run working on one of those origin tasks (its goal
+    root or constraint ledger may come from them)."""
     rows = conn.execute(
         "SELECT DISTINCT run_id FROM spans WHERE TraceId = ANY($traces::VARCHAR[]) AND run_id IS NOT NULL",
         {"traces": sorted(traces)},
     ).fetchall()
-    runs = {run for (run,) in rows} | set(traces)
+    runs = {run for (run,) in rows} | set(kept_runs.intersection(list(traces)))
     rows = conn.execute(
         "SELECT DISTINCT origin_task_id FROM spans WHERE run_id = ANY($runs::VARCHAR[]) "
         "AND origin_task_id IS NOT NULL",
@@ -467,7 +468,7 @@ def run_summary(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filter
         return kept.summary.copy()
     parts = None
     if kept is not None and touched is not None:
-        scope = _touched_scope(conn, touched)
+        scope = _touched_scope(conn, touched, kept.parts.base.index)
         if len(scope.runs) <= min(_MAX_TOUCHED, max(8, _MAX_TOUCHED_SHARE * len(kept.parts.base))):
             fresh = _compute_parts(conn, window, filters, goal_threshold.value, scope)
             parts = _merge_parts(kept.parts, fresh, scope)
