@@ -43,6 +43,10 @@ def _retry_metadata(seconds: int, message: str) -> tuple[tuple[str, bytes], ...]
 _SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 
 
+class GrpcBindError(OSError):
+    """The gRPC port could not be bound (usually: another process listens on it)."""
+
+
 class TraceServiceReceiver:
     """Implements ``opentelemetry.proto.collector.trace.v1.TraceService``."""
 
@@ -149,8 +153,17 @@ def start_grpc_server(
     )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, {"Export": handler}),))
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    bound = server.add_insecure_port(address)
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:  # grpcio raises RuntimeError("Failed to bind to address ...")
+        bound = 0
+        reason = str(exc)
+    else:
+        reason = "no address could be bound"
     if bound == 0:
-        raise OSError(f"could not bind the gRPC port {address}")
+        # The port may have been free when the CLI checked it and taken since (another process
+        # bound it in between): the caller turns this into a message naming its setting.
+        server.stop(None)
+        raise GrpcBindError(f"could not bind the gRPC port {address}: {reason}")
     server.start()
     return server

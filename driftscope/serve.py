@@ -17,7 +17,7 @@ from starlette.applications import Starlette
 from analytics.side_effects import configure_side_effect_tools
 from collector import fastdecode
 from collector.decode import DecodeLimits
-from collector.grpc_receiver import start_grpc_server
+from collector.grpc_receiver import GrpcBindError, start_grpc_server
 from collector.http_receiver import ReceiverConfig, build_ingest_routes
 from collector.ingest_guard import DecodePool, PendingBytes, guarded_h11_protocol
 from collector.stats import IngestStats
@@ -25,7 +25,7 @@ from collector.store import StoreLockedError
 from collector.writer import IngestQueue, SpanWriter
 from driftscope.api import build_api_routes
 from driftscope.database import open_database
-from driftscope.settings import ConfigError
+from driftscope.settings import BY_NAME, ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -191,9 +191,30 @@ def run_serve(config: ServeConfig) -> int:
         conn.cursor, config.token, health_extra
     )
     app = Starlette(routes=routes)
-    grpc_server = start_grpc_server(
-        config.host, config.grpc_port, queue, receiver_config, stats, pool=decode_pool, pending=pending
-    )
+
+    def stop_writing() -> None:
+        # The workers write through the writer: stop them first, then drain the writer.
+        if retention:
+            retention.stop()
+        if worker is not None:
+            worker.stop()
+        writer.stop()
+        try:
+            conn.execute("CHECKPOINT")
+        except Exception as exc:  # noqa: BLE001 - the WAL replays on next start anyway
+            logger.warning("final checkpoint failed (the WAL will replay on restart): %s", exc)
+        conn.close()
+
+    try:
+        grpc_server = start_grpc_server(
+            config.host, config.grpc_port, queue, receiver_config, stats, pool=decode_pool, pending=pending
+        )
+    except GrpcBindError as exc:
+        # The CLI checked the port moments ago; another process bound it since.
+        stop_writing()
+        raise ConfigError(
+            port_taken_message("grpc_port", config.host, config.grpc_port, "OTLP/gRPC")
+        ) from exc
     server = _QuietServer(
         uvicorn.Config(
             app,
@@ -222,29 +243,32 @@ def run_serve(config: ServeConfig) -> int:
 
     previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        server.run()  # returns after SIGTERM/SIGINT once in-flight requests are answered
+        try:
+            server.run()  # returns after SIGTERM/SIGINT once in-flight requests are answered
+        except SystemExit:
+            # uvicorn exits when it cannot bind (the port was taken after the CLI checked it);
+            # the message below names the setting instead.
+            if server.started:
+                raise
     finally:
         grpc_server.stop(grace=10).wait(15)
-        # The workers write through the writer: stop them first, then drain the writer.
-        if retention:
-            retention.stop()
-        if worker is not None:
-            worker.stop()
-        writer.stop()
-        try:
-            conn.execute("CHECKPOINT")
-        except Exception as exc:  # noqa: BLE001 - the WAL replays on next start anyway
-            logger.warning("final checkpoint failed (the WAL will replay on restart): %s", exc)
-        conn.close()
+        stop_writing()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         logger.info("driftscope serve stopped; %d span(s) committed this run", writer.committed_spans)
     if not server.started:
-        raise ConfigError(
-            f"Could not listen on {config.host}:{config.http_port}; is another process using the port? "
-            "Choose another with --http-port."
-        )
+        raise ConfigError(port_taken_message("http_port", config.host, config.http_port, "OTLP/HTTP"))
     return 0
+
+
+def port_taken_message(name: str, host: str, port: int, what: str) -> str:
+    """Why serve could not listen, naming the flag and variable that move the port."""
+    setting = BY_NAME[name]
+    return (
+        f"Could not listen for {what} on {host}:{port} ({setting.flag}): another process took the port "
+        f"after it was checked. Stop that process, or choose another port with {setting.flag} PORT or "
+        f"{setting.env}=PORT."
+    )
 
 
 class _QuietServer(uvicorn.Server):
