@@ -1,9 +1,14 @@
 """driftscope analytics: coordination-failure detectors over the ``spans`` table.
 
-Importing the package registers every detector in ``analytics.registry.METRICS``.
+Importing the package registers every detector in ``analytics.registry.METRICS``. The order of
+the imports below is the catalogue order (pages, tiles and reports list metrics in it): shared
+state, constraints, goals, context, loops and budgets, then the tables built on them.
 """
 
-from analytics import constraints, context, goals, loops, runaway, state, summary  # noqa: F401  (registers)
+# isort: off
+from analytics import state, constraints, goals, context, loops, runaway, summary  # noqa: F401  (registers)
+
+# isort: on
 from analytics.registry import METRICS, Metric, list_metrics, register, run_metric
 from analytics.types import Filters, Window
 

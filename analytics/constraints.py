@@ -55,6 +55,11 @@ def constraint_ledger(conn: duckdb.DuckDBPyConnection, window: Window, filters: 
     row="one dropped constraint of one origin task",
     failure_mode="constraint dropped in delegation (information withholding)",
     mast_category="inter-agent misalignment",
+    title="constraint dropped on delegation",
+    findings=True,
+    counted=True,
+    failing=True,
+    page="constraints",
 )
 def constraint_drops(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """First unwaived disappearance of each constraint of each origin task."""

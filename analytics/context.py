@@ -33,6 +33,12 @@ from analytics.types import Filters, Window
     row="one agent x superseded objective version in one run",
     failure_mode="context drift: acting on an outdated objective",
     mast_category="inter-agent misalignment",
+    title="acting on a superseded objective",
+    findings=True,
+    counted=True,
+    failing=True,
+    warning_when="refreshed",
+    page="context_drift",
 )
 def context_drift_holders(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Holders of superseded objective versions and how long they held them."""
@@ -56,6 +62,11 @@ def context_drift_holders(conn: duckdb.DuckDBPyConnection, window: Window, filte
     row="one send against a superseded policy",
     failure_mode="stale policy: outbound action under an outdated policy",
     mast_category="inter-agent misalignment",
+    title="send against a superseded policy",
+    findings=True,
+    flag_column="allowed",
+    failing=True,
+    page="context_drift",
 )
 def stale_policy_sends(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Sends whose policy version was superseded when they were made."""

@@ -319,6 +319,13 @@ def _with_threshold(conn: duckdb.DuckDBPyConnection, frame: pd.DataFrame) -> tup
     ),
     failure_mode="task derailment: a subtask drifted away from the root goal",
     mast_category="inter-agent misalignment",
+    title="goal drift along delegation",
+    findings=True,
+    flag_column="drifted",
+    failing=True,
+    review_unless="calibrated",
+    rank_column="divergence",
+    page="goal_drift",
 )
 def goal_divergence(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """The subtasks whose statement diverges from its root goal by more than the threshold.

@@ -171,6 +171,12 @@ def linked_calls(
     row="one loop (repeated calls of one tool or agent by one agent in one run)",
     failure_mode="step repetition: the agent retries the same call without progress",
     mast_category="specification issues",
+    title="repeated tool calls (loop)",
+    findings=True,
+    counted=True,
+    failing=True,
+    rank_column="calls",
+    page="loops",
 )
 def repeated_calls(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Exact and re-worded repeated calls, each loop reported once with its members.
@@ -200,6 +206,11 @@ def repeated_calls(conn: duckdb.DuckDBPyConnection, window: Window, filters: Fil
     row="one ping-pong cycle in one run",
     failure_mode="delegation loop without progress",
     mast_category="inter-agent misalignment",
+    title="ping-pong between agents",
+    findings=True,
+    counted=True,
+    failing=True,
+    page="loops",
 )
 def ping_pong(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Maximal alternating hand-off sequences (4+ delegations, or 6+ inferred agent turns)."""
@@ -227,6 +238,10 @@ def ping_pong(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters)
     row="one agent in one run that hit its step budget",
     failure_mode="unaware of termination conditions",
     mast_category="specification issues",
+    title="step budget exhausted",
+    findings=True,
+    counted=True,
+    page="loops",
 )
 def budget_exhaustion(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Runs whose agents hit their step budget."""
@@ -249,6 +264,11 @@ def budget_exhaustion(conn: duckdb.DuckDBPyConnection, window: Window, filters: 
     row="one repeated side effect in one run",
     failure_mode="duplicate side effect (double send / double charge)",
     mast_category="task verification",
+    title="duplicate side effect",
+    findings=True,
+    counted=True,
+    failing=True,
+    page="loops",
 )
 def duplicate_side_effects(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Side effects executed twice or more, by key or by identical normalized arguments.

@@ -1,14 +1,21 @@
-"""The registry of metrics: every detector registers itself once, with documented columns.
+"""The registry of metrics: every detector registers itself once, with every fact others need.
 
-The read API, the dashboard and reports list ``METRICS`` and call ``run_metric``; nothing else
-needs wiring when a detector is added.
+A ``Metric`` record carries the detector, its documented columns and how its rows are read: the
+failure mode they show, which column flags a finding, whether findings count toward a run's
+verdict and whether they make it failing, and the dashboard page that shows them. The run summary,
+the read API (``analytics.read``), the dashboard catalogue and the reports derive all of that from
+``METRICS``; adding a detector is one SQL file and one ``@register``.
+
+``METRICS`` keeps registration order, which is the catalogue order pages and reports list metrics
+in (``analytics/__init__`` imports the detector modules in that order).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import duckdb
 import pandas as pd
@@ -19,52 +26,130 @@ from analytics.types import Filters, Window
 logger = logging.getLogger(__name__)
 
 DetectorFunc = Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame]
+Columns = dict[str, str] | Callable[[], dict[str, str]]
+
+# The three MAST failure categories (Cemri et al., "Why Do Multi-Agent LLM Systems Fail?").
+MAST_CATEGORIES = ("specification issues", "inter-agent misalignment", "task verification")
 
 
 @dataclass(frozen=True)
 class Metric:
-    """A registered detector and its documentation.
+    """A registered detector and everything pages, reports and the run summary need to know of it.
 
-    ``columns`` maps every returned column to its meaning and unit, in output order; ``row``
-    says what one row is.
+    ``columns`` maps every returned column to its meaning and unit, in output order; ``row`` says
+    what one row is. A metric with ``findings`` lists coordination failures: each row (or each row
+    whose ``flag_column`` is true) is one finding of ``failure_mode``, labelled ``title``. Metrics
+    without it are tables and charts (coverage, distributions, the summary itself).
     """
 
     name: str
     func: DetectorFunc
     description: str
-    columns: dict[str, str]
+    column_source: Columns = field(repr=False)
     row: str
+    title: str | None = None
+    """Short label of the failure mode (tiles, chart axes, report headings)."""
     failure_mode: str | None = None
     mast_category: str | None = None
+    """One of ``MAST_CATEGORIES``."""
+    findings: bool = False
+    """Its rows (those ``flag_column`` marks) are coordination failures."""
+    flag_column: str | None = None
+    """Boolean column marking the rows that are findings (the others are context: a bucket under
+    its threshold, a subtask close to its goal, a stale send a guard refused)."""
+    counted: bool = False
+    """``run_summary`` counts its findings per run (``<name>_count``); a count over the calibrated
+    ``count_per_run:<name>`` threshold (0 by default) moves the run's verdict."""
+    failing: bool = False
+    """A finding means a failure took effect: its run is "failing" (else only "degraded": a guard
+    or the agent caught it)."""
+    warning_when: str | None = None
+    """Boolean column: a finding row where it is true is only a warning (the agent recovered)."""
+    review_unless: str | None = None
+    """Boolean column: a finding row where it is false is for a person to review (its threshold
+    is the uncalibrated default), not a failure."""
+    rank_column: str | None = None
+    """Numeric column ranking findings for listing, largest (worst) first."""
+    page: str | None = None
+    """Dashboard page (url path) that shows it; None: the generic findings page."""
+
+    @property
+    def columns(self) -> dict[str, str]:
+        """Every returned column and its meaning, in output order."""
+        source = self.column_source
+        return dict(source() if callable(source) else source)
 
 
 METRICS: dict[str, Metric] = {}
+
+
+def _check_facts(name: str, columns: dict[str, str], facts: dict) -> None:
+    """Refuse a registration whose facts contradict each other or name unknown columns."""
+    if facts["findings"]:
+        missing = [key for key in ("title", "failure_mode", "mast_category") if not facts[key]]
+        if missing:
+            raise ValueError(f"metric {name!r} lists findings, so it needs {', '.join(missing)}")
+    else:
+        given = [
+            key
+            for key in ("flag_column", "counted", "failing", "warning_when", "review_unless")
+            if facts[key]
+        ]
+        if given:
+            raise ValueError(f"metric {name!r} sets {', '.join(given)} but not findings=True")
+    category = facts["mast_category"]
+    if category is not None and category not in MAST_CATEGORIES:
+        raise ValueError(
+            f"metric {name!r}: mast_category must be one of {', '.join(MAST_CATEGORIES)}, got {category!r}"
+        )
+    for key in ("flag_column", "warning_when", "review_unless", "rank_column"):
+        column = facts[key]
+        if column is not None and column not in columns:
+            raise ValueError(f"metric {name!r}: {key} {column!r} is not one of its documented columns")
 
 
 def register(
     name: str,
     *,
     description: str,
-    columns: dict[str, str],
+    columns: Columns,
     row: str,
+    title: str | None = None,
     failure_mode: str | None = None,
     mast_category: str | None = None,
+    findings: bool = False,
+    flag_column: str | None = None,
+    counted: bool = False,
+    failing: bool = False,
+    warning_when: str | None = None,
+    review_unless: str | None = None,
+    rank_column: str | None = None,
+    page: str | None = None,
 ) -> Callable[[DetectorFunc], DetectorFunc]:
-    """Register the decorated detector under ``name``.
+    """Register the decorated detector under ``name`` with the facts of its ``Metric`` record.
 
     The registered callable returns exactly the documented columns in the documented order, so
-    the documentation cannot drift from the output.
+    the documentation cannot drift from the output. ``columns`` may be a function returning them
+    when they follow other registrations (run_summary has one count column per counted metric).
     """
+    facts = dict(
+        title=title, failure_mode=failure_mode, mast_category=mast_category, findings=findings,
+        flag_column=flag_column, counted=counted, failing=failing, warning_when=warning_when,
+        review_unless=review_unless, rank_column=rank_column, page=page,
+    )  # fmt: skip
+    if not callable(columns):
+        _check_facts(name, columns, facts)
 
     def decorate(func: DetectorFunc) -> DetectorFunc:
         def checked(
             conn: duckdb.DuckDBPyConnection, window: Window = Window(), filters: Filters = Filters()
         ) -> pd.DataFrame:
             frame = func(conn, window, filters)
-            missing = [column for column in columns if column not in frame.columns]
+            wanted = list(_evaluate(columns))
+            missing = [column for column in wanted if column not in frame.columns]
             if missing:
                 raise RuntimeError(f"detector {name} did not return documented columns {missing}")
-            return frame.loc[:, list(columns)].reset_index(drop=True)
+            return frame.loc[:, wanted].reset_index(drop=True)
 
         checked.__name__ = func.__name__
         checked.__doc__ = func.__doc__
@@ -72,19 +157,48 @@ def register(
             name=name,
             func=checked,
             description=description,
-            columns=dict(columns),
+            column_source=dict(columns) if not callable(columns) else columns,
             row=row,
-            failure_mode=failure_mode,
-            mast_category=mast_category,
+            **facts,
         )
         return checked
 
     return decorate
 
 
+def _evaluate(columns: Columns) -> dict[str, str]:
+    return dict(columns() if callable(columns) else columns)
+
+
 def list_metrics() -> list[Metric]:
     """All registered metrics, sorted by name."""
     return [METRICS[name] for name in sorted(METRICS)]
+
+
+def catalogue() -> list[Metric]:
+    """All registered metrics in catalogue (registration) order."""
+    return list(METRICS.values())
+
+
+def finding_metrics() -> list[Metric]:
+    """The metrics whose rows are findings, in catalogue order."""
+    return [m for m in METRICS.values() if m.findings]
+
+
+def counted_metrics() -> list[Metric]:
+    """The metrics run_summary counts per run, in catalogue order."""
+    return [m for m in METRICS.values() if m.counted]
+
+
+@contextlib.contextmanager
+def scratch_registry() -> Iterator[dict[str, Metric]]:
+    """Registrations made inside the block are forgotten when it ends (tests, experiments)."""
+    saved = dict(METRICS)
+    try:
+        yield METRICS
+    finally:
+        METRICS.clear()
+        METRICS.update(saved)
 
 
 def run_metric(
@@ -104,4 +218,6 @@ def run_metric(
         raise KeyError(f"Unknown metric {name!r}; known metrics: {known}") from None
     logger.debug("running metric %s window=%s filters=%s", name, window, filters)
     ensure_readable(conn)
-    return metric.func(conn, window, filters)
+    from analytics.kept import kept_result  # imports detector modules' helpers
+
+    return kept_result(conn, name, metric.func, window, filters)  # up to date by data version

@@ -111,6 +111,10 @@ def _limits(counts: pd.DataFrame, calibrated: dict[str, tuple[float, int]]) -> p
     row="one run, or one agent in one run, over its crew's span limit (evidence: the first spans past it)",
     failure_mode="unaware of termination conditions: no budget stops a runaway run",
     mast_category="specification issues",
+    title="runaway runs",
+    findings=True,
+    counted=True,
+    failing=True,
 )
 def runaway_runs(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Runs and agents whose span count exceeds their crew's limit (runs with a budget excluded).

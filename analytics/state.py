@@ -34,6 +34,10 @@ _MAX_BUCKETS = 48
     row="one pair of agents x one version of one key in one run",
     failure_mode="acting on stale or inconsistent shared state",
     mast_category="inter-agent misalignment",
+    title="divergent reads (split-brain)",
+    findings=True,
+    counted=True,
+    page="split_brain",
 )
 def divergent_reads(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Pairs of agents whose views of a key diverged: same version read, both wrote on it."""
@@ -58,6 +62,11 @@ def divergent_reads(conn: duckdb.DuckDBPyConnection, window: Window, filters: Fi
     row="one clobbering write (and the write it replaced)",
     failure_mode="lost update: concurrent writes without version check",
     mast_category="inter-agent misalignment",
+    title="lost updates (split-brain)",
+    findings=True,
+    counted=True,
+    failing=True,
+    page="split_brain",
 )
 def lost_updates(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Unversioned or stale-based writes that replaced another agent's write nobody read."""
@@ -105,6 +114,11 @@ def choose_bucket_seconds(conn: duckdb.DuckDBPyConnection, window: Window, filte
     row="one tool x key x agent x time bucket",
     failure_mode="guards refusing calls: agents repeatedly act on stale or invalid state",
     mast_category="inter-agent misalignment",
+    title="rejection rate over threshold",
+    findings=True,
+    flag_column="over_threshold",
+    rank_column="rejection_rate",
+    page="rejections",
 )
 def rejection_rates(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Rejection and error rates of guarded calls per bucket, flagged against the threshold."""
