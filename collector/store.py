@@ -135,10 +135,12 @@ class TraceIndex:
 
 
 _TREE_NEEDS_WORK_SQL = """
-SELECT count(*) FILTER (WHERE agent_id IS NULL), count(*) FILTER (WHERE run_id = TraceId),
-       count(*) FILTER (WHERE span_family = 'agent' AND run_id <> TraceId AND NOT guarded),
-       count(*) FILTER (WHERE span_family = 'agent' AND agent_id IS NOT NULL AND NOT guarded)
-FROM _tree WHERE ParentSpanId <> ''
+SELECT count(*) FILTER (WHERE agent_id IS NULL AND ParentSpanId <> ''),
+       count(*) FILTER (WHERE run_id = TraceId AND ParentSpanId <> ''),
+       count(*) FILTER (WHERE span_family = 'agent' AND run_id <> TraceId AND NOT guarded AND ParentSpanId <> ''),
+       count(*) FILTER (WHERE span_family = 'agent' AND agent_id IS NOT NULL AND NOT guarded AND ParentSpanId <> ''),
+       bool_or(run_id = TraceId) AND bool_or(run_id <> TraceId)
+FROM _tree
 """
 
 # An agent invoked from a span of another run belongs to that run: PydanticAI gives every
@@ -262,6 +264,21 @@ FROM found WHERE spans.rowid = found.rid
 """
 
 
+# A span without a conversation id of its own (its run fell back to its trace id) whose trace
+# names exactly one run belongs to that run, wherever it sits in the tree: the caller's own
+# `invoke_agent` spans around `acting_as("run-42")` (siblings and parents of the run's spans, the
+# root included) are part of run-42. `_tree` holds the trace's earlier spans too, so this holds
+# whichever arrives first: a run id arriving later reaches the spans stored before it, and a span
+# arriving after the run id takes it. A trace naming several runs keeps only the ancestor rule
+# above (which of them a root span belongs to is not known).
+_JOIN_TRACE_RUN_SQL = """
+UPDATE spans SET run_id = r.run_id
+FROM (SELECT TraceId, any_value(run_id) AS run_id FROM _tree WHERE run_id <> TraceId
+      GROUP BY TraceId HAVING count(DISTINCT run_id) = 1) r, _tree s
+WHERE spans.rowid = s.rid AND s.TraceId = r.TraceId AND s.run_id = s.TraceId
+"""
+
+
 def _first_copies(batches: list[DecodedBatch], table: pa.Table) -> pa.Table:
     """``table`` without repeated TraceId + SpanId rows (the first copy wins)."""
     joined = pc.binary_join_element_wise(table.column("TraceId"), table.column("SpanId"), "")
@@ -299,7 +316,7 @@ def insert_batches(
         bound = {"since": since if since is not None else datetime.min}
         inserted = conn.execute(_INSERT_NEW_SQL, bound).fetchone()[0]
         conn.execute(_TREE_SQL, bound)
-        agentless, runless, agent_runs, agent_spans = conn.execute(_TREE_NEEDS_WORK_SQL).fetchone()
+        agentless, runless, agent_runs, agent_spans, joinable = conn.execute(_TREE_NEEDS_WORK_SQL).fetchone()
         if agent_runs:
             for _ in range(8):  # one nesting level per pass
                 conn.execute(_MERGE_NESTED_RUNS_SQL)
@@ -310,6 +327,8 @@ def insert_batches(
             conn.execute(_INHERIT_AGENT_SQL)
         if runless:
             conn.execute(_INHERIT_RUN_SQL)
+        if joinable:
+            conn.execute(_JOIN_TRACE_RUN_SQL)
         if agent_spans:
             conn.execute(_AGENT_HOPS_SQL)
             conn.execute(_AGENT_INPUT_FROM_TOOL_SQL)
