@@ -194,7 +194,7 @@ class Evaluation:
 
 
 def failing_cases(evaluation: Evaluation) -> list[str]:
-    """The case ids of tests/test_eval_frameworks.py that fail on ``evaluation`` (what its
+    """The case ids of tests/benchmarks/test_eval_frameworks.py that fail on ``evaluation`` (what its
     KNOWN_MISSES should list): ``<kind>[<run set>/<run>]`` or ``<kind>[<run set>]``."""
     cases = []
     for r in evaluation.results:
@@ -774,7 +774,7 @@ def main(argv: list[str] | None = None) -> int:
         print("# calibrated" if evaluation.calibration is not None else "# uncalibrated")
         print(summary_tables(evaluation))
         if args.known_misses:
-            print("failing cases (tests/test_eval_frameworks.py KNOWN_MISSES keys):")
+            print("failing cases (tests/benchmarks/test_eval_frameworks.py KNOWN_MISSES keys):")
             print("\n".join(failing_cases(evaluation)) or "none")
     if str(args.report) != "-":
         notes = args.notes.read_text() if args.notes else ""

@@ -572,7 +572,7 @@ def decode_payload(
 
     Protobuf goes through the compiled decoder (``collector.fastdecode``) when it can take the
     request, else through upb and ``decode_export_request``; both give the same rows
-    (tests/test_fastdecode.py).
+    (tests/collector/test_fastdecode.py).
     """
     if content_type == PROTOBUF:
         try:

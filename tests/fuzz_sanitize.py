@@ -3,7 +3,7 @@
 ``make fuzz-sanitize`` (or ``python -m tests.fuzz_sanitize [pytest args]``): compiles the decoder
 with ``gcc -fsanitize=address,undefined -fno-sanitize-recover=undefined`` into a temporary copy
 of the collector package (the checkout's own build is left alone), then runs
-tests/test_security_differential.py and tests/test_fuzz_decode.py there with the ASan runtime
+tests/collector/test_fastdecode_differential.py and tests/collector/test_decode_fuzz.py there with the ASan runtime
 preloaded into Python. Any sanitizer report aborts the run with a non-zero exit.
 ``DRIFTSCOPE_FUZZ_SCALE`` (default 1: the counts `make test` runs) scales the number of examples.
 """
@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TESTS = ("tests/test_security_differential.py", "tests/test_fuzz_decode.py")
+TESTS = ("tests/collector/test_fastdecode_differential.py", "tests/collector/test_decode_fuzz.py")
 
 
 def _runtime(name: str) -> str:

@@ -1,0 +1,211 @@
+"""The two data sources read the same answers: the read API of a real `driftscope serve` and a file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from analytics.types import Filters, Window
+from dashboard import app_main
+from dashboard.datasource import DuckDBFileSource, HttpSource, SourceUnavailable, open_source, window_params
+from dashboard.findings import collect_findings
+from dashboard.launch import SOURCE_ENV, TOKEN_ENV
+from dashboard.report import build_report
+from tests.dashboard.test_dashboard_db import XSS_RUN, build_dashboard_db, expected_findings
+from tests.serve_helpers import free_port
+
+TOKEN = "dashboard-test-token"
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """(HttpSource on a serve holding one copy, DuckDBFileSource on another copy)."""
+    from tests.serve_helpers import new_serve
+
+    folder = tmp_path_factory.mktemp("sources")
+    served = build_dashboard_db(folder / "served.duckdb")
+    offline = folder / "offline.duckdb"
+    shutil.copy(served, offline)
+    server = new_serve(folder, db=served, token=TOKEN).start()
+    try:
+        yield HttpSource(server.http_url, TOKEN), DuckDBFileSource(offline)
+    finally:
+        server.stop()
+
+
+def _comparable(frame: pd.DataFrame) -> list[dict]:
+    """Rows as JSON-normal dicts (arrays as lists, timestamps as text) for equality across transports."""
+    return json.loads(frame.to_json(orient="records", date_format="iso", default_handler=str))
+
+
+@pytest.mark.slow
+def test_http_and_file_sources_agree_on_every_metric(sources):
+    http, offline = sources
+    assert http.health().ok and offline.health().ok
+    names = [m["name"] for m in offline.list_metrics()]
+    assert names == [m["name"] for m in http.list_metrics()]
+    for name in names:
+        remote, local = http.metric(name, Window(), Filters()), offline.metric(name, Window(), Filters())
+        assert list(remote.columns) == list(local.columns), name
+        assert _comparable(remote) == _comparable(local), name
+
+
+@pytest.mark.slow
+def test_http_and_file_sources_agree_on_runs_spans_thresholds_and_findings(sources):
+    http, offline = sources
+    runs_http, runs_file = http.runs(Window(), Filters()), offline.runs(Window(), Filters())
+    assert set(runs_http["run_id"]) == set(runs_file["run_id"]) == set(expected_findings())
+    spans_http, spans_file = http.run_spans(XSS_RUN), offline.run_spans(XSS_RUN)
+    assert list(spans_http["span_id"]) == list(spans_file["span_id"]) and len(spans_file) == 4
+    assert spans_http["attributes"].iloc[0] == spans_file["attributes"].iloc[0]
+    assert http.run_spans("no-such-run").empty and offline.run_spans("no-such-run").empty
+    assert _comparable(http.thresholds()) == _comparable(offline.thresholds())
+    found_http, _, errors_http = collect_findings(http, Window(), Filters())
+    found_file, _, errors_file = collect_findings(offline, Window(), Filters())
+    assert errors_http == errors_file == {}
+    assert [(f.metric, f.run_id, f.span_ids) for f in found_http] == [
+        (f.metric, f.run_id, f.span_ids) for f in found_file
+    ]
+
+
+@pytest.mark.slow
+def test_http_and_file_sources_agree_on_browse_queries(sources):
+    http, offline = sources
+    everything = offline.runs(Window(), Filters())
+    agent = sorted({a for agents in everything["agents"] for a in agents})[0]
+    for filters in (
+        Filters(),
+        Filters(agent=agent),
+        Filters(run=XSS_RUN),
+        Filters(service="no-such-service"),
+    ):
+        remote, local = http.run_totals(Window(), filters), offline.run_totals(Window(), filters)
+        assert _comparable(remote) == _comparable(local), filters
+        assert list(local.columns) == ["run_id", "spans", "rejected", "errors", "first_seen", "last_seen"]
+    totals = offline.run_totals(Window(), Filters())
+    assert set(totals["run_id"]) == set(everything["run_id"])
+    assert dict(zip(totals["run_id"], totals["spans"], strict=True)) == dict(
+        zip(everything["run_id"], everything["spans"], strict=True)
+    )
+    chosen = list(everything["run_id"][:2]) + ["no-such-run"]
+    remote, local = (
+        http.run_details(Window(), Filters(), chosen),
+        offline.run_details(Window(), Filters(), chosen),
+    )
+    assert _comparable(remote) == _comparable(local) and set(local["run_id"]) == set(chosen[:2])
+    assert http.filter_options(Window()) == offline.filter_options(Window())
+    options = offline.filter_options(Window())
+    assert agent in options["agents"] and set(options["runs"]) == set(everything["run_id"])
+    spans = offline.run_spans(XSS_RUN)
+    keys = pd.DataFrame(
+        {"run_id": [XSS_RUN] * 2 + ["no-such-run"], "span_id": list(spans["span_id"][:2]) + ["00"]}
+    )
+    remote, local = http.evidence_spans(keys), offline.evidence_spans(keys)
+    assert _comparable(remote) == _comparable(local)
+    assert sorted(local["span_id"]) == sorted(spans["span_id"][:2])
+
+
+@pytest.mark.slow
+def test_lookup_endpoints_refuse_bad_bodies_with_what_to_send(sources):
+    import httpx
+
+    http, _ = sources
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    cases = [
+        ("/api/v1/evidence-spans", b"not json", "JSON object"),
+        ("/api/v1/evidence-spans", json.dumps({"keys": [["only-one"]]}).encode(), "[run_id, span_id] pairs"),
+        ("/api/v1/evidence-spans", json.dumps({"keys": [], "extra": 1}).encode(), "exactly one key"),
+        ("/api/v1/evidence-spans", json.dumps({"keys": [["r", "s"]] * 10_001}).encode(), "at most 10000"),
+        ("/api/v1/runs/details", json.dumps({"run_ids": [1, 2]}).encode(), "list of strings"),
+        ("/api/v1/runs/details", json.dumps({"run_ids": ["x\u0000"]}).encode(), "control characters"),
+    ]
+    for path, body, message in cases:
+        response = httpx.post(http.url + path, content=body, headers=headers, timeout=30)
+        assert response.status_code == 400 and message in response.json()["error"], (path, response.text)
+    assert httpx.post(http.url + "/api/v1/evidence-spans", json={"keys": []}, timeout=30).status_code == 401
+    response = httpx.get(
+        http.url + "/api/v1/filter-options", params={"limit": "0"}, headers=headers, timeout=30
+    )
+    assert response.status_code == 400 and "limit" in response.json()["error"]
+    # the store still answers after every refusal
+    assert http.filter_options(Window())["runs"]
+
+
+@pytest.mark.slow
+def test_reports_from_the_api_and_from_a_file_match(sources):
+    http, offline = sources
+    remote = json.loads(build_report(http, Window(), Filters(), None, "json"))
+    local = json.loads(build_report(offline, Window(), Filters(), None, "json"))
+    assert remote["findings"] == local["findings"] and remote["summary"] == local["summary"]
+    assert remote["source"].startswith("collector at http://127.0.0.1:")
+
+
+@pytest.mark.slow
+def test_wrong_token_is_a_clear_error(sources):
+    http, _ = sources
+    wrong = HttpSource(http.url, "not-the-token")
+    health = wrong.health()
+    assert not health.ok and "DRIFTSCOPE_TOKEN" in health.detail
+    with pytest.raises(SourceUnavailable, match="refused"):
+        wrong.runs(Window(), Filters())
+
+
+@pytest.mark.slow
+def test_dashboard_pages_read_through_the_api(sources, monkeypatch):
+    http, _ = sources
+    monkeypatch.setenv(SOURCE_ENV, http.url)
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    at = AppTest.from_file(app_main, default_timeout=120)
+    at.run()
+    assert not at.exception and not at.error
+    tiles = {m.label: int(m.value) for m in at.metric}
+    assert tiles["ping-pong between agents"] == 1 and tiles["lost updates (split-brain)"] == 2
+    at.switch_page("views/loops.py")
+    at.run()
+    assert not at.exception
+    assert "planner, worker" in at.dataframe[1].value.to_string()
+
+
+def test_collector_down_is_source_unavailable_naming_what_to_do():
+    source = HttpSource(f"http://127.0.0.1:{free_port()}")
+    health = source.health()
+    assert not health.ok and "driftscope serve" in health.detail
+    with pytest.raises(SourceUnavailable, match="Cannot reach"):
+        source.metric("ping_pong", Window(), Filters())
+
+
+def test_open_source_picks_transport_by_form(tmp_path):
+    assert isinstance(open_source("http://127.0.0.1:4318"), HttpSource)
+    assert isinstance(open_source(None), HttpSource)
+    assert isinstance(open_source(str(tmp_path / "x.duckdb")), DuckDBFileSource)
+    missing = DuckDBFileSource(tmp_path / "x.duckdb")
+    assert not missing.health().ok and "driftscope ingest" in missing.health().detail
+
+
+def test_window_params_are_iso_and_only_set_filters():
+    from datetime import datetime
+
+    params = window_params(Window(since=datetime(2026, 1, 15, 9)), Filters(run="r1"))
+    assert params == {"since": "2026-01-15T09:00:00", "run": "r1"}
+
+
+@pytest.mark.slow
+def test_collector_stopping_mid_session_turns_into_a_banner(serve_factory, monkeypatch):
+    server = serve_factory().start()
+    monkeypatch.setenv(SOURCE_ENV, server.http_url)
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    at = AppTest.from_file(app_main, default_timeout=120)
+    at.run()
+    assert not at.exception and not at.error
+    # an empty collector: not green tiles, but where to send spans (this collector's own endpoint)
+    assert not at.metric and "No spans received yet" in at.warning[0].value
+    assert f"OTEL_EXPORTER_OTLP_ENDPOINT={server.http_url}" in at.warning[0].value
+    assert at.toggle(key="auto_refresh").value  # live source: auto-refresh on by default
+    server.stop()
+    at.run()
+    assert not at.exception
+    assert len(at.error) == 1 and "Cannot reach the driftscope collector" in at.error[0].value

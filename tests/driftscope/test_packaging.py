@@ -1,0 +1,75 @@
+"""`pip install driftscope` is the guards alone: only the OpenTelemetry API comes with it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("driftscope", "collector", "analytics", "dashboard", "guards")
+
+
+@pytest.fixture(scope="module")
+def guards_only_venv(tmp_path_factory):
+    """A fresh venv with `pip install <a copy of this checkout>` and nothing else."""
+    root = tmp_path_factory.mktemp("guards-only")
+    source = root / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    for package in PACKAGES:
+        shutil.copytree(
+            REPO / package, source / package, ignore=shutil.ignore_patterns("__pycache__", "*.so")
+        )
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(source)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    return venv
+
+
+@pytest.mark.slow
+def test_guards_install_with_only_the_opentelemetry_api(guards_only_venv):
+    python = guards_only_venv / "bin" / "python"
+    listed = subprocess.run(
+        [str(python), "-m", "pip", "list", "--format=freeze", "--disable-pip-version-check"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    installed = {line.split("==")[0].lower().replace("_", "-") for line in listed.split()}
+    heavy = {"duckdb", "torch", "streamlit", "pandas", "numpy", "opentelemetry-sdk", "pyarrow", "grpcio"}
+    assert "driftscope" in installed and "opentelemetry-api" in installed
+    assert not installed & heavy, installed & heavy
+    code = (
+        "from guards import VersionedStore, acting_as\n"
+        "store = VersionedStore()\n"
+        "with acting_as('planner', conversation_id='run-1'):\n"
+        "    assert not store.write_state('plan', 'v1', expected_version=None)['rejected']\n"
+        "print('ok')\n"
+    )
+    run = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd=guards_only_venv)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "ok"
+
+
+@pytest.mark.slow
+def test_server_commands_without_the_server_extra_say_what_to_install(guards_only_venv, tmp_path):
+    run = subprocess.run(
+        [str(guards_only_venv / "bin" / "driftscope"), "serve", "--db", str(tmp_path / "x.duckdb")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2
+    assert "pip install 'driftscope[server]'" in run.stderr
+    assert "Traceback" not in run.stderr
