@@ -24,7 +24,13 @@ from guards.telemetry import Telemetry, canonical_json, conversation_attribute
 logger = logging.getLogger(__name__)
 
 GUARD_NAME = "execution_guard"
-DEFAULT_DIVERGENCE_THRESHOLD = 0.45
+# The same default as the collector's uncalibrated goal-drift threshold (analytics.thresholds):
+# on the 367 labelled pairs of sample_traces/calibration/goal_pairs.csv (all-MiniLM-L6-v2,
+# AUROC 0.975), 1 - cos > 0.80 refuses 0.6% of on-goal subtasks and 77% of drifted ones; 0.45
+# refused 55% of on-goal subtasks ("Plan the offsite" -> "Find venues" is 0.777). A refusal stops
+# real work, so the default refuses only clear drift; pass the threshold `driftscope calibrate`
+# stored for your own crews (e.g. Youden's J on those pairs: 0.745, 86% / 1.7%) to refuse more.
+DEFAULT_DIVERGENCE_THRESHOLD = 0.80
 
 
 def normalize_arguments(value: Any) -> Any:

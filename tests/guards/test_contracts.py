@@ -312,7 +312,7 @@ def test_goal_divergence_uses_the_pluggable_embedder(spans):
     assert refused.divergence == pytest.approx(1 - 0.1 / (0.9055385138), abs=1e-3)
     span = finished(exporter)[-1]
     assert span.attributes["driftscope.goal.divergence"] == refused.divergence
-    assert span.attributes["driftscope.goal.threshold"] == 0.45
+    assert span.attributes["driftscope.goal.threshold"] == 0.80  # the default
 
 
 def test_schema_validation_of_state_transitions(spans):
