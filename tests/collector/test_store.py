@@ -211,3 +211,86 @@ def test_agent_inheritance_matches_a_reference_for_any_arrival_order(conn):
         )
         expected = _reference_agents(parents, agents)
         assert {n: stored[ids[n].hex()] for n in range(size)} == expected, scenario
+
+
+# A run holds all its spans: the README's caller spans around `acting_as("run-42")` (parent,
+# siblings, the root) carry no conversation id; the trace's one run id reaches them at ingest.
+README_TRACE = b"\x42" * 16
+CALLER, PLAN, GUARD_A, GUARD_B, SIBLING = (bytes([n]) * 8 for n in range(0x11, 0x16))
+
+
+def _readme_spans() -> dict[bytes, dict]:
+    """The shape of the README example: invoke_agent root (no run), a planning child (no run),
+    guard spans with the conversation id, and a caller tool call beside them (no run)."""
+    run = {"gen_ai.conversation.id": "run-42"}
+    return {
+        CALLER: {"trace_id": README_TRACE, "span_id": CALLER, "name": "invoke_agent planner",
+                 "attrs": {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "planner"}},
+        PLAN: {"trace_id": README_TRACE, "span_id": PLAN, "parent": CALLER, "name": "chat"},
+        GUARD_A: {"trace_id": README_TRACE, "span_id": GUARD_A, "parent": PLAN, "attrs": {**run, "gen_ai.tool.name": "delegate"}},
+        GUARD_B: {"trace_id": README_TRACE, "span_id": GUARD_B, "parent": CALLER, "attrs": {**run, "gen_ai.tool.name": "write_state"}},
+        SIBLING: {"trace_id": README_TRACE, "span_id": SIBLING, "parent": CALLER, "attrs": {"gen_ai.tool.name": "search"}},
+    }  # fmt: skip
+
+
+def _runs(conn, trace: bytes) -> dict[str, str]:
+    return dict(conn.execute("SELECT SpanId, run_id FROM spans WHERE TraceId = ?", [trace.hex()]).fetchall())
+
+
+@pytest.mark.parametrize(
+    "batches",
+    [
+        [[CALLER, PLAN, GUARD_A, GUARD_B, SIBLING]],  # one request
+        [[GUARD_A, GUARD_B], [CALLER, PLAN, SIBLING]],  # the run's spans first
+        [[CALLER, SIBLING], [PLAN], [GUARD_B], [GUARD_A]],  # the runless spans first
+        [[SIBLING, GUARD_A], [CALLER], [PLAN, GUARD_B]],  # interleaved
+    ],
+    ids=["one-request", "run-first", "run-last", "interleaved"],
+)
+def test_every_span_of_a_trace_with_one_conversation_id_belongs_to_that_run(conn, batches):
+    spans = _readme_spans()
+    for batch in batches:
+        _insert(conn, [spans[span_id] for span_id in batch])
+    assert _runs(conn, README_TRACE) == {span_id.hex(): "run-42" for span_id in spans}
+
+
+def test_run_join_goes_through_the_single_writer_across_commits(tmp_path):
+    from collector.decode import PROTOBUF, decode_payload
+    from collector.writer import IngestQueue, SpanWriter
+
+    connection = open_store(tmp_path / "join.duckdb")
+    writer = SpanWriter(connection.cursor(), IngestQueue(64 * 1024 * 1024))
+    writer.start()
+    try:
+        spans = _readme_spans()
+        for batch in ([CALLER, SIBLING], [GUARD_A], [PLAN, GUARD_B]):
+            payload = make_request([spans[s] for s in batch]).SerializeToString()
+            writer.queue.submit(decode_payload(payload, PROTOBUF)).result(30)
+        assert writer.commits == 3
+        assert _runs(connection, README_TRACE) == {span_id.hex(): "run-42" for span_id in spans}
+    finally:
+        writer.stop()
+        connection.close()
+
+
+def test_a_trace_naming_two_runs_leaves_its_root_alone_and_children_follow_their_ancestor(conn):
+    root, a, a_child, b = (bytes([n]) * 8 for n in range(0x21, 0x25))
+    trace = b"\x43" * 16
+    _insert(
+        conn,
+        [
+            {"trace_id": trace, "span_id": a_child, "parent": a},
+            {"trace_id": trace, "span_id": root},
+            {"trace_id": trace, "span_id": a, "parent": root, "attrs": {"gen_ai.conversation.id": "A"}},
+            {"trace_id": trace, "span_id": b, "parent": root, "attrs": {"session.id": "B"}},
+        ],
+    )
+    assert _runs(conn, trace) == {root.hex(): trace.hex(), a.hex(): "A", a_child.hex(): "A", b.hex(): "B"}
+
+
+def test_a_trace_without_any_conversation_id_stays_its_own_run(conn):
+    trace = b"\x44" * 16
+    _insert(
+        conn, [{"trace_id": trace, "span_id": ROOT}, {"trace_id": trace, "span_id": CHILD, "parent": ROOT}]
+    )
+    assert set(_runs(conn, trace).values()) == {trace.hex()}

@@ -265,3 +265,27 @@ def test_embedding_worker_embeds_goal_texts_in_the_background(serve_factory):
         time.sleep(0.5)
     assert health["embeddings"] >= 2, health
     assert health["embedding_worker"]["enabled"] and health["embedding_worker"]["last_error"] is None
+
+
+@pytest.mark.parametrize("taken", ["grpc_port", "http_port"])
+def test_a_port_taken_after_the_cli_checked_it_is_a_clean_error_naming_flag_and_variable(tmp_path, taken):
+    """The CLI probes both ports first; a process binding one in between (the race) must still get a
+    message naming the setting, not a traceback, and the database must be released."""
+    import socket
+
+    from driftscope.serve import ServeConfig, run_serve
+    from driftscope.settings import BY_NAME, ConfigError
+    from tests.serve_helpers import free_port
+
+    db = tmp_path / "race.duckdb"
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        ports = {"http_port": free_port(), "grpc_port": free_port(), taken: holder.getsockname()[1]}
+        with pytest.raises(ConfigError) as error:
+            run_serve(ServeConfig(db=str(db), embeddings=False, **ports))
+    setting = BY_NAME[taken]
+    message = str(error.value)
+    assert f"127.0.0.1:{ports[taken]} ({setting.flag}): another process took the port" in message
+    assert f"{setting.flag} PORT or {setting.env}=PORT" in message
+    duckdb.connect(str(db)).close()  # the writer drained and closed the file
