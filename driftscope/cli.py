@@ -83,7 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--format", dest="fmt", choices=("html", "md", "json"), default="html")
     report.add_argument("-o", "--output", required=True, help="File to write.")
     cal = subparsers["calibrate"]
-    cal.add_argument("--db", default=None, help="Database file (offline; the collector must not hold it).")
+    cal.add_argument(
+        "--db",
+        default=None,
+        help="Database file (default: DRIFTSCOPE_DB or the serve default). When a running `driftscope serve` "
+        "holds it, the calibration goes through that collector.",
+    )
     cal.add_argument("--pairs", default=None, help="Labelled pairs CSV (root_goal,subtask,drifted).")
     cal.add_argument(
         "--target-fpr", type=float, default=None, help="Pick the threshold at this false-positive rate."
@@ -367,6 +372,10 @@ def main(argv: list[str] | None = None) -> int:
             print(settings_markdown())
             sys.stdout.flush()  # a closed pipe raises here, inside the handler below
             return 0
+        if args.command == "calibrate":
+            from driftscope.calibrate import cmd_calibrate
+
+            return cmd_calibrate(args, values)
         from driftscope import commands
 
         return commands.run(args.command, args, values)

@@ -24,6 +24,7 @@ from collector.stats import IngestStats
 from collector.store import StoreLockedError
 from collector.writer import IngestQueue, SpanWriter
 from driftscope.api import build_api_routes
+from driftscope.calibrate import build_calibrate_routes
 from driftscope.database import open_database
 from driftscope.settings import BY_NAME, ConfigError
 
@@ -179,6 +180,8 @@ def run_serve(config: ServeConfig) -> int:
             "counters": stats.snapshot(),
             "retention_deleted": retention.deleted if retention else 0,
             "token_required": bool(config.token),
+            # `driftscope calibrate --db FILE` finds the collector holding FILE by this.
+            "db": str(Path(config.db).resolve()),
             "side_effect_tools": side_effect_tools.pattern if side_effect_tools.configured else "default",
             "embedding_worker": (
                 {"enabled": True, "embedded": worker.embedded, "last_error": worker.last_error}
@@ -190,6 +193,8 @@ def run_serve(config: ServeConfig) -> int:
     routes = build_ingest_routes(queue, receiver_config, stats, decode_pool, pending) + build_api_routes(
         conn.cursor, config.token, health_extra
     )
+    # Calibration while serving: reads on cursors, threshold inserts through the single writer.
+    routes += build_calibrate_routes(conn.cursor, writer.execute_write_fn, config.token)
     app = Starlette(routes=routes)
 
     def stop_writing() -> None:

@@ -164,7 +164,7 @@ SETTINGS: tuple[Setting, ...] = (
         "token",
         None,
         "Bearer token required on ingest and the read API (Authorization: Bearer ...).",
-        commands=SERVE + ("ingest", "dashboard", "report", "demo"),
+        commands=SERVE + ("ingest", "dashboard", "report", "demo", "calibrate"),
         metavar="TOKEN",
     ),
     Setting(
@@ -304,8 +304,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "endpoint",
         None,
-        "Collector base URL to send spans to (http://127.0.0.1:4318).",
-        commands=("ingest", "demo"),
+        "Collector base URL to send spans (ingest, demo) or a calibration (calibrate) to "
+        "(http://127.0.0.1:4318).",
+        commands=("ingest", "demo", "calibrate"),
         otel_env="OTEL_EXPORTER_OTLP_ENDPOINT",
         metavar="URL",
     ),
