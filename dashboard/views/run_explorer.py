@@ -2,15 +2,18 @@
 collapsible trace view with its timeline; each span's inputs, outputs and attributes.
 
 URL: ``?run=`` the run, ``&span=`` a span to inspect, ``&q=`` a search (trace id, span id or any
-attribute value), ``&finding=`` the finding (1-based, worst first) whose evidence is highlighted.
+attribute value), ``&finding=`` the finding (1-based, worst first) whose evidence is highlighted;
+``?find=`` a search across every run in the sidebar's window and filters, each result a link here.
 """
 
 import pandas as pd
 import streamlit as st
 
+from analytics.search import MIN_SEARCH_CHARS
 from dashboard import ui
 from dashboard.figures_run import delegation_graph_figure, waterfall_figure
 from dashboard.findings import findings_frame, order_by_run_and_severity, run_failures
+from dashboard.search import describe_results, search_results_table
 from dashboard.trace import ancestors, duration_text, failed, search_spans, span_io, trace_rows
 
 # Spans drawn as nested expanders; past this the tree lists the first ones (the timeline has all).
@@ -20,6 +23,8 @@ TIMELINE_LIMIT = 500
 # Deeper spans are drawn flat inside their deepest drawn ancestor (Streamlit nests containers).
 MAX_NESTING = 10
 BLANK = ("", "nan", "None", "NaT", "<NA>")
+# Most results of a search across runs.
+SEARCH_LIMIT = 200
 
 
 def _text(value) -> str:
@@ -223,8 +228,44 @@ def show_run(ctx: ui.PageContext, run: str) -> None:
     )
 
 
+@st.cache_data(ttl=ui.CACHE_TTL, max_entries=32, show_spinner=False)
+def cached_search(key: str, version: str, text: str, window, filters) -> pd.DataFrame:
+    """Spans of any run matching ``text`` (trace id, span id or attribute value)."""
+    return ui.get_source(key).search_spans(text, window, filters, SEARCH_LIMIT)
+
+
+def search_all_runs(ctx: ui.PageContext) -> None:
+    """The search across runs: results link to the run explorer at their span."""
+    text = st.text_input(
+        "Search all runs",
+        key="find",
+        bind="query-params",
+        placeholder="trace id, span id, run id or any attribute value (an order number, a tool argument)",
+    ).strip()
+    if not text:
+        return
+    if len(text) < MIN_SEARCH_CHARS:
+        st.caption(f"Type at least {MIN_SEARCH_CHARS} characters to search.")
+        return
+    results = cached_search(ctx.source_key, ctx.version, text, ctx.window, ctx.filters)
+    st.caption(f"{describe_results(results, text, SEARCH_LIMIT)} Searched {ui.describe_scope(ctx)}.")
+    if results.empty:
+        return
+    st.dataframe(
+        search_results_table(results),
+        hide_index=True,
+        key="search_results",
+        column_config={
+            "open": st.column_config.LinkColumn(
+                "run", display_text=r"run=([^&]*)", help="Open the run explorer at this span"
+            )
+        },
+    )
+
+
 ctx = ui.page_context()
 st.title("Run explorer")
+search_all_runs(ctx)
 runs = ui.cached_run_totals(ctx.source_key, ctx.version, ctx.window, ctx.filters)
 run_ids = [str(r) for r in runs["run_id"].head(ui.PAGE_ROWS)]  # the newest runs; others by ?run=
 wanted = st.query_params.get("run") or ctx.filters.run
