@@ -20,14 +20,14 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from analytics.embeddings import MODEL_NAME
+from analytics.embeddings import MODEL_NAME, embed_texts
 from analytics.goals import goal_pairs, score_pairs
-from analytics.loop_similarity import argument_similarity
+from analytics.loop_similarity import argument_similarity, task_similarity
 from analytics.runaway import AGENT_THRESHOLD, RUN_THRESHOLD, RUNAWAY_MARGIN, baseline_limit
 from analytics.sql_loader import run_sql
 from analytics.tasks import extract_task
 from analytics.thresholds import store_threshold
-from analytics.types import Filters, Window
+from analytics.types import Filters, Window, WriteFn
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +44,7 @@ COUNT_DETECTORS = (
     "duplicate_side_effects", "runaway_runs",
 )  # fmt: skip
 LOOP_PAIR_COLUMNS = ("first", "second", "same_request")
+TASK_PAIR_COLUMNS = ("first_task", "second_task", "same_request")
 
 
 @dataclass(frozen=True)
@@ -138,19 +139,28 @@ def choose_point(points: list[RocPoint], target_fpr: float | None = None) -> Roc
 
 
 def calibrate_from_pairs(
-    conn: duckdb.DuckDBPyConnection, csv_path: str | pathlib.Path, target_fpr: float | None = None
+    conn: duckdb.DuckDBPyConnection,
+    csv_path: str | pathlib.Path,
+    target_fpr: float | None = None,
+    write: WriteFn | None = None,
+    data_name: str | None = None,
 ) -> dict[str, Any]:
     """Calibrate the goal-divergence threshold on labelled pairs and store it.
 
     A CSV of labelled argument pairs (first, second, same_request) calibrates the loop
-    similarity instead (``calibrate_loop_similarity``).
+    similarity instead (``calibrate_loop_similarity``), one of labelled task statement pairs
+    (first_task, second_task, same_request) the task similarity (``calibrate_task_similarity``).
 
     Returns the stored version and value with AUROC, the chosen point's precision, recall,
-    false-positive rate and Youden J, and the ROC curve.
+    false-positive rate and Youden J, and the ROC curve. ``write`` stores the threshold through
+    the process's single writer (``store_threshold``); ``data_name`` is the file named in the
+    provenance when ``csv_path`` is a copy (a file uploaded to ``serve``).
     """
     path = pathlib.Path(csv_path)
+    if _has_columns(path, TASK_PAIR_COLUMNS):
+        return calibrate_task_similarity(conn, path, target_fpr, write, data_name)
     if is_loop_pairs(path):
-        return calibrate_loop_similarity(conn, path, target_fpr)
+        return calibrate_loop_similarity(conn, path, target_fpr, write, data_name)
     roots, subtasks, labels = read_pairs(path)
     scores = score_pairs(roots, subtasks, conn)
     area = auroc(labels, scores)
@@ -168,14 +178,14 @@ def calibrate_from_pairs(
     }
     provenance = {
         "model": MODEL_NAME,
-        "data": str(path),
+        "data": data_name or str(path),
         "data_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
         "pairs": int(len(labels)),
         "drifted": int(labels.sum()),
         "target_fpr": target_fpr,
         "metrics": metrics,
     }
-    info = store_threshold(conn, "goal_divergence", chosen.threshold, method, provenance)
+    info = store_threshold(conn, "goal_divergence", chosen.threshold, method, provenance, write)
     logger.info("goal_divergence calibrated: %.4f (AUROC %.3f, %s)", chosen.threshold, area, method)
     return {
         "name": "goal_divergence",
@@ -188,28 +198,34 @@ def calibrate_from_pairs(
     }
 
 
-def is_loop_pairs(csv_path: str | pathlib.Path) -> bool:
-    """Whether ``csv_path`` holds labelled argument pairs (first, second, same_request)."""
+def _has_columns(csv_path: str | pathlib.Path, columns: tuple[str, ...]) -> bool:
     with pathlib.Path(csv_path).open(newline="", encoding="utf-8") as handle:
         header = next(csv.reader(handle), [])
-    return all(column in header for column in LOOP_PAIR_COLUMNS)
+    return all(column in header for column in columns)
 
 
-def read_loop_pairs(csv_path: str | pathlib.Path) -> tuple[list[str], list[str], np.ndarray]:
+def is_loop_pairs(csv_path: str | pathlib.Path) -> bool:
+    """Whether ``csv_path`` holds labelled argument pairs (first, second, same_request)."""
+    return _has_columns(csv_path, LOOP_PAIR_COLUMNS)
+
+
+def read_loop_pairs(
+    csv_path: str | pathlib.Path, columns: tuple[str, ...] = LOOP_PAIR_COLUMNS
+) -> tuple[list[str], list[str], np.ndarray]:
     """Read labelled argument pairs (header with first, second, same_request); return its columns."""
     path = pathlib.Path(csv_path)
     with path.open(newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
-        missing = [column for column in LOOP_PAIR_COLUMNS if column not in (reader.fieldnames or [])]
+        missing = [column for column in columns if column not in (reader.fieldnames or [])]
         if missing:
-            raise ValueError(f"Expected columns {list(LOOP_PAIR_COLUMNS)} in {path}, missing {missing}")
+            raise ValueError(f"Expected columns {list(columns)} in {path}, missing {missing}")
         firsts, seconds, labels = [], [], []
         for line, row in enumerate(reader, start=2):
             label = str(row["same_request"]).strip().lower()
             if label not in _TRUE | _FALSE | {"same", "different"}:
                 raise ValueError(f"{path}:{line}: expected same_request to be 1/0 or yes/no, got {label!r}")
-            firsts.append(row["first"])
-            seconds.append(row["second"])
+            firsts.append(row[columns[0]])
+            seconds.append(row[columns[1]])
             labels.append(label in _TRUE | {"same"})
     if not labels:
         raise ValueError(f"{path} holds no pairs")
@@ -217,7 +233,11 @@ def read_loop_pairs(csv_path: str | pathlib.Path) -> tuple[list[str], list[str],
 
 
 def calibrate_loop_similarity(
-    conn: duckdb.DuckDBPyConnection, csv_path: str | pathlib.Path, target_fpr: float | None = None
+    conn: duckdb.DuckDBPyConnection,
+    csv_path: str | pathlib.Path,
+    target_fpr: float | None = None,
+    write: WriteFn | None = None,
+    data_name: str | None = None,
 ) -> dict[str, Any]:
     """Calibrate ``near_duplicate_similarity`` (repeated_calls) on labelled argument pairs.
 
@@ -228,6 +248,64 @@ def calibrate_loop_similarity(
     path = pathlib.Path(csv_path)
     firsts, seconds, labels = read_loop_pairs(path)
     scores = np.asarray([argument_similarity(a, b) for a, b in zip(firsts, seconds, strict=True)])
+    measure = "token-set Jaccard of stemmed argument words, stop words dropped (analytics.loop_similarity)"
+    return _store_pair_calibration(
+        conn, "near_duplicate_similarity", path, labels, scores, target_fpr, measure, write, data_name
+    )
+
+
+def task_pair_scores(
+    firsts: list[str], seconds: list[str], conn: duckdb.DuckDBPyConnection | None = None
+) -> np.ndarray:
+    """``task_similarity`` of each (first, second) task statement pair (vectors from the cache of
+    ``conn`` where stored, else encoded here; nothing is written)."""
+    vectors = embed_texts(list(firsts) + list(seconds), conn)
+    left, right = vectors[: len(firsts)], vectors[len(firsts) :]
+    cosines = np.einsum("ij,ij->i", left.astype(np.float64), right.astype(np.float64))
+    return np.asarray(
+        [task_similarity(a, b, c) for a, b, c in zip(firsts, seconds, cosines, strict=True)], dtype=np.float64
+    )
+
+
+def calibrate_task_similarity(
+    conn: duckdb.DuckDBPyConnection,
+    csv_path: str | pathlib.Path,
+    target_fpr: float | None = None,
+    write: WriteFn | None = None,
+    data_name: str | None = None,
+) -> dict[str, Any]:
+    """Calibrate ``near_duplicate_task_similarity`` (repeated_calls on delegations and agent
+    invocations) on labelled task statement pairs (first_task, second_task, same_request).
+
+    Each pair is scored with ``analytics.loop_similarity.task_similarity`` (embedding cosine times
+    the overlap of the statements' numbers and names); the ROC point is chosen and stored as in
+    ``calibrate_loop_similarity``.
+    """
+    path = pathlib.Path(csv_path)
+    firsts, seconds, labels = read_loop_pairs(path, TASK_PAIR_COLUMNS)
+    scores = task_pair_scores(firsts, seconds, conn)
+    measure = (
+        f"cosine of the task statements' embeddings ({MODEL_NAME}) x Jaccard of their numbers and "
+        "names (analytics.loop_similarity.task_similarity)"
+    )
+    return _store_pair_calibration(
+        conn, "near_duplicate_task_similarity", path, labels, scores, target_fpr, measure, write, data_name
+    )
+
+
+def _store_pair_calibration(
+    conn: duckdb.DuckDBPyConnection,
+    name: str,
+    path: pathlib.Path,
+    labels: np.ndarray,
+    scores: np.ndarray,
+    target_fpr: float | None,
+    measure: str,
+    write: WriteFn | None = None,
+    data_name: str | None = None,
+) -> dict[str, Any]:
+    """Choose the ROC point of a similarity on labelled same-request pairs and store it (through
+    ``write`` when given; ``data_name`` names the file in the provenance)."""
     area = auroc(labels, scores)
     points = roc_points(labels, scores)
     chosen = choose_point(points, target_fpr)
@@ -243,8 +321,8 @@ def calibrate_loop_similarity(
         "confusion": {"tp": chosen.tp, "fp": chosen.fp, "tn": chosen.tn, "fn": chosen.fn},
     }
     provenance = {
-        "measure": "token-set Jaccard of stemmed argument words, stop words dropped (analytics.loop_similarity)",
-        "data": str(path),
+        "measure": measure,
+        "data": data_name or str(path),
         "data_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
         "pairs": int(len(labels)),
         "same_request": int(labels.sum()),
@@ -252,10 +330,10 @@ def calibrate_loop_similarity(
         "metrics": metrics,
     }
     value = float(np.clip(chosen.threshold, 0.05, 1.0))
-    info = store_threshold(conn, "near_duplicate_similarity", value, method, provenance)
-    logger.info("near_duplicate_similarity calibrated: %.4f (AUROC %.3f, %s)", value, area, method)
+    info = store_threshold(conn, name, value, method, provenance, write)
+    logger.info("%s calibrated: %.4f (AUROC %.3f, %s)", name, value, area, method)
     return {
-        "name": "near_duplicate_similarity",
+        "name": name,
         "version": info.version,
         "value": info.value,
         "method": method,
@@ -290,8 +368,10 @@ def calibrate_from_baseline(
     quantile: float = 0.99,
     k_sigma: float | None = None,
     filters: Filters = Filters(),
+    write: WriteFn | None = None,
 ) -> dict[str, Any]:
-    """Calibrate thresholds from a healthy baseline window and store those with enough data.
+    """Calibrate thresholds from a healthy baseline window and store those with enough data
+    (through ``write``, the process's single writer, when given).
 
     Needs at least ``MIN_BASELINE_VALUES`` values per threshold (``MIN_BASELINE_RUNS`` runs for
     per-run counts). Returns ``{"window": ..., "thresholds": {name: {...}}, "skipped": {name: reason}}``.
@@ -326,7 +406,7 @@ def calibrate_from_baseline(
             "metrics": {"n": int(len(values)), "mean": float(np.mean(values)),
                         "std": float(np.std(values)), "max": float(np.max(values))},
         }  # fmt: skip
-        info = store_threshold(conn, name, value, method, provenance)
+        info = store_threshold(conn, name, value, method, provenance, write)
         stored[name] = {"value": info.value, "version": info.version, "method": method, "n": len(values)}
 
     divergences = goal_pairs(conn, window, filters)["divergence"].to_numpy(dtype=np.float64)
@@ -362,7 +442,7 @@ def calibrate_from_baseline(
                 "metrics": {"n": int(len(values)), "median": float(np.median(values)),
                             "max": float(np.max(values))},
             }  # fmt: skip
-            info = store_threshold(conn, name, limit, "quantile_x_margin", provenance)
+            info = store_threshold(conn, name, limit, "quantile_x_margin", provenance, write)
             stored[name] = {"value": info.value, "version": info.version, "method": "quantile_x_margin",
                             "n": len(values)}  # fmt: skip
     runs = run_metric(conn, "run_summary", window, filters)

@@ -6,7 +6,7 @@ signature is the argument words (lower case, split on anything but letters, digi
 the token-set Jaccard of those words with trailing dots trimmed, more stop words dropped (question
 words, filler, JSON envelope keys of framework tool inputs) and a light stemming (plural -s/-ies,
 -ing, -ed, final -e). ``analytics.calibration`` scores labelled pairs with it, and
-tests/test_analytics_loops_differential.py holds the SQL equal to it on random span sets.
+tests/analytics/test_loops_differential.py holds the SQL equal to it on random span sets.
 """
 
 from __future__ import annotations
@@ -65,3 +65,54 @@ def argument_similarity(first: str, second: str) -> float:
         return 1.0
     a, b = similarity_tokens(first), similarity_tokens(second)
     return len(a & b) / len(a | b) if a and b else 0.0
+
+
+# Task statements (what a manager asks a sub-agent) are sentences, not tool arguments: two asks
+# of the same request share few words ("employee count" / "number of employees") and two asks
+# that differ in one year or name share almost all. They are compared on meaning (the cosine of
+# their sentence embeddings) weighted by whether they name the same specifics (numbers and
+# names): see task_similarity. Calibrated on sample_traces/calibration/task_pairs.csv.
+_TASK_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9&'\u2019.\-]*")
+_SENTENCE_END = re.compile(r"[.!?:;]\s")
+
+
+def _task_words(text: str) -> list[tuple[int, str]]:
+    """(position in its sentence, word) of a task statement's words, a trailing 's dropped."""
+    words = []
+    for sentence in _SENTENCE_END.split(text or ""):
+        for position, word in enumerate(_TASK_WORD.findall(sentence)):
+            word = word.rstrip(".-")
+            for suffix in ("'s", "\u2019s"):
+                word = word.removesuffix(suffix)
+            if word:
+                words.append((position, word))
+    return words
+
+
+def task_specifics(text: str) -> frozenset[str]:
+    """The numbers and names a task statement asks about: its words that hold a digit, and its
+    capitalised words that do not start a sentence (lower case, a trailing 's dropped)."""
+    return frozenset(
+        word.lower()
+        for position, word in _task_words(text)
+        if any(ch.isdigit() for ch in word) or (position > 0 and word[0].isupper() and word != "I")
+    )
+
+
+def specifics_overlap(first: str, second: str) -> float:
+    """The share of the two statements' specifics that both statements name (a name that starts
+    one statement's sentence still counts as named there); 1 when neither names any."""
+    specifics = task_specifics(first) | task_specifics(second)
+    if not specifics:
+        return 1.0
+    named_first = {word.lower() for _, word in _task_words(first)}
+    named_second = {word.lower() for _, word in _task_words(second)}
+    return len(specifics & named_first & named_second) / len(specifics)
+
+
+def task_similarity(first: str, second: str, cosine: float) -> float:
+    """Similarity of two task statements, 0..1: 1 for the same signature, else the cosine of
+    their sentence embeddings (``cosine``, clipped at 0) times the Jaccard of their specifics."""
+    if signature(first) == signature(second):
+        return 1.0
+    return max(0.0, float(cosine)) * specifics_overlap(first, second)

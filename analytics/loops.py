@@ -11,6 +11,8 @@ import numpy as np
 import pandas as pd
 
 from analytics._evidence import EVIDENCE, THRESHOLD, TIMES
+from analytics.embeddings import embed_texts
+from analytics.loop_similarity import task_similarity
 from analytics.registry import register
 from analytics.side_effects import current_side_effect_tools
 from analytics.sql_loader import run_sql
@@ -146,6 +148,60 @@ def linked_calls(
     )
 
 
+def link_tasks(
+    conn: duckdb.DuckDBPyConnection,
+    calls: pd.DataFrame,
+    threshold: float,
+    neighbour_window: int = NEIGHBOUR_WINDOW,
+    min_calls: int = MIN_REPEATS,
+) -> pd.DataFrame:
+    """Link re-worded delegations and agent invocations of ``calls`` (linked_calls' rows).
+
+    Within each (run, agent, invoked agent) group with ``min_calls``+ calls, a call is compared
+    with the ``neighbour_window`` calls before it that have another signature, on
+    ``analytics.loop_similarity.task_similarity`` of their task statements (the embedding cosine
+    times the overlap of their numbers and names); pairs at ``threshold`` or above are linked.
+    Vectors come from the embeddings cache (the embedding worker stores those of the task
+    statements it scores) or are encoded here; nothing is written. Calls of these groups that
+    stay unlinked are dropped.
+    """
+    if calls.empty:
+        return calls
+    handoff = calls["source"].isin(["agent", "delegation"]).to_numpy()
+    if not handoff.any():
+        return calls
+    sub = calls[handoff].sort_values(["run_id", "agent", "tool_name", "start_ns", "SpanId"])
+    pairs: list[tuple[int, int, str, str]] = []
+    for _, group in sub.groupby(["run_id", "agent", "tool_name"], sort=False):
+        if len(group) < min_calls or group["norm_args"].nunique() < 2:
+            continue
+        idx, args, sigs = group["call_idx"].tolist(), group["args"].tolist(), group["norm_args"].tolist()
+        for i in range(len(idx)):
+            for j in range(max(0, i - neighbour_window), i):
+                if sigs[i] != sigs[j]:
+                    pairs.append((idx[i], idx[j], args[i], args[j]))
+    links: dict[int, list[tuple[int, float]]] = {}
+    if pairs:
+        texts = list(dict.fromkeys(text for pair in pairs for text in pair[2:]))
+        vectors = dict(zip(texts, embed_texts(texts, conn), strict=True))
+        for i, j, first, second in pairs:
+            score = task_similarity(first, second, float(np.dot(vectors[first], vectors[second])))
+            if score >= threshold:
+                links.setdefault(i, []).append((j, score))
+                links.setdefault(j, []).append((i, score))
+    if links:
+        calls = calls.copy()
+        calls["linked"] = [
+            list(linked) + [j for j, _ in links.get(idx, [])]
+            for idx, linked in zip(calls["call_idx"], calls["linked"], strict=True)
+        ]
+        extra = calls["call_idx"].map(
+            lambda idx: min((s for _, s in links[idx]), default=np.nan) if idx in links else np.nan
+        )
+        calls["min_similarity"] = np.fmin(calls["min_similarity"].astype(float), extra.astype(float))
+    return calls[calls["linked"].map(len) > 0].reset_index(drop=True)
+
+
 @register(
     "repeated_calls",
     description="Loops of repeated calls (tool calls, delegations, agent invocations, code actions): "
@@ -163,7 +219,9 @@ def linked_calls(
         "refused": "calls of the loop a guard refused (did not execute)",
         "distinct_arguments": "distinct normalized argument strings in the loop",
         "min_similarity": "lowest similarity of a link between members (token-set Jaccard of stemmed "
-        "argument words, stop words dropped; 1 for identical arguments), 0..1",
+        "argument words, stop words dropped; for delegations and agent invocations the task similarity: "
+        "embedding cosine x share of numbers and names both task statements name; 1 for identical "
+        "arguments), 0..1",
         "signature": "normalized arguments of the first call: its argument words, lower case, sorted",
         **TIMES,
         **THRESHOLD,
@@ -185,7 +243,8 @@ def repeated_calls(conn: duckdb.DuckDBPyConnection, window: Window, filters: Fil
     ``NEIGHBOUR_WINDOW`` before it; loops are the linked components with ``MIN_REPEATS``+ calls.
     """
     info = current_threshold(conn, "near_duplicate_similarity")
-    out = group_loops(linked_calls(conn, window, filters, info.value))
+    tasks = current_threshold(conn, "near_duplicate_task_similarity")
+    out = group_loops(link_tasks(conn, linked_calls(conn, window, filters, info.value), tasks.value))
     out["threshold"] = info.value
     out["threshold_version"] = info.version
     out["calibrated"] = info.calibrated
@@ -200,7 +259,10 @@ def repeated_calls(conn: duckdb.DuckDBPyConnection, window: Window, filters: Fil
         "agents": "the two agents",
         "delegations": "consecutive hand-offs in the cycle",
         "round_trips": "delegations // 2",
-        "source": "'driftscope' (delegate spans) or 'inferred' (changes of agent between agent turns)",
+        "source": "'driftscope' (delegate spans), 'nested' (an agent span inside a span of another "
+        "agent) or 'inferred' (changes of agent between agent turns)",
+        "via": "the manager both agents hand the task back to (a bounce through a manager: it "
+        "alternates between the two, re-sending each a task it already had), None for a direct bounce",
         **TIMES,
     },
     row="one ping-pong cycle in one run",
@@ -213,7 +275,8 @@ def repeated_calls(conn: duckdb.DuckDBPyConnection, window: Window, filters: Fil
     page="loops",
 )
 def ping_pong(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
-    """Maximal alternating hand-off sequences (4+ delegations, or 6+ inferred agent turns)."""
+    """Maximal alternating hand-off sequences (4+ delegations, or 6+ inferred agent turns), direct
+    (A -> B -> A -> B) or through a manager (M -> A, M -> B, M -> A, M -> B with repeated tasks)."""
     return run_sql(
         conn,
         "ping_pong",

@@ -7,10 +7,13 @@
 --   * a delegation (op = 'delegate': the delegator calls the delegate_to agent with its subtask,
 --     else the task extracted from its input, else its arguments); hand-offs whose target also
 --     hands back to the delegator in the run are a ping-pong (the ping_pong detector's finding),
---   * an agent invocation (an agent span under a span of another agent, or at the top, whose
---     input has a task: the caller is the parent span's agent ('' at the top), the invoked agent
---     is the "tool" and the task statement, extracted in Python and bound as $agent_inputs ->
---     $agent_tasks, is the argument; one a delegate span already records is counted there),
+--   * an agent invocation: an entry into an agent, i.e. the topmost of a chain of spans of one
+--     agent (its parent has another agent, or none), with agent spans beneath it whose input has
+--     a task. The agent spans under one entry are one invocation (a LangGraph ReAct sub-graph
+--     runs its 'agent' node two or three times per call): the first of them is the call, its task
+--     statement (extracted in Python and bound as $agent_inputs -> $agent_tasks) the argument.
+--     The caller is the agent of the entry's parent ('' at the top), the invoked agent is the
+--     "tool"; an invocation a delegate span of the run already records is counted there.
 --   * a code action: a call `name(...)` in a ```py / <code> block of an LLM output, for agents
 --     that act through code (only for (run, agent, name) without tool spans, and never a name
 --     of an invoked agent or a Python builtin).
@@ -19,7 +22,10 @@
 -- words: whitespace, case and key order free; every such call links to the first of them), or
 -- when one is among the $neighbours (at most 4) calls before the other in the group and their
 -- similarity (token-set Jaccard of stemmed argument words, stop words dropped;
--- analytics.loop_similarity is its Python twin) is >= $similarity.
+-- analytics.loop_similarity is its Python twin) is >= $similarity. Delegations and agent
+-- invocations are sentences, not arguments: they are linked here only when identical, and
+-- analytics.loops links re-worded ones on their task similarity; so every candidate call of
+-- theirs is returned, linked or not.
 -- Cost is linear in the calls: groups with fewer than $min_calls calls cannot hold a loop and are
 -- dropped first (on a hash of their key); each distinct argument string is tokenized once; one
 -- sort of the calls by (group hash, time) gives every call its 4 predecessors (lag); a size
@@ -27,7 +33,7 @@
 -- within their first n - ceil(t * n) + 1) drop most neighbour pairs before the exact Jaccard.
 -- A 64-bit hash collision of two group keys (~n^2/2^64) could only merge two groups;
 -- analytics.loops splits a loop by key.
-WITH tool_calls AS NOT MATERIALIZED (
+WITH RECURSIVE tool_calls AS NOT MATERIALIZED (
     SELECT TraceId, SpanId, run_id, coalesce(agent_id, '') AS agent, tool_name, Timestamp, start_ns,
            coalesce(tool_args, '') AS args,
            coalesce(outcome IN ('error', 'rejected') OR StatusCode = 'Error', false) AS failing,
@@ -66,21 +72,36 @@ agent_spans AS MATERIALIZED (  -- agent spans with a task (the candidates of loo
     FROM spans s JOIN agent_tasks t ON t.input_text = s.input_text
     WHERE {span_filter} AND s.span_family = 'agent' AND s.run_id IS NOT NULL
 ),
-invocations AS NOT MATERIALIZED (  -- an invocation is an agent span under another agent (or at
-                                   -- the top): the agent spans of one agent's own steps (a
-                                   -- LangGraph ReAct agent's 'agent' node) are not invocations
+lineage AS MATERIALIZED (  -- the spans of the traces that hold them (to walk up to each entry)
+    SELECT TraceId, SpanId, ParentSpanId, agent_id
+    FROM spans
+    WHERE TraceId IN (SELECT TraceId FROM agent_spans)
+),
+climb AS (  -- from each agent span up through its ancestors of the same agent
+    SELECT TraceId, SpanId AS origin, SpanId AS cur, ParentSpanId AS parent, invoked, 0 AS depth
+    FROM agent_spans
+    UNION ALL
+    SELECT c.TraceId, c.origin, p.SpanId, p.ParentSpanId, c.invoked, c.depth + 1
+    FROM climb c JOIN lineage p ON p.TraceId = c.TraceId AND p.SpanId = c.parent
+    WHERE p.agent_id = c.invoked AND c.depth < 64
+),
+entries AS (  -- each agent span's entry (topmost span of its chain) and the entry's parent
+    SELECT TraceId, origin, arg_max(cur, depth) AS entry, arg_max(parent, depth) AS entry_parent
+    FROM climb
+    GROUP BY TraceId, origin
+),
+invocations AS NOT MATERIALIZED (  -- one per entry: its first agent span with a task
     SELECT a.TraceId, a.SpanId, a.run_id, coalesce(p.agent_id, '') AS agent, a.invoked AS tool_name,
            a.Timestamp, a.start_ns, a.task AS args, coalesce(a.StatusCode = 'Error', false) AS failing,
            false AS rejected, 'agent' AS source
     FROM agent_spans a
-    LEFT JOIN (SELECT TraceId, SpanId, agent_id FROM spans
-               WHERE SpanId IN (SELECT ParentSpanId FROM agent_spans)) p
-           ON p.TraceId = a.TraceId AND p.SpanId = a.ParentSpanId
-    WHERE p.agent_id IS DISTINCT FROM a.invoked
-      AND ($agent::VARCHAR IS NULL OR p.agent_id = $agent::VARCHAR)
+    JOIN entries e ON e.TraceId = a.TraceId AND e.origin = a.SpanId
+    LEFT JOIN lineage p ON p.TraceId = a.TraceId AND p.SpanId = e.entry_parent
+    WHERE ($agent::VARCHAR IS NULL OR p.agent_id = $agent::VARCHAR)
       -- an invocation that a delegate span of the run already records is counted there
       AND hash(a.run_id, coalesce(p.agent_id, ''), a.invoked)
           NOT IN (SELECT hash(run_id, agent, tool_name) FROM delegations)
+    QUALIFY row_number() OVER (PARTITION BY a.TraceId, e.entry ORDER BY a.start_ns, a.SpanId) = 1
 ),
 llm_code AS (  -- code blocks of LLM outputs (the message content when the output is a JSON message)
     SELECT TraceId, SpanId, run_id, agent, Timestamp, start_ns,
@@ -194,19 +215,22 @@ sigs AS MATERIALIZED (  -- per distinct argument string: a number, its signature
     )
 ),
 calls_sig AS MATERIALIZED (  -- narrow: each candidate call with its argument string's number
-    SELECT c.call_idx, c.h, c.start_ns, c.SpanId, s.aid, s.sig, s.nt, s.plen, s.p1, s.p2, s.p3
+    SELECT c.call_idx, c.h, c.start_ns, c.SpanId, s.aid, s.sig, s.nt, s.plen, s.p1, s.p2, s.p3,
+           c.source IN ('agent', 'delegation') AS handoff
     FROM candidates c JOIN sigs s USING (args)
 ),
 firsts AS (  -- the first call of each (group, signature): identical calls link to it
     SELECT h, sig, min(call_idx) AS first_idx FROM calls_sig GROUP BY h, sig
 ),
 neighbours AS MATERIALIZED (  -- each call with the (up to) 4 calls before it in its group, one sort
+                              -- (delegations and invocations: by their task similarity, in Python)
     SELECT call_idx, aid,
            lag(call_idx, 1) OVER w AS call_idx_1, lag(aid, 1) OVER w AS aid_1,
            lag(call_idx, 2) OVER w AS call_idx_2, lag(aid, 2) OVER w AS aid_2,
            lag(call_idx, 3) OVER w AS call_idx_3, lag(aid, 3) OVER w AS aid_3,
            lag(call_idx, 4) OVER w AS call_idx_4, lag(aid, 4) OVER w AS aid_4
     FROM calls_sig
+    WHERE NOT handoff
     WINDOW w AS (PARTITION BY h ORDER BY start_ns, SpanId)
 ),
 neighbour_pairs AS (
@@ -257,8 +281,10 @@ linked AS (
     GROUP BY call_idx
 )
 SELECT c.call_idx, c.TraceId, c.SpanId, c.run_id, c.agent, c.tool_name, c.Timestamp, c.start_ns,
-       c.failing, c.rejected, c.source, w.norm_args, l.linked, l.min_similarity
-FROM linked l
-JOIN candidates c USING (call_idx)
+       c.failing, c.rejected, c.source, c.args, w.norm_args, coalesce(l.linked, []::BIGINT[]) AS linked,
+       l.min_similarity
+FROM candidates c
 JOIN words w USING (args)
+LEFT JOIN linked l USING (call_idx)
+WHERE l.call_idx IS NOT NULL OR c.source IN ('agent', 'delegation')
 

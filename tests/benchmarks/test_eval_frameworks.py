@@ -29,36 +29,19 @@ SUBSET = ["smolagents", "langgraph-openllmetry", "openai-agents", "pydantic-ai"]
 
 RUN_SETS = load_corpus(CORPUS, SUBSET)
 
-_REDELEGATION = (
-    "the manager's three invocations of its sub-agent with the same question (two identical, one "
-    "re-worded) are not grouped into one loop (issue 13 part 3)"
+_TO_REVIEW = (
+    "by design (issue 16): goal drift over the uncalibrated default threshold makes the verdict "
+    "'to review', not 'failing'; calibrated from a healthy window of the crew (the default path) "
+    "it is 'failing' (docs/detection-quality.md, calibrated section)"
 )
-_TO_REVIEW = "goal drift over the uncalibrated default threshold makes the verdict 'to review', not 'failing'"
-_PING_PONG = "the two sub-agents handing the task back and forth (through the manager or nested) are not read as a ping-pong (issue 13 part 2)"
-_FOLLOWS = "follows from the miss of its detector"
 
 # case id -> reason it fails today. Case ids: <kind>[<run set>/<run>] or <kind>[<run set>], as
 # `python -m benchmarks.eval_frameworks --mode uncalibrated --known-misses` prints them.
 KNOWN_MISSES: dict[str, str] = {
-    # smolagents
-    # Found before only because the three task statements were the same managed-agent boilerplate;
-    # with the requests extracted, the third (re-worded) one no longer matches: re-worded
-    # re-delegations are issue 13 part 3.
-    "found[smolagents/redelegation]": _REDELEGATION,
     "verdict_failing[smolagents/off-topic]": _TO_REVIEW,
-    "found[smolagents/ping-pong]": _PING_PONG,
-    # LangGraph through OpenLLMetry
-    "found[langgraph-openllmetry/redelegation]": _REDELEGATION,
-    "verdict_failing[langgraph-openllmetry/off-topic]": _FOLLOWS,
-    # OpenAI Agents SDK
-    "found[openai-agents/redelegation]": _REDELEGATION,
-    "verdict_failing[openai-agents/redelegation]": _FOLLOWS,
-    "verdict_failing[openai-agents/off-topic]": _FOLLOWS,
-    # PydanticAI
-    "found[pydantic-ai/redelegation]": _REDELEGATION,
-    "verdict_failing[pydantic-ai/redelegation]": _FOLLOWS,
+    "verdict_failing[langgraph-openllmetry/off-topic]": _TO_REVIEW,
+    "verdict_failing[openai-agents/off-topic]": _TO_REVIEW,
     "verdict_failing[pydantic-ai/off-topic]": _TO_REVIEW,
-    "found[pydantic-ai/ping-pong]": _PING_PONG,
 }
 
 
@@ -177,6 +160,26 @@ def test_every_true_task_statement_is_extracted(evaluation, name):
 def test_goal_findings_flag_true_task_statements_not_boilerplate(evaluation, name):
     unclean = [t[:120] for r in evaluation.results if r.run_set == name for t in r.unclean_flagged]
     assert unclean == []
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory) -> Evaluation:
+    """The product's default path: thresholds from a healthy window of each crew (every other
+    healthy run), the held-out runs scored."""
+    return evaluate(
+        CORPUS, SUBSET, embeddings=True, workdir=tmp_path_factory.mktemp("eval-calibrated"), calibrate=True
+    )
+
+
+def test_calibrated_off_topic_runs_are_failing_and_held_out_healthy_runs_healthy(calibrated):
+    off_topic = {
+        r.run_set: (r.found, r.verdict) for r in calibrated.results if r.truth.failure == "off_topic_task"
+    }
+    assert off_topic == {name: (True, "failing") for name in SUBSET}
+    healthy = {f"{r.run_set}/{r.truth.run}": r.verdict for r in calibrated.results if r.truth.failure is None}
+    assert healthy and set(healthy.values()) == {"healthy"}, healthy
+    missed = [f"{r.run_set}/{r.truth.run}" for r in calibrated.results if r.found is False]
+    assert missed == []
 
 
 def test_expected_agent_is_the_nearest_agent_span_above():
