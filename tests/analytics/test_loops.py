@@ -247,3 +247,135 @@ def test_repeated_delegations_are_a_loop_unless_they_bounce_back():
     insert_spans(conn, [make_span(i, agent_id=a, delegate_to=b, **deleg)
                         for i, (a, b) in enumerate([("planner", "worker"), ("worker", "planner")] * 3)])  # fmt: skip
     assert run_metric(conn, "repeated_calls").empty
+
+
+def _invocations(tasks: list[str], run: str = "run-1") -> list[dict]:
+    """A manager agent span and, under it, one sub-agent span per task (with a step span each)."""
+    manager = make_span(0, run=run, agent_id="manager", span_family="agent", SpanName="manager.run",
+                        input_text=json.dumps({"task": "How many people work at Contoso?"}))  # fmt: skip
+    rows = [manager]
+    for i, task in enumerate(tasks):
+        sub = make_span(1 + i * 3, run=run, agent_id="search_agent", span_family="agent",
+                        SpanName="search_agent.run", ParentSpanId=manager["SpanId"],
+                        input_text=json.dumps({"task": task}))  # fmt: skip
+        rows.append(sub)
+    return rows
+
+
+def test_a_re_worded_re_delegation_is_linked_on_task_similarity():
+    # "employee count" / "number of employees": argument Jaccard 0.67, below any argument threshold
+    conn = new_db()
+    same = "Find Contoso's employee count at the end of 2023."
+    rows = _invocations([same, same, "Find the number of employees Contoso had at the end of 2023."])
+    insert_spans(conn, rows)
+    loops = run_metric(conn, "repeated_calls")
+    assert list(loops["call_type"]) == ["agent"] and list(loops["kind"]) == ["near_duplicate"]
+    loop = loops.iloc[0]
+    assert (loop.agent, loop.tool_name, loop.calls) == ("manager", "search_agent", 3)
+    assert 0.75 <= loop.min_similarity < 1
+
+
+def test_delegations_that_change_the_year_or_the_company_are_progress_not_a_loop():
+    # the embeddings alone score these 0.95+: the numbers and names they name differ
+    for tasks in (
+        [
+            "Find Globex's revenue for 2022.",
+            "Find Globex's revenue for 2023.",
+            "Find Globex's revenue for 2024.",
+        ],
+        [
+            "Find Globex's revenue for 2024.",
+            "Find Initech's revenue for 2024.",
+            "Find Hooli's revenue for 2024.",
+        ],
+    ):
+        conn = new_db()
+        insert_spans(conn, _invocations(tasks))
+        assert run_metric(conn, "repeated_calls").empty, tasks
+    conn = new_db()  # as delegate spans
+    deleg = dict(op="delegate", tool_name="delegate", agent_id="planner", delegate_to="worker")
+    years = [
+        "Compile Q3 2022 churn for Acme",
+        "Compile Q3 2023 churn for Acme",
+        "Compile Q3 2024 churn for Acme",
+    ]
+    insert_spans(conn, [make_span(i, goal_text=goal, **deleg) for i, goal in enumerate(years)])
+    assert run_metric(conn, "repeated_calls").empty
+
+
+def test_the_agent_spans_under_one_entry_into_an_agent_are_one_invocation():
+    # LangGraph: the worker's node span (its entry, under a root without agent) holds a sub-graph
+    # whose 'agent' node runs twice per visit; three visits with one question are one loop of 3.
+    conn = new_db()
+    root = make_span(0, agent_id=None, span_family="chain", SpanName="LangGraph")
+    rows = [root]
+    for visit in range(3):
+        node = make_span(1 + visit * 10, agent_id="researcher", span_family="chain", SpanName="researcher",
+                         ParentSpanId=root["SpanId"])  # fmt: skip
+        graph = make_span(2 + visit * 10, agent_id="researcher", span_family="chain", SpanName="researcher",
+                          ParentSpanId=node["SpanId"])  # fmt: skip
+        steps = [make_span(3 + visit * 10 + k, agent_id="researcher", span_family="agent", SpanName="agent",
+                           ParentSpanId=graph["SpanId"],
+                           input_text=json.dumps({"task": "Find the Q3 2024 churn of Acme's EU segment"}))
+                 for k in range(2)]  # fmt: skip
+        rows += [node, graph, *steps]
+    insert_spans(conn, rows)
+    loops = run_metric(conn, "repeated_calls")
+    assert list(loops["call_type"]) == ["agent"] and loops.loc[0, "calls"] == 3
+    assert loops.loc[0, "agent"] is None and loops.loc[0, "tool_name"] == "researcher"
+    firsts = [rows[i]["SpanId"] for i in (3, 7, 11)]  # the first step of each visit
+    assert list(loops.loc[0, "span_ids"]) == firsts
+    conn = new_db()  # one visit with six steps: one invocation, no loop
+    one = rows[:4] + [make_span(4 + k, agent_id="researcher", span_family="agent", SpanName="agent",
+                                ParentSpanId=rows[2]["SpanId"], input_text=rows[3]["input_text"])
+                      for k in range(5)]  # fmt: skip
+    insert_spans(conn, one)
+    assert run_metric(conn, "repeated_calls").empty
+
+
+def _hand(t: float, src: str, dst: str, task: str, run: str = "run-1") -> dict:
+    return make_span(
+        t, run=run, op="delegate", agent_id=src, delegate_to=dst, tool_args=json.dumps({"task": task})
+    )
+
+
+def test_ping_pong_through_a_manager_needs_the_same_tasks_handed_again():
+    conn = new_db()  # the manager hands the same question to A and B alternately: each sends it back
+    bounce = [_hand(i, "manager", "A" if i % 2 == 0 else "B", "Compute the 2024 growth") for i in range(6)]
+    insert_spans(conn, bounce)
+    found = run_metric(conn, "ping_pong")
+    assert len(found) == 1
+    row = found.iloc[0]
+    assert (list(row.agents), row.via, row.delegations, row.source) == (
+        ["A", "B"],
+        "manager",
+        6,
+        "driftscope",
+    )
+    assert list(row.span_ids) == [span["SpanId"] for span in bounce]
+    conn = new_db()  # a plan: research then compute, three times, each on a new year
+    plan = []
+    for i, year in enumerate(["2022", "2023", "2024"]):
+        plan += [_hand(2 * i, "manager", "A", f"Find the {year} revenue"),
+                 _hand(2 * i + 1, "manager", "B", f"Compute the {year} margin")]  # fmt: skip
+    insert_spans(conn, plan)
+    assert run_metric(conn, "ping_pong").empty
+
+
+def test_ping_pong_of_nested_agent_invocations():
+    # PydanticAI / smolagents: an agent invoked inside another agent's span is a hand-off
+    conn = new_db()
+    rows = [make_span(0, agent_id="manager", span_family="agent", SpanName="invoke_agent manager")]
+    for i in range(5):
+        who = "analyst" if i % 2 == 0 else "researcher"
+        rows.append(make_span(1 + i, agent_id=who, span_family="agent", SpanName=f"invoke_agent {who}",
+                              ParentSpanId=rows[-1]["SpanId"], input_text=f"round {i}"))  # fmt: skip
+    insert_spans(conn, rows)
+    found = run_metric(conn, "ping_pong")
+    assert len(found) == 1
+    row = found.iloc[0]
+    assert (list(row.agents), row.source, row.delegations) == (["analyst", "researcher"], "nested", 4)
+    assert row.via is None
+    conn = new_db()  # manager -> analyst -> researcher: one nested hand-off each, no bounce
+    insert_spans(conn, rows[:3])
+    assert run_metric(conn, "ping_pong").empty
