@@ -77,3 +77,27 @@ def run_link(
     if query:
         link += f"&q={quote(str(query), safe='')}"
     return link
+
+
+# The pages' URL paths (dashboard/app.py): the last part of a page's address in the browser.
+PAGE_PATHS = frozenset(
+    {"overview", "split_brain", "rejections", "constraints", "goal_drift", "context_drift", "loops",
+     "findings", "run_explorer", "calibration"}
+)  # fmt: skip
+
+
+def dashboard_base(page_url: str | None) -> str | None:
+    """The dashboard's base address from the address of one of its pages (query dropped), for
+    links a downloaded report makes back to the run explorer; None when it is not an http(s) URL."""
+    from urllib.parse import urlsplit
+
+    if not page_url:
+        return None
+    parts = urlsplit(page_url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return None
+    path = parts.path.rstrip("/")
+    head, _, last = path.rpartition("/")
+    if last in PAGE_PATHS:
+        path = head
+    return f"{parts.scheme}://{parts.netloc}{path}"

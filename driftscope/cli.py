@@ -82,6 +82,13 @@ def build_parser() -> argparse.ArgumentParser:
     scope.add_argument("--run", default=None, help="Report on one run (conversation id).")
     report.add_argument("--format", dest="fmt", choices=("html", "md", "json"), default="html")
     report.add_argument("-o", "--output", required=True, help="File to write.")
+    report.add_argument(
+        "--dashboard-url",
+        default=None,
+        metavar="URL",
+        help="The dashboard's address (e.g. http://127.0.0.1:8501): run, trace and span ids in the report "
+        "link to its run explorer. Without it ids are plain text.",
+    )
     cal = subparsers["calibrate"]
     cal.add_argument(
         "--db",

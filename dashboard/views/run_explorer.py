@@ -12,6 +12,7 @@ import streamlit as st
 from analytics.search import MIN_SEARCH_CHARS
 from dashboard import ui
 from dashboard.figures_run import delegation_graph_figure, waterfall_figure
+from dashboard.filters import dashboard_base
 from dashboard.findings import findings_frame, order_by_run_and_severity, run_failures
 from dashboard.search import describe_results, search_results_table
 from dashboard.trace import ancestors, duration_text, failed, search_spans, span_io, trace_rows
@@ -220,7 +221,8 @@ def show_run(ctx: ui.PageContext, run: str) -> None:
     ui.plot(delegation_graph_figure(spans, failed_agents, all_evidence), key="graph")
     st.download_button(
         "Download this run's report",
-        data=lambda: ui.run_report(ctx, run),
+        # Ids in the report link back to this dashboard (the address is read here, in the page run).
+        data=lambda base=dashboard_base(st.context.url): ui.run_report(ctx, run, dashboard_url=base),
         file_name=f"driftscope-report-{run[:60]}.html".replace("/", "_"),
         mime="text/html",
         key="download_run_report",
