@@ -16,9 +16,12 @@ plain predicate it can push into the scan (row-group pruning) instead of an OR i
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import importlib.resources
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import duckdb
@@ -69,9 +72,27 @@ def quote_identifier(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+# Internal run scope (analytics.kept): while set, every detector's shared filter is limited to
+# these runs (and origin tasks), so a kept result can recompute only what new spans touched.
+_run_scope: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("run_scope", default=None)
+
+
+@contextlib.contextmanager
+def run_scope(
+    runs: list[str] | None = None, runs_since: Any = None, origin_tasks: list[str] | None = None
+) -> Iterator[None]:
+    """Within the block, ``filter_params`` limits every detector to ``runs`` (first span no earlier
+    than ``runs_since``) or to ``origin_tasks``."""
+    token = _run_scope.set({"runs": runs, "runs_since": runs_since, "origin_tasks": origin_tasks})
+    try:
+        yield
+    finally:
+        _run_scope.reset(token)
+
+
 def filter_params(window: Window, filters: Filters) -> dict[str, Any]:
     """Named parameters every detector understands."""
-    return {
+    params = {
         "since": window.since,
         "until": window.until,
         "service": filters.service,
@@ -84,6 +105,10 @@ def filter_params(window: Window, filters: Filters) -> dict[str, Any]:
         "runs_since": None,
         "origin_tasks": None,
     }
+    scope = _run_scope.get()
+    if scope is not None:
+        params.update(scope)
+    return params
 
 
 def _code_mask(sql: str) -> str:

@@ -1,0 +1,140 @@
+"""The data version of a database and the runs new spans touched since an earlier one.
+
+Spans are only inserted, except for retention's deletes; the collector fills inherited fields
+(agent, run) of earlier spans only in traces that get new spans in the same commit. So the runs
+whose spans changed are the runs of the traces whose spans changed. Those traces are found among
+the spans ingested from ``SLACK`` before the newest one seen last time (a batch decoded earlier
+than that but committed later, or a delete, changes the total count differently from the counts
+of those recent spans: then everything must be recomputed). A change of thresholds also means
+everything. Results kept by data version (``analytics.summary``, ``analytics.kept``) use this to
+recompute only the runs new spans touched.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import duckdb
+import pandas as pd
+
+SLACK = timedelta(seconds=10)
+
+
+@dataclass
+class Version:
+    """What a kept summary was computed from: spans, the newest ingested_at, the recent spans
+    per trace (ingested from ``newest - SLACK`` on) and the thresholds in force."""
+
+    spans: int
+    newest: datetime | None
+    recent: dict[str, int]
+    thresholds: tuple
+
+    @property
+    def bound(self) -> datetime | None:
+        return None if self.newest is None else self.newest - SLACK
+
+
+def database_identity(conn: duckdb.DuckDBPyConnection) -> tuple | None:
+    """Identity of the database file behind ``conn``; None when it must not be cached."""
+    (path,) = conn.execute(
+        "SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
+    ).fetchone()
+    if not path or path == ":memory:":
+        return None
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return (path, stat.st_dev, stat.st_ino)
+
+
+def _recent_counts(
+    conn: duckdb.DuckDBPyConnection, since: datetime, bound: datetime
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Spans per trace ingested at or after ``since``, and at or after ``bound`` (>= since)."""
+    rows = conn.execute(
+        "SELECT TraceId, count(*), count(*) FILTER (WHERE ingested_at >= $bound) FROM spans "
+        "WHERE ingested_at >= $since GROUP BY TraceId",
+        {"since": since, "bound": bound},
+    ).fetchall()
+    return {t: n for t, n, _ in rows}, {t: m for t, _, m in rows if m}
+
+
+def read_version(
+    conn: duckdb.DuckDBPyConnection, previous: Version | None
+) -> tuple[Version, set[str] | None]:
+    """The current version, and the traces changed since ``previous`` (None: recompute all)."""
+    spans, newest, thresholds, newest_threshold = conn.execute(
+        "SELECT (SELECT count(*) FROM spans), (SELECT max(ingested_at) FROM spans), "
+        "(SELECT count(*) FROM thresholds), (SELECT max(created_at) FROM thresholds)"
+    ).fetchone()
+    bound = None if newest is None else newest - SLACK
+    if previous is None or previous.bound is None or newest is None or newest < previous.newest:
+        recent = _recent_counts(conn, bound, bound)[1] if bound is not None else {}
+        return Version(spans, newest, recent, (thresholds, newest_threshold)), None
+    since_previous, recent = _recent_counts(conn, previous.bound, bound)
+    version = Version(spans, newest, recent, (thresholds, newest_threshold))
+    if version.thresholds != previous.thresholds:
+        return version, None
+    # Spans ingested before the previous bound cannot have changed (no delete, no late batch)
+    # when the count grew by exactly the growth of the recent spans, and no recent trace shrank.
+    if spans - previous.spans != sum(since_previous.values()) - sum(previous.recent.values()):
+        return version, None
+    touched = set()
+    for trace, count in since_previous.items():
+        before = previous.recent.get(trace, 0)
+        if count < before:
+            return version, None
+        if count > before:
+            touched.add(trace)
+    if any(trace not in since_previous for trace in previous.recent):
+        return version, None
+    return version, touched
+
+
+@dataclass
+class Scope:
+    """The runs (and origin tasks) to recompute, and the first span of each of those runs."""
+
+    runs: list[str]
+    origin_tasks: list[str]
+    first_seen: dict[str, datetime]
+
+    @property
+    def since(self) -> datetime | None:
+        """No span of these runs starts earlier (older row groups can be skipped)."""
+        return min(self.first_seen.values()) if self.first_seen else None
+
+
+def touched_scope(conn: duckdb.DuckDBPyConnection, traces: set[str], kept_runs: pd.Index) -> Scope:
+    """Runs and origin tasks whose pieces may have changed with the spans of ``traces``.
+
+    The runs with a span in those traces (and those of the traces' own ids that are kept runs: a
+    span without a run counts under its trace id until a parent gives it one, and that run then
+    loses it), their origin tasks, and every run working on one of those origin tasks (its goal
+    root or constraint ledger may come from them)."""
+    rows = conn.execute(
+        "SELECT DISTINCT run_id FROM spans WHERE TraceId = ANY($traces::VARCHAR[]) AND run_id IS NOT NULL",
+        {"traces": sorted(traces)},
+    ).fetchall()
+    runs = {run for (run,) in rows} | set(kept_runs.intersection(list(traces)))
+    rows = conn.execute(
+        "SELECT DISTINCT origin_task_id FROM spans WHERE run_id = ANY($runs::VARCHAR[]) "
+        "AND origin_task_id IS NOT NULL",
+        {"runs": sorted(runs)},
+    ).fetchall()
+    tasks = sorted(task for (task,) in rows)
+    if tasks:
+        rows = conn.execute(
+            "SELECT DISTINCT run_id FROM spans WHERE origin_task_id = ANY($tasks::VARCHAR[]) AND run_id IS NOT NULL",
+            {"tasks": tasks},
+        ).fetchall()
+        runs |= {run for (run,) in rows}
+    first = conn.execute(
+        "SELECT run_id, min(Timestamp) FROM spans WHERE run_id = ANY($runs::VARCHAR[]) GROUP BY run_id",
+        {"runs": sorted(runs)},
+    ).fetchall()
+    return Scope(sorted(runs), tasks, dict(first))

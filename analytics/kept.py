@@ -1,0 +1,188 @@
+"""Detector results kept per data version: after new spans, only the runs they touched are recomputed.
+
+``run_metric`` answers a detector listed here from a result kept per database file, metric,
+window and filters (and the side-effect tool pattern in force), brought up to date on each call
+(``kept_result``):
+
+- nothing changed since the kept result (same data version, ``analytics.data_version``): the kept
+  frame is returned;
+- new spans only touched some runs, and the detector is *partitioned* (``PARTITIONS``: each
+  finding is derived from the spans of one run, or of one origin task, alone): the detector runs
+  again limited to the touched runs (origin tasks) through the shared filter's internal run scope
+  (``analytics.sql_loader.run_scope``), its rows replace those partitions' kept rows, and the
+  merged rows are put back in the detector's own order (``ORDER``);
+- anything else (a delete, a late batch, a threshold change, too many touched runs, a detector
+  whose findings depend on every run, such as ``runaway_runs``' crew medians): one full run.
+
+The result equals a full recomputation (``tests/analytics/test_kept.py`` compares them on random
+span sets after every batch). Only file databases are kept (an in-memory one has no stable
+identity); reads never write: the kept results live in this process.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import duckdb
+import pandas as pd
+
+from analytics.data_version import Version, database_identity, read_version, touched_scope
+from analytics.side_effects import current_side_effect_tools
+from analytics.sql_loader import run_scope
+from analytics.types import Filters, Window
+
+logger = logging.getLogger(__name__)
+
+# Detector -> the column its findings are partitioned by: a finding of a run (origin task) is
+# derived from that run's (origin task's) spans alone, and the detector honours the shared
+# filter's run scope ($runs / $runs_since, or $origin_tasks for origin-task partitions).
+PARTITIONS: dict[str, str] = {
+    "budget_exhaustion": "run_id",
+    "context_drift_holders": "run_id",
+    "divergent_reads": "run_id",
+    "duplicate_side_effects": "run_id",
+    "goal_divergence": "run_id",
+    "lost_updates": "run_id",
+    "ping_pong": "run_id",
+    "repeated_calls": "run_id",
+    "stale_policy_sends": "run_id",
+    "constraint_drops": "origin_task_id",
+    "constraint_ledger": "origin_task_id",
+}
+# Each partitioned detector's row order (its SQL's ORDER BY, or its Python sort): (column,
+# descending). Merged rows are sorted by it; rows tied on it keep kept-before-fresh order.
+ORDER: dict[str, list[tuple[str, bool]]] = {
+    "budget_exhaustion": [("first_seen", False)],
+    "context_drift_holders": [("first_seen", False), ("agent", False)],
+    "divergent_reads": [("first_seen", False), ("state_key", False), ("agents", False)],
+    "duplicate_side_effects": [
+        ("first_seen", False),
+        ("run_id", False),
+        ("matched_by", True),
+        ("tool_name", False),
+        ("idempotency_key", False),
+        ("arguments", False),
+    ],  # fmt: skip
+    "goal_divergence": [("first_seen", False), ("trace_id", False), ("span_ids", False)],
+    "lost_updates": [
+        ("first_seen", False),
+        ("state_key", False),
+        ("run_id", False),
+        ("last_seen", False),
+        ("span_ids", False),
+    ],  # fmt: skip
+    "ping_pong": [("first_seen", False)],
+    "repeated_calls": [("first_seen", False), ("run_id", False), ("tool_name", False)],
+    "stale_policy_sends": [("first_seen", False)],
+    "constraint_drops": [("origin_task_id", False), ("constraint_id", False)],
+    "constraint_ledger": [("origin_task_id", False), ("constraint_id", False), ("hop", False)],
+}
+# Detectors kept whole: reused while nothing changed, recomputed whole after any change.
+WHOLE = ("enforcement_coverage", "goal_divergence_distribution", "rejection_rates", "runaway_runs")
+KEPT = frozenset(PARTITIONS) | frozenset(WHOLE)
+
+_CACHE_SIZE = 64
+# Past this many touched runs one full run is cheaper than a filtered one (each filtered scan
+# compares every span's run with the list).
+MAX_TOUCHED = 200
+
+
+@dataclass
+class _Kept:
+    version: Version
+    frame: pd.DataFrame
+
+
+_cache: collections.OrderedDict[tuple, _Kept] = collections.OrderedDict()
+_cache_lock = threading.Lock()
+# Statistics for benchmarks and tests: how each call was answered.
+stats: collections.Counter[str] = collections.Counter()
+
+
+def clear_cache() -> None:
+    """Forget every kept detector result."""
+    with _cache_lock:
+        _cache.clear()
+
+
+def _sorted(frame: pd.DataFrame, order: list[tuple[str, bool]]) -> pd.DataFrame:
+    """``frame`` in ``order`` as DuckDB orders (NULLs last; lists element by element); ties keep
+    their current order. Only the key columns go through DuckDB; the rows are taken by position."""
+    keys = frame[[column for column, _ in order]].reset_index(drop=True)
+    keys.columns = [f"k{i}" for i in range(len(order))]
+    keys["pos"] = range(len(keys))
+    clause = ", ".join(f"k{i}{' DESC' if desc else ''} NULLS LAST" for i, (_, desc) in enumerate(order))
+    with duckdb.connect() as mem:
+        positions = mem.execute(f"SELECT pos FROM keys ORDER BY {clause}, pos").fetchnumpy()["pos"]
+    return frame.iloc[positions].reset_index(drop=True)
+
+
+def _merge(old: pd.DataFrame, fresh: pd.DataFrame, column: str, values: list[str], name: str) -> pd.DataFrame:
+    """``old`` without the partitions ``values`` of ``column``, plus ``fresh``, in the detector's order."""
+    fresh = fresh[fresh[column].isin(values)]
+    kept = old[~old[column].isin(values)]
+    if kept.empty:
+        return fresh.reset_index(drop=True)
+    if fresh.empty:
+        return kept.reset_index(drop=True)
+    # A column that is all NULL on one side comes out of DuckDB as object; a full run would give
+    # the other side's type (e.g. strings), so the NULL side takes it before the concatenation.
+    for column_name in kept.columns:
+        left, right = kept[column_name], fresh[column_name]
+        if left.dtype != right.dtype:
+            if right.dtype == object and right.isna().all():
+                fresh = fresh.astype({column_name: left.dtype})
+            elif left.dtype == object and left.isna().all():
+                kept = kept.astype({column_name: right.dtype})
+    return _sorted(pd.concat([kept, fresh], ignore_index=True), ORDER[name])
+
+
+def kept_result(
+    conn: duckdb.DuckDBPyConnection,
+    name: str,
+    compute: Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame],
+    window: Window,
+    filters: Filters,
+) -> pd.DataFrame:
+    """The result of detector ``name`` (``compute``) over ``window`` / ``filters``, from the kept
+    result brought up to date (see the module docstring); equal to ``compute(conn, window, filters)``."""
+    identity = database_identity(conn) if name in KEPT else None
+    if identity is None:
+        return compute(conn, window, filters)
+    key = (identity, name, window, filters, current_side_effect_tools())
+    with _cache_lock:
+        kept = _cache.get(key)
+    version, touched = read_version(conn, kept.version if kept is not None else None)
+    frame = None
+    if kept is not None and touched is not None:
+        if not touched and version.spans == kept.version.spans:
+            frame = kept.frame
+            stats["unchanged"] += 1
+        elif name in PARTITIONS:
+            scope = touched_scope(conn, touched, pd.Index([]))
+            if len(scope.runs) <= MAX_TOUCHED:
+                column = PARTITIONS[name]
+                if column == "origin_task_id":
+                    values, limit = scope.origin_tasks, {"origin_tasks": scope.origin_tasks}
+                else:
+                    values, limit = scope.runs, {"runs": scope.runs, "runs_since": scope.since}
+                if values:
+                    with run_scope(**limit):
+                        fresh = compute(conn, window, filters)
+                    frame = _merge(kept.frame, fresh, column, values, name)
+                else:
+                    frame = kept.frame
+                stats["partial"] += 1
+    if frame is None:
+        frame = compute(conn, window, filters)
+        stats["full"] += 1
+    with _cache_lock:
+        _cache[key] = _Kept(version, frame)
+        _cache.move_to_end(key)
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return frame.copy()
