@@ -255,6 +255,13 @@ def build_calibrate_routes(cursor_factory, write: WriteFn, token: str | None) ->
     async def calibrate(http_request: Request) -> Response:
         if not token_matches(http_request.headers.get("authorization"), token):
             return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)
+        # A web page can make a browser POST text/plain to 127.0.0.1 without asking first; it cannot
+        # send application/json without a CORS preflight, which this server never grants.
+        if http_request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+            return JSONResponse(
+                {"error": "send the calibration request as JSON (Content-Type: application/json)"},
+                status_code=415,
+            )
         try:
             body = await _read_body(http_request)
             request = CalibrationRequest.from_json(json.loads(body or b"null"))

@@ -171,10 +171,19 @@ def test_calibrate_endpoint_refuses_bad_requests_with_a_reason(tmp_path, crew_db
                 "dry_run must be true or false",
             ),
         ]
+        json_type = {"Content-Type": "application/json"}
         for body, reason in cases:
-            response = httpx.post(url, content=body, timeout=60)
+            response = httpx.post(url, content=body, headers=json_type, timeout=60)
             assert response.status_code == 400, (body, response.text)
             assert reason in response.json()["error"], (body, response.text)
+        # What a web page can make a browser send without a CORS preflight is refused.
+        forged = json.dumps({"baseline_since": "1h", "allow_findings": True}).encode()
+        for content_type in ("text/plain", "application/x-www-form-urlencoded", None):
+            headers = {"Content-Type": content_type} if content_type else {}
+            response = httpx.post(url, content=forged, headers=headers, timeout=60)
+            assert (
+                response.status_code == 415 and "Content-Type: application/json" in response.json()["error"]
+            )
         assert _thresholds(serve)["goal_divergence"]["calibrated"] is False
     finally:
         assert serve.stop() == 0

@@ -16,6 +16,7 @@ import re
 import socket
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -291,8 +292,12 @@ def test_incident_path_overview_to_evidence_to_report(browser, dashboard, tmp_pa
         first_finding = re.search(r"<div class='finding [a-z-]+' id='F\d+'><h4>F\d+: (.*?) \(", html_text)
         assert first_finding is not None and first_finding.group(1) == html.escape(mode)
         assert span_id in html_text[first_finding.start() :].split("<div class='finding", 2)[1]
-        runs = re.findall(r"<h3 class='run'>Run <code>(.*?)</code></h3>", html_text)
-        assert runs == [html.escape(run)]
+        # Ids in the downloaded report link back to this dashboard's run explorer.
+        runs = re.findall(r"<h3 class='run'>Run <a href='([^']*)'><code>(.*?)</code></a></h3>", html_text)
+        assert [text for _, text in runs] == [html.escape(run)]
+        assert html.unescape(runs[0][0]) == f"{dashboard_url}/run_explorer?run={quote(run, safe='')}"
+        span_link = f"{dashboard_url}/run_explorer?run={quote(run, safe='')}&amp;span={span_id}"
+        assert f"<a href='{span_link}'>{span_id}</a>" in html_text
         assert not problems, problems
     finally:
         context.close()
