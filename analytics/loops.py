@@ -202,6 +202,40 @@ def link_tasks(
     return calls[calls["linked"].map(len) > 0].reset_index(drop=True)
 
 
+def drop_bounced(loops: pd.DataFrame, bounces: pd.DataFrame) -> pd.DataFrame:
+    """``loops`` without the loops of hand-offs that a ping-pong of their run already reports: a
+    loop of delegations or invocations of one of the ping-pong's agents by the other, by the
+    manager they bounce through or by no agent (the framework's runner at the top), in its time
+    span: the task bounced back and handed on again is one failure, the ping-pong."""
+    handoffs = loops["call_type"].isin(["agent", "delegation"])
+    if bounces.empty or not handoffs.any():
+        return loops
+    matched = (
+        loops[handoffs]
+        .reset_index()
+        .merge(
+            bounces[["run_id", "agents", "via", "first_seen", "last_seen"]],
+            on="run_id",
+            suffixes=("", "_bounce"),
+        )
+    )
+    if matched.empty:
+        return loops
+    between = np.array(
+        [
+            tool in set(agents) and (caller is None or caller in set(agents) or caller == via)
+            for tool, caller, agents, via in zip(
+                matched["tool_name"], matched["agent"], matched["agents"], matched["via"], strict=True
+            )
+        ],
+        dtype=bool,
+    )
+    overlap = (matched["first_seen"] <= matched["last_seen_bounce"]) & (
+        matched["last_seen"] >= matched["first_seen_bounce"]
+    )
+    return loops.drop(index=matched.loc[overlap & between, "index"].unique()).reset_index(drop=True)
+
+
 @register(
     "repeated_calls",
     description="Loops of repeated calls (tool calls, delegations, agent invocations, code actions): "
@@ -245,6 +279,7 @@ def repeated_calls(conn: duckdb.DuckDBPyConnection, window: Window, filters: Fil
     info = current_threshold(conn, "near_duplicate_similarity")
     tasks = current_threshold(conn, "near_duplicate_task_similarity")
     out = group_loops(link_tasks(conn, linked_calls(conn, window, filters, info.value), tasks.value))
+    out = drop_bounced(out, ping_pong(conn, window, filters))
     out["threshold"] = info.value
     out["threshold_version"] = info.version
     out["calibrated"] = info.calibrated

@@ -190,4 +190,4 @@ SELECT trace_id, span_ids, run_id, agents, delegations, delegations // 2 AS roun
        first_seen, last_seen
 FROM (SELECT * FROM direct UNION ALL SELECT * FROM through_manager)
 WHERE ($agent::VARCHAR IS NULL OR list_contains(agents, $agent::VARCHAR) OR via = $agent::VARCHAR)
-ORDER BY first_seen, run_id
+ORDER BY first_seen

@@ -379,3 +379,17 @@ def test_ping_pong_of_nested_agent_invocations():
     conn = new_db()  # manager -> analyst -> researcher: one nested hand-off each, no bounce
     insert_spans(conn, rows[:3])
     assert run_metric(conn, "ping_pong").empty
+
+
+def test_a_bounce_through_a_manager_is_one_finding_the_ping_pong():
+    conn = new_db()
+    insert_spans(
+        conn, [_hand(i, "manager", "A" if i % 2 == 0 else "B", "Compute the 2024 growth") for i in range(6)]
+    )
+    assert len(run_metric(conn, "ping_pong")) == 1
+    assert run_metric(conn, "repeated_calls").empty  # its repeated hand-offs to A and to B are the bounce
+    conn = new_db()  # the same hand-offs to A alone: a re-delegation loop, no ping-pong
+    insert_spans(conn, [_hand(i, "manager", "A", "Compute the 2024 growth") for i in range(3)])
+    assert run_metric(conn, "ping_pong").empty
+    loops = run_metric(conn, "repeated_calls")
+    assert list(loops["call_type"]) == ["delegation"] and loops.loc[0, "tool_name"] == "A"
