@@ -66,23 +66,23 @@ def _limits(counts: pd.DataFrame, calibrated: dict[str, tuple[float, int]]) -> p
     medians = runs.groupby("service")["spans"].median()
     sizes = runs.groupby("service").size()
     agent_medians = typical[~typical["whole_run"]].groupby("service")["spans"].median()
-    limits, baselines, versions = [], [], []
-    for row in out.itertuples():
-        name = f"{RUN_THRESHOLD if row.whole_run else AGENT_THRESHOLD}:{row.service}"
-        if name in calibrated:
-            value, version = calibrated[name]
-            limits.append(value)
-            baselines.append("calibrated")
-            versions.append(version)
-        elif sizes.get(row.service, 0) >= UNCALIBRATED_MIN_RUNS:
-            median = (medians if row.whole_run else agent_medians).get(row.service, np.nan)
-            limits.append(max(UNCALIBRATED_FACTOR * float(median), UNCALIBRATED_FLOOR))
-            baselines.append("window_median")
-            versions.append(0)
-        else:
-            limits.append(np.inf)
-            baselines.append("none")
-            versions.append(0)
+    # Vectorized (a Python loop over the rows cost ~80 s at 1M stored spans of 10-call runs).
+    whole = out["whole_run"].to_numpy(dtype=bool)
+    service = out["service"]
+    run_median = service.map(medians).to_numpy(dtype=np.float64, na_value=np.nan)
+    agent_median = service.map(agent_medians).to_numpy(dtype=np.float64, na_value=np.nan)
+    median = np.where(whole, run_median, agent_median)
+    enough = service.map(sizes).fillna(0).to_numpy(dtype=np.float64) >= UNCALIBRATED_MIN_RUNS
+    limits = np.where(enough, np.maximum(UNCALIBRATED_FACTOR * median, UNCALIBRATED_FLOOR), np.inf)
+    baselines = np.where(enough, "window_median", "none").astype(object)
+    versions = np.zeros(len(out), dtype=np.int64)
+    if calibrated:
+        for i, (is_run, crew) in enumerate(zip(whole, service, strict=True)):
+            name = f"{RUN_THRESHOLD if is_run else AGENT_THRESHOLD}:{crew}"
+            if name in calibrated:
+                limits[i], versions[i] = calibrated[name]
+                baselines[i] = "calibrated"
+    limits, baselines, versions = limits.tolist(), baselines.tolist(), versions.tolist()
     out["limit"] = limits
     out["baseline"] = baselines
     out["threshold_version"] = versions
