@@ -20,9 +20,11 @@ from typing import Any
 import duckdb
 import numpy as np
 
+from analytics.crew_limits import count_threshold_name, run_services
 from analytics.embeddings import MODEL_NAME, embed_texts
 from analytics.goals import goal_pairs, score_pairs
 from analytics.loop_similarity import argument_similarity, task_similarity
+from analytics.registry import run_metric
 from analytics.runaway import AGENT_THRESHOLD, RUN_THRESHOLD, RUNAWAY_MARGIN, baseline_limit
 from analytics.sql_loader import run_sql
 from analytics.tasks import extract_task
@@ -376,8 +378,6 @@ def calibrate_from_baseline(
     Needs at least ``MIN_BASELINE_VALUES`` values per threshold (``MIN_BASELINE_RUNS`` runs for
     per-run counts). Returns ``{"window": ..., "thresholds": {name: {...}}, "skipped": {name: reason}}``.
     """
-    from analytics.registry import run_metric
-
     stored: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     window_info = {
@@ -445,10 +445,14 @@ def calibrate_from_baseline(
             info = store_threshold(conn, name, limit, "quantile_x_margin", provenance, write)
             stored[name] = {"value": info.value, "version": info.version, "method": "quantile_x_margin",
                             "n": len(values)}  # fmt: skip
+    # Finding counts per run, per crew: false findings in one crew's baseline must not switch a
+    # detector off for the others (analytics.crew_limits).
     runs = run_metric(conn, "run_summary", window, filters)
-    for detector in COUNT_DETECTORS:
-        column = f"{detector}_count"
-        if column in runs.columns and len(runs):
-            store(f"count_per_run:{detector}", runs[column].to_numpy(), "findings per run",
-                  minimum=MIN_BASELINE_RUNS)  # fmt: skip
+    runs = runs.assign(service=run_services(conn, runs["run_id"]).to_numpy())
+    for service, crew in runs.dropna(subset=["service"]).groupby("service"):
+        for detector in COUNT_DETECTORS:
+            column = f"{detector}_count"
+            if column in crew.columns:
+                store(count_threshold_name(detector, service), crew[column].to_numpy(),
+                      "findings per run of the crew", minimum=MIN_BASELINE_RUNS)  # fmt: skip
     return {"window": window_info, "thresholds": stored, "skipped": skipped}

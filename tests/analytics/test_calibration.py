@@ -136,7 +136,7 @@ def test_baseline_calibration_stores_quantile_thresholds_with_window():
     assert json.loads(info.provenance)["window"]["since"] == BASE_TIME.isoformat()
     assert 0.0 <= current_threshold(conn, "rejection_rate").value <= 1.0
     assert 0.5 <= current_threshold(conn, "near_duplicate_similarity").value <= 1.0
-    assert current_threshold(conn, "count_per_run:lost_updates").value == 0.0
+    assert current_threshold(conn, "count_per_run:lost_updates:crew").value == 0.0  # per crew
     divergences = goal_pairs(conn, window, Filters())["divergence"]  # every subtask's score
     assert stored["goal_divergence"]["value"] == pytest.approx(np.quantile(divergences, 0.9), abs=1e-4)
     assert stored["goal_divergence"]["n"] == 24
@@ -145,6 +145,42 @@ def test_baseline_calibration_stores_quantile_thresholds_with_window():
     sigma = calibrate_from_baseline(conn, window, k_sigma=3.0)
     assert sigma["thresholds"]["goal_divergence"]["method"] == "mean_k_sigma"
     assert sigma["thresholds"]["goal_divergence"]["version"] == 2
+
+
+def _loop_run(t: float, run: str, crew: str, loop: bool) -> list[dict]:
+    """A run of crew ``crew``: one search, or the same search three times (a repeated_calls loop)."""
+    searches = 3 if loop else 1
+    return [make_span(t + i, run=run, ServiceName=crew, agent_id="researcher", tool_name="web_search",
+                      tool_args={"query": f"{run} revenue 2024"}) for i in range(searches)]  # fmt: skip
+
+
+def test_counts_calibrated_with_findings_are_per_crew():
+    # A baseline where one crew's runs all hold a (false) loop: that crew may have one loop per
+    # run afterwards; another crew's runs still fail on their first loop.
+    conn = new_db()
+    rows = []
+    for i in range(12):
+        rows += _loop_run(i * 10, f"noisy-{i}", "noisy", loop=True)
+        rows += _loop_run(i * 10 + 5, f"quiet-{i}", "quiet", loop=False)
+    insert_spans(conn, rows)
+    window = Window(since=BASE_TIME, until=BASE_TIME + timedelta(minutes=5))
+    result = calibrate_from_baseline(conn, window)
+    assert result["thresholds"]["count_per_run:repeated_calls:noisy"]["value"] == 1.0
+    assert result["thresholds"]["count_per_run:repeated_calls:quiet"]["value"] == 0.0
+    assert not any(name == "count_per_run:repeated_calls" for name in result["thresholds"])
+    later = _loop_run(3600, "noisy-new", "noisy", loop=True) + _loop_run(
+        3700, "quiet-new", "quiet", loop=True
+    )
+    insert_spans(conn, later)
+    after = Window(since=BASE_TIME + timedelta(minutes=30))
+    verdicts = run_metric(conn, "run_summary", after).set_index("run_id")["verdict"].to_dict()
+    assert verdicts == {"noisy-new": "healthy", "quiet-new": "failing"}
+    # a crew with too few baseline runs gets no limit of its own (any finding counts)
+    conn = new_db()
+    insert_spans(conn, [span for i in range(4) for span in _loop_run(i * 10, f"few-{i}", "few", loop=True)])
+    result = calibrate_from_baseline(conn, Window())
+    assert "need at least 10" in result["skipped"]["count_per_run:repeated_calls:few"]
+    assert run_metric(conn, "run_summary").set_index("run_id")["verdict"].eq("failing").all()
 
 
 def test_thresholds_are_versioned_and_listed():
