@@ -13,6 +13,7 @@ from typing import Any
 import duckdb
 import pandas as pd
 
+from analytics.crew_limits import count_limits
 from analytics.goals import goal_run_stats
 from analytics.loops import MIN_PING_PONG_DELEGATIONS, MIN_PING_PONG_INFERRED
 from analytics.registry import register, run_metric
@@ -67,14 +68,6 @@ FAILING_DETECTORS = (
 def enforcement_coverage(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Which tools are enforced by guards and which can only be watched."""
     return run_sql(conn, "enforcement_coverage", window, filters)
-
-
-def _count_thresholds(conn: duckdb.DuckDBPyConnection) -> dict[str, float]:
-    rows = conn.execute(
-        "SELECT arg_max(name, version), arg_max(value, version) FROM thresholds "
-        "WHERE name LIKE 'count_per_run:%' GROUP BY name"
-    ).fetchall()
-    return {name.split(":", 1)[1]: float(value) for name, value in rows}
 
 
 def _counts_by_run(frame: pd.DataFrame) -> pd.Series:
@@ -223,7 +216,7 @@ def _merge_parts(old: _Parts, new: _Parts, scope: _Scope) -> _Parts:
 def _assemble(conn: duckdb.DuckDBPyConnection, parts: _Parts, goal_threshold: ThresholdInfo) -> pd.DataFrame:
     """The run_summary frame (counts, verdicts) from its pieces."""
     base = parts.base.copy()
-    allowed = _count_thresholds(conn)
+    allowed = count_limits(conn, base.index)  # per detector: each run's crew's calibrated count
     failing = pd.Series(False, index=base.index)
     degraded = base["rejections"] > 0
 
@@ -449,9 +442,10 @@ def clear_cache() -> None:
 def run_summary(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Health of every run, combining every detector's findings.
 
-    A count above its baseline-calibrated ``count_per_run:<detector>`` threshold (0 until
-    calibrated) makes the run fail. Results are kept per database file, window and filters;
-    after new spans only the runs they touched are recomputed (see ``_read_version``).
+    A count above its crew's baseline-calibrated ``count_per_run:<detector>:<service>`` threshold
+    (0 until calibrated; ``analytics.crew_limits``) makes the run fail. Results are kept per
+    database file, window and filters; after new spans only the runs they touched are recomputed
+    (see ``_read_version``).
     """
     identity = _database_identity(conn)
     goal_threshold = current_threshold(conn, "goal_divergence")
