@@ -22,9 +22,11 @@ identity); reads never write: the kept results live in this process.
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import duckdb
@@ -103,10 +105,24 @@ _cache_lock = threading.Lock()
 stats: collections.Counter[str] = collections.Counter()
 
 
+_bypass: contextvars.ContextVar[bool] = contextvars.ContextVar("kept_bypass", default=False)
+
+
 def clear_cache() -> None:
     """Forget every kept detector result."""
     with _cache_lock:
         _cache.clear()
+
+
+@contextlib.contextmanager
+def computed_in_full() -> Iterator[None]:
+    """Within the block every detector runs in full and nothing is kept (a reference to compare
+    kept results with)."""
+    token = _bypass.set(True)
+    try:
+        yield
+    finally:
+        _bypass.reset(token)
 
 
 def _sorted(frame: pd.DataFrame, order: list[tuple[str, bool]]) -> pd.DataFrame:
@@ -118,7 +134,9 @@ def _sorted(frame: pd.DataFrame, order: list[tuple[str, bool]]) -> pd.DataFrame:
     clause = ", ".join(f"k{i}{' DESC' if desc else ''} NULLS LAST" for i, (_, desc) in enumerate(order))
     with duckdb.connect() as mem:
         positions = mem.execute(f"SELECT pos FROM keys ORDER BY {clause}, pos").fetchnumpy()["pos"]
-    return frame.iloc[positions].reset_index(drop=True)
+    if len(positions) < 2 or bool((positions[1:] > positions[:-1]).all()):
+        return frame  # already in order (new findings usually come last): no copy of the rows
+    return frame.take(positions).reset_index(drop=True)
 
 
 def _merge(old: pd.DataFrame, fresh: pd.DataFrame, column: str, values: list[str], name: str) -> pd.DataFrame:
@@ -150,7 +168,7 @@ def kept_result(
 ) -> pd.DataFrame:
     """The result of detector ``name`` (``compute``) over ``window`` / ``filters``, from the kept
     result brought up to date (see the module docstring); equal to ``compute(conn, window, filters)``."""
-    identity = database_identity(conn) if name in KEPT else None
+    identity = database_identity(conn) if name in KEPT and not _bypass.get() else None
     if identity is None:
         return compute(conn, window, filters)
     key = (identity, name, window, filters, current_side_effect_tools())
@@ -185,4 +203,5 @@ def kept_result(
         _cache.move_to_end(key)
         while len(_cache) > _CACHE_SIZE:
             _cache.popitem(last=False)
-    return frame.copy()
+    # pandas copy-on-write: a caller changing the frame changes its own copy, never the kept one.
+    return frame.copy(deep=False)

@@ -9,7 +9,7 @@ import duckdb
 import pandas as pd
 import pytest
 
-from analytics import METRICS, Filters, Window, run_metric, summary
+from analytics import METRICS, Filters, Window, kept, run_metric, summary
 from analytics.thresholds import current_threshold
 from driftscope.database import migrate
 from tests.fixtures_analytics import BASE_TIME, insert_spans, make_span, new_db, trace_id
@@ -143,7 +143,9 @@ def test_incremental_run_summary_equals_a_full_one_on_random_span_sets(tmp_path,
 def _full_summary(conn, window, filters) -> pd.DataFrame:
     """run_summary recomputed from scratch, past the kept state (the registered column order)."""
     threshold = current_threshold(conn, "goal_divergence")
-    frame = summary._assemble(conn, summary._compute_parts(conn, window, filters, threshold.value), threshold)
+    with kept.computed_in_full():  # the detectors it reads run in full too
+        parts = summary._compute_parts(conn, window, filters, threshold.value)
+    frame = summary._assemble(conn, parts, threshold)
     return frame.loc[:, list(METRICS["run_summary"].columns)]
 
 

@@ -1,0 +1,131 @@
+"""Detector results kept per data version equal a full recomputation after every batch."""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+
+import duckdb
+import pandas as pd
+import pytest
+
+from analytics import Filters, Window, kept, run_metric
+from analytics.side_effects import configure_side_effect_tools
+from driftscope.database import migrate
+from tests.analytics.test_summary import _random_batch
+from tests.fixtures_analytics import BASE_TIME, insert_spans, make_span, trace_id
+
+
+def _full(conn, name, window, filters) -> pd.DataFrame:
+    with kept.computed_in_full():
+        return run_metric(conn, name, window, filters)
+
+
+def _canonical(frame: pd.DataFrame) -> pd.DataFrame:
+    """Cells as text, rows sorted: two frames equal up to the order of rows tied on the
+    detector's own ORDER BY (which a full run leaves to DuckDB as well)."""
+    out = frame.copy()
+    for column in out.columns:
+        out[column] = [repr(list(v)) if isinstance(v, list | tuple) else repr(v) for v in out[column]]
+    return out.sort_values(list(out.columns)).reset_index(drop=True)
+
+
+def _assert_same(got: pd.DataFrame, full: pd.DataFrame, name: str) -> None:
+    assert list(got.columns) == list(full.columns), name
+    assert list(got.dtypes) == list(full.dtypes), name
+    pd.testing.assert_frame_equal(_canonical(got), _canonical(full), obj=name)
+    order = kept.ORDER.get(name)
+    if order and len(got) > 1:  # the merged rows are in the detector's order
+        resorted = kept._sorted(got, order)
+        pd.testing.assert_frame_equal(_canonical(resorted), _canonical(got), obj=name)
+        pd.testing.assert_frame_equal(resorted, got, obj=name)
+
+
+def _loop_batch(rng: random.Random, batch: int, runs: list[str]) -> list[dict]:
+    """Repeated tool calls, delegations bouncing between two agents and goal statements."""
+    rows = []
+    for _ in range(rng.randint(0, 6)):
+        run = rng.choice(runs)
+        t = batch * 5 + rng.random() * 20
+        fields = dict(run=run, TraceId=trace_id(f"{run}/{rng.randint(0, 2)}"),
+                      ingested_at=BASE_TIME + timedelta(seconds=batch))  # fmt: skip
+        kind = rng.choice(["loop", "loop", "pingpong", "goal"])
+        if kind == "loop":
+            rows.append(make_span(t, agent_id=rng.choice(["a", "b"]), tool_name="search",
+                                  tool_args={"q": rng.choice(["alpha beta", "alpha  beta", "gamma"])},
+                                  outcome=rng.choice(["ok", "error"]), **fields))  # fmt: skip
+        elif kind == "pingpong":
+            src = rng.choice(["a", "b"])
+            rows.append(make_span(t, agent_id=src, op="delegate", delegate_to="b" if src == "a" else "a",
+                                  origin_task_id=f"t-{run}", hop=1, goal_text="compile the report",
+                                  **fields))  # fmt: skip
+    return rows
+
+
+@pytest.mark.parametrize(
+    "seed", [*range(3), *(pytest.param(s, marks=pytest.mark.slow) for s in range(3, 16))]
+)
+def test_kept_results_equal_a_full_recomputation_after_every_batch(tmp_path, seed):
+    rng = random.Random(seed)
+    conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
+    migrate(conn)
+    runs = [f"run-{i}" for i in range(rng.randint(2, 6))]
+    scopes = [(Window(), Filters()), (Window(), Filters(agent="a")),
+              (Window(since=BASE_TIME + timedelta(seconds=8)), Filters(origin_task="t1"))]  # fmt: skip
+    kept.clear_cache()
+    before = kept.stats.copy()
+    for batch in range(6):
+        insert_spans(conn, _random_batch(rng, batch, runs) + _loop_batch(rng, batch, runs))
+        if rng.random() < 0.3:
+            # The collector fills inherited fields of earlier spans of a trace in the commit that
+            # stores new spans of that trace (the new span starts 1 us later: detectors break
+            # ties of start times arbitrarily, in full runs as well).
+            trace = trace_id(f"{rng.choice(runs)}/0")
+            conn.execute("UPDATE spans SET agent_id = 'c' WHERE agent_id IS NULL AND TraceId = ?", [trace])
+            conn.execute("INSERT INTO spans SELECT * REPLACE (SpanId || 'x' AS SpanId, "
+                         "ingested_at + INTERVAL 1 MICROSECOND AS ingested_at, "
+                         "Timestamp + INTERVAL 1 MICROSECOND AS Timestamp, start_ns + 1000 AS start_ns, "
+                         "end_ns + 1000 AS end_ns) FROM spans WHERE TraceId = ? LIMIT 1", [trace])  # fmt: skip
+        for window, filters in scopes:
+            for name in sorted(kept.KEPT):
+                _assert_same(
+                    run_metric(conn, name, window, filters), _full(conn, name, window, filters), name
+                )
+    assert kept.stats["partial"] > before["partial"]  # the incremental path was taken
+
+
+def test_unchanged_data_answers_from_the_kept_result_and_new_spans_touch_only_their_run(tmp_path):
+    conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
+    migrate(conn)
+    kept.clear_cache()
+    write = dict(op="write", state_key="k", outcome="ok", tool_name="state_write")
+    insert_spans(conn, [make_span(0, run="run-1", agent_id="a", state_version="v1", **write),
+                        make_span(0, run="run-2", agent_id="a", state_version="v1", **write)])  # fmt: skip
+    assert run_metric(conn, "lost_updates").empty
+    before = kept.stats.copy()
+    assert run_metric(conn, "lost_updates").empty
+    assert kept.stats["unchanged"] == before["unchanged"] + 1
+    # b clobbers a's write in run-2: only run-2 is recomputed, and its finding appears
+    insert_spans(conn, [make_span(1, run="run-2", agent_id="b", state_version="v2", **write)])
+    found = run_metric(conn, "lost_updates")
+    assert kept.stats["partial"] == before["partial"] + 1
+    assert list(found["run_id"]) == ["run-2"]
+    # a delete cannot be followed span by span: a full run, and the finding is gone
+    conn.execute("DELETE FROM spans WHERE agent_id = 'b'")
+    assert run_metric(conn, "lost_updates").empty
+    assert kept.stats["full"] > before["full"]
+
+
+def test_kept_results_follow_a_changed_side_effect_pattern(tmp_path):
+    conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
+    migrate(conn)
+    kept.clear_cache()
+    send = dict(tool_name="post_invoice", tool_args={"to": "x"}, outcome="ok")
+    insert_spans(conn, [make_span(0, agent_id="a", **send), make_span(1, agent_id="a", **send)])
+    assert len(run_metric(conn, "duplicate_side_effects")) == 1  # "post" is a side-effect verb
+    try:
+        configure_side_effect_tools(r"^charge_")
+        assert run_metric(conn, "duplicate_side_effects").empty  # not kept from the other pattern
+    finally:
+        configure_side_effect_tools(None)
+    assert len(run_metric(conn, "duplicate_side_effects")) == 1
