@@ -65,11 +65,19 @@ class SpanDatabase:
     """A database file grown to a number of stored spans by copies of one generated base."""
 
     def __init__(
-        self, path: Path, seed: int = 7, base_spans: int | None = None, shape: Shape | None = None
+        self,
+        path: Path,
+        seed: int = 7,
+        base_spans: int | None = None,
+        shape: Shape | None = None,
+        reopen: bool = False,
     ) -> None:
+        """A new database at ``path`` (an old file there is removed), or with ``reopen`` the one
+        an earlier ``SpanDatabase`` of the same seed, base and shape built there."""
         self.path = Path(path)
-        for stale in (self.path, Path(f"{self.path}.wal")):
-            stale.unlink(missing_ok=True)
+        if not reopen:
+            for stale in (self.path, Path(f"{self.path}.wal")):
+                stale.unlink(missing_ok=True)
         self.conn = open_database(self.path)
         self.shape = shape or Shape()
         self.seed = seed
@@ -97,6 +105,9 @@ class SpanDatabase:
         self.conn.execute("CREATE TEMP TABLE _base AS SELECT * FROM _base_arrow")
         self.conn.unregister("_base_arrow")
         self.copies = 0
+        if reopen:
+            (stored,) = self.conn.execute("SELECT count(*) FROM spans").fetchone()
+            self.copies = stored // self.base_table.num_rows
         self._copy_sql = _select_copy(self.base_minutes)
 
     @property
@@ -128,7 +139,9 @@ class SpanDatabase:
 
         namespace = self.copies if copy is None else copy
         ns_hex = f"{namespace:016x}"
-        shift_ns = namespace * self.base_minutes * 60_000_000_000
+        # Plus a few microseconds per seed, so a batch's spans never start at the very instant of
+        # a stored span (ties are broken arbitrarily by detectors, full or incremental alike).
+        shift_ns = namespace * self.base_minutes * 60_000_000_000 + (1 + seed % 997) * 1000
         requests = generate_requests(spans, seed, shape=self.shape)
         batches = [decode_payload(r.SerializeToString(), PROTOBUF) for r in requests]
         for batch in batches:

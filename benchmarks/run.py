@@ -188,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
     parser.add_argument("--shape-spans", type=int, nargs="+", help="stored spans of each shape database")
     parser.add_argument("--shapes", nargs="+", help="only these shape labels (see benchmarks.shapes.matrix)")
+    parser.add_argument(
+        "--shape-limit", type=float, help="seconds after which a shape's detector call is interrupted"
+    )
     parser.add_argument("--dashboard-shape", help="shape label of the dashboard section's database")
     parser.add_argument(
         "--dashboard-spans", type=int, help="stored spans of the dashboard section's database"
@@ -210,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         config["shape_spans"] = sorted(args.shape_spans)
     if args.shapes:
         config["shape_labels"] = args.shapes
+    if args.shape_limit:
+        config["shape_limit_s"] = args.shape_limit
     if args.dashboard_shape:
         config["dashboard_shape"] = args.dashboard_shape
     if args.dashboard_spans:
@@ -252,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     for section in (document.get("shapes") or {}).values():
         from benchmarks.shapes import growth_table
 
-        print(growth_table(section))
-        print(growth_table(section, "median_cpu_s"))
+        for metric in ("cold_s", "median_cpu_s", "after_batch_s", "after_batch_cpu_s"):
+            print(growth_table(section, metric))
     print(f"\nresults written to {out_path}")
     return 0
 

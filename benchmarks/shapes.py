@@ -3,9 +3,11 @@
 One dimension of ``benchmarks.generator.Shape`` is varied at a time around a base shape (runs of
 1,000 tool calls by 8 agents, as issue 14 measured), each shape grown to the same number of
 stored spans (``benchmarks.dbbuild``). Per detector: cold call, then the median of warm calls.
-``run_summary`` is also timed as a live server sees it: a batch of new spans is ingested into the
-newest run (the real decoder and ``insert_batches``) before each call, so every call follows a
-data change (``incremental_s``), and its result is checked against a full recomputation.
+Detector results are kept by data version (``analytics.kept``), so a warm call with nothing new
+is a lookup; every kept detector and ``run_summary`` are also timed as a live server sees them: a
+batch of new spans is ingested into the newest runs (the real decoder and ``insert_batches``)
+before each round of calls, so every call follows a data change (``live.after_batch``), and each
+result is then checked against a full recomputation (``live.identical_to_full``).
 
 The growth table gives, along each dimension, the ratio of a detector's median time at each
 value to its time at the dimension's smallest value, next to the ratio of the values: a detector
@@ -14,6 +16,7 @@ whose cost follows stored spans only stays near 1 whatever the shape.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import statistics
@@ -59,43 +62,101 @@ def matrix(dimensions: dict[str, list]) -> dict[str, Shape]:
     return shapes
 
 
-def time_incremental_summary(db: SpanDatabase, appends: int, batch: int) -> dict:
-    """``run_summary`` right after each of ``appends`` ingested batches of ``batch`` new spans.
+def _canonical(frame):
+    """``frame`` with every cell as text and rows sorted: equal frames up to the order of ties."""
+    out = frame.copy()
+    for column in out.columns:
+        out[column] = [
+            repr(list(v)) if hasattr(v, "__len__") and not isinstance(v, str) else repr(v)
+            for v in out[column]
+        ]
+    return out.sort_values(list(out.columns)).reset_index(drop=True)
 
-    After the timed calls the result is compared with a full recomputation (cache cleared).
-    """
+
+def _same(kept, full) -> bool:
+    """Kept result equal to the full one (rows tied on the detector's order may differ in order)."""
     import pandas as pd
 
-    from analytics.registry import run_metric
+    try:
+        pd.testing.assert_frame_equal(kept, full)
+        return True
+    except AssertionError:
+        pass
+    try:
+        pd.testing.assert_frame_equal(_canonical(kept), _canonical(full), check_dtype=True)
+        return True
+    except AssertionError as exc:
+        logger.error("kept result differs from a full recomputation: %s", exc)
+        return False
+
+
+def time_live(db: SpanDatabase, appends: int, batch: int) -> dict:
+    """Every kept detector and ``run_summary`` right after each of ``appends`` ingested batches of
+    ``batch`` new spans (into the newest runs, the real decoder and ``insert_batches``), as a live
+    server sees them: each call brings its kept result up to date.
+
+    After the timed calls every result is compared with a full recomputation (the detector's own
+    function, nothing kept); ``run_summary`` then runs once from nothing (both caches cleared).
+    """
+    from analytics import kept
+    from analytics.registry import METRICS, run_metric
     from analytics.summary import clear_cache
 
-    run_metric(db.conn, "run_summary")  # the cached state a live dashboard would have
-    times, cpu = [], []
+    names = [*sorted(kept.KEPT), "run_summary"]
+    for name in names:  # the kept state a live dashboard would have
+        run_metric(db.conn, name)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
     for i in range(appends):
         db.append_batch(batch, seed=2000 + i)
-        start, start_cpu = time.perf_counter(), time.process_time()
-        incremental = run_metric(db.conn, "run_summary")
-        times.append(time.perf_counter() - start)
-        cpu.append(time.process_time() - start_cpu)
+        for name in names:
+            start, start_cpu = time.perf_counter(), time.process_time()
+            run_metric(db.conn, name)
+            times[name].append(time.perf_counter() - start)
+            cpu[name].append(time.process_time() - start_cpu)
+    # run_summary alone after a batch: it brings the detectors it counts up to date itself.
+    db.append_batch(batch, seed=2000 + appends)
+    start, start_cpu = time.perf_counter(), time.process_time()
+    run_metric(db.conn, "run_summary")
+    alone_s, alone_cpu = time.perf_counter() - start, time.process_time() - start_cpu
+    identical = {}
+    for name in names:
+        got = run_metric(db.conn, name)
+        identical[name] = _same(got, METRICS[name].func(db.conn, _window(), _filters()))
     clear_cache()
-    start = time.perf_counter()
-    full = run_metric(db.conn, "run_summary")
-    full_s = time.perf_counter() - start
-    try:
-        pd.testing.assert_frame_equal(incremental, full)
-        identical = True
-    except AssertionError as exc:
-        logger.error("incremental run_summary differs from the full one: %s", exc)
-        identical = False
+    kept.clear_cache()
+    start, start_cpu = time.perf_counter(), time.process_time()
+    run_metric(db.conn, "run_summary")
+    full_s, full_cpu = time.perf_counter() - start, time.process_time() - start_cpu
     return {
-        "incremental_s": round(statistics.median(times), 4),
-        "incremental_cpu_s": round(statistics.median(cpu), 4),
-        "incremental_runs_s": [round(t, 4) for t in times],
-        "full_after_appends_s": round(full_s, 4),
+        "after_batch": {
+            name: {
+                "median_s": round(statistics.median(times[name]), 4),
+                "median_cpu_s": round(statistics.median(cpu[name]), 4),
+                "runs_s": [round(t, 4) for t in times[name]],
+            }
+            for name in names
+        },
         "identical_to_full": identical,
+        "run_summary_alone_after_batch_s": round(alone_s, 4),
+        "run_summary_alone_after_batch_cpu_s": round(alone_cpu, 4),
+        "run_summary_from_nothing_s": round(full_s, 3),
+        "run_summary_from_nothing_cpu_s": round(full_cpu, 3),
         "batch_spans": batch,
-        "runs": len(full),
+        "stats": dict(kept.stats),
     }
+
+
+def _window():
+    from analytics.types import Window
+
+    return Window()
+
+
+def _filters():
+    from analytics.types import Filters
+
+    return Filters()
 
 
 def run_shapes(
@@ -122,11 +183,16 @@ def run_shapes(
         build_s = time.perf_counter() - start
         try:
             db.conn.execute("SET threads = 2")
+            from analytics import kept
+            from analytics.summary import clear_cache
+
+            clear_cache()
+            kept.clear_cache()
             timings = time_detectors(db.conn, repeats, limit_s=limit_s, skip=skip)
             if timings.get("run_summary", {}).get("median_s") is None:
                 summary = {"skipped": "the full run_summary timed out"}
             else:
-                summary = time_incremental_summary(db, appends, batch)
+                summary = time_live(db, appends, batch)
             stored = db.conn.execute("SELECT count(*) FROM spans").fetchone()[0]
             load = os.getloadavg()
         finally:
@@ -138,17 +204,28 @@ def run_shapes(
             "spans": stored,
             "build_s": round(build_s, 1),
             "detectors": timings,
-            "run_summary_live": summary,
+            "live": summary,
             "load_average": [round(x, 2) for x in load],
         }
         logger.info("shape %s done in %.0fs", label, time.perf_counter() - start)
+        logger.info("shape result %s", json.dumps({label: results[label]}, default=str))
     return {"spans": spans, "dimensions": dimensions, "by_shape": results}
 
 
-def growth_table(section: dict, metric: str = "median_s") -> str:
-    """Markdown: per dimension, each detector's median at each value, and its ratio to the first.
+def _cell(entry: dict, name: str, metric: str) -> float | None:
+    """One detector's time on one shape: ``metric`` is ``median_s`` / ``median_cpu_s`` (warm
+    calls), ``cold_s`` (first call) or ``after_batch_s`` / ``after_batch_cpu_s`` (right after a
+    batch of new spans)."""
+    if metric.startswith("after_batch"):
+        live = (entry.get("live") or {}).get("after_batch") or {}
+        key = "median_cpu_s" if metric.endswith("cpu_s") else "median_s"
+        return (live.get(name) or {}).get(key)
+    return entry["detectors"].get(name, {}).get(metric)
 
-    ``metric``: ``median_s`` (wall seconds) or ``median_cpu_s`` (CPU seconds of the process)."""
+
+def growth_table(section: dict, metric: str = "median_s") -> str:
+    """Markdown: per dimension, each detector's time at each value, and its ratio to the first
+    (``metric`` as in ``_cell``)."""
     by_shape = section.get("by_shape") or {}
     out = []
     for dimension, values in section.get("dimensions", {}).items():
@@ -157,16 +234,16 @@ def growth_table(section: dict, metric: str = "median_s") -> str:
         if len(present) < 2:
             continue
         names = sorted({n for _, lbl in present for n in by_shape[lbl]["detectors"]})
+        if metric.startswith("after_batch"):
+            names = [
+                n for n in names if any(_cell(by_shape[lbl], n, metric) is not None for _, lbl in present)
+            ]
         header = ["detector"] + [f"{dimension}={v}" for v, _ in present] + ["growth (time / value ratio)"]
-        unit = "CPU seconds" if metric == "median_cpu_s" else "seconds"
-        out.append(f"\n{section['spans']:,} stored spans, varying {dimension} (median {unit})\n")
+        out.append(f"\n{section['spans']:,} stored spans, varying {dimension} ({metric})\n")
         out.append("| " + " | ".join(header) + " |")
         out.append("|" + "---|" * len(header))
-        rows = [(n, [by_shape[lbl]["detectors"].get(n, {}).get(metric) for _, lbl in present]) for n in names]
-        live_metric = "incremental_cpu_s" if metric == "median_cpu_s" else "incremental_s"
-        live = [by_shape[lbl].get("run_summary_live", {}).get(live_metric) for _, lbl in present]
-        rows.append(("run_summary (after new spans)", live))
-        for name, medians in rows:
+        for name in names:
+            medians = [_cell(by_shape[lbl], name, metric) for _, lbl in present]
             cells = [f"{m:.3f}" if m is not None else "-" for m in medians]
             first, last = medians[0], medians[-1]
             v0, v1 = present[0][0], present[-1][0]
