@@ -12,7 +12,7 @@ import streamlit as st
 from analytics.search import MIN_SEARCH_CHARS
 from dashboard import ui
 from dashboard.figures_run import delegation_graph_figure, waterfall_figure
-from dashboard.filters import dashboard_base
+from dashboard.filters import dashboard_base, run_link
 from dashboard.findings import findings_frame, order_by_run_and_severity, run_failures
 from dashboard.search import describe_results, search_results_table
 from dashboard.trace import ancestors, duration_text, failed, search_spans, span_io, trace_rows
@@ -53,10 +53,17 @@ def _label(span: pd.Series, evidence: set[str], matches: set[str], selected: str
     return " ".join([*marks, f"{who}{ui.md_escape(span['span_name'])} · {duration_text(span)}"])
 
 
-def _span_body(span: pd.Series, t0: int) -> None:
-    """What an expanded span shows: ids and fields as plain text, inputs and outputs as code."""
+def _span_body(span: pd.Series, t0: int, run: str) -> None:
+    """What an expanded span shows: its id and trace id as links (this run at this span, the run
+    with the trace searched: addresses to paste into an incident channel), fields as plain text,
+    inputs and outputs as code."""
     start = (int(span["start_ns"]) - t0) / 1e6
-    facts = [f"span {span['span_id']}", f"trace {span['trace_id']}", f"+{start:.1f} ms"]
+    span_id, trace_id = str(span["span_id"]), str(span["trace_id"])
+    st.markdown(
+        f"[span {ui.md_escape(span_id)}]({run_link(run, span=span_id)}) · "
+        f"[trace {ui.md_escape(trace_id)}]({run_link(run, query=trace_id)})"
+    )
+    facts = [f"+{start:.1f} ms"]
     for name in ("tool_name", "op", "outcome", "reject_reason", "status_code", "state_key", "hop"):
         value = _text(span.get(name))
         if value not in BLANK:
@@ -76,7 +83,7 @@ def _span_body(span: pd.Series, t0: int) -> None:
 
 
 def trace_tree(
-    spans: pd.DataFrame, rows, evidence: set[str], matches: set[str], selected: str | None
+    spans: pd.DataFrame, rows, evidence: set[str], matches: set[str], selected: str | None, run: str = ""
 ) -> None:
     """The spans as nested expanders: the path to evidence, matches and the inspected span open."""
     shown = rows[:TREE_LIMIT]
@@ -88,7 +95,7 @@ def trace_tree(
         row = shown[index]
         span = spans.iloc[row.position]
         with st.expander(_label(span, evidence, matches, selected), expanded=index in open_rows):
-            _span_body(span, t0)
+            _span_body(span, t0, run)
             for child in row.children:
                 if child < len(shown):
                     if depth < MAX_NESTING:
@@ -103,7 +110,7 @@ def trace_tree(
             row = shown[i]
             span = spans.iloc[row.position]
             with st.expander(_label(span, evidence, matches, selected), expanded=i in open_rows):
-                _span_body(span, t0)
+                _span_body(span, t0, run)
             draw_flat.extend(c for c in row.children if c < len(shown))
 
     for index, row in enumerate(shown):
@@ -209,7 +216,7 @@ def show_run(ctx: ui.PageContext, run: str) -> None:
     st.subheader("Trace")
     left, right = st.columns([1, 1])
     with left:
-        trace_tree(spans, rows, evidence, matches, inspected)
+        trace_tree(spans, rows, evidence, matches, inspected, run)
     with right:
         ui.plot(waterfall_figure(spans, evidence, rows[:TIMELINE_LIMIT], matches, inspected), key="waterfall")
         if len(rows) > TIMELINE_LIMIT:

@@ -362,3 +362,17 @@ def test_run_explorer_bounds_what_it_draws_for_a_long_run(monkeypatch, tmp_path)
     assert "first 250 of 620 spans" in captions and "first 500 of 620 spans" in captions
     inspect = next(box for box in at.selectbox if box.label == "Inspect span")
     assert len(at.expander) == 250 and 500 <= len(inspect.options) <= 501  # + the inspected span
+
+
+def test_run_explorer_span_and_trace_ids_are_links(monkeypatch, db_path):
+    from dashboard.datasource import DuckDBFileSource
+
+    run = _truth("split_brain")["run_id"]
+    spans = DuckDBFileSource(db_path).run_spans(run)
+    at = _run_page(monkeypatch, str(db_path), "run_explorer", {"run": run})
+    texts = {m.value for m in at.markdown}
+    for span, trace in zip(spans["span_id"], spans["trace_id"], strict=True):
+        assert (
+            f"[span {span}](run_explorer?run={run}&span={span}) · [trace {trace}](run_explorer?run={run}&q={trace})"
+            in texts
+        )
