@@ -170,35 +170,51 @@ def link_tasks(
     handoff = calls["source"].isin(["agent", "delegation"]).to_numpy()
     if not handoff.any():
         return calls
-    sub = calls[handoff].sort_values(["run_id", "agent", "tool_name", "start_ns", "SpanId"])
-    pairs: list[tuple[int, int, str, str]] = []
-    for _, group in sub.groupby(["run_id", "agent", "tool_name"], sort=False):
-        if len(group) < min_calls or group["norm_args"].nunique() < 2:
-            continue
-        idx, args, sigs = group["call_idx"].tolist(), group["args"].tolist(), group["norm_args"].tolist()
-        for i in range(len(idx)):
-            for j in range(max(0, i - neighbour_window), i):
-                if sigs[i] != sigs[j]:
-                    pairs.append((idx[i], idx[j], args[i], args[j]))
-    links: dict[int, list[tuple[int, float]]] = {}
-    if pairs:
-        texts = list(dict.fromkeys(text for pair in pairs for text in pair[2:]))
-        vectors = dict(zip(texts, embed_texts(texts, conn), strict=True))
-        for i, j, first, second in pairs:
-            score = task_similarity(first, second, float(np.dot(vectors[first], vectors[second])))
-            if score >= threshold:
-                links.setdefault(i, []).append((j, score))
-                links.setdefault(j, []).append((i, score))
-    if links:
+    sub = calls.loc[
+        handoff, ["run_id", "agent", "tool_name", "start_ns", "SpanId", "call_idx", "args", "norm_args"]
+    ]
+    sub = sub.sort_values(["run_id", "agent", "tool_name", "start_ns", "SpanId"]).reset_index(drop=True)
+    group = sub.groupby(["run_id", "agent", "tool_name"], sort=False, dropna=False)
+    key = group.ngroup().to_numpy()
+    keep = (
+        (group["call_idx"].transform("size") >= min_calls) & (group["norm_args"].transform("nunique") > 1)
+    ).to_numpy()
+    sigs, args, idx = sub["norm_args"].to_numpy(), sub["args"].to_numpy(), sub["call_idx"].to_numpy()
+    later, earlier = [], []
+    for lag in range(1, neighbour_window + 1):  # each call with the calls up to the window before it
+        i = np.arange(lag, len(sub))
+        j = i - lag
+        ok = keep[i] & (key[i] == key[j]) & (sigs[i] != sigs[j])
+        later.append(i[ok])
+        earlier.append(j[ok])
+    i, j = np.concatenate(later), np.concatenate(earlier)
+    if not len(i):
+        return calls[calls["linked"].map(len) > 0].reset_index(drop=True)
+    # each distinct pair of task statements is scored once
+    pairs = pd.DataFrame({"first": args[i], "second": args[j]})
+    distinct = pairs.drop_duplicates(ignore_index=True)
+    texts = list(dict.fromkeys([*distinct["first"], *distinct["second"]]))
+    vectors = dict(zip(texts, embed_texts(texts, conn), strict=True))
+    distinct["score"] = [
+        task_similarity(a, b, float(np.dot(vectors[a], vectors[b])))
+        for a, b in zip(distinct["first"], distinct["second"], strict=True)
+    ]
+    score = pairs.merge(distinct, on=["first", "second"], how="left")["score"].to_numpy()
+    linked = score >= threshold
+    left = np.concatenate([idx[i][linked], idx[j][linked]])
+    right = np.concatenate([idx[j][linked], idx[i][linked]])
+    scores = np.concatenate([score[linked], score[linked]])
+    if len(left):
+        extra = pd.DataFrame({"call_idx": left, "other": right, "score": scores}).groupby("call_idx")
+        others, lowest = extra["other"].agg(list), extra["score"].min()
         calls = calls.copy()
         calls["linked"] = [
-            list(linked) + [j for j, _ in links.get(idx, [])]
-            for idx, linked in zip(calls["call_idx"], calls["linked"], strict=True)
+            list(current) + others.get(call, [])
+            for call, current in zip(calls["call_idx"], calls["linked"], strict=True)
         ]
-        extra = calls["call_idx"].map(
-            lambda idx: min((s for _, s in links[idx]), default=np.nan) if idx in links else np.nan
+        calls["min_similarity"] = np.fmin(
+            calls["min_similarity"].astype(float), calls["call_idx"].map(lowest).astype(float)
         )
-        calls["min_similarity"] = np.fmin(calls["min_similarity"].astype(float), extra.astype(float))
     return calls[calls["linked"].map(len) > 0].reset_index(drop=True)
 
 
