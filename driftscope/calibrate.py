@@ -30,6 +30,7 @@ from starlette.routing import Route
 
 from analytics.types import Window, WriteFn
 from collector.auth import token_matches
+from driftscope.checks import check_db_path
 from driftscope.timeparse import parse_instant
 
 logger = logging.getLogger(__name__)
@@ -324,7 +325,6 @@ def cmd_calibrate(args, values: dict[str, Any]) -> int:
     import os
 
     from collector.store import StoreLockedError
-    from driftscope.cli import check_db_path
     from driftscope.database import open_database
     from driftscope.settings import BY_NAME, ConfigError
 
@@ -348,7 +348,10 @@ def cmd_calibrate(args, values: dict[str, Any]) -> int:
     except CalibrationInputError as exc:
         raise ConfigError(str(exc)) from exc
     token = values.get("token")
-    endpoint = values.get("endpoint")
+    # Only an explicit --endpoint / DRIFTSCOPE_ENDPOINT: OTEL_EXPORTER_OTLP_ENDPOINT says where agents
+    # send spans (often not a driftscope serve), not where to calibrate.
+    explicit = getattr(args, "endpoint", None) or os.environ.get(BY_NAME["endpoint"].env)
+    endpoint = values.get("endpoint") if explicit else None
     if endpoint and args.db:
         raise ConfigError(
             "Give either --db PATH (offline: no collector holds the file) or --endpoint URL (calibrate "

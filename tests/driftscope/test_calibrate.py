@@ -222,3 +222,15 @@ def test_db_and_endpoint_together_are_refused(tmp_path):
         "--baseline-since", "1h", env=_env(),
     )  # fmt: skip
     assert result.returncode == 2 and "not both" in result.stderr
+
+
+def test_the_otel_exporter_endpoint_alone_does_not_redirect_calibration(tmp_path, crew_db):
+    db = tmp_path / "offline.duckdb"
+    db.write_bytes(crew_db.read_bytes())
+    result = _cli(
+        "calibrate", "--db", str(db), "--baseline-since", "2026-01-01", "--dry-run",
+        env=_env(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9"), timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["dry_run"] == "nothing was stored"
+    assert f"in {db}" in result.stderr and "by the collector" not in result.stderr
