@@ -38,6 +38,7 @@ def main(argv: list[str]) -> int:
             REPO / "collector", work / "collector", ignore=shutil.ignore_patterns("*.so", "__pycache__")
         )
         shutil.copytree(REPO / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copy(REPO / "pyproject.toml", work / "pyproject.toml")  # pytest's markers and options
         for name in ("driftscope", "analytics", "dashboard", "guards"):
             if (REPO / name).is_dir():
                 (work / name).symlink_to(REPO / name)
