@@ -36,8 +36,7 @@ from analytics.types import Filters, Window
     title="acting on a superseded objective",
     findings=True,
     counted=True,
-    failing=True,
-    warning_when="refreshed",
+    failing_unless="refreshed",
     page="context_drift",
 )
 def context_drift_holders(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:

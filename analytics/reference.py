@@ -9,16 +9,29 @@ from __future__ import annotations
 import pathlib
 import sys
 
-from analytics.registry import list_metrics
+from analytics.registry import Metric, list_metrics
 
 BEGIN = "<!-- metrics:begin -->"
 END = "<!-- metrics:end -->"
 
 
-def render_markdown() -> str:
-    """One section per registered metric: description, row, failure mode, column table."""
-    import analytics  # noqa: F401  (registers every detector)
+def _verdict(metric: Metric) -> str:
+    """How a metric's findings weigh in a run's verdict, in words."""
+    if metric.failing_unless:
+        effect = f"a finding makes its run failing unless `{metric.failing_unless}` (then degraded)"
+    elif metric.failing:
+        effect = "a finding makes its run failing"
+    else:
+        effect = "a finding makes its run degraded (a guard or the agent caught it)"
+    if metric.review_unless:
+        effect += f"; to review instead while `{metric.review_unless}` is false"
+    counted = f"; run_summary counts them (`{metric.name}_count`)" if metric.counted else ""
+    return effect + counted
 
+
+def render_markdown() -> str:
+    """One section per registered metric: description, row, failure mode, how findings are read,
+    column table."""
     parts = []
     for metric in list_metrics():
         parts.append(f"### `{metric.name}`\n")
@@ -26,6 +39,9 @@ def render_markdown() -> str:
         parts.append(f"- One row = {metric.row}.")
         if metric.failure_mode:
             parts.append(f"- Failure mode: {metric.failure_mode} (MAST: {metric.mast_category}).")
+        if metric.findings:
+            flagged = f"where `{metric.flag_column}` is true" if metric.flag_column else "every row"
+            parts.append(f'- Findings: {flagged}, titled "{metric.title}"; {_verdict(metric)}.')
         parts.append(f"- SQL: `analytics/sql/{metric.name}.sql`.\n")
         parts.append("| column | meaning / unit |\n|---|---|")
         for column, meaning in metric.columns.items():

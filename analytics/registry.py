@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import duckdb
 import pandas as pd
 
+from analytics.kept import kept_result
 from analytics.schema import ensure_readable
 from analytics.types import Filters, Window
 
@@ -61,10 +62,11 @@ class Metric:
     """``run_summary`` counts its findings per run (``<name>_count``); a count over the calibrated
     ``count_per_run:<name>`` threshold (0 by default) moves the run's verdict."""
     failing: bool = False
-    """A finding means a failure took effect: its run is "failing" (else only "degraded": a guard
-    or the agent caught it)."""
-    warning_when: str | None = None
-    """Boolean column: a finding row where it is true is only a warning (the agent recovered)."""
+    """Every finding means a failure took effect: its run is "failing" (else only "degraded": a
+    guard or the agent caught it)."""
+    failing_unless: str | None = None
+    """Boolean column: a finding row where it is not true is a failure (its run is failing), one
+    where it is true only a warning (the agent recovered)."""
     review_unless: str | None = None
     """Boolean column: a finding row where it is false is for a person to review (its threshold
     is the uncalibrated default), not a failure."""
@@ -92,7 +94,7 @@ def _check_facts(name: str, columns: dict[str, str], facts: dict) -> None:
     else:
         given = [
             key
-            for key in ("flag_column", "counted", "failing", "warning_when", "review_unless")
+            for key in ("flag_column", "counted", "failing", "failing_unless", "review_unless")
             if facts[key]
         ]
         if given:
@@ -102,7 +104,7 @@ def _check_facts(name: str, columns: dict[str, str], facts: dict) -> None:
         raise ValueError(
             f"metric {name!r}: mast_category must be one of {', '.join(MAST_CATEGORIES)}, got {category!r}"
         )
-    for key in ("flag_column", "warning_when", "review_unless", "rank_column"):
+    for key in ("flag_column", "failing_unless", "review_unless", "rank_column"):
         column = facts[key]
         if column is not None and column not in columns:
             raise ValueError(f"metric {name!r}: {key} {column!r} is not one of its documented columns")
@@ -121,7 +123,7 @@ def register(
     flag_column: str | None = None,
     counted: bool = False,
     failing: bool = False,
-    warning_when: str | None = None,
+    failing_unless: str | None = None,
     review_unless: str | None = None,
     rank_column: str | None = None,
     page: str | None = None,
@@ -134,7 +136,7 @@ def register(
     """
     facts = dict(
         title=title, failure_mode=failure_mode, mast_category=mast_category, findings=findings,
-        flag_column=flag_column, counted=counted, failing=failing, warning_when=warning_when,
+        flag_column=flag_column, counted=counted, failing=failing, failing_unless=failing_unless,
         review_unless=review_unless, rank_column=rank_column, page=page,
     )  # fmt: skip
     if not callable(columns):
@@ -218,6 +220,4 @@ def run_metric(
         raise KeyError(f"Unknown metric {name!r}; known metrics: {known}") from None
     logger.debug("running metric %s window=%s filters=%s", name, window, filters)
     ensure_readable(conn)
-    from analytics.kept import kept_result  # imports detector modules' helpers
-
     return kept_result(conn, name, metric.func, window, filters)  # up to date by data version

@@ -48,7 +48,11 @@ def load_sql(name: str) -> str:
     """Return the SQL text of ``analytics/sql/<name>.sql`` with shared fragments expanded."""
     if not re.fullmatch(r"_?[a-z0-9_]+", name):
         raise ValueError(f"Expected a metric SQL name like 'lost_updates', got {name!r}")
-    text = _read(name)
+    return expand_fragments(_read(name))
+
+
+def expand_fragments(text: str) -> str:
+    """``text`` with the shared fragments (``{filtered_spans}``, ``{span_filter}``, ...) expanded."""
     # Fragments may include fragments; expand until none is left (fragments never recurse).
     for fragment in (
         "goal_subtasks",

@@ -23,6 +23,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from collector.conventions import ATTRIBUTE_COLUMNS, COORDINATION_COLUMNS, OTEL_COLUMNS, map_columns
 from collector.fastdecode import FastResult, LimitExceededError, check_counts, decode_fast
+from collector.limits import DecodeLimits
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -119,20 +120,6 @@ def _check_attribute_counts(span, resource_attributes: int, limits: DecodeLimits
             "or its resource (max_attributes_per_span)"
         )
     return None
-
-
-@dataclass(frozen=True)
-class DecodeLimits:
-    """Bounds on hostile values and on the work one request may cost (issue 12)."""
-
-    max_attribute_bytes: int = 64 * 1024
-    max_depth: int = 8
-    max_array_items: int = 1000
-    # Counted while decoding: past either the whole request is refused (RequestTooLargeError).
-    max_spans_per_request: int = 100_000
-    max_items_per_request: int = 2_000_000  # spans + events + links + attributes
-    # A span whose attributes, or whose kept events' / links' / resource's, pass it is rejected.
-    max_attributes_per_span: int = 1024
 
 
 @dataclass

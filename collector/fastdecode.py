@@ -35,12 +35,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from collector import conventions
-
-if TYPE_CHECKING:
-    from collector.decode import DecodeLimits
+from collector.limits import DecodeLimits
 
 logger = logging.getLogger(__name__)
 

@@ -26,6 +26,7 @@ PAGES = [
     st.Page("views/goal_drift.py", title="Goal drift", url_path="goal_drift"),
     st.Page("views/context_drift.py", title="Context drift", url_path="context_drift"),
     st.Page("views/loops.py", title="Loops & budgets", url_path="loops"),
+    st.Page("views/findings.py", title="Other findings", url_path="findings"),
     st.Page("views/run_explorer.py", title="Run explorer", url_path="run_explorer"),
     st.Page("views/calibration.py", title="Calibration", url_path="calibration"),
 ]

@@ -1,8 +1,8 @@
 """One object the dashboard and the reports read through: the read API over HTTP, or a DuckDB file.
 
-``HttpSource`` talks to a running ``driftscope serve`` (Arrow IPC for metric frames, JSON for the
-rest). ``DuckDBFileSource`` opens an incident copy of the database read-only and runs the analytics
-registry in-process. Both raise ``SourceUnavailable`` with a message a person can act on; the
+``HttpSource`` is a thin client of a running ``driftscope serve``'s read API (Arrow IPC for
+frames, JSON for the rest). ``DuckDBFileSource`` opens an incident copy of the database read-only
+and calls the same read interface the API serialises (``analytics.read``) in this process. Both raise ``SourceUnavailable`` with a message a person can act on; the
 pages turn it into a banner instead of a traceback.
 """
 
@@ -20,6 +20,7 @@ import httpx
 import pandas as pd
 import pyarrow as pa
 
+from analytics import read
 from analytics.types import Filters, Window
 
 logger = logging.getLogger(__name__)
@@ -31,6 +32,33 @@ DEFAULT_URL = "http://127.0.0.1:4318"
 RUN_TOTAL_COLUMNS = ["run_id", "spans", "rejected", "errors", "first_seen", "last_seen"]
 # How many recent runs the sidebar offers.
 FILTER_RUN_LIMIT = 500
+
+# Span texts joined into an evidence row's ``text`` (in this order), as run_spans names them.
+TEXT_COLUMNS = (
+    "goal_root",
+    "goal_text",
+    "tool_args",
+    "tool_result",
+    "input_text",
+    "output_text",
+    "status_message",
+)
+# Columns a data source returns from ``evidence_spans``: run_spans names, plus run_id.
+SPAN_COLUMNS = [
+    "run_id",
+    "span_id",
+    "trace_id",
+    "Timestamp",
+    "start_ns",
+    "span_name",
+    "agent_id",
+    "tool_name",
+    "op",
+    "outcome",
+    "reject_reason",
+    "status_code",
+    *TEXT_COLUMNS,
+]
 
 RUN_COLUMNS = [
     "run_id",
@@ -66,7 +94,7 @@ class DataSource(Protocol):
     Besides the contract's six reads: ``data_version`` (a string that changes when spans are
     added; cache keys include it), ``filter_options`` (sidebar choices), ``run_totals`` (every run
     in scope with its counts, no lists), ``run_details`` (``runs`` columns for a few runs) and
-    ``evidence_spans`` (the spans named by (run_id, span_id) pairs, ``evidence.SPAN_COLUMNS``).
+    ``evidence_spans`` (the spans named by (run_id, span_id) pairs, ``SPAN_COLUMNS``).
     """
 
     description: str
@@ -92,6 +120,8 @@ class DataSource(Protocol):
     def run_details(self, window: Window, filters: Filters, run_ids: list[str]) -> pd.DataFrame: ...
 
     def evidence_spans(self, keys: pd.DataFrame) -> pd.DataFrame: ...
+
+    def search_spans(self, text: str, window: Window, filters: Filters, limit: int = 100) -> pd.DataFrame: ...
 
 
 def window_params(window: Window, filters: Filters) -> dict[str, str]:
@@ -215,8 +245,6 @@ class HttpSource:
 
     def evidence_spans(self, keys: pd.DataFrame) -> pd.DataFrame:
         """The spans named by (run_id, span_id) pairs (``POST /api/v1/evidence-spans``)."""
-        from dashboard.evidence import SPAN_COLUMNS
-
         if keys.empty:
             return pd.DataFrame(columns=SPAN_COLUMNS)
         pairs = [[str(r), str(s)] for r, s in zip(keys["run_id"], keys["span_id"], strict=True)]
@@ -230,9 +258,25 @@ class HttpSource:
         return normalise_spans(_rows_of(response.json(), "spans"))
 
     def thresholds(self) -> pd.DataFrame:
-        """The thresholds in force, with provenance."""
+        """The thresholds in force, with provenance (JSON text)."""
         body = self._get("/api/v1/thresholds").json()
-        return thresholds_in_force(_rows_of(body, "thresholds"))
+        return normalise_thresholds(_rows_of(body, "thresholds"))
+
+    def search_spans(self, text: str, window: Window, filters: Filters, limit: int = 100) -> pd.DataFrame:
+        """Spans of any run matching a trace id, span id or attribute value (``GET /api/v1/search``)."""
+        params = {**window_params(window, filters), "q": text, "limit": str(limit)}
+        return _typed_search(self._frame(self._get("/api/v1/search", params, accept=ARROW_STREAM)))
+
+
+def _typed_search(frame: pd.DataFrame) -> pd.DataFrame:
+    """Search results with ``start`` as timestamps whatever the transport."""
+    frame = frame.reindex(columns=SEARCH_COLUMNS)
+    frame["start"] = pd.to_datetime(frame["start"])
+    return frame
+
+
+# Columns of a span search (analytics.search.search_spans).
+SEARCH_COLUMNS = ["run_id", "trace_id", "span_id", "span_name", "agent_id", "service", "start", "matched"]
 
 
 def _rows_of(body, key: str) -> pd.DataFrame:
@@ -288,25 +332,22 @@ class DuckDBFileSource:
         return Health(True, f"{self.description}: {count} spans", count)
 
     def list_metrics(self) -> list[dict]:
-        """The analytics registry, in the read API's shape."""
-        from analytics.registry import list_metrics
-
-        return [metric_description(m) for m in list_metrics()]
+        """The registered metrics described as the read API lists them."""
+        return read.describe_metrics()
 
     def metric(self, name: str, window: Window, filters: Filters) -> pd.DataFrame:
         """Run one registered detector on the file."""
-        from analytics.registry import run_metric
-
+        # No catalogue wrapping here: a detector's own errors (and KeyError) reach the page.
         with self._lock:
-            conn = self._connection()
             # A cursor keeps detector temp state (registered frames) off the shared connection.
-            cursor = conn.cursor()
+            cursor = self._connection().cursor()
             try:
-                return run_metric(cursor, name, window, filters)
+                return read.metric(cursor, name, window, filters)
             finally:
                 cursor.close()
 
-    def _browse(self, func, *args) -> pd.DataFrame:
+    def _read(self, func, *args):
+        """``func(cursor, *args)`` of the read interface on a cursor of the file."""
         with self._lock:
             cursor = self._connection().cursor()
             try:
@@ -320,65 +361,44 @@ class DuckDBFileSource:
                 cursor.close()
 
     def runs(self, window: Window, filters: Filters, limit: int = 500) -> pd.DataFrame:
-        """Runs in the window, newest first (the read API's ``/runs`` query, run in-process)."""
-        from analytics.browse import list_runs
-
-        frame = normalise_runs(self._browse(list_runs, window, filters, limit))
-        if filters.run:
-            frame = frame[frame["run_id"] == filters.run].reset_index(drop=True)
-        return frame
+        """Runs in the window, newest first (at most ``limit``)."""
+        return normalise_runs(self._read(read.runs, window, filters, limit))
 
     def run_spans(self, run_id: str) -> pd.DataFrame:
         """Every span of one run, in start order."""
-        from analytics.browse import run_spans
-
-        return normalise_spans(self._browse(run_spans, run_id))
+        return normalise_spans(self._read(read.run_spans, run_id))
 
     def data_version(self) -> str:
         """Span count and newest ingest time."""
-        from analytics import browse
-
-        return self._browse(browse.data_version)
+        return self._read(read.data_version)
 
     def filter_options(self, window: Window) -> dict:
         """Services, agents and the newest run ids in the window, aggregated in SQL."""
-        from analytics import browse
-
-        return self._browse(browse.filter_options, window, FILTER_RUN_LIMIT)
+        return self._read(read.filter_options, window, FILTER_RUN_LIMIT)
 
     def run_totals(self, window: Window, filters: Filters) -> pd.DataFrame:
         """Every run in scope with its counts (one aggregate query, no lists)."""
-        from analytics import browse
-
-        return typed_run_totals(self._browse(browse.run_totals, window, filters))
+        return typed_run_totals(self._read(read.run_totals, window, filters))
 
     def run_details(self, window: Window, filters: Filters, run_ids: list[str]) -> pd.DataFrame:
         """``runs`` rows of the given runs only."""
-        from analytics import browse
-
         if not run_ids:
             return normalise_runs(pd.DataFrame(columns=RUN_COLUMNS))
-        return normalise_runs(self._browse(browse.run_details, window, filters, list(run_ids)))
+        return normalise_runs(self._read(read.run_details, window, filters, list(run_ids)))
 
     def evidence_spans(self, keys: pd.DataFrame) -> pd.DataFrame:
         """The spans named by (run_id, span_id) pairs, in one joined query."""
-        from analytics import browse
-        from dashboard.evidence import SPAN_COLUMNS
-
         if keys.empty:
             return pd.DataFrame(columns=SPAN_COLUMNS)
-        return self._browse(browse.evidence_spans, keys)
+        return self._read(read.evidence_spans, keys)
 
     def thresholds(self) -> pd.DataFrame:
-        """The thresholds in force (newest calibrated version, else the default), with provenance."""
-        from analytics.thresholds import list_thresholds
+        """The thresholds in force (newest calibrated version, else the default), provenance as JSON text."""
+        return normalise_thresholds(self._read(read.thresholds_in_force))
 
-        with self._lock:
-            cursor = self._connection().cursor()
-            try:
-                return normalise_thresholds(pd.DataFrame(list_thresholds(cursor)))
-            finally:
-                cursor.close()
+    def search_spans(self, text: str, window: Window, filters: Filters, limit: int = 100) -> pd.DataFrame:
+        """Spans of any run matching a trace id, span id or attribute value."""
+        return _typed_search(self._read(read.search_spans, text, window, filters, limit))
 
     def close(self) -> None:
         """Release the file."""
@@ -386,18 +406,6 @@ class DuckDBFileSource:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
-
-
-def metric_description(metric) -> dict:
-    """A registry ``Metric`` as a plain dict (the read API's list shape)."""
-    return {
-        "name": metric.name,
-        "description": metric.description,
-        "columns": dict(metric.columns),
-        "row": getattr(metric, "row", ""),
-        "failure_mode": getattr(metric, "failure_mode", None),
-        "mast_category": getattr(metric, "mast_category", None),
-    }
 
 
 def typed_run_totals(frame: pd.DataFrame) -> pd.DataFrame:
@@ -439,33 +447,6 @@ def normalise_spans(frame: pd.DataFrame) -> pd.DataFrame:
             None
         )
     return frame.sort_values(["start_ns"], kind="stable").reset_index(drop=True)
-
-
-def thresholds_in_force(stored: pd.DataFrame) -> pd.DataFrame:
-    """Newest version per name of the stored thresholds, plus the defaults of names never stored.
-
-    The read API may list stored versions only; what a detector uses is this (see
-    ``analytics.thresholds.current_threshold``).
-    """
-    from analytics.thresholds import DEFAULTS, default_threshold
-
-    rows = []
-    if not stored.empty:
-        newest = stored.sort_values("version").groupby("name", sort=True).tail(1)
-        for row in newest.to_dict("records"):
-            calibrated = row.get("calibrated")
-            if calibrated is None or (isinstance(calibrated, float) and pd.isna(calibrated)):
-                calibrated = row["method"] != "default"
-            rows.append({**row, "calibrated": bool(calibrated)})
-    known = {r["name"] for r in rows}
-    for name in sorted(set(DEFAULTS) - known):
-        info = default_threshold(name)
-        rows.append(
-            {"name": name, "value": info.value, "version": info.version, "method": info.method,
-             "calibrated": info.calibrated, "provenance": info.provenance}
-        )  # fmt: skip
-    frame = pd.DataFrame(rows).sort_values("name").reset_index(drop=True) if rows else pd.DataFrame()
-    return normalise_thresholds(frame)
 
 
 def normalise_thresholds(frame: pd.DataFrame) -> pd.DataFrame:

@@ -12,20 +12,11 @@ from collections.abc import Iterable
 
 import pandas as pd
 
+from dashboard.datasource import TEXT_COLUMNS
 from dashboard.findings import Finding
 
 MAX_EVIDENCE_SPANS = 25
 MAX_TEXT = 400
-# Span texts joined into an evidence row's ``text`` (in this order), as run_spans names them.
-TEXT_COLUMNS = (
-    "goal_root",
-    "goal_text",
-    "tool_args",
-    "tool_result",
-    "input_text",
-    "output_text",
-    "status_message",
-)
 EVIDENCE_COLUMNS = [
     "span_id",
     "trace_id",
@@ -38,22 +29,6 @@ EVIDENCE_COLUMNS = [
     "reject_reason",
     "status",
     "text",
-]
-# Columns a data source returns from ``evidence_spans``: run_spans names, plus run_id.
-SPAN_COLUMNS = [
-    "run_id",
-    "span_id",
-    "trace_id",
-    "Timestamp",
-    "start_ns",
-    "span_name",
-    "agent_id",
-    "tool_name",
-    "op",
-    "outcome",
-    "reject_reason",
-    "status_code",
-    *TEXT_COLUMNS,
 ]
 
 

@@ -1,8 +1,10 @@
 """Findings: detector rows turned into named failures with evidence, shared by pages and reports.
 
-Pure functions over DataFrames plus one collector (``collect_findings``) that reads through a
-data source. The failure-mode name and MAST category come from the analytics registry; the table
-below only supplies the page each metric lives on and a fallback when a remote API omits them.
+Pure functions over DataFrames plus one collector (``gather_findings``) that reads through a data
+source. Everything about a detector (whether its rows are findings, which column flags them, its
+title, failure mode, MAST category, page, whether it makes a run failing) comes from its metric
+description: the analytics registry's ``Metric`` record as ``analytics.read.describe_metric``
+gives it, in process or through the read API. Nothing here lists detectors by name.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from datetime import datetime
 import numpy as np
 import pandas as pd
 
-from analytics.summary import FAILING_DETECTORS
 from analytics.types import Filters, Window
 
 logger = logging.getLogger(__name__)
@@ -24,56 +25,9 @@ logger = logging.getLogger(__name__)
 MAST_CATEGORIES = ("specification", "inter-agent misalignment", "task verification")
 
 
-@dataclass(frozen=True)
-class FailureMode:
-    """Where a detector's findings are shown and how they are named when the registry is silent."""
-
-    metric: str
-    title: str
-    mast_category: str
-    page: str
-
-
-FAILURE_MODES: dict[str, FailureMode] = {
-    m.metric: m
-    for m in (
-        FailureMode(
-            "divergent_reads", "divergent reads (split-brain)", "inter-agent misalignment", "split_brain"
-        ),
-        FailureMode("lost_updates", "lost updates (split-brain)", "inter-agent misalignment", "split_brain"),
-        FailureMode(
-            "rejection_rates", "rejection rate over threshold", "inter-agent misalignment", "rejections"
-        ),
-        FailureMode(
-            "constraint_drops", "constraint dropped on delegation", "inter-agent misalignment", "constraints"
-        ),
-        FailureMode(
-            "goal_divergence", "goal drift along delegation", "inter-agent misalignment", "goal_drift"
-        ),
-        FailureMode(
-            "context_drift_holders",
-            "acting on a superseded objective",
-            "inter-agent misalignment",
-            "context_drift",
-        ),
-        FailureMode(
-            "stale_policy_sends",
-            "send against a superseded policy",
-            "inter-agent misalignment",
-            "context_drift",
-        ),
-        FailureMode("repeated_calls", "repeated tool calls (loop)", "specification", "loops"),
-        FailureMode("ping_pong", "ping-pong between agents", "inter-agent misalignment", "loops"),
-        FailureMode("budget_exhaustion", "step budget exhausted", "specification", "loops"),
-        FailureMode("duplicate_side_effects", "duplicate side effect", "task verification", "loops"),
-    )
-}
-# Registered metrics that describe state rather than list failures (the ledger matrix is the
-# context of constraint_drops; coverage, summaries and the goal-divergence spread are tables and
-# charts, not findings).
-NOT_FINDINGS = frozenset(
-    {"constraint_ledger", "enforcement_coverage", "run_summary", "goal_divergence_distribution"}
-)
+def finding_metrics(metrics: list[dict]) -> list[dict]:
+    """The metrics whose rows are findings, in the order given (the registry's catalogue order)."""
+    return [m for m in metrics if m.get("findings")]
 
 
 def mast_category(text: str | None) -> str:
@@ -88,13 +42,30 @@ def mast_category(text: str | None) -> str:
     return lowered or "unclassified"
 
 
-# Detectors whose rows include non-failures, and the boolean column that marks the failures: a
-# bucket under the threshold, a subtask close to its goal, a stale send a guard refused.
-FLAG_COLUMNS = {
-    "rejection_rates": "over_threshold",
-    "goal_divergence": "drifted",
-    "stale_policy_sends": "allowed",
-}
+def short_title(metric: dict) -> str:
+    """A short label for a detector's failure mode (tiles and chart axes)."""
+    return metric.get("title") or metric["name"].replace("_", " ")
+
+
+def naming(metric: dict) -> tuple[str, str]:
+    """(failure mode, MAST category) of a metric description."""
+    mode = metric.get("failure_mode") or short_title(metric)
+    return mode, mast_category(metric.get("mast_category"))
+
+
+def fails_runs(metric: dict) -> bool:
+    """Whether run_summary counts this detector's findings and each makes its run failing."""
+    return bool(metric.get("counted") and metric.get("failing"))
+
+
+def finding_rows(frame: pd.DataFrame, metric: dict) -> pd.DataFrame:
+    """Rows of a detector frame that are findings (all, unless the metric has a flag column)."""
+    column = metric.get("flag_column")
+    if column and column in frame.columns:
+        return frame[frame[column].fillna(False).astype(bool)]
+    return frame
+
+
 _EVIDENCE = ("run_id", "trace_id", "span_ids", "agents", "agent", "first_seen", "last_seen")
 
 
@@ -112,36 +83,10 @@ class Finding:
     first_seen: datetime | None
     last_seen: datetime | None
     details: dict[str, str] = field(default_factory=dict)
-
-
-def finding_metrics(metrics: list[dict]) -> list[dict]:
-    """The metrics whose rows are findings (those naming a failure mode), in catalogue order."""
-    by_name = {m["name"]: m for m in metrics if m["name"] not in NOT_FINDINGS}
-    ordered = [by_name[name] for name in FAILURE_MODES if name in by_name]
-    extra = [m for m in by_name.values() if m.get("failure_mode") and m["name"] not in FAILURE_MODES]
-    return [m for m in ordered if m.get("failure_mode", True)] + extra
-
-
-def short_title(name: str) -> str:
-    """A short label for a detector's failure mode (tiles and chart axes)."""
-    fallback = FAILURE_MODES.get(name)
-    return fallback.title if fallback else name.replace("_", " ")
-
-
-def naming(metric: dict) -> tuple[str, str]:
-    """(failure mode, MAST category) for a metric description, registry first."""
-    fallback = FAILURE_MODES.get(metric["name"])
-    mode = metric.get("failure_mode") or (fallback.title if fallback else metric["name"])
-    category = metric.get("mast_category") or (fallback.mast_category if fallback else None)
-    return mode, mast_category(category)
-
-
-def finding_rows(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Rows of a detector frame that are findings (all, unless the metric has a flag column)."""
-    column = FLAG_COLUMNS.get(metric)
-    if column and column in frame.columns:
-        return frame[frame[column].fillna(False).astype(bool)]
-    return frame
+    status: str = "warning"
+    """``failure``, ``to review (threshold not calibrated)`` or ``warning`` (``row_status``)."""
+    fails_runs: bool = False
+    """Its detector's findings make a run failing by their count (``fails_runs``)."""
 
 
 def as_list(value) -> list[str]:
@@ -183,7 +128,7 @@ def cell_text(value) -> str:
 
 def findings_from_frame(metric: dict, frame: pd.DataFrame) -> list[Finding]:
     """Turn a detector frame into findings named by failure mode and MAST category."""
-    return findings_from_rows(metric, finding_rows(frame, metric["name"]))
+    return findings_from_rows(metric, finding_rows(frame, metric))
 
 
 def findings_from_rows(metric: dict, rows: pd.DataFrame) -> list[Finding]:
@@ -203,6 +148,8 @@ def findings_from_rows(metric: dict, rows: pd.DataFrame) -> list[Finding]:
     agents = agent_lists(rows)
     firsts = _times(rows, "first_seen")
     lasts = _times(rows, "last_seen")
+    statuses = row_statuses(metric, rows)
+    counted_failing = fails_runs(metric)
     out = []
     for i in range(len(rows)):
         out.append(
@@ -217,6 +164,8 @@ def findings_from_rows(metric: dict, rows: pd.DataFrame) -> list[Finding]:
                 first_seen=firsts[i],
                 last_seen=lasts[i],
                 details={c: column[i] for c, column in zip(detail_columns, details, strict=True)},
+                status=statuses[i],
+                fails_runs=counted_failing,
             )
         )
     return out
@@ -250,15 +199,6 @@ def _opt_str(value) -> str | None:
     if value is None or (isinstance(value, float) and np.isnan(value)):
         return None
     return str(value)
-
-
-# Listing order inside a failure mode: the worst first where a detector has a severity column
-# (the report lists the first findings of each mode in full and counts the rest).
-RANK_COLUMNS = {
-    "goal_divergence": "divergence",
-    "rejection_rates": "rejection_rate",
-    "repeated_calls": "calls",
-}
 
 
 @dataclass
@@ -320,13 +260,15 @@ class MetricFindings:
 
 
 def metric_findings(metric: dict, frame: pd.DataFrame) -> MetricFindings:
-    """A detector frame's finding rows, ranked for listing (stable: ties keep the detector's order)."""
-    flag = FLAG_COLUMNS.get(metric["name"])
+    """A detector frame's finding rows, ranked for listing: the worst first by the metric's rank
+    column (the report lists the first findings of each mode in full and counts the rest; stable:
+    ties keep the detector's order)."""
+    flag = metric.get("flag_column")
     if flag and flag in frame.columns:
         positions = np.flatnonzero(frame[flag].fillna(False).to_numpy(dtype=bool))
     else:
         positions = np.arange(len(frame))
-    rank = RANK_COLUMNS.get(metric["name"])
+    rank = metric.get("rank_column")
     if rank and rank in frame.columns and len(positions) > 1:
         score = pd.to_numeric(frame[rank], errors="coerce").to_numpy(dtype=float)[positions]
         order = np.argsort(np.where(np.isnan(score), np.inf, -score), kind="stable")
@@ -359,7 +301,7 @@ class FindingSet:
         return [f for m in self.by_metric.values() for f in m.findings(limit_per_metric, run)]
 
     def summary(self) -> pd.DataFrame:
-        """Counts per failure mode and MAST category, with the runs affected (all findings)."""
+        """Counts per failure mode (and its short title) and MAST category, with the runs affected."""
         rows = []
         for m in self.by_metric.values():
             if m.count:
@@ -367,13 +309,16 @@ class FindingSet:
                 rows.append(
                     {
                         "metric": m.name,
+                        "title": short_title(m.metric),
                         "failure_mode": mode,
                         "mast_category": category,
                         "findings": m.count,
                         "runs": int(len(m.distinct_runs)),
                     }
                 )
-        return pd.DataFrame(rows, columns=["metric", "failure_mode", "mast_category", "findings", "runs"])
+        return pd.DataFrame(
+            rows, columns=["metric", "title", "failure_mode", "mast_category", "findings", "runs"]
+        )
 
     def by_category(self) -> dict[str, int]:
         """Finding count per MAST category (all three always present)."""
@@ -484,42 +429,53 @@ REVIEW = "to review (threshold not calibrated)"
 STATUS_RANK = {"failure": 0, REVIEW: 1, "warning": 2}
 
 
-def _true(text: str | None) -> bool:
-    return str(text).strip().lower() in ("true", "1")
+def _truthy(values: pd.Series) -> np.ndarray:
+    """A boolean column (or its text, as a remote source may send it) as booleans; missing is False."""
+    if pd.api.types.is_bool_dtype(values.dtype):  # the usual case, without a Python call per row
+        return values.fillna(False).to_numpy(dtype=bool)
+    text = values.astype(object).map(lambda v: str(v).strip().lower() if v is not None else "")
+    return text.isin(("true", "1")).to_numpy(dtype=bool)
+
+
+def row_statuses(metric: dict, rows: pd.DataFrame) -> list[str]:
+    """The status of each finding row, as run_summary's verdict reads it.
+
+    ``failure``: it makes its run failing (the metric is ``failing``, or its ``failing_unless``
+    column is not true); ``to review (threshold not calibrated)``: its ``review_unless`` column is
+    not true (goal drift over the uncalibrated default); ``warning``: a guard or the agent caught
+    it (divergent reads, budget stops, refreshed holders, refused calls)."""
+    n = len(rows)
+    failing = np.full(n, bool(metric.get("failing")))
+    unless = metric.get("failing_unless")
+    if unless and unless in rows.columns:
+        failing = ~_truthy(rows[unless])
+    statuses = np.where(failing, "failure", "warning").astype(object)
+    review = metric.get("review_unless")
+    if review and review in rows.columns:
+        statuses[~_truthy(rows[review]) & failing] = REVIEW
+    return statuses.tolist()
 
 
 def finding_status(finding: Finding) -> str:
-    """``failure`` (it makes its run failing, as run_summary decides), ``to review (threshold not
-    calibrated)`` (goal drift over the uncalibrated default) or ``warning`` (a guard or the agent
-    caught it: divergent reads, budget stops, refreshed holders, refused calls)."""
-    if finding.metric == "goal_divergence":
-        return "failure" if _true(finding.details.get("calibrated")) else REVIEW
-    if finding.metric == "context_drift_holders":
-        return "warning" if _true(finding.details.get("refreshed")) else "failure"
-    if finding.metric == "stale_policy_sends" or finding.metric in FAILING_DETECTORS:
-        return "failure"
-    return "warning"
+    """``failure``, ``to review (threshold not calibrated)`` or ``warning`` (see ``row_statuses``)."""
+    return finding.status
 
 
-def _catalogue_rank(metric: str) -> int:
-    names = list(FAILURE_MODES)
-    return names.index(metric) if metric in names else len(names)
-
-
-def severity_key(finding: Finding) -> tuple[int, int, int]:
-    """Sort key, worst first: status, then whether the detector makes runs failing, then catalogue order."""
-    failing = list(FAILING_DETECTORS)
-    return (
-        STATUS_RANK[finding_status(finding)],
-        failing.index(finding.metric) if finding.metric in failing else len(failing),
-        _catalogue_rank(finding.metric),
-    )
+def severity_key(finding: Finding) -> tuple[int, int]:
+    """Sort key, worst first: status, then whether the detector makes runs failing by its count."""
+    return (STATUS_RANK[finding.status], 0 if finding.fails_runs else 1)
 
 
 def order_by_run_and_severity(findings: list[Finding]) -> list[int]:
     """Positions of ``findings`` grouped by run, worst first within a run; runs whose worst finding is
-    worse come first (ties: first listed first). Findings without a run come last."""
-    keys = [severity_key(f) for f in findings]
+    worse come first (ties: first listed first). Findings without a run come last.
+
+    Between equally severe findings, a metric listed earlier in ``findings`` (they come in catalogue
+    order) comes first."""
+    catalogue: dict[str, int] = {}
+    for finding in findings:
+        catalogue.setdefault(finding.metric, len(catalogue))
+    keys = [(*severity_key(f), catalogue[f.metric]) for f in findings]
     worst: dict[str | None, tuple] = {}
     first: dict[str | None, int] = {}
     for i, (finding, key) in enumerate(zip(findings, keys, strict=True)):

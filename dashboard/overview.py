@@ -13,8 +13,10 @@ from datetime import datetime
 import numpy as np
 import pandas as pd
 
-from analytics.summary import FAILING_DETECTORS
-from dashboard.findings import FAILURE_MODES, FindingSet, MetricFindings, naming, short_title
+from dashboard.findings import FindingSet, MetricFindings, fails_runs, naming, short_title
+
+# The page of findings whose detector has no page of its own (url path).
+FINDINGS_PAGE = "findings"
 
 
 @dataclass(frozen=True)
@@ -47,16 +49,15 @@ def trend_counts(times: pd.Series, buckets: int = 12) -> list[int]:
 def tile_for(metric: dict, found: MetricFindings | None) -> Tile:
     """The tile of one finding metric (a count-based mode is breached when any finding exists)."""
     mode, category = naming(metric)
-    fallback = FAILURE_MODES.get(metric["name"])
     has_times = found is not None and "first_seen" in found.frame.columns
     times = found.column("first_seen") if has_times else pd.Series(dtype="datetime64[ns]")
     count = found.count if found is not None else 0
     return Tile(
         metric=metric["name"],
-        title=short_title(metric["name"]),
+        title=short_title(metric),
         failure_mode=mode,
         mast_category=category,
-        page=fallback.page if fallback else "overview",
+        page=metric.get("page") or FINDINGS_PAGE,
         count=count,
         breached=bool(count),
         trend=trend_counts(times),
@@ -69,18 +70,18 @@ INCIDENT_COLUMNS = ["verdict", "worst_failure_mode", "last_span", "agents", "fin
 REVIEW_NOTE = "to review (threshold not calibrated)"
 
 
-def severity_order(metric_names: list[str]) -> list[str]:
-    """Finding metrics worst first: those that make a run failing (in run_summary's order), then the rest."""
-    failing = [m for m in FAILING_DETECTORS if m in metric_names]
-    return failing + [m for m in metric_names if m not in failing]
+def severity_order(metrics: list[dict]) -> list[dict]:
+    """Finding metrics worst first: those whose findings make a run failing, then the rest (each
+    in the order given, the catalogue's)."""
+    return sorted(metrics, key=lambda m: not fails_runs(m))
 
 
 def worst_modes(found: FindingSet, run_ids: list[str]) -> dict[str, str]:
     """For each of ``run_ids`` with findings, the failure mode of its most severe detector."""
     wanted = set(run_ids)
     worst: dict[str, str] = {}
-    for name in severity_order(list(found.by_metric)):
-        metric = found.by_metric[name]
+    for described in severity_order([m.metric for m in found.by_metric.values()]):
+        metric = found.by_metric[described["name"]]
         if not metric.count:
             continue
         runs = metric.run_ids

@@ -15,10 +15,10 @@ from datetime import datetime
 import pandas as pd
 
 from dashboard.evidence import EVIDENCE_COLUMNS
-from dashboard.filters import describe_filters, describe_window
-from dashboard.findings import MAST_CATEGORIES, short_title
+from dashboard.filters import describe_filters, describe_window, run_link
+from dashboard.findings import MAST_CATEGORIES
 from dashboard.overview import incident_runs
-from dashboard.report import ReportData, provenance_object, report_document
+from dashboard.report_document import ReportData, provenance_object, report_document
 
 MAST_HELP = {
     "specification": "the task or role was specified badly or not followed (constraints lost, loops, budgets)",
@@ -53,6 +53,30 @@ def _e(value) -> str:
     return html.escape(str(value))
 
 
+def explorer_url(base: str | None, run, span=None, trace=None) -> str | None:
+    """The run explorer of the dashboard at ``base`` showing ``run`` (``span`` inspected, ``trace``
+    searched), or None when the report knows no dashboard (ids stay plain text)."""
+    if not base or run is None or (isinstance(run, float) and pd.isna(run)) or run == "":
+        return None
+    span = span if isinstance(span, str) and span else None
+    trace = trace if isinstance(trace, str) and trace else None
+    return f"{base}/{run_link(str(run), span=span, query=trace)}"
+
+
+def _id_html(value, url: str | None) -> str:
+    """An id as code, linked to ``url`` when there is one (both escaped)."""
+    code = f"<code>{_e(value)}</code>"
+    return f"<a href='{_e(url)}'>{code}</a>" if url else code
+
+
+def _id_md(value, url: str | None) -> str:
+    """An id as Markdown text, as a link to ``url`` when there is one."""
+    text = md_escape(value)
+    if not url:
+        return text
+    return f"[{text}]({url.replace('(', '%28').replace(')', '%29').replace(' ', '%20')})"
+
+
 def _tag_class(category: str) -> str:
     return {
         "specification": "specification",
@@ -68,17 +92,27 @@ def _html_table(frame: pd.DataFrame, text_columns: tuple[str, ...] = ()) -> str:
 
 
 def _html_rows(
-    columns: list[str], records: list[dict], text_columns: tuple[str, ...] = (), css: str = ""
+    columns: list[str],
+    records: list[dict],
+    text_columns: tuple[str, ...] = (),
+    css: str = "",
+    links: dict | None = None,
 ) -> str:
-    """An escaped HTML table of ``records`` (dicts) in ``columns`` order."""
+    """An escaped HTML table of ``records`` (dicts) in ``columns`` order; a column in ``links``
+    links each cell to the URL its function gives for the record (None: plain)."""
     if not records:
         return "<p class='meta'>none</p>"
+    links = links or {}
     head = "".join(f"<th>{_e(c)}</th>" for c in columns)
     opening = ["<td class='text'>" if c in text_columns else "<td>" for c in columns]
+
+    def cell(record: dict, column: str) -> str:
+        text = _e(_cell(record.get(column)))
+        url = links[column](record) if column in links else None
+        return f"<a href='{_e(url)}'>{text}</a>" if url else text
+
     rows = [
-        "<tr>"
-        + "".join(f"{o}{_e(_cell(r.get(c)))}</td>" for c, o in zip(columns, opening, strict=True))
-        + "</tr>"
+        "<tr>" + "".join(f"{o}{cell(r, c)}</td>" for c, o in zip(columns, opening, strict=True)) + "</tr>"
         for r in records
     ]
     klass = f" class='{css}'" if css else ""
@@ -102,7 +136,7 @@ def _figures_html(data: ReportData) -> str:
     if not summary.empty:
         most = max(int(summary["findings"].max()), 1)
         rows = "".join(
-            f"<tr><td>{_e(short_title(r['metric']))}</td><td>{int(r['findings']):,}</td>"
+            f"<tr><td>{_e(r['title'])}</td><td>{int(r['findings']):,}</td>"
             f"<td><span class='bar' style='width:{max(2, round(300 * int(r['findings']) / most))}px'></span></td></tr>"
             for r in summary.to_dict("records")
         )
@@ -163,7 +197,8 @@ def _verdicts_html(data: ReportData) -> str:
             r["verdict"], ""
         )
         rows.append(
-            f"<tr><td class='{klass}'>{_e(r['verdict'])}</td><td><code>{_e(r['run_id'])}</code></td>"
+            f"<tr><td class='{klass}'>{_e(r['verdict'])}</td>"
+            f"<td>{_id_html(r['run_id'], explorer_url(data.dashboard_url, r['run_id']))}</td>"
             f"<td>{_e(r['worst_failure_mode'])}</td><td>{r['findings']}</td>"
             f"<td>{_e(', '.join(r['agents']))}</td><td>{_e(r['last_span'])}</td></tr>"
         )
@@ -210,8 +245,8 @@ def render_html(data: ReportData) -> str:
     for finding in doc["findings"]:
         if finding["run_id"] != run:
             run = finding["run_id"]
-            out.append(f"<h3 class='run'>Run <code>{_e(run)}</code></h3>")
-        out.append(_finding_html(finding))
+            out.append(f"<h3 class='run'>Run {_id_html(run, explorer_url(data.dashboard_url, run))}</h3>")
+        out.append(_finding_html(finding, data.dashboard_url))
     for row in data.summary.to_dict("records"):  # listings capped per failure mode
         if row["metric"] in omitted:
             out.append(_omitted_html(data, row["metric"], row["failure_mode"], *omitted[row["metric"]]))
@@ -221,7 +256,7 @@ def render_html(data: ReportData) -> str:
         out.append("<h2>Detectors that failed</h2><ul>")
         out.extend(f"<li class='error'><b>{_e(k)}</b>: {_e(v)}</li>" for k, v in doc["errors"].items())
         out.append("</ul>")
-    out.append(_runs_html(data.runs, data.run_count, data.api_query()))
+    out.append(_runs_html(data.runs, data.run_count, data.api_query(), data.dashboard_url))
     out.append("</body></html>")
     return "\n".join(out)
 
@@ -251,8 +286,10 @@ def _omitted_html(data: ReportData, metric: str, mode: str, listed: int, total: 
     )
 
 
-def _finding_html(finding: dict) -> str:
+def _finding_html(finding: dict, dashboard_url: str | None = None) -> str:
     category = finding["mast_category"]
+    run = finding["run_id"]
+    span_links = {"span_id": lambda r: explorer_url(dashboard_url, run, span=r.get("span_id"))}
     details = "".join(
         f"<tr><th>{_e(k)}</th><td class='text'>{_e(v)}</td></tr>" for k, v in finding["details"].items()
     )
@@ -263,11 +300,12 @@ def _finding_html(finding: dict) -> str:
         f"<div class='finding {status}' id='{_e(finding['id'])}'>"
         f"<h4>{_e(finding['id'])}: {_e(finding['failure_mode'])} ({_e(finding['status'])})</h4>"
         f"<p><span class='tag {_tag_class(category)}'>MAST: {_e(category)}</span>"
-        f"detector <code>{_e(finding['metric'])}</code> · run <code>{_e(finding['run_id'])}</code> · "
+        f"detector <code>{_e(finding['metric'])}</code> · run {_id_html(run, explorer_url(dashboard_url, run))} · "
         f"agents {_e(', '.join(finding['agents']))} · {_e(finding['first_seen'])} – {_e(finding['last_seen'])}</p>"
         f"<table><tbody>{details}</tbody></table>"
-        f"<p><b>Evidence spans</b> (trace <code>{_e(finding['trace_id'])}</code>)</p>"
-        f"{_html_rows(SHOWN_EVIDENCE, finding['evidence'], text_columns=('text',), css='evidence')}</div>"
+        f"<p><b>Evidence spans</b> (trace "
+        f"{_id_html(finding['trace_id'], explorer_url(dashboard_url, run, trace=finding['trace_id']))})</p>"
+        f"{_html_rows(SHOWN_EVIDENCE, finding['evidence'], ('text',), 'evidence', span_links)}</div>"
     )
 
 
@@ -288,7 +326,7 @@ def _thresholds_html(thresholds: list[dict]) -> str:
     )
 
 
-def _runs_html(runs: pd.DataFrame, total: int, api_query: str) -> str:
+def _runs_html(runs: pd.DataFrame, total: int, api_query: str, dashboard_url: str | None = None) -> str:
     if runs is None or runs.empty:
         return "<h2>Runs</h2><p class='meta'>No runs in this scope.</p>"
     columns = [
@@ -300,7 +338,8 @@ def _runs_html(runs: pd.DataFrame, total: int, api_query: str) -> str:
             f"<p class='meta'>The {len(runs):,} newest of {total:,} runs; every run: "
             f"<code>{_e('GET /api/v1/runs' + (api_query + '&' if api_query else '?') + 'limit=100000')}</code>.</p>"
         )
-    return "<h2>Runs</h2>" + note + _html_table(runs[columns])
+    links = {"run_id": lambda r: explorer_url(dashboard_url, r.get("run_id"))}
+    return "<h2>Runs</h2>" + note + _html_rows(columns, runs[columns].to_dict("records"), links=links)
 
 
 _MD_SPECIALS = re.compile(r"([\\`*_{}\[\]()#+!|~])")
@@ -319,12 +358,17 @@ def _md_table(frame: pd.DataFrame) -> list[str]:
     return _md_rows(list(frame.columns), frame.to_dict("records"))
 
 
-def _md_rows(columns: list[str], records: list[dict]) -> list[str]:
+def _md_rows(columns: list[str], records: list[dict], links: dict | None = None) -> list[str]:
     if not records:
         return ["_none_", ""]
+    links = links or {}
     lines = ["| " + " | ".join(md_escape(c) for c in columns) + " |", "|" + "---|" * len(columns)]
     for record in records:
-        lines.append("| " + " | ".join(md_escape(record.get(c)) for c in columns) + " |")
+        cells = [
+            _id_md(record.get(c), links[c](record)) if c in links else md_escape(record.get(c))
+            for c in columns
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     return [*lines, ""]
 
 
@@ -372,14 +416,26 @@ def render_markdown(data: ReportData) -> str:
             f"### {finding['id']}: {md_escape(finding['failure_mode'])} ({md_escape(finding['status'])})",
             "",
             f"- MAST category: **{md_escape(finding['mast_category'])}**",
-            f"- detector: {md_escape(finding['metric'])}, run: {md_escape(finding['run_id'])}, "
-            f"trace: {md_escape(finding['trace_id'])}",
+            f"- detector: {md_escape(finding['metric'])}, "
+            f"run: {_id_md(finding['run_id'], explorer_url(data.dashboard_url, finding['run_id']))}, "
+            f"trace: {_id_md(finding['trace_id'], explorer_url(data.dashboard_url, finding['run_id'], trace=finding['trace_id']))}",
             f"- agents: {md_escape(', '.join(finding['agents']))}; "
             f"seen {md_escape(finding['first_seen'])} to {md_escape(finding['last_seen'])}",
         ]
         out += [f"- {md_escape(k)}: {md_escape(v)}" for k, v in finding["details"].items()]
         out += ["", "Evidence spans:", ""]
-        out.extend(_md_rows(SHOWN_EVIDENCE, finding["evidence"]))
+        run_url = finding["run_id"]
+        out.extend(
+            _md_rows(
+                SHOWN_EVIDENCE,
+                finding["evidence"],
+                {
+                    "span_id": lambda r, run=run_url: explorer_url(
+                        data.dashboard_url, run, span=r.get("span_id")
+                    )
+                },
+            )
+        )
     for row in data.summary.to_dict("records"):
         if row["metric"] in omitted:
             out += [_omitted_md(data, row["metric"], row["failure_mode"], *omitted[row["metric"]]), ""]
@@ -409,4 +465,5 @@ def _verdicts_md(data: ReportData) -> list[str]:
         return ["## Runs by verdict", "", "_run verdicts unavailable_", ""]
     table = incident_runs(data.verdicts, data.found, data.generated_at, limit=50, include_healthy=True)
     columns = ["verdict", "run_id", "worst_failure_mode", "findings", "agents", "last_span"]
-    return ["## Runs by verdict", "", *_md_rows(columns, table.to_dict("records"))]
+    links = {"run_id": lambda r: explorer_url(data.dashboard_url, r.get("run_id"))}
+    return ["## Runs by verdict", "", *_md_rows(columns, table.to_dict("records"), links)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from datetime import time as dtime
 
@@ -22,14 +22,17 @@ from dashboard.datasource import DataSource, SourceUnavailable, open_source
 from dashboard.filters import (
     DEFAULT_PRESET,
     WINDOW_PRESETS,
+    dashboard_base,
     describe_filters,
     describe_window,
     run_link,
     utc_now,
     window_for,
 )
-from dashboard.findings import FindingSet, gather_findings
+from dashboard.findings import FindingSet, finding_metrics, gather_findings
 from dashboard.launch import SIDE_EFFECT_TOOLS_ENV, SOURCE_ENV, TOKEN_ENV
+from dashboard.overview import newest_span, tile_for
+from dashboard.report import build_report
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +144,11 @@ def cached_thresholds(key: str, version: str) -> pd.DataFrame:
 def cached_metrics_list(key: str) -> list[dict]:
     """The registry's metric descriptions."""
     return get_source(key).list_metrics()
+
+
+def described(ctx: PageContext, name: str) -> dict:
+    """The source's description of metric ``name`` (``{"name": name}`` when it does not list it)."""
+    return next((m for m in cached_metrics_list(ctx.source_key) if m["name"] == name), {"name": name})
 
 
 def unavailable_banner(message: str) -> None:
@@ -372,10 +380,9 @@ def report_download(ctx: PageContext) -> None:
 
     The report reuses the page's cached detector frames, so a click runs no detector twice.
     """
-    from dashboard.report import build_report
-
     fmt = st.sidebar.selectbox("Report format", ["html", "md", "json"], key="report_format")
     mime = {"html": "text/html", "md": "text/markdown", "json": "application/json"}[fmt]
+    base = dashboard_base(st.context.url)  # ids in the report link back here (issue 16)
 
     def make() -> str:
         # Runs on click, outside the page script: the spinner-less frame cache, not cached_findings.
@@ -387,7 +394,7 @@ def report_download(ctx: PageContext) -> None:
             read=lambda name: cached_metric(key, version, name, window, filters),
             metrics=cached_metrics_list(key),
         )
-        return build_report(get_source(key), window, filters, None, fmt, found=found)
+        return build_report(get_source(key), window, filters, None, fmt, found=found, dashboard_url=base)
 
     st.sidebar.download_button(
         "Download report",
@@ -399,12 +406,9 @@ def report_download(ctx: PageContext) -> None:
     )
 
 
-def run_report(ctx: PageContext, run: str, fmt: str = "html") -> str:
-    """The drift report of one run (the run explorer's download), from the cached detector frames."""
-    from dataclasses import replace
-
-    from dashboard.report import build_report
-
+def run_report(ctx: PageContext, run: str, fmt: str = "html", dashboard_url: str | None = None) -> str:
+    """The drift report of one run (the run explorer's download), from the cached detector frames;
+    ids link to ``dashboard_url``'s run explorer when given."""
     key, version, window = ctx.source_key, ctx.version, ctx.window
     filters = replace(ctx.filters, run=run)
     found = gather_findings(
@@ -414,7 +418,7 @@ def run_report(ctx: PageContext, run: str, fmt: str = "html") -> str:
         read=lambda name: cached_metric(key, version, name, window, filters),
         metrics=cached_metrics_list(key),
     )
-    return build_report(get_source(key), window, filters, run, fmt, found=found)
+    return build_report(get_source(key), window, filters, run, fmt, found=found, dashboard_url=dashboard_url)
 
 
 @st.cache_resource(ttl=CACHE_TTL, max_entries=FRAME_ENTRIES, show_spinner="Running detectors…")
@@ -442,13 +446,9 @@ class Overview:
 @st.cache_resource(ttl=CACHE_TTL, max_entries=FRAME_ENTRIES, show_spinner=False)
 def cached_overview(key: str, version: str, window: Window, filters: Filters) -> Overview:
     """Tiles, per-mode summary, run verdicts and freshness of the Overview."""
-    from dashboard.findings import finding_metrics, short_title
-    from dashboard.overview import newest_span, tile_for
-
     found = cached_findings(key, version, window, filters)
     tiles = [tile_for(m, found.by_metric.get(m["name"])) for m in finding_metrics(cached_metrics_list(key))]
     summary = found.summary()
-    summary["title"] = summary["metric"].map(short_title)
     verdicts = cached_metric(key, version, "run_summary", window, filters)
     newest = newest_span(cached_run_totals(key, version, window, filters))
     return Overview(tiles, summary, verdicts, newest)

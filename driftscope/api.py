@@ -1,7 +1,9 @@
 """The read API the dashboard and reports use: /api/v1/... on the serve process's HTTP port.
 
-Every parameter is validated against a fixed list; no request carries SQL, a path or a database
-name. Queries run on cursors of the serve process's own connection, off the event loop.
+It serialises analytics' read interface (``analytics.read``): each route validates its parameters
+against a fixed list, calls one function there and writes the answer as JSON or Arrow. No request
+carries SQL, a path or a database name. Queries run on cursors of the serve process's own
+connection, off the event loop.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from analytics import read
+from analytics.search import DEFAULT_SEARCH_LIMIT
+from analytics.types import Filters, Window
 from collector.auth import token_matches
-from driftscope import queries
 from driftscope.timeparse import parse_instant
 
 logger = logging.getLogger(__name__)
@@ -33,6 +37,8 @@ WINDOW_PARAMS = ("since", "until")
 MAX_PARAM_CHARS = 512
 # Largest JSON body a lookup (POST) endpoint reads: 10,000 evidence keys of two ids each fit.
 MAX_LOOKUP_BODY = 2 * 1024 * 1024
+# Most spans one search returns (GET /api/v1/search).
+MAX_SEARCH_RESULTS = 1000
 
 
 class BadParameterError(ValueError):
@@ -89,6 +95,13 @@ def frame_response(request: Request, frame: pd.DataFrame, extra: dict | None = N
     payload = dict(extra or {})
     payload.update(frame_payload(frame))
     return Response(dumps(payload), media_type="application/json")
+
+
+def window_and_filters(params: dict) -> tuple[Window, Filters]:
+    """The validated query parameters as the analytics window and filters."""
+    window = Window(since=params.get("since"), until=params.get("until"))
+    filters = Filters(**{name: params.get(name) for name in FILTER_PARAMS})
+    return window, filters
 
 
 def _text_param(name: str, raw: str) -> str:
@@ -201,69 +214,83 @@ def build_api_routes(
 
     async def health(request: Request) -> Response:
         parse_query(request, ())
-        payload = await run(queries.store_health)
+        payload = await run(read.store_health)
         payload.update(health_extra())
         return Response(dumps(payload), media_type="application/json")
 
     async def list_metrics(request: Request) -> Response:
         parse_query(request, ())
-        return Response(dumps({"metrics": queries.describe_metrics()}), media_type="application/json")
+        return Response(dumps({"metrics": read.describe_metrics()}), media_type="application/json")
 
     async def metric(request: Request) -> Response:
         name = request.path_params["name"]
-        known = queries.metric_names()
+        known = read.metric_names()
         if name not in known:
             return JSONResponse(
                 {"error": f"unknown metric {name[:60]!r}; known: {', '.join(sorted(known))}"}, status_code=404
             )
         params = parse_query(request, WINDOW_PARAMS + FILTER_PARAMS)
-        frame, info = await run(queries.run_metric_frame, name, params)
-        return frame_response(request, frame, {"metric": name, **info})
+        frame = await run(read.metric, name, *window_and_filters(params))
+        return frame_response(request, frame, {"metric": name})
 
     async def runs(request: Request) -> Response:
         params = parse_query(request, WINDOW_PARAMS + FILTER_PARAMS + ("limit",))
-        frame = await run(queries.list_runs, params)
+        frame = await run(read.runs, *window_and_filters(params), params.get("limit", 500))
         return frame_response(request, frame)
 
     async def run_spans(request: Request) -> Response:
         run_id = _text_param("run id", request.path_params["run_id"])
         params = parse_query(request, ("limit",))
-        frame = await run(queries.run_spans, run_id, params.get("limit", 20_000))
+        frame = await run(read.run_spans, run_id, params.get("limit", read.RUN_SPAN_LIMIT))
         if frame.empty:
             return JSONResponse({"error": f"no spans for run {run_id[:80]!r}"}, status_code=404)
         return frame_response(request, frame, {"run": run_id})
 
     async def run_totals(request: Request) -> Response:
         params = parse_query(request, WINDOW_PARAMS + FILTER_PARAMS)
-        frame = await run(queries.run_totals, params)
+        frame = await run(read.run_totals, *window_and_filters(params))
         return frame_response(request, frame)
 
     async def run_details(request: Request) -> Response:
         params = parse_query(request, WINDOW_PARAMS + FILTER_PARAMS)
-        run_ids = _text_items("run_ids", await read_json_list(request, "run_ids"), queries.MAX_LOOKUP_ITEMS)
-        frame = await run(queries.run_details, params, run_ids)
+        run_ids = _text_items("run_ids", await read_json_list(request, "run_ids"), read.MAX_LOOKUP_ITEMS)
+        frame = await run(read.run_details, *window_and_filters(params), run_ids)
         return frame_response(request, frame)
 
     async def filter_options(request: Request) -> Response:
         params = parse_query(request, WINDOW_PARAMS + ("limit",))
-        options = await run(queries.filter_options, params)
+        options = await run(read.filter_options, window_and_filters(params)[0], params.get("limit", 500))
         return Response(dumps(options), media_type="application/json")
 
     async def evidence_spans(request: Request) -> Response:
         parse_query(request, ())
         keys = await read_json_list(request, "keys")
-        if len(keys) > queries.MAX_LOOKUP_ITEMS:
-            raise BadParameterError(f"keys: at most {queries.MAX_LOOKUP_ITEMS} per request, got {len(keys)}")
+        if len(keys) > read.MAX_LOOKUP_ITEMS:
+            raise BadParameterError(f"keys: at most {read.MAX_LOOKUP_ITEMS} per request, got {len(keys)}")
         if not all(isinstance(k, list) and len(k) == 2 and all(isinstance(v, str) for v in k) for k in keys):
             raise BadParameterError('keys must be [run_id, span_id] pairs of strings, e.g. [["r1", "ab12"]]')
         pairs = [(_text_param("run_id", r), _text_param("span_id", s)) for r, s in keys]
-        frame = await run(queries.evidence_spans, pairs)
+        frame = await run(read.evidence_spans, pairs)
         return frame_response(request, frame)
 
     async def thresholds(request: Request) -> Response:
         parse_query(request, ())
-        frame = await run(queries.list_thresholds)
+        frame = await run(read.thresholds_in_force)
         return frame_response(request, frame)
+
+    async def search(request: Request) -> Response:
+        # Trace search across runs (issue 16): what the run explorer's "Search all runs" asks.
+        params = parse_query(request, ("q", "limit") + WINDOW_PARAMS + FILTER_PARAMS)
+        if not params.get("q"):
+            raise BadParameterError("q is required: the trace id, span id or attribute value to search for")
+        if params.get("limit", 0) > MAX_SEARCH_RESULTS:
+            raise BadParameterError(f"limit must be at most {MAX_SEARCH_RESULTS} for a search")
+        limit = params.get("limit", DEFAULT_SEARCH_LIMIT)
+        try:
+            frame = await run(read.search_spans, params["q"], *window_and_filters(params), limit)
+        except ValueError as exc:
+            raise BadParameterError(str(exc)) from None
+        return frame_response(request, frame, {"q": params["q"]})
 
     return [
         Route("/api/v1/health", guarded(health), methods=["GET"]),
@@ -276,4 +303,5 @@ def build_api_routes(
         Route("/api/v1/evidence-spans", guarded(evidence_spans), methods=["POST"]),
         Route("/api/v1/runs/{run_id:path}/spans", guarded(run_spans), methods=["GET"]),
         Route("/api/v1/thresholds", guarded(thresholds), methods=["GET"]),
+        Route("/api/v1/search", guarded(search), methods=["GET"]),
     ]

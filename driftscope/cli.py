@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import errno
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
+from driftscope.checks import check_db_path, check_port_free
 from driftscope.settings import BY_NAME, SETTINGS, ConfigError, resolve, settings_markdown
 
 logger = logging.getLogger("driftscope")
@@ -133,31 +131,6 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
     return args
 
 
-def check_db_path(path: str, flag: str | None = None) -> None:
-    """Refuse a database path that cannot be created, naming the flag and variable to change.
-
-    Creates missing parent folders (as the store would); never creates the file itself.
-    """
-    flag = flag or BY_NAME["db"].flag
-    where = f"Pass {flag} PATH (or set {BY_NAME['db'].env}) to a file in a writable folder."
-    target = Path(path)
-    if target.is_dir():
-        raise ConfigError(f"{flag} {path} is a folder, not a database file. {where}")
-    existing = next((p for p in [target.parent, *target.parent.parents] if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        raise ConfigError(f"{flag} {path}: {existing} is a file, not a folder. {where}")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(
-            f"{flag} {path}: cannot create the folder {target.parent} ({exc.strerror}). {where}"
-        ) from exc
-    if not os.access(target.parent, os.W_OK | os.X_OK) or (
-        target.exists() and not os.access(target, os.W_OK)
-    ):
-        raise ConfigError(f"{flag} {path}: no permission to write there. {where}")
-
-
 def settings_for(args: argparse.Namespace, command: str) -> dict[str, Any]:
     """Resolve every setting the command uses (flag > DRIFTSCOPE_* > OTEL_* > default)."""
     return {s.name: resolve(s, getattr(args, s.name, None)) for s in SETTINGS if command in s.commands}
@@ -167,32 +140,6 @@ def _configure_logging(level: str) -> None:
     logging.basicConfig(
         level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
-
-
-def check_port_free(host: str, port: int, name: str) -> None:
-    """Refuse a port another process listens on, naming the flag and variable that move it.
-
-    A probe bind with SO_REUSEADDR (as servers bind): a port in TIME_WAIT passes, a listening
-    socket does not. The port is released at once; the server binds it moments later.
-    """
-    setting = BY_NAME[name]
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise ConfigError(f"Cannot resolve host {host!r} for {setting.flag} {port}: {exc}") from exc
-    family, _, _, _, address = infos[0]
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(address)
-        except OSError as exc:
-            reason = (
-                "is already in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror})"
-            )
-            raise ConfigError(
-                f"Port {port} on {host} ({setting.flag}) {reason}: another collector, dashboard or program "
-                f"holds it. Stop that, or choose another port with {setting.flag} PORT or {setting.env}=PORT."
-            ) from exc
 
 
 def _wait_for_dashboard(port: int, process: subprocess.Popen, timeout: float = 90) -> None:

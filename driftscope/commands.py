@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from driftscope.checks import check_db_path, check_port_free
 from driftscope.settings import BY_NAME, ConfigError
 from driftscope.timeparse import parse_instant
 
@@ -62,7 +63,6 @@ def cmd_dashboard(args: argparse.Namespace, values: dict[str, Any]) -> int:
     # SIGTERM (a service manager, `kill`) stops the Streamlit child too, as Ctrl-C does: it must
     # not stay behind holding the port.
     signal.signal(signal.SIGTERM, stop)
-    from driftscope.cli import check_port_free
 
     check_port_free("127.0.0.1", values["dashboard_port"], "dashboard_port")
     _apply_side_effect_tools(source, values.get("side_effect_tools"))
@@ -92,6 +92,21 @@ def cmd_demo(args: argparse.Namespace, values: dict[str, Any]) -> int:
         raise ConfigError(str(exc)) from exc
 
 
+def _dashboard_url(args: argparse.Namespace) -> str | None:
+    """``--dashboard-url``, checked: the report links ids to this dashboard (issue 16)."""
+    url = getattr(args, "dashboard_url", None)
+    if url is None:
+        return None
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+        raise ConfigError(
+            f"--dashboard-url must be the dashboard's http(s) address, like http://127.0.0.1:8501, got {url!r}"
+        )
+    return url.rstrip("/")
+
+
 def cmd_report(args: argparse.Namespace, values: dict[str, Any]) -> int:
     from analytics.types import Filters, Window
     from dashboard.report import build_report
@@ -114,7 +129,9 @@ def cmd_report(args: argparse.Namespace, values: dict[str, Any]) -> int:
                 f"No spans of run {args.run!r} in {source.description}; nothing to report. "
                 + (f"Newest runs: {', '.join(newest)}." if newest else "The source holds no run.")
             )
-        content = build_report(source, window, Filters(), run=args.run, fmt=args.fmt)
+        content = build_report(
+            source, window, Filters(), run=args.run, fmt=args.fmt, dashboard_url=_dashboard_url(args)
+        )
     except SourceUnavailable as exc:
         raise ConfigError(str(exc)) from exc
     output = Path(args.output)
@@ -129,14 +146,13 @@ def cmd_report(args: argparse.Namespace, values: dict[str, Any]) -> int:
 
 def finding_counts(conn, window) -> dict[str, int]:
     """Findings per finding detector in ``window`` under the thresholds in force (zeros left out)."""
-    from analytics.registry import list_metrics, run_metric
+    from analytics import read
     from analytics.types import Filters
-    from dashboard.datasource import metric_description
     from dashboard.findings import finding_metrics, finding_rows
 
     counts = {}
-    for metric in finding_metrics([metric_description(m) for m in list_metrics()]):
-        rows = finding_rows(run_metric(conn, metric["name"], window, Filters()), metric["name"])
+    for metric in finding_metrics(read.describe_metrics()):
+        rows = finding_rows(read.metric(conn, metric["name"], window, Filters()), metric)
         if len(rows):
             counts[metric["name"]] = len(rows)
     return counts
@@ -173,7 +189,6 @@ def cmd_calibrate(args: argparse.Namespace, values: dict[str, Any]) -> int:
     from analytics.calibration import calibrate_from_baseline, calibrate_from_pairs
     from analytics.types import Window
     from collector.store import StoreLockedError
-    from driftscope.cli import check_db_path
     from driftscope.database import open_database
 
     db = args.db or os.environ.get("DRIFTSCOPE_DB") or "./driftscope-data/driftscope.duckdb"

@@ -5,7 +5,7 @@ import streamlit as st
 from dashboard import ui
 from dashboard.calibration import roc_points
 from dashboard.figures import divergence_histogram_figure, roc_figure, threshold_label
-from dashboard.report import provenance_object
+from dashboard.report_document import provenance_object
 
 ctx = ui.page_context()
 st.title("Calibration")

@@ -24,4 +24,8 @@ if spread is not None:
 frame = ui.load_metric(ctx, "goal_divergence")
 if frame is not None and (spread is None or not spread.empty):
     st.subheader("Subtasks above the threshold")
-    ui.findings_table(finding_rows(frame, "goal_divergence"), "subtasks above the threshold", key="drifted")
+    ui.findings_table(
+        finding_rows(frame, ui.described(ctx, "goal_divergence")),
+        "subtasks above the threshold",
+        key="drifted",
+    )

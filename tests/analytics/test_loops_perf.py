@@ -30,7 +30,7 @@ def test_run_summary_counts_equal_each_detectors_findings_per_run(scenarios, run
     filters = Filters(run={"first": runs[0], "last": runs[-1]}.get(run))
     rows = run_metric(scenarios, "run_summary", filters=filters).set_index("run_id")
     assert len(rows) > 0
-    for name in summary.COUNTED_DETECTORS:
+    for name in summary.counted_detectors():
         expected = _per_run(run_metric(scenarios, name, filters=filters))
         got = {run_id: n for run_id, n in rows[f"{name}_count"].items() if n}
         assert got == {k: v for k, v in expected.items() if k in rows.index}, name

@@ -7,9 +7,9 @@ from datetime import datetime, timedelta
 import pandas as pd
 import pytest
 
+from analytics.read import describe_metrics
 from analytics.types import Window
 from dashboard.calibration import roc_points
-from dashboard.datasource import thresholds_in_force
 from dashboard.figures import (
     constraint_heatmap_figure,
     divergence_histogram_figure,
@@ -28,6 +28,8 @@ from dashboard.findings import findings_from_frame
 from dashboard.overview import trend_counts
 
 XSS = "<script>alert(1)</script>"
+# The registry's metric descriptions, as the read API serves them.
+DESCRIBED = {m["name"]: m for m in describe_metrics()}
 T0 = datetime(2026, 1, 15, 9)
 
 
@@ -146,25 +148,23 @@ def test_flagged_detectors_only_report_flagged_rows():
     frame = pd.DataFrame(
         {"run_id": ["r1", "r2"], "span_ids": [["a"], ["b"]], "agent": ["x", "y"], "allowed": [True, False]}
     )
-    metric = {
-        "name": "stale_policy_sends",
-        "failure_mode": "stale policy",
-        "mast_category": "inter-agent misalignment",
-    }
-    found = findings_from_frame(metric, frame)
-    assert [(f.run_id, f.agents, f.span_ids) for f in found] == [("r1", ["x"], ["a"])]
-    spec = {"name": "budget_exhaustion", "failure_mode": "budget", "mast_category": "specification issues"}
-    assert findings_from_frame(spec, frame)[0].mast_category == "specification"
+    found = findings_from_frame(DESCRIBED["stale_policy_sends"], frame)
+    assert [(f.run_id, f.agents, f.span_ids, f.status) for f in found] == [("r1", ["x"], ["a"], "failure")]
+    budget = findings_from_frame(DESCRIBED["budget_exhaustion"], frame)
+    assert len(budget) == 2 and budget[0].mast_category == "specification"
+    assert {f.status for f in budget} == {"warning"}  # a budget stop is caught, not a failure
 
 
-def test_thresholds_in_force_take_the_newest_version_and_fill_defaults():
-    stored = pd.DataFrame(
-        {"name": ["goal_divergence", "goal_divergence"], "version": [1, 2], "value": [0.5, 0.38],
-         "method": ["youden_j", "youden_j"], "provenance": ["{}", '{"auc": 0.9}']}
+def test_finding_status_follows_the_metric_record():
+    holders = pd.DataFrame({"run_id": ["r1", "r2"], "span_ids": [["a"], ["b"]], "refreshed": [True, False]})
+    found = findings_from_frame(DESCRIBED["context_drift_holders"], holders)
+    assert [f.status for f in found] == ["warning", "failure"]  # failing unless refreshed
+    drift = pd.DataFrame(
+        {"run_id": ["r1", "r2", "r3"], "span_ids": [["a"], ["b"], ["c"]], "drifted": [True, True, False],
+         "calibrated": [False, True, True]}
     )  # fmt: skip
-    frame = thresholds_in_force(stored).set_index("name")
-    assert frame.loc["goal_divergence", "value"] == 0.38 and frame.loc["goal_divergence", "calibrated"]
-    assert frame.loc["rejection_rate", "version"] == 0 and not frame.loc["rejection_rate", "calibrated"]
+    found = findings_from_frame(DESCRIBED["goal_divergence"], drift)
+    assert [f.status for f in found] == ["to review (threshold not calibrated)", "failure"]
 
 
 def test_roc_points_from_provenance():
@@ -216,14 +216,18 @@ def test_incident_runs_list_failing_then_to_review_then_degraded_newest_first():
         "lost_updates": pd.DataFrame({"run_id": ["new-fail"], "span_ids": [["c"]]}),
         "goal_divergence": pd.DataFrame({"run_id": ["drift"], "span_ids": [["d"]], "drifted": True}),
     }
-    found = FindingSet({name: metric_findings({"name": name}, frame) for name, frame in frames.items()}, {})
+    # In catalogue order, as gather_findings builds it.
+    found = FindingSet(
+        {name: metric_findings(DESCRIBED[name], frames[name]) for name in DESCRIBED if name in frames}, {}
+    )
     now = T0 + timedelta(seconds=24)
     incidents = incident_runs(summary, found, now)
     assert list(incidents["run_id"]) == ["new-fail", "old-fail", "drift", "guarded"]  # healthy left out
-    # lost updates make a run failing, so they are worse than the ping-pong the same run also had
+    # both make a run failing; lost updates come first in the catalogue, so they name new-fail
+    modes = {name: DESCRIBED[name]["failure_mode"] for name in frames}
     assert list(incidents["worst_failure_mode"]) == [
-        "lost updates (split-brain)", "ping-pong between agents",
-        "goal drift along delegation — to review (threshold not calibrated)", "refused calls only",
+        modes["lost_updates"], modes["ping_pong"],
+        f"{modes['goal_divergence']} — to review (threshold not calibrated)", "refused calls only",
     ]  # fmt: skip
     assert incidents["last_span"][0].endswith("UTC (4 s ago)") and list(incidents["findings"]) == [2, 1, 1, 0]
     assert incidents["agents"][1] == ["c", "d"]

@@ -73,3 +73,83 @@ def test_server_commands_without_the_server_extra_say_what_to_install(guards_onl
     assert run.returncode == 2
     assert "pip install 'driftscope[server]'" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+# What each package may import (the architecture's table "Packages and what each may import").
+MAY_IMPORT = {
+    "collector": {"collector"},
+    "analytics": {"analytics"},
+    "dashboard": {"dashboard", "analytics"},
+    "guards": {"guards"},
+    "driftscope": set(PACKAGES),
+}
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Our modules -> our modules they import anywhere in their code (function-level imports too)."""
+    import ast
+
+    modules = {}
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            name = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+            modules[name] = path
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            graph[name].update(t for t in targets if t in modules and t != name)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_modules_import_each_other_one_way_and_packages_only_downwards():
+    graph = _import_graph()
+    assert _cycles(graph) == []  # no loop, not even one hidden in a function-level import
+    wrong = [
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        for target in targets
+        if target.split(".")[0] not in MAY_IMPORT[module.split(".")[0]]
+    ]
+    assert wrong == []
+
+
+def test_the_import_check_catches_a_loop():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -1,0 +1,140 @@
+"""The read interface: every question the read API and the dashboard's file source ask of a store.
+
+One function per question, over a DuckDB connection (pass a cursor when several threads share a
+connection). ``driftscope/api.py`` validates request parameters, calls these and serialises the
+answers; the dashboard's ``DuckDBFileSource`` calls the same functions on a read-only incident
+copy; its ``HttpSource`` only transports the API's answers. So there is one copy of each query.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import duckdb
+import pandas as pd
+
+from analytics import browse, registry, search, thresholds
+from analytics.registry import Metric
+from analytics.types import Filters, Window
+
+# Query parameters every metric accepts (the window, then the filters).
+METRIC_PARAMS = ("since", "until", "service", "agent", "run", "origin_task")
+# Most run ids or evidence keys one lookup may name.
+MAX_LOOKUP_ITEMS = browse.MAX_EVIDENCE_KEYS
+# Default most spans of one run returned.
+RUN_SPAN_LIMIT = 20_000
+
+
+def describe_metric(metric: Metric) -> dict[str, Any]:
+    """A ``Metric`` record as plain data: documentation and every fact pages and reports use."""
+    return {
+        "name": metric.name,
+        "description": metric.description,
+        "row": metric.row,
+        "columns": metric.columns,
+        "params": list(METRIC_PARAMS),
+        "title": metric.title,
+        "failure_mode": metric.failure_mode,
+        "mast_category": metric.mast_category,
+        "findings": metric.findings,
+        "flag_column": metric.flag_column,
+        "counted": metric.counted,
+        "failing": metric.failing,
+        "failing_unless": metric.failing_unless,
+        "review_unless": metric.review_unless,
+        "rank_column": metric.rank_column,
+        "page": metric.page,
+    }
+
+
+def describe_metrics() -> list[dict[str, Any]]:
+    """Every registered metric described, in catalogue order."""
+    return [describe_metric(m) for m in registry.catalogue()]
+
+
+def metric_names() -> list[str]:
+    """Names of the registered metrics, in catalogue order."""
+    return [m.name for m in registry.catalogue()]
+
+
+def metric(
+    conn: duckdb.DuckDBPyConnection, name: str, window: Window = Window(), filters: Filters = Filters()
+) -> pd.DataFrame:
+    """One metric's rows over ``window`` and ``filters`` (``KeyError`` for an unknown name)."""
+    return registry.run_metric(conn, name, window, filters)
+
+
+def runs(
+    conn: duckdb.DuckDBPyConnection, window: Window = Window(), filters: Filters = Filters(), limit: int = 500
+) -> pd.DataFrame:
+    """Runs with spans in the window, newest first, at most ``limit`` (``browse.list_runs``)."""
+    return browse.list_runs(conn, window, filters, limit)
+
+
+def run_totals(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
+    """Every run in scope with its counts, no lists (``browse.run_totals``)."""
+    return browse.run_totals(conn, window, filters)
+
+
+def run_details(
+    conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters, run_ids: list[str]
+) -> pd.DataFrame:
+    """``runs`` rows of the given runs only."""
+    return browse.run_details(conn, window, filters, list(run_ids))
+
+
+def run_spans(conn: duckdb.DuckDBPyConnection, run_id: str, limit: int = RUN_SPAN_LIMIT) -> pd.DataFrame:
+    """Every span of one run in start order (``attributes`` a dict)."""
+    return browse.run_spans(conn, run_id, limit)
+
+
+def filter_options(conn: duckdb.DuckDBPyConnection, window: Window, limit: int = 500) -> dict:
+    """Sidebar choices: services and agents seen in the window, the newest ``limit`` run ids."""
+    return browse.filter_options(conn, window, limit)
+
+
+def evidence_spans(
+    conn: duckdb.DuckDBPyConnection, pairs: list[tuple[str, str]] | pd.DataFrame
+) -> pd.DataFrame:
+    """The spans named by (run_id, span_id) pairs, in start order."""
+    keys = pairs if isinstance(pairs, pd.DataFrame) else pd.DataFrame(pairs, columns=["run_id", "span_id"])
+    return browse.evidence_spans(conn, keys)
+
+
+def search_spans(
+    conn: duckdb.DuckDBPyConnection,
+    text: str,
+    window: Window = Window(),
+    filters: Filters = Filters(),
+    limit: int = search.DEFAULT_SEARCH_LIMIT,
+) -> pd.DataFrame:
+    """Spans of any run matching a trace id, span id, run id, span name or attribute value
+    (``search.search_spans``; issue 16); ``ValueError`` for text too short or too long."""
+    return search.search_spans(conn, text, window, filters, limit)
+
+
+def thresholds_in_force(conn: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """The thresholds in force (newest calibrated version per name, else the default).
+
+    ``provenance`` is JSON text, so every transport (Arrow, JSON, in process) gives the same column.
+    """
+    frame = pd.DataFrame(thresholds.list_thresholds(conn))
+    if "provenance" in frame.columns:
+        frame["provenance"] = frame["provenance"].map(
+            lambda value: value if isinstance(value, str) or value is None else json.dumps(value, default=str)
+        )
+    return frame
+
+
+def store_health(conn: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    """Span count, newest span, schema version and stored embeddings of the store."""
+    spans, newest = conn.execute("SELECT count(*), max(Timestamp) FROM spans").fetchone()
+    version = conn.execute("SELECT max(version) FROM schema_migrations").fetchone()[0]
+    embedded = conn.execute("SELECT count(*) FROM embeddings").fetchone()[0]
+    return {"spans": spans, "newest_span": newest, "schema_version": version, "embeddings": embedded}
+
+
+def data_version(conn: duckdb.DuckDBPyConnection) -> str:
+    """A string that changes whenever spans are added (cache keys include it)."""
+    return browse.data_version(conn)
