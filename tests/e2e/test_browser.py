@@ -51,6 +51,7 @@ PAGES = [
     ("goal_drift", "Goal drift", 1),
     ("context_drift", "Context drift", 1),
     ("loops", "Loops & budgets", 0),
+    ("findings", "Other findings", 0),  # detectors without a page of their own (runaway runs)
     ("run_explorer?run={ping_pong}", "Run explorer", 2),
     (f"run_explorer?run={XSS_RUN}", "Run explorer", 2),  # span text is markup: must stay text
     ("calibration", "Calibration", 1),
