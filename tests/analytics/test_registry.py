@@ -8,9 +8,12 @@ the read API (in-process ASGI client over a real DuckDB file), the run summary, 
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import duckdb
 import pytest
+import uvicorn
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 from streamlit.testing.v1 import AppTest
@@ -21,12 +24,14 @@ from analytics.registry import METRICS, register, run_metric, scratch_registry
 from analytics.sql_loader import expand_fragments, filter_params, query_df
 from analytics.types import Filters, Window
 from dashboard import app_main
-from dashboard.datasource import DuckDBFileSource
+from dashboard.datasource import DuckDBFileSource, HttpSource
+from dashboard.findings import gather_findings
 from dashboard.launch import SOURCE_ENV
 from dashboard.report import build_report
 from driftscope.api import build_api_routes
 from driftscope.database import migrate
 from tests.fixtures_analytics import insert_spans, make_span
+from tests.serve_helpers import free_port
 
 TOY = "toy_unchecked_refunds"
 TITLE = "refund without a check (toy)"
@@ -119,6 +124,30 @@ def test_a_new_detector_reaches_the_api(toy_db):
             verdicts = {r["run_id"]: (r[f"{TOY}_count"], r["verdict"]) for r in summary["rows"]}
             assert verdicts == {"run-refund": (1, "failing"), "run-quiet": (0, "healthy")}
     finally:
+        conn.close()
+
+
+def test_a_new_detector_reaches_the_http_source_through_the_api(toy_db):
+    """The dashboard's HTTP source learns the detector's facts from the API's descriptions alone."""
+    conn = duckdb.connect(str(toy_db), read_only=True)
+    port = free_port()
+    app = Starlette(routes=build_api_routes(conn.cursor, None, dict))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        source = HttpSource(f"http://127.0.0.1:{port}")
+        found = gather_findings(source, Window(), Filters())
+        (finding,) = found.by_metric[TOY].findings()
+        assert (finding.run_id, finding.failure_mode, finding.status) == ("run-refund", MODE, "failure")
+        doc = json.loads(build_report(source, Window(), Filters(), None, "json"))
+        assert [f["run_id"] for f in doc["findings"] if f["metric"] == TOY] == ["run-refund"]
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
         conn.close()
 
 
