@@ -4,6 +4,7 @@ import streamlit as st
 
 from dashboard import ui
 from dashboard.figures import rejection_rate_figure, rejections_by_figure
+from dashboard.findings import finding_rows
 
 ctx = ui.page_context()
 st.title("Rejections & enforcement")
@@ -27,7 +28,7 @@ if rates is not None:
         with right:
             ui.plot(rejections_by_figure(rates, by), key="by")
         st.subheader("Buckets over the threshold")
-        over = rates[rates["over_threshold"]]
+        over = finding_rows(rates, ui.described(ctx, "rejection_rates"))  # the flagged buckets
         ui.findings_table(over, "buckets over the rejection-rate threshold", key="over")
 
 coverage = ui.load_metric(ctx, "enforcement_coverage")
