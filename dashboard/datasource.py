@@ -336,8 +336,7 @@ class DuckDBFileSource:
         return read.describe_metrics()
 
     def metric(self, name: str, window: Window, filters: Filters) -> pd.DataFrame:
-        """Run one registered detector on the file."""
-        # No catalogue wrapping here: a detector's own errors (and KeyError) reach the page.
+        """Run one registered detector on the file (its errors, and KeyError, reach the page as raised)."""
         with self._lock:
             # A cursor keeps detector temp state (registered frames) off the shared connection.
             cursor = self._connection().cursor()
