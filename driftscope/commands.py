@@ -1,9 +1,8 @@
-"""The commands that wire the other packages: dashboard, demo, report, calibrate."""
+"""The commands that wire the other packages: dashboard, demo, report (calibrate: driftscope/calibrate.py)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -13,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from driftscope.checks import check_db_path, check_port_free
+from driftscope.checks import check_port_free
 from driftscope.settings import BY_NAME, ConfigError
 from driftscope.timeparse import parse_instant
 
@@ -158,119 +157,11 @@ def finding_counts(conn, window) -> dict[str, int]:
     return counts
 
 
-def _threshold_versions(conn) -> dict[str, int]:
-    return dict(conn.execute("SELECT name, max(version) FROM thresholds GROUP BY name").fetchall())
-
-
-def _thresholds_in_force(conn) -> dict[str, dict]:
-    from analytics.thresholds import list_thresholds
-
-    return {t["name"]: t for t in list_thresholds(conn)}
-
-
-def threshold_diff(before: dict[str, dict], after: dict[str, dict]) -> list[dict]:
-    """Thresholds whose value or version changed: name, before, after, method."""
-    rows = []
-    for name in sorted(after):
-        old, new = before.get(name, {}), after[name]
-        if (old.get("value"), old.get("version")) != (new.get("value"), new.get("version")):
-            rows.append(
-                {
-                    "name": name,
-                    "before": old.get("value"),
-                    "after": new.get("value"),
-                    "method": new.get("method"),
-                }
-            )
-    return rows
-
-
-def cmd_calibrate(args: argparse.Namespace, values: dict[str, Any]) -> int:
-    from analytics.calibration import calibrate_from_baseline, calibrate_from_pairs
-    from analytics.types import Window
-    from collector.store import StoreLockedError
-    from driftscope.database import open_database
-
-    db = args.db or os.environ.get("DRIFTSCOPE_DB") or "./driftscope-data/driftscope.duckdb"
-    if not args.pairs and not args.baseline_since:
-        raise ConfigError(
-            "Give --pairs FILE.csv (labelled pairs) and/or --baseline-since DURATION (healthy window)"
-        )
-    if args.pairs and not Path(args.pairs).is_file():
-        raise ConfigError(f"No such file: {args.pairs}")
-    if not Path(db).is_file():
-        check_db_path(db)
-        raise ConfigError(f"No database at {db}: ingest spans first (--db PATH or DRIFTSCOPE_DB)")
-    window = None
-    if args.baseline_since:
-        try:
-            window = Window(
-                since=parse_instant("--baseline-since", args.baseline_since),
-                until=parse_instant("--baseline-until", args.baseline_until) if args.baseline_until else None,
-            )
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
-    try:
-        conn = open_database(db)
-    except StoreLockedError as exc:
-        raise ConfigError(str(exc)) from exc
-    results: dict[str, Any] = {}
-    try:
-        if window is not None:
-            # A baseline is what "healthy" looks like: thresholds calibrated on failures let those
-            # failures pass from then on, silently switching detectors off.
-            in_window = finding_counts(conn, window)
-            if in_window and not (args.allow_findings or args.dry_run):
-                listed = ", ".join(f"{name} {n}" for name, n in sorted(in_window.items()))
-                raise ConfigError(
-                    f"The baseline window ({args.baseline_since} to {args.baseline_until or 'now'}) holds "
-                    f"{sum(in_window.values())} finding(s) ({listed}); a baseline must be healthy, or the "
-                    "new thresholds will let these failures pass. Pick a window without failures, preview "
-                    "the effect with --dry-run, or pass --allow-findings to calibrate anyway."
-                )
-            if in_window:
-                logger.warning("the baseline window holds findings: %s", in_window)
-            results["baseline_findings"] = in_window
-        before_versions = _threshold_versions(conn)
-        before = _thresholds_in_force(conn)
-        findings_before = finding_counts(conn, Window()) if args.dry_run else None
-        if args.pairs:
-            try:
-                result = calibrate_from_pairs(conn, args.pairs, target_fpr=args.target_fpr)
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from exc
-            result.pop("roc", None)
-            results["pairs"] = result
-        if window is not None:
-            try:
-                results["baseline"] = calibrate_from_baseline(conn, window, quantile=args.quantile)
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from exc
-        results["changed"] = threshold_diff(before, _thresholds_in_force(conn))
-        if args.dry_run:
-            results["findings_all_time"] = {
-                "before": findings_before,
-                "after": finding_counts(conn, Window()),
-            }
-            # Nothing stays stored: remove the versions this run added.
-            for name in _threshold_versions(conn):
-                conn.execute(
-                    "DELETE FROM thresholds WHERE name = ? AND version > ?",
-                    [name, before_versions.get(name, 0)],
-                )
-            results["dry_run"] = "nothing was stored"
-    finally:
-        conn.close()
-    print(json.dumps(results, indent=2, default=str))
-    return 0
-
-
 def run(command: str, args: argparse.Namespace, values: dict[str, Any]) -> int:
     handlers = {
         "dashboard": cmd_dashboard,
         "demo": cmd_demo,
         "report": cmd_report,
-        "calibrate": cmd_calibrate,
     }
     if command not in handlers:
         print(f"unknown command {command}", file=sys.stderr)
