@@ -39,6 +39,9 @@ NEIGHBOUR_WINDOW = 4
 # for a second round is normal too.
 MIN_PING_PONG_DELEGATIONS = 4
 MIN_PING_PONG_INFERRED = 6
+# The hand-off tools of LangGraph supervisors and swarms and of OpenAI Agents are named
+# transfer_to_<agent> (analytics.side_effects excludes them from side effects by the same name).
+HANDOFF_TOOL_PREFIX = "transfer_to_"
 
 
 def connected_components(n: int, left: np.ndarray, right: np.ndarray) -> np.ndarray:
@@ -221,9 +224,12 @@ def link_tasks(
 def drop_bounced(loops: pd.DataFrame, bounces: pd.DataFrame) -> pd.DataFrame:
     """``loops`` without the loops of hand-offs that a ping-pong of their run already reports: a
     loop of delegations or invocations of one of the ping-pong's agents by the other, by the
-    manager they bounce through or by no agent (the framework's runner at the top), in its time
-    span: the task bounced back and handed on again is one failure, the ping-pong."""
-    handoffs = loops["call_type"].isin(["agent", "delegation"])
+    manager they bounce through or by no agent (the framework's runner at the top), or of the
+    hand-off tool ``transfer_to_<agent>`` to one of them, in its time span: the task bounced back
+    and handed on again is one failure, the ping-pong."""
+    handoffs = loops["call_type"].isin(["agent", "delegation"]) | (
+        (loops["call_type"] == "tool") & loops["tool_name"].str.startswith(HANDOFF_TOOL_PREFIX)
+    )
     if bounces.empty or not handoffs.any():
         return loops
     matched = (
@@ -239,7 +245,8 @@ def drop_bounced(loops: pd.DataFrame, bounces: pd.DataFrame) -> pd.DataFrame:
         return loops
     between = np.array(
         [
-            tool in set(agents) and (caller is None or caller in set(agents) or caller == via)
+            tool.removeprefix(HANDOFF_TOOL_PREFIX) in set(agents)
+            and (caller is None or caller in set(agents) or caller == via)
             for tool, caller, agents, via in zip(
                 matched["tool_name"], matched["agent"], matched["agents"], matched["via"], strict=True
             )

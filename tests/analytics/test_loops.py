@@ -393,3 +393,20 @@ def test_a_bounce_through_a_manager_is_one_finding_the_ping_pong():
     assert run_metric(conn, "ping_pong").empty
     loops = run_metric(conn, "repeated_calls")
     assert list(loops["call_type"]) == ["delegation"] and loops.loc[0, "tool_name"] == "A"
+
+
+def test_hand_off_tool_calls_of_a_ping_pong_are_the_ping_pong():
+    # LangGraph swarm: each agent calls transfer_to_<other> (same text each time) and hands off
+    conn = new_db()
+    rows = []
+    for _round in range(3):
+        for src, dst in (("analyst", "researcher"), ("researcher", "analyst")):
+            t = len(rows)
+            rows += [make_span(t, agent_id=src, tool_name=f"transfer_to_{dst}", tool_args={"reason": "not mine"}),
+                     make_span(t + 0.5, op="delegate", agent_id=src, delegate_to=dst)]  # fmt: skip
+    insert_spans(conn, rows)
+    assert len(run_metric(conn, "ping_pong")) == 1
+    assert run_metric(conn, "repeated_calls").empty
+    conn = new_db()  # the same tool calls without the bounce: a loop of the tool
+    insert_spans(conn, [span for span in rows if span["tool_name"] == "transfer_to_researcher"])
+    assert list(run_metric(conn, "repeated_calls")["tool_name"]) == ["transfer_to_researcher"]
