@@ -16,6 +16,14 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 
 
+# What serve prints when a port it was given is taken (driftscope.checks, driftscope.serve).
+_PORT_TAKEN = ("is already in use: another", "another process took the port")
+
+
+class PortTakenError(RuntimeError):
+    """serve exited because a port chosen for it was bound by another process meanwhile."""
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -33,6 +41,10 @@ class ServeProcess:
     process: subprocess.Popen | None = None
     log_path: Path | None = None
     log_dir: Path | None = None
+    # Ports chosen by free_port(): another process (a parallel test worker, another checkout's
+    # tests) can bind one between the probe and serve's bind; the first start then moves to new ones.
+    auto_ports: bool = False
+    started_once: bool = False
 
     @property
     def http_url(self) -> str:
@@ -47,6 +59,16 @@ class ServeProcess:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     def start(self, timeout: float = 60.0) -> ServeProcess:
+        for attempt in range(5):
+            try:
+                return self._start(timeout)
+            except PortTakenError:
+                if not self.auto_ports or self.started_once or attempt == 4:
+                    raise
+                self.http_port, self.grpc_port = free_port(), free_port()
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> ServeProcess:
         args = [
             sys.executable, "-m", "driftscope", "serve",
             "--db", str(self.db),
@@ -64,10 +86,14 @@ class ServeProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"serve exited with {self.process.returncode}:\n{self.log()}")
+                log = self.log()
+                if any(marker in log for marker in _PORT_TAKEN):
+                    raise PortTakenError(log)
+                raise RuntimeError(f"serve exited with {self.process.returncode}:\n{log}")
             try:
                 response = httpx.get(f"{self.http_url}/api/v1/health", headers=self.headers, timeout=2)
                 if response.status_code == 200:
+                    self.started_once = True
                     return self
             except httpx.HTTPError:
                 pass
@@ -99,5 +125,9 @@ class ServeProcess:
 
 def new_serve(tmp_path: Path, db: Path | None = None, **kwargs) -> ServeProcess:
     return ServeProcess(
-        db=db or tmp_path / "driftscope.duckdb", http_port=free_port(), grpc_port=free_port(), **kwargs
+        db=db or tmp_path / "driftscope.duckdb",
+        http_port=free_port(),
+        grpc_port=free_port(),
+        auto_ports=True,
+        **kwargs,
     )
