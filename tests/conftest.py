@@ -15,6 +15,15 @@ def serve(tmp_path):
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def module_serve(tmp_path_factory):
+    """One `driftscope serve` shared by a module's tests, for tests that add their own spans and
+    read back only those (or count what they added): a start costs seconds, a test milliseconds."""
+    server = new_serve(tmp_path_factory.mktemp("serve")).start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def serve_factory(tmp_path):
     """Build servers with custom options; every one started is stopped (or killed) afterwards."""
