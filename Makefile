@@ -48,8 +48,12 @@ format: dev
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# Every test, as CI runs it (docs/testing.md): one pytest-xdist worker per core; a file's tests stay
+# on one worker (--dist loadfile), so a module fixture (one shared serve) is built once.
+PYTEST_PARALLEL ?= -n auto --dist loadfile
+
 test: dev chromium lint
-	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q -p no:cacheprovider
+	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_PARALLEL)
 
 # The decoder fuzz tests against an AddressSanitizer + UBSan build of collector/_otlpfast.c, built
 # into a temporary directory (the checkout's build is untouched); DRIFTSCOPE_FUZZ_SCALE scales the examples.
@@ -60,7 +64,7 @@ fuzz-sanitize: dev
 
 # The inner loop: everything but the tests marked slow (browser, crash safety, overload, big data).
 test-fast: dev
-	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q -p no:cacheprovider -m "not slow" -x
+	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) -m "not slow" -x
 
 bench: dev
 	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.run
