@@ -326,6 +326,12 @@ def _with_threshold(conn: duckdb.DuckDBPyConnection, frame: pd.DataFrame) -> tup
     review_unless="calibrated",
     rank_column="divergence",
     page="goal_drift",
+    blind_spots=(
+        "Embedding divergence compares what an agent was asked to do with the root goal, not what "
+        "it then did: an on-topic subtask worked with wrong or useless steps (the wrong year, the "
+        "wrong tool, an answer from memory) scores low and is never flagged here; it shows up, if "
+        "at all, as loops, runaway runs or errors."
+    ),
 )
 def goal_divergence(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """The subtasks whose statement diverges from its root goal by more than the threshold.

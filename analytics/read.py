@@ -45,6 +45,7 @@ def describe_metric(metric: Metric) -> dict[str, Any]:
         "review_unless": metric.review_unless,
         "rank_column": metric.rank_column,
         "page": metric.page,
+        "blind_spots": metric.blind_spots,
     }
 
 

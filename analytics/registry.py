@@ -74,6 +74,8 @@ class Metric:
     """Numeric column ranking findings for listing, largest (worst) first."""
     page: str | None = None
     """Dashboard page (url path) that shows it; None: the generic findings page."""
+    blind_spots: str | None = None
+    """What the detector cannot see, in plain words (reports print it beside its findings)."""
 
     @property
     def columns(self) -> dict[str, str]:
@@ -127,6 +129,7 @@ def register(
     review_unless: str | None = None,
     rank_column: str | None = None,
     page: str | None = None,
+    blind_spots: str | None = None,
 ) -> Callable[[DetectorFunc], DetectorFunc]:
     """Register the decorated detector under ``name`` with the facts of its ``Metric`` record.
 
@@ -137,7 +140,7 @@ def register(
     facts = dict(
         title=title, failure_mode=failure_mode, mast_category=mast_category, findings=findings,
         flag_column=flag_column, counted=counted, failing=failing, failing_unless=failing_unless,
-        review_unless=review_unless, rank_column=rank_column, page=page,
+        review_unless=review_unless, rank_column=rank_column, page=page, blind_spots=blind_spots,
     )  # fmt: skip
     if not callable(columns):
         _check_facts(name, columns, facts)

@@ -175,9 +175,20 @@ def report_document(data: ReportData) -> dict:
             ],
         },
         "findings": findings,
+        "blind_spots": blind_spots(data),
         "thresholds": thresholds,
         "errors": data.errors,
     }
+
+
+def blind_spots(data: ReportData) -> list[dict]:
+    """What the report's detectors cannot see (each Metric record's ``blind_spots``), in
+    catalogue order: a clean report is not proof of what they are blind to."""
+    return [
+        {"metric": name, "title": m.metric.get("title") or name, "text": m.metric["blind_spots"]}
+        for name, m in data.found.by_metric.items()
+        if m.metric.get("blind_spots")
+    ]
 
 
 def render_json(data: ReportData) -> str:

@@ -250,6 +250,10 @@ def render_html(data: ReportData) -> str:
     for row in data.summary.to_dict("records"):  # listings capped per failure mode
         if row["metric"] in omitted:
             out.append(_omitted_html(data, row["metric"], row["failure_mode"], *omitted[row["metric"]]))
+    if doc["blind_spots"]:
+        out.append("<h2>What these detectors cannot see</h2><ul>")
+        out.extend(f"<li><b>{_e(b['title'])}</b>: {_e(b['text'])}</li>" for b in doc["blind_spots"])
+        out.append("</ul>")
     out.append("<h2>Thresholds in force</h2>")
     out.append(_thresholds_html(doc["thresholds"]))
     if doc["errors"]:
@@ -439,6 +443,10 @@ def render_markdown(data: ReportData) -> str:
     for row in data.summary.to_dict("records"):
         if row["metric"] in omitted:
             out += [_omitted_md(data, row["metric"], row["failure_mode"], *omitted[row["metric"]]), ""]
+    if doc["blind_spots"]:
+        out += ["## What these detectors cannot see", ""]
+        out += [f"- **{md_escape(b['title'])}**: {md_escape(b['text'])}" for b in doc["blind_spots"]]
+        out.append("")
     out += ["## Thresholds in force", ""]
     rows = [
         {

@@ -120,3 +120,21 @@ def test_cli_report_takes_the_dashboard_address_and_refuses_a_wrong_one(db, tmp_
 )
 def test_dashboard_base_is_the_address_without_the_page(page_url, base):
     assert dashboard_base(page_url) == base
+
+
+def test_every_format_says_what_goal_drift_cannot_see(source):
+    """Issue 13 §5: the report says plainly what embedding divergence cannot see, from the
+    goal_divergence Metric record (one text, every format)."""
+    from analytics.registry import METRICS
+
+    text = METRICS["goal_divergence"].blind_spots
+    assert text and "on-topic" in text
+    doc = json.loads(build_report(source, Window(), Filters(), None, "json"))
+    assert {"metric": "goal_divergence", "title": "goal drift along delegation", "text": text} in doc[
+        "blind_spots"
+    ]
+    assert all(METRICS[b["metric"]].blind_spots == b["text"] for b in doc["blind_spots"])
+    html = build_report(source, Window(), Filters(), None, "html")
+    assert "<h2>What these detectors cannot see</h2>" in html and "an answer from memory" in html
+    md = build_report(source, Window(), Filters(), None, "md")
+    assert "## What these detectors cannot see" in md and "**goal drift along delegation**" in md
