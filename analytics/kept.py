@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import duckdb
 import pandas as pd
 
-from analytics.data_version import Version, database_identity, read_version, touched_scope
+from analytics.data_version import Scope, Version, database_identity, read_version, touched_scope
 from analytics.side_effects import current_side_effect_tools
 from analytics.sql_loader import run_scope
 from analytics.types import Filters, Window
@@ -88,6 +88,8 @@ WHOLE = ("enforcement_coverage", "goal_divergence_distribution", "rejection_rate
 KEPT = frozenset(PARTITIONS) | frozenset(WHOLE)
 
 _CACHE_SIZE = 64
+# Rows kept over every entry: past it the least recently used results are dropped.
+MAX_KEPT_ROWS = 4_000_000
 # Past this many touched runs one full run is cheaper than a filtered one (each filtered scan
 # compares every span's run with the list).
 MAX_TOUCHED = 200
@@ -112,6 +114,7 @@ def clear_cache() -> None:
     """Forget every kept detector result."""
     with _cache_lock:
         _cache.clear()
+        _scopes.clear()
 
 
 @contextlib.contextmanager
@@ -135,7 +138,7 @@ def _sorted(frame: pd.DataFrame, order: list[tuple[str, bool]]) -> pd.DataFrame:
     with duckdb.connect() as mem:
         positions = mem.execute(f"SELECT pos FROM keys ORDER BY {clause}, pos").fetchnumpy()["pos"]
     if len(positions) < 2 or bool((positions[1:] > positions[:-1]).all()):
-        return frame  # already in order (new findings usually come last): no copy of the rows
+        return frame  # already in order: no copy of the rows (the caller relies on identity)
     return frame.take(positions).reset_index(drop=True)
 
 
@@ -156,7 +159,34 @@ def _merge(old: pd.DataFrame, fresh: pd.DataFrame, column: str, values: list[str
                 fresh = fresh.astype({column_name: left.dtype})
             elif left.dtype == object and left.isna().all():
                 kept = kept.astype({column_name: right.dtype})
-    return _sorted(pd.concat([kept, fresh], ignore_index=True), ORDER[name])
+    merged = pd.concat([kept, fresh], ignore_index=True)
+    # Both sides are sorted: when the first fresh row does not sort before the last kept one
+    # (new findings usually come last), the concatenation is in order and the keys of every row
+    # need not go through a sort.
+    boundary = merged.iloc[[len(kept) - 1, len(kept)]]
+    if _sorted(boundary, ORDER[name]) is boundary:  # returned unchanged: already in order
+        return merged
+    return _sorted(merged, ORDER[name])
+
+
+_scopes: collections.OrderedDict[tuple, Scope] = collections.OrderedDict()
+
+
+def _scope_for(
+    conn: duckdb.DuckDBPyConnection, identity: tuple, version: Version, touched: set[str]
+) -> Scope:
+    """``touched_scope`` of these traces at this data version, computed once for every detector
+    brought up to date after the same batch (each lookup scans the run and trace columns)."""
+    key = (identity, version.spans, version.newest, frozenset(touched))
+    with _cache_lock:
+        scope = _scopes.get(key)
+    if scope is None:
+        scope = touched_scope(conn, touched, pd.Index([]))
+        with _cache_lock:
+            _scopes[key] = scope
+            while len(_scopes) > 8:
+                _scopes.popitem(last=False)
+    return scope
 
 
 def kept_result(
@@ -181,7 +211,7 @@ def kept_result(
             frame = kept.frame
             stats["unchanged"] += 1
         elif name in PARTITIONS:
-            scope = touched_scope(conn, touched, pd.Index([]))
+            scope = _scope_for(conn, identity, version, touched)
             if len(scope.runs) <= MAX_TOUCHED:
                 column = PARTITIONS[name]
                 if column == "origin_task_id":
@@ -201,7 +231,10 @@ def kept_result(
     with _cache_lock:
         _cache[key] = _Kept(version, frame)
         _cache.move_to_end(key)
-        while len(_cache) > _CACHE_SIZE:
+        # Bounded by entries and by rows kept (a dashboard's relative windows make new keys).
+        while len(_cache) > 1 and (
+            len(_cache) > _CACHE_SIZE or sum(len(k.frame) for k in _cache.values()) > MAX_KEPT_ROWS
+        ):
             _cache.popitem(last=False)
     # pandas copy-on-write: a caller changing the frame changes its own copy, never the kept one.
     return frame.copy(deep=False)
