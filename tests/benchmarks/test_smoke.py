@@ -84,14 +84,17 @@ def test_shape_database_appends_live_batches_to_its_newest_runs(tmp_path):
         "dimensions": {"calls_per_session": [10, 1000]},
         "by_shape": {
             "calls_per_session=10,agents_per_run=8,fanout=8,distinct_args=0.5": {
-                "detectors": {"x": {"median_s": 0.1}}, "run_summary_live": {"incremental_s": 0.01}},
+                "detectors": {"x": {"median_s": 0.1, "cold_s": 1.0}},
+                "live": {"after_batch": {"x": {"median_s": 0.01, "median_cpu_s": 0.02}}}},
             "calls_per_session=1000,agents_per_run=8,fanout=8,distinct_args=0.5": {
-                "detectors": {"x": {"median_s": 0.3}}, "run_summary_live": {"incremental_s": 0.02}},
+                "detectors": {"x": {"median_s": 0.3, "cold_s": 5.0}},
+                "live": {"after_batch": {"x": {"median_s": 0.02, "median_cpu_s": 0.08}}}},
         },
     }  # fmt: skip
-    table = growth_table(section)
-    assert "| x | 0.100 | 0.300 | x3.0 / x100 |" in table
-    assert "| run_summary (after new spans) | 0.010 | 0.020 | x2.0 / x100 |" in table
+    assert "| x | 0.100 | 0.300 | x3.0 / x100 |" in growth_table(section)
+    assert "| x | 1.000 | 5.000 | x5.0 / x100 |" in growth_table(section, "cold_s")
+    assert "| x | 0.010 | 0.020 | x2.0 / x100 |" in growth_table(section, "after_batch_s")
+    assert "| x | 0.020 | 0.080 | x4.0 / x100 |" in growth_table(section, "after_batch_cpu_s")
 
 
 @pytest.mark.slow
@@ -127,7 +130,10 @@ def test_smoke_run_writes_results_for_every_section(tmp_path, capsys):
     assert len(shapes) == 2
     for entry in shapes.values():
         assert entry["spans"] >= 2048 and set(entry["detectors"]) == set(METRICS)
-        assert entry["run_summary_live"]["identical_to_full"] is True
+        live = entry["live"]
+        assert set(live["identical_to_full"]) == set(live["after_batch"]) and all(
+            live["identical_to_full"].values()
+        )
 
     embeddings = document["embeddings"]
     assert embeddings["throughput"]["vectors_shape"] == [8, 384]
