@@ -191,6 +191,7 @@ def test_sql_equals_all_pairs_reference_of_the_new_definition(seed):
     assert new_loops(conn) == reference_loops(rows)
 
 
+@pytest.mark.slow  # builds every random set again (32 s of `make test-fast` on 2 cores); CI runs it
 def test_differential_sets_have_loops_of_every_kind():
     # otherwise the tests above would compare empty sets
     kinds, refined = set(), 0
