@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: up install dev test test-fast lint format bench bench-smoke bench-shapes sample-traces chromium clean
+.PHONY: up install dev test test-fast test-deep lint format bench bench-smoke bench-shapes sample-traces chromium clean
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "driftscope needs Python 3.11 ($(PYTHON) not found)"; exit 1; }
@@ -53,6 +53,10 @@ format: dev
 PYTEST_PARALLEL ?= -n auto --dist loadfile
 
 test: dev chromium lint
+	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) -m "not deep"
+
+# make test plus the further random seeds of the property tests (marked deep).
+test-deep: dev chromium
 	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_PARALLEL)
 
 # The decoder fuzz tests against an AddressSanitizer + UBSan build of collector/_otlpfast.c, built
@@ -64,7 +68,7 @@ fuzz-sanitize: dev
 
 # The inner loop: everything but the tests marked slow (browser, crash safety, overload, big data).
 test-fast: dev
-	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) -m "not slow" -x
+	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) -m "not slow and not deep" -x
 
 bench: dev
 	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.run

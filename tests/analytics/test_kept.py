@@ -63,7 +63,12 @@ def _loop_batch(rng: random.Random, batch: int, runs: list[str]) -> list[dict]:
 
 
 @pytest.mark.parametrize(
-    "seed", [*range(3), *(pytest.param(s, marks=pytest.mark.slow) for s in range(3, 16))]
+    "seed",
+    [
+        *range(3),
+        *(pytest.param(s, marks=pytest.mark.slow) for s in range(3, 6)),
+        *(pytest.param(s, marks=pytest.mark.deep) for s in range(6, 16)),
+    ],
 )
 def test_kept_results_equal_a_full_recomputation_after_every_batch(tmp_path, seed):
     rng = random.Random(seed)

@@ -60,7 +60,12 @@ def _sorted(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 @pytest.mark.parametrize(
-    "seed", [*range(10), *(pytest.param(s, marks=pytest.mark.slow) for s in range(10, 80))]
+    "seed",
+    [
+        *range(10),
+        *(pytest.param(s, marks=pytest.mark.slow) for s in range(10, 30)),
+        *(pytest.param(s, marks=pytest.mark.deep) for s in range(30, 80)),
+    ],
 )
 def test_context_drift_holders_equals_the_old_sql_on_random_span_sets(seed):
     rng = random.Random(seed)

@@ -115,7 +115,12 @@ def _random_batch(rng: random.Random, batch: int, runs: list[str]) -> list[dict]
 
 
 @pytest.mark.parametrize(
-    "seed", [*range(2), *(pytest.param(s, marks=pytest.mark.slow) for s in range(2, 12))]
+    "seed",
+    [
+        *range(2),
+        *(pytest.param(s, marks=pytest.mark.slow) for s in range(2, 5)),
+        *(pytest.param(s, marks=pytest.mark.deep) for s in range(5, 12)),
+    ],
 )
 def test_incremental_run_summary_equals_a_full_one_on_random_span_sets(tmp_path, seed):
     rng = random.Random(seed)
