@@ -6,7 +6,6 @@ topic, and one subtle same-domain "scope creep" subtask); two further drifted pa
 domain (an agent working on someone else's task).
 """
 
-import csv
 import pathlib
 import sys
 
@@ -16,6 +15,7 @@ sys.path.insert(0, str(HERE))
 from goals_part1 import GOALS as PART1  # noqa: E402
 from goals_part2 import GOALS as PART2  # noqa: E402
 from goals_scope_creep import SCOPE_CREEP  # noqa: E402
+from pairs_csv import write_pairs  # noqa: E402
 
 GOALS = PART1 + PART2
 CROSS_OFFSETS = (7, 13)
@@ -40,19 +40,20 @@ def rows():
             if other["domain"] == goal["domain"]:
                 other = GOALS[(index + offset + 1) % len(GOALS)]
             n += 1
-            yield [f"p{n:04d}", goal["domain"], goal["goal"], other["on"][index % len(other["on"])], 1, "other_task"]
+            yield [
+                f"p{n:04d}",
+                goal["domain"],
+                goal["goal"],
+                other["on"][index % len(other["on"])],
+                1,
+                "other_task",
+            ]
 
 
 def main():
-    out = HERE / "goal_pairs.csv"
-    with out.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["pair_id", "domain", "root_goal", "subtask", "drifted", "kind"])
-        count = 0
-        for row in rows():
-            writer.writerow(row)
-            count += 1
-    print(f"wrote {count} pairs to {out}")
+    write_pairs(
+        HERE / "goal_pairs.csv", ["pair_id", "domain", "root_goal", "subtask", "drifted", "kind"], rows()
+    )
 
 
 if __name__ == "__main__":

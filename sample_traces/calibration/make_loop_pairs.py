@@ -10,10 +10,11 @@ are traced with: JSON (``{"query": ...}``), smolagents' ``{"args": [], "kwargs":
 keyword arguments as parsed from a CodeAgent's code (``query="..."``) and plain text.
 """
 
-import csv
 import json
 import pathlib
 import random
+
+from pairs_csv import write_pairs  # the script's folder is on sys.path
 
 HERE = pathlib.Path(__file__).resolve().parent
 SEED = 20261201
@@ -185,15 +186,9 @@ def rows():
 
 
 def main():
-    out = HERE / "loop_pairs.csv"
-    with out.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["pair_id", "domain", "kind", "first", "second", "same_request"])
-        count = 0
-        for row in rows():
-            writer.writerow(row)
-            count += 1
-    print(f"wrote {count} pairs to {out}")
+    write_pairs(
+        HERE / "loop_pairs.csv", ["pair_id", "domain", "kind", "first", "second", "same_request"], rows()
+    )
 
 
 if __name__ == "__main__":

@@ -11,9 +11,10 @@ another request to the same sub-agent. The templates were written for this file,
 the framework corpus (sample_traces/frameworks), which only checks the result.
 """
 
-import csv
 import pathlib
 import random
+
+from pairs_csv import write_pairs  # the script's folder is on sys.path
 
 HERE = pathlib.Path(__file__).resolve().parent
 SEED = 20261202
@@ -182,15 +183,11 @@ def rows():
 
 
 def main():
-    out = HERE / "task_pairs.csv"
-    with out.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["pair_id", "domain", "kind", "first_task", "second_task", "same_request"])
-        count = 0
-        for row in rows():
-            writer.writerow(row)
-            count += 1
-    print(f"wrote {count} pairs to {out}")
+    write_pairs(
+        HERE / "task_pairs.csv",
+        ["pair_id", "domain", "kind", "first_task", "second_task", "same_request"],
+        rows(),
+    )
 
 
 if __name__ == "__main__":
