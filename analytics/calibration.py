@@ -140,6 +140,19 @@ def choose_point(points: list[RocPoint], target_fpr: float | None = None) -> Roc
     return max(points, key=lambda point: (point.tpr - point.fpr, point.threshold))
 
 
+def point_metrics(area: float, chosen: RocPoint) -> dict[str, Any]:
+    """AUROC and the chosen ROC point's precision, recall, rates, Youden J and confusion counts."""
+    return {
+        "auroc": area,
+        "precision": chosen.precision,
+        "recall": chosen.recall,
+        "fpr": chosen.fpr,
+        "tpr": chosen.tpr,
+        "youden_j": chosen.tpr - chosen.fpr,
+        "confusion": {"tp": chosen.tp, "fp": chosen.fp, "tn": chosen.tn, "fn": chosen.fn},
+    }
+
+
 def calibrate_from_pairs(
     conn: duckdb.DuckDBPyConnection,
     csv_path: str | pathlib.Path,
@@ -169,15 +182,7 @@ def calibrate_from_pairs(
     points = roc_points(labels, scores)
     chosen = choose_point(points, target_fpr)
     method = "target_fpr" if target_fpr is not None else "youden_j"
-    metrics = {
-        "auroc": area,
-        "precision": chosen.precision,
-        "recall": chosen.recall,
-        "fpr": chosen.fpr,
-        "tpr": chosen.tpr,
-        "youden_j": chosen.tpr - chosen.fpr,
-        "confusion": {"tp": chosen.tp, "fp": chosen.fp, "tn": chosen.tn, "fn": chosen.fn},
-    }
+    metrics = point_metrics(area, chosen)
     provenance = {
         "model": MODEL_NAME,
         "data": data_name or str(path),
@@ -313,15 +318,7 @@ def _store_pair_calibration(
     chosen = choose_point(points, target_fpr)
     # flag score > cut; the detector links score >= threshold: the cut sits between two scores
     method = "target_fpr" if target_fpr is not None else "youden_j"
-    metrics = {
-        "auroc": area,
-        "precision": chosen.precision,
-        "recall": chosen.recall,
-        "fpr": chosen.fpr,
-        "tpr": chosen.tpr,
-        "youden_j": chosen.tpr - chosen.fpr,
-        "confusion": {"tp": chosen.tp, "fp": chosen.fp, "tn": chosen.tn, "fn": chosen.fn},
-    }
+    metrics = point_metrics(area, chosen)
     provenance = {
         "measure": measure,
         "data": data_name or str(path),

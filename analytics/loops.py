@@ -14,7 +14,7 @@ from analytics._evidence import EVIDENCE, THRESHOLD, TIMES
 from analytics.embeddings import embed_texts
 from analytics.loop_similarity import task_similarity
 from analytics.registry import register
-from analytics.side_effects import current_side_effect_tools
+from analytics.side_effects import HANDOFF_TOOL_PREFIX, current_side_effect_tools
 from analytics.sql_loader import run_sql
 from analytics.tasks import extract_task
 from analytics.thresholds import current_threshold
@@ -39,9 +39,6 @@ NEIGHBOUR_WINDOW = 4
 # for a second round is normal too.
 MIN_PING_PONG_DELEGATIONS = 4
 MIN_PING_PONG_INFERRED = 6
-# The hand-off tools of LangGraph supervisors and swarms and of OpenAI Agents are named
-# transfer_to_<agent> (analytics.side_effects excludes them from side effects by the same name).
-HANDOFF_TOOL_PREFIX = "transfer_to_"
 
 
 def connected_components(n: int, left: np.ndarray, right: np.ndarray) -> np.ndarray:

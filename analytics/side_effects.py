@@ -48,9 +48,13 @@ READ_ONLY_VERBS = (
     "is", "has", "can",
 )  # fmt: skip
 
+# The hand-off tools of LangGraph supervisors and swarms and of OpenAI Agents are named
+# transfer_to_<agent> (analytics.loops reads them as hand-offs).
+HANDOFF_TOOL_PREFIX = "transfer_to_"
+
 DEFAULT_PATTERN = r"(^|_)(" + "|".join(SIDE_EFFECT_VERBS) + r")(_|$)"
-# Read-only first words, and hand-offs between agents (transfer_to_<agent>), are no side effect.
-DEFAULT_EXCLUDE = r"^((" + "|".join(READ_ONLY_VERBS) + r")(_|$)|transfer_to_)"
+# Read-only first words, and hand-offs between agents, are no side effect.
+DEFAULT_EXCLUDE = r"^((" + "|".join(READ_ONLY_VERBS) + r")(_|$)|" + HANDOFF_TOOL_PREFIX + ")"
 
 
 @dataclass(frozen=True)
