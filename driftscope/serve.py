@@ -54,6 +54,13 @@ class ServeConfig:
     retention_interval: float = 60.0
     embeddings: bool = True
     side_effect_tools: str | None = None  # None: analytics.side_effects' default verb pattern
+    alert_rules: str | None = None
+    alertmanager_url: str | None = None
+    alert_interval: float = 30.0
+    alert_webhook_url: str | None = None
+    alert_webhook_secret: str | None = None
+    alert_slack_url: str | None = None
+    alert_dashboard_url: str = "http://127.0.0.1:8501"
 
 
 def check_exposure(config: ServeConfig) -> None:
@@ -124,6 +131,7 @@ def run_serve(config: ServeConfig) -> int:
     # Read at query time by duplicate_side_effects: the read API (so the dashboard and reports
     # reading through it) uses this value, for spans stored before it was set too.
     side_effect_tools = configure_side_effect_tools(config.side_effect_tools)
+    alert_rules = _load_alert_rules(config)
     try:
         conn = open_database(config.db, memory_limit=config.memory_limit)
     except StoreLockedError as exc:
@@ -153,6 +161,7 @@ def run_serve(config: ServeConfig) -> int:
     writer.start()
     if config.embeddings:
         worker = _start_embedding_worker(conn, writer.execute_write_fn)
+    alerting = _start_alerting(config, alert_rules, conn.cursor, writer.execute_write_fn)
     retention = None
     if config.retention:
         retention = RetentionWorker(writer.execute_write_fn, config.retention, config.retention_interval)
@@ -180,6 +189,7 @@ def run_serve(config: ServeConfig) -> int:
             "counters": stats.snapshot(),
             "retention_deleted": retention.deleted if retention else 0,
             "token_required": bool(config.token),
+            "alerting": alerting.health() if alerting is not None else {"enabled": False},
             # `driftscope calibrate --db FILE` finds the collector holding FILE by this.
             "db": str(Path(config.db).resolve()),
             "side_effect_tools": side_effect_tools.pattern if side_effect_tools.configured else "default",
@@ -199,6 +209,8 @@ def run_serve(config: ServeConfig) -> int:
 
     def stop_writing() -> None:
         # The workers write through the writer: stop them first, then drain the writer.
+        if alerting is not None:
+            alerting.stop()
         if retention:
             retention.stop()
         if worker is not None:
@@ -283,6 +295,44 @@ class _QuietServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self):
         yield
+
+
+def _load_alert_rules(config: ServeConfig):
+    """The alert rules in force, or None when alerting is off (no rules file, no receiver)."""
+    if not (
+        config.alert_rules or config.alertmanager_url or config.alert_webhook_url or config.alert_slack_url
+    ):
+        return None
+    from analytics.alert_rules import RuleError, load_rules
+
+    try:
+        return load_rules(config.alert_rules)
+    except RuleError as exc:
+        raise ConfigError(f"{exc} (check it with `driftscope alerts check FILE`)") from None
+
+
+def _start_alerting(config: ServeConfig, rules, cursor, write):
+    """The alert evaluator and its receivers (driftscope.alerting), started; None when off."""
+    if rules is None:
+        return None
+    from driftscope.alerting import AlertService, build_receivers
+
+    receivers = build_receivers(
+        config.alertmanager_url,
+        config.alert_webhook_url,
+        config.alert_webhook_secret,
+        config.alert_slack_url,
+        config.alert_dashboard_url,
+    )
+    service = AlertService(cursor, write, rules, receivers, config.alert_interval, config.alert_dashboard_url)
+    service.start()
+    logger.info(
+        "alerting: %d rule(s) every %gs, receivers: %s",
+        len(rules),
+        config.alert_interval,
+        ", ".join(r.name for r in receivers) or "none (state kept for the dashboard)",
+    )
+    return service
 
 
 def _start_embedding_worker(conn, write):
