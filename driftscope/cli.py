@@ -26,6 +26,7 @@ COMMANDS = {
     "report": "Write a drift report (html, md or json) for a time window or a run.",
     "calibrate": "Compute and store calibrated detector thresholds.",
     "settings": "Print every setting as a Markdown table (the README's settings section).",
+    "alerts": "Check an alert rules file (alerts check FILE) or send a sample alert (alerts test RULE).",
 }
 
 
@@ -111,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Calibrate from a baseline window even though detectors find failures in it.",
     )
+    alerts = subparsers["alerts"]
+    alerts.add_argument(
+        "action",
+        choices=("check", "test"),
+        help="check FILE: validate a rules file; test RULE: send a sample alert.",
+    )
+    alerts.add_argument("target", metavar="FILE|RULE", help="The rules file to check, or the rule to test.")
     subparsers["settings"].add_argument("--markdown", action="store_true", help="Markdown table (default).")
     parser.set_defaults(_subparsers=subparsers)
     return parser
@@ -326,6 +334,10 @@ def main(argv: list[str] | None = None) -> int:
             print(settings_markdown())
             sys.stdout.flush()  # a closed pipe raises here, inside the handler below
             return 0
+        if args.command == "alerts":
+            from driftscope.alerts_command import cmd_alerts
+
+            return cmd_alerts(args, values)
         if args.command == "calibrate":
             from driftscope.calibrate import cmd_calibrate
 

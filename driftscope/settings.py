@@ -106,6 +106,17 @@ def parse_tool_pattern(name: str, raw: Any) -> str:
         ) from None
 
 
+def parse_url(name: str, raw: Any) -> str:
+    """An http(s) URL such as http://127.0.0.1:9093."""
+    from urllib.parse import urlsplit
+
+    text = str(raw).strip()
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"Expected {name} to be an http(s) URL such as http://127.0.0.1:9093, got {raw!r}")
+    return text
+
+
 def parse_log_level(name: str, raw: Any) -> str:
     text = str(raw).strip().upper()
     if text not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -135,6 +146,7 @@ class Setting:
 
 
 SERVE = ("serve", "up")
+ALERTS = ("serve", "alerts")
 SETTINGS: tuple[Setting, ...] = (
     Setting(
         "db",
@@ -300,6 +312,61 @@ SETTINGS: tuple[Setting, ...] = (
         parse_tool_pattern,
         SERVE + ("dashboard", "report"),
         metavar="REGEX",
+    ),
+    Setting(
+        "alert_rules",
+        None,
+        "TOML file of alert rules (docs/alerts.md; check it with `driftscope alerts check FILE`). Without "
+        "it every finding detector has one default rule. Alerts are evaluated when this or a receiver is set.",
+        commands=ALERTS,
+        metavar="FILE",
+    ),
+    Setting(
+        "alertmanager_url",
+        None,
+        "Prometheus Alertmanager to push alerts to (POST /api/v2/alerts), e.g. http://127.0.0.1:9093.",
+        parse_url,
+        ALERTS,
+        metavar="URL",
+    ),
+    Setting(
+        "alert_interval",
+        "30s",
+        "How often alert rules are evaluated on the spans that arrived since.",
+        parse_duration,
+        ALERTS,
+        metavar="DURATION",
+    ),
+    Setting(
+        "alert_webhook_url",
+        None,
+        "Webhook receiving each alert in Alertmanager's webhook JSON (version 4).",
+        parse_url,
+        ALERTS,
+        metavar="URL",
+    ),
+    Setting(
+        "alert_webhook_secret",
+        None,
+        "Secret signing webhook bodies: header X-Driftscope-Signature: sha256=HMAC-SHA256(secret, body) hex.",
+        commands=ALERTS,
+        metavar="SECRET",
+    ),
+    Setting(
+        "alert_slack_url",
+        None,
+        "Slack incoming-webhook URL receiving one message per alert.",
+        parse_url,
+        ALERTS,
+        metavar="URL",
+    ),
+    Setting(
+        "alert_dashboard_url",
+        "http://127.0.0.1:8501",
+        "Dashboard address alerts link their findings to (Alertmanager generatorURL, webhook, Slack).",
+        parse_url,
+        ALERTS,
+        metavar="URL",
     ),
     Setting(
         "endpoint",
