@@ -16,7 +16,10 @@ window and filters (and the side-effect tool pattern in force), brought up to da
 
 The result equals a full recomputation (``tests/analytics/test_kept.py`` compares them on random
 span sets after every batch). Only file databases are kept (an in-memory one has no stable
-identity); reads never write: the kept results live in this process.
+identity). Reads never write: the kept results live in this process, and a result this process
+has not kept yet is looked up in the store first (``analytics.kept_store``: what ``serve``'s
+background refresh, ``analytics.kept_worker``, stored through the single writer, with the data
+version it was computed at), then brought up to date the same way.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 import duckdb
 import pandas as pd
 
+from analytics import kept_store
 from analytics.data_version import Scope, Version, database_identity, read_version, touched_scope
 from analytics.side_effects import current_side_effect_tools
 from analytics.sql_loader import run_scope
@@ -99,6 +103,7 @@ MAX_TOUCHED = 200
 class _Kept:
     version: Version
     frame: pd.DataFrame
+    stored: bool = False  # the store holds this frame at this version (analytics.kept_store)
 
 
 _cache: collections.OrderedDict[tuple, _Kept] = collections.OrderedDict()
@@ -201,14 +206,22 @@ def kept_result(
     identity = database_identity(conn) if name in KEPT and not _bypass.get() else None
     if identity is None:
         return compute(conn, window, filters)
-    key = (identity, name, window, filters, current_side_effect_tools())
+    tools = current_side_effect_tools()
+    key = (identity, name, window, filters, tools)
     with _cache_lock:
         kept = _cache.get(key)
+    if kept is None:  # not kept in this process: start from the stored result, if any
+        loaded = kept_store.load(conn, name, kept_store.scope_text(window, filters, tools))
+        if loaded is not None:
+            kept = _Kept(loaded[0], loaded[1], stored=True)
+            stats["loaded"] += 1
     version, touched = read_version(conn, kept.version if kept is not None else None)
     frame = None
+    stored = False
     if kept is not None and touched is not None:
         if not touched and version.spans == kept.version.spans:
             frame = kept.frame
+            stored = kept.stored
             stats["unchanged"] += 1
         elif name in PARTITIONS:
             scope = _scope_for(conn, identity, version, touched)
@@ -229,7 +242,7 @@ def kept_result(
         frame = compute(conn, window, filters)
         stats["full"] += 1
     with _cache_lock:
-        _cache[key] = _Kept(version, frame)
+        _cache[key] = _Kept(version, frame, stored)
         _cache.move_to_end(key)
         # Bounded by entries and by rows kept (a dashboard's relative windows make new keys).
         while len(_cache) > 1 and (
@@ -238,3 +251,24 @@ def kept_result(
             _cache.popitem(last=False)
     # pandas copy-on-write: a caller changing the frame changes its own copy, never the kept one.
     return frame.copy(deep=False)
+
+
+def unstored(identity: tuple, window: Window, filters: Filters) -> list[tuple[str, Version, pd.DataFrame]]:
+    """(name, version, frame) of every result kept for the database ``identity`` and this scope
+    (under the side-effect tool pattern in force) that the store does not hold at its version."""
+    tools = current_side_effect_tools()
+    with _cache_lock:
+        return [
+            (key[1], entry.version, entry.frame)
+            for key, entry in _cache.items()
+            if key[0] == identity and key[2:] == (window, filters, tools) and not entry.stored
+        ]
+
+
+def mark_stored(identity: tuple, name: str, window: Window, filters: Filters, version: Version) -> None:
+    """Record that the store now holds ``name``'s result at ``version`` (unless it moved on)."""
+    key = (identity, name, window, filters, current_side_effect_tools())
+    with _cache_lock:
+        entry = _cache.get(key)
+        if entry is not None and entry.version is version:
+            entry.stored = True

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import duckdb
 import pandas as pd
 
+from analytics import kept_store
 from analytics.crew_limits import count_limits
 from analytics.data_version import Scope as _Scope
 from analytics.data_version import Version as _Version
@@ -231,8 +232,9 @@ _MAX_TOUCHED = 200
 @dataclass
 class _Kept:
     version: _Version
-    parts: _Parts
+    parts: _Parts | None  # None: the summary was read from the store (analytics.kept_store)
     summary: pd.DataFrame
+    stored: bool = False  # the store holds this summary at this version
 
 
 _cache: collections.OrderedDict[tuple, _Kept] = collections.OrderedDict()
@@ -304,14 +306,18 @@ def run_summary(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filter
     )
     with _cache_lock:
         kept = _cache.get(key)
+    if kept is None:  # not kept in this process: the stored summary, if any (used while unchanged)
+        loaded = kept_store.load(conn, "run_summary", kept_store.scope_text(window, filters, key[3]))
+        if loaded is not None:
+            kept = _Kept(loaded[0], None, loaded[1], stored=True)
     version, touched = _read_version(conn, kept.version if kept is not None else None)
     if kept is not None and touched is not None and not touched and version.spans == kept.version.spans:
         with _cache_lock:
-            _cache[key] = _Kept(version, kept.parts, kept.summary)
+            _cache[key] = _Kept(version, kept.parts, kept.summary, kept.stored)
             _cache.move_to_end(key)
         return kept.summary.copy()
     parts = None
-    if kept is not None and touched is not None:
+    if kept is not None and kept.parts is not None and touched is not None:
         scope = _touched_scope(conn, touched, kept.parts.base.index)
         if len(scope.runs) <= min(_MAX_TOUCHED, max(8, _MAX_TOUCHED_SHARE * len(kept.parts.base))):
             fresh = _compute_parts(conn, window, filters, goal_threshold.value, scope)
@@ -325,3 +331,24 @@ def run_summary(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filter
         while len(_cache) > _CACHE_SIZE:
             _cache.popitem(last=False)
     return summary
+
+
+def unstored(identity: tuple, window: Window, filters: Filters) -> list[tuple[str, _Version, pd.DataFrame]]:
+    """("run_summary", version, summary) kept for the database ``identity`` and this scope (under
+    the side-effect tool pattern in force) when the store does not hold it at its version."""
+    tools = current_side_effect_tools()
+    with _cache_lock:
+        return [
+            ("run_summary", entry.version, entry.summary)
+            for key, entry in _cache.items()
+            if key[:4] == (identity, window, filters, tools) and not entry.stored
+        ]
+
+
+def mark_stored(identity: tuple, window: Window, filters: Filters, version: _Version) -> None:
+    """Record that the store now holds the summary kept at ``version`` (unless it moved on)."""
+    tools = current_side_effect_tools()
+    with _cache_lock:
+        for key, entry in _cache.items():
+            if key[:4] == (identity, window, filters, tools) and entry.version is version:
+                entry.stored = True

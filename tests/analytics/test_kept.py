@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import random
+import time
 from datetime import timedelta
 
 import duckdb
 import pandas as pd
 import pytest
 
-from analytics import Filters, Window, kept, run_metric
+from analytics import Filters, Window, kept, kept_store, kept_worker, run_metric, summary
 from analytics.side_effects import configure_side_effect_tools
+from analytics.types import direct_write
 from driftscope.database import migrate
 from tests.analytics.test_summary import _random_batch
 from tests.fixtures_analytics import BASE_TIME, insert_spans, make_span, trace_id
@@ -134,3 +136,120 @@ def test_kept_results_follow_a_changed_side_effect_pattern(tmp_path):
     finally:
         configure_side_effect_tools(None)
     assert len(run_metric(conn, "duplicate_side_effects")) == 1
+
+
+def _stored_conn(tmp_path, seed: int) -> tuple[duckdb.DuckDBPyConnection, random.Random, list[str]]:
+    """A file database with random spans, every kept detector and run_summary computed and stored
+    (as serve's background refresh stores them), and nothing kept in this process."""
+    rng = random.Random(seed)
+    conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
+    migrate(conn)
+    runs = [f"run-{i}" for i in range(rng.randint(2, 6))]
+    for batch in range(3):
+        insert_spans(conn, _random_batch(rng, batch, runs) + _loop_batch(rng, batch, runs))
+    kept.clear_cache()
+    summary.clear_cache()
+    kept_worker.refresh(conn)
+    assert kept_worker.store(conn, direct_write(conn)) == len(kept.KEPT) + 1
+    assert kept_worker.store(conn, direct_write(conn)) == 0  # nothing new to store
+    kept.clear_cache()
+    summary.clear_cache()
+    return conn, rng, runs
+
+
+@pytest.mark.parametrize("seed", [0, 1, pytest.param(2, marks=pytest.mark.slow)])
+def test_stored_results_answer_a_fresh_process_and_are_brought_up_to_date(tmp_path, seed):
+    conn, rng, runs = _stored_conn(tmp_path, seed)
+    before = kept.stats.copy()
+    for name in sorted(kept.KEPT):  # a restarted process: read from the store, not computed
+        _assert_same(run_metric(conn, name), _full(conn, name, Window(), Filters()), name)
+    assert kept.stats["loaded"] == before["loaded"] + len(kept.KEPT)
+    assert kept.stats["full"] == before["full"]
+    pd.testing.assert_frame_equal(
+        run_metric(conn, "run_summary"), _full(conn, "run_summary", Window(), Filters())
+    )
+    # new spans after the restart: the stored results are brought up to date like kept ones
+    kept.clear_cache()
+    summary.clear_cache()
+    insert_spans(conn, _random_batch(rng, 3, runs) + _loop_batch(rng, 3, runs))
+    for name in [*sorted(kept.KEPT), "run_summary"]:
+        _assert_same(run_metric(conn, name), _full(conn, name, Window(), Filters()), name)
+
+
+def test_stored_results_serve_a_read_only_copy_and_other_code_or_scopes_are_not_used(tmp_path):
+    conn, _, _ = _stored_conn(tmp_path, 3)
+    expected = {name: _full(conn, name, Window(), Filters()) for name in [*sorted(kept.KEPT), "run_summary"]}
+    # another code's rows are never used (a changed detector computes again)
+    conn.execute("UPDATE kept_results SET code = 'other' WHERE metric = 'lost_updates'")
+    conn.close()
+    reader = duckdb.connect(str(tmp_path / "spans.duckdb"), read_only=True)
+    before = kept.stats.copy()
+    for name, frame in expected.items():
+        _assert_same(run_metric(reader, name), frame, name)
+    assert kept.stats["loaded"] == before["loaded"] + len(kept.KEPT) - 1
+    assert kept.stats["full"] == before["full"] + 1  # lost_updates
+    # a scope nothing was stored for is computed (and nothing is written on a read-only file)
+    agent = Filters(agent="a")
+    _assert_same(
+        run_metric(reader, "repeated_calls", filters=agent),
+        _full(reader, "repeated_calls", Window(), agent),
+        "x",
+    )
+    assert kept.stats["full"] == before["full"] + 2
+    reader.close()
+
+
+def test_stored_frames_round_trip_exactly_or_are_not_stored():
+    frame = pd.DataFrame(
+        {
+            "span_ids": [["a", "b"], ["c"]],
+            "arrays": [pd.array([1, 2]).to_numpy(), pd.array([3]).to_numpy()],
+            "when": pd.to_datetime(["2026-01-01", "2026-01-02"]).as_unit("us"),
+            "nothing": [None, None],
+            "flag": [True, None],
+            "n": [1, 2],
+        }
+    )
+    back = kept_store.decode(kept_store.encode(frame))
+    pd.testing.assert_frame_equal(back, frame)
+    assert [type(v) for v in back["span_ids"]] == [list, list]
+    assert kept_store.encode(pd.DataFrame({"mixed": [1, "a"]})) is None  # no exact Arrow form
+
+
+def test_kept_worker_refreshes_after_commits_and_stores_through_its_write_function(tmp_path):
+    path = tmp_path / "spans.duckdb"
+    conn = duckdb.connect(str(path))
+    migrate(conn)
+    kept.clear_cache()
+    summary.clear_cache()
+    write = dict(op="write", state_key="k", outcome="ok", tool_name="state_write")
+    insert_spans(conn, [make_span(0, run="run-1", agent_id="a", state_version="v1", **write)])
+    writes = []
+    writer_conn = conn.cursor()
+
+    def through_writer(fn):  # what serve's SpanWriter.execute_write_fn does, counted
+        writes.append(fn)
+        return direct_write(writer_conn)(fn)
+
+    worker = kept_worker.KeptWorker(
+        conn.cursor, through_writer, min_gap_s=0.01, quiet_s=0.01, store_every_s=0
+    )
+    worker.start()
+    try:
+        assert worker.idle.wait(60)
+        assert worker.passes == 1 and not writes  # no commit yet: a read-only serve writes nothing
+        insert_spans(conn, [make_span(1, run="run-1", agent_id="b", state_version="v2", **write)])
+        worker.notify()
+        deadline = time.monotonic() + 60
+        while not (worker.idle.is_set() and writes) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert writes and worker.stored == len(kept.KEPT) + 1
+    finally:
+        worker.stop()
+    assert worker.last_error is None
+    stored = dict(conn.execute("SELECT metric, rows FROM kept_results").fetchall())
+    assert stored["lost_updates"] == 1 and set(stored) == {*kept.KEPT, "run_summary"}
+    kept.clear_cache()
+    before = kept.stats.copy()
+    assert list(run_metric(conn, "lost_updates")["run_id"]) == ["run-1"]
+    assert kept.stats["loaded"] == before["loaded"] + 1
