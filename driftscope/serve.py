@@ -14,6 +14,7 @@ from pathlib import Path
 import uvicorn
 from starlette.applications import Starlette
 
+from analytics.kept_worker import KeptWorker
 from analytics.side_effects import configure_side_effect_tools
 from collector import fastdecode
 from collector.decode import DecodeLimits
@@ -157,10 +158,20 @@ def run_serve(config: ServeConfig) -> int:
     # One bound on request bytes waiting for it, HTTP bodies and gRPC messages together.
     pending = PendingBytes(config.max_pending_bytes)
     worker = None
-    writer = SpanWriter(conn.cursor(), queue, on_commit=lambda n: worker.notify() if worker else None)
+    kept_worker = None
+
+    def on_commit(stored: int) -> None:  # noqa: ARG001 - the background workers look for themselves
+        for background in (worker, kept_worker):
+            if background is not None:
+                background.notify()
+
+    writer = SpanWriter(conn.cursor(), queue, on_commit=on_commit)
     writer.start()
     if config.embeddings:
         worker = _start_embedding_worker(conn, writer.execute_write_fn)
+    # Detector results of the default scope brought up to date after commits and stored through
+    # the writer, so requests and a restarted serve find them ready (analytics.kept_worker).
+    kept_worker = KeptWorker(conn.cursor, writer.execute_write_fn).start()
     alerting = _start_alerting(config, alert_rules, conn.cursor, writer.execute_write_fn)
     retention = None
     if config.retention:
@@ -193,6 +204,11 @@ def run_serve(config: ServeConfig) -> int:
             # `driftscope calibrate --db FILE` finds the collector holding FILE by this.
             "db": str(Path(config.db).resolve()),
             "side_effect_tools": side_effect_tools.pattern if side_effect_tools.configured else "default",
+            "kept_results_worker": {
+                "passes": kept_worker.passes,
+                "stored": kept_worker.stored,
+                "last_error": kept_worker.last_error,
+            },
             "embedding_worker": (
                 {"enabled": True, "embedded": worker.embedded, "last_error": worker.last_error}
                 if worker is not None
@@ -215,6 +231,7 @@ def run_serve(config: ServeConfig) -> int:
             retention.stop()
         if worker is not None:
             worker.stop()
+        kept_worker.stop()
         writer.stop()
         try:
             conn.execute("CHECKPOINT")
