@@ -111,6 +111,11 @@ SCOPE_TRACELOOP_LANGCHAIN = "opentelemetry.instrumentation.langchain"
 SCOPE_TRACELOOP_CREWAI = "opentelemetry.instrumentation.crewai"
 # CrewAI's tools through which a manager hands work to a coworker.
 CREWAI_DELEGATION_TOOLS = frozenset({"Delegate work to coworker", "Ask question to coworker"})
+# OpenAI Agents names a hand-off span "handoff to <agent>".
+HANDOFF_PREFIX = "handoff to "
+# The attributes two readers and a condition look at besides their source's value.
+SMOLAGENTS_TASK_KEY = "input.value"  # a managed agent's prompt, which names it
+CREWAI_TOOL_KEY = "tool.name"  # the tool a CrewAI span calls
 # smolagents agent classes: a `<class>.run` span name names no agent of its own.
 SMOLAGENTS_AGENT_CLASSES = frozenset(
     {"MultiStepAgent", "CodeAgent", "ToolCallingAgent", "StructuredCodeAgent", "ManagedAgent"}
@@ -556,7 +561,7 @@ def smolagents_agent(span_name: Any, get: Callable[[str], Any]) -> str | None:
         return None
     name = span_name[:-4]
     if name in SMOLAGENTS_AGENT_CLASSES:
-        task = get("input.value")
+        task = get(SMOLAGENTS_TASK_KEY)
         if isinstance(task, str) and "helpful agent named" in task:
             match = _SMOLAGENTS_NAMED.search(task)
             if match:
@@ -592,9 +597,137 @@ CONDITIONS: dict[str, str] = {
     # a tool call proper: a tool span that is not a hand-off between agents
     "tool_call": "out[COLUMN['span_family']] == 'tool' and out[COLUMN['op']] != 'delegate'",
     "smolagents_agent": "scope == SCOPE_SMOLAGENTS and out[COLUMN['span_family']] == 'agent'",
-    "openai_agents_handoff": "scope == SCOPE_OPENAI_AGENTS and name.startswith('handoff to ')",
-    "crewai_delegation": "str(get('tool.name')) in CREWAI_DELEGATION_TOOLS",
+    "openai_agents_handoff": "scope == SCOPE_OPENAI_AGENTS and name.startswith(HANDOFF_PREFIX)",
+    "crewai_delegation": "str(get(CREWAI_TOOL_KEY)) in CREWAI_DELEGATION_TOOLS",
     "stable_agent_id": "scope != SCOPE_TRACELOOP_LANGCHAIN and scope != SCOPE_TRACELOOP_CREWAI",
+}
+
+
+# --- the same readers and conditions as ClickHouse SQL (collector.clickhouse_schema generates the
+# `spans` materialized view from RULES with them; tests/collector/test_clickhouse_store.py holds
+# the view equal to this module's mapping on real spans). Each takes a ``SqlContext``: ``v`` is the
+# source's raw value (a non-empty String expression), ``q.get(key)`` a span attribute ('' when
+# absent), ``q.name`` / ``q.scope`` the span's name and scope, ``q.column(name)`` a column mapped
+# earlier.
+
+
+def sql_text(text: str) -> str:
+    """A ClickHouse string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _sql_set(values: Any) -> str:
+    return "(" + ", ".join(sql_text(value) for value in sorted(values)) + ")"
+
+
+def _sql_lookup(mapping: Mapping[str, str], expr: str) -> str:
+    pairs = ", ".join(f"{sql_text(k)}, {sql_text(v)}" for k, v in mapping.items())
+    return f"nullIf(map({pairs})[{expr}], '')"
+
+
+def _sql_json_string(v: str, key: str) -> str:
+    return f"JSONExtractString({v}, {sql_text(key)})"
+
+
+def _sql_langgraph_agent(v: str) -> str:
+    head = f"splitByChar(':', splitByChar('|', {v})[1])[1]"
+    return f"if(startsWith({head}, '__'), NULL, nullIf({head}, ''))"
+
+
+def _sql_call_arguments(v: str) -> str:
+    markers = " OR ".join(f"position({v}, {sql_text(marker)}) > 0" for marker in _WRAPPER_MARKERS)
+    keys = f"JSONExtractKeys({v})"
+    smol_keys = "[" + ", ".join(sql_text(k) for k in sorted(_SMOLAGENTS_WRAPPER_KEYS)) + "]"
+    loop_keys = "[" + ", ".join(sql_text(k) for k in sorted(_TRACELOOP_WRAPPER_KEYS)) + "]"
+    args = f"JSONExtractArrayRaw({v}, 'args')"
+    no_args = f"(NOT JSONHas({v}, 'args') OR JSONType({v}, 'args') = 'Null' OR empty({args}))"
+    no_kwargs = (
+        f"(NOT JSONHas({v}, 'kwargs') OR JSONType({v}, 'kwargs') = 'Null' "
+        f"OR empty(JSONExtractKeys({v}, 'kwargs')))"
+    )
+    kwargs = f"if({no_kwargs}, '{{}}', JSONExtractRaw({v}, 'kwargs'))"
+    bad_types = (
+        f"(JSONHas({v}, 'args') AND JSONType({v}, 'args') NOT IN ('Array', 'Null')) OR "
+        f"(JSONHas({v}, 'kwargs') AND JSONType({v}, 'kwargs') NOT IN ('Object', 'Null'))"
+    )
+    one_arg = f"arrayElement({args}, 1)"
+    smolagents = (
+        f"multiIf({bad_types}, {v}, {no_args}, {kwargs}, {no_kwargs}, "
+        f"if(length({args}) = 1, if(JSONType({one_arg}) = 'String', JSONExtractString({one_arg}), {one_arg}), "
+        f"JSONExtractRaw({v}, 'args')), "
+        f"concat('{{\"args\":', JSONExtractRaw({v}, 'args'), ',\"kwargs\":', {kwargs}, '}}'))"
+    )
+    traceloop = (
+        f"multiIf(JSONType({v}, 'inputs') = 'Object' AND notEmpty(JSONExtractKeys({v}, 'inputs')), "
+        f"JSONExtractRaw({v}, 'inputs'), JSONType({v}, 'input_str') = 'String', "
+        f"JSONExtractString({v}, 'input_str'), {v})"
+    )
+    return (
+        f"multiIf(NOT ({markers}), {v}, NOT (startsWith({v}, '{{') AND isValidJSON({v})) OR empty({keys}), {v}, "
+        f"hasAll({smol_keys}, {keys}) AND (has({keys}, 'args') OR has({keys}, 'kwargs')), {smolagents}, "
+        f"hasAll({loop_keys}, {keys}) AND has({keys}, 'input_str'), {traceloop}, {v})"
+    )
+
+
+def _sql_smolagents_agent(v: str, q: SqlContext) -> str:
+    name = f"substring({v}, 1, length({v}) - 4)"
+    named = f"extract({q.get(SMOLAGENTS_TASK_KEY)}, {sql_text(_SMOLAGENTS_NAMED.pattern)})"
+    classes = _sql_set(SMOLAGENTS_AGENT_CLASSES)
+    return f"if(endsWith({v}, '.run'), if({name} IN {classes} AND {named} != '', {named}, nullIf({name}, '')), NULL)"
+
+
+class SqlContext:
+    """Where the SQL readers and conditions find a span's fields (``otel_traces`` columns)."""
+
+    name = "SpanName"
+    scope = "ScopeName"
+
+    def get(self, key: str) -> str:
+        return f"SpanAttributes[{sql_text(key)}]"
+
+    def resource(self, key: str) -> str:
+        return f"ResourceAttributes[{sql_text(key)}]"
+
+    def column(self, name: str) -> str:
+        return name
+
+
+READERS_SQL: dict[str, Callable[[str, SqlContext], str]] = {
+    "genai_family": lambda v, q: _sql_lookup(_GENAI_FAMILY, v),
+    "openinference_family": lambda v, q: _sql_lookup(_OPENINFERENCE_FAMILY, f"upperUTF8({v})"),
+    "traceloop_family": lambda v, q: _sql_lookup(_TRACELOOP_FAMILY, f"lowerUTF8({v})"),
+    "family_operation": lambda v, q: _sql_lookup(_FAMILY_OPERATION, v),
+    "langgraph_node": lambda v, q: (
+        f"if(position({v}, 'langgraph_node') > 0, nullIf(JSONExtractString({v}, 'langgraph_node'), ''), NULL)"
+    ),
+    "call_arguments": lambda v, q: _sql_call_arguments(v),
+    "smolagents_agent": _sql_smolagents_agent,
+    "langgraph_agent": lambda v, q: _sql_langgraph_agent(v),
+    "langgraph_metadata_agent": lambda v, q: (
+        f"if(position({v}, 'langgraph_checkpoint_ns') > 0, "
+        f"{_sql_langgraph_agent(_sql_json_string(v, 'langgraph_checkpoint_ns'))}, NULL)"
+    ),
+    "crewai_coworker": lambda v, q: f"nullIf(trimBoth(JSONExtractString({v}, 'coworker')), '')",
+    "tool": lambda v, q: "'tool'",
+    "delegate": lambda v, q: "'delegate'",
+    "attribute": lambda v, q: "'attribute'",
+}
+CONDITIONS_SQL: dict[str, Callable[[SqlContext], str]] = {
+    "agent": lambda q: f"{q.column('span_family')} = 'agent'",
+    "tool": lambda q: f"{q.column('span_family')} = 'tool'",
+    "tool_call": lambda q: (
+        f"{q.column('span_family')} = 'tool' AND ifNull({q.column('op')}, '') != 'delegate'"
+    ),
+    "smolagents_agent": lambda q: (
+        f"{q.scope} = {sql_text(SCOPE_SMOLAGENTS)} AND {q.column('span_family')} = 'agent'"
+    ),
+    "openai_agents_handoff": lambda q: (
+        f"{q.scope} = {sql_text(SCOPE_OPENAI_AGENTS)} AND startsWith({q.name}, {sql_text(HANDOFF_PREFIX)})"
+    ),
+    "crewai_delegation": lambda q: f"{q.get(CREWAI_TOOL_KEY)} IN {_sql_set(CREWAI_DELEGATION_TOOLS)}",
+    "stable_agent_id": lambda q: (
+        f"{q.scope} NOT IN {_sql_set((SCOPE_TRACELOOP_LANGCHAIN, SCOPE_TRACELOOP_CREWAI))}"
+    ),
 }
 _ENV: dict[str, Any] = {
     "COLUMN": _INDEX,
@@ -607,6 +740,8 @@ _ENV: dict[str, Any] = {
     "SCOPE_TRACELOOP_LANGCHAIN": SCOPE_TRACELOOP_LANGCHAIN,
     "SCOPE_TRACELOOP_CREWAI": SCOPE_TRACELOOP_CREWAI,
     "CREWAI_DELEGATION_TOOLS": CREWAI_DELEGATION_TOOLS,
+    "CREWAI_TOOL_KEY": CREWAI_TOOL_KEY,
+    "HANDOFF_PREFIX": HANDOFF_PREFIX,
     "langgraph_node": _langgraph_node,
     "call_arguments": call_arguments,
     "smolagents_agent": smolagents_agent,
@@ -641,6 +776,12 @@ def _expression(source: Source, columns: Sequence[str]) -> str:
     return f"get({key!r})"
 
 
+def is_direct(rule: Rule) -> bool:
+    """A rule that copies one span attribute as it is (its key present: even '' is kept)."""
+    (first, *more) = rule.sources
+    return not more and not first.when and not first.read and rule.default is None and ":" not in first.key
+
+
 def generate_mapper(rules: Sequence[Rule] = RULES) -> str:
     """Python source of ``map_span(attrs, resource, name, scope) -> list`` for the table.
 
@@ -657,9 +798,9 @@ def generate_mapper(rules: Sequence[Rule] = RULES) -> str:
             raise ValueError(f"convention rule for unknown column {rule.column!r}")
         if rule.column in done:
             raise ValueError(f"two convention rules for column {rule.column!r}")
-        (first, *more) = rule.sources
+        first = rule.sources[0]
         index = _INDEX[rule.column]
-        if not more and not first.when and not first.read and rule.default is None and ":" not in first.key:
+        if is_direct(rule):
             direct.append(f"    {first.key!r}: ({index}, {rule.kind!r}),")
             done.append(rule.column)
             continue
