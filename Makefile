@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: up install dev test test-fast test-deep lint format bench bench-smoke bench-shapes sample-traces chromium clean
+.PHONY: up install dev test test-fast test-deep lint format bench bench-smoke bench-shapes sample-traces chromium alertmanager clean
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "driftscope needs Python 3.11 ($(PYTHON) not found)"; exit 1; }
@@ -40,6 +40,13 @@ chromium:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	fi
 
+# Debian's Prometheus Alertmanager for the alerting end-to-end tests (tests/e2e/test_alertmanager.py).
+alertmanager:
+	@if [ ! -x /usr/bin/prometheus-alertmanager ]; then \
+		echo "installing Debian's prometheus-alertmanager for the alerting tests"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus-alertmanager >/dev/null; \
+	fi
+
 lint: dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -52,11 +59,11 @@ format: dev
 # on one worker (--dist loadfile), so a module fixture (one shared serve) is built once.
 PYTEST_PARALLEL ?= -n auto --dist loadfile
 
-test: dev chromium lint
+test: dev chromium alertmanager lint
 	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) -m "not deep"
 
 # make test plus the further random seeds of the property tests (marked deep).
-test-deep: dev chromium
+test-deep: dev chromium alertmanager
 	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_PARALLEL)
 
 # The decoder fuzz tests against an AddressSanitizer + UBSan build of collector/_otlpfast.c, built
