@@ -24,7 +24,7 @@ from analytics.crew_limits import count_threshold_name, run_services
 from analytics.embeddings import MODEL_NAME, embed_texts
 from analytics.goals import goal_pairs, score_pairs
 from analytics.loop_similarity import argument_similarity, task_similarity
-from analytics.registry import run_metric
+from analytics.registry import counted_metrics, run_metric
 from analytics.runaway import AGENT_THRESHOLD, RUN_THRESHOLD, RUNAWAY_MARGIN, baseline_limit
 from analytics.sql_loader import run_sql
 from analytics.tasks import extract_task
@@ -40,11 +40,6 @@ _FALSE = {"0", "no", "n", "false", "f", "on_goal", "ok"}
 # maximum); below these sizes a threshold is skipped and the reason reported.
 MIN_BASELINE_VALUES = 20
 MIN_BASELINE_RUNS = 10
-COUNT_DETECTORS = (
-    "divergent_reads", "lost_updates", "constraint_drops", "context_drift_holders",
-    "stale_policy_sends", "repeated_calls", "ping_pong", "budget_exhaustion",
-    "duplicate_side_effects", "runaway_runs",
-)  # fmt: skip
 LOOP_PAIR_COLUMNS = ("first", "second", "same_request")
 TASK_PAIR_COLUMNS = ("first_task", "second_task", "same_request")
 
@@ -447,7 +442,7 @@ def calibrate_from_baseline(
     runs = run_metric(conn, "run_summary", window, filters)
     runs = runs.assign(service=run_services(conn, runs["run_id"]).to_numpy())
     for service, crew in runs.dropna(subset=["service"]).groupby("service"):
-        for detector in COUNT_DETECTORS:
+        for detector in (m.name for m in counted_metrics()):  # the counts the verdict compares
             column = f"{detector}_count"
             if column in crew.columns:
                 store(count_threshold_name(detector, service), crew[column].to_numpy(),

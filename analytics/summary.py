@@ -20,7 +20,7 @@ from analytics.data_version import read_version as _read_version
 from analytics.data_version import touched_scope as _touched_scope
 from analytics.goals import goal_run_stats
 from analytics.kept import PARTITIONS
-from analytics.registry import counted_metrics, register, run_metric
+from analytics.registry import METRICS, counted_metrics, finding_metrics, register, run_metric
 from analytics.side_effects import current_side_effect_tools
 from analytics.sql_loader import run_sql
 from analytics.thresholds import ThresholdInfo, current_threshold
@@ -76,13 +76,30 @@ def enforcement_coverage(conn: duckdb.DuckDBPyConnection, window: Window, filter
     return run_sql(conn, "enforcement_coverage", window, filters)
 
 
-# Extra named counts per run, as conditions on a detector's finding rows.
-_EXTRA_COUNTS: dict[str, dict[str, Callable[[pd.DataFrame], pd.Series]]] = {
-    "context_drift_holders": {"unrefreshed": lambda f: ~f["refreshed"].eq(True).fillna(False).astype(bool)},
-    "stale_policy_sends": {"allowed": lambda f: f["allowed"].eq(True).fillna(False).astype(bool)},
-}
-# Counted beside the verdict detectors (its own columns in the summary).
-_ALSO_COUNTED = ("stale_policy_sends",)
+def _summed_metrics() -> list:
+    """Finding metrics run_summary counts per run: the counted ones, plus those whose rows say
+    per row whether a failure took effect (a flag column on a failing metric, or a column that
+    clears a row: ``failing_unless``). goal_divergence is summed by its own SQL aggregate
+    (``goal_run_stats``: one row per run, not per subtask)."""
+    return [
+        m
+        for m in finding_metrics()
+        if m.name != "goal_divergence" and (m.counted or m.failing_unless or (m.failing and m.flag_column))
+    ]
+
+
+def _true(frame: pd.DataFrame, column: str) -> pd.Series:
+    return frame[column].eq(True).fillna(False).astype(bool)
+
+
+def _row_counts(metric) -> dict[str, Callable[[pd.DataFrame], pd.Series]]:
+    """The per-row conditions counted for ``metric`` beside its rows (``n``), by label."""
+    counts: dict[str, Callable[[pd.DataFrame], pd.Series]] = {}
+    if metric.failing_unless:
+        counts["unrecovered"] = lambda f, c=metric.failing_unless: ~_true(f, c)
+    if metric.failing and metric.flag_column:
+        counts["flagged"] = lambda f, c=metric.flag_column: _true(f, c)
+    return counts
 
 
 # Detectors whose findings are keyed by something other than the run: run_summary recomputes
@@ -106,7 +123,7 @@ def _findings_per_run(
         column = PARTITIONS[name]
         frame = frame[frame[column].isin(scope.origin_tasks if column == "origin_task_id" else scope.runs)]
     keys = ["run_id"] if name not in _COUNTED_BY else [_COUNTED_BY[name], "run_id"]
-    extra = _EXTRA_COUNTS.get(name, {})
+    extra = _row_counts(METRICS[name])
     columns = {"n": pd.Series(1, index=frame.index, dtype="int64")}
     columns.update({label: condition(frame).astype("int64") for label, condition in extra.items()})
     counts = pd.DataFrame({**{key: frame[key] for key in keys}, **columns})
@@ -139,7 +156,7 @@ def _compute_parts(
     base = run_sql(conn, "run_summary", window, filters, runs=runs, runs_since=since)
     base = base.set_index("run_id", drop=False)
     found: dict[str, pd.DataFrame] = {}
-    for name in dict.fromkeys([*counted_detectors(), *_ALSO_COUNTED]):
+    for name in (m.name for m in _summed_metrics()):
         found[name] = _findings_per_run(conn, name, window, filters, scope)
     goals = goal_run_stats(conn, window, filters, goal_threshold, runs=runs, runs_since=since)
     return _Parts(base, found, goals)
@@ -189,17 +206,20 @@ def _assemble(conn: duckdb.DuckDBPyConnection, parts: _Parts, goal_threshold: Th
         if name in _COUNTED_BY:  # one row per (key, run): sum per run
             frame = frame.drop(columns=_COUNTED_BY[name]).groupby("run_id").sum()
         found[name] = frame
-    failing_names = failing_detectors()
-    for name in counted_detectors():
+    for metric in _summed_metrics():
+        name = metric.name
         base[f"{name}_count"] = per_run(found[name]["n"])
-        over = base[f"{name}_count"] > allowed.get(name, 0.0)
-        if name in failing_names:
+        if metric.counted:  # over the crew's calibrated count: failing, or a warning
+            over = base[f"{name}_count"] > allowed.get(name, 0.0)
+        else:  # every row is at least a warning (a guard refused it)
+            over = base[f"{name}_count"] > 0
+        if metric.failing and not metric.flag_column:
             failing |= over
         else:
             degraded |= over
-    base["stale_holders_unrefreshed"] = per_run(found["context_drift_holders"]["unrefreshed"])
-    base["stale_policy_sends_count"] = per_run(found["stale_policy_sends"]["n"])
-    base["stale_sends_allowed"] = per_run(found["stale_policy_sends"]["allowed"])
+        for label in _row_counts(metric):  # rows that took effect: failing whatever the count
+            base[f"{name}_{label}"] = per_run(found[name][label])
+            failing |= base[f"{name}_{label}"] > 0
     # Goal columns from one SQL aggregate over the subtasks (no row per subtask).
     goals = parts.goals
     base["drifted_subtasks"] = per_run(goals["drifted_subtasks"])
@@ -209,8 +229,6 @@ def _assemble(conn: duckdb.DuckDBPyConnection, parts: _Parts, goal_threshold: Th
     drifted = base["drifted_subtasks"] > 0
     review = drifted if not goal_threshold.calibrated else pd.Series(False, index=base.index)
     failing |= drifted & goal_threshold.calibrated
-    failing |= (base["stale_sends_allowed"] > 0) | (base["stale_holders_unrefreshed"] > 0)
-    degraded |= base["stale_policy_sends_count"] > 0
     base["verdict"] = "healthy"
     base.loc[degraded, "verdict"] = "degraded"
     base.loc[review, "verdict"] = "to review"
@@ -248,8 +266,24 @@ def clear_cache() -> None:
 
 
 def _summary_columns() -> dict[str, str]:
-    """run_summary's columns: one count per counted detector, so they follow the registry."""
-    failing = ", ".join(m.title or m.name for m in counted_metrics() if m.failing)
+    """run_summary's columns: the counts of each summed detector, so they follow the registry."""
+    counts: dict[str, str] = {}
+    failing: list[str] = []
+    failing_any: list[str] = []
+    warnings: list[str] = ["refused calls"]
+    for m in _summed_metrics():
+        label = m.title or m.name
+        if m.counted:
+            counts[f"{m.name}_count"] = f"{m.name} findings in the run"
+        else:
+            counts[f"{m.name}_count"] = f"{m.name} rows in the run (those a guard refused included)"
+        (failing if m.failing and not m.flag_column else warnings).append(label)
+        if m.failing_unless:
+            counts[f"{m.name}_unrecovered"] = f"{m.name} findings whose {m.failing_unless} is not true"
+            failing_any.append(f"{label} without {m.failing_unless}")
+        if m.failing and m.flag_column:
+            counts[f"{m.name}_flagged"] = f"{m.name} rows whose {m.flag_column} is true (went through)"
+            failing_any.append(f"{label} with {m.flag_column}")
     return {
         "run_id": "run (conversation id)",
         "trace_id": "first trace of the run",
@@ -259,17 +293,14 @@ def _summary_columns() -> dict[str, str]:
         "traces": "traces in the run",
         "errors": "spans that failed (outcome error or status Error)",
         "rejections": "calls refused by a guard (failures prevented)",
-        **{f"{name}_count": f"{name} findings in the run" for name in counted_detectors()},
-        "stale_holders_unrefreshed": "context_drift_holders that never refreshed",
-        "stale_policy_sends_count": "sends against a superseded policy (refused or allowed)",
-        "stale_sends_allowed": "stale-policy sends that went out",
+        **counts,
         "drifted_subtasks": "subtasks over the goal-divergence threshold",
         "worst_divergence": "highest goal divergence in the run (1 - cosine), None without subtasks",
-        "verdict": f"'failing' (a finding of {failing}; a "
-        "drifted subtask under a calibrated threshold, unrefreshed stale holder or allowed stale send), "
+        "verdict": f"'failing' (more findings than the crew's calibrated count, 0 by default, of: "
+        f"{'; '.join(failing)}; any {'; any '.join(failing_any)}; or a drifted subtask under a "
+        "calibrated goal threshold), "
         "'to review' (otherwise failing only by subtasks over the uncalibrated default goal-divergence "
-        "threshold), 'degraded' (only refused calls, divergent reads, budget stops, refreshed holders), "
-        "or 'healthy'",
+        f"threshold), 'degraded' (only {'; '.join(warnings)}), or 'healthy'",
         "first_seen": "first span (naive UTC)",
         "last_seen": "last span (naive UTC)",
     }  # fmt: skip
@@ -303,6 +334,7 @@ def run_summary(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filter
         current_side_effect_tools(),
         tuple(counted_detectors()),
         tuple(failing_detectors()),
+        tuple(m.name for m in _summed_metrics()),
     )
     with _cache_lock:
         kept = _cache.get(key)

@@ -31,6 +31,13 @@ def list_migrations(package: str = "collector") -> list[tuple[int, str, str]]:
         if match:
             found.append((int(match.group(1)), entry.name, entry.read_text(encoding="utf-8")))
     found.sort()
+    numbers = [number for number, _, _ in found]
+    clashes = sorted({name for number, name, _ in found if numbers.count(number) > 1})
+    if clashes:
+        raise RuntimeError(
+            f"{package}/migrations: {', '.join(clashes)} share a number; every migration needs its own "
+            "(renumber the newer one to the next free number)"
+        )
     return found
 
 

@@ -36,11 +36,11 @@ def test_run_summary_counts_equal_each_detectors_findings_per_run(scenarios, run
         assert got == {k: v for k, v in expected.items() if k in rows.index}, name
     holders = run_metric(scenarios, "context_drift_holders", filters=filters)
     unrefreshed = _per_run(holders[~holders["refreshed"].astype(bool)]) if not holders.empty else {}
-    assert {k: v for k, v in rows["stale_holders_unrefreshed"].items() if v} == unrefreshed
+    assert {k: v for k, v in rows["context_drift_holders_unrecovered"].items() if v} == unrefreshed
     sends = run_metric(scenarios, "stale_policy_sends", filters=filters)
     assert {k: v for k, v in rows["stale_policy_sends_count"].items() if v} == _per_run(sends)
     allowed = _per_run(sends[sends["allowed"].astype(bool)]) if not sends.empty else {}
-    assert {k: v for k, v in rows["stale_sends_allowed"].items() if v} == allowed
+    assert {k: v for k, v in rows["stale_policy_sends_flagged"].items() if v} == allowed
 
 
 def test_scenario_database_has_findings_of_every_sql_counted_detector(scenarios):

@@ -198,3 +198,48 @@ def test_a_new_detector_appears_in_the_report(toy_db):
     for text in (html, markdown):
         assert MODE in text and "run-refund" in text
     assert TITLE in html  # the findings-per-mode chart
+
+
+def test_a_detector_whose_rows_can_recover_gets_its_own_summary_counts(tmp_path):
+    """failing_unless: a row without the recovery column is a failure whatever the count; a row
+    with it only a warning. The summary's columns and verdicts follow from the registration."""
+    path = tmp_path / "recover.duckdb"
+    conn = duckdb.connect(str(path))
+    migrate(conn)
+    insert_spans(
+        conn,
+        [
+            make_span(0, run="run-unchecked", agent_id="cashier", tool_name="refund"),
+            make_span(0, run="run-checked", agent_id="cashier", tool_name="refund", outcome="ok"),
+            make_span(0, run="run-quiet", agent_id="cashier", tool_name="lookup_order"),
+        ],
+    )
+    sql = TOY_SQL.replace("Timestamp AS last_seen", "Timestamp AS last_seen, outcome = 'ok' AS checked")
+    with scratch_registry():
+
+        @register(
+            TOY,
+            description="Refunds, checked afterwards or not (toy).",
+            columns={**EVIDENCE, "agent": "agent that refunded", **TIMES, "checked": "checked afterwards"},
+            row="one refund call",
+            title=TITLE,
+            failure_mode=MODE,
+            mast_category="task verification",
+            findings=True,
+            failing_unless="checked",
+        )
+        def toy_refunds(conn, window, filters):
+            return query_df(conn, expand_fragments(sql), filter_params(window, filters))
+
+        columns = METRICS["run_summary"].columns
+        summary = run_metric(conn, "run_summary").set_index("run_id")
+    conn.close()
+    assert f"{TOY}_count" in columns and f"{TOY}_unrecovered" in columns
+    assert f"{TITLE} without checked" in columns["verdict"]
+    assert summary.loc["run-unchecked", [f"{TOY}_count", f"{TOY}_unrecovered", "verdict"]].tolist() == [
+        1, 1, "failing"
+    ]  # fmt: skip
+    assert summary.loc["run-checked", [f"{TOY}_count", f"{TOY}_unrecovered", "verdict"]].tolist() == [
+        1, 0, "degraded"
+    ]  # fmt: skip
+    assert summary.loc["run-quiet", "verdict"] == "healthy"
