@@ -435,7 +435,8 @@ class AlertService:
             channel.status.queued = channel.queue.qsize()
 
     # --- lifecycle ------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, evaluate: bool = True) -> None:
+        """Start the delivery threads and (``evaluate``) the evaluator thread."""
         for channel in self.channels:
             channel.thread = threading.Thread(
                 target=self._deliver,
@@ -444,12 +445,14 @@ class AlertService:
                 daemon=True,
             )
             channel.thread.start()
-        self._thread.start()
+        if evaluate:
+            self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop evaluating and delivering (before the writer stops: both write through it)."""
         self._stop.set()
-        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
         for channel in self.channels:
             if channel.thread is not None:
                 channel.thread.join(timeout)
