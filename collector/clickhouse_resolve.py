@@ -1,0 +1,187 @@
+"""The second step after the materialized view: resolve the span tree in ClickHouse's `spans`.
+
+The view maps each span on its own (as the decoders do). What needs a span's ancestors and
+descendants - an agent inherited from the nearest agent span, a run inherited or merged into
+the invoking run, delegation hops, an agent's input from its caller or first model call, and
+exporter retries stored twice - is resolved here by DuckDB's own statements
+(``collector.store.insert_batches``, the one definition) over the touched traces only, in an
+in-memory DuckDB, in the order the rows arrived. Rows whose values change are rewritten in
+`spans` (delete + insert: run_id and agent_id are its sort key, which ClickHouse cannot UPDATE).
+
+Until a pass has run, new rows hold per-span values (no inherited agent, run = trace id when no
+span names one). Run it after inserts (``driftscope serve --store`` does after each batch) or on
+a schedule (``driftscope clickhouse resolve``) next to an OpenTelemetry Collector.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from collector import clickhouse_schema as schema
+from collector.decode import SPAN_SCHEMA, DecodedBatch
+from collector.migrations_runner import apply_migrations
+from collector.store import insert_batches
+
+logger = logging.getLogger(__name__)
+
+_STATE = "driftscope_resolve_state"
+# Columns the tree statements of collector/store.py may change.
+_TREE_COLUMNS = ("run_id", "agent_id", "agent_name", "agent_source", "hop", "input_text")
+
+
+def clickhouse_to_duckdb(rows: pa.Table) -> pa.Table:
+    """Rows of ClickHouse's `spans` as DuckDB's `spans` schema (``collector.decode.SPAN_SCHEMA``):
+    maps back to key/value lists, flagged lists back to NULL, time zones dropped."""
+    flags = schema.list_null_columns()
+    arrays = []
+    for field in SPAN_SCHEMA:
+        column = rows.column(field.name)
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        if pa.types.is_dictionary(column.type):
+            column = column.dictionary_decode()
+        if pa.types.is_map(column.type):
+            entries = pa.StructArray.from_arrays(
+                [column.keys.cast(pa.string()), column.items.cast(pa.string())], names=["key", "value"]
+            )
+            column = pa.ListArray.from_arrays(column.offsets, entries)
+        elif field.name in flags:
+            null = pc.equal(rows.column(flags[field.name]).combine_chunks(), 1)
+            column = pc.if_else(null, pa.scalar(None, field.type), column.cast(field.type))
+        arrays.append(column.cast(field.type))
+    return pa.Table.from_arrays(arrays, schema=SPAN_SCHEMA)
+
+
+def duckdb_to_clickhouse(rows: pa.Table) -> pa.Table:
+    """Rows of DuckDB's `spans` schema in ClickHouse's `spans` columns (lists: [] plus a NULL flag)."""
+    flags = schema.list_null_columns()
+    columns: dict[str, pa.Array] = {}
+    for name in schema.spans_clickhouse_types():
+        if name in flags.values():
+            continue
+        column = rows.column(name).combine_chunks()
+        if name in ("ResourceAttributes", "SpanAttributes"):
+            values = column.values
+            column = pa.MapArray.from_arrays(
+                column.offsets,
+                values.field("key"),
+                values.field("value"),
+                type=pa.map_(pa.string(), pa.string()),
+            )
+        elif name in flags:
+            columns[name] = pc.if_else(pc.is_null(column), pa.scalar([], column.type), column)
+            columns[flags[name]] = pc.cast(pc.is_null(column), pa.uint8())
+            continue
+        elif pa.types.is_timestamp(column.type):
+            column = column.cast(pa.timestamp("us", "UTC"))
+        columns[name] = column
+    return pa.table(columns)
+
+
+def _ch_time(value: datetime) -> str:
+    """A UTC time as a DateTime64(6) parameter value."""
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC).replace(tzinfo=None)
+    return value.strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def _naive(value: datetime) -> datetime:
+    return value.astimezone(UTC).replace(tzinfo=None) if value.tzinfo is not None else value
+
+
+def _resolved_to(store) -> datetime | None:
+    rows = store.execute(
+        f"SELECT argMax(resolved_to, at) AS t, count() AS n FROM {schema.qualified(store.database, _STATE)} "
+        "WHERE name = 'spans'"
+    )
+    if rows.column("n")[0].as_py() == 0:
+        return None
+    return rows.column("t")[0].as_py()
+
+
+def resolve_spans(store, settle_seconds: float = 2.0) -> int:
+    """Resolve the trees of the traces that gained rows since the last pass; return the number
+    of `spans` rows rewritten. Rows younger than ``settle_seconds`` wait for the next pass (an
+    insert still in flight might otherwise land behind the watermark)."""
+    db = store.database
+    spans_table = schema.qualified(db, schema.SPANS_TABLE)
+    since = _resolved_to(store)
+    now = _naive(store.execute("SELECT now64(6, 'UTC') AS t").column("t")[0].as_py())
+    until = now - timedelta(seconds=settle_seconds)
+    since = _naive(since) if since is not None else datetime(1970, 1, 1)
+    bounds = {"since": _ch_time(since), "until": _ch_time(until)}
+    window = "ingested_at > {since:DateTime64(6, 'UTC')} AND ingested_at <= {until:DateTime64(6, 'UTC')}"
+    traces = store.execute(f"SELECT DISTINCT TraceId FROM {spans_table} WHERE {window}", bounds)
+    trace_ids = traces.column("TraceId").to_pylist() if traces.num_rows else []
+    rewritten = 0
+    if trace_ids:
+        rewritten = _resolve_traces(store, trace_ids, bounds, since)
+    store.insert_arrow(
+        _STATE,
+        pa.table(
+            {
+                "name": ["spans"],
+                "resolved_to": pa.array([until], pa.timestamp("us", "UTC")),
+                "at": pa.array([now], pa.timestamp("us", "UTC")),
+            }
+        ),
+    )
+    logger.debug("resolved %d traces, rewrote %d span rows", len(trace_ids), rewritten)
+    return rewritten
+
+
+def _resolve_traces(store, trace_ids: list[str], bounds: dict, since: datetime) -> int:
+    db = store.database
+    spans_table = schema.qualified(db, schema.SPANS_TABLE)
+    params = {**bounds, "traces": trace_ids}
+    stored = store.execute(
+        f"SELECT * FROM {spans_table} WHERE TraceId IN {{traces:Array(String)}} "
+        "AND ingested_at <= {until:DateTime64(6, 'UTC')}",
+        params,
+    )
+    rows = clickhouse_to_duckdb(stored)
+    is_new = pc.greater(rows.column("ingested_at"), pa.scalar(since, pa.timestamp("us")))
+    old, new = rows.filter(pc.invert(is_new)), rows.filter(is_new)
+    conn = duckdb.connect()
+    try:
+        apply_migrations(conn)
+        conn.register("_old", old)
+        conn.execute("INSERT INTO spans SELECT * FROM _old")
+        conn.unregister("_old")
+        # one insert per arrival (rows of one insert share ingested_at), in arrival order, as the
+        # DuckDB writer committed them
+        new = new.sort_by([("ingested_at", "ascending")])
+        for at in pc.unique(new.column("ingested_at")).to_pylist():
+            batch = new.filter(pc.equal(new.column("ingested_at"), pa.scalar(at, pa.timestamp("us"))))
+            insert_batches(conn, [DecodedBatch(table=batch)])
+        conn.register("_stored", stored.select(["TraceId", "SpanId", *_TREE_COLUMNS]))
+        changed = conn.sql(
+            f"""
+            WITH stored AS (SELECT TraceId, SpanId, count(*) AS copies,
+                                   {", ".join(f"any_value({c}) AS {c}" for c in _TREE_COLUMNS)}
+                            FROM _stored GROUP BY TraceId, SpanId)
+            SELECT s.* FROM spans s JOIN stored c USING (TraceId, SpanId)
+            WHERE c.copies > 1 OR {" OR ".join(f"s.{c} IS DISTINCT FROM c.{c}" for c in _TREE_COLUMNS)}
+            """
+        ).to_arrow_table()
+    finally:
+        conn.close()
+    if changed.num_rows == 0:
+        return 0
+    keys = pc.binary_join_element_wise(changed.column("TraceId"), changed.column("SpanId"), "").to_pylist()
+    store.command(
+        f"DELETE FROM {schema.qualified(db, schema.SPANS_TABLE)} WHERE TraceId IN {{traces:Array(String)}} "
+        "AND concat(TraceId, SpanId) IN {keys:Array(String)} AND ingested_at <= {until:DateTime64(6, 'UTC')}",
+        {
+            "traces": sorted(set(changed.column("TraceId").to_pylist())),
+            "keys": keys,
+            "until": bounds["until"],
+        },
+    )
+    store.insert_arrow(schema.SPANS_TABLE, duckdb_to_clickhouse(changed))
+    return changed.num_rows

@@ -1,0 +1,490 @@
+"""The store interface and its engines: DuckDB (the default), chdb (ClickHouse in process on a
+local path) and a ClickHouse server (clickhouse-connect over HTTP).
+
+A store is small: ``execute(sql, params) -> pyarrow.Table``, ``insert_arrow(table, rows)``,
+``migrate()``. Everything ClickHouse-specific above those calls (creating driftscope's objects
+beside the exporter's ``otel_traces``, writing OTLP in the exporter's layout, resolving the span
+tree) is one code path for chdb and a server; only the three calls differ.
+
+URLs (``--store``): a DuckDB file path or ``duckdb:PATH``; ``chdb:PATH`` (optionally
+``?database=otel&table=otel_traces``); ``clickhouse://[USER[:PASSWORD]@]HOST[:PORT]/DB``
+(optionally ``?table=otel_traces&secure=1``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from collector import clickhouse_schema as schema
+from collector.conventions import sql_text
+
+logger = logging.getLogger(__name__)
+
+_EXAMPLES = "a DuckDB file path, chdb:PATH or clickhouse://HOST:8123/DB"
+
+
+class StoreURLError(ValueError):
+    """A --store URL that names no usable store; the message says what was wrong and what to do."""
+
+
+@dataclass(frozen=True)
+class StoreURL:
+    """A parsed --store URL."""
+
+    engine: str  # duckdb | chdb | clickhouse
+    path: str = ""  # duckdb / chdb: the local path
+    host: str = ""
+    port: int = 8123
+    username: str = "default"
+    password: str = ""
+    secure: bool = False
+    database: str = schema.DEFAULT_DATABASE
+    table: str = schema.DEFAULT_TRACES_TABLE
+
+
+def _query_options(query: str, url: str, allowed: tuple[str, ...]) -> dict[str, str]:
+    options = {key: values[-1] for key, values in parse_qs(query, keep_blank_values=True).items()}
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise StoreURLError(
+            f"Unknown option(s) {', '.join(unknown)} in store URL {url!r}; allowed: {', '.join(allowed)}"
+        )
+    return options
+
+
+def _checked_name(value: str, what: str, url: str) -> str:
+    try:
+        schema.ident(value)
+    except schema.SchemaError:
+        raise StoreURLError(
+            f"Expected the {what} in store URL {url!r} to be a name of letters, digits and _, got {value!r}"
+        ) from None
+    return value
+
+
+def parse_store_url(url: str) -> StoreURL:
+    """Parse a --store URL; raise ``StoreURLError`` saying what was wrong and what to give."""
+    if not isinstance(url, str) or not url.strip():
+        raise StoreURLError(f"Expected --store to be {_EXAMPLES}, got an empty value")
+    url = url.strip()
+    if url.startswith("chdb:"):
+        rest = url[len("chdb:") :]
+        path, _, query = rest.partition("?")
+        if path.startswith("//"):
+            path = path[2:]
+        if not path:
+            raise StoreURLError(
+                f"Expected a local data path after chdb: (e.g. chdb:/var/lib/driftscope/ch), got {url!r}"
+            )
+        options = _query_options(query, url, ("database", "table"))
+        return StoreURL(
+            engine="chdb",
+            path=path,
+            database=_checked_name(options.get("database", schema.DEFAULT_DATABASE), "database", url),
+            table=_checked_name(options.get("table", schema.DEFAULT_TRACES_TABLE), "table", url),
+        )
+    if url.startswith("duckdb:"):
+        path = url[len("duckdb:") :]
+        if not path:
+            raise StoreURLError(f"Expected a DuckDB file path after duckdb:, got {url!r}")
+        return StoreURL(engine="duckdb", path=path)
+    if "://" in url:
+        parts = urlsplit(url)
+        if parts.scheme not in ("clickhouse", "clickhouses"):
+            raise StoreURLError(f"Unknown store scheme {parts.scheme!r} in {url!r}; expected {_EXAMPLES}")
+        if not parts.hostname:
+            raise StoreURLError(f"Expected a host in {url!r}, e.g. clickhouse://127.0.0.1:8123/otel")
+        try:
+            port = parts.port or 8123
+        except ValueError:
+            raise StoreURLError(
+                f"Expected the port in {url!r} to be an integer between 1 and 65535 (ClickHouse HTTP: 8123)"
+            ) from None
+        database = parts.path.strip("/") or schema.DEFAULT_DATABASE
+        options = _query_options(parts.query, url, ("table", "secure"))
+        return StoreURL(
+            engine="clickhouse",
+            host=parts.hostname,
+            port=port,
+            username=unquote(parts.username) if parts.username else "default",
+            password=unquote(parts.password) if parts.password else "",
+            secure=parts.scheme == "clickhouses" or options.get("secure", "") in ("1", "true"),
+            database=_checked_name(database, "database", url),
+            table=_checked_name(options.get("table", schema.DEFAULT_TRACES_TABLE), "table", url),
+        )
+    if ":" in url.split("/", 1)[0] and not Path(url).suffix:
+        scheme = url.split(":", 1)[0]
+        if len(scheme) > 1:  # not a Windows drive letter
+            raise StoreURLError(f"Unknown store scheme {scheme!r} in {url!r}; expected {_EXAMPLES}")
+    return StoreURL(engine="duckdb", path=url)
+
+
+# --- engines ------------------------------------------------------------------------------------
+
+
+class DuckDBStore:
+    """The embedded default: a DuckDB file (opened and migrated by ``collector.store``)."""
+
+    engine = "duckdb"
+
+    def __init__(self, path: str, read_only: bool = False) -> None:
+        from collector.store import open_store  # noqa: PLC0415
+
+        self.path = path
+        self.database = ""
+        self.traces_table = "otel_traces"
+        self.conn = open_store(path, read_only=read_only)
+
+    def execute(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
+        """Run a DuckDB statement (``$name`` parameters); its rows as Arrow (empty if none)."""
+        relation = self.conn.sql(sql, params=params or None)
+        return relation.to_arrow_table() if relation is not None else pa.table({})
+
+    def insert_arrow(self, table: str, rows: pa.Table) -> None:
+        self.conn.register("_insert_rows", rows)
+        try:
+            self.conn.execute(f'INSERT INTO "{table}" BY NAME SELECT * FROM _insert_rows')
+        finally:
+            self.conn.unregister("_insert_rows")
+
+    def migrate(self) -> list[str]:
+        from collector.migrations_runner import apply_migrations  # noqa: PLC0415
+
+        return apply_migrations(self.conn)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class ClickHouseStore:
+    """What chdb and a server share: everything above execute / insert_arrow / command."""
+
+    engine = "clickhouse"
+    database: str
+    traces_table: str
+
+    def execute(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:  # pragma: no cover
+        raise NotImplementedError
+
+    def insert_arrow(self, table: str, rows: pa.Table) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def command(self, sql: str, params: dict[str, Any] | None = None) -> None:  # pragma: no cover
+        """Run a statement that returns no rows (DDL, DELETE)."""
+        raise NotImplementedError
+
+    def close(self) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def server_version(self) -> tuple[int, int]:
+        text = self.execute("SELECT version() AS v").column("v")[0].as_py()
+        major, minor, *_ = (int(part) for part in text.split(".")[:2])
+        return major, minor
+
+    def table_exists(self, table: str) -> bool:
+        rows = self.execute(
+            "SELECT count() AS n FROM system.tables WHERE database = {db:String} AND name = {t:String}",
+            {"db": self.database, "t": table},
+        )
+        return rows.column("n")[0].as_py() > 0
+
+    def migrate(self, ttl_days: int = 0) -> list[str]:
+        """Create driftscope's objects beside the exporter's table (that table too when it is
+        missing, in the exporter's layout); idempotent. Returns what was created."""
+        return init_clickhouse(self, ttl_days=ttl_days)
+
+
+def _chdb_value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_chdb_literal(item) for item in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _chdb_literal(value: Any) -> str:
+    if isinstance(value, str):
+        return sql_text(value)
+    return _chdb_value(value)
+
+
+def _chdb_params(params: dict[str, Any] | None) -> dict[str, str] | None:
+    """chdb takes parameter values as ClickHouse text (arrays as literals); clickhouse-connect
+    formats Python values itself."""
+    if not params:
+        return None
+    return {name: _chdb_value(value) for name, value in params.items()}
+
+
+class ChdbStore(ClickHouseStore):
+    """ClickHouse in process (chdb) on a local data path."""
+
+    engine = "chdb"
+
+    def __init__(
+        self, path: str, database: str = schema.DEFAULT_DATABASE, table: str = "otel_traces"
+    ) -> None:
+        try:
+            from chdb import session  # noqa: PLC0415
+        except ImportError as exc:
+            raise StoreURLError(
+                "chdb is not installed: pip install 'driftscope[clickhouse]' (or give a DuckDB file path)"
+            ) from exc
+        self.path = path
+        self.database = database
+        self.traces_table = table
+        Path(path).mkdir(parents=True, exist_ok=True)
+        self._session = session.Session(str(path))
+        self._lock = threading.Lock()  # one chdb session is not safe for concurrent queries
+
+    def execute(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
+        """Run a ClickHouse statement (``{name:Type}`` parameters); its rows as Arrow."""
+        with self._lock:
+            result = self._session.query(sql, "ArrowTable", params=_chdb_params(params))
+        return result if isinstance(result, pa.Table) else pa.table({})
+
+    def command(self, sql: str, params: dict[str, Any] | None = None) -> None:
+        with self._lock:
+            self._session.query(sql, params=_chdb_params(params))
+
+    def insert_arrow(self, table: str, rows: pa.Table) -> None:
+        if rows.num_rows == 0:
+            return
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, rows.schema) as writer:
+            writer.write_table(rows)
+        columns = ", ".join(f"`{name}`" for name in rows.column_names)
+        with self._lock:
+            with self._session.send_insert(
+                f"INSERT INTO {schema.qualified(self.database, table)} ({columns})", "ArrowStream"
+            ) as inserter:
+                inserter.append(sink.getvalue().to_pybytes())
+                inserter.finish()
+
+    def close(self) -> None:
+        with self._lock:
+            self._session.close()
+
+
+class ServerStore(ClickHouseStore):
+    """A ClickHouse server over HTTP (clickhouse-connect, Arrow results). A thin layer: the tests
+    that need a server run when DRIFTSCOPE_CLICKHOUSE_URL is set."""
+
+    engine = "clickhouse"
+
+    def __init__(self, url: StoreURL) -> None:
+        try:
+            import clickhouse_connect  # noqa: PLC0415
+        except ImportError as exc:
+            raise StoreURLError(
+                "clickhouse-connect is not installed: pip install 'driftscope[clickhouse]'"
+            ) from exc
+        self.database = url.database
+        self.traces_table = url.table
+        try:
+            self._client = clickhouse_connect.get_client(
+                host=url.host,
+                port=url.port,
+                username=url.username,
+                password=url.password,
+                secure=url.secure,
+            )
+        except Exception as exc:  # clickhouse-connect raises its own OperationalError family
+            raise StoreURLError(
+                f"Could not reach ClickHouse at {url.host}:{url.port} over HTTP ({exc}). Check the "
+                "host, the HTTP port (8123 by default, 8443 with TLS) and the credentials in the URL."
+            ) from exc
+
+    def execute(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
+        return self._client.query_arrow(sql, parameters=params or None, use_strings=True)
+
+    def command(self, sql: str, params: dict[str, Any] | None = None) -> None:
+        self._client.command(sql, parameters=params or None)
+
+    def insert_arrow(self, table: str, rows: pa.Table) -> None:
+        if rows.num_rows:
+            self._client.insert_arrow(table, rows, database=self.database)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def open_store_url(url: str | StoreURL, read_only: bool = False) -> DuckDBStore | ClickHouseStore:
+    """Open the store a --store URL names (DuckDB files are created and migrated as before;
+    ClickHouse stores are not changed until ``migrate()`` / ``driftscope clickhouse init``)."""
+    parsed = url if isinstance(url, StoreURL) else parse_store_url(url)
+    if parsed.engine == "duckdb":
+        return DuckDBStore(parsed.path, read_only=read_only)
+    if parsed.engine == "chdb":
+        return ChdbStore(parsed.path, parsed.database, parsed.table)
+    return ServerStore(parsed)
+
+
+# --- driftscope's objects in ClickHouse -----------------------------------------------------------
+
+# Columns of `otel_traces` the spans view reads; a table without them is not the exporter's.
+_REQUIRED_TRACE_COLUMNS = (
+    "Timestamp",
+    "TraceId",
+    "SpanId",
+    "ParentSpanId",
+    "TraceState",
+    "SpanName",
+    "SpanKind",
+    "ServiceName",
+    "ResourceAttributes",
+    "ScopeName",
+    "ScopeVersion",
+    "SpanAttributes",
+    "Duration",
+    "StatusCode",
+    "StatusMessage",
+    "Events.Timestamp",
+    "Events.Name",
+    "Events.Attributes",
+    "Links.TraceId",
+    "Links.SpanId",
+    "Links.TraceState",
+    "Links.Attributes",
+)
+_RESOLVE_STATE_TABLE = "driftscope_resolve_state"
+
+
+def _resolve_state_ddl(database: str) -> str:
+    return (
+        f"CREATE TABLE IF NOT EXISTS {schema.qualified(database, _RESOLVE_STATE_TABLE)} "
+        "(name String, resolved_to DateTime64(6, 'UTC'), at DateTime64(6, 'UTC')) "
+        "ENGINE = ReplacingMergeTree(at) ORDER BY name"
+    )
+
+
+def init_clickhouse(store: ClickHouseStore, ttl_days: int = 0) -> list[str]:
+    """``driftscope clickhouse init``: create driftscope's objects beside `otel_traces` (and
+    `otel_traces` itself, in the exporter's layout, only when missing). Idempotent; returns the
+    objects created now."""
+    db = store.database
+    store.command(f"CREATE DATABASE IF NOT EXISTS {schema.ident(db)}")
+    before = set(
+        store.execute("SELECT name FROM system.tables WHERE database = {db:String}", {"db": db})
+        .column("name")
+        .to_pylist()
+    )
+    if store.traces_table in before:
+        columns = set(
+            store.execute(
+                "SELECT name FROM system.columns WHERE database = {db:String} AND table = {t:String}",
+                {"db": db, "t": store.traces_table},
+            )
+            .column("name")
+            .to_pylist()
+        )
+        missing = [column for column in _REQUIRED_TRACE_COLUMNS if column not in columns]
+        if missing:
+            raise StoreURLError(
+                f"{db}.{store.traces_table} exists but lacks the columns {', '.join(missing)} of the "
+                "OpenTelemetry Collector clickhouse exporter's traces table; point the store URL at the "
+                "exporter's table (?table=NAME) or let `driftscope clickhouse init` create it in an empty database."
+            )
+    else:
+        full_text = store.server_version() >= schema.FULL_TEXT_SEARCH_VERSION
+        for statement in schema.otel_traces_ddl(db, store.traces_table, ttl_days, full_text):
+            store.command(statement)
+    for statement in [*schema.driftscope_ddl(db, store.traces_table), _resolve_state_ddl(db)]:
+        store.command(statement)
+    after = set(
+        store.execute("SELECT name FROM system.tables WHERE database = {db:String}", {"db": db})
+        .column("name")
+        .to_pylist()
+    )
+    created = sorted(after - before)
+    if created:
+        logger.info("created in ClickHouse %s: %s", db, ", ".join(created))
+    return created
+
+
+# --- OTLP in the exporter's layout ----------------------------------------------------------------
+
+
+def _string_map(attributes: dict[str, Any]) -> list[tuple[str, str]]:
+    """Typed attribute values as the exporter's string map holds them (as the decoders'
+    ``SpanAttributes``: strings as they are, others as compact JSON)."""
+    out = []
+    for key, value in attributes.items():
+        if isinstance(value, str):
+            out.append((key, value))
+        elif isinstance(value, bool):
+            out.append((key, "true" if value else "false"))
+        elif value is None:
+            out.append((key, ""))
+        else:
+            out.append((key, json.dumps(value, ensure_ascii=False, separators=(",", ":"))))
+    return out
+
+
+_MAP = pa.map_(pa.string(), pa.string())
+
+
+def _key_value_list_to_map(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    values = array.values
+    return pa.MapArray.from_arrays(array.offsets, values.field("key"), values.field("value"), type=_MAP)
+
+
+def otel_traces_rows(spans: pa.Table) -> pa.Table:
+    """Rows of driftscope's `spans` schema (a ``collector.decode`` batch table) in the columns the
+    OpenTelemetry Collector clickhouse exporter inserts into `otel_traces` (its order, Nested
+    Events / Links as parallel arrays)."""
+    start_ns = spans.column("start_ns")
+    events = [json.loads(text) for text in spans.column("Events").to_pylist()]
+    links = [json.loads(text) for text in spans.column("Links").to_pylist()]
+    ns = pa.timestamp("ns", "UTC")
+    columns = {
+        "Timestamp": pc.cast(start_ns, ns),
+        "TraceId": spans.column("TraceId"),
+        "SpanId": spans.column("SpanId"),
+        "ParentSpanId": spans.column("ParentSpanId"),
+        "TraceState": spans.column("TraceState"),
+        "SpanName": spans.column("SpanName"),
+        "SpanKind": spans.column("SpanKind"),
+        "ServiceName": spans.column("ServiceName"),
+        "ResourceAttributes": _key_value_list_to_map(spans.column("ResourceAttributes")),
+        "ScopeName": spans.column("ScopeName"),
+        "ScopeVersion": spans.column("ScopeVersion"),
+        "SpanAttributes": _key_value_list_to_map(spans.column("SpanAttributes")),
+        "Duration": pc.cast(spans.column("Duration"), pa.uint64()),
+        "StatusCode": spans.column("StatusCode"),
+        "StatusMessage": spans.column("StatusMessage"),
+        "Events.Timestamp": pa.array([[e["Timestamp"] for e in row] for row in events], pa.list_(ns)),
+        "Events.Name": pa.array([[e["Name"] for e in row] for row in events], pa.list_(pa.string())),
+        "Events.Attributes": pa.array(
+            [[_string_map(e["Attributes"]) for e in row] for row in events], pa.list_(_MAP)
+        ),
+        "Links.TraceId": pa.array([[x["TraceId"] for x in row] for row in links], pa.list_(pa.string())),
+        "Links.SpanId": pa.array([[x["SpanId"] for x in row] for row in links], pa.list_(pa.string())),
+        "Links.TraceState": pa.array(
+            [[x["TraceState"] for x in row] for row in links], pa.list_(pa.string())
+        ),
+        "Links.Attributes": pa.array(
+            [[_string_map(x["Attributes"]) for x in row] for row in links], pa.list_(_MAP)
+        ),
+    }
+    assert tuple(columns) == schema.OTEL_TRACES_INSERT_COLUMNS
+    return pa.table(columns)
+
+
+def insert_otel_traces(store: ClickHouseStore, spans: pa.Table) -> int:
+    """Insert decoded spans into the store's `otel_traces` as the exporter would; returns rows.
+    The materialized view fills `spans` in the same insert."""
+    if spans.num_rows == 0:
+        return 0
+    store.insert_arrow(store.traces_table, otel_traces_rows(spans))
+    return spans.num_rows
