@@ -14,6 +14,7 @@ from typing import Any
 import duckdb
 import pandas as pd
 
+from analytics import alerts as alert_state
 from analytics import browse, registry, search, thresholds
 from analytics.registry import Metric
 from analytics.types import Filters, Window
@@ -134,6 +135,12 @@ def store_health(conn: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     version = conn.execute("SELECT max(version) FROM schema_migrations").fetchone()[0]
     embedded = conn.execute("SELECT count(*) FROM embeddings").fetchone()[0]
     return {"spans": spans, "newest_span": newest, "schema_version": version, "embeddings": embedded}
+
+
+def alerts(conn: duckdb.DuckDBPyConnection, window: Window = Window(), limit: int = 500) -> pd.DataFrame:
+    """Alert episodes (firing and resolved) active in ``window``, firing first, then newest, with
+    the receivers that acknowledged each (``analytics.alerts.list_alerts``; issue 18)."""
+    return alert_state.list_alerts(conn, window, limit)
 
 
 def data_version(conn: duckdb.DuckDBPyConnection) -> str:

@@ -27,6 +27,7 @@ PAGES = [
     st.Page("views/context_drift.py", title="Context drift", url_path="context_drift"),
     st.Page("views/loops.py", title="Loops & budgets", url_path="loops"),
     st.Page("views/findings.py", title="Other findings", url_path="findings"),
+    st.Page("views/alerts.py", title="Alerts", url_path="alerts"),
     st.Page("views/run_explorer.py", title="Run explorer", url_path="run_explorer"),
     st.Page("views/calibration.py", title="Calibration", url_path="calibration"),
 ]

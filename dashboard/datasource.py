@@ -123,6 +123,10 @@ class DataSource(Protocol):
 
     def search_spans(self, text: str, window: Window, filters: Filters, limit: int = 100) -> pd.DataFrame: ...
 
+    def alerts(self, window: Window) -> pd.DataFrame: ...
+
+    def alerting_health(self) -> dict | None: ...
+
 
 def window_params(window: Window, filters: Filters) -> dict[str, str]:
     """Query parameters of the read API for a window and filters (ISO-8601 UTC times)."""
@@ -267,6 +271,16 @@ class HttpSource:
         params = {**window_params(window, filters), "q": text, "limit": str(limit)}
         return _typed_search(self._frame(self._get("/api/v1/search", params, accept=ARROW_STREAM)))
 
+    def alerts(self, window: Window) -> pd.DataFrame:
+        """Firing and recent alert episodes (``GET /api/v1/alerts``; issue 18)."""
+        response = self._get("/api/v1/alerts", window_params(window, Filters()), ARROW_STREAM)
+        return typed_alerts(self._frame(response))
+
+    def alerting_health(self) -> dict | None:
+        """The collector's evaluator and delivery state (``alerting`` of /api/v1/health)."""
+        body = self._get("/api/v1/health").json()
+        return body.get("alerting") if isinstance(body, dict) else None
+
 
 def _typed_search(frame: pd.DataFrame) -> pd.DataFrame:
     """Search results with ``start`` as timestamps whatever the transport."""
@@ -399,12 +413,32 @@ class DuckDBFileSource:
         """Spans of any run matching a trace id, span id or attribute value."""
         return _typed_search(self._read(read.search_spans, text, window, filters, limit))
 
+    def alerts(self, window: Window) -> pd.DataFrame:
+        """Alert episodes the file holds (a copy of a serve database that evaluated alerts)."""
+        return typed_alerts(self._read(read.alerts, window))
+
+    def alerting_health(self) -> dict | None:
+        """None: delivery state lives in a running serve, not in the file."""
+        return None
+
     def close(self) -> None:
         """Release the file."""
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+ALERT_TIME_COLUMNS = ("active_since", "starts_at", "ends_at", "last_finding_at", "updated_at")
+
+
+def typed_alerts(frame: pd.DataFrame) -> pd.DataFrame:
+    """Alert episodes with their times as timestamps whatever the transport."""
+    frame = frame.copy()
+    for column in ALERT_TIME_COLUMNS:
+        if column in frame.columns:
+            frame[column] = pd.to_datetime(frame[column])
+    return frame
 
 
 def typed_run_totals(frame: pd.DataFrame) -> pd.DataFrame:

@@ -278,6 +278,13 @@ def build_api_routes(
         frame = await run(read.thresholds_in_force)
         return frame_response(request, frame)
 
+    async def alerts(request: Request) -> Response:
+        # Firing and recent alerts (issue 18): the dashboard's Alerts page and the report.
+        params = parse_query(request, ("limit",) + WINDOW_PARAMS)
+        window, _ = window_and_filters(params)
+        frame = await run(read.alerts, window, params.get("limit", 500))
+        return frame_response(request, frame)
+
     async def search(request: Request) -> Response:
         # Trace search across runs (issue 16): what the run explorer's "Search all runs" asks.
         params = parse_query(request, ("q", "limit") + WINDOW_PARAMS + FILTER_PARAMS)
@@ -303,5 +310,6 @@ def build_api_routes(
         Route("/api/v1/evidence-spans", guarded(evidence_spans), methods=["POST"]),
         Route("/api/v1/runs/{run_id:path}/spans", guarded(run_spans), methods=["GET"]),
         Route("/api/v1/thresholds", guarded(thresholds), methods=["GET"]),
+        Route("/api/v1/alerts", guarded(alerts), methods=["GET"]),
         Route("/api/v1/search", guarded(search), methods=["GET"]),
     ]
