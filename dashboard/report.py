@@ -88,6 +88,7 @@ def gather_report(
         logger.warning("thresholds unavailable: %s", exc)
         errors["thresholds"] = f"{type(exc).__name__}: {exc}"
         thresholds = pd.DataFrame(columns=["name", "value", "version", "method", "calibrated", "provenance"])
+    alerts = gather_alerts(source, window, filters, errors)
     totals = source.run_totals(window, filters)
     newest = [str(r) for r in totals["run_id"].head(RUNS_LISTED)]
     runs = source.run_details(window, filters, newest) if newest else pd.DataFrame()
@@ -106,7 +107,24 @@ def gather_report(
         thresholds=thresholds,
         errors=errors,
         verdicts=verdicts,
+        alerts=alerts,
     )
+
+
+def gather_alerts(source, window: Window, filters: Filters, errors: dict[str, str]) -> pd.DataFrame | None:
+    """The alert episodes of the window (of the run, when the report is about one); None when the
+    source has no alerts to give (issue 18)."""
+    if not hasattr(source, "alerts"):
+        return None
+    try:
+        alerts = source.alerts(window)
+    except Exception as exc:  # the findings stand without the alerts
+        logger.warning("alerts unavailable: %s", exc)
+        errors["alerts"] = f"{type(exc).__name__}: {exc}"
+        return None
+    if filters.run:
+        alerts = alerts[alerts["run_id"] == filters.run]
+    return alerts.reset_index(drop=True)
 
 
 def constraint_texts(spans: pd.DataFrame, ids: set[str]) -> dict[str, str]:

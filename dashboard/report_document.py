@@ -47,6 +47,8 @@ class ReportData:
     verdicts: pd.DataFrame | None = None  # run_summary of the scope (None when unavailable)
     # The dashboard the report links ids to (issue 16); None: ids are plain text.
     dashboard_url: str | None = None
+    # Alert episodes of the window (issue 18); None: the source gave none.
+    alerts: pd.DataFrame | None = None
 
     @property
     def findings(self) -> list[Finding]:
@@ -176,9 +178,26 @@ def report_document(data: ReportData) -> dict:
         },
         "findings": findings,
         "blind_spots": blind_spots(data),
+        "alerts": alert_items(data),
         "thresholds": thresholds,
         "errors": data.errors,
     }
+
+
+ALERT_FIELDS = ("alert_id", "alertname", "severity", "state", "summary", "run_id", "starts_at", "ends_at")
+
+
+def alert_items(data: ReportData) -> list[dict]:
+    """The alerts of the report's window: firing first, then the newest."""
+    if data.alerts is None:
+        return []
+    return [
+        {
+            key: _iso(row.get(key)) if key in ("starts_at", "ends_at") else _jsonable(row.get(key))
+            for key in ALERT_FIELDS
+        }
+        for row in data.alerts.to_dict("records")
+    ]
 
 
 def blind_spots(data: ReportData) -> list[dict]:

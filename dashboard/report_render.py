@@ -250,6 +250,12 @@ def render_html(data: ReportData) -> str:
     for row in data.summary.to_dict("records"):  # listings capped per failure mode
         if row["metric"] in omitted:
             out.append(_omitted_html(data, row["metric"], row["failure_mode"], *omitted[row["metric"]]))
+    if data.alerts is not None:
+        out.append("<h2>Alerts</h2>")
+        if doc["alerts"]:
+            out.append(_html_table(pd.DataFrame(doc["alerts"]).drop(columns=["alert_id"])))
+        else:
+            out.append("<p>No alert fired in this window.</p>")
     if doc["blind_spots"]:
         out.append("<h2>What these detectors cannot see</h2><ul>")
         out.extend(f"<li><b>{_e(b['title'])}</b>: {_e(b['text'])}</li>" for b in doc["blind_spots"])
@@ -443,6 +449,12 @@ def render_markdown(data: ReportData) -> str:
     for row in data.summary.to_dict("records"):
         if row["metric"] in omitted:
             out += [_omitted_md(data, row["metric"], row["failure_mode"], *omitted[row["metric"]]), ""]
+    if data.alerts is not None:
+        out += ["## Alerts", ""]
+        if doc["alerts"]:
+            out.extend(_md_table(pd.DataFrame(doc["alerts"]).drop(columns=["alert_id"])))
+        else:
+            out += ["No alert fired in this window.", ""]
     if doc["blind_spots"]:
         out += ["## What these detectors cannot see", ""]
         out += [f"- **{md_escape(b['title'])}**: {md_escape(b['text'])}" for b in doc["blind_spots"]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from pathlib import Path
 
@@ -97,3 +98,20 @@ def test_delivery_problems_name_the_failing_receiver():
     (problem,) = delivery_problems(health)
     assert problem.startswith("Delivery to slack is failing (3 attempt(s) in a row") and "HTTP 500" in problem
     assert delivery_problems({"enabled": False}) == [] and delivery_problems(None) == []
+
+
+def test_report_lists_the_alerts_of_its_window_in_every_format(alert_db):
+    from analytics.types import Filters
+    from dashboard.report import build_report
+
+    source = DuckDBFileSource(alert_db)
+    document = json.loads(build_report(source, Window(), Filters(), fmt="json"))
+    states = {(a["alertname"], a["state"]) for a in document["alerts"]}
+    assert states == {("ping_pong", "firing"), ("lost_updates", "resolved"), ("divergent_reads", "resolved")}
+    assert all(a["starts_at"] for a in document["alerts"])
+    assert "<h2>Alerts</h2>" in build_report(source, Window(), Filters(), fmt="html")
+    markdown = build_report(source, Window(), Filters(), fmt="md")
+    assert "## Alerts" in markdown and "ping\\_pong" in markdown.split("## Alerts")[1]  # escaped
+    run = document["alerts"][0]["run_id"]
+    one_run = json.loads(build_report(source, Window(), Filters(), run=run, fmt="json"))
+    assert {a["run_id"] for a in one_run["alerts"]} == {run}
