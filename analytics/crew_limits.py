@@ -14,6 +14,7 @@ from __future__ import annotations
 import duckdb
 import pandas as pd
 
+from analytics.engine import fetch_rows
 from analytics.sql_loader import load_sql, query_df
 
 PREFIX = "count_per_run"
@@ -26,10 +27,11 @@ def count_threshold_name(detector: str, service: str | None = None) -> str:
 
 def stored_count_limits(conn: duckdb.DuckDBPyConnection) -> dict[tuple[str, str | None], float]:
     """Newest stored count limits: (detector, service or None for a legacy global one) -> value."""
-    rows = conn.execute(
-        "SELECT name, arg_max(value, version) FROM thresholds WHERE name LIKE ? GROUP BY name",
-        [f"{PREFIX}:%"],
-    ).fetchall()
+    rows = fetch_rows(
+        conn,
+        "SELECT name, arg_max(value, version) FROM thresholds WHERE name LIKE $prefix GROUP BY name",
+        {"prefix": f"{PREFIX}:%"},
+    )
     limits: dict[tuple[str, str | None], float] = {}
     for name, value in rows:
         _, detector, *service = name.split(":", 2)

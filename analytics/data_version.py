@@ -19,6 +19,8 @@ from datetime import datetime, timedelta
 import duckdb
 import pandas as pd
 
+from analytics.engine import is_clickhouse
+
 SLACK = timedelta(seconds=10)
 
 
@@ -38,7 +40,10 @@ class Version:
 
 
 def database_identity(conn: duckdb.DuckDBPyConnection) -> tuple | None:
-    """Identity of the database file behind ``conn``; None when it must not be cached."""
+    """Identity of the database file behind ``conn``; None when it must not be cached (an
+    in-memory database, a ClickHouse store: results are not kept there)."""
+    if is_clickhouse(conn):
+        return None
     (path,) = conn.execute(
         "SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
     ).fetchone()

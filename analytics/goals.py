@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from analytics._evidence import EVIDENCE, THRESHOLD, TIMES
 from analytics.embeddings import BATCH_SIZE, MODEL_NAME, embed_counting, text_hash
+from analytics.engine import is_clickhouse
 from analytics.registry import register
 from analytics.sql_loader import filter_params, load_sql, query_df
 from analytics.tasks import EXTRACTION_VERSION, extract_task
@@ -52,6 +53,13 @@ _SCORES_COLUMNS = """
     PRIMARY KEY (root_hash, subtask_hash, scorer)"""
 _SCORES_DDL = f"CREATE TEMP TABLE IF NOT EXISTS goal_scores ({_SCORES_COLUMNS})"
 _LOCAL_SCORES_DDL = f"CREATE TEMP TABLE IF NOT EXISTS goal_scores_local ({_SCORES_COLUMNS})"
+# ClickHouse: the same columns in a temporary table of the store's session.
+_CH_SCORE_TYPES = ("String", "String", "String", "String", "String", "Float64", "DateTime64(6)")
+_CH_LOCAL_SCORES_DDL = (
+    "CREATE TEMPORARY TABLE IF NOT EXISTS goal_scores_local (root_hash String, subtask_hash String, "
+    "scorer String, root_goal Nullable(String), subtask Nullable(String), divergence Nullable(Float64), "
+    "created_at DateTime64(6)) ENGINE = Memory"
+)
 # The goal-drift chart draws a line per delegation chain up to this many chains in the window,
 # else the distribution per hop (goal_divergence_distribution returns rows to match).
 MAX_CHART_CHAINS = 40
@@ -68,6 +76,9 @@ def cosine_divergence(left: np.ndarray, right: np.ndarray) -> np.ndarray:
 def ensure_scores_table(conn: duckdb.DuckDBPyConnection) -> None:
     """Make ``goal_scores`` resolvable (the migrated table, else a temporary one) and create the
     temporary ``goal_scores_local`` for scores this connection cannot store."""
+    if is_clickhouse(conn):  # goal_scores comes from `driftscope clickhouse init`
+        conn.execute(_CH_LOCAL_SCORES_DDL)
+        return
     ((found,),) = conn.execute(
         "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'goal_scores'"
     ).fetchall()
@@ -211,6 +222,16 @@ def _insert_scores(conn: duckdb.DuckDBPyConnection, table: pa.Table, target: str
     """Insert scores into ``goal_scores`` (through the writer) or this connection's temporary
     ``goal_scores_local`` (a read keeps what it scored to itself)."""
     ensure_scores_table(conn)
+    if is_clickhouse(conn):
+        if target != "goal_scores_local":
+            raise ValueError("goal scores are stored in ClickHouse by its writer, not by analytics")
+        columns = ", ".join(f"__r.{i + 1}" for i in range(table.num_columns))
+        arrays = ", ".join(f"{{c{i}:Array(Nullable({kind}))}}" for i, kind in enumerate(_CH_SCORE_TYPES))
+        conn.execute(
+            f"INSERT INTO goal_scores_local SELECT {columns} FROM (SELECT arrayJoin(arrayZip({arrays})) AS __r)",
+            {f"c{i}": column.to_pylist() for i, column in enumerate(table.columns)},
+        )
+        return
     conn.register("_new_goal_scores", table)
     try:
         conn.execute(f"INSERT OR IGNORE INTO {target} SELECT * FROM _new_goal_scores")

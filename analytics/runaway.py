@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from analytics._evidence import EVIDENCE, TIMES
+from analytics.engine import fetch_rows
 from analytics.registry import register
 from analytics.sql_loader import run_sql
 from analytics.types import Filters, Window
@@ -51,10 +52,11 @@ def baseline_limit(values: np.ndarray, quantile: float) -> float:
 
 
 def _calibrated(conn: duckdb.DuckDBPyConnection) -> dict[str, tuple[float, int]]:
-    rows = conn.execute(
+    rows = fetch_rows(
+        conn,
         "SELECT name, arg_max(value, version), max(version) FROM thresholds "
-        "WHERE name LIKE 'runaway_spans_per_%' GROUP BY name"
-    ).fetchall()
+        "WHERE name LIKE 'runaway_spans_per_%' GROUP BY name",
+    )
     return {name: (float(value), int(version)) for name, value, version in rows}
 
 

@@ -13,6 +13,8 @@ import re
 
 import duckdb
 
+from analytics.engine import is_clickhouse
+
 TABLES = ("embeddings", "thresholds", "goal_scores")
 _CREATE = re.compile(r"CREATE TABLE IF NOT EXISTS", re.IGNORECASE)
 
@@ -33,7 +35,10 @@ def ensure_readable(conn: duckdb.DuckDBPyConnection) -> None:
 
     Read-only connections missing them get empty temporary tables; a writable one missing them
     raises ``SchemaError`` (silently using temporary tables there would lose what it stores).
+    A ClickHouse store has them from its own migrations (``driftscope clickhouse init``).
     """
+    if is_clickhouse(conn):
+        return
     present = {
         row[0]
         for row in conn.execute(

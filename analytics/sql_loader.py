@@ -27,6 +27,7 @@ from typing import Any
 import duckdb
 import pandas as pd
 
+from analytics.engine import clickhouse_df, is_clickhouse
 from analytics.types import Filters, Window
 
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
@@ -213,13 +214,16 @@ def mentioned_params(sql: str) -> frozenset[str]:
 def query_df(conn: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any]) -> pd.DataFrame:
     """Execute ``sql`` binding only the named parameters it mentions; return a DataFrame.
 
-    Conditions of unset optional filters are dropped first (``prune_unset_filters``).
+    Conditions of unset optional filters are dropped first (``prune_unset_filters``). ``conn``
+    may be a ClickHouse store (``analytics.engine``): the statement is then translated.
     """
     sql = prune_unset_filters(sql, params)
     used = mentioned_params(sql)
     missing = used - params.keys()
     if missing:
         raise KeyError(f"SQL needs parameters {sorted(missing)} that were not supplied")
+    if is_clickhouse(conn):
+        return clickhouse_df(conn, sql, {key: params[key] for key in used})
     return conn.execute(sql, {key: params[key] for key in used}).df()
 
 

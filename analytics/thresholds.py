@@ -14,6 +14,7 @@ from typing import Any
 
 import duckdb
 
+from analytics.engine import fetch_rows
 from analytics.schema import ensure_readable
 from analytics.types import WriteFn, direct_write
 
@@ -67,14 +68,15 @@ def default_threshold(name: str) -> ThresholdInfo:
 
 def current_threshold(conn: duckdb.DuckDBPyConnection, name: str) -> ThresholdInfo:
     """The newest stored threshold for ``name``, else its uncalibrated default."""
-    row = conn.execute(
-        "SELECT value, version, method, provenance FROM thresholds WHERE name = ? "
+    rows = fetch_rows(
+        conn,
+        "SELECT value, version, method, provenance FROM thresholds WHERE name = $name "
         "ORDER BY version DESC LIMIT 1",
-        [name],
-    ).fetchone()
-    if row is None:
+        {"name": name},
+    )
+    if not rows:
         return default_threshold(name)
-    value, version, method, provenance = row
+    value, version, method, provenance = rows[0]
     return ThresholdInfo(float(value), int(version), method, provenance, method != "default")
 
 
@@ -114,7 +116,7 @@ def list_thresholds(conn: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     """Every threshold in force (newest stored version, or the default), one dict per name."""
     ensure_readable(conn)
     names = set(DEFAULTS)
-    names.update(row[0] for row in conn.execute("SELECT DISTINCT name FROM thresholds").fetchall())
+    names.update(row[0] for row in fetch_rows(conn, "SELECT DISTINCT name FROM thresholds"))
     out = []
     for name in sorted(names):
         info = current_threshold(conn, name)

@@ -1,0 +1,86 @@
+"""Which engine a read runs on: a DuckDB connection, or a ClickHouse store (chdb or a server).
+
+Every read function in analytics takes ``conn``: a ``duckdb.DuckDBPyConnection`` (the default
+store), or a ClickHouse store built outside analytics (``collector.clickhouse_store``: analytics
+imports nothing of ours) that has ``engine`` in ``CLICKHOUSE_ENGINES`` and
+``execute(sql, params) -> pyarrow.Table`` with ``{name:Type}`` placeholders. On ClickHouse the
+DuckDB statement is translated (``analytics.dialect``) and the answer comes back as the
+DataFrame DuckDB would have given: naive UTC timestamps (microseconds), signed integers,
+booleans.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+CLICKHOUSE_ENGINES = ("chdb", "clickhouse")
+
+
+class ClickHouseStore(Protocol):
+    """What analytics needs of a ClickHouse store."""
+
+    engine: str
+
+    def execute(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
+        """Run ``sql`` with ``{name:Type}`` placeholders bound to ``params`` (Python values)."""
+
+
+def is_clickhouse(conn: Any) -> bool:
+    """True when ``conn`` is a ClickHouse store rather than a DuckDB connection."""
+    return (
+        not isinstance(conn, duckdb.DuckDBPyConnection)
+        and getattr(conn, "engine", None) in CLICKHOUSE_ENGINES
+    )
+
+
+def _naive_utc(table: pa.Table) -> pa.Table:
+    """Timestamps as DuckDB gives them (naive UTC, microseconds), unsigned integers signed."""
+    columns = []
+    for field, column in zip(table.schema, table.columns, strict=True):
+        kind = field.type
+        if pa.types.is_timestamp(kind):
+            column = column.cast(pa.timestamp(kind.unit, tz="UTC")).cast(pa.timestamp("us", tz="UTC"))
+            column = column.cast(pa.timestamp("us"))
+        elif pa.types.is_unsigned_integer(kind):
+            column = column.cast(pa.int64())
+        columns.append(column)
+    return pa.table(columns, names=table.column_names)
+
+
+def _frame(table: pa.Table) -> pd.DataFrame:
+    table = _naive_utc(table)
+    frame = table.to_pandas()
+    for name, field in zip(table.column_names, table.schema, strict=True):
+        if pa.types.is_boolean(field.type) and frame[name].dtype == object:
+            frame[name] = frame[name].astype("boolean")  # DuckDB: nullable boolean
+        elif pa.types.is_list(field.type):
+            frame[name] = [None if v is None else np.asarray(v, dtype=object) for v in frame[name]]
+    return frame
+
+
+def clickhouse_df(conn: ClickHouseStore, sql: str, params: dict[str, Any]) -> pd.DataFrame:
+    """Run DuckDB ``sql`` (named ``$parameters``) on a ClickHouse store; a DataFrame as DuckDB's."""
+    from analytics.dialect import to_clickhouse  # SQLGlot: only where a ClickHouse store is used
+
+    translated, _ = to_clickhouse(sql, params)
+    return _frame(conn.execute(translated, params))
+
+
+def fetch_rows(conn: Any, sql: str, params: dict[str, Any] | None = None) -> list[tuple]:
+    """Rows of DuckDB ``sql`` (named ``$parameters``) on either engine, as tuples."""
+    params = params or {}
+    if not is_clickhouse(conn):
+        return conn.execute(sql, params).fetchall() if params else conn.execute(sql).fetchall()
+    frame = clickhouse_df(conn, sql, params)
+    return [tuple(None if _missing(v) else v for v in row) for row in frame.itertuples(index=False)]
+
+
+def _missing(value: Any) -> bool:
+    return (
+        value is None or value is pd.NaT or (isinstance(value, float) and np.isnan(value)) or value is pd.NA
+    )
