@@ -418,8 +418,9 @@ def _enum_sql(expr: str, prefix: str, names: tuple[str, ...]) -> str:
     return f"if(startsWith({expr}, {sql_text(prefix)}), map({pairs})[{expr}], {expr})"
 
 
-def spans_view_ddl(database: str = DEFAULT_DATABASE, source: str = DEFAULT_TRACES_TABLE) -> str:
-    """The materialized view filling `spans` from the exporter's table, one row per span row."""
+def spans_select_sql(database: str = DEFAULT_DATABASE, source: str = DEFAULT_TRACES_TABLE) -> str:
+    """The SELECT that turns `otel_traces` rows into `spans` rows (the view's query; also run once
+    by ``driftscope clickhouse init`` over rows stored before the view existed)."""
     events = (
         "toJSONString(arrayMap((t, n, a) -> CAST(tuple(toUnixTimestamp64Nano(t), n, a), "
         "'Tuple(Timestamp Int64, Name String, Attributes Map(String, String))'), "
@@ -459,9 +460,7 @@ def spans_view_ddl(database: str = DEFAULT_DATABASE, source: str = DEFAULT_TRACE
             f"the view and `spans` disagree on columns: {sorted(set(expressions) ^ set(types))}"
         )
     select = ",\n    ".join(f"{expressions[name]} AS {ident(name)}" for name in types)
-    return f"""CREATE MATERIALIZED VIEW IF NOT EXISTS {qualified(database, SPANS_VIEW)}
-TO {qualified(database, SPANS_TABLE)}
-AS SELECT
+    return f"""SELECT
     {select}
 FROM (
     SELECT toUnixTimestamp64Nano(Timestamp) AS _start_ns, TraceId, SpanId, ParentSpanId, TraceState,
@@ -470,6 +469,14 @@ FROM (
            toString(StatusCode) AS _status, StatusMessage, {events} AS _events, {links} AS _links
     FROM {qualified(database, source)}
 )"""
+
+
+def spans_view_ddl(database: str = DEFAULT_DATABASE, source: str = DEFAULT_TRACES_TABLE) -> str:
+    """The materialized view filling `spans` from the exporter's table, one row per span row."""
+    return (
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {qualified(database, SPANS_VIEW)}\n"
+        f"TO {qualified(database, SPANS_TABLE)}\nAS {spans_select_sql(database, source)}"
+    )
 
 
 def driftscope_ddl(database: str = DEFAULT_DATABASE, source: str = DEFAULT_TRACES_TABLE) -> list[str]:

@@ -243,7 +243,15 @@ class ChdbStore(ClickHouseStore):
         self.database = database
         self.traces_table = table
         Path(path).mkdir(parents=True, exist_ok=True)
-        self._session = session.Session(str(path))
+        try:
+            self._session = session.Session(str(path))
+        except Exception as exc:
+            if "already initialized" not in str(exc):
+                raise
+            raise StoreURLError(
+                f"chdb runs one data path per process and this process already has another open "
+                f"({exc}); close that store first, or use a ClickHouse server (clickhouse://HOST:8123/DB)."
+            ) from exc
         self._lock = threading.Lock()  # one chdb session is not safe for concurrent queries
 
     def execute(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
@@ -400,6 +408,13 @@ def init_clickhouse(store: ClickHouseStore, ttl_days: int = 0) -> list[str]:
             store.command(statement)
     for statement in [*schema.driftscope_ddl(db, store.traces_table), _resolve_state_ddl(db)]:
         store.command(statement)
+    if schema.SPANS_VIEW not in before:
+        # Spans the exporter stored before the view existed; a span that also reached the view
+        # while this ran is stored twice and made one by the next resolve pass.
+        store.command(
+            f"INSERT INTO {schema.qualified(db, schema.SPANS_TABLE)} "
+            f"{schema.spans_select_sql(db, store.traces_table)}"
+        )
     after = set(
         store.execute("SELECT name FROM system.tables WHERE database = {db:String}", {"db": db})
         .column("name")

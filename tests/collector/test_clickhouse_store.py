@@ -1,0 +1,398 @@
+"""The ClickHouse store on real chdb: the exporter's `otel_traces`, driftscope's objects beside it,
+and `spans` filled through the materialized view equal to DuckDB's ingest of the same OTLP.
+
+OTLP is decoded with our decoder, written into `otel_traces` in the column layout the
+OpenTelemetry Collector clickhouse exporter inserts, and read back from `spans` after the
+resolve pass. A ClickHouse server is used too when DRIFTSCOPE_CLICKHOUSE_URL is set.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+import os
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+pytest.importorskip("chdb", reason="chdb is in the dev extra (pip install 'driftscope[clickhouse]')")
+
+from collector import clickhouse_schema as schema  # noqa: E402
+from collector.clickhouse_resolve import clickhouse_to_duckdb, resolve_spans  # noqa: E402
+from collector.clickhouse_store import (  # noqa: E402
+    ChdbStore,
+    DuckDBStore,
+    StoreURLError,
+    init_clickhouse,
+    insert_otel_traces,
+    open_store_url,
+    parse_store_url,
+)
+from collector.decode import JSON, PROTOBUF, decode_payload  # noqa: E402
+from collector.files import iter_file_requests  # noqa: E402
+from collector.migrations_runner import apply_migrations  # noqa: E402
+from collector.store import TraceIndex, insert_batches  # noqa: E402
+from tests.otlp_builders import make_request  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLES = ROOT / "sample_traces"
+FRAMEWORKS = sorted((SAMPLES / "frameworks").glob("*/otlp.jsonl"))
+SIMULATED = [SAMPLES / f"{name}.json" for name in ("split_brain_unguarded", "constraint_drop_guarded")]
+# Compared separately: ingest time differs by design; Events/Links are JSON text of the exporter's
+# Nested columns (attribute values as the exporter's strings).
+NOT_COMPARED = {"ingested_at", "Events", "Links"}
+
+
+def _payloads(path: Path):
+    """The OTLP requests of a sample file (one JSON request) or a captured corpus (gzip protobuf)."""
+    if path.name == "otlp.jsonl":
+        for line in path.read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                body = __import__("base64").b64decode(record["body_b64"])
+                if record.get("content_encoding") == "gzip":
+                    body = gzip.decompress(body)
+                yield body, PROTOBUF if "protobuf" in record["content_type"] else JSON
+    else:
+        for _, payload in iter_file_requests(path):
+            yield payload, JSON
+
+
+@pytest.fixture(scope="module")
+def chdb_store(tmp_path_factory):
+    store = ChdbStore(str(tmp_path_factory.mktemp("chdb")))
+    yield store
+    store.close()
+
+
+def _database(store, name: str):
+    """The same chdb session on another database (chdb runs one data path per process)."""
+    other = copy.copy(store)
+    other.database = name
+    return other
+
+
+def _rows_by_key(table, columns):
+    return {(row["TraceId"], row["SpanId"]): row for row in table.select(columns).to_pylist()}
+
+
+def _spans(store):
+    return clickhouse_to_duckdb(store.execute(f"SELECT * FROM {store.database}.spans"))
+
+
+# --- the exporter's table --------------------------------------------------------------------------
+
+# (column, type) of `otel_traces` as the exporter's traces_table.sql declares it.
+EXPORTER_COLUMNS = [
+    ("Timestamp", "DateTime64(9)"),
+    ("TraceId", "String"),
+    ("SpanId", "String"),
+    ("ParentSpanId", "String"),
+    ("TraceState", "String"),
+    ("SpanName", "LowCardinality(String)"),
+    ("SpanKind", "LowCardinality(String)"),
+    ("ServiceName", "LowCardinality(String)"),
+    ("ResourceAttributes", "Map(LowCardinality(String), String)"),
+    ("ScopeName", "String"),
+    ("ScopeVersion", "String"),
+    ("SpanAttributes", "Map(LowCardinality(String), String)"),
+    ("Duration", "UInt64"),
+    ("StatusCode", "LowCardinality(String)"),
+    ("StatusMessage", "String"),
+    ("Events.Timestamp", "Array(DateTime64(9))"),
+    ("Events.Name", "Array(LowCardinality(String))"),
+    ("Events.Attributes", "Array(Map(LowCardinality(String), String))"),
+    ("Links.TraceId", "Array(String)"),
+    ("Links.SpanId", "Array(String)"),
+    ("Links.TraceState", "Array(String)"),
+    ("Links.Attributes", "Array(Map(LowCardinality(String), String))"),
+    ("ResourceAttributeItems", "Array(String)"),
+    ("SpanAttributeItems", "Array(String)"),
+]
+
+
+def test_init_creates_otel_traces_in_the_exporters_layout(chdb_store):
+    store = _database(chdb_store, "layout")
+    created = init_clickhouse(store, ttl_days=3)
+    assert {
+        "otel_traces",
+        "otel_traces_trace_id_ts",
+        "otel_traces_trace_id_ts_mv",
+        "spans",
+        "spans_mv",
+    } <= set(created)
+    assert {"embeddings", "thresholds", "goal_scores"} <= set(created)
+    columns = store.execute(
+        "SELECT name, type FROM system.columns WHERE database = 'layout' AND table = 'otel_traces' ORDER BY position"
+    ).to_pylist()
+    assert [(c["name"], c["type"]) for c in columns] == EXPORTER_COLUMNS
+    table = store.execute(
+        "SELECT partition_key, sorting_key, primary_key, engine, create_table_query FROM system.tables "
+        "WHERE database = 'layout' AND name = 'otel_traces'"
+    ).to_pylist()[0]
+    assert table["engine"] == "MergeTree"
+    assert table["partition_key"] == "toDate(Timestamp)"
+    assert table["sorting_key"] == "ServiceName, SpanName, toDateTime(Timestamp), Timestamp"
+    assert table["primary_key"] == "ServiceName, SpanName, toDateTime(Timestamp)"
+    ddl = table["create_table_query"]
+    assert "TTL toDateTime(Timestamp) + toIntervalDay(3)" in ddl
+    assert "ttl_only_drop_parts = 1" in ddl
+    # chdb is ClickHouse >= 26.2, where the exporter creates text indexes instead of bloom filters
+    assert "TYPE text(tokenizer = 'array')" in ddl and "bloom_filter" not in ddl
+    spans = store.execute(
+        "SELECT sorting_key FROM system.tables WHERE database = 'layout' AND name = 'spans'"
+    ).to_pylist()[0]
+    assert spans["sorting_key"] == "run_id, agent_id, Timestamp"
+
+
+def test_spans_has_duckdbs_columns_in_duckdbs_order(chdb_store):
+    store = _database(chdb_store, "columns")
+    init_clickhouse(store)
+    names = (
+        store.execute(
+            "SELECT name FROM system.columns WHERE database = 'columns' AND table = 'spans' ORDER BY position"
+        )
+        .column("name")
+        .to_pylist()
+    )
+    flags = schema.list_null_columns()
+    assert names == schema.duckdb_spans_columns() + list(flags.values())
+    assert set(flags) == {
+        "constraints_ledger",
+        "constraints_carried",
+        "constraints_waived",
+        "waiver_reasons",
+        "acceptance_constraint_ids",
+    }
+
+
+def test_init_is_idempotent_and_keeps_rows(chdb_store):
+    store = _database(chdb_store, "again")
+    init_clickhouse(store)
+    batch = decode_payload(
+        make_request([{"name": "a", "attrs": {"gen_ai.agent.name": "x"}}]).SerializeToString(), PROTOBUF
+    )
+    insert_otel_traces(store, batch.table)
+    ddl_before = store.execute("SELECT name, create_table_query FROM system.tables WHERE database = 'again'")
+    assert init_clickhouse(store) == []
+    assert store.execute(
+        "SELECT name, create_table_query FROM system.tables WHERE database = 'again'"
+    ).sort_by("name") == ddl_before.sort_by("name")
+    assert store.execute("SELECT count() AS n FROM again.otel_traces").column("n")[0].as_py() == 1
+    assert store.execute("SELECT count() AS n FROM again.spans").column("n")[0].as_py() == 1
+
+
+def test_init_beside_an_exporter_table_leaves_it_untouched_and_takes_its_earlier_rows(chdb_store):
+    store = _database(chdb_store, "existing")
+    store.command("CREATE DATABASE existing")
+    for statement in schema.otel_traces_ddl("existing", ttl_days=7, full_text_search=False):
+        store.command(statement)  # as the collector created it, before driftscope
+    before = store.execute(
+        "SELECT create_table_query FROM system.tables WHERE database = 'existing' AND name = 'otel_traces'"
+    )
+    now = time.time_ns()  # inside the table's 7-day TTL (ClickHouse drops expired rows on insert)
+    span = {"name": "early", "start": now, "end": now + 1000, "attrs": {"gen_ai.agent.name": "w"}}
+    batch = decode_payload(make_request([span]).SerializeToString(), PROTOBUF)
+    insert_otel_traces(store, batch.table)
+    created = init_clickhouse(store)
+    assert "otel_traces" not in created and "spans" in created
+    after = store.execute(
+        "SELECT create_table_query FROM system.tables WHERE database = 'existing' AND name = 'otel_traces'"
+    )
+    assert after == before
+    rows = _spans(store).to_pylist()
+    assert [(r["SpanName"], r["agent_id"]) for r in rows] == [("early", "w")]
+
+
+def test_init_refuses_an_otel_traces_that_is_not_the_exporters(chdb_store):
+    store = _database(chdb_store, "foreign")
+    store.command("CREATE DATABASE foreign")
+    store.command(
+        "CREATE TABLE foreign.otel_traces (TraceId String, x Int32) ENGINE = MergeTree ORDER BY TraceId"
+    )
+    with pytest.raises(StoreURLError, match=r"lacks the columns Timestamp, SpanId.*\?table=NAME"):
+        init_clickhouse(store)
+
+
+# --- the key test: the view + resolve give DuckDB's spans -----------------------------------------
+
+
+def _duckdb_and_chdb(store, paths, resolve_every_request: bool):
+    init_clickhouse(store)
+    conn = duckdb.connect()
+    apply_migrations(conn)
+    traces = TraceIndex(conn)
+    for path in paths:
+        for payload, content_type in _payloads(path):
+            batch = decode_payload(payload, content_type)
+            insert_batches(conn, [batch], traces)
+            insert_otel_traces(store, batch.table)
+            if resolve_every_request:
+                resolve_spans(store, settle_seconds=0)
+        resolve_spans(store, settle_seconds=0)
+    expected = conn.sql("SELECT * FROM spans").to_arrow_table()
+    conn.close()
+    return expected, _spans(store)
+
+
+@pytest.mark.slow
+def test_spans_through_the_view_equal_duckdb_ingest_of_the_same_otlp(chdb_store):
+    store = _database(chdb_store, "corpus")
+    expected, got = _duckdb_and_chdb(store, FRAMEWORKS + SIMULATED, resolve_every_request=False)
+    columns = [name for name in expected.column_names if name not in NOT_COMPARED]
+    want, have = _rows_by_key(expected, columns), _rows_by_key(got, columns)
+    assert len(want) == expected.num_rows > 2000
+    assert have.keys() == want.keys() and got.num_rows == expected.num_rows
+    differences = {
+        (key, column): (want[key][column], have[key][column])
+        for key in want
+        for column in columns
+        if want[key][column] != have[key][column]
+    }
+    assert differences == {}
+    # the comparison covers what matters: agents inherited, tool arguments unwrapped, every convention
+    rows = expected.to_pylist()
+    assert sum(r["agent_source"] == "ancestor" for r in rows) > 100
+    assert sum(r["tool_args"] is not None for r in rows) > 50
+    assert sum(r["op"] == "delegate" for r in rows) > 5
+    assert sum(r["constraints_ledger"] is not None for r in rows) > 0
+    assert sum(r["state_version"] is not None for r in rows) > 0
+    assert len({r["ScopeName"] for r in rows}) >= 6
+    # Events: the same events, from the exporter's Nested columns
+    want_events = {(r["TraceId"], r["SpanId"]): r["Events"] for r in rows}
+    for row in got.to_pylist():
+        ours = json.loads(want_events[(row["TraceId"], row["SpanId"])])
+        theirs = json.loads(row["Events"])
+        assert [(e["Timestamp"], e["Name"]) for e in theirs] == [(e["Timestamp"], e["Name"]) for e in ours]
+
+
+@pytest.mark.slow
+def test_spans_resolved_request_by_request_equal_duckdb_ingest(chdb_store):
+    """A collector inserts request by request and the resolve pass runs between them: children
+    stored before their agent ancestor are rewritten when it arrives, as DuckDB updates them."""
+    store = _database(chdb_store, "incremental")
+    paths = [SAMPLES / "frameworks" / "openai-agents" / "otlp.jsonl"]
+    expected, got = _duckdb_and_chdb(store, paths, resolve_every_request=True)
+    columns = [name for name in expected.column_names if name not in NOT_COMPARED]
+    assert _rows_by_key(got, columns) == _rows_by_key(expected, columns)
+    assert any(r["agent_source"] == "ancestor" for r in expected.to_pylist())
+
+
+def test_list_fields_keep_null_apart_from_an_empty_list(chdb_store):
+    store = _database(chdb_store, "lists")
+    init_clickhouse(store)
+    attrs = {
+        "driftscope.constraints.carried": "[]",  # an empty list as SDKs that flatten arrays send it
+        "driftscope.constraints.ledger": ["C1", "C2"],
+        "driftscope.hop": 2,
+        "driftscope.side_effect": True,
+        "driftscope.state.key": "",
+        "gen_ai.conversation.id": "run-7",
+    }
+    batch = decode_payload(make_request([{"name": "hand-off", "attrs": attrs}]).SerializeToString(), PROTOBUF)
+    insert_otel_traces(store, batch.table)
+    resolve_spans(store, settle_seconds=0)
+    row = _spans(store).to_pylist()[0]
+    assert {k: v for k, v in row.items() if k not in NOT_COMPARED} == {
+        k: v for k, v in batch.table.to_pylist()[0].items() if k not in NOT_COMPARED
+    }
+    assert row["constraints_carried"] == [] and row["constraints_ledger"] == ["C1", "C2"]
+    assert row["constraints_waived"] is None
+    assert (row["hop"], row["side_effect"], row["state_key"], row["run_id"]) == (2, True, "", "run-7")
+    flags = store.execute(
+        "SELECT constraints_carried_null, constraints_waived_null FROM lists.spans"
+    ).to_pylist()
+    assert flags == [{"constraints_carried_null": 0, "constraints_waived_null": 1}]
+
+
+def test_a_retried_export_is_stored_once_after_resolve(chdb_store):
+    store = _database(chdb_store, "retry")
+    init_clickhouse(store)
+    batch = decode_payload(
+        make_request([{"name": "call", "span_id": b"\x07" * 8}]).SerializeToString(), PROTOBUF
+    )
+    insert_otel_traces(store, batch.table)
+    insert_otel_traces(store, batch.table)  # the exporter retried the batch
+    assert store.execute("SELECT count() AS n FROM retry.otel_traces").column("n")[0].as_py() == 2
+    resolve_spans(store, settle_seconds=0)
+    assert store.execute("SELECT count() AS n FROM retry.spans").column("n")[0].as_py() == 1
+
+
+# --- URLs and engines ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("", r"Expected --store to be a DuckDB file path, chdb:PATH or clickhouse://HOST:8123/DB"),
+        ("postgres://db/otel", r"Unknown store scheme 'postgres'.*expected a DuckDB file path, chdb:PATH"),
+        ("chdb:", r"Expected a local data path after chdb:"),
+        ("chdb:/tmp/x?tabel=t", r"Unknown option\(s\) tabel.*allowed: database, table"),
+        ("chdb:/tmp/x?database=my-db", r"database in store URL .* letters, digits and _, got 'my-db'"),
+        ("clickhouse:///otel", r"Expected a host in .*clickhouse://127.0.0.1:8123/otel"),
+        (
+            "clickhouse://127.0.0.1:http/otel",
+            r"port .* integer between 1 and 65535 \(ClickHouse HTTP: 8123\)",
+        ),
+    ],
+)
+def test_a_bad_store_url_says_what_was_wrong_and_what_to_give(url, message):
+    with pytest.raises(StoreURLError, match=message):
+        parse_store_url(url)
+
+
+def test_store_urls_name_their_engine_database_and_table():
+    chdb_url = parse_store_url("chdb:/data/ch?database=traces&table=otel_spans")
+    assert (chdb_url.engine, chdb_url.path, chdb_url.database, chdb_url.table) == (
+        "chdb",
+        "/data/ch",
+        "traces",
+        "otel_spans",
+    )
+    server = parse_store_url("clickhouse://reader:s%40cret@127.0.0.1:8123/otel")
+    assert (server.engine, server.host, server.port, server.username, server.password, server.database) == (
+        "clickhouse",
+        "127.0.0.1",
+        8123,
+        "reader",
+        "s@cret",
+        "otel",
+    )
+    assert parse_store_url("data/driftscope.duckdb").engine == "duckdb"
+    assert parse_store_url("duckdb:data/x.duckdb").path == "data/x.duckdb"
+
+
+def test_duckdb_store_runs_the_same_interface(tmp_path):
+    store = open_store_url(str(tmp_path / "d.duckdb"))
+    assert isinstance(store, DuckDBStore)
+    batch = decode_payload(
+        make_request([{"name": "a", "attrs": {"gen_ai.agent.name": "x"}}]).SerializeToString(), PROTOBUF
+    )
+    store.insert_arrow("spans", batch.table)
+    rows = store.execute("SELECT SpanName, agent_id FROM spans WHERE SpanName = $name", {"name": "a"})
+    assert rows.to_pylist() == [{"SpanName": "a", "agent_id": "x"}]
+    store.close()
+
+
+def test_a_second_chdb_path_in_the_same_process_gets_a_clear_error(chdb_store, tmp_path):
+    with pytest.raises(StoreURLError, match="one data path per process"):
+        ChdbStore(str(tmp_path / "other"))
+
+
+@pytest.mark.skipif(
+    not os.environ.get("DRIFTSCOPE_CLICKHOUSE_URL"),
+    reason="needs a ClickHouse server: set DRIFTSCOPE_CLICKHOUSE_URL=clickhouse://127.0.0.1:8123/driftscope_test "
+    "(the database is dropped and created)",
+)
+def test_a_clickhouse_server_gives_the_same_spans_as_duckdb():
+    store = open_store_url(os.environ["DRIFTSCOPE_CLICKHOUSE_URL"])
+    store.command(f"DROP DATABASE IF EXISTS {schema.ident(store.database)}")
+    try:
+        expected, got = _duckdb_and_chdb(store, FRAMEWORKS[:2], resolve_every_request=False)
+        columns = [name for name in expected.column_names if name not in NOT_COMPARED]
+        assert _rows_by_key(got, columns) == _rows_by_key(expected, columns)
+    finally:
+        store.close()
