@@ -44,8 +44,6 @@ BACKOFF_MAX_S = 30.0
 # Alertmanager resolves them by itself only if driftscope stops re-sending (as Prometheus does).
 AM_RESEND = timedelta(minutes=1)
 AM_ENDS_AHEAD_FACTOR = 4
-# The detectors read spans from this long before the evaluator started plus the longest window.
-ANCHOR_MARGIN = timedelta(hours=1)
 
 
 def iso(value: datetime | None) -> str | None:
@@ -303,8 +301,10 @@ class AlertService:
         self.interval = timedelta(seconds=interval_s)
         self.dashboard_url = dashboard_url
         self.channels = [_Channel(receiver) for receiver in receivers]
-        longest = max((rule.window_s for rule in rules), default=0.0)
-        self.since = alert_state.utcnow() - timedelta(seconds=longest) - ANCHOR_MARGIN
+        # Detectors run over the default scope (every span): the results the kept-results worker
+        # keeps up to date (and stores) after each commit, so a rule without filters costs no
+        # detector run of its own; the rule's window is applied to the finding rows.
+        self.since: datetime | None = None
         self.evaluations = 0
         self.skipped = 0
         self.last_evaluation_at: str | None = None

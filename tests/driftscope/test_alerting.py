@@ -265,3 +265,64 @@ def test_a_full_queue_drops_from_memory_only_and_the_store_queues_them_again(tmp
         assert runs == ["divergent_reads", "lost_updates"]
     finally:
         store.close()
+
+
+# --- the alerts command ----------------------------------------------------------------------
+
+
+def _cli(*args: str, env: dict | None = None):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "driftscope", "alerts", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+    )
+
+
+def test_alerts_check_prints_the_rules_or_the_wrong_line(tmp_path):
+    good = tmp_path / "good.toml"
+    good.write_text('defaults = false\n[[rule]]\ndetector = "lost_updates"\nthreshold = 2\nwindow = "5m"\n')
+    result = _cli("check", str(good))
+    assert result.returncode == 0, result.stderr
+    assert "1 rule(s) in force" in result.stdout and "lost_updates >= 2 finding(s) in 300s" in result.stdout
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[rule]]\ndetector = "lost_updates"\n\n[[rule]]\ndetector = "ping_pong"\nfor = "often"\n')
+    result = _cli("check", str(bad))
+    assert result.returncode == 1
+    assert f"{bad}, line 6: rule 'ping_pong': for: expected a duration such as 30s" in result.stderr
+    assert "Traceback" not in result.stderr
+    missing = _cli("check", str(tmp_path / "nope.toml"))
+    assert missing.returncode == 1 and "cannot read it" in missing.stderr
+
+
+def test_alerts_test_sends_a_signed_sample_to_each_receiver(sink):
+    result = _cli(
+        "test",
+        "lost_updates",
+        env={
+            "DRIFTSCOPE_ALERT_WEBHOOK_URL": sink.url("/hook"),
+            "DRIFTSCOPE_ALERT_WEBHOOK_SECRET": SECRET,
+            "DRIFTSCOPE_ALERT_SLACK_URL": sink.url("/slack"),
+        },
+    )
+    assert result.returncode == 0, result.stderr
+    (hook,) = [m for m in sink.messages if m[0] == "/hook"]
+    assert (
+        hook[1]["x-driftscope-signature"]
+        == "sha256=" + hmac.new(SECRET.encode(), hook[2], hashlib.sha256).hexdigest()
+    )
+    alert = json.loads(hook[2])["alerts"][0]
+    assert alert["labels"]["alertname"] == "lost_updates" and alert["labels"]["test"] == "true"
+    assert sink.bodies("/slack")[0]["text"].startswith("[FIRING] lost_updates (critical)")
+    unknown = _cli("test", "no_such_rule", env={"DRIFTSCOPE_ALERT_WEBHOOK_URL": sink.url("/hook")})
+    assert unknown.returncode == 2 and "No rule named 'no_such_rule'" in unknown.stderr
+    nowhere = _cli("test", "lost_updates")
+    assert nowhere.returncode == 2 and "No receiver is configured" in nowhere.stderr
+    sink.status = 500
+    refused = _cli("test", "lost_updates", env={"DRIFTSCOPE_ALERT_SLACK_URL": sink.url("/slack")})
+    assert refused.returncode == 1 and "did not accept it: HTTP 500" in refused.stderr

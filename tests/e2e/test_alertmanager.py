@@ -23,6 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from analytics.types import Window
+from dashboard.datasource import HttpSource
 from tests.serve_helpers import REPO, ServeProcess, free_port
 
 pytestmark = pytest.mark.slow
@@ -300,6 +302,12 @@ def test_failing_crew_pages_once_per_finding_group_through_alertmanager_across_r
         assert len(_direct(sink, "/webhook", "resolved")) == len(expected)
         health = httpx.get(f"{serve.http_url}/api/v1/health", timeout=10).json()["alerting"]
         assert health["status"] == "ok", health
+        # The dashboard's HTTP source reads the episodes through /api/v1/alerts.
+        listed = HttpSource(serve.http_url).alerts(Window())
+        assert sorted(zip(listed["alertname"], listed["state"], strict=True)) == sorted(
+            (name, "resolved") for name, _ in expected
+        )
+        assert set(listed["delivered_to"]) == {"alertmanager:resolved, slack:resolved, webhook:resolved"}
     finally:
         serve.stop()
         am.stop()
