@@ -236,6 +236,17 @@ def cmd_up(args: argparse.Namespace, values: dict[str, Any]) -> int:
     for name in ("retention", "retention_interval", "header_timeout", "body_timeout"):
         if values.get(name):
             serve_args += [BY_NAME[name].flag, f"{values[name]:g}s"]
+    for name in ("alert_rules", "alertmanager_url", "alert_webhook_url", "alert_slack_url"):
+        if values.get(name) is not None:
+            serve_args += [BY_NAME[name].flag, str(values[name])]
+    if values.get("alert_interval"):
+        serve_args += [BY_NAME["alert_interval"].flag, f"{values['alert_interval']:g}s"]
+    # Alerts link to the dashboard this command starts, on whatever port it was given.
+    dashboard_url = values.get("alert_dashboard_url")
+    if dashboard_url == BY_NAME["alert_dashboard_url"].default:
+        dashboard_url = f"http://127.0.0.1:{values['dashboard_port']}"
+    if dashboard_url:
+        serve_args += [BY_NAME["alert_dashboard_url"].flag, dashboard_url]
     host = values["host"]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{values['http_port']}"
     # Every port first: success is printed only for a collector and a dashboard that are ours.
@@ -253,6 +264,8 @@ def cmd_up(args: argparse.Namespace, values: dict[str, Any]) -> int:
     serve_env = dict(os.environ)
     if values.get("token"):
         serve_env[BY_NAME["token"].env] = values["token"]
+    if values.get("alert_webhook_secret"):
+        serve_env[BY_NAME["alert_webhook_secret"].env] = values["alert_webhook_secret"]
     serve = subprocess.Popen(serve_args, env=serve_env)
     children.append(serve)
     try:
