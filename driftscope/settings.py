@@ -146,7 +146,7 @@ class Setting:
 
 
 SERVE = ("serve", "up")
-ALERTS = ("serve", "alerts")
+ALERTS = ("serve", "up", "alerts")
 SETTINGS: tuple[Setting, ...] = (
     Setting(
         "db",
