@@ -8,6 +8,7 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,9 +127,27 @@ class RetentionWorker(threading.Thread):
         self.join(5)
 
 
-def run_serve(config: ServeConfig) -> int:
-    """Run until SIGTERM/SIGINT; then stop accepting, drain, commit, and exit 0."""
-    check_exposure(config)
+@dataclass
+class Service:
+    """Everything ``serve`` runs but its listening sockets: the store, the single writer, the
+    background workers and the ASGI app of the OTLP/HTTP receiver and read API.
+
+    ``run_serve`` puts it behind uvicorn and a gRPC server; tests drive ``app`` in process with
+    an ASGI client (the in-process tier, docs/testing.md). ``stop()`` stops the workers, drains
+    the writer and closes the store."""
+
+    app: Starlette
+    queue: IngestQueue
+    writer: SpanWriter
+    receiver_config: ReceiverConfig
+    stats: IngestStats
+    decode_pool: DecodePool
+    pending: PendingBytes
+    stop: Callable[[], None]
+
+
+def build_service(config: ServeConfig) -> Service:
+    """Open the store and start the writer and workers; the app answers once this returns."""
     # Read at query time by duplicate_side_effects: the read API (so the dashboard and reports
     # reading through it) uses this value, for spans stored before it was set too.
     side_effect_tools = configure_side_effect_tools(config.side_effect_tools)
@@ -238,6 +257,22 @@ def run_serve(config: ServeConfig) -> int:
         except Exception as exc:  # noqa: BLE001 - the WAL replays on next start anyway
             logger.warning("final checkpoint failed (the WAL will replay on restart): %s", exc)
         conn.close()
+
+    return Service(app, queue, writer, receiver_config, stats, decode_pool, pending, stop_writing)
+
+
+def run_serve(config: ServeConfig) -> int:
+    """Run until SIGTERM/SIGINT; then stop accepting, drain, commit, and exit 0."""
+    check_exposure(config)
+    service = build_service(config)
+    queue, receiver_config, stats = service.queue, service.receiver_config, service.stats
+    decode_pool, pending, writer, stop_writing = (
+        service.decode_pool,
+        service.pending,
+        service.writer,
+        service.stop,
+    )
+    app = service.app
 
     try:
         grpc_server = start_grpc_server(

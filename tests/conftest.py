@@ -1,7 +1,9 @@
 import os
 
 import pytest
+from starlette.testclient import TestClient
 
+from driftscope.serve import ServeConfig, build_service
 from tests.serve_helpers import new_serve
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -40,3 +42,19 @@ def serve_factory(tmp_path):
             server.stop()
         except Exception:
             server.kill()
+
+
+@pytest.fixture
+def in_process(tmp_path):
+    """The in-process tier: serve's composition (store, single writer, workers, OTLP/HTTP receiver
+    and read API) in this process, driven through an ASGI client. No sockets and no subprocess:
+    for request/response behaviour; what needs a process (crash safety, SIGTERM, overload, slow
+    sockets, gRPC, the browser) uses ``serve``. Yields a TestClient; ``client.service`` is the
+    ``driftscope.serve.Service``."""
+    service = build_service(ServeConfig(db=str(tmp_path / "in-process.duckdb"), embeddings=False))
+    try:
+        with TestClient(service.app, base_url="http://127.0.0.1") as client:
+            client.service = service
+            yield client
+    finally:
+        service.stop()

@@ -1,4 +1,8 @@
-"""Hostile read-API requests get a 400 that says what to send, early, and never a 500."""
+"""Hostile read-API requests get a 400 that says what to send, early, and never a 500.
+
+Parameter and body checks run in process (``in_process``: serve's composition behind an ASGI
+client); what depends on the HTTP server itself (a declared huge body, a body that never ends,
+a lying Content-Length) is sent over a raw socket to a real ``serve``."""
 
 import json
 import socket
@@ -30,8 +34,8 @@ def server(tmp_path_factory):
         {"since": "٣h"},
     ],
 )
-def test_out_of_range_and_unicode_digit_parameters_are_400_with_what_to_send(server, params):
-    response = httpx.get(f"{server.http_url}/api/v1/runs", params=params, timeout=10)
+def test_out_of_range_and_unicode_digit_parameters_are_400_with_what_to_send(in_process, params):
+    response = in_process.get("/api/v1/runs", params=params)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert "Expected" in error or "limit must be" in error
@@ -49,12 +53,12 @@ def test_parse_instant_raises_only_value_error(raw):
     ("path", "key"), [("/api/v1/runs/details", "run_ids"), ("/api/v1/evidence-spans", "keys")]
 )
 @pytest.mark.parametrize("depth", [5_000, 100_000])
-def test_deep_json_lookup_bodies_are_400(server, path, key, depth):
+def test_deep_json_lookup_bodies_are_400(in_process, path, key, depth):
     body = '{"' + key + '": ' + "[" * depth + "]" * depth + "}"
-    response = httpx.post(f"{server.http_url}{path}", content=body.encode(), timeout=30)
+    response = in_process.post(path, content=body.encode())
     assert response.status_code == 400, response.text
     assert key in response.json()["error"]
-    assert httpx.get(f"{server.http_url}/api/v1/health", timeout=10).status_code == 200
+    assert in_process.get("/api/v1/health").status_code == 200
 
 
 def _raw_request(port: int, head: bytes, body_part: bytes, timeout: float = 10.0) -> bytes:

@@ -1,4 +1,7 @@
-"""The read API runs no SQL of a client's choosing and reads no files; tokens stay secret."""
+"""The read API runs no SQL of a client's choosing and reads no files; tokens stay secret.
+
+Request/response checks run in process (the ``in_process`` ASGI client over serve's real
+composition); the token-logging check needs a real ``serve`` and its log."""
 
 import httpx
 import pytest
@@ -23,7 +26,7 @@ INJECTIONS = [
 
 
 @pytest.fixture
-def loaded(serve):
+def loaded(in_process):
     body = make_request(
         [
             {
@@ -35,56 +38,53 @@ def loaded(serve):
             }
         ]
     ).SerializeToString()
-    response = httpx.post(
-        f"{serve.http_url}/v1/traces", content=body, headers={"Content-Type": "application/x-protobuf"}
-    )
+    response = in_process.post("/v1/traces", content=body, headers={"Content-Type": "application/x-protobuf"})
     assert response.status_code == 200
-    return serve
+    return in_process
 
 
 def test_injection_strings_in_every_filter_match_nothing_and_change_nothing(loaded):
-    base = loaded.http_url
-    metrics = [m["name"] for m in httpx.get(f"{base}/api/v1/metrics").json()["metrics"]]
-    with httpx.Client(timeout=120) as client:
-        for name in metrics:
-            for value in INJECTIONS:
-                # Every filter at once: each one is bound as a value, so none can match or inject.
-                params = dict.fromkeys(("service", "agent", "run", "origin_task"), value)
-                response = client.get(f"{base}/api/v1/metrics/{name}", params=params)
-                assert response.status_code == 200, (name, value, response.text[:200])
-                assert response.json()["rows"] == [], (name, value)
+    client = loaded
+    metrics = [m["name"] for m in client.get("/api/v1/metrics").json()["metrics"]]
+    for name in metrics:
         for value in INJECTIONS:
-            for param in ("since", "until"):
-                response = client.get(f"{base}/api/v1/runs", params={param: value})
-                assert response.status_code == 400 and "Expected" in response.json()["error"]
-            response = client.get(f"{base}/api/v1/runs", params={"agent": value})
-            assert response.status_code == 200 and response.json()["rows"] == []
-            response = client.get(f"{base}/api/v1/runs/{value}/spans", follow_redirects=True)
-            assert response.status_code in (400, 404)
+            # Every filter at once: each one is bound as a value, so none can match or inject.
             params = dict.fromkeys(("service", "agent", "run", "origin_task"), value)
-            response = client.get(f"{base}/api/v1/runs/totals", params=params)
-            assert response.status_code == 200 and response.json()["rows"] == [], value
-            response = client.post(f"{base}/api/v1/runs/details", json={"run_ids": [value, "run-1"]})
-            assert response.status_code in (200, 400), value
-            if response.status_code == 200:  # only the real run answers
-                assert [r["run_id"] for r in response.json()["rows"]] == ["run-1"]
-            response = client.post(f"{base}/api/v1/evidence-spans", json={"keys": [[value, value]]})
-            assert response.status_code in (200, 400) and response.json().get("rows", []) == [], value
-        too_long = client.get(f"{base}/api/v1/runs", params={"service": "x" * 513})
-        assert too_long.status_code == 400 and "longer than 512" in too_long.json()["error"]
-        control = client.get(f"{base}/api/v1/runs", params={"service": "a\x01b"})
-        assert control.status_code == 400
-    assert loaded.health()["spans"] == 1
-    runs = httpx.get(f"{base}/api/v1/runs").json()["rows"]
+            response = client.get(f"/api/v1/metrics/{name}", params=params)
+            assert response.status_code == 200, (name, value, response.text[:200])
+            assert response.json()["rows"] == [], (name, value)
+    for value in INJECTIONS:
+        for param in ("since", "until"):
+            response = client.get("/api/v1/runs", params={param: value})
+            assert response.status_code == 400 and "Expected" in response.json()["error"]
+        response = client.get("/api/v1/runs", params={"agent": value})
+        assert response.status_code == 200 and response.json()["rows"] == []
+        response = client.get(f"/api/v1/runs/{value}/spans", follow_redirects=True)
+        assert response.status_code in (400, 404)
+        params = dict.fromkeys(("service", "agent", "run", "origin_task"), value)
+        response = client.get("/api/v1/runs/totals", params=params)
+        assert response.status_code == 200 and response.json()["rows"] == [], value
+        response = client.post("/api/v1/runs/details", json={"run_ids": [value, "run-1"]})
+        assert response.status_code in (200, 400), value
+        if response.status_code == 200:  # only the real run answers
+            assert [r["run_id"] for r in response.json()["rows"]] == ["run-1"]
+        response = client.post("/api/v1/evidence-spans", json={"keys": [[value, value]]})
+        assert response.status_code in (200, 400) and response.json().get("rows", []) == [], value
+    too_long = client.get("/api/v1/runs", params={"service": "x" * 513})
+    assert too_long.status_code == 400 and "longer than 512" in too_long.json()["error"]
+    control = client.get("/api/v1/runs", params={"service": "a\x01b"})
+    assert control.status_code == 400
+    assert client.get("/api/v1/health").json()["spans"] == 1
+    runs = client.get("/api/v1/runs").json()["rows"]
     assert [r["run_id"] for r in runs] == ["run-1"]
 
 
 def test_no_route_accepts_sql_or_writes(loaded):
-    base = loaded.http_url
     for path in ("/api/v1/sql", "/api/v1/query", "/api/v1/metrics/../../v1/traces"):
-        assert httpx.get(f"{base}{path}", params={"q": "select 1"}).status_code in (404, 405)
-    assert httpx.post(f"{base}/api/v1/runs", content=b"select 1").status_code == 405
-    assert httpx.delete(f"{base}/api/v1/runs/run-1/spans").status_code == 405
+        assert loaded.get(path, params={"q": "select 1"}).status_code in (404, 405)
+    assert loaded.post("/api/v1/runs", content=b"select 1").status_code == 405
+    assert loaded.delete("/api/v1/runs/run-1/spans").status_code == 405
+    assert loaded.get("/api/v1/health").json()["spans"] == 1
 
 
 def test_token_is_never_logged(serve_factory):
