@@ -21,6 +21,7 @@ plus a ``<column>_null`` UInt8 flag (1 where DuckDB holds NULL), after the DuckD
 from __future__ import annotations
 
 import functools
+import logging
 import re
 
 from collector.conventions import (
@@ -206,6 +207,9 @@ def _duckdb_schema() -> dict[str, tuple[list[tuple[str, str, bool]], tuple[str, 
     from collector.migrations_runner import apply_migrations  # noqa: PLC0415
 
     conn = duckdb.connect()
+    quiet = logging.getLogger("collector.migrations_runner")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)  # an in-memory copy, not the user's database being migrated
     try:
         apply_migrations(conn)
         apply_migrations(conn, "analytics")
@@ -223,6 +227,7 @@ def _duckdb_schema() -> dict[str, tuple[list[tuple[str, str, bool]], tuple[str, 
             ).fetchall()
         }
     finally:
+        quiet.setLevel(level)
         conn.close()
     return {table: (cols, keys.get(table, ())) for table, cols in columns.items()}
 

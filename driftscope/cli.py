@@ -27,6 +27,7 @@ COMMANDS = {
     "calibrate": "Compute and store calibrated detector thresholds.",
     "settings": "Print every setting as a Markdown table (the README's settings section).",
     "alerts": "Check an alert rules file (alerts check FILE) or send a sample alert (alerts test RULE).",
+    "clickhouse": "Create driftscope's tables beside otel_traces in ClickHouse (init), or resolve new spans.",
 }
 
 
@@ -120,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     alerts.add_argument("target", metavar="FILE|RULE", help="The rules file to check, or the rule to test.")
     subparsers["settings"].add_argument("--markdown", action="store_true", help="Markdown table (default).")
+    from driftscope.clickhouse_command import add_arguments as add_clickhouse_arguments
+
+    add_clickhouse_arguments(subparsers["clickhouse"])
     parser.set_defaults(_subparsers=subparsers)
     return parser
 
@@ -351,6 +355,10 @@ def main(argv: list[str] | None = None) -> int:
             from driftscope.alerts_command import cmd_alerts
 
             return cmd_alerts(args, values)
+        if args.command == "clickhouse":
+            from driftscope.clickhouse_command import cmd_clickhouse
+
+            return cmd_clickhouse(args)
         if args.command == "calibrate":
             from driftscope.calibrate import cmd_calibrate
 

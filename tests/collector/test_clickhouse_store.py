@@ -396,3 +396,24 @@ def test_a_clickhouse_server_gives_the_same_spans_as_duckdb():
         assert _rows_by_key(got, columns) == _rows_by_key(expected, columns)
     finally:
         store.close()
+
+
+def test_the_cli_creates_driftscopes_objects_once(tmp_path):
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "driftscope", "clickhouse", "init", "--store", f"chdb:{tmp_path / 'ch'}"]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert first.returncode == 0, first.stderr
+    assert "created in otel (beside otel_traces):" in first.stdout and "spans_mv" in first.stdout
+    second = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert (second.returncode, second.stdout.strip()) == (0, "otel (beside otel_traces): nothing to create")
+
+
+def test_the_cli_explains_a_bad_store(capsys):
+    from driftscope.cli import main
+
+    assert main(["clickhouse", "init", "--store", "postgres://127.0.0.1/otel"]) == 2
+    assert "Unknown store scheme 'postgres'" in capsys.readouterr().err
+    assert main(["clickhouse", "resolve", "--store", "chdb:"]) == 2
+    assert "Expected a local data path after chdb:" in capsys.readouterr().err
