@@ -292,15 +292,17 @@ def duckdb_spans_columns() -> list[str]:
     return [name for name, _, _ in _duckdb_schema()[SPANS_TABLE][0]]
 
 
-def spans_table_ddl(database: str = DEFAULT_DATABASE) -> str:
-    """driftscope's `spans` table (the materialized view's target)."""
+def spans_table_ddl(database: str = DEFAULT_DATABASE, ttl_days: int = 0) -> str:
+    """driftscope's `spans` table (the materialized view's target); ``ttl_days`` drops whole days
+    as the exporter's TTL does for `otel_traces`."""
     columns = ",\n".join(f"    {ident(name)} {kind}" for name, kind in spans_clickhouse_types().items())
     return f"""CREATE TABLE IF NOT EXISTS {qualified(database, SPANS_TABLE)} (
 {columns}
 ) ENGINE = MergeTree()
 PARTITION BY toDate(Timestamp)
 ORDER BY (run_id, agent_id, Timestamp)
-SETTINGS index_granularity = 8192, allow_nullable_key = 1"""
+{_ttl("toDateTime(Timestamp)", ttl_days)}
+SETTINGS index_granularity = 8192, allow_nullable_key = 1, ttl_only_drop_parts = 1"""
 
 
 def analytics_tables_ddl(database: str = DEFAULT_DATABASE) -> list[str]:
@@ -484,11 +486,13 @@ def spans_view_ddl(database: str = DEFAULT_DATABASE, source: str = DEFAULT_TRACE
     )
 
 
-def driftscope_ddl(database: str = DEFAULT_DATABASE, source: str = DEFAULT_TRACES_TABLE) -> list[str]:
+def driftscope_ddl(
+    database: str = DEFAULT_DATABASE, source: str = DEFAULT_TRACES_TABLE, ttl_days: int = 0
+) -> list[str]:
     """Every object driftscope adds beside the exporter's table, in creation order (all
     ``IF NOT EXISTS``: running them again changes nothing)."""
     return [
-        spans_table_ddl(database),
+        spans_table_ddl(database, ttl_days),
         spans_view_ddl(database, source),
         *analytics_tables_ddl(database),
         ingest_counters_ddl(database),

@@ -377,7 +377,8 @@ def _resolve_state_ddl(database: str) -> str:
 
 def init_clickhouse(store: ClickHouseStore, ttl_days: int = 0) -> list[str]:
     """``driftscope clickhouse init``: create driftscope's objects beside `otel_traces` (and
-    `otel_traces` itself, in the exporter's layout, only when missing). Idempotent; returns the
+    `otel_traces` itself, in the exporter's layout, only when missing). ``ttl_days`` is the TTL of
+    the tables created now (`spans`; `otel_traces` when created here). Idempotent; returns the
     objects created now."""
     db = store.database
     store.command(f"CREATE DATABASE IF NOT EXISTS {schema.ident(db)}")
@@ -406,7 +407,7 @@ def init_clickhouse(store: ClickHouseStore, ttl_days: int = 0) -> list[str]:
         full_text = store.server_version() >= schema.FULL_TEXT_SEARCH_VERSION
         for statement in schema.otel_traces_ddl(db, store.traces_table, ttl_days, full_text):
             store.command(statement)
-    for statement in [*schema.driftscope_ddl(db, store.traces_table), _resolve_state_ddl(db)]:
+    for statement in [*schema.driftscope_ddl(db, store.traces_table, ttl_days), _resolve_state_ddl(db)]:
         store.command(statement)
     if schema.SPANS_VIEW not in before:
         # Spans the exporter stored before the view existed; a span that also reached the view

@@ -32,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         metavar="DAYS",
-        help="init: the TTL of otel_traces when driftscope creates it, as the exporter's ttl setting (0: none).",
+        help="init: days kept in spans (and in otel_traces when init creates it); match the exporter's ttl "
+        "(0: no TTL).",
     )
 
 

@@ -143,9 +143,10 @@ def test_init_creates_otel_traces_in_the_exporters_layout(chdb_store):
     # chdb is ClickHouse >= 26.2, where the exporter creates text indexes instead of bloom filters
     assert "TYPE text(tokenizer = 'array')" in ddl and "bloom_filter" not in ddl
     spans = store.execute(
-        "SELECT sorting_key FROM system.tables WHERE database = 'layout' AND name = 'spans'"
+        "SELECT sorting_key, create_table_query FROM system.tables WHERE database = 'layout' AND name = 'spans'"
     ).to_pylist()[0]
     assert spans["sorting_key"] == "run_id, agent_id, Timestamp"
+    assert "TTL toDateTime(Timestamp) + toIntervalDay(3)" in spans["create_table_query"]
 
 
 def test_spans_has_duckdbs_columns_in_duckdbs_order(chdb_store):
