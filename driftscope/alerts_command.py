@@ -43,7 +43,8 @@ def cmd_test(rule_name: str, values: dict[str, Any]) -> int:
 
     from analytics.alert_rules import RuleError, load_rules
     from analytics.alerts import utcnow
-    from driftscope.alerting import DeliveryError, build_receivers, sample_notification
+    from driftscope.alert_receivers import DeliveryError, sample_notification
+    from driftscope.alerting import build_receivers
 
     try:
         rules = load_rules(values.get("alert_rules"))

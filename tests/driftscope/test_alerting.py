@@ -1,4 +1,4 @@
-"""Alert delivery (driftscope.alerting): message formats checked by a real local HTTP sink, and the
+"""Alert delivery (driftscope.alerting, driftscope.alert_receivers): message formats checked by a real local HTTP sink, and the
 AlertService on a DuckDB file with the real single writer (retries, bounded queue, restarts)."""
 
 from __future__ import annotations
@@ -18,14 +18,15 @@ from analytics.alert_rules import default_rules, parse_rules
 from collector.files import ingest_files
 from collector.writer import IngestQueue, SpanWriter
 from driftscope import alerting
-from driftscope.alerting import (
+from driftscope.alert_receivers import (
     AlertmanagerReceiver,
-    AlertService,
+    DeliveryError,
     Notification,
     SlackReceiver,
     WebhookReceiver,
     sample_notification,
 )
+from driftscope.alerting import AlertService
 from driftscope.database import open_database
 from tests.serve_helpers import free_port
 
@@ -147,9 +148,9 @@ def test_alertmanager_gets_a_list_with_ends_at_ahead_while_firing_and_past_once_
 
 def test_a_refusing_receiver_raises_delivery_error(sink):
     sink.status = 500
-    with pytest.raises(alerting.DeliveryError, match="HTTP 500"):
+    with pytest.raises(DeliveryError, match="HTTP 500"):
         SlackReceiver(sink.url("/slack")).send([_notification()], datetime(2026, 1, 2), timedelta(seconds=30))
-    with pytest.raises(alerting.DeliveryError, match="Connect"):
+    with pytest.raises(DeliveryError, match="Connect"):
         SlackReceiver(f"http://127.0.0.1:{free_port()}/x").send(
             [_notification()], datetime(2026, 1, 2), timedelta(1)
         )
