@@ -32,10 +32,19 @@ def default_names() -> list[str]:
     return [*sorted(kept.KEPT), "run_summary"]
 
 
-def refresh(conn: duckdb.DuckDBPyConnection, names: Sequence[str] | None = None) -> int:
-    """Bring the default scope's result of each of ``names`` up to date; return how many failed."""
+def refresh(
+    conn: duckdb.DuckDBPyConnection,
+    names: Sequence[str] | None = None,
+    stopping: threading.Event | None = None,
+) -> int:
+    """Bring the default scope's result of each of ``names`` up to date; return how many failed.
+
+    Once ``stopping`` is set, the detectors not yet refreshed are left (a stopping serve waits
+    for one detector, not a whole pass)."""
     failed = 0
     for name in names or default_names():
+        if stopping is not None and stopping.is_set():
+            break
         try:
             run_metric(conn, name, Window(), Filters())
         except Exception:  # noqa: BLE001 - one detector's failure must not stop the others
@@ -162,7 +171,7 @@ class KeptWorker:
                     if self._stopping.is_set():
                         break
                     self._dirty = False
-                    failed = refresh(conn, self._names)
+                    failed = refresh(conn, self._names, self._stopping)
                     self.passes += 1
                     self.last_error = f"{failed} detector(s) failed" if failed else None
                 pending = self._pending_store(conn)
