@@ -418,3 +418,31 @@ def test_the_cli_explains_a_bad_store(capsys):
     assert "Unknown store scheme 'postgres'" in capsys.readouterr().err
     assert main(["clickhouse", "resolve", "--store", "chdb:"]) == 2
     assert "Expected a local data path after chdb:" in capsys.readouterr().err
+
+
+def test_the_clickhouse_writer_acknowledges_after_the_insert_and_resolves(chdb_store):
+    from collector.clickhouse_writer import ClickHouseWriter
+    from collector.writer import IngestQueue
+
+    store = _database(chdb_store, "writer")
+    init_clickhouse(store)
+    writer = ClickHouseWriter(store, IngestQueue(64 * 1024 * 1024), resolve_interval=3600)  # once, at stop
+    writer.start()
+    conn = duckdb.connect()
+    apply_migrations(conn)
+    traces = TraceIndex(conn)
+    sent = 0
+    try:
+        for payload, content_type in _payloads(SAMPLES / "frameworks" / "smolagents" / "otlp.jsonl"):
+            batch = decode_payload(payload, content_type)
+            insert_batches(conn, [batch], traces)
+            assert writer.submit(batch).result(timeout=120) == batch.accepted
+            sent += batch.accepted
+            # acknowledged: the rows are in ClickHouse already
+            assert store.execute("SELECT count() AS n FROM writer.otel_traces").column("n")[0].as_py() == sent
+    finally:
+        writer.stop()
+    assert writer.healthy and writer.committed_spans == sent > 100 and writer.resolve_passes > 0
+    expected = conn.sql("SELECT * FROM spans").to_arrow_table()
+    columns = [name for name in expected.column_names if name not in NOT_COMPARED]
+    assert _rows_by_key(_spans(store), columns) == _rows_by_key(expected, columns)
