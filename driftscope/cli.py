@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "clickhouse":
             from driftscope.clickhouse_command import cmd_clickhouse
 
-            return cmd_clickhouse(args)
+            return cmd_clickhouse(args, values)
         if args.command == "calibrate":
             from driftscope.calibrate import cmd_calibrate
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
+from typing import Any
 
 from driftscope.settings import ConfigError
 
 logger = logging.getLogger(__name__)
 
-STORE_ENV = "DRIFTSCOPE_STORE"
+STORE_ENV = "DRIFTSCOPE_STORE"  # the `store` setting's variable (driftscope.settings)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,12 +20,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("init", "resolve"),
         help="init: create driftscope's tables and view beside otel_traces (otel_traces too when missing); "
         "resolve: resolve agents, runs and hops of the spans stored since the last pass.",
-    )
-    parser.add_argument(
-        "--store",
-        default=None,
-        metavar="URL",
-        help=f"chdb:PATH or clickhouse://HOST:8123/DB (optionally ?table=otel_traces) [env {STORE_ENV}]",
     )
     parser.add_argument(
         "--ttl-days",
@@ -37,11 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def cmd_clickhouse(args: argparse.Namespace) -> int:
+def cmd_clickhouse(args: argparse.Namespace, values: dict[str, Any]) -> int:
     from collector.clickhouse_resolve import resolve_spans
     from collector.clickhouse_store import ClickHouseStore, StoreURLError, open_store_url
 
-    url = args.store or os.environ.get(STORE_ENV)
+    url = values.get("store")
     if not url:
         raise ConfigError(
             f"Give the ClickHouse store with --store chdb:PATH or --store clickhouse://HOST:8123/DB (or set {STORE_ENV})"

@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 @dataclass
 class ServeConfig:
     db: str
+    store: str | None = None  # chdb:PATH or clickhouse://...: spans go to ClickHouse (docs/scale-out.md)
     host: str = "127.0.0.1"
     http_port: int = 4318
     grpc_port: int = 4317
@@ -146,19 +147,9 @@ class Service:
     stop: Callable[[], None]
 
 
-def build_service(config: ServeConfig) -> Service:
-    """Open the store and start the writer and workers; the app answers once this returns."""
-    # Read at query time by duplicate_side_effects: the read API (so the dashboard and reports
-    # reading through it) uses this value, for spans stored before it was set too.
-    side_effect_tools = configure_side_effect_tools(config.side_effect_tools)
-    alert_rules = _load_alert_rules(config)
-    try:
-        conn = open_database(config.db, memory_limit=config.memory_limit)
-    except StoreLockedError as exc:
-        raise ConfigError(str(exc)) from exc
-    stats = IngestStats()
-    queue = IngestQueue(config.queue_max_bytes)
-    receiver_config = ReceiverConfig(
+def receiver_config_for(config: ServeConfig) -> ReceiverConfig:
+    """The receivers' limits and token, whichever store the spans go to."""
+    return ReceiverConfig(
         max_body_bytes=config.max_body_bytes,
         token=config.token,
         limits=DecodeLimits(
@@ -172,6 +163,25 @@ def build_service(config: ServeConfig) -> Service:
         max_pending_bytes=config.max_pending_bytes,
         decode_workers=config.decode_workers,
     )
+
+
+def build_service(config: ServeConfig) -> Service:
+    """Open the store and start the writer and workers; the app answers once this returns."""
+    # Read at query time by duplicate_side_effects: the read API (so the dashboard and reports
+    # reading through it) uses this value, for spans stored before it was set too.
+    side_effect_tools = configure_side_effect_tools(config.side_effect_tools)
+    if config.store:
+        from driftscope.serve_clickhouse import start_clickhouse_ingest
+
+        return Service(*start_clickhouse_ingest(config, receiver_config_for(config)))
+    alert_rules = _load_alert_rules(config)
+    try:
+        conn = open_database(config.db, memory_limit=config.memory_limit)
+    except StoreLockedError as exc:
+        raise ConfigError(str(exc)) from exc
+    stats = IngestStats()
+    queue = IngestQueue(config.queue_max_bytes)
+    receiver_config = receiver_config_for(config)
     # One decode pool for both transports: at most decode_workers requests decode at once.
     decode_pool = DecodePool(config.decode_workers)
     # One bound on request bytes waiting for it, HTTP bodies and gRPC messages together.
@@ -298,12 +308,12 @@ def run_serve(config: ServeConfig) -> int:
         )
     )
     logger.info(
-        "driftscope serve: OTLP/HTTP http://%s:%d/v1/traces, OTLP/gRPC %s:%d, db %s",
+        "driftscope serve: OTLP/HTTP http://%s:%d/v1/traces, OTLP/gRPC %s:%d, store %s",
         config.host,
         config.http_port,
         config.host,
         config.grpc_port,
-        Path(config.db).resolve(),
+        config.store or Path(config.db).resolve(),
     )
 
     def request_stop(signum, frame):  # noqa: ARG001 - signal handler signature

@@ -156,6 +156,13 @@ SETTINGS: tuple[Setting, ...] = (
         metavar="PATH",
     ),
     Setting(
+        "store",
+        None,
+        "A ClickHouse store instead of --db: chdb:PATH or clickhouse://HOST:8123/DB (docs/scale-out.md).",
+        commands=("serve", "clickhouse"),
+        metavar="URL",
+    ),
+    Setting(
         "host",
         "127.0.0.1",
         "Address to bind. Anything but loopback needs --token or --insecure.",
