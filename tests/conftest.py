@@ -45,16 +45,34 @@ def serve_factory(tmp_path):
 
 
 @pytest.fixture
-def in_process(tmp_path):
+def in_process_factory(tmp_path):
     """The in-process tier: serve's composition (store, single writer, workers, OTLP/HTTP receiver
     and read API) in this process, driven through an ASGI client. No sockets and no subprocess:
     for request/response behaviour; what needs a process (crash safety, SIGTERM, overload, slow
-    sockets, gRPC, the browser) uses ``serve``. Yields a TestClient; ``client.service`` is the
-    ``driftscope.serve.Service``."""
-    service = build_service(ServeConfig(db=str(tmp_path / "in-process.duckdb"), embeddings=False))
-    try:
-        with TestClient(service.app, base_url="http://127.0.0.1") as client:
-            client.service = service
-            yield client
-    finally:
-        service.stop()
+    sockets, gRPC, the SDK exporters, the browser) uses ``serve``.
+
+    ``make(**ServeConfig fields)`` returns a started TestClient; ``client.service`` is the
+    ``driftscope.serve.Service``. Every one made is stopped (writer drained, store closed)."""
+    made = []
+
+    def make(**config):
+        config.setdefault("db", str(tmp_path / f"in-process-{len(made)}.duckdb"))
+        config.setdefault("embeddings", False)
+        service = build_service(ServeConfig(**config))
+        client = TestClient(service.app, base_url="http://127.0.0.1")
+        client.service = service
+        made.append(client)
+        return client.__enter__()
+
+    yield make
+    for client in made:
+        try:
+            client.__exit__(None, None, None)
+        finally:
+            client.service.stop()
+
+
+@pytest.fixture
+def in_process(in_process_factory):
+    """``in_process_factory()`` with the default settings."""
+    return in_process_factory()

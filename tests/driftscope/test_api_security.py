@@ -46,9 +46,11 @@ def loaded(in_process):
 def test_injection_strings_in_every_filter_match_nothing_and_change_nothing(loaded):
     client = loaded
     metrics = [m["name"] for m in client.get("/api/v1/metrics").json()["metrics"]]
-    for name in metrics:
-        for value in INJECTIONS:
-            # Every filter at once: each one is bound as a value, so none can match or inject.
+    for i, name in enumerate(metrics):
+        # Every filter at once: each one is bound as a value, so none can match or inject. Every
+        # metric gets five of the strings, in turn, so each string reaches several metrics (the
+        # filters are one shared SQL fragment; all 13 x every metric cost a minute of detectors).
+        for value in (INJECTIONS * 2)[i % len(INJECTIONS) :][:5]:
             params = dict.fromkeys(("service", "agent", "run", "origin_task"), value)
             response = client.get(f"/api/v1/metrics/{name}", params=params)
             assert response.status_code == 200, (name, value, response.text[:200])

@@ -1,0 +1,44 @@
+"""driftscope/api.py: the read API over analytics' read interface, in process.
+
+Serve's composition behind an ASGI client (``in_process``); the same routes over a real socket
+with the SDK exporters are in tests/driftscope/test_serve.py."""
+
+import pyarrow as pa
+
+from tests.otlp_builders import make_request
+
+PB = {"Content-Type": "application/x-protobuf"}
+
+
+def test_read_api_rejects_bad_parameters(in_process):
+    assert in_process.get("/api/v1/runs", params={"since": "yesterday-ish"}).status_code == 400
+    assert "unknown parameter" in in_process.get("/api/v1/runs", params={"sql": "select 1"}).json()["error"]
+    assert in_process.get("/api/v1/metrics/no_such_metric").status_code == 404
+    assert in_process.get("/api/v1/runs", params={"limit": "-1"}).status_code == 400
+
+
+def test_thresholds_endpoint_lists_what_is_in_force(in_process):
+    rows = in_process.get("/api/v1/thresholds").json()["rows"]
+    by_name = {row["name"]: row for row in rows}
+    assert by_name["goal_divergence"]["value"] == 0.80 and by_name["goal_divergence"]["calibrated"] is False
+    assert all({"value", "version", "method", "provenance", "calibrated"} <= set(row) for row in rows)
+
+
+def test_every_listed_metric_answers_with_its_documented_columns_in_json_and_arrow(in_process):
+    attrs = {"gen_ai.agent.id": "planner", "gen_ai.conversation.id": "run-arrow", "driftscope.op": "write"}
+    body = make_request([{"attrs": attrs}]).SerializeToString()
+    assert in_process.post("/v1/traces", content=body, headers=PB).status_code == 200
+    metrics = in_process.get("/api/v1/metrics").json()["metrics"]
+    assert metrics and all({"name", "description", "columns", "params"} <= set(m) for m in metrics)
+    runs = in_process.get("/api/v1/runs", headers={"Accept": "application/vnd.apache.arrow.stream"})
+    assert pa.ipc.open_stream(runs.content).read_all().column("run_id").to_pylist() == ["run-arrow"]
+    for metric in metrics:
+        answer = in_process.get(f"/api/v1/metrics/{metric['name']}", params={"since": "24h"})
+        assert answer.status_code == 200, (metric["name"], answer.text)
+        assert answer.json()["columns"] == list(metric["columns"])
+        arrow = in_process.get(
+            f"/api/v1/metrics/{metric['name']}",
+            params={"since": "24h"},
+            headers={"Accept": "application/vnd.apache.arrow.stream"},
+        )
+        assert pa.ipc.open_stream(arrow.content).read_all().column_names == list(metric["columns"])
