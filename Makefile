@@ -59,8 +59,12 @@ format: dev
 # on one worker (--dist loadfile), so a module fixture (one shared serve) is built once.
 PYTEST_PARALLEL ?= -n auto --dist loadfile
 
+# The decoder fuzz tests run a fifth of their examples here (~20,000 inputs, unsanitized); CI runs
+# the full count under AddressSanitizer + UBSan afterwards (.ci/run: make fuzz-sanitize).
+TEST_FUZZ_SCALE ?= 0.2
+
 test: dev chromium alertmanager lint
-	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) -m "not deep"
+	HF_HUB_OFFLINE=1 DRIFTSCOPE_FUZZ_SCALE=$${DRIFTSCOPE_FUZZ_SCALE:-$(TEST_FUZZ_SCALE)} $(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) -m "not deep"
 
 # make test plus the further random seeds of the property tests (marked deep).
 test-deep: dev chromium alertmanager

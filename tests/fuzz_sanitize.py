@@ -5,7 +5,7 @@ with ``gcc -fsanitize=address,undefined -fno-sanitize-recover=undefined`` into a
 of the collector package (the checkout's own build is left alone), then runs
 tests/collector/test_fastdecode_differential.py and tests/collector/test_decode_fuzz.py there with the ASan runtime
 preloaded into Python. Any sanitizer report aborts the run with a non-zero exit.
-``DRIFTSCOPE_FUZZ_SCALE`` (default 1: the counts `make test` runs) scales the number of examples.
+``DRIFTSCOPE_FUZZ_SCALE`` (default 1, the full count; `make test` runs 0.2 unsanitized) scales the examples.
 """
 
 from __future__ import annotations

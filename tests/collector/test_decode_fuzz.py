@@ -1,7 +1,8 @@
 """Property-based tests over the decoders and the convention mapping (over 100,000 inputs a run).
 
-Every run generates 101,000 inputs (``DRIFTSCOPE_FUZZ_SCALE=0.05`` scales that down for a quick
-local run; CI runs the full count). Invariant: whatever the input, decoding either returns a batch whose accepted + rejected spans
+At scale 1 a run generates 101,000 inputs. ``DRIFTSCOPE_FUZZ_SCALE`` scales that: ``make test``
+runs 0.2 (unsanitized), CI then runs 1 under AddressSanitizer + UBSan (``make fuzz-sanitize``),
+0.05 is a quick local run. Invariant: whatever the input, decoding either returns a batch whose accepted + rejected spans
 add up (every rejection with a reason), or raises ``DecodeError`` (HTTP 400 / INVALID_ARGUMENT)
 with a message; nothing else escapes.
 """
