@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -25,7 +27,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from collector import clickhouse_schema as schema
-from collector.conventions import sql_text
 
 logger = logging.getLogger(__name__)
 
@@ -203,23 +204,43 @@ class ClickHouseStore:
         return init_clickhouse(self, ttl_days=ttl_days)
 
 
-def _chdb_value(value: Any) -> str:
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_chdb_literal(item) for item in value) + "]"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
+_TEXT_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r", "\0": "\\0"})
 
 
-def _chdb_literal(value: Any) -> str:
+def _chdb_item(value: Any) -> str:
+    """A value inside an array literal (strings quoted and escaped)."""
+    if value is None:
+        return "NULL"
     if isinstance(value, str):
-        return sql_text(value)
+        return "'" + value.translate(_TEXT_ESCAPES).replace("'", "\\'") + "'"
+    if isinstance(value, datetime):
+        return "'" + _chdb_value(value) + "'"
     return _chdb_value(value)
 
 
+def _chdb_value(value: Any) -> str:
+    """A query parameter in ClickHouse's text format, as chdb takes it. A str is passed as it is:
+    it is taken to be ClickHouse text already (analytics escapes its strings that way)."""
+    if value is None:
+        return "\\N"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(UTC).replace(tzinfo=None)
+        return value.strftime("%Y-%m-%d %H:%M:%S.%f")
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_chdb_item(item) for item in value) + "]"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
 def _chdb_params(params: dict[str, Any] | None) -> dict[str, str] | None:
-    """chdb takes parameter values as ClickHouse text (arrays as literals); clickhouse-connect
-    formats Python values itself."""
+    """chdb takes parameter values as ClickHouse text (NULL as \\N, arrays as literals);
+    clickhouse-connect formats Python values itself."""
     if not params:
         return None
     return {name: _chdb_value(value) for name, value in params.items()}
@@ -305,6 +326,9 @@ class ServerStore(ClickHouseStore):
                 username=url.username,
                 password=url.password,
                 secure=url.secure,
+                # one session, so temporary tables (analytics' goal_scores_local) live between
+                # statements as they do in a chdb session; a session takes one query at a time
+                session_id=f"driftscope-{uuid.uuid4()}",
             )
         except Exception as exc:  # clickhouse-connect raises its own OperationalError family
             raise StoreURLError(
@@ -312,18 +336,24 @@ class ServerStore(ClickHouseStore):
                 "host, the HTTP port (8123 by default, 8443 with TLS) and the credentials in the URL."
             ) from exc
 
+        self._lock = threading.Lock()
+
     def execute(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
-        return self._client.query_arrow(sql, parameters=params or None, use_strings=True)
+        with self._lock:
+            return self._client.query_arrow(sql, parameters=params or None, use_strings=True)
 
     def command(self, sql: str, params: dict[str, Any] | None = None) -> None:
-        self._client.command(sql, parameters=params or None)
+        with self._lock:
+            self._client.command(sql, parameters=params or None)
 
     def insert_arrow(self, table: str, rows: pa.Table) -> None:
         if rows.num_rows:
-            self._client.insert_arrow(table, rows, database=self.database)
+            with self._lock:
+                self._client.insert_arrow(table, rows, database=self.database)
 
     def close(self) -> None:
-        self._client.close()
+        with self._lock:
+            self._client.close()
 
 
 def open_store_url(url: str | StoreURL, read_only: bool = False) -> DuckDBStore | ClickHouseStore:
