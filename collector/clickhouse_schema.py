@@ -21,6 +21,7 @@ plus a ``<column>_null`` UInt8 flag (1 where DuckDB holds NULL), after the DuckD
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import re
 
@@ -478,11 +479,20 @@ FROM (
 )"""
 
 
-def spans_view_ddl(database: str = DEFAULT_DATABASE, source: str = DEFAULT_TRACES_TABLE) -> str:
+def spans_view_comment(database: str = DEFAULT_DATABASE, source: str = DEFAULT_TRACES_TABLE) -> str:
+    """The view's comment: names the version of its query, so init sees a stale view."""
+    digest = hashlib.sha256(spans_select_sql(database, source).encode()).hexdigest()[:16]
+    return f"driftscope spans view {digest}"
+
+
+def spans_view_ddl(
+    database: str = DEFAULT_DATABASE, source: str = DEFAULT_TRACES_TABLE, name: str = SPANS_VIEW
+) -> str:
     """The materialized view filling `spans` from the exporter's table, one row per span row."""
     return (
-        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {qualified(database, SPANS_VIEW)}\n"
-        f"TO {qualified(database, SPANS_TABLE)}\nAS {spans_select_sql(database, source)}"
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {qualified(database, name)}\n"
+        f"TO {qualified(database, SPANS_TABLE)}\nAS {spans_select_sql(database, source)}\n"
+        f"COMMENT {sql_text(spans_view_comment(database, source))}"
     )
 
 

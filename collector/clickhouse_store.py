@@ -437,6 +437,10 @@ def init_clickhouse(store: ClickHouseStore, ttl_days: int = 0) -> list[str]:
         full_text = store.server_version() >= schema.FULL_TEXT_SEARCH_VERSION
         for statement in schema.otel_traces_ddl(db, store.traces_table, ttl_days, full_text):
             store.command(statement)
+    if schema.SPANS_TABLE in before:
+        upgraded = _upgrade_spans(store)
+    else:
+        upgraded = []
     for statement in [*schema.driftscope_ddl(db, store.traces_table, ttl_days), _resolve_state_ddl(db)]:
         store.command(statement)
     if schema.SPANS_VIEW not in before:
@@ -451,10 +455,53 @@ def init_clickhouse(store: ClickHouseStore, ttl_days: int = 0) -> list[str]:
         .column("name")
         .to_pylist()
     )
-    created = sorted(after - before)
+    created = sorted(after - before) + upgraded
     if created:
         logger.info("created in ClickHouse %s: %s", db, ", ".join(created))
     return created
+
+
+def _upgrade_spans(store: ClickHouseStore) -> list[str]:
+    """Bring an existing `spans` and its view up to this version: add the columns it lacks (in
+    DuckDB's order; rows stored before keep NULL there) and replace a view whose query changed
+    (the convention table changed). The new view is created before the old one is dropped, so no
+    insert is missed; a span both views saw is stored twice and made one by the resolve pass."""
+    db = store.database
+    done = []
+    present = (
+        store.execute(
+            "SELECT name FROM system.columns WHERE database = {db:String} AND table = {t:String} ORDER BY position",
+            {"db": db, "t": schema.SPANS_TABLE},
+        )
+        .column("name")
+        .to_pylist()
+    )
+    previous = None
+    for name, kind in schema.spans_clickhouse_types().items():
+        if name not in present:
+            after = f" AFTER {schema.ident(previous)}" if previous else " FIRST"
+            store.command(
+                f"ALTER TABLE {schema.qualified(db, schema.SPANS_TABLE)} "
+                f"ADD COLUMN IF NOT EXISTS {schema.ident(name)} {kind}{after}"
+            )
+            done.append(f"spans.{name} (column added)")
+        previous = name
+    views = store.execute(
+        "SELECT comment FROM system.tables WHERE database = {db:String} AND name = {t:String}",
+        {"db": db, "t": schema.SPANS_VIEW},
+    )
+    if views.num_rows and views.column("comment")[0].as_py() != schema.spans_view_comment(
+        db, store.traces_table
+    ):
+        staging = f"{schema.SPANS_VIEW}_next"
+        store.command(f"DROP VIEW IF EXISTS {schema.qualified(db, staging)}")
+        store.command(schema.spans_view_ddl(db, store.traces_table, name=staging))
+        store.command(f"DROP VIEW {schema.qualified(db, schema.SPANS_VIEW)}")
+        store.command(
+            f"RENAME TABLE {schema.qualified(db, staging)} TO {schema.qualified(db, schema.SPANS_VIEW)}"
+        )
+        done.append(f"{schema.SPANS_VIEW} (view replaced: the convention table changed)")
+    return done
 
 
 # --- OTLP in the exporter's layout ----------------------------------------------------------------

@@ -208,6 +208,34 @@ def test_init_beside_an_exporter_table_leaves_it_untouched_and_takes_its_earlier
     assert [(r["SpanName"], r["agent_id"]) for r in rows] == [("early", "w")]
 
 
+def test_init_upgrades_the_spans_table_and_view_of_an_older_version(chdb_store):
+    store = _database(chdb_store, "upgrade")
+    init_clickhouse(store)
+    # as an older driftscope left them: spans without `scenario`, a view without it
+    store.command("DROP VIEW upgrade.spans_mv")
+    store.command("ALTER TABLE upgrade.spans DROP COLUMN scenario")
+    store.command(
+        "CREATE MATERIALIZED VIEW upgrade.spans_mv TO upgrade.spans AS SELECT * EXCEPT (scenario) FROM ("
+        f"{schema.spans_select_sql('upgrade')}) COMMENT 'driftscope spans view 0000000000000000'"
+    )
+    assert init_clickhouse(store) == [
+        "spans.scenario (column added)",
+        "spans_mv (view replaced: the convention table changed)",
+    ]
+    names = store.execute(
+        "SELECT name FROM system.columns WHERE database = 'upgrade' AND table = 'spans' ORDER BY position"
+    )
+    assert names.column("name").to_pylist() == list(schema.spans_clickhouse_types())
+    batch = decode_payload(
+        make_request([{"name": "sim", "attrs": {"driftscope.scenario": "ping_pong"}}]).SerializeToString(),
+        PROTOBUF,
+    )
+    insert_otel_traces(store, batch.table)
+    rows = store.execute("SELECT scenario FROM upgrade.spans").to_pylist()
+    assert rows == [{"scenario": "ping_pong"}]  # one view: the old one is gone
+    assert init_clickhouse(store) == []
+
+
 def test_init_refuses_an_otel_traces_that_is_not_the_exporters(chdb_store):
     store = _database(chdb_store, "foreign")
     store.command("CREATE DATABASE foreign")
