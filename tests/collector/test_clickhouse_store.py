@@ -31,6 +31,15 @@ from collector.clickhouse_store import (  # noqa: E402
     open_store_url,
     parse_store_url,
 )
+from collector.conventions import (  # noqa: E402
+    COORDINATION_COLUMNS,
+    CREWAI_DELEGATION_TOOLS,
+    RULES,
+    SCOPE_OPENAI_AGENTS,
+    SCOPE_SMOLAGENTS,
+    SCOPE_TRACELOOP_CREWAI,
+    SCOPE_TRACELOOP_LANGCHAIN,
+)
 from collector.decode import JSON, PROTOBUF, decode_payload  # noqa: E402
 from collector.files import iter_file_requests  # noqa: E402
 from collector.migrations_runner import apply_migrations  # noqa: E402
@@ -474,3 +483,93 @@ def test_the_clickhouse_writer_acknowledges_after_the_insert_and_resolves(chdb_s
     expected = conn.sql("SELECT * FROM spans").to_arrow_table()
     columns = [name for name in expected.column_names if name not in NOT_COMPARED]
     assert _rows_by_key(_spans(store), columns) == _rows_by_key(expected, columns)
+
+
+# --- the view's SQL against the Python mapping, value by value -----------------------------------
+
+_KEYS = sorted({source.key for rule in RULES for source in rule.sources if ":" not in source.key})
+_SCOPES = [SCOPE_SMOLAGENTS, SCOPE_OPENAI_AGENTS, SCOPE_TRACELOOP_LANGCHAIN, SCOPE_TRACELOOP_CREWAI, "x"]
+_NAMES = ["web.run", "CodeAgent.run", ".run", "handoff to writer", "handoff to ", "chat", "x"]
+_VALUES = [
+    "", " ", "x", "writer", "AGENT", "agent", "Tool", "TOOL", "llm", "workflow", "task", "RETRIEVER", "CHAIN",
+    "invoke_agent", "execute_tool", "chat", "create_agent", "embeddings", "delegate",
+    "3", " 7 ", "+2", "-1", "3.0", "2147483648", "true", "FALSE", " yes ", "0", "1", "no", "maybe",
+    "[]", '["a","b"]', '["a\\"b"]', '[1, 2.5, true, null, "x"]', '[["n"], {"k": 1}]', "[not json", "  [\"s\"]  ",
+    '{"args": ["q"], "sanitize_inputs_outputs": true, "kwargs": {}}',
+    '{"args": [], "kwargs": {"city": "Paris", "n": 2}}',
+    '{"args": [1, 2], "kwargs": {}}',
+    '{"args": ["a"], "kwargs": {"b": 1}}',
+    '{"args": [{"k": "v"}], "kwargs": null}',
+    '{"args": "oops", "kwargs": {}}',
+    '{"input_str": "raw", "tags": [], "metadata": {"id": 1}, "inputs": {"q": "é"}}',
+    '{"input_str": "raw only", "metadata": {}}',
+    '{"input_str": 5}',
+    '{"kwargs": {"x": 1}, "other": 2}',
+    '{"langgraph_node": "researcher", "langgraph_checkpoint_ns": "researcher:1|agent:2"}',
+    '{"langgraph_checkpoint_ns": "__start__:1"}',
+    '{"langgraph_node": ""}',
+    "researcher:abc|agent:def", "__pregel:1", ":x", "|",
+    '{"task": "t", "context": "c", "coworker": "  Analyst "}',
+    '{"coworker": ""}',
+    "Delegate work to coworker", "Ask question to coworker",
+    "You are a helpful agent named 'search_agent'. Do it.",
+    "helpful agent named ''", "naïve – unicode ✓", "tab\there\nnewline", "back\\slash 'quote'",
+]  # fmt: skip
+
+
+def _random_spans(seed: int, count: int) -> list[dict]:
+    import random
+
+    rng = random.Random(seed)
+    spans = []
+    for index in range(count):
+        attrs = {key: rng.choice(_VALUES) for key in rng.sample(_KEYS, rng.randint(1, 12))}
+        if rng.random() < 0.5:  # a span kind of one convention or another
+            kind_key = rng.choice(["gen_ai.operation.name", "openinference.span.kind", "traceloop.span.kind"])
+            attrs[kind_key] = rng.choice(_VALUES[4:18])
+        if rng.random() < 0.3:
+            attrs["tool.name"] = rng.choice(sorted(CREWAI_DELEGATION_TOOLS))
+        if rng.random() < 0.3:
+            attrs["input.value"] = rng.choice(_VALUES[-8:])
+        spans.append(
+            {
+                "name": rng.choice(_NAMES),
+                "scope": rng.choice(_SCOPES),
+                "attrs": attrs,
+                "trace_id": (index + 1).to_bytes(16, "big"),
+                "span_id": (index + 1).to_bytes(8, "big"),
+            }
+        )
+    return spans
+
+
+def test_the_views_extraction_equals_the_python_mapping_on_random_spans(chdb_store):
+    """Before any resolve pass, each `spans` row is the view's per-span mapping: it must equal
+    what the decoders' mapping (collector.conventions) gives the same attributes."""
+    store = _database(chdb_store, "mapping")
+    init_clickhouse(store)
+    batches = []
+    for spec in _random_spans(seed=17, count=600):
+        request = make_request([{k: v for k, v in spec.items() if k != "scope"}])
+        request.resource_spans[0].scope_spans[0].scope.name = spec["scope"]
+        batches.append(decode_payload(request.SerializeToString(), PROTOBUF).table)
+    import pyarrow as pa
+
+    table = pa.concat_tables(batches)
+    insert_otel_traces(store, table)
+    got = _rows_by_key(_spans(store), ["TraceId", "SpanId", *COORDINATION_COLUMNS])
+    want = _rows_by_key(table, ["TraceId", "SpanId", *COORDINATION_COLUMNS])
+    assert got.keys() == want.keys() and len(want) == 600
+    differences = [
+        (column, want[key][column], got[key][column])
+        for key in want
+        for column in COORDINATION_COLUMNS
+        if want[key][column] != got[key][column]
+    ]
+    assert differences == []
+    # the sample reaches the readers: unwrapped arguments, agents from names, families, lists
+    rows = list(want.values())
+    assert sum(r["tool_args"] is not None for r in rows) > 50
+    assert sum(r["agent_name"] is not None for r in rows) > 100
+    assert len({r["span_family"] for r in rows}) == 5
+    assert sum(r["constraints_carried"] == [] for r in rows) > 0
