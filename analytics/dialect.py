@@ -11,7 +11,7 @@ the two engines:
 - aggregates: ``list(x ORDER BY k)`` sorts ``groupArray((k, x))`` by ``k`` (ClickHouse has no
   ORDER BY inside an aggregate); ``list(x) FILTER (WHERE c)`` is ``groupArrayIf``; like
   DuckDB's ``list_distinct`` the ClickHouse lists hold no NULL (``groupArray`` skips them);
-  ``bool_or``/``bool_and`` are ``max``/``min``; ``regr_slope(y, x)`` is ``simpleLinearRegression``;
+  ``bool_or``/``bool_and`` are ``max``/``min``; ``regr_slope(y, x)`` is ``covarPopStable / varPopStable`` (the plain sums lose digits on epoch seconds);
 - functions named differently: ``hash(a, b)`` -> ``cityHash64(tuple(a, b))`` (a tuple, so a NULL
   argument hashes to a value, as in DuckDB), ``sha256`` -> hex of ``SHA256``, ``round_even`` ->
   ``roundBankers``, ``suffix`` -> ``endsWith``, ``regexp_extract_all(s, re, g)`` -> the g-th group
@@ -271,13 +271,19 @@ def _rewrite(node: exp.Expression, params: dict[str, str]) -> exp.Expression:  #
     if isinstance(node, exp.LogicalAnd):
         return _fn("min", node.this)
     if isinstance(node, exp.Window) and isinstance(node.this, exp.RegrSlope):
+        # covariance / variance with ClickHouse's stable (Welford) forms: x is often epoch
+        # seconds, where the plain sums lose digits (DuckDB's regr_slope does not)
         slope = node.this
-        window = node.copy()
-        window.set("this", _fn("simpleLinearRegression", slope.expression, slope.this))
-        return _fn("tupleElement", window, exp.Literal.number(1))
+        covariance, variance = node.copy(), node.copy()
+        covariance.set("this", _fn("covarPopStable", slope.expression.copy(), slope.this.copy()))
+        variance.set("this", _fn("varPopStable", slope.expression.copy()))
+        return exp.Div(this=covariance, expression=_fn("nullIf", variance, exp.Literal.number(0)))
     if isinstance(node, exp.RegrSlope):
-        fit = _fn("simpleLinearRegression", node.expression, node.this)
-        return _fn("tupleElement", fit, exp.Literal.number(1))
+        covariance = _fn("covarPopStable", node.expression.copy(), node.this.copy())
+        return exp.Div(
+            this=covariance,
+            expression=_fn("nullIf", _fn("varPopStable", node.expression), exp.Literal.number(0)),
+        )
     if isinstance(node, exp.RegexpExtractAll):
         group = node.args.get("group")
         index = int(group.this) if group is not None else 0
@@ -376,6 +382,10 @@ def _rewrite(node: exp.Expression, params: dict[str, str]) -> exp.Expression:  #
         if any(isinstance(branch.args.get("true"), exp.ArrayDistinct) for branch in node.args["ifs"]):
             node.set("default", exp.Array(expressions=[]))  # no NULL list: an empty one
             return node
+    if isinstance(node, exp.Limit) and isinstance(node.expression, exp.Cast | exp.Placeholder):
+        # LIMIT $n with n NULL is no limit in DuckDB; ClickHouse wants a number
+        node.set("expression", _fn("ifNull", node.expression, _raw("18446744073709551615")))
+        return node
     if isinstance(node, exp.Select):
         _zip_unnests(node)
         _boolean_columns(node)
@@ -415,25 +425,96 @@ def _zip_unnests(select: exp.Select) -> None:
         return
     lists = [e.unalias().this for _, e in found]
     joined = exp.alias_(_fn("arrayJoin", _fn("arrayZip", *lists)), "__z")
-    for position, (i, e) in enumerate(found):
+    for position, (_, e) in enumerate(found):
         element = _fn(
             "tupleElement", joined if position == 0 else _raw("__z"), exp.Literal.number(position + 1)
         )
-        select.expressions[i] = exp.alias_(element, e.alias_or_name) if e.alias else element
+        e.replace(exp.alias_(element, e.alias_or_name) if e.alias else element)
 
 
 def _boolean_columns(select: exp.Select) -> None:
-    """Predicates selected as columns are Bool, as in DuckDB (ClickHouse: UInt8)."""
-    for i, item in enumerate(select.expressions):
+    """Predicates selected as columns are Bool, as in DuckDB (ClickHouse: UInt8); a qualified
+    column keeps its own name (ClickHouse may name it ``x.col`` in a UNION or subquery)."""
+    for item in list(select.expressions):
         inner = item.unalias()
-        if _is_predicate(inner):
+        if isinstance(item, exp.Column) and item.table and not isinstance(item.this, exp.Star):
+            item.replace(exp.alias_(item.copy(), item.name))
+        elif _is_predicate(inner):
             wrapped = _fn("toBool", inner.copy())
-            select.expressions[i] = exp.alias_(wrapped, item.alias) if item.alias else wrapped
+            item.replace(exp.alias_(wrapped, item.alias) if item.alias else wrapped)
 
 
 _MATERIALIZED = re.compile(r"\bAS\s+(?:NOT\s+)?MATERIALIZED\s*\(", re.IGNORECASE)
 _BY_NAME = re.compile(r"\bUNION\s+ALL\s+BY\s+NAME\b", re.IGNORECASE)
 _LEN = re.compile(r"\blen\s*\(", re.IGNORECASE)
+
+
+def _select_columns(
+    select: exp.Expression, ctes: dict[str, exp.Expression], depth: int = 0
+) -> list[str] | None:
+    """The output column names of ``select`` when they can be known from the statement alone
+    (stars of its CTEs expanded), else None."""
+    if not isinstance(select, exp.Select) or depth > 16:
+        return None
+    sources = _sources(select)
+    names: list[str] = []
+    for item in select.expressions:
+        star = (
+            item
+            if isinstance(item, exp.Star)
+            else item.this
+            if isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
+            else None
+        )
+        if star is None:
+            if not item.alias_or_name:
+                return None
+            names.append(item.alias_or_name)
+            continue
+        table = item.table if isinstance(item, exp.Column) else ""
+        if not table and len(sources) != 1:
+            return None
+        source = sources.get(table) if table else next(iter(sources.values()))
+        if source is None or source.name not in ctes:
+            return None
+        inner = _select_columns(ctes[source.name], ctes, depth + 1)
+        if inner is None:
+            return None
+        names += inner
+    return names
+
+
+def _sources(select: exp.Select) -> dict[str, exp.Table]:
+    from_ = select.args.get("from_") or select.args.get("from")
+    items = ([from_.this] if from_ is not None else []) + [
+        join.this for join in select.args.get("joins") or []
+    ]
+    return {item.alias_or_name: item for item in items if isinstance(item, exp.Table)}
+
+
+def _expand_join_stars(tree: exp.Expression) -> None:
+    """``t.*`` in a SELECT with joins, over a CTE whose columns are known, becomes the columns
+    (``t.c AS c``): ClickHouse names a column of ``t.*`` that another joined table also has
+    ``t.c``, so a later ``x.c`` would not resolve."""
+    ctes = {cte.alias_or_name: cte.this for cte in tree.find_all(exp.CTE)}
+    for select in list(tree.find_all(exp.Select)):
+        if not select.args.get("joins"):
+            continue
+        sources = _sources(select)
+        for item in list(select.expressions):
+            if not (isinstance(item, exp.Column) and isinstance(item.this, exp.Star) and item.table):
+                continue
+            source = sources.get(item.table)
+            if source is None or source.name not in ctes:
+                continue
+            columns = _select_columns(ctes[source.name], ctes)
+            if columns is None:
+                continue
+            expanded = [exp.alias_(exp.column(name, table=item.table), name) for name in columns]
+            position = select.expressions.index(item)
+            select.set(
+                "expressions", select.expressions[:position] + expanded + select.expressions[position + 1 :]
+            )
 
 
 def _check_by_name(tree: exp.Expression) -> None:
@@ -446,28 +527,47 @@ def _check_by_name(tree: exp.Expression) -> None:
             union.set("by_name", None)
 
 
+# Tables of the store, qualified with the store's database (``spans`` of ``otel``, ...).
+STORE_TABLES = ("spans", "embeddings", "thresholds", "goal_scores", "otel_traces")
+
+
+def _qualify(tree: exp.Expression, database: str) -> None:
+    ctes = {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
+    for table in tree.find_all(exp.Table):
+        if table.name in STORE_TABLES and table.name not in ctes and not table.args.get("db"):
+            table.set("db", exp.to_identifier(database))
+
+
 @functools.lru_cache(maxsize=1024)
-def _translate(sql: str, typed: tuple[tuple[str, str], ...]) -> tuple[str, tuple[tuple[str, str], ...]]:
+def _translate(
+    sql: str, typed: tuple[tuple[str, str], ...], database: str | None
+) -> tuple[str, tuple[tuple[str, str], ...]]:
     text = _code_only(sql)
     text = _MATERIALIZED.sub("AS (", text)
     text = _LEN.sub("array_length(", text)
     tree = sqlglot.parse_one(text, read="duckdb")
     _check_by_name(tree)
+    _expand_join_stars(tree)
     params = dict(typed)
     tree = _walk(tree, params)
+    if database:
+        _qualify(tree, database)
     out = tree.sql(dialect="clickhouse")
     settings = ", ".join(f"{key} = {value}" for key, value in SETTINGS.items())
     return f"{out}\nSETTINGS {settings}", tuple(sorted(params.items()))
 
 
-def to_clickhouse(sql: str, values: dict[str, Any] | None = None) -> tuple[str, dict[str, str]]:
+def to_clickhouse(
+    sql: str, values: dict[str, Any] | None = None, database: str | None = None
+) -> tuple[str, dict[str, str]]:
     """ClickHouse SQL for DuckDB ``sql`` and the ClickHouse type of each parameter it binds.
 
     ``values`` (the parameters to bind) types the ``$name`` placeholders written without a cast.
-    Raises ``TranslationError`` for a construct without a ClickHouse form.
+    The store's tables are qualified with ``database`` when given. Raises ``TranslationError``
+    for a construct without a ClickHouse form.
     """
     typed = tuple(sorted((key, _nullable(ch_type_of(value))) for key, value in (values or {}).items()))
-    out, params = _translate(sql, typed)
+    out, params = _translate(sql, typed, database)
     return out, dict(params)
 
 

@@ -30,6 +30,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
+from analytics.engine import fetch_rows
 from analytics.onnx_runtime import DIM, load_onnx
 from analytics.types import WriteFn
 
@@ -115,10 +116,12 @@ def cached_vectors(conn: duckdb.DuckDBPyConnection, hashes: list[str]) -> dict[s
     """Vectors already stored for ``hashes`` (by this model)."""
     if not hashes:
         return {}
-    rows = conn.execute(
-        "SELECT text_hash, vector FROM embeddings WHERE model = ? AND text_hash IN (SELECT unnest(?))",
-        [MODEL_NAME, hashes],
-    ).fetchall()
+    rows = fetch_rows(
+        conn,
+        "SELECT text_hash, vector FROM embeddings WHERE model = $model "
+        "AND text_hash IN (SELECT unnest($hashes::VARCHAR[]))",
+        {"model": MODEL_NAME, "hashes": hashes},
+    )
     return {key: np.asarray(vector, dtype=np.float32) for key, vector in rows}
 
 

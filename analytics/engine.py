@@ -65,9 +65,12 @@ def _frame(table: pa.Table) -> pd.DataFrame:
 
 def clickhouse_df(conn: ClickHouseStore, sql: str, params: dict[str, Any]) -> pd.DataFrame:
     """Run DuckDB ``sql`` (named ``$parameters``) on a ClickHouse store; a DataFrame as DuckDB's."""
-    from analytics.dialect import to_clickhouse  # SQLGlot: only where a ClickHouse store is used
+    # SQLGlot: imported only where a ClickHouse store is used
+    from analytics.dialect import format_param, to_clickhouse
 
-    translated, _ = to_clickhouse(sql, params)
+    translated, _ = to_clickhouse(sql, params, getattr(conn, "database", None))
+    if conn.engine == "chdb":  # chdb takes ClickHouse text (NULL as \\N, escaped strings)
+        params = {key: format_param(value) for key, value in params.items()}
     return _frame(conn.execute(translated, params))
 
 

@@ -1,0 +1,215 @@
+"""Every detector gives the same findings on ClickHouse (chdb) as on DuckDB, from the same spans.
+
+The same OTLP requests go into DuckDB (our ingest) and into chdb through the exporter's
+`otel_traces` layout -> the materialized view -> `spans` -> the resolve pass
+(``collector.clickhouse_store`` / ``clickhouse_resolve``). The analytics tables the detectors read
+beside the spans (goal scores, embeddings, thresholds) are scored once on DuckDB and copied, so
+both engines read the same scores. Then each registered metric runs on both through the same read
+interface (``analytics.registry.run_metric``; on ClickHouse its SQL is translated by
+``analytics.dialect``) and the answers are compared cell by cell (floats to 1e-9).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("chdb", reason="chdb is in the dev extra (pip install 'driftscope[clickhouse]')")
+pytest.importorskip("sqlglot", reason="sqlglot is in the clickhouse extra")
+
+from analytics import Filters, Window, kept, registry  # noqa: E402
+from analytics.dialect import format_param, to_clickhouse  # noqa: E402
+from analytics.goals import score_pending_pairs  # noqa: E402
+from analytics.types import direct_write  # noqa: E402
+from collector.clickhouse_resolve import resolve_spans  # noqa: E402
+from collector.clickhouse_store import ChdbStore, init_clickhouse, insert_otel_traces  # noqa: E402
+from collector.decode import JSON, PROTOBUF, decode_payload  # noqa: E402
+from collector.files import iter_file_requests  # noqa: E402
+from collector.store import TraceIndex, insert_batches  # noqa: E402
+from driftscope.database import migrate  # noqa: E402
+from tests.otlp_builders import BASE_NS, make_request  # noqa: E402
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
+SAMPLE_FILES = sorted(p for p in SAMPLES.glob("*.json") if not p.name.endswith(".truth.json"))
+
+
+@pytest.fixture(scope="module")
+def chdb_store(tmp_path_factory):
+    store = ChdbStore(str(tmp_path_factory.mktemp("chdb")))
+    yield store
+    store.close()
+
+
+def _on_database(store: ChdbStore, name: str) -> ChdbStore:
+    """The same chdb session on another database (chdb runs one data path per process)."""
+    import copy
+
+    other = copy.copy(store)
+    other.database = name
+    return other
+
+
+def _load_both(store: ChdbStore, payloads: list[tuple[bytes, str]]) -> duckdb.DuckDBPyConnection:
+    """The same OTLP requests into DuckDB and into chdb's otel_traces (then the view and resolve);
+    goal pairs scored on DuckDB and the analytics tables copied to chdb."""
+    init_clickhouse(store)
+    conn = duckdb.connect()
+    migrate(conn)
+    traces = TraceIndex(conn)
+    for payload, content_type in payloads:
+        batch = decode_payload(payload, content_type)
+        insert_batches(conn, [batch], traces)
+        insert_otel_traces(store, batch.table)
+    resolve_spans(store, settle_seconds=0)
+    score_pending_pairs(conn, limit=1_000_000, write=direct_write(conn))
+    for table in ("goal_scores", "embeddings", "thresholds"):
+        rows = conn.sql(f"SELECT * FROM {table}").to_arrow_table()
+        store.insert_arrow(table, rows)
+    return conn
+
+
+def _cell(value):
+    if isinstance(value, np.ndarray | list | tuple):
+        return tuple(_cell(item) for item in value)
+    if value is None or value is pd.NaT or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if isinstance(value, np.bool_ | bool):
+        return bool(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, float | np.floating):
+        return round(float(value), 9)
+    if isinstance(value, pd.Timestamp):
+        return value.to_pydatetime()
+    return value
+
+
+def _rows(frame: pd.DataFrame) -> list[tuple]:
+    """The frame's rows as comparable tuples, sorted (rows tied on a detector's ORDER BY may come
+    in either order on either engine)."""
+    rows = [tuple(_cell(v) for v in row) for row in frame.itertuples(index=False)]
+    return sorted(rows, key=repr)
+
+
+def _compare_all(duck, store, window=Window(), filters=Filters()) -> dict[str, str]:
+    """name -> how the ClickHouse answer differs (empty when every metric is equal)."""
+    differences = {}
+    for metric in registry.catalogue():
+        with kept.computed_in_full():
+            want = registry.run_metric(duck, metric.name, window, filters)
+        try:
+            got = registry.run_metric(store, metric.name, window, filters)
+        except Exception as error:  # noqa: BLE001  (reported per metric)
+            differences[metric.name] = f"fails: {str(error)[:200]}"
+            continue
+        if list(got.columns) != list(want.columns):
+            differences[metric.name] = f"columns {list(got.columns)} != {list(want.columns)}"
+        elif _rows(got) != _rows(want):
+            differences[metric.name] = f"{len(got)} rows != DuckDB's {len(want)}"
+    return differences
+
+
+def _sample_payloads() -> list[tuple[bytes, str]]:
+    return [(payload, JSON) for path in SAMPLE_FILES for _, payload in iter_file_requests(path)]
+
+
+def test_every_detector_equals_duckdb_on_the_sample_traces(chdb_store):
+    store = _on_database(chdb_store, "samples")
+    duck = _load_both(store, _sample_payloads())
+    assert duck.execute("SELECT count(*) FROM spans").fetchone()[0] > 200
+    with kept.computed_in_full():
+        found = {m.name: len(registry.run_metric(duck, m.name)) for m in registry.finding_metrics()}
+    assert sum(1 for n in found.values() if n) >= 8  # the samples hold findings of most detectors
+    assert _compare_all(duck, store) == {}
+
+
+def test_filters_and_windows_mean_the_same_on_both_engines(chdb_store):
+    store = _on_database(chdb_store, "filtered")
+    duck = _load_both(store, _sample_payloads())
+    first, last = duck.execute("SELECT min(Timestamp), max(Timestamp) FROM spans").fetchone()
+    agent, run, service = duck.execute(
+        "SELECT agent_id, run_id, ServiceName FROM spans WHERE agent_id IS NOT NULL ORDER BY Timestamp LIMIT 1"
+    ).fetchone()
+    middle = first + (last - first) / 2
+    for window, filters in [
+        (Window(since=middle), Filters()),
+        (Window(until=middle), Filters(agent=agent)),
+        (Window(), Filters(run=run)),
+        (Window(), Filters(service=service)),
+    ]:
+        assert _compare_all(duck, store, window, filters) == {}
+
+
+def _random_payload(rng: random.Random, index: int) -> tuple[bytes, str]:
+    """One OTLP request of random coordination spans (reads, writes, sends, delegations, steps,
+    tool calls over a few runs and traces; some without run or agent), built with the collector
+    tests' builders."""
+    spans = []
+    for _ in range(rng.randint(5, 25)):
+        run = rng.randint(0, 3)
+        kind = rng.choice(["read", "write", "send", "delegate", "step", "call"])
+        attrs: dict = {"gen_ai.conversation.id": f"run-{run}"} if rng.random() > 0.1 else {}
+        if rng.random() > 0.1:
+            attrs["gen_ai.agent.id"] = rng.choice(["a", "b", "c"])
+        if kind in ("read", "write"):
+            attrs.update({"driftscope.op": kind, "driftscope.state.key": rng.choice(["k1", "k2"]),
+                          "driftscope.state.version": f"v{rng.randint(1, 4)}",
+                          "driftscope.outcome": rng.choice(["ok", "ok", "rejected"])})  # fmt: skip
+            if kind == "write" and rng.random() < 0.6:
+                attrs["driftscope.state.expected_version"] = f"v{rng.randint(0, 3)}"
+        elif kind == "send":
+            attrs.update({"driftscope.op": "send", "gen_ai.tool.name": "send_email",
+                          "driftscope.side_effect": True,
+                          "driftscope.policy.version": f"p{rng.randint(1, 3)}",
+                          "gen_ai.tool.call.arguments": rng.choice(['{"to": "x"}', '{"to": "y"}'])})  # fmt: skip
+            if rng.random() < 0.5:
+                attrs["driftscope.idempotency_key"] = rng.choice(["i1", "i2"])
+        elif kind == "delegate":
+            attrs.update({"driftscope.op": "delegate", "driftscope.delegate_to": rng.choice(["a", "b", "c"]),
+                          "driftscope.task.origin_id": rng.choice(["t1", "t2"]),
+                          "driftscope.hop": rng.randint(1, 3)})  # fmt: skip
+            if rng.random() < 0.7:
+                attrs["driftscope.constraints.carried"] = rng.sample(["C1", "C2", "C3"], rng.randint(0, 3))
+            if rng.random() < 0.3:
+                attrs["driftscope.constraints.ledger"] = ["C1", "C2", "C3"]
+        elif kind == "step":
+            attrs.update({"driftscope.op": "step", "driftscope.step": rng.randint(1, 5),
+                          "driftscope.budget.max_steps": 3,
+                          "driftscope.objective.id": "goal",
+                          "driftscope.objective.version": f"o{rng.randint(1, 3)}"})  # fmt: skip
+        else:
+            attrs.update({"gen_ai.tool.name": rng.choice(["search", "fetch"]),
+                          "gen_ai.tool.call.arguments": rng.choice(['{"q": "a"}', '{"q": "b"}'])})  # fmt: skip
+        start = BASE_NS + int((index * 10 + rng.random() * 20) * 1e9)
+        spans.append({
+            "name": kind,
+            "trace_id": hashlib.sha256(f"{run}/{rng.randint(0, 2)}".encode()).digest()[:16],
+            "start": start,
+            "end": start + 500_000_000,
+            "attrs": attrs,
+            "status": rng.choice([0, 0, 0, 2]),
+        })  # fmt: skip
+    return make_request(spans).SerializeToString(), PROTOBUF
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_every_detector_equals_duckdb_on_random_span_sets(chdb_store, seed):
+    rng = random.Random(seed)
+    store = _on_database(chdb_store, f"random{seed}")
+    duck = _load_both(store, [_random_payload(rng, i) for i in range(rng.randint(2, 6))])
+    assert _compare_all(duck, store) == {}
+
+
+def test_parameters_reach_clickhouse_as_values_not_sql(chdb_store):
+    hostile = "x'); DROP TABLE spans; --\t\\n\n"
+    sql, types = to_clickhouse("SELECT $text::VARCHAR AS t, $items::VARCHAR[] AS l", {})
+    assert hostile not in sql and types == {"text": "Nullable(String)", "items": "Array(String)"}
+    got = chdb_store.execute(sql, {"text": format_param(hostile), "items": format_param([hostile, "b"])})
+    assert got.to_pylist() == [{"t": hostile, "l": [hostile, "b"]}]
