@@ -188,9 +188,10 @@ def build_service(config: ServeConfig) -> Service:
     pending = PendingBytes(config.max_pending_bytes)
     worker = None
     kept_worker = None
+    alerting = None
 
     def on_commit(stored: int) -> None:  # noqa: ARG001 - the background workers look for themselves
-        for background in (worker, kept_worker):
+        for background in (worker, kept_worker, alerting):
             if background is not None:
                 background.notify()
 
