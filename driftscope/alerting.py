@@ -17,6 +17,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -39,6 +40,10 @@ QUEUE_SIZE = 1000
 BATCH = 64
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 30.0
+# Evaluations wait until no span was committed for this long (ingest first) ...
+QUIET_S = 1.0
+# ... but never longer than this (or two intervals) under sustained ingest.
+MIN_MAX_DEFER_S = 60.0
 
 
 @dataclass
@@ -100,8 +105,15 @@ class AlertService:
         receivers: list[Receiver],
         interval_s: float = 30.0,
         dashboard_url: str = "http://127.0.0.1:8501",
+        quiet_s: float = QUIET_S,
+        max_defer_s: float | None = None,
     ) -> None:
         self.cursor = cursor
+        self.quiet_s = quiet_s
+        self.max_defer_s = max_defer_s if max_defer_s is not None else max(MIN_MAX_DEFER_S, 2 * interval_s)
+        self.deferred = 0
+        self._deferring = False
+        self._last_commit = float("-inf")
         self.write = write
         self.rules = rules
         self.interval = timedelta(seconds=interval_s)
@@ -177,20 +189,42 @@ class AlertService:
             channel.status.queued = channel.queue.qsize()
         return queued
 
+    def notify(self) -> None:
+        """Spans were committed (serve's writer calls this): evaluations wait for a quiet moment."""
+        self._last_commit = time.monotonic()
+
+    def _due(self, last: float) -> bool:
+        """An evaluation is due once per interval, when ingest has been quiet for ``quiet_s``
+        (detector scans during a burst would take CPU from the writer), or regardless once it is
+        ``max_defer_s`` late under sustained ingest."""
+        now = time.monotonic()
+        if now - last < self.interval.total_seconds():
+            return False
+        if now - self._last_commit >= self.quiet_s or now - last >= self.max_defer_s:
+            self._deferring = False
+            return True
+        if not self._deferring:  # count evaluations held back, not polls
+            self._deferring = True
+            self.deferred += 1
+        return False
+
     def _run(self) -> None:
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         except (AttributeError, OSError):
             pass
+        last = float("-inf")
         while not self._stop.is_set():
-            try:
-                self.evaluate_once()
-                self.queue_due()
-                self.last_error = None
-            except Exception as exc:  # noqa: BLE001 - the evaluator must never take serve down
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                logger.warning("alert evaluation failed (will retry): %s", self.last_error)
-            self._stop.wait(self.interval.total_seconds())
+            if self._due(last):
+                last = time.monotonic()
+                try:
+                    self.evaluate_once()
+                    self.queue_due()
+                    self.last_error = None
+                except Exception as exc:  # noqa: BLE001 - the evaluator must never take serve down
+                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    logger.warning("alert evaluation failed (will retry): %s", self.last_error)
+            self._stop.wait(min(0.25, self.interval.total_seconds()))
 
     # --- delivery -------------------------------------------------------------------------
     def _deliver(self, channel: _Channel) -> None:
@@ -278,6 +312,7 @@ class AlertService:
             "interval_seconds": self.interval.total_seconds(),
             "evaluations": self.evaluations,
             "skipped_evaluations": self.skipped,
+            "deferred_for_ingest": self.deferred,
             "last_evaluation_at": self.last_evaluation_at,
             "last_error": self.last_error,
             "rule_errors": dict(self.rule_errors),

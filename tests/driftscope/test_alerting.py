@@ -327,3 +327,23 @@ def test_alerts_test_sends_a_signed_sample_to_each_receiver(sink):
     sink.status = 500
     refused = _cli("test", "lost_updates", env={"DRIFTSCOPE_ALERT_SLACK_URL": sink.url("/slack")})
     assert refused.returncode == 1 and "did not accept it: HTTP 500" in refused.stderr
+
+
+def test_evaluation_waits_for_ingest_to_pause_but_not_past_max_defer(tmp_path):
+    store = Store(tmp_path / "c.duckdb", "healthy_unguarded")
+    try:
+        service = AlertService(
+            store.conn.cursor, store.writer.execute_write_fn, default_rules(), [], interval_s=5
+        )
+        assert service.max_defer_s == 60  # at least a minute, or two intervals
+        now = time.monotonic()
+        assert service._due(float("-inf"))  # nothing committed yet: the first evaluation runs at once
+        assert not service._due(now - 1)  # within the interval
+        service.notify()  # a commit just now: ingest first
+        assert not service._due(now - 10) and not service._due(now - 20)
+        assert service.health()["deferred_for_ingest"] == 1  # one evaluation held back, polled twice
+        assert service._due(now - 61)  # past max_defer it runs under sustained ingest too
+        service._last_commit = time.monotonic() - 2  # ingest paused for longer than quiet_s
+        assert service._due(now - 10)
+    finally:
+        store.close()
