@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import duckdb
+import numpy as np
 import pandas as pd
 
 from analytics import kept_store
@@ -147,12 +148,15 @@ def _sorted(frame: pd.DataFrame, order: list[tuple[str, bool]]) -> pd.DataFrame:
     return frame.take(positions).reset_index(drop=True)
 
 
-def _merge(old: pd.DataFrame, fresh: pd.DataFrame, column: str, values: list[str], name: str) -> pd.DataFrame:
-    """``old`` without the partitions ``values`` of ``column``, plus ``fresh``, in the detector's order."""
-    fresh = fresh[fresh[column].isin(values)]
-    kept = old[~old[column].isin(values)]
+def merge_rows(
+    old: pd.DataFrame, keep: pd.Series | np.ndarray, fresh: pd.DataFrame, name: str
+) -> pd.DataFrame:
+    """The rows of ``old`` where ``keep`` holds, plus ``fresh``, in detector ``name``'s order."""
+    kept = old[keep]
     if kept.empty:
-        return fresh.reset_index(drop=True)
+        # Nothing found either way: the kept (empty) frame, whose dtypes a full run gave; an
+        # empty frame of a scoped run can carry other dtypes (strings from rows it filtered out).
+        return (fresh if not fresh.empty else kept).reset_index(drop=True)
     if fresh.empty:
         return kept.reset_index(drop=True)
     # A column that is all NULL on one side comes out of DuckDB as object; a full run would give
@@ -172,6 +176,28 @@ def _merge(old: pd.DataFrame, fresh: pd.DataFrame, column: str, values: list[str
     if _sorted(boundary, ORDER[name]) is boundary:  # returned unchanged: already in order
         return merged
     return _sorted(merged, ORDER[name])
+
+
+def _merge(old: pd.DataFrame, fresh: pd.DataFrame, column: str, values: list[str], name: str) -> pd.DataFrame:
+    """``old`` without the partitions ``values`` of ``column``, plus ``fresh``, in the detector's order."""
+    return merge_rows(old, ~old[column].isin(values), fresh[fresh[column].isin(values)], name)
+
+
+# Detector -> a finer update than its touched partitions (analytics.loops: repeated_calls
+# recomputes only the groups of a run new spans may have changed). Called as
+# ``refine(conn, compute, window, filters, kept_frame, touched_traces, scope)``; returns the
+# frame brought up to date, or None for the partition update.
+REFINERS: dict[str, Callable[..., pd.DataFrame | None]] = {}
+
+
+def refines(name: str) -> Callable[[Callable], Callable]:
+    """Register the decorated function as ``name``'s finer update (see ``REFINERS``)."""
+
+    def decorate(func: Callable) -> Callable:
+        REFINERS[name] = func
+        return func
+
+    return decorate
 
 
 _scopes: collections.OrderedDict[tuple, Scope] = collections.OrderedDict()
@@ -232,9 +258,14 @@ def kept_result(
                 else:
                     values, limit = scope.runs, {"runs": scope.runs, "runs_since": scope.since}
                 if values:
-                    with run_scope(**limit):
-                        fresh = compute(conn, window, filters)
-                    frame = _merge(kept.frame, fresh, column, values, name)
+                    refine = REFINERS.get(name)
+                    if refine is not None:
+                        frame = refine(conn, compute, window, filters, kept.frame, touched, scope)
+                        stats["refined"] += frame is not None
+                    if frame is None:
+                        with run_scope(**limit):
+                            fresh = compute(conn, window, filters)
+                        frame = _merge(kept.frame, fresh, column, values, name)
                 else:
                     frame = kept.frame
                 stats["partial"] += 1

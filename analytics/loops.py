@@ -3,19 +3,24 @@ step-budget exhaustion and duplicate side effects."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import logging
+from collections.abc import Callable, Iterator
 
 import duckdb
 import numpy as np
 import pandas as pd
 
 from analytics._evidence import EVIDENCE, THRESHOLD, TIMES
+from analytics.data_version import Scope
 from analytics.embeddings import embed_texts
+from analytics.kept import merge_rows, refines
 from analytics.loop_similarity import task_similarity
 from analytics.registry import register
 from analytics.side_effects import HANDOFF_TOOL_PREFIX, current_side_effect_tools
-from analytics.sql_loader import run_sql
+from analytics.sql_loader import run_scope, run_sql
 from analytics.tasks import extract_task
 from analytics.thresholds import current_threshold
 from analytics.types import Filters, Window
@@ -145,7 +150,111 @@ def linked_calls(
         min_calls=min_calls,
         agent_inputs=inputs,
         agent_tasks=[_task_of(text) for text in inputs],
+        **(_group_limit.get() or {"loop_runs": None, "loop_tools": None, "loop_whole_runs": None}),
     )
+
+
+# Internal (update_repeated_calls): while set, repeated_calls computes only these (run, tool)
+# groups ($loop_runs / $loop_tools pairs) and every group of $loop_whole_runs.
+_group_limit: contextvars.ContextVar[dict | None] = contextvars.ContextVar("loop_group_limit", default=None)
+
+
+@contextlib.contextmanager
+def _groups_only(pairs: set[tuple[str, str]], whole_runs: set[str]) -> Iterator[None]:
+    ordered = sorted(pairs)
+    token = _group_limit.set(
+        {
+            "loop_runs": [run for run, _ in ordered],
+            "loop_tools": [tool for _, tool in ordered],
+            "loop_whole_runs": sorted(whole_runs),
+        }
+    )
+    try:
+        yield
+    finally:
+        _group_limit.reset(token)
+
+
+def _handoff_rows(frame: pd.DataFrame) -> pd.Series:
+    """Loops a ping-pong can drop (``drop_bounced``): of delegations, agent invocations or
+    hand-off tools."""
+    return frame["call_type"].isin(["agent", "delegation"]) | frame["tool_name"].fillna("").str.startswith(
+        HANDOFF_TOOL_PREFIX
+    )
+
+
+def _in_groups(frame: pd.DataFrame, pairs: set[tuple[str, str]], whole_runs: set[str]) -> np.ndarray:
+    """Rows of ``frame`` in one of the (run, tool) ``pairs`` or in one of ``whole_runs``."""
+    if frame.empty:
+        return np.zeros(0, dtype=bool)
+    keys = pd.MultiIndex.from_arrays([frame["run_id"], frame["tool_name"]])
+    return (
+        np.asarray(keys.isin(list(pairs)) if pairs else np.zeros(len(frame), bool))
+        | frame["run_id"].isin(whole_runs).to_numpy()
+    )
+
+
+@refines("repeated_calls")
+def update_repeated_calls(
+    conn: duckdb.DuckDBPyConnection,
+    compute: Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame],
+    window: Window,
+    filters: Filters,
+    old: pd.DataFrame,
+    traces: set[str],
+    scope: Scope,
+) -> pd.DataFrame | None:
+    """``old`` (repeated_calls kept before spans of ``traces`` came) brought up to date by
+    recomputing only the groups those spans may have changed, not their whole runs (a run of
+    100,000 calls after a batch of a few hundred); None when that cannot be told (the caller then
+    recomputes the touched runs whole).
+
+    A loop is one (run, agent, tool) group's linked calls, so a group none of whose calls changed
+    keeps its loops, unless a call elsewhere in its run changes which calls it holds or how they
+    are argued: a hand-off back removes delegations both ways, a new agent invocation or
+    delegation can make earlier ones candidates and removes code calls of that name, a tool call
+    removes code calls of its name, and a new ping-pong can drop hand-off loops. So recomputed are
+    the (run, tool) groups (every agent) of the names the touched spans carry
+    (``loop_touched_groups.sql``), those of kept loops with a member among them, every hand-off
+    group of their runs, and whole runs where they hold code in an LLM output. Equal to a full
+    recomputation (tests/analytics/test_kept.py, after every random batch).
+    """
+    span_ids = conn.execute(
+        "SELECT SpanId FROM spans WHERE TraceId = ANY($traces::VARCHAR[])", {"traces": sorted(traces)}
+    ).fetchnumpy()["SpanId"]
+    in_runs = old[old["run_id"].isin(scope.runs)]
+    members = in_runs["span_ids"].explode()
+    with_member = in_runs.loc[members[members.isin(span_ids)].index.unique()]
+    old_runs = set(with_member["run_id"])
+    if not old_runs.issubset(scope.runs):
+        return None
+    found = run_sql(
+        conn,
+        "loop_touched_groups",
+        Window(),
+        Filters(),
+        traces=sorted(traces),
+        old_runs=sorted(old_runs),
+        runs_since=scope.since,
+        handoff_prefix=HANDOFF_TOOL_PREFIX,
+    )
+    runs = set(found["run_id"]) | old_runs
+    if not runs:
+        return old
+    if not runs.issubset(scope.runs):
+        return None
+    whole = set(found.loc[found["kind"] == "code", "run_id"])
+    named = found[found["kind"] != "code"]
+    pairs = set(zip(named["run_id"], named["tool"], strict=True))
+    pairs |= set(zip(with_member["run_id"], with_member["tool_name"], strict=True))
+    handoffs = in_runs[in_runs["run_id"].isin(runs) & _handoff_rows(in_runs)]
+    pairs |= set(zip(handoffs["run_id"], handoffs["tool_name"], strict=True))
+    firsts = [scope.first_seen.get(run) for run in runs]
+    since = None if None in firsts else min(firsts)
+    with run_scope(runs=sorted(runs), runs_since=since), _groups_only(pairs, whole):
+        fresh = compute(conn, window, filters)
+    fresh = fresh[_in_groups(fresh, pairs, whole)]
+    return merge_rows(old, ~_in_groups(old, pairs, whole), fresh, "repeated_calls")
 
 
 def link_tasks(

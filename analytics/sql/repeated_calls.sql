@@ -32,7 +32,8 @@
 -- filter and a prefix filter (tokens rarest first: two sets with a Jaccard >= t share a token
 -- within their first n - ceil(t * n) + 1) drop most neighbour pairs before the exact Jaccard.
 -- A 64-bit hash collision of two group keys (~n^2/2^64) could only merge two groups;
--- analytics.loops splits a loop by key.
+-- analytics.loops splits a loop by key (a collision of two (run, tool) keys in the internal
+-- $loop_runs/$loop_tools limit could only add a group to the ones recomputed).
 WITH RECURSIVE tool_calls AS NOT MATERIALIZED (
     SELECT TraceId, SpanId, run_id, coalesce(agent_id, '') AS agent, tool_name, Timestamp, start_ns,
            coalesce(tool_args, '') AS args,
@@ -150,6 +151,13 @@ candidates AS MATERIALIZED (
     SELECT row_number() OVER () AS call_idx, *
     FROM (SELECT *, hash(run_id, agent, tool_name) AS h FROM calls)
     WHERE h IN (SELECT h FROM keys)
+      -- internal (analytics.loops.update_repeated_calls): only the (run, tool) groups new spans
+      -- may have changed, or every group of $loop_whole_runs
+      AND ($loop_runs::VARCHAR[] IS NULL
+           OR (run_id = ANY($loop_whole_runs::VARCHAR[])
+               OR hash(run_id, tool_name) IN (SELECT hash(r, t)
+                                              FROM (SELECT unnest($loop_runs::VARCHAR[]) AS r,
+                                                           unnest($loop_tools::VARCHAR[]) AS t))))
 ),
 words AS MATERIALIZED (  -- per distinct argument string: its signature (the argument words, lower case,
             -- sorted: whitespace/case/key order free) and its similarity tokens
@@ -246,17 +254,26 @@ neighbour_pairs AS (
     SELECT n.call_idx AS i, n.call_idx_4 AS j, n.aid AS aid_i, n.aid_4 AS aid_j
     FROM neighbours n WHERE 4 <= $neighbours AND n.call_idx_4 IS NOT NULL
 ),
+pairs_i AS MATERIALIZED (  -- each neighbour pair with its later call's argument string. The two
+                          -- sides are joined one at a time: joined at once, DuckDB may pair every
+                          -- two distinct argument strings first on the filters below (a nested
+                          -- loop: 103M rows for one 100,000-call run) and only then the pairs
+    SELECT p.i, p.j, p.aid_i, p.aid_j, a.sig AS sig_i, a.nt AS nt_i, a.plen AS plen_i,
+           a.p1 AS p1_i, a.p2 AS p2_i, a.p3 AS p3_i
+    FROM neighbour_pairs p
+    JOIN sigs a ON a.aid = p.aid_i
+    WHERE a.nt > 0
+),
 candidate_pairs AS (  -- neighbours with other arguments that pass the size filter (a Jaccard is
                       -- at most min/max of the token counts) and the prefix filter (a shared
                       -- token among the first plen; not checked when plen > 3)
-    SELECT p.i, p.j, p.aid_i, p.aid_j, a.nt AS nt_i, b.nt AS nt_j
-    FROM neighbour_pairs p
-    JOIN sigs a ON a.aid = p.aid_i
+    SELECT p.i, p.j, p.aid_i, p.aid_j, p.nt_i, b.nt AS nt_j
+    FROM pairs_i p
     JOIN sigs b ON b.aid = p.aid_j
-    WHERE a.sig <> b.sig AND a.nt > 0
-      AND least(a.nt, b.nt) >= $similarity * greatest(a.nt, b.nt) - 1e-9
-      AND (a.plen > 3 OR b.plen > 3 OR a.p1 IN (b.p1, b.p2, b.p3) OR a.p2 IN (b.p1, b.p2, b.p3)
-           OR a.p3 IN (b.p1, b.p2, b.p3))
+    WHERE p.sig_i <> b.sig
+      AND least(p.nt_i, b.nt) >= $similarity * greatest(p.nt_i, b.nt) - 1e-9
+      AND (p.plen_i > 3 OR b.plen > 3 OR p.p1_i IN (b.p1, b.p2, b.p3) OR p.p2_i IN (b.p1, b.p2, b.p3)
+           OR p.p3_i IN (b.p1, b.p2, b.p3))
 ),
 near AS (  -- their exact token-set Jaccard
     SELECT i, j, common / (nt_i + nt_j - common) AS similarity

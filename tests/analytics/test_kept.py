@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from datetime import timedelta
@@ -51,8 +52,28 @@ def _loop_batch(rng: random.Random, batch: int, runs: list[str]) -> list[dict]:
         t = batch * 5 + rng.random() * 20
         fields = dict(run=run, TraceId=trace_id(f"{run}/{rng.randint(0, 2)}"),
                       ingested_at=BASE_TIME + timedelta(seconds=batch))  # fmt: skip
-        kind = rng.choice(["loop", "loop", "pingpong", "goal"])
-        if kind == "loop":
+        kind = rng.choice(["loop", "loop", "pingpong", "goal", "invoke", "code", "handoff"])
+        if kind == "invoke":  # a manager invoking its sub-agent with a (re-worded) task
+            manager = make_span(t, agent_id="m", span_family="agent", SpanName="m.run", **fields)
+            task = rng.choice(["Find the Contoso employee count for 2023", "Contoso employee count 2023",
+                               "Summarise the Fabrikam annual report"])  # fmt: skip
+            sub = make_span(t + 0.1, agent_id=rng.choice(["s", None]), agent_name="s", span_family="agent",
+                            SpanName="s.run", ParentSpanId=manager["SpanId"],
+                            input_text=json.dumps({"task": task}), **fields)  # fmt: skip
+            rows += [manager, sub] if rng.random() < 0.8 else [sub]  # sometimes the parent never comes
+        elif kind == "code":  # code actions, or the same agent's tool spans of that name
+            query = rng.choice(["EU revenue 2024", "revenue of the EU in 2024"])
+            if rng.random() < 0.8:
+                output = f'<code>\nr = web_search(query="{query}")\n</code>'
+                rows.append(make_span(t, agent_id="c", span_family="llm", output_text=output, **fields))
+            else:
+                rows.append(
+                    make_span(t, agent_id="c", tool_name="web_search", tool_args={"query": query}, **fields)
+                )
+        elif kind == "handoff":
+            rows.append(make_span(t, agent_id=rng.choice(["a", "m"]), tool_name=rng.choice(["transfer_to_b", "transfer_to_a"]),
+                                  tool_args={"reason": "next"}, **fields))  # fmt: skip
+        elif kind == "loop":
             rows.append(make_span(t, agent_id=rng.choice(["a", "b"]), tool_name="search",
                                   tool_args={"q": rng.choice(["alpha beta", "alpha  beta", "gamma"])},
                                   outcome=rng.choice(["ok", "error"]), **fields))  # fmt: skip
@@ -99,6 +120,7 @@ def test_kept_results_equal_a_full_recomputation_after_every_batch(tmp_path, see
                     run_metric(conn, name, window, filters), _full(conn, name, window, filters), name
                 )
     assert kept.stats["partial"] > before["partial"]  # the incremental path was taken
+    assert kept.stats["refined"] > before["refined"]  # repeated_calls: only the changed groups
 
 
 def test_unchanged_data_answers_from_the_kept_result_and_new_spans_touch_only_their_run(tmp_path):
