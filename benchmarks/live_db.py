@@ -6,8 +6,12 @@
 it is copied first (the batches are appended to the copy). Per detector, in the order given: the
 cold call (a full computation), the median of 3 warm calls (nothing new: the kept result), then
 per appended 512-span batch each detector again (brought up to date: only the touched runs), and
-with ``--check`` every result against a full recomputation. The JSON file is rewritten after
-every step, so a run stopped early keeps what it measured.
+with ``--check`` every result against a full recomputation. With ``--restart`` the kept results
+are then stored as serve's background refresh stores them (``analytics.kept_worker.store``,
+timed), this process forgets them (as a restarted serve or a fresh report process would) and
+each detector is called again (``restart``: read from the store, nothing new), then once more
+after one more batch (``restart_after_batch``: read from the store and brought up to date). The
+JSON file is rewritten after every step, so a run stopped early keeps what it measured.
 """
 
 from __future__ import annotations
@@ -37,9 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--appends", type=int, default=3)
     parser.add_argument("--check", action="store_true", help="compare each result with a full recomputation")
+    parser.add_argument("--restart", action="store_true", help="store, forget, and call each detector again")
     args = parser.parse_args(argv)
 
-    from analytics import METRICS, Filters, Window, kept, run_metric
+    from analytics import METRICS, Filters, Window, kept, kept_worker, run_metric, summary
+    from analytics.types import direct_write
     from benchmarks.dbbuild import SpanDatabase
     from benchmarks.generator import Shape
     from benchmarks.shapes import _same
@@ -77,6 +83,31 @@ def main(argv: list[str] | None = None) -> int:
                 entry.setdefault("after_batch_s", []).append(round(wall, 4))
                 entry.setdefault("after_batch_cpu_s", []).append(round(cpu, 4))
                 save()
+        if args.restart:
+            for step in ("restart", "restart_after_batch"):
+                if step == "restart_after_batch":
+                    kept_worker.refresh(db.conn, names)  # the worker's pass after the last batch
+                _, wall, cpu = _timed(lambda: kept_worker.store(db.conn, direct_write(db.conn)))
+                (stored_bytes,) = db.conn.execute(
+                    "SELECT sum(octet_length(frame)) FROM kept_results"
+                ).fetchone()
+                out.setdefault("store", []).append(
+                    {"step": step, "wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "bytes": stored_bytes}
+                )
+                kept.clear_cache()
+                summary.clear_cache()
+                if step == "restart_after_batch":
+                    db.append_batch(512, seed=2000 + args.appends)
+                for name in names:
+                    _, wall, cpu = _timed(lambda name=name: run_metric(db.conn, name))
+                    warm = [_timed(lambda name=name: run_metric(db.conn, name))[1:] for _ in range(3)]
+                    out["detectors"][name][step] = {
+                        "s": round(wall, 4),
+                        "cpu_s": round(cpu, 4),
+                        "then_warm_median_s": round(statistics.median(w for w, _ in warm), 4),
+                        "then_warm_median_cpu_s": round(statistics.median(c for _, c in warm), 4),
+                    }
+                    save()
         if args.check:
             for name in names:
                 with kept.computed_in_full():
