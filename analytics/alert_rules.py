@@ -29,7 +29,7 @@ RULE_KEYS = (
     "name", "detector", "enabled", "severity", "threshold", "rate", "window", "for", "service",
     "agent", "run", "labels", "summary", "description",
 )  # fmt: skip
-TOP_KEYS = ("defaults", "rule")
+TOP_KEYS = ("defaults", "window", "for", "rule")
 TEMPLATE_FIELDS = (
     "rule", "detector", "title", "failure_mode", "severity", "count", "rate", "run_id", "agent",
     "service", "window",
@@ -99,13 +99,15 @@ def default_description(metric: Metric) -> str:
     return text.replace("{", "{{").replace("}", "}}")
 
 
-def default_rules() -> list[AlertRule]:
+def default_rules(window_s: float = DEFAULT_WINDOW_S, for_s: float = 0.0) -> list[AlertRule]:
     """One rule per finding detector, in catalogue order, facts taken from its Metric record."""
     return [
         AlertRule(
             name=metric.name,
             detector=metric.name,
             severity=default_severity(metric),
+            window_s=window_s,
+            for_s=for_s,
             summary=default_summary(metric),
             description=default_description(metric),
         )
@@ -193,7 +195,13 @@ def render(template: str, fields: dict[str, object]) -> str:
 
 
 def _rule_from_table(
-    table: dict, index: int, lines: dict[str, int], header: int | None, source: str
+    table: dict,
+    index: int,
+    lines: dict[str, int],
+    header: int | None,
+    source: str,
+    window_s: float = DEFAULT_WINDOW_S,
+    for_s: float = 0.0,
 ) -> tuple[AlertRule, bool]:
     def line_of(key: str) -> int | None:
         return lines.get(key, header)
@@ -267,7 +275,7 @@ def _rule_from_table(
                 source,
             )
     durations = {}
-    for key, default in (("window", DEFAULT_WINDOW_S), ("for", 0.0)):
+    for key, default in (("window", window_s), ("for", for_s)):
         try:
             durations[key] = parse_duration(table[key]) if key in table else default
         except ValueError as exc:
@@ -345,7 +353,8 @@ def parse_rules(text: str, source: str = "rules file") -> list[AlertRule]:
     unknown = [key for key in document if key not in TOP_KEYS]
     if unknown:
         raise RuleError(
-            f"unknown top-level key {unknown[0]!r}; a rules file holds `defaults = true|false` and [[rule]] tables",
+            f"unknown top-level key {unknown[0]!r}; a rules file holds `defaults = true|false`, `window` and "
+            "`for` (defaults of every rule) and [[rule]] tables",
             _top_line(text, unknown[0]),
             source,
         )
@@ -354,17 +363,26 @@ def parse_rules(text: str, source: str = "rules file") -> list[AlertRule]:
         raise RuleError(
             f"defaults must be true or false, got {use_defaults!r}", _top_line(text, "defaults"), source
         )
+    top = {}
+    for key, default in (("window", DEFAULT_WINDOW_S), ("for", 0.0)):
+        try:
+            top[key] = parse_duration(document[key]) if key in document else default
+        except ValueError as exc:
+            raise RuleError(f"{key}: {exc}", _top_line(text, key), source) from None
+    if top["window"] <= 0:
+        raise RuleError("window must be longer than 0s", _top_line(text, "window"), source)
     tables = document.get("rule", [])
     if not isinstance(tables, list):
         raise RuleError(
             "rules are written as [[rule]] tables (double brackets)", _top_line(text, "rule"), source
         )
     positions = _key_lines(text)
-    rules: dict[str, AlertRule] = {r.name: r for r in default_rules()} if use_defaults else {}
+    shipped = default_rules(top["window"], top["for"]) if use_defaults else []
+    rules: dict[str, AlertRule] = {r.name: r for r in shipped}
     declared: dict[str, int | None] = {}
     for index, table in enumerate(tables, start=1):
         header, lines = positions[index - 1] if index - 1 < len(positions) else (None, {})
-        rule, enabled = _rule_from_table(table, index, lines, header, source)
+        rule, enabled = _rule_from_table(table, index, lines, header, source, top["window"], top["for"])
         if rule.name in declared:
             raise RuleError(
                 f"rule {index}: another rule (line {declared[rule.name]}) is also named {rule.name!r}; "
