@@ -30,6 +30,8 @@ from collector.store import insert_batches
 logger = logging.getLogger(__name__)
 
 _STATE = "driftscope_resolve_state"
+WORK_TABLE = "driftscope_resolve_work"  # trace and span ids of the pass under way (one resolver)
+TRACES_PER_CHUNK = 5_000
 # Columns the tree statements of collector/store.py may change.
 _TREE_COLUMNS = ("run_id", "agent_id", "agent_name", "agent_source", "hop", "input_text")
 
@@ -104,10 +106,11 @@ def _resolved_to(store) -> datetime | None:
     return rows.column("t")[0].as_py()
 
 
-def resolve_spans(store, settle_seconds: float = 2.0) -> int:
+def resolve_spans(store, settle_seconds: float = 2.0, traces_per_chunk: int = TRACES_PER_CHUNK) -> int:
     """Resolve the trees of the traces that gained rows since the last pass; return the number
     of `spans` rows rewritten. Rows younger than ``settle_seconds`` wait for the next pass (an
-    insert still in flight might otherwise land behind the watermark)."""
+    insert still in flight might otherwise land behind the watermark). Traces are resolved
+    ``traces_per_chunk`` at a time (their rows are read into this process)."""
     db = store.database
     spans_table = schema.qualified(db, schema.SPANS_TABLE)
     since = _resolved_to(store)
@@ -116,11 +119,15 @@ def resolve_spans(store, settle_seconds: float = 2.0) -> int:
     since = _naive(since) if since is not None else datetime(1970, 1, 1)
     bounds = {"since": _ch_time(since), "until": _ch_time(until)}
     window = "ingested_at > {since:DateTime64(6, 'UTC')} AND ingested_at <= {until:DateTime64(6, 'UTC')}"
-    traces = store.execute(f"SELECT DISTINCT TraceId FROM {spans_table} WHERE {window}", bounds)
+    traces = store.execute(
+        f"SELECT DISTINCT TraceId FROM {spans_table} WHERE {window} ORDER BY TraceId", bounds
+    )
     trace_ids = traces.column("TraceId").to_pylist() if traces.num_rows else []
     rewritten = 0
-    if trace_ids:
-        rewritten = _resolve_traces(store, trace_ids, bounds, since)
+    # a bounded number of traces per round trip: the rows come into this process, and ids go
+    # through a work table rather than as query parameters (an HTTP URL has a length limit)
+    for start in range(0, len(trace_ids), traces_per_chunk):
+        rewritten += _resolve_traces(store, trace_ids[start : start + traces_per_chunk], bounds, since)
     store.insert_arrow(
         _STATE,
         pa.table(
@@ -135,14 +142,20 @@ def resolve_spans(store, settle_seconds: float = 2.0) -> int:
     return rewritten
 
 
+def _put_work(store, kind: str, keys: list[str]) -> None:
+    store.insert_arrow(WORK_TABLE, pa.table({"kind": pa.array([kind] * len(keys), pa.string()), "key": keys}))
+
+
 def _resolve_traces(store, trace_ids: list[str], bounds: dict, since: datetime) -> int:
     db = store.database
     spans_table = schema.qualified(db, schema.SPANS_TABLE)
-    params = {**bounds, "traces": trace_ids}
+    work = schema.qualified(db, WORK_TABLE)
+    store.command(f"TRUNCATE TABLE {work}")
+    _put_work(store, "trace", trace_ids)
     stored = store.execute(
-        f"SELECT * FROM {spans_table} WHERE TraceId IN {{traces:Array(String)}} "
+        f"SELECT * FROM {spans_table} WHERE TraceId IN (SELECT key FROM {work} WHERE kind = 'trace') "
         "AND ingested_at <= {until:DateTime64(6, 'UTC')}",
-        params,
+        {"until": bounds["until"]},
     )
     rows = clickhouse_to_duckdb(stored)
     is_new = pc.greater(rows.column("ingested_at"), pa.scalar(since, pa.timestamp("us")))
@@ -174,14 +187,12 @@ def _resolve_traces(store, trace_ids: list[str], bounds: dict, since: datetime) 
     if changed.num_rows == 0:
         return 0
     keys = pc.binary_join_element_wise(changed.column("TraceId"), changed.column("SpanId"), "").to_pylist()
+    _put_work(store, "span", keys)
     store.command(
-        f"DELETE FROM {schema.qualified(db, schema.SPANS_TABLE)} WHERE TraceId IN {{traces:Array(String)}} "
-        "AND concat(TraceId, SpanId) IN {keys:Array(String)} AND ingested_at <= {until:DateTime64(6, 'UTC')}",
-        {
-            "traces": sorted(set(changed.column("TraceId").to_pylist())),
-            "keys": keys,
-            "until": bounds["until"],
-        },
+        f"DELETE FROM {spans_table} WHERE TraceId IN (SELECT key FROM {work} WHERE kind = 'trace') "
+        f"AND concat(TraceId, SpanId) IN (SELECT key FROM {work} WHERE kind = 'span') "
+        "AND ingested_at <= {until:DateTime64(6, 'UTC')}",
+        {"until": bounds["until"]},
     )
     store.insert_arrow(schema.SPANS_TABLE, duckdb_to_clickhouse(changed))
     return changed.num_rows

@@ -397,12 +397,14 @@ _REQUIRED_TRACE_COLUMNS = (
 _RESOLVE_STATE_TABLE = "driftscope_resolve_state"
 
 
-def _resolve_state_ddl(database: str) -> str:
-    return (
+def _resolve_state_ddl(database: str) -> list[str]:
+    return [
         f"CREATE TABLE IF NOT EXISTS {schema.qualified(database, _RESOLVE_STATE_TABLE)} "
         "(name String, resolved_to DateTime64(6, 'UTC'), at DateTime64(6, 'UTC')) "
-        "ENGINE = ReplacingMergeTree(at) ORDER BY name"
-    )
+        "ENGINE = ReplacingMergeTree(at) ORDER BY name",
+        f"CREATE TABLE IF NOT EXISTS {schema.qualified(database, 'driftscope_resolve_work')} "
+        "(kind LowCardinality(String), key String) ENGINE = MergeTree ORDER BY (kind, key)",
+    ]
 
 
 def init_clickhouse(store: ClickHouseStore, ttl_days: int = 0) -> list[str]:
@@ -441,7 +443,7 @@ def init_clickhouse(store: ClickHouseStore, ttl_days: int = 0) -> list[str]:
         upgraded = _upgrade_spans(store)
     else:
         upgraded = []
-    for statement in [*schema.driftscope_ddl(db, store.traces_table, ttl_days), _resolve_state_ddl(db)]:
+    for statement in [*schema.driftscope_ddl(db, store.traces_table, ttl_days), *_resolve_state_ddl(db)]:
         store.command(statement)
     if schema.SPANS_VIEW not in before:
         # Spans the exporter stored before the view existed; a span that also reached the view

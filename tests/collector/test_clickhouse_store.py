@@ -346,6 +346,40 @@ def test_list_fields_keep_null_apart_from_an_empty_list(chdb_store):
     assert flags == [{"constraints_carried_null": 0, "constraints_waived_null": 1}]
 
 
+def test_a_pass_in_chunks_of_traces_resolves_each_trace(chdb_store):
+    store = _database(chdb_store, "chunks")
+    init_clickhouse(store)
+    spans = []
+    for n in range(1, 6):
+        trace = n.to_bytes(16, "big")
+        agent, tool = (n * 10).to_bytes(8, "big"), (n * 10 + 1).to_bytes(8, "big")
+        spans.append(
+            {
+                "name": f"invoke_agent a{n}",
+                "trace_id": trace,
+                "span_id": agent,
+                "attrs": {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": f"a{n}"},
+            }
+        )
+        spans.append({"name": "search", "trace_id": trace, "span_id": tool, "parent": agent,
+                      "attrs": {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search"}})  # fmt: skip
+    batch = decode_payload(make_request(spans).SerializeToString(), PROTOBUF)
+    insert_otel_traces(store, batch.table)
+    assert resolve_spans(store, settle_seconds=0, traces_per_chunk=2) == 5  # three chunks
+    conn = duckdb.connect()
+    apply_migrations(conn)
+    insert_batches(conn, [batch])
+    expected = conn.sql("SELECT * FROM spans").to_arrow_table()
+    columns = [name for name in expected.column_names if name not in NOT_COMPARED]
+    got = _rows_by_key(_spans(store), columns)
+    assert got == _rows_by_key(expected, columns)
+    assert sorted((r["SpanName"], r["agent_id"], r["agent_source"]) for r in got.values())[:2] == [
+        ("invoke_agent a1", "a1", "attribute"),
+        ("invoke_agent a2", "a2", "attribute"),
+    ]
+    assert {r["agent_source"] for r in got.values() if r["SpanName"] == "search"} == {"ancestor"}
+
+
 def test_a_retried_export_is_stored_once_after_resolve(chdb_store):
     store = _database(chdb_store, "retry")
     init_clickhouse(store)
