@@ -60,6 +60,7 @@ def test_plan_batches_gives_each_thread_work_for_a_few_texts():
     assert plan_batches(np.array([], dtype=np.int64), 32, threads=2) == []
 
 
+@pytest.mark.slow
 def test_threads_and_batching_do_not_change_the_vectors(onnx_model, reference):
     roots, subtasks = _pairs()
     texts = [*dict.fromkeys([*roots, *subtasks])]
@@ -90,6 +91,7 @@ def test_tokens_truncated_as_sentence_transformers_does(onnx_model):
     assert len(expected[0]) == MAX_SEQ_LENGTH
 
 
+@pytest.mark.slow
 def test_goal_pair_divergences_equal_sentence_transformers_with_two_threads(onnx_model, reference):
     roots, subtasks = _pairs()
     conn = new_db()

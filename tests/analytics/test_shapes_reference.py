@@ -79,6 +79,7 @@ def test_context_drift_holders_equals_the_old_sql_on_random_span_sets(seed):
         pd.testing.assert_frame_equal(_sorted(new, keys), _sorted(old[list(new.columns)], keys))
 
 
+@pytest.mark.slow
 def test_random_span_sets_hold_stale_holders_also_dozens_per_agent_and_key():
     # Otherwise the equality above could compare empty frames only, or never take the path of
     # holders with many holdings of one subject (over 32: "crowded" in the SQL).

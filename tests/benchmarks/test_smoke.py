@@ -18,6 +18,7 @@ from benchmarks.report import check_targets, markdown_table
 from collector.decode import PROTOBUF, decode_payload
 
 
+@pytest.mark.slow
 def test_generator_is_deterministic_and_stamping_equals_generating_the_namespace():
     first = template_payloads(1024, seed=3)
     assert first == template_payloads(1024, seed=3)

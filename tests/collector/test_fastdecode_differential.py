@@ -209,6 +209,7 @@ def build_request(specs: list[dict], resource: dict) -> ExportTraceServiceReques
     st.dictionaries(text, scalars, max_size=2),
     st.lists(LENGTH_FORMS, min_size=1, max_size=6),
 )
+@pytest.mark.slow
 def test_length_prefixes_in_every_encoding_are_read_as_upb_reads_them(specs, resource, forms):
     canonical = build_request(specs, resource).SerializeToString()
     rewritten = rewrite_lengths(canonical, ExportTraceServiceRequest.DESCRIPTOR, forms, [0])
@@ -227,6 +228,7 @@ def test_random_bodies_are_never_accepted_when_upb_rejects_them(payload):
 
 @fuzz(800)
 @given(st.lists(span_specs, min_size=1, max_size=2), st.data())
+@pytest.mark.slow
 def test_single_byte_mutations_of_valid_bodies_agree_with_upb(specs, data):
     body = bytearray(build_request(specs, {}).SerializeToString())
     for _ in range(data.draw(st.integers(1, 3))):
@@ -295,6 +297,7 @@ COUNT_LIMITS = DecodeLimits(max_spans_per_request=2, max_items_per_request=9, ma
 
 @fuzz(600)
 @given(st.lists(span_specs, min_size=1, max_size=4), st.dictionaries(text, scalars, max_size=3))
+@pytest.mark.slow
 def test_the_wire_count_agrees_with_the_python_count(specs, resource):
     """fastdecode.check_counts (C, on the wire, keeping nothing) refuses exactly the requests
     check_request_counts (Python, on the parsed message) refuses, for the same reason."""

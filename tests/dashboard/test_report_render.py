@@ -95,6 +95,7 @@ def test_markdown_report_links_ids_and_without_an_address_ids_are_plain(source):
         assert "run_explorer" not in plain and span in plain
 
 
+@pytest.mark.slow
 def test_cli_report_takes_the_dashboard_address_and_refuses_a_wrong_one(db, tmp_path):
     out = tmp_path / "r.html"
     args = [sys.executable, "-m", "driftscope", "report", "--source", str(db), "-o", str(out)]

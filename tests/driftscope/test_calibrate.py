@@ -63,6 +63,7 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
+@pytest.mark.slow
 def test_calibrate_on_a_file_serve_holds_goes_through_that_collector(tmp_path, crew_db, small_pairs):
     serve = _serve(tmp_path, crew_db)
     try:
@@ -96,6 +97,7 @@ def test_calibrate_on_a_file_serve_holds_goes_through_that_collector(tmp_path, c
     _no_traceback(result)
 
 
+@pytest.mark.slow
 def test_calibrate_through_the_collector_refuses_a_baseline_with_findings_and_dry_run_stores_nothing(
     tmp_path, crew_db
 ):
@@ -139,6 +141,7 @@ def test_calibrate_through_the_collector_refuses_a_baseline_with_findings_and_dr
         assert serve.stop() == 0
 
 
+@pytest.mark.slow
 def test_calibrate_through_a_collector_with_a_token_needs_that_token(tmp_path, crew_db, small_pairs):
     serve = _serve(tmp_path, crew_db, token="s3cret-calibration-token")
     try:

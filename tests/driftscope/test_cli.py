@@ -122,6 +122,7 @@ def test_ingest_of_a_missing_file_says_so(tmp_path):
     assert result.returncode == 2 and "No such file" in result.stderr
 
 
+@pytest.mark.slow
 def test_up_starts_collector_and_dashboard_and_stops_on_sigterm(tmp_path):
     import os
     import signal
@@ -160,6 +161,7 @@ def test_up_starts_collector_and_dashboard_and_stops_on_sigterm(tmp_path):
     assert "driftscope serve stopped" in output
 
 
+@pytest.mark.slow
 def test_calibrate_then_report_from_the_command_line(tmp_path):
     import glob
     import json

@@ -162,6 +162,7 @@ def test_calibrate_refuses_a_baseline_window_with_findings(crew_db, tmp_path):
     _no_traceback(result)
 
 
+@pytest.mark.slow
 def test_calibrate_dry_run_shows_thresholds_and_findings_before_and_after_and_stores_nothing(
     crew_db, tmp_path
 ):
