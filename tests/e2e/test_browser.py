@@ -52,6 +52,7 @@ PAGES = [
     ("context_drift", "Context drift", 1),
     ("loops", "Loops & budgets", 0),
     ("findings", "Other findings", 0),  # detectors without a page of their own (runaway runs)
+    ("alerts", "Alerts", 0),
     ("run_explorer?run={ping_pong}", "Run explorer", 2),
     (f"run_explorer?run={XSS_RUN}", "Run explorer", 2),  # span text is markup: must stay text
     ("calibration", "Calibration", 1),
