@@ -27,9 +27,11 @@ def test_every_setting_is_documented_in_the_readme():
 
 
 def test_every_setting_appears_in_its_commands_help():
+    commands = sorted({command for setting in SETTINGS for command in setting.commands})
+    help_texts = {command: _cli(command, "--help").stdout for command in commands}  # one process each
     for setting in SETTINGS:
         for command in setting.commands:
-            help_text = _cli(command, "--help").stdout
+            help_text = help_texts[command]
             assert setting.flag in help_text and setting.env in help_text, (command, setting.name)
 
 
