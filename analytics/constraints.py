@@ -32,6 +32,8 @@ _LEDGER_COLUMNS = {
     row="one constraint x hop of one origin task",
     failure_mode="constraints lost along delegation chains",
     mast_category="specification issues",
+    kept="origin_task_id",
+    order=[("origin_task_id", False), ("constraint_id", False), ("hop", False)],  # fmt: skip
 )
 def constraint_ledger(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """The ledger matrix; the dashboard pivots it to constraints x hops."""
@@ -60,6 +62,8 @@ def constraint_ledger(conn: duckdb.DuckDBPyConnection, window: Window, filters: 
     counted=True,
     failing=True,
     page="constraints",
+    kept="origin_task_id",
+    order=[("origin_task_id", False), ("constraint_id", False)],  # fmt: skip
 )
 def constraint_drops(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """First unwaived disappearance of each constraint of each origin task."""

@@ -38,6 +38,8 @@ from analytics.types import Filters, Window
     counted=True,
     failing_unless="refreshed",
     page="context_drift",
+    kept="run_id",
+    order=[("first_seen", False), ("agent", False)],  # fmt: skip
 )
 def context_drift_holders(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Holders of superseded objective versions and how long they held them."""
@@ -66,6 +68,8 @@ def context_drift_holders(conn: duckdb.DuckDBPyConnection, window: Window, filte
     flag_column="allowed",
     failing=True,
     page="context_drift",
+    kept="run_id",
+    order=[("first_seen", False)],  # fmt: skip
 )
 def stale_policy_sends(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Sends whose policy version was superseded when they were made."""

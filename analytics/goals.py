@@ -353,6 +353,8 @@ def _with_threshold(conn: duckdb.DuckDBPyConnection, frame: pd.DataFrame) -> tup
         "wrong tool, an answer from memory) scores low and is never flagged here; it shows up, if "
         "at all, as loops, runaway runs or errors."
     ),
+    kept="run_id",
+    order=[("first_seen", False), ("trace_id", False), ("span_ids", False)],  # fmt: skip
 )
 def goal_divergence(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """The subtasks whose statement diverges from its root goal by more than the threshold.
@@ -395,6 +397,7 @@ def goal_divergence(conn: duckdb.DuckDBPyConnection, window: Window, filters: Fi
     ),
     failure_mode=None,
     mast_category=None,
+    kept="whole",
 )
 def goal_divergence_distribution(
     conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters

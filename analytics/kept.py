@@ -44,53 +44,43 @@ from analytics.types import Filters, Window
 
 logger = logging.getLogger(__name__)
 
-# Detector -> the column its findings are partitioned by: a finding of a run (origin task) is
-# derived from that run's (origin task's) spans alone, and the detector honours the shared
-# filter's run scope ($runs / $runs_since, or $origin_tasks for origin-task partitions).
-PARTITIONS: dict[str, str] = {
-    "budget_exhaustion": "run_id",
-    "context_drift_holders": "run_id",
-    "divergent_reads": "run_id",
-    "duplicate_side_effects": "run_id",
-    "goal_divergence": "run_id",
-    "lost_updates": "run_id",
-    "ping_pong": "run_id",
-    "repeated_calls": "run_id",
-    "stale_policy_sends": "run_id",
-    "constraint_drops": "origin_task_id",
-    "constraint_ledger": "origin_task_id",
-}
+# What is kept, filled by the registry from each Metric record (``register(kept=..., order=...)``;
+# analytics.registry calls ``declare``), so a detector states it once, where it is registered.
+# PARTITIONS: detector -> the column its findings are partitioned by: a finding of a run (origin
+# task) is derived from that run's (origin task's) spans alone, and the detector honours the
+# shared filter's run scope ($runs / $runs_since, or $origin_tasks for origin-task partitions).
+PARTITIONS: dict[str, str] = {}
 # Each partitioned detector's row order (its SQL's ORDER BY, or its Python sort): (column,
 # descending). Merged rows are sorted by it; rows tied on it keep kept-before-fresh order.
-ORDER: dict[str, list[tuple[str, bool]]] = {
-    "budget_exhaustion": [("first_seen", False)],
-    "context_drift_holders": [("first_seen", False), ("agent", False)],
-    "divergent_reads": [("first_seen", False), ("state_key", False), ("agents", False)],
-    "duplicate_side_effects": [
-        ("first_seen", False),
-        ("run_id", False),
-        ("matched_by", True),
-        ("tool_name", False),
-        ("idempotency_key", False),
-        ("arguments", False),
-    ],  # fmt: skip
-    "goal_divergence": [("first_seen", False), ("trace_id", False), ("span_ids", False)],
-    "lost_updates": [
-        ("first_seen", False),
-        ("state_key", False),
-        ("run_id", False),
-        ("last_seen", False),
-        ("span_ids", False),
-    ],  # fmt: skip
-    "ping_pong": [("first_seen", False)],
-    "repeated_calls": [("first_seen", False), ("run_id", False), ("tool_name", False)],
-    "stale_policy_sends": [("first_seen", False)],
-    "constraint_drops": [("origin_task_id", False), ("constraint_id", False)],
-    "constraint_ledger": [("origin_task_id", False), ("constraint_id", False), ("hop", False)],
-}
+ORDER: dict[str, list[tuple[str, bool]]] = {}
 # Detectors kept whole: reused while nothing changed, recomputed whole after any change.
-WHOLE = ("enforcement_coverage", "goal_divergence_distribution", "rejection_rates", "runaway_runs")
-KEPT = frozenset(PARTITIONS) | frozenset(WHOLE)
+WHOLE: set[str] = set()
+KEPT: set[str] = set()
+PARTITION_COLUMNS = ("run_id", "origin_task_id")
+
+
+def declare(name: str, how: str | None, order: list[tuple[str, bool]] | None = None) -> None:
+    """Keep ``name``'s results: ``how`` is "whole" or its partition column (then ``order`` is
+    its row order); None keeps nothing (and forgets an earlier declaration)."""
+    PARTITIONS.pop(name, None)
+    ORDER.pop(name, None)
+    WHOLE.discard(name)
+    KEPT.discard(name)
+    if how is None:
+        return
+    if how == "whole":
+        WHOLE.add(name)
+    elif how in PARTITION_COLUMNS:
+        if not order:
+            raise ValueError(f"{name}: a result partitioned by {how} needs its row order")
+        PARTITIONS[name] = how
+        ORDER[name] = list(order)
+    else:
+        raise ValueError(
+            f"{name}: kept must be 'whole' or one of {', '.join(PARTITION_COLUMNS)}, got {how!r}"
+        )
+    KEPT.add(name)
+
 
 _CACHE_SIZE = 64
 # Rows kept over every entry: past it the least recently used results are dropped.

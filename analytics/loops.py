@@ -398,6 +398,8 @@ def drop_bounced(loops: pd.DataFrame, bounces: pd.DataFrame) -> pd.DataFrame:
     failing=True,
     rank_column="calls",
     page="loops",
+    kept="run_id",
+    order=[("first_seen", False), ("run_id", False), ("tool_name", False)],  # fmt: skip
 )
 def repeated_calls(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Exact and re-worded repeated calls, each loop reported once with its members.
@@ -437,6 +439,8 @@ def repeated_calls(conn: duckdb.DuckDBPyConnection, window: Window, filters: Fil
     counted=True,
     failing=True,
     page="loops",
+    kept="run_id",
+    order=[("first_seen", False)],  # fmt: skip
 )
 def ping_pong(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Maximal alternating hand-off sequences (4+ delegations, or 6+ inferred agent turns), direct
@@ -469,6 +473,8 @@ def ping_pong(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters)
     findings=True,
     counted=True,
     page="loops",
+    kept="run_id",
+    order=[("first_seen", False)],  # fmt: skip
 )
 def budget_exhaustion(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Runs whose agents hit their step budget."""
@@ -496,6 +502,15 @@ def budget_exhaustion(conn: duckdb.DuckDBPyConnection, window: Window, filters: 
     counted=True,
     failing=True,
     page="loops",
+    kept="run_id",
+    order=[
+        ("first_seen", False),
+        ("run_id", False),
+        ("matched_by", True),
+        ("tool_name", False),
+        ("idempotency_key", False),
+        ("arguments", False),
+    ],  # fmt: skip
 )
 def duplicate_side_effects(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Side effects executed twice or more, by key or by identical normalized arguments.

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import duckdb
 import pandas as pd
 
+from analytics import kept as _kept
 from analytics.kept import kept_result
 from analytics.schema import ensure_readable
 from analytics.types import Filters, Window
@@ -76,6 +77,12 @@ class Metric:
     """Dashboard page (url path) that shows it; None: the generic findings page."""
     blind_spots: str | None = None
     """What the detector cannot see, in plain words (reports print it beside its findings)."""
+    kept: str | None = None
+    """How its results are kept between calls per data version (``analytics.kept``): "whole"
+    (recomputed after any change), or the column its findings are partitioned by ("run_id",
+    "origin_task_id": only the partitions new spans touched are recomputed); None: not kept."""
+    order: tuple[tuple[str, bool], ...] = ()
+    """A partitioned result's row order, as its SQL sorts it: (column, descending) pairs."""
 
     @property
     def columns(self) -> dict[str, str]:
@@ -110,6 +117,16 @@ def _check_facts(name: str, columns: dict[str, str], facts: dict) -> None:
         column = facts[key]
         if column is not None and column not in columns:
             raise ValueError(f"metric {name!r}: {key} {column!r} is not one of its documented columns")
+    kept, order = facts["kept"], facts["order"]
+    if kept not in (None, "whole") and kept not in columns:
+        raise ValueError(f"metric {name!r}: kept by {kept!r}, which is not one of its documented columns")
+    if kept not in (None, "whole") and not order:
+        raise ValueError(f"metric {name!r}: a result partitioned by {kept} needs its row order (order=...)")
+    if order and kept in (None, "whole"):
+        raise ValueError(f"metric {name!r}: order is only for a result partitioned by a column (kept=...)")
+    for column, _descending in order:
+        if column not in columns:
+            raise ValueError(f"metric {name!r}: order column {column!r} is not one of its documented columns")
 
 
 def register(
@@ -130,6 +147,8 @@ def register(
     rank_column: str | None = None,
     page: str | None = None,
     blind_spots: str | None = None,
+    kept: str | None = None,
+    order: tuple[tuple[str, bool], ...] | list[tuple[str, bool]] = (),
 ) -> Callable[[DetectorFunc], DetectorFunc]:
     """Register the decorated detector under ``name`` with the facts of its ``Metric`` record.
 
@@ -141,6 +160,7 @@ def register(
         title=title, failure_mode=failure_mode, mast_category=mast_category, findings=findings,
         flag_column=flag_column, counted=counted, failing=failing, failing_unless=failing_unless,
         review_unless=review_unless, rank_column=rank_column, page=page, blind_spots=blind_spots,
+        kept=kept, order=tuple(tuple(pair) for pair in order),
     )  # fmt: skip
     if not callable(columns):
         _check_facts(name, columns, facts)
@@ -166,6 +186,7 @@ def register(
             row=row,
             **facts,
         )
+        _kept.declare(name, kept, list(facts["order"]))
         return checked
 
     return decorate
@@ -204,6 +225,10 @@ def scratch_registry() -> Iterator[dict[str, Metric]]:
     finally:
         METRICS.clear()
         METRICS.update(saved)
+        for metric in METRICS.values():  # a scratch registration may have replaced a kept fact
+            _kept.declare(metric.name, metric.kept, list(metric.order))
+        for name in set(_kept.KEPT) - set(METRICS):
+            _kept.declare(name, None)
 
 
 def run_metric(

@@ -117,6 +117,7 @@ def _limits(counts: pd.DataFrame, calibrated: dict[str, tuple[float, int]]) -> p
     findings=True,
     counted=True,
     failing=True,
+    kept="whole",
 )
 def runaway_runs(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Runs and agents whose span count exceeds their crew's limit (runs with a budget excluded).

@@ -38,6 +38,8 @@ _MAX_BUCKETS = 48
     findings=True,
     counted=True,
     page="split_brain",
+    kept="run_id",
+    order=[("first_seen", False), ("state_key", False), ("agents", False)],  # fmt: skip
 )
 def divergent_reads(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Pairs of agents whose views of a key diverged: same version read, both wrote on it."""
@@ -67,6 +69,14 @@ def divergent_reads(conn: duckdb.DuckDBPyConnection, window: Window, filters: Fi
     counted=True,
     failing=True,
     page="split_brain",
+    kept="run_id",
+    order=[
+        ("first_seen", False),
+        ("state_key", False),
+        ("run_id", False),
+        ("last_seen", False),
+        ("span_ids", False),
+    ],  # fmt: skip
 )
 def lost_updates(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Unversioned or stale-based writes that replaced another agent's write nobody read."""
@@ -119,6 +129,7 @@ def choose_bucket_seconds(conn: duckdb.DuckDBPyConnection, window: Window, filte
     flag_column="over_threshold",
     rank_column="rejection_rate",
     page="rejections",
+    kept="whole",
 )
 def rejection_rates(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Rejection and error rates of guarded calls per bucket, flagged against the threshold."""

@@ -70,6 +70,7 @@ def failing_detectors() -> list[str]:
     row="one tool of one service",
     failure_mode=None,
     mast_category=None,
+    kept="whole",
 )
 def enforcement_coverage(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Which tools are enforced by guards and which can only be watched."""

@@ -243,3 +243,25 @@ def test_a_detector_whose_rows_can_recover_gets_its_own_summary_counts(tmp_path)
         1, 0, "degraded"
     ]  # fmt: skip
     assert summary.loc["run-quiet", "verdict"] == "healthy"
+
+
+def test_what_is_kept_is_stated_at_registration_and_forgotten_with_it():
+    from analytics import kept
+
+    assert kept.KEPT == {m.name for m in METRICS.values() if m.kept}
+    assert kept.PARTITIONS == {m.name: m.kept for m in METRICS.values() if m.kept not in (None, "whole")}
+    columns = {**EVIDENCE, "agent": "a", **TIMES}
+    with scratch_registry():
+        register(
+            TOY, description="d", columns=columns, row="r", kept="run_id", order=[("first_seen", False)]
+        )(lambda *a: None)
+        assert kept.PARTITIONS[TOY] == "run_id" and kept.ORDER[TOY] == [("first_seen", False)]
+        with pytest.raises(ValueError, match="kept by 'origin_task_id'"):
+            register(TOY, description="d", columns=columns, row="r", kept="origin_task_id")(lambda *a: None)
+        with pytest.raises(ValueError, match="order column 'nope'"):
+            register(TOY, description="d", columns=columns, row="r", kept="run_id", order=[("nope", False)])(
+                lambda *a: None
+            )
+        with pytest.raises(ValueError, match="needs its row order"):
+            register(TOY, description="d", columns=columns, row="r", kept="run_id")(lambda *a: None)
+    assert TOY not in kept.KEPT and TOY not in kept.PARTITIONS and TOY not in kept.ORDER
