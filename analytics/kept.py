@@ -36,7 +36,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from analytics import kept_store
+import analytics.kept_store as kept_store
 from analytics.data_version import Scope, Version, database_identity, read_version, touched_scope
 from analytics.side_effects import current_side_effect_tools
 from analytics.sql_loader import run_scope

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import duckdb
 import pandas as pd
 
-from analytics import kept as _kept
+import analytics.kept as _kept
 from analytics.kept import kept_result
 from analytics.schema import ensure_readable
 from analytics.types import Filters, Window

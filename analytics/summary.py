@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import duckdb
 import pandas as pd
 
-from analytics import kept_store
+import analytics.kept_store as kept_store
 from analytics.crew_limits import count_limits
 from analytics.data_version import Scope as _Scope
 from analytics.data_version import Version as _Version
