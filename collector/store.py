@@ -170,6 +170,10 @@ WITH RECURSIVE walk(rid, TraceId, parent, last_agent, changes, depth) AS (
            CASE WHEN s.span_family = 'agent' THEN s.agent_id END, 0, 0
     FROM _tree s
     WHERE s.TraceId NOT IN (SELECT TraceId FROM _tree WHERE guarded)
+      -- only traces with an agent nested under another span (the rest keep their hop whatever
+      -- shared their request: hops must not depend on how spans were batched)
+      AND s.TraceId IN (SELECT TraceId FROM _tree WHERE span_family = 'agent' AND agent_id IS NOT NULL
+                                                    AND ParentSpanId <> '')
   UNION ALL
     SELECT w.rid, w.TraceId, p.ParentSpanId,
            CASE WHEN p.span_family = 'agent' AND p.agent_id IS NOT NULL THEN p.agent_id

@@ -294,3 +294,35 @@ def test_a_trace_without_any_conversation_id_stays_its_own_run(conn):
         conn, [{"trace_id": trace, "span_id": ROOT}, {"trace_id": trace, "span_id": CHILD, "parent": ROOT}]
     )
     assert set(_runs(conn, trace).values()) == {trace.hex()}
+
+
+def _hops_after(batches_of_spans) -> dict:
+    connection = duckdb.connect(":memory:")
+    apply_migrations(connection)
+    for spans in batches_of_spans:
+        _insert(connection, spans)
+    hops = dict(connection.execute("SELECT SpanId, hop FROM spans").fetchall())
+    connection.close()
+    return hops
+
+
+def test_a_traces_hops_do_not_depend_on_what_shared_its_request():
+    # Trace A: a manager agent invokes a worker agent (a hop); trace B: one agent, no nesting.
+    agent = {"gen_ai.operation.name": "invoke_agent"}
+    nested = [
+        {"trace_id": b"\x0a" * 16, "span_id": b"\x11" * 8, "attrs": {**agent, "gen_ai.agent.id": "manager"}},
+        {"trace_id": b"\x0a" * 16, "span_id": b"\x12" * 8, "parent": b"\x11" * 8,
+         "attrs": {**agent, "gen_ai.agent.id": "worker"}},
+        {"trace_id": b"\x0a" * 16, "span_id": b"\x13" * 8, "parent": b"\x12" * 8,
+         "attrs": {"gen_ai.tool.name": "search"}},
+    ]  # fmt: skip
+    flat = [
+        {"trace_id": b"\x0b" * 16, "span_id": b"\x21" * 8, "attrs": {**agent, "gen_ai.agent.id": "solo"}},
+        {"trace_id": b"\x0b" * 16, "span_id": b"\x22" * 8, "parent": b"\x21" * 8,
+         "attrs": {"gen_ai.tool.name": "search"}},
+    ]  # fmt: skip
+    together = _hops_after([nested + flat])
+    apart = _hops_after([nested, flat])
+    reversed_order = _hops_after([flat, nested])
+    assert together == apart == reversed_order
+    assert together[(b"\x13" * 8).hex()] == 1  # the worker's tool call is one hop down
