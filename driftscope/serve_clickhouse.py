@@ -34,6 +34,21 @@ def start_clickhouse_ingest(config, receiver_config: ReceiverConfig) -> tuple:
     """Open and initialise the ClickHouse store and start its writer. ``config`` is serve's
     ``ServeConfig``; returns the fields of serve's ``Service`` (app, queue, writer, receiver
     config, stats, decode pool, pending bytes, stop), in that order."""
+    alerting = [
+        flag
+        for flag, value in (
+            ("--alert-rules", config.alert_rules),
+            ("--alertmanager-url", config.alertmanager_url),
+            ("--alert-webhook-url", config.alert_webhook_url),
+            ("--alert-slack-url", config.alert_slack_url),
+        )
+        if value
+    ]
+    if alerting:  # never accept a setting and then silently page nobody
+        raise ConfigError(
+            f"{', '.join(alerting)}: alerts are evaluated on the DuckDB store only so far, not with --store "
+            f"{config.store!r}; drop the alert settings (and their DRIFTSCOPE_ALERT* variables) or serve --db PATH"
+        )
     try:
         store = open_store_url(config.store)
     except StoreURLError as exc:

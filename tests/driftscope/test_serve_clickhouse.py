@@ -98,3 +98,21 @@ def test_serve_refuses_a_bad_store_url_with_a_clear_message(tmp_path):
     )
     assert result.returncode == 2
     assert "Expected a host in 'clickhouse://:8123/otel'" in result.stderr
+
+
+def test_alert_settings_with_a_clickhouse_store_are_refused_not_ignored(tmp_path):
+    import pytest
+
+    from driftscope.serve import ServeConfig, build_service
+    from driftscope.settings import ConfigError
+
+    config = ServeConfig(
+        db=str(tmp_path / "d.duckdb"),
+        store=f"chdb:{tmp_path / 'ch'}",
+        alertmanager_url="http://127.0.0.1:9093",
+        embeddings=False,
+    )
+    with pytest.raises(
+        ConfigError, match="--alertmanager-url: alerts are evaluated on the DuckDB store only"
+    ):
+        build_service(config)
