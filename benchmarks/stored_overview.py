@@ -33,6 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds the Overview render may take")
     parser.add_argument("--skip-refresh", action="store_true", help="results already stored: render only")
+    parser.add_argument(
+        "--memory-limit",
+        type=int,
+        default=1024**3,
+        help="DuckDB memory limit in bytes (serve's default: 1 GiB)",
+    )
     args = parser.parse_args(argv)
 
     from analytics import kept_worker, run_metric
@@ -46,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         out["load_average"] = [round(x, 2) for x in os.getloadavg()]
         args.out.write_text(json.dumps(out, indent=1))
 
-    conn = open_database(args.db)
+    # serve's memory limit: DuckDB's own default (80% of RAM) let one cold repeated_calls at 10M
+    # spans of 100,000-call runs grow to 18.8 GB here before the kernel killed it
+    conn = open_database(args.db, memory_limit=args.memory_limit)
     conn.execute("SET threads = 2")
     (out["spans"],) = conn.execute("SELECT count(*) FROM spans").fetchone()
     if not args.skip_refresh:
