@@ -11,6 +11,7 @@ from __future__ import annotations
 import duckdb
 import pandas as pd
 
+from analytics.engine import fetch_rows, is_clickhouse
 from analytics.sql_loader import filter_params, load_sql, query_df
 from analytics.types import Filters, Window
 
@@ -68,6 +69,13 @@ def evidence_spans(conn: duckdb.DuckDBPyConnection, keys: pd.DataFrame) -> pd.Da
             f"Expected at most {MAX_EVIDENCE_KEYS} evidence keys in one lookup, got {len(keys)}; "
             "ask for fewer findings at a time"
         )
+    if is_clickhouse(conn):  # the keys travel as two bound lists (no registered frame there)
+        sql = load_sql("evidence_spans").replace(
+            "_evidence_keys AS k",
+            "(SELECT unnest($key_runs::VARCHAR[]) AS run_id, unnest($key_spans::VARCHAR[]) AS span_id) AS k",
+        )
+        pairs = keys[["run_id", "span_id"]].astype(str)
+        return query_df(conn, sql, {"key_runs": list(pairs["run_id"]), "key_spans": list(pairs["span_id"])})
     conn.register("_evidence_keys", keys[["run_id", "span_id"]].astype(str))
     try:
         return conn.execute(load_sql("evidence_spans")).df()
@@ -77,7 +85,7 @@ def evidence_spans(conn: duckdb.DuckDBPyConnection, keys: pd.DataFrame) -> pd.Da
 
 def data_version(conn: duckdb.DuckDBPyConnection) -> str:
     """Changes whenever spans are added: span count and newest ``ingested_at`` (metadata-cheap)."""
-    count, newest = conn.execute("SELECT count(*), max(ingested_at) FROM spans").fetchone()
+    ((count, newest),) = fetch_rows(conn, "SELECT count(*), max(ingested_at) FROM spans")
     return f"{count}:{newest}"
 
 

@@ -429,6 +429,50 @@ class DuckDBFileSource:
                 self._conn = None
 
 
+class StoreSource(DuckDBFileSource):
+    """A ClickHouse store (``chdb:PATH`` or a server; issue 17) opened by the composition (the
+    dashboard imports no store code): analytics run in this process on it through the same read
+    interface, translated for ClickHouse (``analytics.engine``)."""
+
+    def __init__(self, store, description: str):
+        self.path = None
+        self.description = description
+        self._lock = threading.Lock()
+        self._conn = store
+
+    def _connection(self):
+        return self._conn
+
+    def health(self) -> Health:
+        """Count spans; never raises."""
+        from analytics.engine import fetch_rows
+
+        try:
+            with self._lock:
+                ((count,),) = fetch_rows(self._conn, "SELECT count(*) FROM spans")
+        except Exception as exc:  # noqa: BLE001 - any store error is an unhealthy source
+            return Health(False, str(exc))
+        return Health(True, f"{self.description}: {count} spans", int(count))
+
+    def metric(self, name: str, window: Window, filters: Filters) -> pd.DataFrame:
+        """Run one registered detector on the store."""
+        with self._lock:
+            return read.metric(self._conn, name, window, filters)
+
+    def _read(self, func, *args):
+        with self._lock:
+            return func(self._conn, *args)
+
+    def alerts(self, window: Window) -> pd.DataFrame:
+        """None stored: alert episodes live in a DuckDB store's serve."""
+        return pd.DataFrame()
+
+    def close(self) -> None:
+        """Release the store."""
+        with self._lock:
+            self._conn.close()
+
+
 ALERT_TIME_COLUMNS = ("active_since", "starts_at", "ends_at", "last_finding_at", "updated_at")
 
 

@@ -18,13 +18,23 @@ from driftscope.timeparse import parse_instant
 
 logger = logging.getLogger(__name__)
 
+# --source values naming a ClickHouse store (collector.clickhouse_store.open_store_url; issue 17)
+CLICKHOUSE_SOURCES = ("chdb:", "clickhouse://")
+
 
 def _open_source(source: str, token: str | None):
-    """The dashboard's data source for a read-API URL or a DuckDB file path."""
-    from dashboard.datasource import DuckDBFileSource, HttpSource
+    """The dashboard's data source for a read-API URL, a ClickHouse store URL or a DuckDB file path."""
+    from dashboard.datasource import DuckDBFileSource, HttpSource, StoreSource
 
     if source.startswith(("http://", "https://")):
         return HttpSource(source, token=token)
+    if source.startswith(CLICKHOUSE_SOURCES):
+        from collector.clickhouse_store import StoreURLError, open_store_url
+
+        try:
+            return StoreSource(open_store_url(source, read_only=True), f"ClickHouse store {source}")
+        except StoreURLError as exc:
+            raise ConfigError(str(exc)) from exc
     if not Path(source).is_file():
         raise ConfigError(
             f"--source {source!r} is neither an http(s) URL of a running `driftscope serve` nor an existing "

@@ -112,7 +112,9 @@ def _compare_all(duck, store, window=Window(), filters=Filters()) -> dict[str, s
         if list(got.columns) != list(want.columns):
             differences[metric.name] = f"columns {list(got.columns)} != {list(want.columns)}"
         elif _rows(got) != _rows(want):
-            differences[metric.name] = f"{len(got)} rows != DuckDB's {len(want)}"
+            only = [row for row in _rows(got) if row not in _rows(want)][:1]
+            missing = [row for row in _rows(want) if row not in _rows(got)][:1]
+            differences[metric.name] = f"{len(got)} rows != DuckDB's {len(want)}: {only} instead of {missing}"
     return differences
 
 
@@ -130,6 +132,7 @@ def test_every_detector_equals_duckdb_on_the_sample_traces(chdb_store):
     assert _compare_all(duck, store) == {}
 
 
+@pytest.mark.slow  # every metric four times: minutes of CPU (ClickHouse plans the big statements slowly)
 def test_filters_and_windows_mean_the_same_on_both_engines(chdb_store):
     store = _on_database(chdb_store, "filtered")
     duck = _load_both(store, _sample_payloads())
@@ -199,6 +202,7 @@ def _random_payload(rng: random.Random, index: int) -> tuple[bytes, str]:
     return make_request(spans).SerializeToString(), PROTOBUF
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_every_detector_equals_duckdb_on_random_span_sets(chdb_store, seed):
     rng = random.Random(seed)
