@@ -275,3 +275,20 @@ def test_kept_worker_refreshes_after_commits_and_stores_through_its_write_functi
     before = kept.stats.copy()
     assert list(run_metric(conn, "lost_updates")["run_id"]) == ["run-1"]
     assert kept.stats["loaded"] == before["loaded"] + 1
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_a_detector_computed_from_nothing_in_chunks_of_runs_equals_one_pass(tmp_path, seed, monkeypatch):
+    rng = random.Random(seed)
+    conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
+    migrate(conn)
+    runs = [f"run-{i}" for i in range(6)]
+    for batch in range(4):
+        insert_spans(conn, _random_batch(rng, batch, runs) + _loop_batch(rng, batch, runs))
+    monkeypatch.setattr(kept, "CHUNK_SPANS", 8)
+    for window, filters in [(Window(), Filters()), (Window(), Filters(agent="a"))]:
+        kept.clear_cache()
+        before = kept.stats.copy()
+        got = run_metric(conn, "repeated_calls", window, filters)
+        assert kept.stats["chunks"] > before["chunks"] + 2
+        _assert_same(got, _full(conn, "repeated_calls", window, filters), "repeated_calls")
