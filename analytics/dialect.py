@@ -20,6 +20,8 @@ the two engines:
   ``x // y`` -> ``intDiv`` (exact on nanosecond integers), ``epoch_us`` -> ``toUnixTimestamp64Micro``,
   ``json_extract_string`` -> NULL when the key is absent (ClickHouse returns '');
 - struct literals ``{'k': v}`` are named tuples (``tuple(v AS k)``);
+- ``row_number() OVER ()`` is ordered by a hash of the row (ClickHouse inlines a CTE per
+  reference, and each copy must number a row the same);
 - ``lag``/``lead`` of a non-Nullable column return NULL past the partition's edge (ClickHouse
   returns the type's default, '' or 0, otherwise);
 - several ``unnest`` in one SELECT are zipped (``arrayJoin(arrayZip(...))``: ClickHouse would
@@ -322,6 +324,17 @@ def _rewrite(node: exp.Expression, params: dict[str, str]) -> exp.Expression:  #
     if isinstance(node, exp.Struct):
         items = [exp.alias_(item.expression, item.this.name) for item in node.expressions]
         return _fn("tuple", *items)
+    if (
+        isinstance(node, exp.Window)
+        and isinstance(node.this, exp.RowNumber)
+        and not node.args.get("partition_by")
+        and not node.args.get("order")
+    ):
+        # row_number() OVER () numbers rows as they come: ClickHouse inlines a CTE once per
+        # reference, so each copy would number them differently; ordered by the row's content,
+        # every copy gives a row the same number (identical rows are interchangeable)
+        node.set("order", exp.Order(expressions=[exp.Ordered(this=_fn("cityHash64", exp.Star()))]))
+        return node
     if isinstance(node, exp.Window) and isinstance(node.this, exp.Lag | exp.Lead):
         inner = node.this
         inner.set("this", _fn("toNullable", inner.this))
