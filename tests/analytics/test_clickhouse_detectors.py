@@ -40,11 +40,8 @@ SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 SAMPLE_FILES = sorted(p for p in SAMPLES.glob("*.json") if not p.name.endswith(".truth.json"))
 
 
-# Where ClickHouse does not yet give DuckDB's answer (docs/scale-out.md section 8). On the sample
-# traces with goal pairs scored, repeated_calls links more near-duplicate tool calls on ClickHouse
-# (a search_web loop of the step_budget runs); without scored pairs both engines agree. Not
-# understood yet. run_summary counts repeated_calls. Every other metric must be equal.
-KNOWN_DIFFERENCES = {"repeated_calls", "run_summary"}
+# Metrics whose ClickHouse answer is allowed to differ (none: every metric must be equal).
+KNOWN_DIFFERENCES: set[str] = set()
 
 
 @pytest.fixture(scope="module")
