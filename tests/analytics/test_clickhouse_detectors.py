@@ -134,6 +134,7 @@ def _sample_payloads() -> list[tuple[bytes, str]]:
     return [(payload, JSON) for path in SAMPLE_FILES for _, payload in iter_file_requests(path)]
 
 
+@pytest.mark.slow  # minutes of CPU on chdb (ClickHouse plans two statements slowly); make test runs it
 def test_every_detector_equals_duckdb_on_the_sample_traces(chdb_store):
     store = _on_database(chdb_store, "samples")
     duck = _load_both(store, _sample_payloads())
