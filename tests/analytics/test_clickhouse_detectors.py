@@ -145,7 +145,7 @@ def test_every_detector_equals_duckdb_on_the_sample_traces(chdb_store):
     assert _unexpected(_compare_all(duck, store)) == {}
 
 
-@pytest.mark.slow  # every metric four times: minutes of CPU (ClickHouse plans the big statements slowly)
+@pytest.mark.deep  # every metric four times: ~15 CPU-minutes (ClickHouse plans two statements slowly); make test-deep
 def test_filters_and_windows_mean_the_same_on_both_engines(chdb_store):
     store = _on_database(chdb_store, "filtered")
     duck = _load_both(store, _sample_payloads())
@@ -216,7 +216,7 @@ def _random_payload(rng: random.Random, index: int) -> tuple[bytes, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, *(pytest.param(s, marks=pytest.mark.deep) for s in (1, 2))])
 def test_every_detector_equals_duckdb_on_random_span_sets(chdb_store, seed):
     rng = random.Random(seed)
     store = _on_database(chdb_store, f"random{seed}")
