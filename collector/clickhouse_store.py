@@ -370,30 +370,7 @@ def open_store_url(url: str | StoreURL, read_only: bool = False) -> DuckDBStore 
 # --- driftscope's objects in ClickHouse -----------------------------------------------------------
 
 # Columns of `otel_traces` the spans view reads; a table without them is not the exporter's.
-_REQUIRED_TRACE_COLUMNS = (
-    "Timestamp",
-    "TraceId",
-    "SpanId",
-    "ParentSpanId",
-    "TraceState",
-    "SpanName",
-    "SpanKind",
-    "ServiceName",
-    "ResourceAttributes",
-    "ScopeName",
-    "ScopeVersion",
-    "SpanAttributes",
-    "Duration",
-    "StatusCode",
-    "StatusMessage",
-    "Events.Timestamp",
-    "Events.Name",
-    "Events.Attributes",
-    "Links.TraceId",
-    "Links.SpanId",
-    "Links.TraceState",
-    "Links.Attributes",
-)
+_REQUIRED_TRACE_COLUMNS = schema.OTEL_TRACES_INSERT_COLUMNS  # every column the exporter writes
 _RESOLVE_STATE_TABLE = "driftscope_resolve_state"
 
 
