@@ -13,6 +13,7 @@ URLs (``--store``): a DuckDB file path or ``duckdb:PATH``; ``chdb:PATH`` (option
 
 from __future__ import annotations
 
+import abc
 import json
 import logging
 import threading
@@ -166,25 +167,25 @@ class DuckDBStore:
         self.conn.close()
 
 
-class ClickHouseStore:
+class ClickHouseStore(abc.ABC):
     """What chdb and a server share: everything above execute / insert_arrow / command."""
 
     engine = "clickhouse"
     database: str
     traces_table: str
 
-    def execute(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:  # pragma: no cover
-        raise NotImplementedError
+    @abc.abstractmethod
+    def execute(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table: ...
 
-    def insert_arrow(self, table: str, rows: pa.Table) -> None:  # pragma: no cover
-        raise NotImplementedError
+    @abc.abstractmethod
+    def insert_arrow(self, table: str, rows: pa.Table) -> None: ...
 
-    def command(self, sql: str, params: dict[str, Any] | None = None) -> None:  # pragma: no cover
+    @abc.abstractmethod
+    def command(self, sql: str, params: dict[str, Any] | None = None) -> None:
         """Run a statement that returns no rows (DDL, DELETE)."""
-        raise NotImplementedError
 
-    def close(self) -> None:  # pragma: no cover
-        raise NotImplementedError
+    @abc.abstractmethod
+    def close(self) -> None: ...
 
     def server_version(self) -> tuple[int, int]:
         text = self.execute("SELECT version() AS v").column("v")[0].as_py()

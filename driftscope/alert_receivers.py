@@ -9,6 +9,7 @@ Alertmanager's webhook JSON (version 4, one message per alert) signed with HMAC-
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import hmac
 import json
@@ -122,7 +123,7 @@ def _post(client: httpx.Client, url: str, body: bytes, headers: dict[str, str]) 
         raise DeliveryError(f"HTTP {response.status_code}: {response.text[:200]}")
 
 
-class Receiver:
+class Receiver(abc.ABC):
     """Where notifications go; ``send`` raises ``DeliveryError`` unless all were accepted."""
 
     name = "receiver"
@@ -132,8 +133,9 @@ class Receiver:
         self.url = url
         self.client = httpx.Client(timeout=timeout)
 
+    @abc.abstractmethod
     def send(self, notifications: list[Notification], now: datetime, interval: timedelta) -> None:
-        raise NotImplementedError
+        """Deliver ``notifications``; raise ``DeliveryError`` unless the receiver accepted all."""
 
     def close(self) -> None:
         self.client.close()
