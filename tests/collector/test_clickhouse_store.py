@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 import pytest
 
 pytest.importorskip("chdb", reason="chdb is in the dev extra (pip install 'driftscope[clickhouse]')")
@@ -264,12 +265,19 @@ def _duckdb_and_chdb(store, paths, resolve_every_request: bool):
     apply_migrations(conn)
     traces = TraceIndex(conn)
     for path in paths:
+        tables = []
         for payload, content_type in _payloads(path):
             batch = decode_payload(payload, content_type)
             insert_batches(conn, [batch], traces)
-            insert_otel_traces(store, batch.table)
             if resolve_every_request:
+                insert_otel_traces(store, batch.table)
                 resolve_spans(store, settle_seconds=0)
+            else:
+                tables.append(batch.table)
+        if tables:
+            # One INSERT per file, as a collector's batch processor would group them: each chdb
+            # insert writes a part of ~25 files per table (text indexes), slow to write and delete.
+            insert_otel_traces(store, pa.concat_tables(tables, promote_options="default"))
         resolve_spans(store, settle_seconds=0)
     expected = conn.sql("SELECT * FROM spans").to_arrow_table()
     conn.close()
