@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 import time
@@ -236,6 +237,60 @@ def test_stored_frames_round_trip_exactly_or_are_not_stored():
     pd.testing.assert_frame_equal(back, frame)
     assert [type(v) for v in back["span_ids"]] == [list, list]
     assert kept_store.encode(pd.DataFrame({"mixed": [1, "a"]})) is None  # no exact Arrow form
+
+
+def test_list_columns_come_back_as_lists_in_their_place():
+    frame = pd.DataFrame(
+        {
+            "ids": [["a", "b"], [], None, ["d"]],
+            "n": [1, 2, 3, 4],
+            "agents": [["x"], ["y", "z"], ["x", "x"], []],
+            "name": ["p", None, "r", "s"],
+        },
+        index=[3, 1, 7, 0],
+    )
+    back = kept_store.decode(kept_store.encode(frame))
+    pd.testing.assert_frame_equal(back, frame)
+    assert list(back.columns) == ["ids", "n", "agents", "name"]
+    assert back["ids"].tolist() == [["a", "b"], [], None, ["d"]]
+    assert all(type(v) is list for v in back["agents"])
+    assert gc.isenabled()  # paused only while the lists were built
+
+
+def test_code_hash_is_per_detector_module_and_its_sql():
+    loops = kept_store._dependencies("loops.py")
+    assert {"sql/repeated_calls.sql", "sql/loop_touched_groups.sql", "sql/_filtered_spans.sql"} <= loops
+    assert {"kept.py", "kept_store.py", "sql_loader.py"} <= loops  # what keeps and stores it
+    assert "sql/constraint_ledger.sql" not in loops and "constraints.py" not in loops
+    assert kept_store.code_fingerprint("repeated_calls") != kept_store.code_fingerprint("constraint_ledger")
+    assert kept_store.code_fingerprint("repeated_calls") == kept_store.code_fingerprint("ping_pong")
+    # run_summary is assembled from every kept detector's result: their sources are its own
+    assert len({kept_store.code_fingerprint(n) for n in kept.KEPT}) > 3
+    assert kept_store.code_fingerprint("run_summary") not in {
+        kept_store.code_fingerprint(n) for n in kept.KEPT
+    }
+
+
+def test_a_stored_row_of_other_code_is_dropped_only_for_its_own_detector(tmp_path):
+    conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
+    migrate(conn)
+    insert_spans(conn, [make_span(0, run="run-1", agent_id="a", tool_name="t")])
+    kept.clear_cache()
+    for name in ("lost_updates", "constraint_ledger"):
+        run_metric(conn, name)
+    assert kept_worker.store(conn, direct_write(conn)) == 2
+    conn.execute("UPDATE kept_results SET code = 'other' WHERE metric = 'lost_updates'")
+    kept.clear_cache()
+    before = kept.stats.copy()
+    run_metric(conn, "constraint_ledger")
+    run_metric(conn, "lost_updates")
+    assert kept.stats["loaded"] == before["loaded"] + 1  # the ledger's row is still this code's
+    assert kept.stats["full"] == before["full"] + 1
+    assert kept_worker.store(conn, direct_write(conn)) == 1
+    rows = conn.execute("SELECT metric, code FROM kept_results ORDER BY metric").fetchall()
+    assert rows == [
+        (name, kept_store.code_fingerprint(name)) for name in ("constraint_ledger", "lost_updates")
+    ]
 
 
 def test_kept_worker_refreshes_after_commits_and_stores_through_its_write_function(tmp_path):
