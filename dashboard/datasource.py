@@ -1,8 +1,10 @@
-"""One object the dashboard and the reports read through: the read API over HTTP, or a DuckDB file.
+"""One object the dashboard and the reports read through: the read API over HTTP, a DuckDB file
+or a ClickHouse store.
 
 ``HttpSource`` is a thin client of a running ``driftscope serve``'s read API (Arrow IPC for
 frames, JSON for the rest). ``DuckDBFileSource`` opens an incident copy of the database read-only
-and calls the same read interface the API serialises (``analytics.read``) in this process. Both raise ``SourceUnavailable`` with a message a person can act on; the
+and calls the same read interface the API serialises (``analytics.read``) in this process;
+``StoreSource`` does the same on a ClickHouse store opened by the composition. All raise ``SourceUnavailable`` with a message a person can act on; the
 pages turn it into a banner instead of a traceback.
 """
 
@@ -10,9 +12,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import quote
 
 import duckdb
@@ -430,17 +433,32 @@ class DuckDBFileSource:
 
 
 class StoreSource(DuckDBFileSource):
-    """A ClickHouse store (``chdb:PATH`` or a server; issue 17) opened by the composition (the
-    dashboard imports no store code): analytics run in this process on it through the same read
-    interface, translated for ClickHouse (``analytics.engine``)."""
+    """A ClickHouse store (``chdb:PATH`` or a server; issue 17): analytics run in this process on
+    it through the same read interface, translated for ClickHouse (``analytics.engine``).
 
-    def __init__(self, store, description: str):
+    The dashboard imports no store code: the composition (``driftscope``) passes ``open_store``,
+    a function of no arguments that opens the store. It is called on the first read, so a store
+    that cannot be opened is a banner, not a traceback."""
+
+    def __init__(self, open_store: Callable[[], Any], description: str):
         self.path = None
         self.description = description
         self._lock = threading.Lock()
-        self._conn = store
+        self._open_store = open_store
+        self._conn = None
 
     def _connection(self):
+        if self._conn is None:
+            try:
+                self._conn = self._open_store()
+            except Exception as exc:  # noqa: BLE001 - any failure to open is an unavailable source
+                hint = (
+                    " chdb lets one process open a data path: while `driftscope serve --store` holds it, "
+                    "use that serve's URL as the source (--source http://HOST:4318) or read a copy."
+                    if "chdb:" in self.description
+                    else ""
+                )
+                raise SourceUnavailable(f"Cannot open the {self.description} ({exc}).{hint}") from exc
         return self._conn
 
     def health(self) -> Health:
@@ -449,7 +467,7 @@ class StoreSource(DuckDBFileSource):
 
         try:
             with self._lock:
-                ((count,),) = fetch_rows(self._conn, "SELECT count(*) FROM spans")
+                ((count,),) = fetch_rows(self._connection(), "SELECT count(*) FROM spans")
         except Exception as exc:  # noqa: BLE001 - any store error is an unhealthy source
             return Health(False, str(exc))
         return Health(True, f"{self.description}: {count} spans", int(count))
@@ -457,11 +475,11 @@ class StoreSource(DuckDBFileSource):
     def metric(self, name: str, window: Window, filters: Filters) -> pd.DataFrame:
         """Run one registered detector on the store."""
         with self._lock:
-            return read.metric(self._conn, name, window, filters)
+            return read.metric(self._connection(), name, window, filters)
 
     def _read(self, func, *args):
         with self._lock:
-            return func(self._conn, *args)
+            return func(self._connection(), *args)
 
     def alerts(self, window: Window) -> pd.DataFrame:
         """None stored: alert episodes live in a DuckDB store's serve."""
@@ -470,7 +488,9 @@ class StoreSource(DuckDBFileSource):
     def close(self) -> None:
         """Release the store."""
         with self._lock:
-            self._conn.close()
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
 
 ALERT_TIME_COLUMNS = ("active_since", "starts_at", "ends_at", "last_finding_at", "updated_at")
@@ -555,10 +575,36 @@ def _as_dict(value) -> dict:
     return dict(value)
 
 
+# --source values naming a ClickHouse store (issue 17; docs/scale-out.md)
+STORE_PREFIXES = ("chdb:", "clickhouse://", "clickhouses://")
+_store_opener: Callable[[str], Any] | None = None
+
+
+def is_store_url(source: str | None) -> bool:
+    """Whether ``source`` names a ClickHouse store rather than a read API or a DuckDB file."""
+    return bool(source) and source.startswith(STORE_PREFIXES)
+
+
+def set_store_opener(opener: Callable[[str], Any] | None) -> None:
+    """Give ``open_source`` the function that opens a store URL (read-only). The composition
+    (``driftscope``) calls this: the dashboard may import analytics only, not the store code."""
+    global _store_opener
+    _store_opener = opener
+
+
 def open_source(source: str | None, token: str | None = None) -> DataSource:
-    """A URL opens the read API; anything else is a DuckDB file path."""
+    """A URL opens the read API; a store URL the store (through the opener the composition set);
+    anything else is a DuckDB file path."""
     if not source:
         return HttpSource(DEFAULT_URL, token)
     if source.startswith(("http://", "https://")):
         return HttpSource(source, token)
+    if is_store_url(source):
+        opener = _store_opener
+        if opener is None:
+            raise SourceUnavailable(
+                f"{source} is a ClickHouse store: start the dashboard with `driftscope dashboard --source "
+                f"{source}`, which opens it (`streamlit run dashboard/app.py` alone reads files and URLs)."
+            )
+        return StoreSource(lambda: opener(source), f"ClickHouse store {source}")
     return DuckDBFileSource(source)

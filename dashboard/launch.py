@@ -17,14 +17,15 @@ TOKEN_ENV = "DRIFTSCOPE_TOKEN"
 SIDE_EFFECT_TOOLS_ENV = "DRIFTSCOPE_SIDE_EFFECT_TOOLS"
 
 
-def dashboard_command(port: int, host: str = "127.0.0.1") -> list[str]:
-    """The ``streamlit run`` command line for the dashboard on ``host:port``."""
+def dashboard_command(port: int, host: str = "127.0.0.1", script: str = app_main) -> list[str]:
+    """The ``streamlit run`` command line for the dashboard on ``host:port``; ``script`` is the
+    entry script (the composition's own, which hands the dashboard a store opener, or ours)."""
     return [
         sys.executable,
         "-m",
         "streamlit",
         "run",
-        app_main,
+        script,
         "--server.port",
         str(port),
         "--server.address",
@@ -41,7 +42,7 @@ def dashboard_command(port: int, host: str = "127.0.0.1") -> list[str]:
 
 
 def run_dashboard(
-    source: str, port: int, host: str = "127.0.0.1", token: str | None = None
+    source: str, port: int, host: str = "127.0.0.1", token: str | None = None, script: str = app_main
 ) -> subprocess.Popen:
     """Start the dashboard reading ``source`` (read-API URL or DuckDB file path); return the process.
 
@@ -53,6 +54,6 @@ def run_dashboard(
     env[SOURCE_ENV] = source
     if token:
         env[TOKEN_ENV] = token
-    command = dashboard_command(port, host)
+    command = dashboard_command(port, host, script)
     logger.info("starting dashboard on http://%s:%s for %s", host, port, source)
     return subprocess.Popen(command, env=env)

@@ -12,13 +12,14 @@ import os
 from dataclasses import dataclass, replace
 from datetime import datetime
 from datetime import time as dtime
+from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 
 from analytics.side_effects import configure_side_effect_tools
 from analytics.types import Filters, Window
-from dashboard.datasource import DataSource, SourceUnavailable, open_source
+from dashboard.datasource import DataSource, SourceUnavailable, is_store_url, open_source
 from dashboard.filters import (
     DEFAULT_PRESET,
     WINDOW_PRESETS,
@@ -46,6 +47,13 @@ CACHE_TTL = 600
 FRAME_ENTRIES = 64
 # Tables longer than this are shown a page at a time.
 PAGE_ROWS = 500
+VIEWS = Path(__file__).resolve().with_name("views")
+
+
+def view(name: str) -> str:
+    """The absolute path of page script ``views/<name>.py``: Streamlit resolves page paths against
+    its main script's folder, which is ``driftscope/`` under ``driftscope dashboard``."""
+    return str(VIEWS / f"{name}.py")
 
 
 def is_live(key: str) -> bool:
@@ -60,6 +68,11 @@ def exporter_help(key: str) -> str:
             f"Point your agents' OTLP exporters at this collector: "
             f"`export OTEL_EXPORTER_OTLP_ENDPOINT={key}` (OTLP/HTTP), or load the sample crews with "
             f"`driftscope demo --endpoint {key}`."
+        )
+    if is_store_url(key):
+        return (
+            f"This dashboard reads the ClickHouse store `{key}`: spans reach it through otelcol-contrib's "
+            f"clickhouse exporter or `driftscope serve --store {key}` (docs/scale-out.md)."
         )
     return (
         f"This dashboard reads the file `{key}`. Load spans into it with `driftscope ingest FILE --db "

@@ -19,7 +19,9 @@ from driftscope.timeparse import parse_instant
 logger = logging.getLogger(__name__)
 
 # --source values naming a ClickHouse store (collector.clickhouse_store.open_store_url; issue 17)
-CLICKHOUSE_SOURCES = ("chdb:", "clickhouse://")
+CLICKHOUSE_SOURCES = ("chdb:", "clickhouse://", "clickhouses://")
+# The Streamlit entry script `driftscope dashboard` runs: dashboard/app.py with a store opener.
+DASHBOARD_APP = str(Path(__file__).with_name("dashboard_app.py"))
 
 
 def _open_source(source: str, token: str | None):
@@ -32,9 +34,10 @@ def _open_source(source: str, token: str | None):
         from collector.clickhouse_store import StoreURLError, open_store_url
 
         try:
-            return StoreSource(open_store_url(source, read_only=True), f"ClickHouse store {source}")
+            store = open_store_url(source, read_only=True)
         except StoreURLError as exc:
             raise ConfigError(str(exc)) from exc
+        return StoreSource(lambda: store, f"ClickHouse store {source}")
     if not Path(source).is_file():
         raise ConfigError(
             f"--source {source!r} is neither an http(s) URL of a running `driftscope serve` nor an existing "
@@ -63,8 +66,18 @@ def cmd_dashboard(args: argparse.Namespace, values: dict[str, Any]) -> int:
     from dashboard.launch import run_dashboard
 
     source = values["source"]
-    if not source.startswith(("http://", "https://")) and not Path(source).is_file():
-        raise ConfigError(f"--source {source!r} is neither an http(s) URL nor an existing DuckDB file")
+    if source.startswith(CLICKHOUSE_SOURCES):
+        from collector.clickhouse_store import StoreURLError, parse_store_url
+
+        try:  # the Streamlit child opens the store (driftscope/dashboard_app.py); check the URL here
+            parse_store_url(source)
+        except StoreURLError as exc:
+            raise ConfigError(str(exc)) from exc
+    elif not source.startswith(("http://", "https://")) and not Path(source).is_file():
+        raise ConfigError(
+            f"--source {source!r} is neither an http(s) URL, a ClickHouse store (chdb:PATH, "
+            "clickhouse://HOST:8123/DB) nor an existing DuckDB file"
+        )
 
     def stop(signum, frame):  # noqa: ARG001 - signal handler signature
         raise KeyboardInterrupt
@@ -78,7 +91,7 @@ def cmd_dashboard(args: argparse.Namespace, values: dict[str, Any]) -> int:
     if values.get("side_effect_tools") is not None and not source.startswith(("http://", "https://")):
         # The Streamlit child runs analytics on the file and reads the setting from its environment.
         os.environ[BY_NAME["side_effect_tools"].env] = values["side_effect_tools"]
-    process = run_dashboard(source, values["dashboard_port"], token=values.get("token"))
+    process = run_dashboard(source, values["dashboard_port"], token=values.get("token"), script=DASHBOARD_APP)
     try:
         return process.wait()
     except KeyboardInterrupt:

@@ -53,7 +53,7 @@ else:
             )
             for row in incidents.head(OPEN_LINKS).itertuples():
                 st.page_link(
-                    "views/run_explorer.py",
+                    ui.view("run_explorer"),
                     label=f"Open {ui.md_escape(row.verdict)} run {ui.md_escape(row.run_id)}: "
                     f"{ui.md_escape(row.worst_failure_mode or 'no finding')}",
                     query_params={"run": row.run_id},

@@ -42,5 +42,5 @@ else:
         evidence = {s for f in frames for ids in f.loc[f["run_id"] == run, "span_ids"] for s in as_list(ids)}
         ui.plot(version_timeline_figure(spans, key, evidence), key="version_timeline")
         st.page_link(
-            "views/run_explorer.py", label="Open this run in the run explorer", query_params={"run": run}
+            ui.view("run_explorer"), label="Open this run in the run explorer", query_params={"run": run}
         )
