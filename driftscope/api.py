@@ -185,9 +185,14 @@ def _text_items(name: str, items: list, limit: int) -> list[str]:
 
 
 def build_api_routes(
-    cursor_factory: Callable, token: str | None, health_extra: Callable[[], dict]
+    cursor_factory: Callable,
+    token: str | None,
+    health_extra: Callable[[], dict],
+    store_health: Callable[[Any], dict] = read.store_health,
 ) -> list[Route]:
-    """Routes of /api/v1, reading through cursors from ``cursor_factory``."""
+    """Routes of /api/v1, reading through cursors from ``cursor_factory`` (anything the read
+    interface takes, with a ``close()``: a DuckDB cursor, or a turn on a ClickHouse store);
+    ``store_health`` gives the health answer's store part."""
 
     def guarded(handler):
         async def wrapper(request: Request) -> Response:
@@ -214,7 +219,7 @@ def build_api_routes(
 
     async def health(request: Request) -> Response:
         parse_query(request, ())
-        payload = await run(read.store_health)
+        payload = await run(store_health)
         payload.update(health_extra())
         return Response(dumps(payload), media_type="application/json")
 

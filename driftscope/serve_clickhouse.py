@@ -5,26 +5,33 @@ limits, token and backpressure) feed ``collector.clickhouse_writer.ClickHouseWri
 inserts into `otel_traces` in the clickhouse exporter's layout and answers each request after
 the INSERT has returned. `driftscope clickhouse init` runs at start (idempotent).
 
-Not here yet: the read API, the embedding, kept-results and alerting workers (they run on the
-DuckDB store); ``/api/v1/health`` answers, every other ``/api/v1`` path says where to read.
+The read API (``driftscope.api``) answers over the store: the same read interface
+(``analytics.read``) runs on it, translated for ClickHouse, one read at a time (analytics keeps a
+temporary table per session). On a server the reads use a session of their own, so inserts do not
+wait behind them; chdb has one connection per process, so there a long detector statement
+delays the writer's next insert. Not here yet: calibration (``/api/v1/calibrate`` is a 501), the
+embedding, kept-results and alerting workers (they run on the DuckDB store).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from collector.auth import token_matches
+from analytics.engine import fetch_rows
 from collector.clickhouse_store import ClickHouseStore, StoreURLError, init_clickhouse, open_store_url
 from collector.clickhouse_writer import ClickHouseWriter
 from collector.http_receiver import ReceiverConfig, build_ingest_routes
 from collector.ingest_guard import DecodePool, PendingBytes
 from collector.stats import IngestStats
 from collector.writer import IngestQueue
+from driftscope.api import build_api_routes
 from driftscope.settings import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -70,45 +77,83 @@ def start_clickhouse_ingest(config, receiver_config: ReceiverConfig) -> tuple:
     queue = IngestQueue(config.queue_max_bytes)
     decode_pool = DecodePool(config.decode_workers)
     pending = PendingBytes(config.max_pending_bytes)
+    # A server gives the reads a session of their own; chdb has one connection per process.
+    read_store = store if store.engine == "chdb" else open_store_url(config.store)
+    read_turns = threading.Lock()
     writer = ClickHouseWriter(store, queue)
     writer.start()
 
-    async def health(request: Request) -> Response:
-        if not token_matches(request.headers.get("authorization"), config.token):
-            return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)
-        return JSONResponse(
-            {
-                "status": "ok" if writer.healthy else "store_unavailable",
-                "store": {"engine": store.engine, "database": store.database, "table": store.traces_table},
-                "writer_error": writer.last_error,
-                "queued_requests": len(queue),
-                "queued_bytes": queue.queued_bytes,
-                "committed_spans": writer.committed_spans,
-                "commits": writer.commits,
-                "resolve_passes": writer.resolve_passes,
-                "resolved_rows_rewritten": writer.rewritten_spans,
-                "writer_busy_seconds": round(writer.busy_seconds, 3),
-                "counters": stats.snapshot(),
-                "token_required": bool(config.token),
-            }
-        )
+    def health_extra() -> dict:
+        return {
+            "status": "ok" if writer.healthy else "store_unavailable",
+            "store": {"engine": store.engine, "database": store.database, "table": store.traces_table},
+            "writer_error": writer.last_error,
+            "queued_requests": len(queue),
+            "queued_bytes": queue.queued_bytes,
+            "committed_spans": writer.committed_spans,
+            "commits": writer.commits,
+            "resolve_passes": writer.resolve_passes,
+            "resolved_rows_rewritten": writer.rewritten_spans,
+            "writer_busy_seconds": round(writer.busy_seconds, 3),
+            "counters": stats.snapshot(),
+            "token_required": bool(config.token),
+        }
 
-    async def not_here(request: Request) -> Response:  # noqa: ARG001 - starlette handler signature
+    async def not_here(request: Request) -> Response:
         return JSONResponse(
             {
-                "error": "this serve writes into ClickHouse and does not answer the read API; read the "
-                f"store directly (e.g. driftscope report --source {config.store})"
+                "error": f"{request.url.path} is not available on a serve with --store yet (calibration "
+                "runs on the DuckDB store only); the read API (/api/v1/metrics, /runs, ...) is"
             },
             status_code=501,
         )
 
-    routes = build_ingest_routes(queue, receiver_config, stats, decode_pool, pending) + [
-        Route("/api/v1/health", health, methods=["GET"]),
-        Route("/api/v1/{path:path}", not_here, methods=["GET", "POST"]),
-    ]
+    routes = (
+        build_ingest_routes(queue, receiver_config, stats, decode_pool, pending)
+        + build_api_routes(lambda: ReadTurn(read_store, read_turns), config.token, health_extra, store_health)
+        + [Route("/api/v1/{path:path}", not_here, methods=["GET", "POST"])]
+    )
 
     def stop_writing() -> None:
         writer.stop()
-        store.close()
+        with read_turns:  # a read still running finishes first
+            if read_store is not store:
+                read_store.close()
+            store.close()
 
     return Starlette(routes=routes), queue, writer, receiver_config, stats, decode_pool, pending, stop_writing
+
+
+class ReadTurn:
+    """The store for one read of the API (what ``build_api_routes`` calls a cursor): reads take
+    turns, since the read interface may keep a temporary table in the store's session between
+    its statements; ``close()`` ends the turn, not the store."""
+
+    def __init__(self, store: ClickHouseStore, turns: threading.Lock) -> None:
+        turns.acquire()
+        self._store = store
+        self._turns = turns
+        self.engine = store.engine
+        self.database = store.database
+
+    def execute(self, sql: str, params: dict[str, Any] | None = None):
+        """Run a ClickHouse statement on the store (``analytics.engine`` calls this)."""
+        return self._store.execute(sql, params)
+
+    def close(self) -> None:
+        """End this read's turn."""
+        self._turns.release()
+
+
+def store_health(conn) -> dict[str, Any]:
+    """Span count, newest span and stored embeddings of a ClickHouse store (the health answer's
+    store part; no schema version: ``driftscope clickhouse init`` upgrades in place)."""
+    ((spans, newest),) = fetch_rows(conn, "SELECT count(*), max(Timestamp) FROM spans")
+    ((embedded,),) = fetch_rows(conn, "SELECT count(*) FROM embeddings")
+    # ClickHouse's max() of no rows is the epoch, DuckDB's NULL.
+    return {
+        "spans": spans,
+        "newest_span": newest if spans else None,
+        "schema_version": None,
+        "embeddings": embedded,
+    }

@@ -53,8 +53,7 @@ def test_serve_writes_otlp_into_clickhouse_in_the_exporters_layout(tmp_path):
             insert_batches(conn, [batch], traces)
             sent += batch.accepted
         assert serve.health()["committed_spans"] == sent > 50  # acknowledged = inserted
-        read_api = httpx.get(f"{serve.http_url}/api/v1/runs", timeout=10)
-        assert read_api.status_code == 501 and "driftscope report --source chdb:" in read_api.json()["error"]
+        assert serve.health()["spans"] == sent  # the read API answers over the store
     finally:
         assert serve.stop() == 0, serve.log()
     store = ChdbStore(str(path))
@@ -116,3 +115,106 @@ def test_alert_settings_with_a_clickhouse_store_are_refused_not_ignored(tmp_path
         ConfigError, match="--alertmanager-url: alerts are evaluated on the DuckDB store only"
     ):
         build_service(config)
+
+
+# --- the read API over the store, in process (serve's composition behind an ASGI client) ---------
+
+SAMPLES = [
+    Path(__file__).resolve().parents[2] / "sample_traces" / f"{name}.json"
+    for name in ("split_brain_unguarded", "healthy_guarded")
+]
+SPLIT_BRAIN_RUN = "run-split_brain-unguarded-5712e27d"
+
+
+@pytest.fixture(scope="module")
+def chdb_serve(tmp_path_factory):
+    """serve --store chdb:PATH in process, fed two sample crews over OTLP/HTTP and resolved."""
+    import time
+
+    from starlette.testclient import TestClient
+
+    from collector.files import iter_file_requests
+    from driftscope.serve import ServeConfig, build_service
+
+    root = tmp_path_factory.mktemp("serve-chdb")
+    service = build_service(
+        ServeConfig(db=str(root / "unused.duckdb"), store=f"chdb:{root / 'ch'}", embeddings=False)
+    )
+    service.writer.resolve_interval = 0.0  # a resolve pass after every insert: the test reads resolved spans
+    client = TestClient(service.app, base_url="http://127.0.0.1").__enter__()
+    try:
+        sent = 0
+        for sample in SAMPLES:
+            for _, payload in iter_file_requests(sample):
+                response = client.post(
+                    "/v1/traces", content=payload, headers={"Content-Type": "application/json"}
+                )
+                assert response.status_code == 200, response.text
+                sent += _span_count(payload)
+        deadline = time.monotonic() + 60
+        while service.writer.resolve_passes < service.writer.commits and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert service.writer.resolve_passes >= service.writer.commits
+        yield client, sent
+    finally:
+        client.__exit__(None, None, None)
+        service.stop()
+
+
+def _span_count(payload: bytes) -> int:
+    body = json.loads(payload)
+    return sum(len(scope["spans"]) for rs in body["resourceSpans"] for scope in rs["scopeSpans"])
+
+
+def _http_source(client):
+    """The dashboard's HTTP source, its requests sent to the in-process app."""
+    from dashboard.datasource import HttpSource
+
+    source = HttpSource("http://127.0.0.1")
+    source._client = client
+    return source
+
+
+def test_read_api_answers_over_a_chdb_store(chdb_serve):
+    from analytics.types import Filters, Window
+
+    client, sent = chdb_serve
+    source = _http_source(client)
+    health = client.get("/api/v1/health").json()
+    assert health["spans"] == sent > 20 and health["store"]["engine"] == "chdb"
+    assert source.health().ok and source.health().spans == sent
+    assert SPLIT_BRAIN_RUN in source.filter_options(Window())["runs"]
+    runs = source.runs(Window(), Filters())
+    assert SPLIT_BRAIN_RUN in set(runs["run_id"]) and len(runs) == 2
+    lost = source.metric("lost_updates", Window(), Filters())
+    assert list(lost["run_id"]) == [SPLIT_BRAIN_RUN] * 2
+    assert set(lost["state_key"]) == {"report/q3/draft", "report/q3/status"}
+    spans = source.run_spans(SPLIT_BRAIN_RUN)
+    assert len(spans) == 20 and set(spans["agent_id"].dropna()) >= {"researcher", "writer"}
+    totals = source.run_totals(Window(), Filters(run=SPLIT_BRAIN_RUN))
+    assert totals["spans"].tolist() == [20]
+    details = source.run_details(Window(), Filters(), [SPLIT_BRAIN_RUN])
+    assert details["run_id"].tolist() == [SPLIT_BRAIN_RUN] and details["spans"].tolist() == [20]
+    clobbering = lost["span_ids"].iloc[0][0]
+    import pandas as pd
+
+    evidence = source.evidence_spans(pd.DataFrame({"run_id": [SPLIT_BRAIN_RUN], "span_id": [clobbering]}))
+    assert evidence["span_id"].tolist() == [clobbering]
+    assert "goal_divergence" in set(source.thresholds()["name"])
+    assert SPLIT_BRAIN_RUN in set(source.search_spans(SPLIT_BRAIN_RUN[:20], Window(), Filters())["run_id"])
+    assert source.alerts(Window()).empty  # alerts are evaluated on the DuckDB store only
+    assert [m["name"] for m in source.list_metrics()] == [
+        m["name"] for m in client.get("/api/v1/metrics").json()["metrics"]
+    ]
+
+
+def test_read_api_over_a_store_keeps_its_checks_and_names_what_is_missing(chdb_serve):
+    client, _ = chdb_serve
+    assert client.get("/api/v1/runs", params={"limit": "0"}).status_code == 400
+    assert client.get("/api/v1/metrics/nope").status_code == 404
+    assert client.get("/api/v1/runs/no-such-run/spans").status_code == 404
+    calibrate = client.post("/api/v1/calibrate", json={})
+    assert (
+        calibrate.status_code == 501
+        and "calibration runs on the DuckDB store only" in calibrate.json()["error"]
+    )
