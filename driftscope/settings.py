@@ -387,7 +387,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "source",
         "http://127.0.0.1:4318",
-        "Read API URL of a running serve, or a DuckDB file path.",
+        "Read API URL of a running serve, a DuckDB file path, or a ClickHouse store: chdb:PATH or "
+        "clickhouse://HOST:8123/DB (docs/scale-out.md).",
         commands=("dashboard", "report"),
         metavar="URL|PATH",
     ),
