@@ -2,8 +2,9 @@
 
 Sections: ingest (http, grpc, memory/disk run, embedding worker busy vs idle), queries (every
 detector at each size), shapes (every detector on crews of different shapes at the same stored
-spans, with a growth table per dimension), embeddings (texts/s, cache hits on sample_traces) and
-dashboard (HTML report, Overview page). Results are merged into ``benchmarks/results/<date>.json`` (or --out) and
+spans, with a growth table per dimension), embeddings (texts/s, cache hits on sample_traces),
+dashboard (HTML report, Overview page) and chdb (every detector on a ClickHouse store in process,
+filled through the exporter's `otel_traces` layout, beside DuckDB on the same spans). Results are merged into ``benchmarks/results/<date>.json`` (or --out) and
 a Markdown table of targets against measurements is printed.
 """
 
@@ -25,7 +26,7 @@ from benchmarks.report import check_targets, detector_table, markdown_table
 logger = logging.getLogger(__name__)
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("ingest", "queries", "shapes", "embeddings", "dashboard")
+SECTIONS = ("ingest", "queries", "shapes", "embeddings", "dashboard", "chdb")
 FULL = {
     "ingest_spans": 200_000,
     # The issue's sizes: peak RSS across a 10M-span ingest (~15-20 min on 2 cores) and every
@@ -44,6 +45,10 @@ FULL = {
     "shape_dimensions": "full",
     "shape_repeats": 3,
     "shape_limit_s": 60.0,
+    # Issue 17: every detector on chdb beside DuckDB at 1M and 10M spans (benchmarks.chdb).
+    "chdb_sizes": [1_000_000, 10_000_000],
+    "chdb_repeats": 3,
+    "chdb_slow": False,
 }
 # Smoke: every script runs once at a tiny size (the embedding-worker ingest pair is left out: it
 # loads the model inside serve, which alone takes longer than the whole smoke run should).
@@ -62,6 +67,9 @@ SMOKE = {
     "shape_dimensions": "smoke",
     "shape_repeats": 1,
     "shape_limit_s": 60.0,
+    "chdb_sizes": [1024],
+    "chdb_repeats": 1,
+    "chdb_slow": False,
 }
 
 
@@ -176,6 +184,16 @@ def run_sections(sections: list[str], config: dict, workdir: Path) -> dict:
             "overview_page": in_subprocess("overview_render", keep, window, limit),
         }
         keep.unlink(missing_ok=True)
+    if "chdb" in sections:
+        from benchmarks.chdb import SLOW_TO_PLAN, run_chdb
+
+        out["chdb"] = run_chdb(
+            workdir,
+            config["chdb_sizes"],
+            config["chdb_repeats"],
+            base_spans=config["base_spans"],
+            skip={} if config["chdb_slow"] else SLOW_TO_PLAN,
+        )
     return out
 
 
@@ -194,6 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dashboard-shape", help="shape label of the dashboard section's database")
     parser.add_argument(
         "--dashboard-spans", type=int, help="stored spans of the dashboard section's database"
+    )
+    parser.add_argument("--chdb-sizes", type=int, nargs="+", help="stored spans of the chdb section's stores")
+    parser.add_argument(
+        "--chdb-slow",
+        action="store_true",
+        help="chdb: also the detectors ClickHouse plans slowly (benchmarks.chdb)",
     )
     parser.add_argument("--out", type=Path, help="results JSON (default benchmarks/results/<date>.json)")
     parser.add_argument("--workdir", type=Path, help="scratch directory for databases")
@@ -219,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
         config["dashboard_shape"] = args.dashboard_shape
     if args.dashboard_spans:
         config["dashboard_spans"] = args.dashboard_spans
+    if args.chdb_sizes:
+        config["chdb_sizes"] = sorted(args.chdb_sizes)
+    if args.chdb_slow:
+        config["chdb_slow"] = True
     sections = args.only or list(SECTIONS)
     today = datetime.now(UTC).date().isoformat()
     out_path = args.out or (
@@ -259,6 +287,10 @@ def main(argv: list[str] | None = None) -> int:
 
         for metric in ("cold_s", "median_cpu_s", "after_batch_s", "after_batch_cpu_s"):
             print(growth_table(section, metric))
+    if document.get("chdb"):
+        from benchmarks.chdb import chdb_table
+
+        print("\n" + chdb_table(document["chdb"]))
     print(f"\nresults written to {out_path}")
     return 0
 

@@ -1,0 +1,400 @@
+"""chdb: every detector on a ClickHouse store (chdb, in process) beside DuckDB, on the same spans.
+
+The ClickHouse store is filled the way a deployment at scale fills it: rows in the OpenTelemetry
+Collector clickhouse exporter's `otel_traces` layout, the materialized view filling `spans`, then
+the tree-resolution pass (``collector.clickhouse_resolve.resolve_spans``). The spans are those of
+the query benchmark (``benchmarks.dbbuild``: the same seed, base and shape): the base's OTLP
+requests are generated and decoded once (``collector.decode``) and turned into exporter rows once
+(``collector.clickhouse_store.otel_traces_rows``); each copy is that Arrow table moved to its own
+namespace and later in time, as ``SpanDatabase`` moves its SQL copies, and copies go in as bulk
+Arrow inserts (``ChdbStore.insert_arrow``, many copies per INSERT) rather than OTLP requests.
+Insert (view included) and the resolve pass are timed apart.
+
+Per size the DuckDB file of the same spans is grown (``SpanDatabase``) and every detector is timed
+on both engines: the cold call (the first in this process), then the median of warm calls. DuckDB
+runs in full (``analytics.kept.computed_in_full``) so both engines compute every call (chdb keeps
+no results; on DuckDB a warm kept call is a lookup, see the queries and shapes sections). Goal
+pairs are scored once on DuckDB and the analytics tables copied into chdb, so both read the same
+scores. As a check that both engines hold the same data, a few aggregates of `spans` and the rows
+each detector returns are compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from benchmarks.dbbuild import BASE_SPANS, SpanDatabase
+from benchmarks.generator import TEMPLATE_NAMESPACE, Shape, template_payloads
+from collector.conventions import RULES
+from collector.decode import PROTOBUF, decode_payload
+
+logger = logging.getLogger(__name__)
+
+_MARK = f"{TEMPLATE_NAMESPACE:016x}"
+# Columns SpanDatabase's copies leave as in the base although their attributes hold the
+# namespace (goal texts: every copy shares the base's texts, so goal pairs are scored once).
+_UNSTAMPED_COLUMNS = ("goal_text", "goal_root")
+_UNSTAMPED_KEYS = sorted({s.key for r in RULES if r.column in _UNSTAMPED_COLUMNS for s in r.sources})
+# Aggregates of `spans` valid in both dialects: equal on both engines when they hold the same data.
+_FINGERPRINT = {
+    "spans": "count(*)",
+    "traces": "count(DISTINCT TraceId)",
+    "runs": "count(DISTINCT run_id)",
+    "agents": "count(DISTINCT agent_id)",
+    "agent_sources": "count(agent_source)",
+    "hop_sum": "sum(coalesce(hop, 0))",
+    "tasks": "count(DISTINCT task_id)",
+    "goals": "count(DISTINCT goal_text)",
+    "idempotency_keys": "count(DISTINCT idempotency_key)",
+}
+COPIES_PER_INSERT = 25  # ~100k exporter rows per INSERT at the base's 4,096 spans
+# Detectors ClickHouse plans slowly (tens of CPU-seconds per call whatever the data: it inlines
+# each CTE per reference and applies >10,000 plan optimizations to these statements;
+# docs/scale-out.md section 8); run_summary calls both. Skipped unless asked for.
+SLOW_TO_PLAN = {
+    name: "ClickHouse plans its statement for tens of CPU-seconds per call (docs/scale-out.md section 8)"
+    for name in ("context_drift_holders", "repeated_calls", "run_summary")
+}
+
+
+def _stamp_map(column: pa.Array, ns_hex: str) -> pa.Array:
+    """Attribute map values with the namespace replaced, goal-text keys left as in the base."""
+    keys, items = column.keys, column.items
+    stamped = pc.replace_substring(items, _MARK, ns_hex)
+    items = pc.if_else(pc.is_in(keys, pa.array(_UNSTAMPED_KEYS)), items, stamped)
+    return pa.MapArray.from_arrays(column.offsets, keys, items, type=column.type)
+
+
+def _shift_list(column: pa.Array, shift: pa.Scalar) -> pa.Array:
+    return pa.ListArray.from_arrays(column.offsets, pc.add(column.values, shift), type=column.type)
+
+
+def stamp_copy(base: pa.Table, copy_index: int, base_minutes: int) -> pa.Table:
+    """Exporter rows of copy ``copy_index``: ids in its namespace, ``copy_index * base_minutes``
+    minutes later (SpanDatabase's copy of the same index, in the exporter's columns)."""
+    ns_hex = f"{copy_index:016x}"
+    shift = pa.scalar(copy_index * base_minutes * 60_000_000_000, pa.duration("ns"))
+    columns = {}
+    for name in base.column_names:
+        column = base.column(name).combine_chunks()
+        if name in ("TraceId", "Links.TraceId"):
+            column = (
+                pc.replace_substring(column, _MARK, ns_hex)
+                if name == "TraceId"
+                else pa.ListArray.from_arrays(
+                    column.offsets, pc.replace_substring(column.values, _MARK, ns_hex), type=column.type
+                )
+            )
+        elif name in ("SpanAttributes", "ResourceAttributes"):
+            column = _stamp_map(column, ns_hex)
+        elif name == "Timestamp":
+            column = pc.add(column, shift)
+        elif name == "Events.Timestamp":
+            column = _shift_list(column, shift)
+        columns[name] = column
+    return pa.table(columns)
+
+
+class ChdbSpanStore:
+    """A chdb store grown to a number of spans by exporter-layout copies of one generated base."""
+
+    def __init__(
+        self,
+        path: Path,
+        seed: int = 7,
+        base_spans: int | None = None,
+        shape: Shape | None = None,
+        reopen: bool = False,
+    ):
+        """A new store at ``path`` (anything there is removed), or with ``reopen`` the one an
+        earlier ``ChdbSpanStore`` of the same arguments built there; the base is SpanDatabase's of
+        the same arguments."""
+        from collector.clickhouse_store import ChdbStore, init_clickhouse, otel_traces_rows
+
+        self.path = Path(path)
+        if not reopen:
+            shutil.rmtree(self.path, ignore_errors=True)
+        self.shape = shape or Shape()
+        base_spans = base_spans or BASE_SPANS
+        if self.shape.spans_per_run is not None:  # whole runs only, as SpanDatabase
+            run = self.shape.spans_per_run
+            base_spans = run * -(-base_spans // run)
+        batches = [decode_payload(p, PROTOBUF) for p in template_payloads(base_spans, seed, shape=self.shape)]
+        decoded = pa.concat_tables([batch.table for batch in batches])
+        self.base = otel_traces_rows(decoded)
+        first_ns = min(decoded.column("start_ns").to_pylist())
+        last_ns = max(decoded.column("end_ns").to_pylist())
+        self.base_minutes = int((last_ns - first_ns) // 60_000_000_000) + 1
+        self.store = ChdbStore(str(self.path))
+        init_clickhouse(self.store)
+        self.copies = 0
+        if reopen:
+            stored = self.store.execute("SELECT count() AS n FROM spans").column("n")[0].as_py()
+            self.copies = stored // self.base.num_rows
+
+    @property
+    def spans(self) -> int:
+        return self.copies * self.base.num_rows
+
+    def grow_to(self, spans: int, copies_per_insert: int = COPIES_PER_INSERT) -> dict:
+        """Insert copies into `otel_traces` until at least ``spans`` are stored (the view fills
+        `spans`), then run one resolve pass over them; wall and CPU seconds of each step."""
+        from collector.clickhouse_resolve import resolve_spans
+
+        target = -(-spans // self.base.num_rows)
+        rows = 0
+        start, start_cpu = time.perf_counter(), time.process_time()
+        stamp_s = 0.0
+        while self.copies < target:
+            upto = min(target, self.copies + copies_per_insert)
+            stamp_start = time.perf_counter()
+            rows_in = pa.concat_tables(
+                [stamp_copy(self.base, k, self.base_minutes) for k in range(self.copies + 1, upto + 1)]
+            )
+            stamp_s += time.perf_counter() - stamp_start
+            self.store.insert_arrow(self.store.traces_table, rows_in)
+            rows += rows_in.num_rows
+            self.copies = upto
+        insert_s, insert_cpu = time.perf_counter() - start, time.process_time() - start_cpu
+        start, start_cpu = time.perf_counter(), time.process_time()
+        rewritten = resolve_spans(self.store, settle_seconds=0)
+        resolve_s, resolve_cpu = time.perf_counter() - start, time.process_time() - start_cpu
+        logger.info(
+            "chdb store grown to %d spans: insert %.1fs, resolve %.1fs (%d rows rewritten)",
+            self.spans, insert_s, resolve_s, rewritten,
+        )  # fmt: skip
+        return {
+            "rows_inserted": rows,
+            "insert_s": round(insert_s, 2),
+            "insert_cpu_s": round(insert_cpu, 2),
+            "stamp_s": round(stamp_s, 2),
+            "insert_us_per_span": round(insert_s / max(rows, 1) * 1e6, 1),
+            "resolve_s": round(resolve_s, 2),
+            "resolve_cpu_s": round(resolve_cpu, 2),
+            "resolve_us_per_span": round(resolve_s / max(rows, 1) * 1e6, 1),
+            "rows_rewritten": rewritten,
+        }
+
+    def disk_bytes(self) -> dict:
+        """Compressed bytes of `otel_traces` and `spans` on disk (active parts)."""
+        table = self.store.execute(
+            "SELECT table, sum(bytes_on_disk) AS bytes FROM system.parts "
+            "WHERE database = {db:String} AND active AND table IN ('otel_traces', 'spans') GROUP BY table",
+            {"db": self.store.database},
+        )
+        return dict(zip(table.column("table").to_pylist(), table.column("bytes").to_pylist(), strict=True))
+
+    def copy_analytics_tables(self, conn) -> None:
+        """DuckDB's goal scores, embeddings and thresholds into the store (replacing its own)."""
+        for table in ("goal_scores", "embeddings", "thresholds"):
+            self.store.command(f"TRUNCATE TABLE {self.store.database}.{table}")
+            self.store.insert_arrow(table, conn.sql(f"SELECT * FROM {table}").to_arrow_table())
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def time_store_detectors(
+    store,
+    repeats: int,
+    names: list[str] | None = None,
+    skip: dict[str, str] | None = None,
+    slow_s: float = 30.0,
+) -> dict[str, dict]:
+    """Cold and median warm seconds (wall and CPU) of each registered metric on a ClickHouse store
+    (all spans, no filters). Names in ``skip`` are reported with the reason, not run; a metric
+    whose cold call takes over ``slow_s`` is called warm once."""
+    import analytics  # noqa: F401 - registers every detector
+    from analytics.registry import METRICS, run_metric
+    from analytics.types import Filters, Window
+
+    results: dict[str, dict] = {}
+    for name in names or sorted(METRICS):
+        if name in (skip or {}):
+            results[name] = {"skipped": skip[name], "median_s": None}
+            continue
+        start, start_cpu = time.perf_counter(), time.process_time()
+        try:
+            frame = run_metric(store, name, Window(), Filters())
+        except Exception as exc:  # noqa: BLE001 - reported per detector
+            results[name] = {"error": str(exc)[:300], "median_s": None}
+            logger.warning("%s failed on chdb: %s", name, str(exc)[:300])
+            continue
+        cold, cold_cpu = time.perf_counter() - start, time.process_time() - start_cpu
+        runs, cpu = [], []
+        for _ in range(repeats if cold < slow_s else 1):
+            start, start_cpu = time.perf_counter(), time.process_time()
+            frame = run_metric(store, name, Window(), Filters())
+            runs.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)
+        results[name] = {
+            "cold_s": round(cold, 4),
+            "cold_cpu_s": round(cold_cpu, 4),
+            "median_s": round(statistics.median(runs), 4),
+            "median_cpu_s": round(statistics.median(cpu), 4),
+            "runs_s": [round(r, 4) for r in runs],
+            "rows": len(frame),
+            "load_average": [round(x, 2) for x in os.getloadavg()],
+        }
+        logger.info(
+            "chdb %s: cold %.3fs, median %.3fs (%d rows)", name, cold, results[name]["median_s"], len(frame)
+        )
+    return results
+
+
+def fingerprint(conn) -> dict:
+    """``_FINGERPRINT`` of `spans` on a DuckDB connection or a ClickHouse store."""
+    from analytics.engine import fetch_rows
+
+    sql = "SELECT " + ", ".join(f"{expr} AS {name}" for name, expr in _FINGERPRINT.items()) + " FROM spans"
+    (row,) = fetch_rows(conn, sql)
+    return {name: int(value) for name, value in zip(_FINGERPRINT, row, strict=True)}
+
+
+def run_chdb(
+    workdir: Path,
+    sizes: list[int],
+    repeats: int = 3,
+    base_spans: int | None = None,
+    skip: dict[str, str] | None = None,
+    names: list[str] | None = None,
+    duckdb_limit_s: float = 300.0,
+    keep: bool = False,
+    reopen: bool = False,
+) -> dict:
+    """Detector timings on chdb and DuckDB at each size in ``sizes`` (ascending), same spans.
+
+    ``keep`` leaves both stores in ``workdir``; ``reopen`` times the stores an earlier run kept
+    there (grown further if a size asks for more spans)."""
+    from analytics.goals import score_pending_pairs
+    from analytics.kept import computed_in_full
+    from analytics.types import direct_write
+    from benchmarks.queries import time_detectors
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    duck = SpanDatabase(workdir / "chdb-twin.duckdb", base_spans=base_spans, reopen=reopen)
+    chdb = ChdbSpanStore(workdir / "chdb-store", base_spans=base_spans, reopen=reopen)
+    by_size: dict[str, dict] = {}
+    try:
+        for index, size in enumerate(sorted(sizes)):
+            duck.grow_to(size)
+            fresh = index == 0 and not reopen
+            if fresh:  # every copy shares the base's goal texts: scored once
+                score_pending_pairs(duck.conn, limit=1_000_000, write=direct_write(duck.conn))
+                duck.conn.execute("CHECKPOINT")
+            build = chdb.grow_to(size) if chdb.spans < size else None
+            if fresh:
+                chdb.copy_analytics_tables(duck.conn)
+            load_before = [round(x, 2) for x in os.getloadavg()]
+            chdb_times = time_store_detectors(chdb.store, repeats, names=names, skip=skip)
+            with computed_in_full():
+                duck_times = time_detectors(duck.conn, repeats, names=names, limit_s=duckdb_limit_s)
+            same_rows = {
+                name: t.get("rows") == duck_times.get(name, {}).get("rows")
+                for name, t in chdb_times.items()
+                if t.get("rows") is not None
+            }
+            duck_print, chdb_print = fingerprint(duck.conn), fingerprint(chdb.store)
+            by_size[str(size)] = {
+                "spans": chdb.spans,
+                "chdb_build": build,
+                "chdb_disk_bytes": chdb.disk_bytes(),
+                "load_average_before": load_before,
+                "load_average_after": [round(x, 2) for x in os.getloadavg()],
+                "same_spans": duck_print == chdb_print,
+                "fingerprint": {"duckdb": duck_print, "chdb": chdb_print},
+                "same_rows": same_rows,
+                "chdb": chdb_times,
+                "duckdb": duck_times,
+            }
+            logger.info("chdb section at %d spans done (same spans: %s)", size, duck_print == chdb_print)
+    finally:
+        chdb.close()
+        duck.close()
+        if not keep:
+            duck.path.unlink(missing_ok=True)
+            shutil.rmtree(chdb.path, ignore_errors=True)
+    return {"by_size": by_size, "base_spans": chdb.base.num_rows}
+
+
+def chdb_table(section: dict) -> str:
+    """Markdown: per detector, chdb's cold and median beside DuckDB's at each size."""
+    sizes = list(section["by_size"])
+    header = ["detector"]
+    for size in sizes:
+        spans = section["by_size"][size]["spans"]
+        header += [
+            f"chdb cold {spans:,}",
+            f"chdb median {spans:,}",
+            f"DuckDB cold {spans:,}",
+            f"DuckDB median {spans:,}",
+        ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    names = sorted({name for entry in section["by_size"].values() for name in entry["chdb"]})
+
+    def cell(timing: dict | None, key: str) -> str:
+        if not timing:
+            return "-"
+        if timing.get(key) is None:
+            return "skipped" if "skipped" in timing else "error" if "error" in timing else "timed out"
+        return f"{timing[key]:.3f}"
+
+    for name in names:
+        row = [name]
+        for size in sizes:
+            entry = section["by_size"][size]
+            row += [
+                cell(entry["chdb"].get(name), "cold_s"),
+                cell(entry["chdb"].get(name), "median_s"),
+                cell(entry["duckdb"].get(name), "cold_s"),
+                cell(entry["duckdb"].get(name), "median_s"),
+            ]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.chdb", description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--detectors", nargs="+", help="only these metrics")
+    parser.add_argument(
+        "--slow", action="store_true", help=f"also run {', '.join(SLOW_TO_PLAN)} on chdb (skipped by default)"
+    )
+    parser.add_argument("--keep", action="store_true", help="leave the stores in --workdir")
+    parser.add_argument(
+        "--reopen", action="store_true", help="time the stores a --keep run left in --workdir"
+    )
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    skip = {} if args.slow else SLOW_TO_PLAN
+    section = run_chdb(
+        args.workdir,
+        args.sizes,
+        args.repeats,
+        skip=skip,
+        names=args.detectors,
+        keep=args.keep,
+        reopen=args.reopen,
+    )
+    args.out.write_text(json.dumps(section, indent=2, default=str) + "\n")
+    print(chdb_table(section))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
