@@ -148,6 +148,14 @@ def test_smoke_run_writes_results_for_every_section(tmp_path, capsys):
     assert dashboard["overview_page"]["title"] == "Coordination failures", dashboard["overview_page"]
     assert dashboard["overview_page"]["errors"] == []
 
+    chdb = document["chdb"]["by_size"]["1024"]
+    assert chdb["spans"] == 1024 and chdb["same_spans"], chdb["fingerprint"]
+    assert chdb["chdb_build"]["rows_inserted"] == 1024 and chdb["chdb_build"]["resolve_s"] >= 0
+    assert set(chdb["chdb"]) == set(chdb["duckdb"]) == set(METRICS)
+    run_on_chdb = {name for name, t in chdb["chdb"].items() if "skipped" not in t}
+    assert run_on_chdb and all(chdb["chdb"][name]["median_s"] is not None for name in run_on_chdb)
+    assert chdb["same_rows"] == dict.fromkeys(run_on_chdb, True)
+
     targets = document["targets"]
     assert targets == check_targets(document)
     assert {"target", "limit", "measured", "met", "note"} <= set(targets[0])
