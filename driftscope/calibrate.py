@@ -348,6 +348,17 @@ def cmd_calibrate(args, values: dict[str, Any]) -> int:
     except CalibrationInputError as exc:
         raise ConfigError(str(exc)) from exc
     token = values.get("token")
+    if values.get("store"):  # a ClickHouse store (issue 17): reads and the threshold insert go there
+        if args.db or getattr(args, "endpoint", None):
+            raise ConfigError("Give one of --store URL, --db PATH or --endpoint URL, not several")
+        from driftscope.calibrate_store import calibrate_on_store
+
+        try:
+            result = calibrate_on_store(values["store"], request, args.pairs)
+        except (CalibrationRefused, CalibrationInputError) as exc:
+            raise ConfigError(str(exc)) from exc
+        _report(result, f"in {values['store']}")
+        return 0
     # Only an explicit --endpoint / DRIFTSCOPE_ENDPOINT: OTEL_EXPORTER_OTLP_ENDPOINT says where agents
     # send spans (often not a driftscope serve), not where to calibrate.
     explicit = getattr(args, "endpoint", None) or os.environ.get(BY_NAME["endpoint"].env)

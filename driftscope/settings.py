@@ -159,7 +159,7 @@ SETTINGS: tuple[Setting, ...] = (
         "store",
         None,
         "A ClickHouse store instead of --db: chdb:PATH or clickhouse://HOST:8123/DB (docs/scale-out.md).",
-        commands=("serve", "clickhouse"),
+        commands=("serve", "clickhouse", "calibrate"),
         metavar="URL",
     ),
     Setting(
