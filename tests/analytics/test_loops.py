@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from analytics import run_metric
-from analytics.loops import connected_components
+from analytics.loops import _member_lists, connected_components
 from tests.fixtures_analytics import insert_spans, make_span, new_db
 
 
@@ -107,6 +108,17 @@ def test_two_failures_and_a_refused_third_call_is_not_a_loop():
 def test_connected_components_joins_transitive_edges():
     labels = connected_components(5, np.array([0, 3]), np.array([3, 4]))
     assert list(labels) == [0, 1, 2, 0, 0]
+
+
+def test_member_lists_equal_a_list_aggregation_per_loop():
+    rng = np.random.default_rng(3)
+    loops = np.sort(rng.choice([2, 5, 9, 40, 41], size=60))
+    members = pd.DataFrame({"loop": loops, "SpanId": [f"{i:016x}" for i in rng.permutation(60)]})
+    expected = members.groupby("loop", sort=False)["SpanId"].agg(list)
+    got = _member_lists(members["loop"].to_numpy(), members["SpanId"])
+    pd.testing.assert_series_equal(got, expected, check_names=False)
+    assert all(type(v) is list and all(type(x) is str for x in v) for v in got)
+    assert got.index.tolist() == [2, 5, 9, 40, 41]
 
 
 def test_ping_pong_needs_four_alternating_delegations_that_happened():
