@@ -3,7 +3,8 @@
 Every read function in analytics takes ``conn``: a ``duckdb.DuckDBPyConnection`` (the default
 store), or a ClickHouse store built outside analytics (``collector.clickhouse_store``: analytics
 imports nothing of ours) that has ``engine`` in ``CLICKHOUSE_ENGINES`` and
-``execute(sql, params) -> pyarrow.Table`` with ``{name:Type}`` placeholders. On ClickHouse the
+``execute(sql, params) -> pyarrow.Table`` with ``{name:Type}`` placeholders (and ``command`` for
+the temporary tables of a statement run in stages). On ClickHouse the
 DuckDB statement is translated (``analytics.dialect``) and the answer comes back as the
 DataFrame DuckDB would have given: naive UTC timestamps (microseconds), signed integers,
 booleans.
@@ -11,6 +12,7 @@ booleans.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, Protocol
 
 import duckdb
@@ -28,6 +30,9 @@ class ClickHouseStore(Protocol):
 
     def execute(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
         """Run ``sql`` with ``{name:Type}`` placeholders bound to ``params`` (Python values)."""
+
+    def command(self, sql: str, params: dict[str, Any] | None = None) -> None:
+        """Run a statement that returns no rows (here: a temporary table of the session)."""
 
 
 def is_clickhouse(conn: Any) -> bool:
@@ -66,12 +71,29 @@ def _frame(table: pa.Table) -> pd.DataFrame:
 def clickhouse_df(conn: ClickHouseStore, sql: str, params: dict[str, Any]) -> pd.DataFrame:
     """Run DuckDB ``sql`` (named ``$parameters``) on a ClickHouse store; a DataFrame as DuckDB's."""
     # SQLGlot: imported only where a ClickHouse store is used
-    from analytics.dialect import format_param, to_clickhouse
+    from analytics.dialect import STAGE_PREFIX, format_param, to_clickhouse_staged
 
-    translated, _ = to_clickhouse(sql, params, getattr(conn, "database", None))
+    query = to_clickhouse_staged(sql, params, getattr(conn, "database", None))
     if conn.engine == "chdb":  # chdb takes ClickHouse text (NULL as \\N, escaped strings)
         params = {key: format_param(value) for key, value in params.items()}
-    return _frame(conn.execute(translated, params))
+    if not query.stages:
+        return _frame(conn.execute(query.sql, params))
+    # Stage tables of this run: temporary (the store's session only, never written to disk) and
+    # named for this run, so runs on one store from several threads do not meet.
+    prefix = f"_driftscope_{uuid.uuid4().hex[:16]}_"
+    made = []
+    try:
+        for name, select in query.stages:
+            table = name.replace(STAGE_PREFIX, prefix, 1)
+            made.append(table)
+            conn.command(
+                f"CREATE TEMPORARY TABLE {table} ENGINE = Memory AS {select.replace(STAGE_PREFIX, prefix)}",
+                params,
+            )
+        return _frame(conn.execute(query.sql.replace(STAGE_PREFIX, prefix), params))
+    finally:
+        for table in reversed(made):
+            conn.command(f"DROP TEMPORARY TABLE IF EXISTS {table}")
 
 
 def fetch_rows(conn: Any, sql: str, params: dict[str, Any] | None = None) -> list[tuple]:
