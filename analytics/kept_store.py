@@ -51,6 +51,9 @@ _LISTS_KEY = b"driftscope.python_lists"
 
 # Results assembled from other detectors' results: their code is part of the assembly's.
 COMBINED = {"run_summary"}
+# Sources that cannot change a kept result: results are kept for DuckDB files only
+# (analytics.data_version.database_identity), and this translates statements for ClickHouse.
+_NOT_KEPT_ENGINES = {"dialect.py"}
 
 
 @functools.cache
@@ -98,7 +101,9 @@ def _direct_dependencies(path: str) -> frozenset[str]:
             for arg in [*node.args, *(keyword.value for keyword in node.keywords)]:
                 if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value in sql:
                     found.add(f"sql/{arg.value}.sql")
-    return frozenset(name for name in found if name is not None and name != "__init__.py")
+    return frozenset(
+        name for name in found if name is not None and name not in {"__init__.py", *_NOT_KEPT_ENGINES}
+    )
 
 
 def _dependencies(path: str) -> set[str]:
@@ -151,6 +156,10 @@ def code_fingerprint(metric: str | None = None) -> str:
         digest.update(name.encode())
         digest.update(_sources()[name])
     return digest.hexdigest()
+
+
+# Read once at import: the hashes describe the code this process runs, not files changed since.
+_sources()
 
 
 def _when(value: datetime | None) -> str | None:
