@@ -72,6 +72,9 @@ SETTINGS = {
     "enable_materialized_cte": 1,
     # a stage's temporary table keeps the types of its SELECT (constants are LowCardinality)
     "allow_suspicious_low_cardinality_types": 1,
+    # ClickHouse 26.9's query condition cache (on by default) gave wrong answers from the second
+    # run of a statement on: constraint_ledger on a random span set found 16 rows, then 0
+    "use_query_condition_cache": 0,
 }
 
 # DuckDB list columns of ``spans`` -> their NULL flag in ClickHouse's ``spans``.
