@@ -127,18 +127,15 @@ def start_clickhouse_ingest(config, receiver_config: ReceiverConfig) -> tuple:
 class ReadTurn:
     """The store for one read of the API (what ``build_api_routes`` calls a cursor): reads take
     turns, since the read interface may keep a temporary table in the store's session between
-    its statements; ``close()`` ends the turn, not the store."""
+    its statements; ``close()`` ends the turn, not the store. Everything else is the store's."""
 
     def __init__(self, store: ClickHouseStore, turns: threading.Lock) -> None:
         turns.acquire()
         self._store = store
         self._turns = turns
-        self.engine = store.engine
-        self.database = store.database
 
-    def execute(self, sql: str, params: dict[str, Any] | None = None):
-        """Run a ClickHouse statement on the store (``analytics.engine`` calls this)."""
-        return self._store.execute(sql, params)
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
 
     def close(self) -> None:
         """End this read's turn."""
