@@ -160,6 +160,16 @@ def browser():
         instance.close()
 
 
+@pytest.fixture(scope="module")
+def context(browser, dashboard):
+    """One browser context per dashboard: its pages share the HTTP cache, so Streamlit's
+    JavaScript bundle is fetched once (~1 s per page otherwise); each test opens its own page,
+    so each is a new Streamlit session with its own listeners."""
+    shared = browser.new_context(viewport={"width": 1500, "height": 2400}, accept_downloads=True)
+    yield shared
+    shared.close()
+
+
 # Opened at a page's own URL, Streamlit's frontend first probes for a base path under that URL
 # (`/<page>/_stcore/health`, `/<page>/_stcore/host-config`) and falls back to the root on a 404.
 _BASE_PATH_PROBE = re.compile(r"^https?://[^/]+/[a-z_]+/_stcore/(health|host-config)$")
@@ -190,16 +200,15 @@ def _settle(page, title: str, charts: int) -> None:
         " || !document.querySelector('[data-testid=\"stStatusWidget\"]').innerText.includes('Running')",
         timeout=90_000,
     )
-    page.wait_for_timeout(1000)
+    page.wait_for_timeout(500)  # errors raised just after the run ends
 
 
 @pytest.mark.parametrize(("path", "title", "charts"), PAGES, ids=[_page_id(p[0]) for p in PAGES])
-def test_page_renders_without_errors_in_chromium(browser, dashboard, path, title, charts, request):
+def test_page_renders_without_errors_in_chromium(context, dashboard, path, title, charts, request):
     dashboard_url, ping_pong = dashboard
     path = path.replace("{ping_pong}", ping_pong)
     source = request.node.callspec.params["dashboard"]
     ARTIFACTS.mkdir(exist_ok=True)
-    context = browser.new_context(viewport={"width": 1500, "height": 2400})
     page = context.new_page()
     problems: list[str] = []
     page.on("console", lambda m: _console_problem(m, problems))
@@ -218,13 +227,12 @@ def test_page_renders_without_errors_in_chromium(browser, dashboard, path, title
             assert picker.input_value() == path.partition("?run=")[2]
         assert not problems, problems
     finally:
-        context.close()
+        page.close()
 
 
-def test_sidebar_download_builds_the_report_on_click(browser, dashboard, tmp_path):
+def test_sidebar_download_builds_the_report_on_click(context, dashboard, tmp_path):
     """The report is generated when the button is clicked, from the page's cached detector frames."""
     dashboard_url, _ = dashboard
-    context = browser.new_context(viewport={"width": 1500, "height": 2400}, accept_downloads=True)
     page = context.new_page()
     try:
         page.goto(f"{dashboard_url}/", wait_until="domcontentloaded")
@@ -239,16 +247,15 @@ def test_sidebar_download_builds_the_report_on_click(browser, dashboard, tmp_pat
         assert "<h2>Findings</h2>" in html and "class='finding " in html
         assert "<script>alert(" not in html  # span text stays escaped
     finally:
-        context.close()
+        page.close()
 
 
-def test_incident_path_overview_to_evidence_to_report(browser, dashboard, tmp_path, request):
+def test_incident_path_overview_to_evidence_to_report(context, dashboard, tmp_path, request):
     """The on-call path: the Overview's first row is a failing run; one click opens it with the
     worst finding's evidence spans highlighted in a nested trace view; the report downloaded from
     there lists that finding first."""
     dashboard_url, _ = dashboard
     source = request.node.callspec.params["dashboard"]
-    context = browser.new_context(viewport={"width": 1500, "height": 2400}, accept_downloads=True)
     page = context.new_page()
     problems: list[str] = []
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
@@ -302,15 +309,15 @@ def test_incident_path_overview_to_evidence_to_report(browser, dashboard, tmp_pa
         assert f"<a href='{span_link}'>{span_id}</a>" in html_text
         assert not problems, problems
     finally:
-        context.close()
+        page.close()
 
 
-def test_report_fits_the_window_and_the_url_keeps_the_filters(browser, dashboard, tmp_path):
+def test_report_fits_the_window_and_the_url_keeps_the_filters(context, dashboard, tmp_path):
     """The HTML report is not wider than a 1,400 px window; a filter chosen in the sidebar is in
     the URL, and opening that URL restores it."""
     dashboard_url, _ = dashboard
-    context = browser.new_context(viewport={"width": 1400, "height": 1200}, accept_downloads=True)
     page = context.new_page()
+    page.set_viewport_size({"width": 1400, "height": 1200})
     try:
         page.goto(f"{dashboard_url}/", wait_until="domcontentloaded")
         _settle(page, "Coordination failures", 2)
@@ -331,4 +338,4 @@ def test_report_fits_the_window_and_the_url_keeps_the_filters(browser, dashboard
         _settle(page, "Loops & budgets", 0)
         assert page.get_by_label("Agent").input_value() == "analyst"
     finally:
-        context.close()
+        page.close()
