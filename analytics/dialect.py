@@ -37,9 +37,13 @@ the two engines:
 - ``SpanAttributes`` (DuckDB: a list of key/value structs; ClickHouse: a Map) is read as a list
   of ``(key, value)`` named tuples;
 - predicates selected as columns are ``Bool`` (ClickHouse returns UInt8);
+- a CTE mentioned more than once is computed once, into a temporary table, by a stage that runs
+  before the statement (``to_clickhouse_staged``): ClickHouse inlines a CTE at every mention, and
+  a CTE read by CTEs that are themselves read twice is copied once per path, which took 20-90
+  CPU-seconds of query analysis for context_drift_holders and repeated_calls on 265 spans;
 - every statement runs with the settings in ``SETTINGS``: NULLs from outer joins and grouping
   sets (``join_use_nulls``, ``group_by_use_nulls``), NULL from an aggregate over no rows, named
-  tuples, UTC.
+  tuples, UTC, and without the query condition cache (wrong answers from a second run).
 """
 
 from __future__ import annotations
@@ -66,8 +70,6 @@ SETTINGS = {
     "allow_experimental_analyzer": 1,
     # A column, not a SELECT alias of the same name, inside expressions (DuckDB's scoping).
     "prefer_column_name_to_alias": 1,
-    # repeated_calls.sql is one statement of ~30 CTEs
-    "query_plan_max_optimizations_to_apply": 100000,
     # CTEs DuckDB materializes (AS MATERIALIZED) are computed once (else inlined per reference)
     "enable_materialized_cte": 1,
     # a stage's temporary table keeps the types of its SELECT (constants are LowCardinality)
