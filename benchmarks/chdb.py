@@ -147,10 +147,12 @@ class ChdbSpanStore:
     def spans(self) -> int:
         return self.copies * self.base.num_rows
 
-    def grow_to(self, spans: int, copies_per_insert: int = COPIES_PER_INSERT) -> dict:
+    def grow_to(
+        self, spans: int, copies_per_insert: int = COPIES_PER_INSERT, traces_per_chunk: int | None = None
+    ) -> dict:
         """Insert copies into `otel_traces` until at least ``spans`` are stored (the view fills
         `spans`), then run one resolve pass over them; wall and CPU seconds of each step."""
-        from collector.clickhouse_resolve import resolve_spans
+        from collector.clickhouse_resolve import TRACES_PER_CHUNK, resolve_spans
 
         target = -(-spans // self.base.num_rows)
         rows = 0
@@ -168,7 +170,9 @@ class ChdbSpanStore:
             self.copies = upto
         insert_s, insert_cpu = time.perf_counter() - start, time.process_time() - start_cpu
         start, start_cpu = time.perf_counter(), time.process_time()
-        rewritten = resolve_spans(self.store, settle_seconds=0)
+        rewritten = resolve_spans(
+            self.store, settle_seconds=0, traces_per_chunk=traces_per_chunk or TRACES_PER_CHUNK
+        )
         resolve_s, resolve_cpu = time.perf_counter() - start, time.process_time() - start_cpu
         logger.info(
             "chdb store grown to %d spans: insert %.1fs, resolve %.1fs (%d rows rewritten)",
@@ -184,12 +188,71 @@ class ChdbSpanStore:
             "resolve_cpu_s": round(resolve_cpu, 2),
             "resolve_us_per_span": round(resolve_s / max(rows, 1) * 1e6, 1),
             "rows_rewritten": rewritten,
+            "traces_per_chunk": traces_per_chunk or TRACES_PER_CHUNK,
         }
 
+    def copy_to(self, spans: int, copies_per_statement: int = 200) -> dict:
+        """Grow to at least ``spans`` by copies made inside ClickHouse of copy 1's rows (already
+        inserted and resolved), moved to each copy's namespace and time: `spans` gets resolved rows
+        (as SpanDatabase copies its ingested base) and `otel_traces` the exporter rows, with the
+        view detached meanwhile (so it does not add unresolved rows). Wall and CPU seconds."""
+        from collector import clickhouse_schema as schema
+
+        db = self.store.database
+        one = f"{1:016x}"
+        ns = "leftPad(lower(hex(toUInt64(n.number))), 16, '0')"
+        later = f"toInt64(n.number - 1) * {self.base_minutes * 60_000_000}"  # microseconds
+        unstamped = ", ".join(f"'{key}'" for key in _UNSTAMPED_KEYS)
+        attributes = f"mapApply((k, v) -> (k, if(k IN ({unstamped}), v, replace(v, '{one}', {ns}))), {{c}})"
+        span_columns = list(schema.spans_clickhouse_types())  # the `_null` flag columns included
+        span_exprs = {
+            **{
+                c: f"replace({c}, '{one}', {ns})"
+                for c in ("TraceId", "run_id", "task_id", "origin_task_id", "idempotency_key")
+            },
+            "SpanAttributes": attributes.format(c="SpanAttributes"),
+            "Timestamp": f"Timestamp + toIntervalMicrosecond({later})",
+            "start_ns": f"start_ns + {later} * 1000",
+            "end_ns": f"end_ns + {later} * 1000",
+        }
+        trace_exprs = {
+            "TraceId": f"replace(TraceId, '{one}', {ns})",
+            "SpanAttributes": attributes.format(c="SpanAttributes"),
+            "Timestamp": f"Timestamp + toIntervalMicrosecond({later})",
+            "`Events.Timestamp`": f"arrayMap(t -> t + toIntervalMicrosecond({later}), `Events.Timestamp`)",
+        }
+        trace_columns = [f"`{c}`" if "." in c else c for c in schema.OTEL_TRACES_INSERT_COLUMNS]
+
+        def statement(table: str, columns: list[str], exprs: dict[str, str], first: int, count: int) -> str:
+            select = ", ".join(f"{exprs.get(c, c)} AS {c}" if c in exprs else c for c in columns)
+            return (
+                f"INSERT INTO {schema.qualified(db, table)} ({', '.join(columns)}) SELECT {select} "
+                f"FROM {schema.qualified(db, table)} AS src CROSS JOIN numbers({first}, {count}) AS n "
+                f"WHERE endsWith(src.TraceId, '{one}')"
+            )
+
+        target = -(-spans // self.base.num_rows)
+        start, start_cpu = time.perf_counter(), time.process_time()
+        self.store.command(f"DETACH TABLE {schema.qualified(db, schema.SPANS_VIEW)}")
+        try:
+            while self.copies < target:
+                upto = min(target, self.copies + copies_per_statement)
+                first, count = self.copies + 1, upto - self.copies
+                self.store.command(statement(schema.SPANS_TABLE, span_columns, span_exprs, first, count))
+                self.store.command(
+                    statement(self.store.traces_table, trace_columns, trace_exprs, first, count)
+                )
+                self.copies = upto
+        finally:
+            self.store.command(f"ATTACH TABLE {schema.qualified(db, schema.SPANS_VIEW)}")
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - start_cpu
+        logger.info("chdb store copied to %d spans in %.1fs", self.spans, elapsed)
+        return {"copied_s": round(elapsed, 2), "copied_cpu_s": round(cpu, 2), "by": "SQL copies of copy 1"}
+
     def disk_bytes(self) -> dict:
-        """Compressed bytes of `otel_traces` and `spans` on disk (active parts)."""
+        """Compressed bytes and rows of `otel_traces` and `spans` on disk (active parts)."""
         table = self.store.execute(
-            "SELECT table, sum(bytes_on_disk) AS bytes FROM system.parts "
+            "SELECT table, tuple(sum(bytes_on_disk), sum(rows)) AS bytes FROM system.parts "
             "WHERE database = {db:String} AND active AND table IN ('otel_traces', 'spans') GROUP BY table",
             {"db": self.store.database},
         )
@@ -272,11 +335,15 @@ def run_chdb(
     duckdb_limit_s: float = 300.0,
     keep: bool = False,
     reopen: bool = False,
+    traces_per_chunk: int | None = None,
+    copy_above: int | None = None,
 ) -> dict:
     """Detector timings on chdb and DuckDB at each size in ``sizes`` (ascending), same spans.
 
     ``keep`` leaves both stores in ``workdir``; ``reopen`` times the stores an earlier run kept
-    there (grown further if a size asks for more spans)."""
+    there (grown further if a size asks for more spans). Spans beyond ``copy_above`` are copied
+    inside ClickHouse from resolved rows (``ChdbSpanStore.copy_to``) instead of inserted through
+    the exporter's layout and resolved."""
     from analytics.goals import score_pending_pairs
     from analytics.kept import computed_in_full
     from analytics.types import direct_write
@@ -293,7 +360,12 @@ def run_chdb(
             if fresh:  # every copy shares the base's goal texts: scored once
                 score_pending_pairs(duck.conn, limit=1_000_000, write=direct_write(duck.conn))
                 duck.conn.execute("CHECKPOINT")
-            build = chdb.grow_to(size) if chdb.spans < size else None
+            build = None
+            real_to = size if copy_above is None else min(size, copy_above)
+            if chdb.spans < real_to:  # through the exporter's layout, the view and resolve
+                build = chdb.grow_to(real_to, traces_per_chunk=traces_per_chunk)
+            if chdb.spans < size:
+                build = {**(build or {}), "copied": chdb.copy_to(size)}
             if fresh:
                 chdb.copy_analytics_tables(duck.conn)
             load_before = [round(x, 2) for x in os.getloadavg()]
@@ -372,6 +444,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--slow", action="store_true", help=f"also run {', '.join(SLOW_TO_PLAN)} on chdb (skipped by default)"
     )
+    parser.add_argument(
+        "--traces-per-chunk", type=int, help="traces per round trip of the resolve pass (its default: 5,000)"
+    )
+    parser.add_argument(
+        "--copy-above", type=int, help="spans past this many are copied in ClickHouse from resolved rows"
+    )
     parser.add_argument("--keep", action="store_true", help="leave the stores in --workdir")
     parser.add_argument(
         "--reopen", action="store_true", help="time the stores a --keep run left in --workdir"
@@ -390,6 +468,8 @@ def main(argv: list[str] | None = None) -> int:
         names=args.detectors,
         keep=args.keep,
         reopen=args.reopen,
+        traces_per_chunk=args.traces_per_chunk,
+        copy_above=args.copy_above,
     )
     args.out.write_text(json.dumps(section, indent=2, default=str) + "\n")
     print(chdb_table(section))
