@@ -2,8 +2,8 @@
 hands the dashboard a store opener, and the pages read a chdb store written in the exporter's
 `otel_traces` layout, through Streamlit's AppTest.
 
-Only pages whose detectors plan quickly on ClickHouse are rendered here (the Overview runs every
-detector; context_drift_holders and repeated_calls take tens of CPU-seconds to plan on chdb).
+The quick tests render pages that run a few detectors; the Overview (every detector and
+run_summary on chdb, ~8 s here) is marked slow.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def chdb_source(tmp_path_factory):
 def _page(monkeypatch, source: str, page: str) -> AppTest:
     monkeypatch.setenv(SOURCE_ENV, source)
     at = AppTest.from_file(DASHBOARD_APP, default_timeout=300)
-    # The first run goes straight to the page (the Overview would run every detector).
+    # The first run goes straight to the page (the Overview runs every detector).
     at.switch_page(str(REPO / "dashboard" / "views" / f"{page}.py"))
     at.run()
     assert not at.exception, [e.value for e in at.exception]
@@ -142,3 +142,17 @@ def test_dashboard_command_checks_a_store_url_before_starting_streamlit():
     assert run.returncode == 2
     assert "Expected a host in 'clickhouse://:8123/otel'" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+@pytest.mark.slow  # every detector on chdb (seconds of CPU each for the staged statements)
+def test_overview_on_a_chdb_store_counts_the_split_brain_findings(monkeypatch, chdb_source):
+    monkeypatch.setenv(SOURCE_ENV, chdb_source[0])
+    at = AppTest.from_file(DASHBOARD_APP, default_timeout=600)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.warning, [w.value for w in at.warning]  # no detector failed
+    tiles = {m.label: int(m.value) for m in at.metric}
+    assert tiles["lost updates (split-brain)"] == 2
+    incidents = at.dataframe[0].value
+    assert list(incidents["run_id"]) == [SPLIT_BRAIN_RUN]
+    assert incidents["verdict"][0] == "failing"
