@@ -351,8 +351,6 @@ def cmd_calibrate(args, values: dict[str, Any]) -> int:
     if values.get("store"):  # a ClickHouse store (issue 17): reads and the threshold insert go there
         if args.db or getattr(args, "endpoint", None):
             raise ConfigError("Give one of --store URL, --db PATH or --endpoint URL, not several")
-        from driftscope.calibrate_store import calibrate_on_store
-
         try:
             result = calibrate_on_store(values["store"], request, args.pairs)
         except (CalibrationRefused, CalibrationInputError) as exc:
@@ -407,6 +405,20 @@ def cmd_calibrate(args, values: dict[str, Any]) -> int:
         conn.close()
     _report(result, f"in {db}")
     return 0
+
+
+def calibrate_on_store(
+    url: str, request: CalibrationRequest, pairs_path: str | Path | None
+) -> dict[str, Any]:
+    """``run_calibration`` on the ClickHouse store ``url`` names (issue 17): reads through analytics
+    there, each new threshold version inserted by ``calibrate_store.threshold_write``."""
+    from driftscope.calibrate_store import open_calibration_store, threshold_write
+
+    store = open_calibration_store(url, request.dry_run)
+    try:
+        return run_calibration(store, request, write=threshold_write(store), pairs_path=pairs_path)
+    finally:
+        store.close()
 
 
 def _report(result: dict[str, Any], where: str) -> None:

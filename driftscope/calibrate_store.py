@@ -1,4 +1,4 @@
-"""`driftscope calibrate --store chdb:PATH|clickhouse://...`: calibration on a ClickHouse store.
+"""The ClickHouse side of `driftscope calibrate --store chdb:PATH|clickhouse://...`.
 
 The reads (pairs scored against the store's embedding cache, baseline detectors, thresholds in
 force) go through analytics' read interface, which runs on ClickHouse. The one write calibration
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -63,15 +62,14 @@ def _other_rows(conn: duckdb.DuckDBPyConnection) -> tuple[int, ...]:
     )
 
 
-def calibrate_on_store(url: str, request, pairs_path: str | Path | None) -> dict[str, Any]:
-    """Run ``request`` (``driftscope.calibrate.CalibrationRequest``) on the store ``url`` names;
-    the report ``run_calibration`` returns. ``ConfigError`` for a URL that is not a ClickHouse
-    store, or a dry run (its trial thresholds need a DuckDB transaction)."""
+def open_calibration_store(url: str, dry_run: bool = False):
+    """The ClickHouse store ``url`` names, opened to calibrate on; ``ConfigError`` for a URL that
+    is not a ClickHouse store, a store that cannot be opened, or a dry run (its trial thresholds
+    need a DuckDB transaction)."""
     from collector.clickhouse_store import ClickHouseStore, StoreURLError, open_store_url
-    from driftscope.calibrate import run_calibration
     from driftscope.settings import ConfigError
 
-    if request.dry_run:
+    if dry_run:
         raise ConfigError(
             "--dry-run needs a DuckDB store (the trial thresholds live in a transaction that is rolled "
             "back); on a ClickHouse store, calibrate without it and compare the versions it lists"
@@ -85,9 +83,7 @@ def calibrate_on_store(url: str, request, pairs_path: str | Path | None) -> dict
             f"Cannot open {url} ({exc}). chdb lets one process open a data path: stop the `driftscope serve "
             "--store` that holds it, or calibrate a copy of the directory."
         ) from None
-    try:
-        if not isinstance(store, ClickHouseStore):
-            raise ConfigError(f"--store {url!r} is not a ClickHouse store; use --db PATH for a DuckDB file")
-        return run_calibration(store, request, write=threshold_write(store), pairs_path=pairs_path)
-    finally:
+    if not isinstance(store, ClickHouseStore):
         store.close()
+        raise ConfigError(f"--store {url!r} is not a ClickHouse store; use --db PATH for a DuckDB file")
+    return store

@@ -15,8 +15,7 @@ pytest.importorskip("sqlglot", reason="sqlglot is in the clickhouse extra")
 
 from analytics.thresholds import current_threshold  # noqa: E402
 from collector.clickhouse_store import ChdbStore  # noqa: E402
-from driftscope.calibrate import CalibrationRequest  # noqa: E402
-from driftscope.calibrate_store import calibrate_on_store  # noqa: E402
+from driftscope.calibrate import CalibrationRequest, calibrate_on_store  # noqa: E402
 from driftscope.settings import ConfigError  # noqa: E402
 from tests.dashboard.test_dashboard_chdb import SAMPLES, write_chdb_store  # noqa: E402
 
