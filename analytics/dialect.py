@@ -604,8 +604,9 @@ def _split_stages(tree: exp.Expression) -> tuple[list[tuple[str, exp.Expression]
     uses = {
         name: [r for r in _cte_references(cte.this, set(ctes)) if r != name] for name, cte in ctes.items()
     }
-    body = tree.copy()
-    body.set("with_", None)
+    tree.set("with_", None)
+    body = tree.copy()  # the statement without its WITH
+    tree.set("with_", with_)
     mentions = {name: 0 for name in ctes}
     for name in [r for refs in uses.values() for r in refs] + _cte_references(body, set(ctes)):
         mentions[name] += 1
@@ -657,13 +658,23 @@ def _settings_clause() -> str:
     return "SETTINGS " + ", ".join(f"{key} = {value}" for key, value in SETTINGS.items())
 
 
+# The cached translations name the store's database so; each call puts in its own (one
+# translation serves every database: the tests use one per test).
+_DATABASE = "__driftscope_database__"
+
+
+def _in_database(text: str, database: str | None) -> str:
+    prefix = exp.to_identifier(database).sql(dialect="clickhouse") + "." if database else ""
+    return text.replace(_DATABASE + ".", prefix)
+
+
 @functools.lru_cache(maxsize=1024)
 def _translate_staged(
-    sql: str, typed: tuple[tuple[str, str], ...], database: str | None
+    sql: str, typed: tuple[tuple[str, str], ...]
 ) -> tuple[tuple[tuple[str, str], ...], str, tuple[tuple[str, str], ...]]:
     if STAGE_PREFIX in sql:
         raise TranslationError(f"{STAGE_PREFIX!r} is reserved for stage tables")
-    tree, params = _translated_tree(sql, typed, database)
+    tree, params = _translated_tree(sql, typed)
     stages, final = _split_stages(tree)
     settings = _settings_clause()
     return (
@@ -674,16 +685,16 @@ def _translate_staged(
 
 
 @functools.lru_cache(maxsize=1024)
-def _translate(
-    sql: str, typed: tuple[tuple[str, str], ...], database: str | None
-) -> tuple[str, tuple[tuple[str, str], ...]]:
-    tree, params = _translated_tree(sql, typed, database)
+def _translate(sql: str, typed: tuple[tuple[str, str], ...]) -> tuple[str, tuple[tuple[str, str], ...]]:
+    tree, params = _translated_tree(sql, typed)
     return f"{tree.sql(dialect='clickhouse')}\n{_settings_clause()}", params
 
 
 def _translated_tree(
-    sql: str, typed: tuple[tuple[str, str], ...], database: str | None
+    sql: str, typed: tuple[tuple[str, str], ...]
 ) -> tuple[exp.Expression, tuple[tuple[str, str], ...]]:
+    if _DATABASE in sql:
+        raise TranslationError(f"{_DATABASE!r} is reserved for the store's database")
     text = _code_only(sql)
     text = _MATERIALIZED.sub("AS (", text)
     if re.search(r"\bWITH\s+RECURSIVE\b", text, re.IGNORECASE):  # ClickHouse: not in a recursive WITH
@@ -694,8 +705,7 @@ def _translated_tree(
     _expand_join_stars(tree)
     params = dict(typed)
     tree = _walk(tree, params)
-    if database:
-        _qualify(tree, database)
+    _qualify(tree, _DATABASE)
     return tree, tuple(sorted(params.items()))
 
 
@@ -708,8 +718,8 @@ def to_clickhouse(
     The store's tables are qualified with ``database`` when given. Raises ``TranslationError``
     for a construct without a ClickHouse form.
     """
-    out, params = _translate(sql, _typed(values), database)
-    return out, dict(params)
+    out, params = _translate(sql, _typed(values))
+    return _in_database(out, database), dict(params)
 
 
 def to_clickhouse_staged(
@@ -719,8 +729,12 @@ def to_clickhouse_staged(
     SELECT whose rows go into a temporary table (named ``STAGE_PREFIX + <cte>``) that the later
     stages and the final SELECT read instead of the CTE. Same rows as ``to_clickhouse``'s single
     statement, without ClickHouse copying those CTEs at every mention (see ``_split_stages``)."""
-    stages, out, params = _translate_staged(sql, _typed(values), database)
-    return StagedQuery(stages, out, dict(params))
+    stages, out, params = _translate_staged(sql, _typed(values))
+    return StagedQuery(
+        tuple((name, _in_database(select, database)) for name, select in stages),
+        _in_database(out, database),
+        dict(params),
+    )
 
 
 def _typed(values: dict[str, Any] | None) -> tuple[tuple[str, str], ...]:
