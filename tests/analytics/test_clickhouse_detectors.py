@@ -131,7 +131,7 @@ def _sample_payloads() -> list[tuple[bytes, str]]:
     return [(payload, JSON) for path in SAMPLE_FILES for _, payload in iter_file_requests(path)]
 
 
-@pytest.mark.slow  # minutes of CPU on chdb (ClickHouse plans two statements slowly); make test runs it
+@pytest.mark.slow  # ~15 s: every metric on both engines; make test runs it
 def test_every_detector_equals_duckdb_on_the_sample_traces(chdb_store):
     store = _on_database(chdb_store, "samples")
     duck = _load_both(store, _sample_payloads())
@@ -142,7 +142,7 @@ def test_every_detector_equals_duckdb_on_the_sample_traces(chdb_store):
     assert _unexpected(_compare_all(duck, store)) == {}
 
 
-@pytest.mark.deep  # every metric four times: ~15 CPU-minutes (ClickHouse plans two statements slowly); make test-deep
+@pytest.mark.slow  # ~30 s: every metric four times on both engines; make test runs it
 def test_filters_and_windows_mean_the_same_on_both_engines(chdb_store):
     store = _on_database(chdb_store, "filtered")
     duck = _load_both(store, _sample_payloads())
@@ -212,8 +212,8 @@ def _random_payload(rng: random.Random, index: int) -> tuple[bytes, str]:
     return make_request(spans).SerializeToString(), PROTOBUF
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("seed", [0, *(pytest.param(s, marks=pytest.mark.deep) for s in (1, 2))])
+@pytest.mark.slow  # ~5 s each; make test runs them
+@pytest.mark.parametrize("seed", [0, 1, 2])
 def test_every_detector_equals_duckdb_on_random_span_sets(chdb_store, seed):
     rng = random.Random(seed)
     store = _on_database(chdb_store, f"random{seed}")
