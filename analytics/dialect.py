@@ -75,7 +75,8 @@ SETTINGS = {
     # a stage's temporary table keeps the types of its SELECT (constants are LowCardinality)
     "allow_suspicious_low_cardinality_types": 1,
     # ClickHouse 26.9's query condition cache (on by default) gave wrong answers from the second
-    # run of a statement on: constraint_ledger on a random span set found 16 rows, then 0
+    # run of a statement on: constraint_ledger on a random span set found 16 rows, then 0 (with
+    # join runtime filters: enable_join_runtime_filters = 0 also avoided it)
     "use_query_condition_cache": 0,
 }
 
