@@ -346,13 +346,17 @@ def evaluate(
     rules: list[AlertRule],
     now: datetime | None = None,
     since: datetime | None = None,
+    state: duckdb.DuckDBPyConnection | None = None,
 ) -> Evaluation:
     """Evaluate every rule on ``conn`` (read only) and plan the state changes.
 
     ``since`` bounds the spans the detectors read (a fixed anchor keeps their results kept and
     brought up to date incrementally); a rule whose detector fails is reported in ``errors`` and
-    its alerts are left as they are.
+    its alerts are left as they are. ``state`` is where the alert tables are when they are not
+    in ``conn``'s database (``serve --store``: the detectors read ClickHouse, the episodes live
+    in a DuckDB file beside the serve).
     """
+    state = conn if state is None else state
     now = now or utcnow()
     result = Evaluation()
     for rule in rules:
@@ -363,7 +367,7 @@ def evaluate(
             logger.warning("alert rule %s: detector %s failed: %s", rule.name, rule.detector, exc)
             result.errors[rule.name] = f"{type(exc).__name__}: {exc}"
     result.changes = plan_changes(
-        rules, result.groups, read_active(conn), _episodes(conn), now, frozenset(result.errors)
+        rules, result.groups, read_active(state), _episodes(state), now, frozenset(result.errors)
     )
     return result
 

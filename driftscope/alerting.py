@@ -22,9 +22,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+import duckdb
+
 from analytics import alerts as alert_state
-from analytics.alert_rules import AlertRule
+from analytics.alert_rules import AlertRule, RuleError, load_rules
 from analytics.read import data_version
+from collector.migrations_runner import apply_migrations
 from driftscope.alert_receivers import (
     AlertmanagerReceiver,
     Receiver,
@@ -33,6 +36,7 @@ from driftscope.alert_receivers import (
     iso,
     notification_from_row,
 )
+from driftscope.settings import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +75,48 @@ class _Channel:
     thread: threading.Thread | None = None
 
 
+class AlertStateFile:
+    """Alert state in a DuckDB file of its own, for a store that keeps only spans (``serve
+    --store``: the detectors read ClickHouse, the episodes and acknowledgements live here).
+
+    The file holds analytics' tables (its migrations; ``alerts`` and ``alert_deliveries`` are the
+    ones used) and nothing else. ``write`` is its single writer: it runs each write function in
+    a transaction of its own, one at a time, like the span writer's ``execute_write_fn``;
+    ``cursor`` reads. One serve per store evaluates alerts (DuckDB lets one process open the file).
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = str(path)
+        self._conn = duckdb.connect(self.path)
+        apply_migrations(self._conn, "analytics")
+        self._lock = threading.Lock()
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A read cursor on the state file."""
+        return self._conn.cursor()
+
+    def write(self, fn: Callable[[duckdb.DuckDBPyConnection], object]) -> object:
+        """Run ``fn(conn)`` in a transaction of its own and return its result once committed."""
+        with self._lock:
+            conn = self._conn.cursor()
+            try:
+                conn.execute("BEGIN TRANSACTION")
+                try:
+                    result = fn(conn)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+            finally:
+                conn.close()
+        return result
+
+    def close(self) -> None:
+        """Close the file (after the ``AlertService`` using it has stopped)."""
+        with self._lock:
+            self._conn.close()
+
+
 def build_receivers(
     alertmanager_url: str | None,
     webhook_url: str | None,
@@ -89,12 +135,58 @@ def build_receivers(
     return receivers
 
 
+def load_alert_rules(config):
+    """The alert rules in force for serve's ``config``, or None when alerting is off (no rules
+    file, no receiver); a bad rules file is a ``ConfigError`` naming the file and line."""
+    if not (
+        config.alert_rules or config.alertmanager_url or config.alert_webhook_url or config.alert_slack_url
+    ):
+        return None
+    try:
+        return load_rules(config.alert_rules)
+    except RuleError as exc:
+        raise ConfigError(f"{exc} (check it with `driftscope alerts check FILE`)") from None
+
+
+def start_alerting(config, rules, cursor, write, state_cursor: Callable | None = None):
+    """The alert evaluator and its receivers, started for serve's ``config``; None when off
+    (``rules`` None). ``cursor``, ``write`` and ``state_cursor`` as ``AlertService`` takes them."""
+    if rules is None:
+        return None
+    receivers = build_receivers(
+        config.alertmanager_url,
+        config.alert_webhook_url,
+        config.alert_webhook_secret,
+        config.alert_slack_url,
+        config.alert_dashboard_url,
+    )
+    service = AlertService(
+        cursor,
+        write,
+        rules,
+        receivers,
+        config.alert_interval,
+        config.alert_dashboard_url,
+        state_cursor=state_cursor,
+    )
+    service.start()
+    logger.info(
+        "alerting: %d rule(s) every %gs, receivers: %s",
+        len(rules),
+        config.alert_interval,
+        ", ".join(r.name for r in receivers) or "none (state kept for the dashboard)",
+    )
+    return service
+
+
 class AlertService:
     """The alert evaluator and delivery threads of ``serve``.
 
     ``cursor`` returns a read cursor on the store; ``write`` is the single writer's
     ``execute_write_fn``. Evaluation reads on its own low-priority thread and writes only small
-    state rows through the writer, so ingest is not held up.
+    state rows through the writer, so ingest is not held up. ``state_cursor`` (default: the
+    store's ``cursor``) reads the alert tables when they live elsewhere than the spans
+    (``serve --store``: an ``AlertStateFile`` beside the serve, whose ``write`` is then ``write``).
     """
 
     def __init__(
@@ -107,8 +199,10 @@ class AlertService:
         dashboard_url: str = "http://127.0.0.1:8501",
         quiet_s: float = QUIET_S,
         max_defer_s: float | None = None,
+        state_cursor: Callable | None = None,
     ) -> None:
         self.cursor = cursor
+        self.state_cursor = state_cursor
         self.quiet_s = quiet_s
         self.max_defer_s = max_defer_s if max_defer_s is not None else max(MIN_MAX_DEFER_S, 2 * interval_s)
         self.deferred = 0
@@ -137,13 +231,16 @@ class AlertService:
         """One evaluation: skipped when no span arrived and no alert is pending or firing."""
         now = now or alert_state.utcnow()
         conn = self.cursor()
+        state = self.state_cursor() if self.state_cursor is not None else conn
         try:
             version = data_version(conn)
-            if version == self._seen_version and not alert_state.has_active(conn):
+            if version == self._seen_version and not alert_state.has_active(state):
                 self.skipped += 1
                 return None
-            evaluation = alert_state.evaluate(conn, self.rules, now, since=self.since)
+            evaluation = alert_state.evaluate(conn, self.rules, now, since=self.since, state=state)
         finally:
+            if state is not conn:
+                state.close()
             conn.close()
         if evaluation.changes:
             self.write(alert_state.store_changes(evaluation.changes))
@@ -167,7 +264,7 @@ class AlertService:
             # Under the lock a delivery's acknowledgement is either read here or its alert is
             # still in flight: never both missed, so nothing is queued twice.
             with channel.lock:
-                conn = self.cursor()
+                conn = (self.state_cursor or self.cursor)()
                 try:
                     due = alert_state.due_notifications(
                         conn, channel.receiver.name, now, channel.receiver.resend_after

@@ -174,7 +174,9 @@ def build_service(config: ServeConfig) -> Service:
         from driftscope.serve_clickhouse import start_clickhouse_ingest
 
         return Service(*start_clickhouse_ingest(config, receiver_config_for(config)))
-    alert_rules = _load_alert_rules(config)
+    from driftscope.alerting import load_alert_rules, start_alerting
+
+    alert_rules = load_alert_rules(config)
     try:
         conn = open_database(config.db, memory_limit=config.memory_limit)
     except StoreLockedError as exc:
@@ -202,7 +204,7 @@ def build_service(config: ServeConfig) -> Service:
     # Detector results of the default scope brought up to date after commits and stored through
     # the writer, so requests and a restarted serve find them ready (analytics.kept_worker).
     kept_worker = KeptWorker(conn.cursor, writer.execute_write_fn).start()
-    alerting = _start_alerting(config, alert_rules, conn.cursor, writer.execute_write_fn)
+    alerting = start_alerting(config, alert_rules, conn.cursor, writer.execute_write_fn)
     retention = None
     if config.retention:
         retention = RetentionWorker(writer.execute_write_fn, config.retention, config.retention_interval)
@@ -358,44 +360,6 @@ class _QuietServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self):
         yield
-
-
-def _load_alert_rules(config: ServeConfig):
-    """The alert rules in force, or None when alerting is off (no rules file, no receiver)."""
-    if not (
-        config.alert_rules or config.alertmanager_url or config.alert_webhook_url or config.alert_slack_url
-    ):
-        return None
-    from analytics.alert_rules import RuleError, load_rules
-
-    try:
-        return load_rules(config.alert_rules)
-    except RuleError as exc:
-        raise ConfigError(f"{exc} (check it with `driftscope alerts check FILE`)") from None
-
-
-def _start_alerting(config: ServeConfig, rules, cursor, write):
-    """The alert evaluator and its receivers (driftscope.alerting), started; None when off."""
-    if rules is None:
-        return None
-    from driftscope.alerting import AlertService, build_receivers
-
-    receivers = build_receivers(
-        config.alertmanager_url,
-        config.alert_webhook_url,
-        config.alert_webhook_secret,
-        config.alert_slack_url,
-        config.alert_dashboard_url,
-    )
-    service = AlertService(cursor, write, rules, receivers, config.alert_interval, config.alert_dashboard_url)
-    service.start()
-    logger.info(
-        "alerting: %d rule(s) every %gs, receivers: %s",
-        len(rules),
-        config.alert_interval,
-        ", ".join(r.name for r in receivers) or "none (state kept for the dashboard)",
-    )
-    return service
 
 
 def _start_embedding_worker(conn, write):

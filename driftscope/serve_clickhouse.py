@@ -10,13 +10,20 @@ The read API (``driftscope.api``) answers over the store: the same read interfac
 temporary table per session). On a server the reads use a session of their own, so inserts do not
 wait behind them; chdb has one connection per process, so there a long detector statement
 delays the writer's next insert. Not here yet: calibration (``/api/v1/calibrate`` is a 501), the
-embedding, kept-results and alerting workers (they run on the DuckDB store).
+embedding and kept-results workers (they run on the DuckDB store).
+
+Alerts (``driftscope.alerting``) run as on DuckDB: the same rules, episodes and receivers, the
+detectors reading the store on a read turn of their own. The alert state (``alerts``,
+``alert_deliveries``: the outbox) lives in a DuckDB file beside the serve (``alert_state_path``),
+written one transaction at a time, since ClickHouse has no cheap single-row update; so one serve
+per store evaluates alerts. ``GET /api/v1/alerts`` reads that file.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -25,12 +32,20 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from analytics.engine import fetch_rows
-from collector.clickhouse_store import ClickHouseStore, StoreURLError, init_clickhouse, open_store_url
+from collector.clickhouse_store import (
+    ClickHouseStore,
+    StoreURL,
+    StoreURLError,
+    init_clickhouse,
+    open_store_url,
+    parse_store_url,
+)
 from collector.clickhouse_writer import ClickHouseWriter
 from collector.http_receiver import ReceiverConfig, build_ingest_routes
 from collector.ingest_guard import DecodePool, PendingBytes
 from collector.stats import IngestStats
 from collector.writer import IngestQueue
+from driftscope.alerting import AlertStateFile, load_alert_rules, start_alerting
 from driftscope.api import build_api_routes
 from driftscope.settings import ConfigError
 
@@ -41,23 +56,10 @@ def start_clickhouse_ingest(config, receiver_config: ReceiverConfig) -> tuple:
     """Open and initialise the ClickHouse store and start its writer. ``config`` is serve's
     ``ServeConfig``; returns the fields of serve's ``Service`` (app, queue, writer, receiver
     config, stats, decode pool, pending bytes, stop), in that order."""
-    alerting = [
-        flag
-        for flag, value in (
-            ("--alert-rules", config.alert_rules),
-            ("--alertmanager-url", config.alertmanager_url),
-            ("--alert-webhook-url", config.alert_webhook_url),
-            ("--alert-slack-url", config.alert_slack_url),
-        )
-        if value
-    ]
-    if alerting:  # never accept a setting and then silently page nobody
-        raise ConfigError(
-            f"{', '.join(alerting)}: alerts are evaluated on the DuckDB store only so far, not with --store "
-            f"{config.store!r}; drop the alert settings (and their DRIFTSCOPE_ALERT* variables) or serve --db PATH"
-        )
+    alert_rules = load_alert_rules(config)
     try:
-        store = open_store_url(config.store)
+        parsed = parse_store_url(config.store)
+        store = open_store_url(parsed)
     except StoreURLError as exc:
         raise ConfigError(str(exc)) from None
     if not isinstance(store, ClickHouseStore):
@@ -82,6 +84,26 @@ def start_clickhouse_ingest(config, receiver_config: ReceiverConfig) -> tuple:
     read_turns = threading.Lock()
     writer = ClickHouseWriter(store, queue)
     writer.start()
+    alert_state = alerting = None
+    if alert_rules is not None:
+        try:
+            alert_state = AlertStateFile(alert_state_path(parsed))
+        except Exception as exc:
+            writer.stop()
+            store.close()
+            raise ConfigError(
+                f"could not open the alert state file {alert_state_path(parsed)} ({exc}); is another "
+                "serve evaluating alerts on this store? One serve per store may (the others drop the "
+                "alert settings)"
+            ) from None
+        # The detectors take read turns like the API's reads; the episodes are the state file's.
+        alerting = start_alerting(
+            config,
+            alert_rules,
+            lambda: ReadTurn(read_store, read_turns),
+            alert_state.write,
+            alert_state.cursor,
+        )
 
     def health_extra() -> dict:
         return {
@@ -97,6 +119,7 @@ def start_clickhouse_ingest(config, receiver_config: ReceiverConfig) -> tuple:
             "writer_busy_seconds": round(writer.busy_seconds, 3),
             "counters": stats.snapshot(),
             "token_required": bool(config.token),
+            "alerting": alerting.health() if alerting is not None else {"enabled": False},
         }
 
     async def not_here(request: Request) -> Response:
@@ -108,20 +131,44 @@ def start_clickhouse_ingest(config, receiver_config: ReceiverConfig) -> tuple:
             status_code=501,
         )
 
+    alert_routes = []
+    if alert_state is not None:
+        # The read API's own alerts route, reading the state file (ahead of the store's).
+        alert_routes = [
+            route
+            for route in build_api_routes(alert_state.cursor, config.token, health_extra)
+            if route.path == "/api/v1/alerts"
+        ]
     routes = (
         build_ingest_routes(queue, receiver_config, stats, decode_pool, pending)
+        + alert_routes
         + build_api_routes(lambda: ReadTurn(read_store, read_turns), config.token, health_extra, store_health)
         + [Route("/api/v1/{path:path}", not_here, methods=["GET", "POST"])]
     )
 
     def stop_writing() -> None:
+        if alerting is not None:  # it reads the store and writes the state file: first
+            alerting.stop()
         writer.stop()
         with read_turns:  # a read still running finishes first
             if read_store is not store:
                 read_store.close()
             store.close()
+        if alert_state is not None:
+            alert_state.close()
 
-    return Starlette(routes=routes), queue, writer, receiver_config, stats, decode_pool, pending, stop_writing
+    app = Starlette(routes=routes)
+    app.state.alerting = alerting  # the AlertService (None when off), for in-process tests
+    return app, queue, writer, receiver_config, stats, decode_pool, pending, stop_writing
+
+
+def alert_state_path(url: StoreURL) -> Path:
+    """The DuckDB file keeping the alert state of the store ``url`` names: beside a chdb
+    directory (``PATH.alerts.duckdb``); for a server, in the working directory, named after the
+    server and database (``driftscope-alerts-HOST-PORT-DB.duckdb``)."""
+    if url.engine == "chdb":
+        return Path(url.path.rstrip("/") + ".alerts.duckdb")
+    return Path(f"driftscope-alerts-{url.host}-{url.port}-{url.database}.duckdb")
 
 
 class ReadTurn:

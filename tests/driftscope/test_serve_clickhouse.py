@@ -99,22 +99,21 @@ def test_serve_refuses_a_bad_store_url_with_a_clear_message(tmp_path):
     assert "Expected a host in 'clickhouse://:8123/otel'" in result.stderr
 
 
-def test_alert_settings_with_a_clickhouse_store_are_refused_not_ignored(tmp_path):
-    import pytest
-
+def test_a_bad_rules_file_with_a_clickhouse_store_names_the_line_before_opening_the_store(tmp_path):
     from driftscope.serve import ServeConfig, build_service
     from driftscope.settings import ConfigError
 
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rule]]\ndetector = "no_such_detector"\n')
     config = ServeConfig(
         db=str(tmp_path / "d.duckdb"),
         store=f"chdb:{tmp_path / 'ch'}",
-        alertmanager_url="http://127.0.0.1:9093",
+        alert_rules=str(rules),
         embeddings=False,
     )
-    with pytest.raises(
-        ConfigError, match="--alertmanager-url: alerts are evaluated on the DuckDB store only"
-    ):
+    with pytest.raises(ConfigError, match="line 2.*driftscope alerts check FILE"):
         build_service(config)
+    assert not (tmp_path / "ch").exists()  # refused before the store was opened
 
 
 # --- the read API over the store, in process (serve's composition behind an ASGI client) ---------
@@ -202,7 +201,7 @@ def test_read_api_answers_over_a_chdb_store(chdb_serve):
     assert evidence["span_id"].tolist() == [clobbering]
     assert "goal_divergence" in set(source.thresholds()["name"])
     assert SPLIT_BRAIN_RUN in set(source.search_spans(SPLIT_BRAIN_RUN[:20], Window(), Filters())["run_id"])
-    assert source.alerts(Window()).empty  # alerts are evaluated on the DuckDB store only
+    assert source.alerts(Window()).empty  # this serve evaluates no alerts (no alert settings)
     assert [m["name"] for m in source.list_metrics()] == [
         m["name"] for m in client.get("/api/v1/metrics").json()["metrics"]
     ]

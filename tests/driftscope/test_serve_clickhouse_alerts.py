@@ -1,0 +1,141 @@
+"""Alerts on `driftscope serve --store chdb:PATH`, in process: a failing crew's spans sent over
+OTLP/HTTP into `otel_traces` give the same alert episodes as the DuckDB store, delivered once per
+state to a real local webhook sink, listed by `GET /api/v1/alerts`, and a restarted serve sends
+nothing already acknowledged (the alert state file beside the store is the outbox)."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("chdb", reason="chdb is in the dev extra (pip install 'driftscope[clickhouse]')")
+
+from analytics import alerts as alert_state  # noqa: E402
+from analytics.alert_rules import load_rules  # noqa: E402
+from collector.clickhouse_store import parse_store_url  # noqa: E402
+from collector.files import ingest_files, iter_file_requests  # noqa: E402
+from driftscope.database import open_database  # noqa: E402
+from driftscope.serve import ServeConfig, build_service  # noqa: E402
+from driftscope.serve_clickhouse import alert_state_path  # noqa: E402
+from tests.driftscope.test_alerting import SECRET, Sink  # noqa: E402
+
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "split_brain_unguarded.json"
+
+
+@pytest.fixture
+def sink():
+    server = Sink()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _wait(predicate, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _start(config: ServeConfig):
+    """serve --store in process behind an ASGI client, once its evaluator's first pass is done
+    (it runs at start, on the empty or old store; the interval keeps it from running again)."""
+    from starlette.testclient import TestClient
+
+    service = build_service(config)
+    alerting = service.app.state.alerting
+    _wait(lambda: alerting.evaluations + alerting.skipped >= 1 or alerting.last_error, "first evaluation")
+    assert alerting.last_error is None
+    return service, TestClient(service.app, base_url="http://127.0.0.1").__enter__(), alerting
+
+
+def _episodes(changes) -> set[tuple]:
+    return {
+        (c.row["alert_id"], c.row["state"], c.row["findings"], c.row["summary"], c.row["labels"])
+        for c in changes
+    }
+
+
+@pytest.mark.slow
+def test_alerts_on_a_chdb_store_fire_and_resolve_as_on_duckdb_and_are_delivered_once(tmp_path, sink):
+    rules_file = tmp_path / "rules.toml"
+    rules_file.write_text('window = "10m"\n')  # every finding detector, as serve's default rules
+    rules = load_rules(rules_file)
+    config = ServeConfig(
+        db=str(tmp_path / "unused.duckdb"),
+        store=f"chdb:{tmp_path / 'ch'}",
+        embeddings=False,
+        alert_rules=str(rules_file),
+        alert_webhook_url=sink.url("/hook"),
+        alert_webhook_secret=SECRET,
+        alert_interval=3600,
+    )
+    # The DuckDB store's answer for the same spans and times: what the ClickHouse one must give.
+    reference = open_database(tmp_path / "ref.duckdb")
+    assert not ingest_files(None, [SAMPLE], conn=reference).errors
+    newest = reference.execute("SELECT max(Timestamp) FROM spans").fetchone()[0]
+    fire_at, resolve_at = newest + timedelta(seconds=1), newest + timedelta(minutes=11)
+    expected_firing = alert_state.evaluate(reference, rules, fire_at)
+    assert not expected_firing.errors
+    alert_ids = sorted(c.row["alert_id"] for c in expected_firing.changes)
+    assert len(alert_ids) >= 2 and all(c.row["state"] == "firing" for c in expected_firing.changes)
+
+    service, client, alerting = _start(config)
+    try:
+        service.writer.resolve_interval = 0.0  # a resolve pass after every insert
+        for _, payload in iter_file_requests(SAMPLE):
+            response = client.post(
+                "/v1/traces", content=payload, headers={"Content-Type": "application/json"}
+            )
+            assert response.status_code == 200, response.text
+        _wait(lambda: service.writer.resolve_passes >= service.writer.commits > 0, "resolved spans")
+
+        firing = alerting.evaluate_once(fire_at)
+        assert firing is not None and firing.errors == {}
+        assert _episodes(firing.changes) == _episodes(expected_firing.changes)  # one per finding group
+        assert alerting.queue_due(fire_at) == len(alert_ids)
+        _wait(lambda: len(sink.bodies("/hook")) == len(alert_ids), "firing webhooks")
+        time.sleep(0.3)
+        assert alerting.queue_due(fire_at) == 0  # acknowledged: not queued again
+        listed = client.get("/api/v1/alerts").json()["rows"]
+        assert sorted(r["alert_id"] for r in listed) == alert_ids
+        assert {(r["state"], r["delivered_to"]) for r in listed} == {("firing", "webhook:firing")}
+        health = client.get("/api/v1/health").json()["alerting"]
+        assert health["status"] == "ok" and health["receivers"]["webhook"]["sent"] == len(alert_ids)
+
+        # Back under the threshold (the findings left the rule's window): resolved, as on DuckDB.
+        alert_state.store_changes(expected_firing.changes)(reference)
+        expected_resolved = alert_state.evaluate(reference, rules, resolve_at)
+        resolved = alerting.evaluate_once(resolve_at)
+        assert _episodes(resolved.changes) == _episodes(expected_resolved.changes)
+        assert {c.row["state"] for c in resolved.changes} == {"resolved"}
+        assert alerting.queue_due(resolve_at) == len(alert_ids)
+        _wait(lambda: len(sink.bodies("/hook")) == 2 * len(alert_ids), "resolved webhooks")
+    finally:
+        client.__exit__(None, None, None)
+        service.stop()
+        reference.close()
+    bodies = sink.bodies("/hook")
+    assert [b["status"] for b in bodies] == ["firing"] * len(alert_ids) + ["resolved"] * len(alert_ids)
+    assert sorted(
+        f"{b['alerts'][0]['labels']['alertname']}/{b['alerts'][0]['labels']['run_id']}/1"
+        for b in bodies[: len(alert_ids)]
+    ) == sorted(alert_ids)
+    assert alert_state_path(parse_store_url(config.store)) == tmp_path / "ch.alerts.duckdb"
+
+    # A restarted serve on the same store and state file sends nothing already acknowledged.
+    service, client, alerting = _start(config)
+    try:
+        assert alerting.evaluate_once(resolve_at + timedelta(seconds=1)) is None  # no spans, none active
+        assert alerting.queue_due(resolve_at + timedelta(seconds=1)) == 0
+        listed = client.get("/api/v1/alerts").json()["rows"]
+        assert {(r["state"], r["delivered_to"]) for r in listed} == {("resolved", "webhook:resolved")}
+    finally:
+        client.__exit__(None, None, None)
+        service.stop()
+    assert len(sink.bodies("/hook")) == 2 * len(alert_ids)
