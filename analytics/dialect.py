@@ -577,13 +577,29 @@ class StagedQuery(NamedTuple):
     types: dict[str, str]  # parameter -> ClickHouse type
 
 
+def _outer_tables(node: exp.Expression, names: set[str]) -> list[exp.Table]:
+    """The tables in ``node`` that name one of the CTEs ``names`` of the statement: not qualified,
+    and not a CTE of the same name declared by a WITH inside ``node`` (_constraint_cells.sql has
+    its own ``cells`` inside the ``cells`` of constraint_drops.sql)."""
+    found = []
+    for table in node.find_all(exp.Table):
+        name = table.name.lower()
+        if table.args.get("db") or name not in names:
+            continue
+        scope: exp.Expression | None = table
+        while scope is not None:
+            inner = scope.args.get("with_") if isinstance(scope, exp.Query) else None
+            if inner is not None and any(cte.alias_or_name.lower() == name for cte in inner.expressions):
+                break  # an inner CTE of that name
+            scope = None if scope is node else scope.parent
+        else:
+            found.append(table)
+    return found
+
+
 def _cte_references(node: exp.Expression, names: set[str]) -> list[str]:
     """Names of the CTEs ``node`` reads (each mention once: ClickHouse copies a CTE per mention)."""
-    return [
-        table.name.lower()
-        for table in node.find_all(exp.Table)
-        if not table.args.get("db") and table.name.lower() in names
-    ]
+    return [table.name.lower() for table in _outer_tables(node, names)]
 
 
 def _with_ctes(ctes: list[exp.CTE], recursive: bool) -> exp.With | None:
@@ -628,9 +644,9 @@ def _split_stages(tree: exp.Expression) -> tuple[list[tuple[str, exp.Expression]
         return [name for name in order if name in needed]
 
     def read_stages(node: exp.Expression, keep: str | None = None) -> exp.Expression:
-        for table in list(node.find_all(exp.Table)):
+        for table in _outer_tables(node, hoisted):
             name = table.name.lower()
-            if not table.args.get("db") and name in hoisted and name != keep:
+            if name != keep:
                 alias = table.alias or table.name
                 table.set("this", exp.to_identifier(STAGE_PREFIX + name))
                 table.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
