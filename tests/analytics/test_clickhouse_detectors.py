@@ -257,6 +257,19 @@ def test_ctes_read_more_than_once_run_in_stages_that_leave_no_table(chdb_store):
     assert store.execute(listing, {"db": store.database}).to_pylist() == before
 
 
+def test_an_inner_cte_of_the_same_name_is_not_a_mention_of_the_outer_one(chdb_store):
+    # _constraint_cells.sql declares its own `cells` inside the `cells` of constraint_drops.sql
+    sql = """
+        WITH c AS (SELECT * FROM (WITH c AS (SELECT 1 AS x UNION ALL SELECT 2 AS x)
+                                  SELECT c.x FROM c JOIN c AS c2 USING (x)))
+        SELECT a.x, b.x AS y FROM c a JOIN c b USING (x) ORDER BY a.x"""
+    staged = to_clickhouse_staged(sql)
+    assert [name for name, _ in staged.stages] == [STAGE_PREFIX + "c"]
+    assert "RECURSIVE" not in staged.stages[0][1]
+    want = duckdb.connect().execute(sql).df()
+    assert _rows(query_df(chdb_store, sql, {})) == _rows(want) == [(1, 1), (2, 2)]
+
+
 def test_parameters_reach_clickhouse_as_values_not_sql(chdb_store):
     hostile = "x'); DROP TABLE spans; --\t\\n\n"
     sql, types = to_clickhouse("SELECT $text::VARCHAR AS t, $items::VARCHAR[] AS l", {})
