@@ -112,8 +112,12 @@ class AlertStateFile:
         return result
 
     def close(self) -> None:
-        """Close the file (after the ``AlertService`` using it has stopped)."""
+        """Checkpoint and close the file (after the ``AlertService`` using it has stopped)."""
         with self._lock:
+            try:
+                self._conn.execute("CHECKPOINT")
+            except duckdb.Error as exc:  # the WAL replays on the next open anyway
+                logger.warning("alert state checkpoint failed (the WAL will replay): %s", exc)
             self._conn.close()
 
 
