@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
+import inspect
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -252,6 +253,12 @@ def _compute_full(
     return frame
 
 
+def result_code(compute: Callable) -> str:
+    """The code hash stored results of the detector ``compute`` are valid for
+    (``kept_store.code_fingerprint`` of the module that defines it)."""
+    return kept_store.code_fingerprint(frozenset({inspect.unwrap(compute).__module__}))
+
+
 def kept_result(
     conn: duckdb.DuckDBPyConnection,
     name: str,
@@ -269,7 +276,9 @@ def kept_result(
     with _cache_lock:
         kept = _cache.get(key)
     if kept is None:  # not kept in this process: start from the stored result, if any
-        loaded = kept_store.load(conn, name, kept_store.scope_text(window, filters, tools))
+        loaded = kept_store.load(
+            conn, name, kept_store.scope_text(window, filters, tools), result_code(compute)
+        )
         if loaded is not None:
             kept = _Kept(loaded[0], loaded[1], stored=True)
             stats["loaded"] += 1

@@ -25,7 +25,6 @@ import functools
 import gc
 import hashlib
 import importlib.resources
-import inspect
 import io
 import json
 import logging
@@ -49,8 +48,6 @@ TABLE = "kept_results"
 _LISTS_KEY = b"driftscope.python_lists"
 
 
-# Results assembled from other detectors' results: their code is part of the assembly's.
-COMBINED = {"run_summary"}
 # Sources that cannot change a kept result: results are kept for DuckDB files only
 # (analytics.data_version.database_identity), and this translates statements for ClickHouse.
 _NOT_KEPT_ENGINES = {"dialect.py"}
@@ -130,25 +127,21 @@ def _dependencies(path: str) -> set[str]:
 
 
 @functools.cache
-def code_fingerprint(metric: str | None = None) -> str:
-    """sha256 over the sources ``metric``'s result depends on: the module that registers it with
-    every analytics module it imports (transitively, so the kept-result code and this store's
-    format too) and the SQL files those modules name, plus the library versions that compute
-    and encode it. Stored results of other code are not used; a change to another detector's
-    code leaves this one's stored result in use. A metric combining others' results
-    (``COMBINED``: ``run_summary``) includes every kept detector's; without ``metric`` (or for a
-    metric the registry does not know) every analytics source counts."""
-    from analytics.kept import KEPT
-    from analytics.registry import METRICS
+def code_fingerprint(modules: frozenset[str] | None = None) -> str:
+    """sha256 over the sources a result computed by ``modules`` depends on: those modules with
+    every analytics module they import (transitively, so the kept-result code and this store's
+    format too) and the SQL files they name, plus the library versions that compute and encode
+    it. Stored results of other code are not used; a change to another detector's code leaves
+    this one's stored result in use. Without ``modules`` every analytics source counts.
 
-    record = METRICS.get(metric) if metric is not None else None
-    path = _module_path(inspect.unwrap(record.func).__module__) if record is not None else None
-    files = set(_sources()) if path is None else _dependencies(path)
-    if metric in COMBINED:
-        for name in sorted(KEPT):
-            files |= _dependencies(
-                _module_path(inspect.unwrap(METRICS[name].func).__module__) or "__init__.py"
-            )
+    The registry knows which module computes a metric (``analytics.kept.result_code``,
+    ``analytics.summary.result_codes``); this module imports neither."""
+    files = set(_sources())
+    if modules is not None:
+        files = set()
+        for module in sorted(modules):
+            path = _module_path(module)
+            files |= set(_sources()) if path is None else _dependencies(path)
     digest = hashlib.sha256()
     for library in (duckdb, np, pd, pa):
         digest.update(f"{library.__name__} {library.__version__}\n".encode())
@@ -311,13 +304,16 @@ def _has_table(conn: duckdb.DuckDBPyConnection) -> bool:
     return bool(found)
 
 
-def load(conn: duckdb.DuckDBPyConnection, metric: str, scope: str) -> tuple[Version, pd.DataFrame] | None:
-    """The stored result of ``metric`` for ``scope`` written by this code, or None."""
+def load(
+    conn: duckdb.DuckDBPyConnection, metric: str, scope: str, code: str
+) -> tuple[Version, pd.DataFrame] | None:
+    """The stored result of ``metric`` for ``scope`` written by the code ``code`` (its
+    ``code_fingerprint``), or None."""
     if not _has_table(conn):
         return None
     row = conn.execute(
         f"SELECT version, frame FROM {TABLE} WHERE metric = ? AND scope = ? AND code = ?",
-        [metric, scope, code_fingerprint(metric)],
+        [metric, scope, code],
     ).fetchone()
     if row is None:
         return None
@@ -328,17 +324,12 @@ def load(conn: duckdb.DuckDBPyConnection, metric: str, scope: str) -> tuple[Vers
         return None
 
 
-def store_rows(entries: Iterable[tuple[str, str, Version, bytes, int]]):
+def store_rows(entries: Iterable[tuple[str, str, Version, bytes, int]], codes: dict[str, str]):
     """A write function (for the single writer) replacing the stored rows of ``entries``
-    ((metric, scope, version, encoded frame, rows)) and dropping the rows no reader of this code
-    would use: of a metric written by other code, or of a metric this code does not register."""
-    from analytics.registry import METRICS
-
-    rows = [
-        (metric, scope, code_fingerprint(metric), version_text(v), data, n)
-        for metric, scope, v, data, n in entries
-    ]
-    codes = {metric: code_fingerprint(metric) for metric in {*METRICS, *(row[0] for row in rows)}}
+    ((metric, scope, version, encoded frame, rows)), written by the code ``codes[metric]``, and
+    dropping the rows no reader of this code would use: of a metric written by other code than
+    ``codes`` names, or of a metric ``codes`` does not name (one this code does not register)."""
+    rows = [(metric, scope, codes[metric], version_text(v), data, n) for metric, scope, v, data, n in entries]
 
     def write(conn: duckdb.DuckDBPyConnection) -> int:
         for metric, code in conn.execute(f"SELECT DISTINCT metric, code FROM {TABLE}").fetchall():

@@ -71,7 +71,7 @@ def store(conn: duckdb.DuckDBPyConnection, write: WriteFn) -> int:
         done.append((name, version))
     if not entries:
         return 0
-    write(kept_store.store_rows(entries))
+    write(kept_store.store_rows(entries, summary.result_codes()))
     for name, version in done:
         if name == "run_summary":
             summary.mark_stored(identity, window, filters, version)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import inspect
 import logging
 import threading
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from analytics.data_version import database_identity as _database_identity
 from analytics.data_version import read_version as _read_version
 from analytics.data_version import touched_scope as _touched_scope
 from analytics.goals import goal_run_stats
-from analytics.kept import PARTITIONS
+from analytics.kept import KEPT, PARTITIONS, result_code
 from analytics.registry import METRICS, counted_metrics, finding_metrics, register, run_metric
 from analytics.side_effects import current_side_effect_tools
 from analytics.sql_loader import run_sql
@@ -340,7 +341,8 @@ def run_summary(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filter
     with _cache_lock:
         kept = _cache.get(key)
     if kept is None:  # not kept in this process: the stored summary, if any (used while unchanged)
-        loaded = kept_store.load(conn, "run_summary", kept_store.scope_text(window, filters, key[3]))
+        stored_scope = kept_store.scope_text(window, filters, key[3])
+        loaded = kept_store.load(conn, "run_summary", stored_scope, result_codes()["run_summary"])
         if loaded is not None:
             kept = _Kept(loaded[0], None, loaded[1], stored=True)
     version, touched = _read_version(conn, kept.version if kept is not None else None)
@@ -364,6 +366,15 @@ def run_summary(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filter
         while len(_cache) > _CACHE_SIZE:
             _cache.popitem(last=False)
     return summary
+
+
+def result_codes() -> dict[str, str]:
+    """The code hash of every registered metric's stored results (``analytics.kept.result_code``);
+    run_summary's covers every kept detector's sources too (it is assembled from their results)."""
+    codes = {name: result_code(metric.func) for name, metric in METRICS.items()}
+    modules = {inspect.unwrap(METRICS[name].func).__module__ for name in KEPT} | {__name__}
+    codes["run_summary"] = kept_store.code_fingerprint(frozenset(modules))
+    return codes
 
 
 def unstored(identity: tuple, window: Window, filters: Filters) -> list[tuple[str, _Version, pd.DataFrame]]:

@@ -262,13 +262,12 @@ def test_code_hash_is_per_detector_module_and_its_sql():
     assert {"sql/repeated_calls.sql", "sql/loop_touched_groups.sql", "sql/_filtered_spans.sql"} <= loops
     assert {"kept.py", "kept_store.py", "sql_loader.py"} <= loops  # what keeps and stores it
     assert "sql/constraint_ledger.sql" not in loops and "constraints.py" not in loops
-    assert kept_store.code_fingerprint("repeated_calls") != kept_store.code_fingerprint("constraint_ledger")
-    assert kept_store.code_fingerprint("repeated_calls") == kept_store.code_fingerprint("ping_pong")
+    codes = summary.result_codes()
+    assert codes["repeated_calls"] != codes["constraint_ledger"]
+    assert codes["repeated_calls"] == codes["ping_pong"]  # one module
+    assert len({codes[n] for n in kept.KEPT}) > 3
     # run_summary is assembled from every kept detector's result: their sources are its own
-    assert len({kept_store.code_fingerprint(n) for n in kept.KEPT}) > 3
-    assert kept_store.code_fingerprint("run_summary") not in {
-        kept_store.code_fingerprint(n) for n in kept.KEPT
-    }
+    assert codes["run_summary"] not in {codes[n] for n in kept.KEPT}
 
 
 def test_a_stored_row_of_other_code_is_dropped_only_for_its_own_detector(tmp_path):
@@ -288,9 +287,7 @@ def test_a_stored_row_of_other_code_is_dropped_only_for_its_own_detector(tmp_pat
     assert kept.stats["full"] == before["full"] + 1
     assert kept_worker.store(conn, direct_write(conn)) == 1
     rows = conn.execute("SELECT metric, code FROM kept_results ORDER BY metric").fetchall()
-    assert rows == [
-        (name, kept_store.code_fingerprint(name)) for name in ("constraint_ledger", "lost_updates")
-    ]
+    assert rows == [(name, summary.result_codes()[name]) for name in ("constraint_ledger", "lost_updates")]
 
 
 def test_kept_worker_refreshes_after_commits_and_stores_through_its_write_function(tmp_path):
