@@ -152,9 +152,17 @@ def load_alert_rules(config):
         raise ConfigError(f"{exc} (check it with `driftscope alerts check FILE`)") from None
 
 
-def start_alerting(config, rules, cursor, write, state_cursor: Callable | None = None):
+def start_alerting(
+    config,
+    rules,
+    cursor,
+    write,
+    state_cursor: Callable | None = None,
+    commits: Callable[[], int] | None = None,
+):
     """The alert evaluator and its receivers, started for serve's ``config``; None when off
-    (``rules`` None). ``cursor``, ``write`` and ``state_cursor`` as ``AlertService`` takes them."""
+    (``rules`` None). ``cursor``, ``write``, ``state_cursor`` and ``commits`` as ``AlertService``
+    takes them."""
     if rules is None:
         return None
     receivers = build_receivers(
@@ -172,6 +180,7 @@ def start_alerting(config, rules, cursor, write, state_cursor: Callable | None =
         config.alert_interval,
         config.alert_dashboard_url,
         state_cursor=state_cursor,
+        commits=commits,
     )
     service.start()
     logger.info(
@@ -191,6 +200,8 @@ class AlertService:
     state rows through the writer, so ingest is not held up. ``state_cursor`` (default: the
     store's ``cursor``) reads the alert tables when they live elsewhere than the spans
     (``serve --store``: an ``AlertStateFile`` beside the serve, whose ``write`` is then ``write``).
+    ``commits`` is a commit counter the evaluator polls where the writer does not call
+    ``notify()`` (the ClickHouse writer): a change counts as a commit.
     """
 
     def __init__(
@@ -204,9 +215,12 @@ class AlertService:
         quiet_s: float = QUIET_S,
         max_defer_s: float | None = None,
         state_cursor: Callable | None = None,
+        commits: Callable[[], int] | None = None,
     ) -> None:
         self.cursor = cursor
         self.state_cursor = state_cursor
+        self.commits = commits
+        self._commits_seen = commits() if commits is not None else None
         self.quiet_s = quiet_s
         self.max_defer_s = max_defer_s if max_defer_s is not None else max(MIN_MAX_DEFER_S, 2 * interval_s)
         self.deferred = 0
@@ -299,6 +313,9 @@ class AlertService:
         (detector scans during a burst would take CPU from the writer), or regardless once it is
         ``max_defer_s`` late under sustained ingest."""
         now = time.monotonic()
+        if self.commits is not None and (count := self.commits()) != self._commits_seen:
+            self._commits_seen = count
+            self._last_commit = now
         if now - last < self.interval.total_seconds():
             return False
         if now - self._last_commit >= self.quiet_s or now - last >= self.max_defer_s:

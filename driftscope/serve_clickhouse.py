@@ -103,6 +103,7 @@ def start_clickhouse_ingest(config, receiver_config: ReceiverConfig) -> tuple:
             lambda: ReadTurn(read_store, read_turns),
             alert_state.write,
             alert_state.cursor,
+            commits=lambda: writer.commits,  # ingest first: evaluations wait for a pause
         )
 
     def health_extra() -> dict:

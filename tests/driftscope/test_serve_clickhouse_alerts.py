@@ -139,3 +139,23 @@ def test_alerts_on_a_chdb_store_fire_and_resolve_as_on_duckdb_and_are_delivered_
         client.__exit__(None, None, None)
         service.stop()
     assert len(sink.bodies("/hook")) == 2 * len(alert_ids)
+
+
+def test_evaluation_waits_for_a_pause_in_the_clickhouse_writers_commits(tmp_path):
+    from driftscope.alerting import AlertService, AlertStateFile
+
+    state = AlertStateFile(tmp_path / "ch.alerts.duckdb")
+    commits = [0]
+    try:
+        service = AlertService(state.cursor, state.write, [], [], interval_s=5, commits=lambda: commits[0])
+        now = time.monotonic()
+        assert service._due(float("-inf"))  # nothing committed since start: runs at once
+        commits[0] += 1  # the writer committed: ingest first
+        assert not service._due(now - 10) and service.health()["deferred_for_ingest"] == 1
+        assert not service._due(now - 10)  # no new commit, but not quiet for quiet_s yet
+        service._last_commit = time.monotonic() - 2  # quiet for longer than quiet_s
+        assert service._due(now - 10)
+        commits[0] += 1
+        assert service._due(now - 61)  # past max_defer it runs under sustained ingest too
+    finally:
+        state.close()
