@@ -17,6 +17,7 @@ from analytics import alerts as alert_state  # noqa: E402
 from analytics.alert_rules import load_rules  # noqa: E402
 from collector.clickhouse_store import parse_store_url  # noqa: E402
 from collector.files import ingest_files, iter_file_requests  # noqa: E402
+from driftscope.alert_receivers import iso  # noqa: E402
 from driftscope.database import open_database  # noqa: E402
 from driftscope.serve import ServeConfig, build_service  # noqa: E402
 from driftscope.serve_clickhouse import alert_state_path  # noqa: E402
@@ -54,6 +55,15 @@ def _start(config: ServeConfig):
     return service, TestClient(service.app, base_url="http://127.0.0.1").__enter__(), alerting
 
 
+def _delivered(sink: Sink) -> tuple[int, int, int]:
+    """Alerts received by the Alertmanager API (lists of alerts), the webhook and Slack."""
+    return (
+        sum(len(body) for body in sink.bodies("/api/v2/alerts")),
+        len(sink.bodies("/hook")),
+        len(sink.bodies("/slack")),
+    )
+
+
 def _episodes(changes) -> set[tuple]:
     return {
         (c.row["alert_id"], c.row["state"], c.row["findings"], c.row["summary"], c.row["labels"])
@@ -73,6 +83,8 @@ def test_alerts_on_a_chdb_store_fire_and_resolve_as_on_duckdb_and_are_delivered_
         alert_rules=str(rules_file),
         alert_webhook_url=sink.url("/hook"),
         alert_webhook_secret=SECRET,
+        alert_slack_url=sink.url("/slack"),
+        alertmanager_url=sink.url(""),
         alert_interval=3600,
     )
     # The DuckDB store's answer for the same spans and times: what the ClickHouse one must give.
@@ -98,13 +110,15 @@ def test_alerts_on_a_chdb_store_fire_and_resolve_as_on_duckdb_and_are_delivered_
         firing = alerting.evaluate_once(fire_at)
         assert firing is not None and firing.errors == {}
         assert _episodes(firing.changes) == _episodes(expected_firing.changes)  # one per finding group
-        assert alerting.queue_due(fire_at) == len(alert_ids)
-        _wait(lambda: len(sink.bodies("/hook")) == len(alert_ids), "firing webhooks")
+        assert alerting.queue_due(fire_at) == 3 * len(alert_ids)  # Alertmanager, webhook, Slack
+        _wait(lambda: _delivered(sink) == (len(alert_ids),) * 3, "firing notifications")
         time.sleep(0.3)
         assert alerting.queue_due(fire_at) == 0  # acknowledged: not queued again
         listed = client.get("/api/v1/alerts").json()["rows"]
         assert sorted(r["alert_id"] for r in listed) == alert_ids
-        assert {(r["state"], r["delivered_to"]) for r in listed} == {("firing", "webhook:firing")}
+        assert {(r["state"], r["delivered_to"]) for r in listed} == {
+            ("firing", "alertmanager:firing, slack:firing, webhook:firing")
+        }
         health = client.get("/api/v1/health").json()["alerting"]
         assert health["status"] == "ok" and health["receivers"]["webhook"]["sent"] == len(alert_ids)
 
@@ -114,8 +128,8 @@ def test_alerts_on_a_chdb_store_fire_and_resolve_as_on_duckdb_and_are_delivered_
         resolved = alerting.evaluate_once(resolve_at)
         assert _episodes(resolved.changes) == _episodes(expected_resolved.changes)
         assert {c.row["state"] for c in resolved.changes} == {"resolved"}
-        assert alerting.queue_due(resolve_at) == len(alert_ids)
-        _wait(lambda: len(sink.bodies("/hook")) == 2 * len(alert_ids), "resolved webhooks")
+        assert alerting.queue_due(resolve_at) == 3 * len(alert_ids)
+        _wait(lambda: _delivered(sink) == (2 * len(alert_ids),) * 3, "resolved notifications")
     finally:
         client.__exit__(None, None, None)
         service.stop()
@@ -126,6 +140,13 @@ def test_alerts_on_a_chdb_store_fire_and_resolve_as_on_duckdb_and_are_delivered_
         f"{b['alerts'][0]['labels']['alertname']}/{b['alerts'][0]['labels']['run_id']}/1"
         for b in bodies[: len(alert_ids)]
     ) == sorted(alert_ids)
+    managed = [alert for body in sink.bodies("/api/v2/alerts") for alert in body]
+    resolved_ids = [
+        f"{a['labels']['alertname']}/{a['labels']['run_id']}/1" for a in managed[len(alert_ids) :]
+    ]
+    assert sorted(resolved_ids) == alert_ids
+    assert {a["endsAt"] for a in managed[len(alert_ids) :]} == {iso(resolve_at)}  # resolved at that time
+    assert [b["text"][:10] for b in sink.bodies("/slack")][-1] == "[RESOLVED]"
     assert alert_state_path(parse_store_url(config.store)) == tmp_path / "ch.alerts.duckdb"
 
     # A restarted serve on the same store and state file sends nothing already acknowledged.
@@ -134,11 +155,13 @@ def test_alerts_on_a_chdb_store_fire_and_resolve_as_on_duckdb_and_are_delivered_
         assert alerting.evaluate_once(resolve_at + timedelta(seconds=1)) is None  # no spans, none active
         assert alerting.queue_due(resolve_at + timedelta(seconds=1)) == 0
         listed = client.get("/api/v1/alerts").json()["rows"]
-        assert {(r["state"], r["delivered_to"]) for r in listed} == {("resolved", "webhook:resolved")}
+        assert {(r["state"], r["delivered_to"]) for r in listed} == {
+            ("resolved", "alertmanager:resolved, slack:resolved, webhook:resolved")
+        }
     finally:
         client.__exit__(None, None, None)
         service.stop()
-    assert len(sink.bodies("/hook")) == 2 * len(alert_ids)
+    assert _delivered(sink) == (2 * len(alert_ids),) * 3
 
 
 def test_evaluation_waits_for_a_pause_in_the_clickhouse_writers_commits(tmp_path):
