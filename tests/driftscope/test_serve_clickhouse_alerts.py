@@ -182,3 +182,38 @@ def test_evaluation_waits_for_a_pause_in_the_clickhouse_writers_commits(tmp_path
         assert service._due(now - 61)  # past max_defer it runs under sustained ingest too
     finally:
         state.close()
+
+
+@pytest.mark.slow
+def test_a_second_serve_evaluating_alerts_on_the_store_is_refused_with_a_clear_message(tmp_path):
+    import subprocess
+    import sys
+
+    from driftscope.settings import ConfigError
+
+    state = tmp_path / "ch.alerts.duckdb"
+    holder = subprocess.Popen(  # another process evaluating alerts holds the state file
+        [
+            sys.executable,
+            "-c",
+            f"import duckdb, sys; c = duckdb.connect({str(state)!r}); print('ok', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "ok"
+        config = ServeConfig(
+            db=str(tmp_path / "unused.duckdb"),
+            store=f"chdb:{tmp_path / 'ch'}",
+            embeddings=False,
+            alert_webhook_url="http://127.0.0.1:9/hook",
+        )
+        with pytest.raises(ConfigError, match="could not open the alert state file .*One serve per store"):
+            build_service(config)
+    finally:
+        holder.communicate("", timeout=30)
+    # The refused serve closed the store: this process can open it again, alerts and all.
+    service = build_service(config)
+    service.stop()
