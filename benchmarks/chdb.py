@@ -140,7 +140,8 @@ class ChdbSpanStore:
         init_clickhouse(self.store)
         self.copies = 0
         if reopen:
-            stored = self.store.execute("SELECT count() AS n FROM spans").column("n")[0].as_py()
+            spans_table = f"{self.store.database}.spans"
+            stored = self.store.execute(f"SELECT count() AS n FROM {spans_table}").column("n")[0].as_py()
             self.copies = stored // self.base.num_rows
 
     @property
@@ -401,39 +402,43 @@ def run_chdb(
 
 
 def chdb_table(section: dict) -> str:
-    """Markdown: per detector, chdb's cold and median beside DuckDB's at each size."""
-    sizes = list(section["by_size"])
-    header = ["detector"]
-    for size in sizes:
-        spans = section["by_size"][size]["spans"]
-        header += [
-            f"chdb cold {spans:,}",
-            f"chdb median {spans:,}",
-            f"DuckDB cold {spans:,}",
-            f"DuckDB median {spans:,}",
-        ]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    names = sorted({name for entry in section["by_size"].values() for name in entry["chdb"]})
+    """Markdown, one table per size: each detector's cold and median warm seconds (and median
+    CPU-seconds of the process) on chdb beside DuckDB's, and whether both returned as many rows."""
 
     def cell(timing: dict | None, key: str) -> str:
         if not timing:
             return "-"
         if timing.get(key) is None:
-            return "skipped" if "skipped" in timing else "error" if "error" in timing else "timed out"
+            return "skipped" if "skipped" in timing else "error" if "error" in timing else "-"
         return f"{timing[key]:.3f}"
 
-    for name in names:
-        row = [name]
-        for size in sizes:
-            entry = section["by_size"][size]
-            row += [
-                cell(entry["chdb"].get(name), "cold_s"),
-                cell(entry["chdb"].get(name), "median_s"),
-                cell(entry["duckdb"].get(name), "cold_s"),
-                cell(entry["duckdb"].get(name), "median_s"),
-            ]
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
+    out = []
+    for entry in section["by_size"].values():
+        out.append(
+            f"\n{entry['spans']:,} spans (load average {entry['load_average_before']} before, "
+            f"{entry['load_average_after']} after; same spans on both engines: {entry['same_spans']})\n"
+        )
+        out.append(
+            "| detector | chdb cold (s) | chdb median (s) | chdb median CPU-s | DuckDB cold (s) "
+            "| DuckDB median (s) | DuckDB median CPU-s | same rows |"
+        )
+        out.append("|---|---|---|---|---|---|---|---|")
+        for name in sorted(entry["chdb"]):
+            ch, duck = entry["chdb"][name], entry["duckdb"].get(name)
+            same = entry["same_rows"].get(name)
+            out.append(
+                "| "
+                + " | ".join(
+                    [
+                        name,
+                        *(cell(ch, key) for key in ("cold_s", "median_s", "median_cpu_s")),
+                        *(cell(duck, key) for key in ("cold_s", "median_s", "median_cpu_s")),
+                        "-" if same is None else "yes" if same else "**no**",
+                    ]
+                )
+                + " |"
+            )
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
