@@ -14,7 +14,7 @@ the two engines:
   ``bool_or``/``bool_and`` are ``max``/``min``; ``regr_slope(y, x)`` is ``covarPopStable / varPopStable`` (the plain sums lose digits on epoch seconds);
 - functions named differently: ``hash(a, b)`` -> ``cityHash64(tuple(a, b))`` (a tuple, so a NULL
   argument hashes to a value, as in DuckDB), ``sha256`` -> hex of ``SHA256``, ``round_even`` ->
-  ``roundBankers``, ``suffix`` -> ``endsWith``, ``regexp_extract_all(s, re, g)`` -> the g-th group
+  ``roundBankers`` (+ 0: a rounded -0.0 is 0.0, one group with 0.0 as in DuckDB), ``suffix`` -> ``endsWith``, ``regexp_extract_all(s, re, g)`` -> the g-th group
   of ``extractAllGroups``, ``regexp_replace(..., 'g')`` -> ``replaceRegexpAll``, list functions
   -> their ``array*`` names, ``len`` (lists) -> ``length``, ``length`` (text) -> characters,
   ``x // y`` -> ``intDiv`` (exact on nanosecond integers), ``epoch_us`` -> ``toUnixTimestamp64Micro``,
@@ -113,7 +113,6 @@ _RENAMED = {
     "list_intersect": "arrayIntersect",
     "list_position": "indexOf",
     "suffix": "endsWith",
-    "round_even": "roundBankers",
     "json_valid": "isValidJSON",
     "epoch_us": "toUnixTimestamp64Micro",
     "contains": "position",
@@ -270,6 +269,11 @@ def _rewrite(node: exp.Expression, params: dict[str, str]) -> exp.Expression:  #
         name = node.name.lower()
         if name == "hash":
             return _fn("cityHash64", _fn("tuple", *node.expressions))
+        if name == "round_even":
+            # + 0 turns a rounded -0.0 into 0.0: DuckDB groups 0.0 and -0.0 as one value,
+            # ClickHouse as two (goal divergences of 1 - cos just below 0 round to -0.0)
+            rounded = _fn("roundBankers", *node.expressions)
+            return exp.Paren(this=exp.Add(this=rounded, expression=exp.Literal.number(0)))
         if name == "contains":
             return exp.GT(this=_fn("position", *node.expressions), expression=exp.Literal.number(0))
         if name in _RENAMED:

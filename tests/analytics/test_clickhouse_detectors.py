@@ -270,6 +270,17 @@ def test_an_inner_cte_of_the_same_name_is_not_a_mention_of_the_outer_one(chdb_st
     assert _rows(query_df(chdb_store, sql, {})) == _rows(want) == [(1, 1), (2, 2)]
 
 
+def test_a_rounded_negative_zero_groups_with_zero_as_in_duckdb(chdb_store):
+    # goal divergences (1 - cos) just below 0 round to -0.0; DuckDB keys -0.0 and 0.0 as one group
+    sql = """
+        SELECT d, count(*) AS n
+        FROM (SELECT round_even(x * 10000, 0) / 10000 AS d
+              FROM (SELECT unnest([-0.00000001, 0.00000001, 0.5]) AS x))
+        GROUP BY d ORDER BY d"""
+    want = duckdb.connect().execute(sql).df()
+    assert _rows(query_df(chdb_store, sql, {})) == _rows(want) == [(0.0, 2), (0.5, 1)]
+
+
 def test_parameters_reach_clickhouse_as_values_not_sql(chdb_store):
     hostile = "x'); DROP TABLE spans; --\t\\n\n"
     sql, types = to_clickhouse("SELECT $text::VARCHAR AS t, $items::VARCHAR[] AS l", {})
