@@ -75,6 +75,17 @@ def start_clickhouse_ingest(config, receiver_config: ReceiverConfig) -> tuple:
         raise ConfigError(str(exc)) from None
     if created:
         logger.info("created in ClickHouse %s: %s", store.database, ", ".join(created))
+    alert_state = None
+    if alert_rules is not None:
+        try:
+            alert_state = AlertStateFile(alert_state_path(parsed))
+        except Exception as exc:
+            store.close()
+            raise ConfigError(
+                f"could not open the alert state file {alert_state_path(parsed)} ({exc}); is another "
+                "serve evaluating alerts on this store? One serve per store may (the others drop the "
+                "alert settings)"
+            ) from None
     stats = IngestStats()
     queue = IngestQueue(config.queue_max_bytes)
     decode_pool = DecodePool(config.decode_workers)
@@ -84,18 +95,8 @@ def start_clickhouse_ingest(config, receiver_config: ReceiverConfig) -> tuple:
     read_turns = threading.Lock()
     writer = ClickHouseWriter(store, queue)
     writer.start()
-    alert_state = alerting = None
-    if alert_rules is not None:
-        try:
-            alert_state = AlertStateFile(alert_state_path(parsed))
-        except Exception as exc:
-            writer.stop()
-            store.close()
-            raise ConfigError(
-                f"could not open the alert state file {alert_state_path(parsed)} ({exc}); is another "
-                "serve evaluating alerts on this store? One serve per store may (the others drop the "
-                "alert settings)"
-            ) from None
+    alerting = None
+    if alert_state is not None:
         # The detectors take read turns like the API's reads; the episodes are the state file's.
         alerting = start_alerting(
             config,
