@@ -20,6 +20,7 @@ import json
 import logging
 import re
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -347,6 +348,7 @@ def evaluate(
     now: datetime | None = None,
     since: datetime | None = None,
     state: duckdb.DuckDBPyConnection | None = None,
+    turn: Callable[[], AbstractContextManager] | None = None,
 ) -> Evaluation:
     """Evaluate every rule on ``conn`` (read only) and plan the state changes.
 
@@ -354,15 +356,17 @@ def evaluate(
     brought up to date incrementally); a rule whose detector fails is reported in ``errors`` and
     its alerts are left as they are. ``state`` is where the alert tables are when they are not
     in ``conn``'s database (``serve --store``: the detectors read ClickHouse, the episodes live
-    in a DuckDB file beside the serve).
+    in a DuckDB file beside the serve). ``turn``, when given, is held around each rule's reads
+    of ``conn`` (there the read API's requests take turns with them, between rules).
     """
     state = conn if state is None else state
     now = now or utcnow()
     result = Evaluation()
     for rule in rules:
         try:
-            rows = finding_frame(conn, rule, since)
-            result.groups[rule.name] = group_findings(conn, rule, rows, now)
+            with turn() if turn is not None else nullcontext():
+                rows = finding_frame(conn, rule, since)
+                result.groups[rule.name] = group_findings(conn, rule, rows, now)
         except Exception as exc:  # noqa: BLE001 - one broken detector must not stop the others' alerts
             logger.warning("alert rule %s: detector %s failed: %s", rule.name, rule.detector, exc)
             result.errors[rule.name] = f"{type(exc).__name__}: {exc}"

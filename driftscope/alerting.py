@@ -19,6 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -152,17 +153,10 @@ def load_alert_rules(config):
         raise ConfigError(f"{exc} (check it with `driftscope alerts check FILE`)") from None
 
 
-def start_alerting(
-    config,
-    rules,
-    cursor,
-    write,
-    state_cursor: Callable | None = None,
-    commits: Callable[[], int] | None = None,
-):
+def start_alerting(config, rules, cursor, write, **store_options):
     """The alert evaluator and its receivers, started for serve's ``config``; None when off
-    (``rules`` None). ``cursor``, ``write``, ``state_cursor`` and ``commits`` as ``AlertService``
-    takes them."""
+    (``rules`` None). ``cursor``, ``write`` and the ``store_options`` (``state_cursor``,
+    ``commits``, ``turn``) as ``AlertService`` takes them."""
     if rules is None:
         return None
     receivers = build_receivers(
@@ -179,8 +173,7 @@ def start_alerting(
         receivers,
         config.alert_interval,
         config.alert_dashboard_url,
-        state_cursor=state_cursor,
-        commits=commits,
+        **store_options,
     )
     service.start()
     logger.info(
@@ -201,7 +194,8 @@ class AlertService:
     store's ``cursor``) reads the alert tables when they live elsewhere than the spans
     (``serve --store``: an ``AlertStateFile`` beside the serve, whose ``write`` is then ``write``).
     ``commits`` is a commit counter the evaluator polls where the writer does not call
-    ``notify()`` (the ClickHouse writer): a change counts as a commit.
+    ``notify()`` (the ClickHouse writer): a change counts as a commit. ``turn``, when given, is
+    held around each read of ``cursor``'s store (one per rule), so other reads go in between.
     """
 
     def __init__(
@@ -216,8 +210,10 @@ class AlertService:
         max_defer_s: float | None = None,
         state_cursor: Callable | None = None,
         commits: Callable[[], int] | None = None,
+        turn: Callable[[], AbstractContextManager] | None = None,
     ) -> None:
         self.cursor = cursor
+        self.turn = turn
         self.state_cursor = state_cursor
         self.commits = commits
         self._commits_seen = commits() if commits is not None else None
@@ -251,11 +247,14 @@ class AlertService:
         conn = self.cursor()
         state = self.state_cursor() if self.state_cursor is not None else conn
         try:
-            version = data_version(conn)
+            with self.turn() if self.turn is not None else nullcontext():
+                version = data_version(conn)
             if version == self._seen_version and not alert_state.has_active(state):
                 self.skipped += 1
                 return None
-            evaluation = alert_state.evaluate(conn, self.rules, now, since=self.since, state=state)
+            evaluation = alert_state.evaluate(
+                conn, self.rules, now, since=self.since, state=state, turn=self.turn
+            )
         finally:
             if state is not conn:
                 state.close()

@@ -97,14 +97,16 @@ def start_clickhouse_ingest(config, receiver_config: ReceiverConfig) -> tuple:
     writer.start()
     alerting = None
     if alert_state is not None:
-        # The detectors take read turns like the API's reads; the episodes are the state file's.
+        # The detectors take read turns like the API's reads, one per rule (requests go in
+        # between); the episodes are the state file's.
         alerting = start_alerting(
             config,
             alert_rules,
-            lambda: ReadTurn(read_store, read_turns),
+            lambda: ReadTurn(read_store, None),
             alert_state.write,
-            alert_state.cursor,
+            state_cursor=alert_state.cursor,
             commits=lambda: writer.commits,  # ingest first: evaluations wait for a pause
+            turn=lambda: read_turns,
         )
 
     def health_extra() -> dict:
@@ -176,10 +178,12 @@ def alert_state_path(url: StoreURL) -> Path:
 class ReadTurn:
     """The store for one read of the API (what ``build_api_routes`` calls a cursor): reads take
     turns, since the read interface may keep a temporary table in the store's session between
-    its statements; ``close()`` ends the turn, not the store. Everything else is the store's."""
+    its statements; ``close()`` ends the turn, not the store. Everything else is the store's.
+    ``turns`` None: the caller takes the turns itself (the alert evaluator, one per rule)."""
 
-    def __init__(self, store: ClickHouseStore, turns: threading.Lock) -> None:
-        turns.acquire()
+    def __init__(self, store: ClickHouseStore, turns: threading.Lock | None) -> None:
+        if turns is not None:
+            turns.acquire()
         self._store = store
         self._turns = turns
 
@@ -188,7 +192,9 @@ class ReadTurn:
 
     def close(self) -> None:
         """End this read's turn."""
-        self._turns.release()
+        if self._turns is not None:
+            self._turns.release()
+            self._turns = None
 
 
 def store_health(conn) -> dict[str, Any]:

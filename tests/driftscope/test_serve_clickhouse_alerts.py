@@ -217,3 +217,35 @@ def test_a_second_serve_evaluating_alerts_on_the_store_is_refused_with_a_clear_m
     # The refused serve closed the store: this process can open it again, alerts and all.
     service = build_service(config)
     service.stop()
+
+
+def test_evaluation_takes_one_read_turn_per_rule_so_other_reads_go_in_between(tmp_path, monkeypatch):
+    import contextlib
+
+    from analytics.alert_rules import default_rules
+
+    conn = open_database(tmp_path / "a.duckdb")
+    assert not ingest_files(None, [SAMPLE], conn=conn).errors
+    held, turns, seen = [], [], []
+
+    @contextlib.contextmanager
+    def turn():
+        turns.append(1)
+        held.append(True)
+        yield
+        held.pop()
+
+    original = alert_state.finding_frame
+
+    def reading(conn, rule, since):  # the real detector run, noting whether a turn is held
+        seen.append(bool(held))
+        return original(conn, rule, since)
+
+    rules = default_rules()
+    now = conn.execute("SELECT max(Timestamp) FROM spans").fetchone()[0] + timedelta(seconds=1)
+    monkeypatch.setattr(alert_state, "finding_frame", reading)
+    with_turns = alert_state.evaluate(conn, rules, now, turn=turn)
+    assert seen == [True] * len(rules) and len(turns) == len(rules) and held == []
+    without = alert_state.evaluate(conn, rules, now)
+    assert _episodes(with_turns.changes) == _episodes(without.changes) != set()
+    conn.close()
