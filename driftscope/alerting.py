@@ -253,7 +253,12 @@ class AlertService:
                 self.skipped += 1
                 return None
             evaluation = alert_state.evaluate(
-                conn, self.rules, now, since=self.since, state=state, turn=self.turn
+                conn,
+                self.rules,
+                now,
+                since=self.since,
+                state=state,
+                turn=self._next_turn if self.turn is not None else None,
             )
         finally:
             if state is not conn:
@@ -272,6 +277,13 @@ class AlertService:
         self.evaluations += 1
         self.last_evaluation_at = iso(now)
         return evaluation
+
+    def _next_turn(self) -> AbstractContextManager:
+        """The next rule's read turn; none once serve is stopping (the store may be closed by
+        then: the rules left fail and keep their alerts as they are)."""
+        if self._stop.is_set():
+            raise RuntimeError("serve is stopping")
+        return self.turn()
 
     def queue_due(self, now: datetime | None = None) -> int:
         """Queue every notification a receiver has not acknowledged; returns how many were queued."""

@@ -249,3 +249,33 @@ def test_evaluation_takes_one_read_turn_per_rule_so_other_reads_go_in_between(tm
     without = alert_state.evaluate(conn, rules, now)
     assert _episodes(with_turns.changes) == _episodes(without.changes) != set()
     conn.close()
+
+
+def test_a_stopping_evaluator_takes_no_further_read_turn(tmp_path):
+    import contextlib
+
+    from analytics.alert_rules import default_rules
+    from driftscope.alerting import AlertService, AlertStateFile
+
+    conn = open_database(tmp_path / "a.duckdb")
+    assert not ingest_files(None, [SAMPLE], conn=conn).errors
+    state = AlertStateFile(tmp_path / "a.alerts.duckdb")
+    turns = []
+
+    @contextlib.contextmanager
+    def turn():
+        turns.append(1)
+        yield
+
+    try:
+        service = AlertService(
+            conn.cursor, state.write, default_rules(), [], state_cursor=state.cursor, turn=turn
+        )
+        service._stop.set()  # serve is stopping: the store may be closed after the current turn
+        evaluation = service.evaluate_once()
+        assert len(turns) == 1  # the data version's; no rule read the store
+        assert set(evaluation.errors) == {r.name for r in default_rules()} and evaluation.changes == []
+        assert "serve is stopping" in next(iter(evaluation.errors.values()))
+    finally:
+        state.close()
+        conn.close()
