@@ -8,6 +8,9 @@ store is the outbox: a notification dropped from a full queue, or lost with a re
 unacknowledged there and is queued again at the next evaluation; an acknowledged one is never
 sent again (except that Alertmanager gets firing alerts re-sent, as Prometheus does, and dedups).
 
+With ``serve --store`` (ClickHouse) the detectors read the store, one read turn per rule, and the
+alert state lives in an ``AlertStateFile`` (a DuckDB file beside the serve) with its own writer.
+
 Receivers and message formats: ``driftscope.alert_receivers``.
 """
 

@@ -13,10 +13,10 @@ delays the writer's next insert. Not here yet: calibration (``/api/v1/calibrate`
 embedding and kept-results workers (they run on the DuckDB store).
 
 Alerts (``driftscope.alerting``) run as on DuckDB: the same rules, episodes and receivers, the
-detectors reading the store on a read turn of their own. The alert state (``alerts``,
-``alert_deliveries``: the outbox) lives in a DuckDB file beside the serve (``alert_state_path``),
-written one transaction at a time, since ClickHouse has no cheap single-row update; so one serve
-per store evaluates alerts. ``GET /api/v1/alerts`` reads that file.
+detectors reading the store, one read turn per rule (requests go in between). The alert state
+(``alerts``, ``alert_deliveries``: the outbox) lives in a DuckDB file beside the serve
+(``alert_state_path``), written one transaction at a time, since ClickHouse has no cheap
+single-row update; so one serve per store evaluates alerts. ``GET /api/v1/alerts`` reads it.
 """
 
 from __future__ import annotations
