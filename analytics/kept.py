@@ -108,10 +108,11 @@ _bypass: contextvars.ContextVar[bool] = contextvars.ContextVar("kept_bypass", de
 
 
 def clear_cache() -> None:
-    """Forget every kept detector result."""
+    """Forget every kept detector result (and stored rows fetched ahead of their reads)."""
     with _cache_lock:
         _cache.clear()
         _scopes.clear()
+    kept_store.forget_fetched()
 
 
 @contextlib.contextmanager

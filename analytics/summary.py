@@ -265,6 +265,7 @@ def clear_cache() -> None:
     """Forget every kept run summary."""
     with _cache_lock:
         _cache.clear()
+    kept_store.forget_fetched()
 
 
 def _summary_columns() -> dict[str, str]:

@@ -205,6 +205,7 @@ def test_stored_results_serve_a_read_only_copy_and_other_code_or_scopes_are_not_
     # another code's rows are never used (a changed detector computes again)
     conn.execute("UPDATE kept_results SET code = 'other' WHERE metric = 'lost_updates'")
     conn.close()
+    kept_store.forget_fetched()  # the reader is a fresh process: nothing fetched before the change
     reader = duckdb.connect(str(tmp_path / "spans.duckdb"), read_only=True)
     before = kept.stats.copy()
     for name, frame in expected.items():
@@ -288,6 +289,22 @@ def test_a_stored_row_of_other_code_is_dropped_only_for_its_own_detector(tmp_pat
     assert kept_worker.store(conn, direct_write(conn)) == 1
     rows = conn.execute("SELECT metric, code FROM kept_results ORDER BY metric").fetchall()
     assert rows == [(name, summary.result_codes()[name]) for name in ("constraint_ledger", "lost_updates")]
+
+
+def test_a_scope_s_stored_rows_are_fetched_once_for_all_its_reads(tmp_path):
+    conn, _, _ = _stored_conn(tmp_path, 3)
+    names = [*sorted(kept.KEPT), "run_summary"]
+    expected = {name: _full(conn, name, Window(), Filters()) for name in names}
+    kept.clear_cache()
+    summary.clear_cache()
+    before = kept.stats.copy()
+    _assert_same(run_metric(conn, names[0]), expected[names[0]], names[0])
+    (fetched,) = [rows for _, rows in kept_store._fetched.values()]
+    assert set(fetched) == set(names[1:])  # the others wait, undecoded, for their reads
+    for name in names[1:]:
+        _assert_same(run_metric(conn, name), expected[name], name)
+    assert not fetched and kept.stats["loaded"] == before["loaded"] + len(kept.KEPT)
+    assert kept.stats["full"] == before["full"]
 
 
 def test_kept_worker_refreshes_after_commits_and_stores_through_its_write_function(tmp_path):
