@@ -22,7 +22,11 @@ writes AS (
            lag(state_version) OVER w AS prev_version,
            lag(SpanId) OVER w AS prev_span,
            lag(Timestamp) OVER w AS prev_ts,
-           lag(start_ns) OVER w AS prev_start_ns
+           lag(start_ns) OVER w AS prev_start_ns,
+           -- the previous writer again, never NULL, for the correlated read below: ClickHouse
+           -- (26.9) sees an outer NULL as a value there (`o.x IS NULL` is false inside the subquery)
+           lag(agent_id) OVER w IS NULL AS prev_agentless,
+           coalesce(lag(agent_id) OVER w, '') AS prev_agent_key
     FROM ok_writes w
     JOIN contested c USING (h)  -- contested is distinct; writes without a run form one partition
     WINDOW w AS (PARTITION BY h, run_id, state_key ORDER BY start_ns, SpanId)
@@ -33,13 +37,15 @@ lost AS (
     WHERE o.prev_span IS NOT NULL
       AND o.prev_agent IS DISTINCT FROM o.agent_id
       AND (o.state_expected_version IS NULL OR o.state_expected_version IS DISTINCT FROM o.prev_version)
-      AND NOT EXISTS (
+      AND (o.prev_version IS NULL  -- no read matches a NULL version
+           OR NOT EXISTS (  -- read by an agent other than the previous writer, in between
           SELECT 1 FROM spans r
           WHERE {span_filter}
             AND r.op = 'read' AND r.run_id = o.run_id AND r.state_key = o.state_key
             AND r.state_version = o.prev_version
-            AND r.agent_id IS DISTINCT FROM o.prev_agent
-            AND r.start_ns > o.prev_start_ns AND r.start_ns < o.start_ns)
+            AND CASE WHEN o.prev_agentless THEN r.agent_id IS NOT NULL
+                     ELSE r.agent_id IS DISTINCT FROM o.prev_agent_key END
+            AND r.start_ns > o.prev_start_ns AND r.start_ns < o.start_ns))
 )
 SELECT TraceId AS trace_id,
        [prev_span, SpanId] AS span_ids,

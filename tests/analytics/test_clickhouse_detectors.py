@@ -270,11 +270,6 @@ def test_an_inner_cte_of_the_same_name_is_not_a_mention_of_the_outer_one(chdb_st
     assert _rows(query_df(chdb_store, sql, {})) == _rows(want) == [(1, 1), (2, 2)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ClickHouse 26.9: a correlated EXISTS never matches when the "
-    "outer value of an IS DISTINCT FROM is NULL (docs/scale-out.md)",
-)
 def test_an_overwrite_of_an_agentless_write_that_another_agent_read_is_no_lost_update(chdb_store):
     def span(offset: int, attrs: dict) -> dict:
         start = BASE_NS + offset * 1_000_000_000
