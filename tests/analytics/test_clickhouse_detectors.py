@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import random
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from analytics.goals import score_pending_pairs  # noqa: E402
 from analytics.sql_loader import query_df  # noqa: E402
 from analytics.types import direct_write  # noqa: E402
 from collector.clickhouse_resolve import resolve_spans  # noqa: E402
-from collector.clickhouse_store import ChdbStore, init_clickhouse, insert_otel_traces  # noqa: E402
+from collector.clickhouse_store import ChdbStore, init_clickhouse, insert_otel_traces, open_store_url  # noqa: E402
 from collector.decode import JSON, PROTOBUF, decode_payload  # noqa: E402
 from collector.files import iter_file_requests  # noqa: E402
 from collector.store import TraceIndex, insert_batches  # noqa: E402
@@ -45,19 +46,37 @@ SAMPLE_FILES = sorted(p for p in SAMPLES.glob("*.json") if not p.name.endswith("
 KNOWN_DIFFERENCES: set[str] = set()
 
 
-@pytest.fixture(scope="module")
-def chdb_store(tmp_path_factory):
-    store = ChdbStore(str(tmp_path_factory.mktemp("chdb")))
+SERVER_URL = os.environ.get("DRIFTSCOPE_CLICKHOUSE_URL")
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        "chdb",
+        pytest.param("server", marks=pytest.mark.skipif(
+            not SERVER_URL, reason="needs a ClickHouse server: set DRIFTSCOPE_CLICKHOUSE_URL="
+            "clickhouse://127.0.0.1:8123/driftscope_test (its driftscope_test_* databases are dropped)")),
+    ],
+)  # fmt: skip
+def chdb_store(request, tmp_path_factory):
+    """chdb in process; and a ClickHouse server through clickhouse-connect when
+    DRIFTSCOPE_CLICKHOUSE_URL is set (the same tests, the same statements)."""
+    if request.param == "server":
+        store = open_store_url(SERVER_URL)
+    else:
+        store = ChdbStore(str(tmp_path_factory.mktemp("chdb")))
     yield store
     store.close()
 
 
 def _on_database(store: ChdbStore, name: str) -> ChdbStore:
-    """The same chdb session on another database (chdb runs one data path per process)."""
+    """The same session on a fresh database of its own (chdb runs one data path per process; on
+    a server, ``<url database>_<name>``)."""
     import copy
 
     other = copy.copy(store)
-    other.database = name
+    other.database = f"{store.database}_{name}"
+    store.command(f"DROP DATABASE IF EXISTS {other.database}")
     return other
 
 
