@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from collector import clickhouse_schema as schema
+from collector.clickhouse_store import ChdbStore, StoreURLError, init_clickhouse, open_store_url
 from collector.decode import SPAN_SCHEMA, DecodedBatch
 from collector.migrations_runner import apply_migrations
 from collector.store import insert_batches
@@ -140,6 +141,43 @@ def resolve_spans(store, settle_seconds: float = 2.0, traces_per_chunk: int = TR
     )
     logger.debug("resolved %d traces, rewrote %d span rows", len(trace_ids), rewritten)
     return rewritten
+
+
+def open_for_reading(url: str):
+    """The store a reading command names (``report``, ``dashboard`` ``--source``), ready to read.
+
+    A ``chdb:`` path is this process's alone (chdb locks it), so reading it first does what a
+    collector deployment schedules: driftscope's objects are created beside `otel_traces` if only
+    the OpenTelemetry Collector's exporter has written there (``driftscope clickhouse init``; the
+    spans it stored are copied into `spans`), and a resolve pass runs over the traces that gained
+    rows. A server is read as it is (its resolver runs on a schedule, one per database); a
+    database without driftscope's `spans` is an error saying what to run. DuckDB files open
+    read-only."""
+    store = open_store_url(url, read_only=True)
+    if store.engine == "duckdb":
+        return store
+    try:
+        if isinstance(store, ChdbStore):
+            created = init_clickhouse(store)
+            rewritten = resolve_spans(store, settle_seconds=0)
+            if created:
+                logger.info("%s had no driftscope objects: created %s", url, ", ".join(created))
+            logger.info("resolved %s before reading: %d span rows rewritten", url, rewritten)
+            return store
+        tables = store.execute(
+            "SELECT name FROM system.tables WHERE database = {db:String} AND name = {t:String}",
+            {"db": store.database, "t": schema.SPANS_TABLE},
+        )
+        if tables.num_rows == 0:
+            raise StoreURLError(
+                f"ClickHouse database {store.database!r} has no driftscope `spans` table: run "
+                f"`driftscope clickhouse init --store {url}` once beside the exporter's otel_traces and "
+                "`driftscope clickhouse resolve` on a schedule (docs/scale-out.md)"
+            )
+    except BaseException:
+        store.close()
+        raise
+    return store
 
 
 def _put_work(store, kind: str, keys: list[str]) -> None:

@@ -31,10 +31,11 @@ def _open_source(source: str, token: str | None):
     if source.startswith(("http://", "https://")):
         return HttpSource(source, token=token)
     if source.startswith(CLICKHOUSE_SOURCES):
-        from collector.clickhouse_store import StoreURLError, open_store_url
+        from collector.clickhouse_resolve import open_for_reading
+        from collector.clickhouse_store import StoreURLError
 
         try:
-            store = open_store_url(source, read_only=True)
+            store = open_for_reading(source)
         except StoreURLError as exc:
             raise ConfigError(str(exc)) from exc
         return StoreSource(lambda: store, f"ClickHouse store {source}")

@@ -3,7 +3,8 @@ the store code it may not import.
 
 ``dashboard`` may import only ``analytics``, so it cannot open a ``chdb:PATH`` or
 ``clickhouse://`` store itself. This script, run by ``streamlit run`` in the child process, hands
-it ``collector.clickhouse_store.open_store_url`` (read-only) and then runs ``dashboard/app.py``
+it ``collector.clickhouse_resolve.open_for_reading`` (a chdb path gets driftscope's objects
+and a resolve pass first) and then runs ``dashboard/app.py``
 unchanged, on every rerun as Streamlit reruns its main script.
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import runpy
 import sys
-from functools import partial
 from pathlib import Path
 
 # `streamlit run` puts this file's folder on sys.path, not the project root.
@@ -19,8 +19,8 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from collector.clickhouse_store import open_store_url  # noqa: E402
+from collector.clickhouse_resolve import open_for_reading  # noqa: E402
 from dashboard import app_main, datasource  # noqa: E402
 
-datasource.set_store_opener(partial(open_store_url, read_only=True))
+datasource.set_store_opener(open_for_reading)
 runpy.run_path(app_main, run_name="__main__")

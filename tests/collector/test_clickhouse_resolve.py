@@ -1,0 +1,72 @@
+"""Reading a ClickHouse store that only the OpenTelemetry Collector's exporter has written:
+`driftscope report --source chdb:PATH` creates driftscope's objects and resolves before reading
+(collector.clickhouse_resolve.open_for_reading), as issue 17 asks. Each test runs the CLI in a
+child process: chdb keeps one data path per process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("chdb", reason="chdb is in the dev extra (pip install 'driftscope[clickhouse]')")
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Writes otel_traces exactly as otelcol-contrib's clickhouse exporter creates it, and nothing of
+# driftscope's: a split-brain pair (two agents read v1, both write v2 unversioned) ten minutes ago.
+_EXPORTER_ONLY = """
+import sys, time
+from collector import clickhouse_schema as schema
+from collector.clickhouse_store import ChdbStore, insert_otel_traces
+from collector.decode import PROTOBUF, decode_payload
+from tests.otlp_builders import make_request
+
+store = ChdbStore(sys.argv[1])
+store.command("CREATE DATABASE IF NOT EXISTS otel")
+for statement in schema.otel_traces_ddl():
+    store.command(statement)
+start = time.time_ns() - 600 * 10**9
+spans = []
+for i, (op, agent, version) in enumerate([("read", "a", "v1"), ("read", "b", "v1"),
+                                          ("write", "a", "v2"), ("write", "b", "v2")]):
+    at = start + i * 10**9
+    spans.append({"name": op, "trace_id": bytes([i + 1]) * 16, "start": at, "end": at + 1000,
+                  "status": 0, "attrs": {"gen_ai.conversation.id": "run-x", "driftscope.op": op,
+                                         "gen_ai.agent.id": agent, "driftscope.state.key": "k",
+                                         "driftscope.state.version": version}})
+batch = decode_payload(make_request(spans).SerializeToString(), PROTOBUF)
+insert_otel_traces(store, batch.table)
+tables = store.execute("SELECT name FROM system.tables WHERE database = 'otel'").column("name").to_pylist()
+store.close()
+print(",".join(sorted(tables)))
+"""
+
+
+def _run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+
+
+@pytest.mark.slow  # two child processes (chdb start, the report): ~15 s
+def test_report_reads_a_chdb_path_only_the_exporter_wrote(tmp_path):
+    path = tmp_path / "ch"
+    written = _run("-c", _EXPORTER_ONLY, str(path))
+    assert written.returncode == 0, written.stderr
+    assert written.stdout.split()[-1] == "otel_traces,otel_traces_trace_id_ts,otel_traces_trace_id_ts_mv"
+    out = tmp_path / "out.json"
+    report = _run("-m", "driftscope", "report", "--source", f"chdb:{path}", "--since", "2h",
+                  "--format", "json", "-o", str(out))  # fmt: skip
+    assert report.returncode == 0, report.stderr
+    assert "had no driftscope objects: created" in report.stderr
+    document = json.loads(out.read_text())
+    assert not document["errors"], document["errors"]
+    assert document["summary"]["runs"] == 1
+    found = {row["metric"]: row["findings"] for row in document["summary"]["by_failure_mode"]}
+    assert found.get("divergent_reads", 0) >= 1 and found.get("lost_updates", 0) >= 1, found
