@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import shutil
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ import pyarrow.compute as pc
 
 from benchmarks.dbbuild import BASE_SPANS, SpanDatabase
 from benchmarks.generator import TEMPLATE_NAMESPACE, Shape, template_payloads
+from benchmarks.queries import warm_calls
 from collector.conventions import RULES
 from collector.decode import PROTOBUF, decode_payload
 
@@ -290,29 +290,23 @@ def time_store_detectors(
             continue
         start, start_cpu = time.perf_counter(), time.process_time()
         try:
-            frame = run_metric(store, name, Window(), Filters())
+            run_metric(store, name, Window(), Filters())
         except Exception as exc:  # noqa: BLE001 - reported per detector
             results[name] = {"error": str(exc)[:300], "median_s": None}
             logger.warning("%s failed on chdb: %s", name, str(exc)[:300])
             continue
         cold, cold_cpu = time.perf_counter() - start, time.process_time() - start_cpu
-        runs, cpu = [], []
-        for _ in range(repeats if cold < slow_s else 1):
-            start, start_cpu = time.perf_counter(), time.process_time()
-            frame = run_metric(store, name, Window(), Filters())
-            runs.append(time.perf_counter() - start)
-            cpu.append(time.process_time() - start_cpu)
-        results[name] = {
-            "cold_s": round(cold, 4),
-            "cold_cpu_s": round(cold_cpu, 4),
-            "median_s": round(statistics.median(runs), 4),
-            "median_cpu_s": round(statistics.median(cpu), 4),
-            "runs_s": [round(r, 4) for r in runs],
-            "rows": len(frame),
-            "load_average": [round(x, 2) for x in os.getloadavg()],
-        }
+        results[name] = warm_calls(
+            lambda: run_metric(store, name, Window(), Filters()),  # noqa: B023 - called in this turn
+            repeats if cold < slow_s else 1, cold, cold_cpu,
+        )  # fmt: skip
+        results[name]["load_average"] = [round(x, 2) for x in os.getloadavg()]
         logger.info(
-            "chdb %s: cold %.3fs, median %.3fs (%d rows)", name, cold, results[name]["median_s"], len(frame)
+            "chdb %s: cold %.3fs, median %.3fs (%d rows)",
+            name,
+            cold,
+            results[name]["median_s"],
+            results[name]["rows"],
         )
     return results
 

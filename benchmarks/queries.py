@@ -21,6 +21,27 @@ from benchmarks.dbbuild import SpanDatabase
 logger = logging.getLogger(__name__)
 
 
+def warm_calls(call, repeats: int, cold: float, cold_cpu: float) -> dict:
+    """Time ``call()`` ``repeats`` times after its cold call took ``cold`` / ``cold_cpu`` seconds:
+    cold and median warm seconds, wall and CPU, and the rows of the last frame. CPU seconds are
+    this process's (every engine thread): on a shared, loaded machine the wall time is this
+    stretched by the other processes' load."""
+    runs, cpu = [], []
+    for _ in range(repeats):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        frame = call()
+        runs.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return {
+        "cold_s": round(cold, 4),
+        "cold_cpu_s": round(cold_cpu, 4),
+        "median_s": round(statistics.median(runs), 4),
+        "median_cpu_s": round(statistics.median(cpu), 4),
+        "runs_s": [round(r, 4) for r in runs],
+        "rows": len(frame),
+    }
+
+
 def time_detectors(
     conn, repeats: int, names: list[str] | None = None, limit_s: float = 300.0, skip: set[str] | None = None
 ) -> dict[str, dict]:
@@ -51,23 +72,11 @@ def time_detectors(
         finally:
             timer.cancel()
         cold, cold_cpu = time.perf_counter() - start, time.process_time() - start_cpu
-        runs, cpu = [], []
         # Detectors slower than a tenth of the limit are timed once more, not ``repeats`` times.
-        for _ in range(repeats if cold < limit_s / 10 else 1):
-            start, start_cpu = time.perf_counter(), time.process_time()
-            frame = run_metric(conn, name, Window(), Filters())
-            runs.append(time.perf_counter() - start)
-            cpu.append(time.process_time() - start_cpu)
-        results[name] = {
-            "cold_s": round(cold, 4),
-            "cold_cpu_s": round(cold_cpu, 4),
-            "median_s": round(statistics.median(runs), 4),
-            # CPU seconds of this process (every DuckDB thread): on a shared, loaded machine
-            # the wall time above is this stretched by the other processes' load.
-            "median_cpu_s": round(statistics.median(cpu), 4),
-            "runs_s": [round(r, 4) for r in runs],
-            "rows": len(frame),
-        }
+        results[name] = warm_calls(
+            lambda: run_metric(conn, name, Window(), Filters()),  # noqa: B023 - called in this turn
+            repeats if cold < limit_s / 10 else 1, cold, cold_cpu,
+        )  # fmt: skip
         logger.info("%s: median %.3fs (%d rows)", name, results[name]["median_s"], len(frame))
     return results
 

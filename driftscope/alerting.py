@@ -31,6 +31,7 @@ import duckdb
 from analytics import alerts as alert_state
 from analytics.alert_rules import AlertRule, RuleError, load_rules
 from analytics.read import data_version
+from analytics.types import direct_write
 from collector.migrations_runner import apply_migrations
 from driftscope.alert_receivers import (
     AlertmanagerReceiver,
@@ -104,16 +105,9 @@ class AlertStateFile:
         with self._lock:
             conn = self._conn.cursor()
             try:
-                conn.execute("BEGIN TRANSACTION")
-                try:
-                    result = fn(conn)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
+                return direct_write(conn)(fn)
             finally:
                 conn.close()
-        return result
 
     def close(self) -> None:
         """Checkpoint and close the file (after the ``AlertService`` using it has stopped)."""

@@ -24,6 +24,16 @@ class PortTakenError(RuntimeError):
     """serve exited because a port chosen for it was bound by another process meanwhile."""
 
 
+def wait_until(predicate, what: str, timeout: float = 20, poll: float = 0.05) -> None:
+    """Return once ``predicate()`` is true; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(poll)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

@@ -28,7 +28,7 @@ from driftscope.alert_receivers import (
 )
 from driftscope.alerting import AlertService
 from driftscope.database import open_database
-from tests.serve_helpers import free_port
+from tests.serve_helpers import free_port, wait_until
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 SECRET = "s3cret"
@@ -61,14 +61,6 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         return None
-
-
-@pytest.fixture
-def sink():
-    server = Sink()
-    yield server
-    server.shutdown()
-    server.server_close()
 
 
 def _notification(state: str = "firing") -> Notification:
@@ -196,12 +188,7 @@ def _service(store: Store, sink: Sink, rules) -> AlertService:
 
 
 def _wait(predicate, what: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    wait_until(predicate, what, timeout)
 
 
 def test_service_retries_a_failing_receiver_and_delivers_each_state_once_across_a_restart(tmp_path, sink):

@@ -22,25 +22,13 @@ from driftscope.database import open_database  # noqa: E402
 from driftscope.serve import ServeConfig, build_service  # noqa: E402
 from driftscope.serve_clickhouse import alert_state_path  # noqa: E402
 from tests.driftscope.test_alerting import SECRET, Sink  # noqa: E402
+from tests.serve_helpers import wait_until  # noqa: E402
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "split_brain_unguarded.json"
 
 
-@pytest.fixture
-def sink():
-    server = Sink()
-    yield server
-    server.shutdown()
-    server.server_close()
-
-
 def _wait(predicate, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    wait_until(predicate, what, timeout)
 
 
 def _start(config: ServeConfig):

@@ -25,7 +25,7 @@ import pytest
 
 from analytics.types import Window
 from dashboard.datasource import HttpSource
-from tests.serve_helpers import REPO, ServeProcess, free_port
+from tests.serve_helpers import REPO, ServeProcess, free_port, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -230,12 +230,7 @@ def _direct(sink: Sink, path: str, status: str) -> list[tuple[str, str]]:
 
 
 def _wait(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
+    wait_until(predicate, what, timeout, poll=0.3)
 
 
 def test_failing_crew_pages_once_per_finding_group_through_alertmanager_across_restarts_and_outages(
