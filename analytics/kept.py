@@ -266,24 +266,40 @@ def kept_result(
     compute: Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame],
     window: Window,
     filters: Filters,
+    columns: list[str] | None = None,
 ) -> pd.DataFrame:
     """The result of detector ``name`` (``compute``) over ``window`` / ``filters``, from the kept
-    result brought up to date (see the module docstring); equal to ``compute(conn, window, filters)``."""
+    result brought up to date (see the module docstring); equal to ``compute(conn, window, filters)``.
+
+    ``columns``: only those columns (``project``). A stored result that is up to date is then
+    decoded for those columns only and not kept (a later whole read decodes it whole); any other
+    answer is the whole result, kept as usual, projected."""
     identity = database_identity(conn) if name in KEPT and not _bypass.get() else None
     if identity is None:
-        return compute(conn, window, filters)
+        return project(compute(conn, window, filters), columns)
     tools = current_side_effect_tools()
     key = (identity, name, window, filters, tools)
     with _cache_lock:
         kept = _cache.get(key)
+    checked = None
     if kept is None:  # not kept in this process: start from the stored result, if any
-        loaded = kept_store.load(
+        loaded = kept_store.load_encoded(
             conn, name, kept_store.scope_text(window, filters, tools), result_code(compute)
         )
-        if loaded is not None:
-            kept = _Kept(loaded[0], loaded[1], stored=True)
+        if loaded is not None and columns is not None:
+            checked = read_version(conn, loaded[0])
+            if checked[1] is not None and not checked[1] and checked[0].spans == loaded[0].spans:
+                part = kept_store.decoded(name, loaded[1], columns)
+                if part is not None:
+                    stats["loaded_columns"] += 1
+                    return project(part, columns)
+        frame = None if loaded is None else kept_store.decoded(name, loaded[1])
+        if frame is not None:
+            kept = _Kept(loaded[0], frame, stored=True)
             stats["loaded"] += 1
-    version, touched = read_version(conn, kept.version if kept is not None else None)
+        else:
+            checked = None
+    version, touched = checked or read_version(conn, kept.version if kept is not None else None)
     frame = None
     stored = False
     if kept is not None and touched is not None:
@@ -323,7 +339,14 @@ def kept_result(
         ):
             _cache.popitem(last=False)
     # pandas copy-on-write: a caller changing the frame changes its own copy, never the kept one.
-    return frame.copy(deep=False)
+    return project(frame, columns)
+
+
+def project(frame: pd.DataFrame, columns: list[str] | None) -> pd.DataFrame:
+    """``frame``'s ``columns`` (in that order, those it has; all when None), a shallow copy."""
+    if columns is None:
+        return frame.copy(deep=False)
+    return frame[[c for c in dict.fromkeys(columns) if c in frame.columns]].copy(deep=False)
 
 
 def unstored(identity: tuple, window: Window, filters: Filters) -> list[tuple[str, Version, pd.DataFrame]]:

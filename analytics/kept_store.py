@@ -279,14 +279,23 @@ def _collection_paused() -> Iterator[None]:
             gc.enable()
 
 
-def decode(data: bytes) -> pd.DataFrame:
-    """The frame ``encode`` stored.
+def decode(data: bytes, columns: list[str] | None = None) -> pd.DataFrame:
+    """The frame ``encode`` stored; only ``columns`` of it (in that order, those it has) when given.
 
     Columns that held Python lists are built straight from Arrow as lists (``to_pylist``), not
-    as numpy arrays converted cell by cell, with the collector paused (``_collection_paused``)."""
+    as numpy arrays converted cell by cell, with the collector paused (``_collection_paused``).
+    A column left out is never converted: the Overview's read skips ``repeated_calls``' 7.1M
+    span ids at 10M spans (0.58 CPU-s of its 0.9)."""
     with pa.ipc.open_stream(io.BytesIO(data)) as reader:
         table = reader.read_all()
     lists = json.loads((table.schema.metadata or {}).get(_LISTS_KEY, b"[]"))
+    if columns is not None:  # the stored index (a column in pandas' metadata) comes along
+        index = [
+            c for c in (table.schema.pandas_metadata or {}).get("index_columns", []) if isinstance(c, str)
+        ]
+        wanted = [c for c in dict.fromkeys(columns) if c in table.column_names and c not in index]
+        table = table.select(wanted + index)
+        lists = [c for c in lists if c in table.column_names]
     with _collection_paused():
         if not lists:
             return table.to_pandas()
@@ -349,21 +358,40 @@ def _stored_row(conn: duckdb.DuckDBPyConnection, metric: str, scope: str) -> tup
     return None if row is None else (row[0], row[1], row[2])
 
 
-def load(
+def load_encoded(
     conn: duckdb.DuckDBPyConnection, metric: str, scope: str, code: str
-) -> tuple[Version, pd.DataFrame] | None:
-    """The stored result of ``metric`` for ``scope`` written by the code ``code`` (its
-    ``code_fingerprint``), or None."""
+) -> tuple[Version, bytes] | None:
+    """(data version, encoded frame) of ``metric``'s stored result for ``scope`` written by the
+    code ``code`` (its ``code_fingerprint``), or None; ``decode`` the frame (whole or some columns)."""
     if not _has_table(conn):
         return None
     row = _stored_row(conn, metric, scope)
     if row is None or row[0] != code:
         return None
     try:
-        return parse_version(row[1]), decode(row[2])
+        return parse_version(row[1]), row[2]
+    except (ValueError, KeyError, TypeError) as exc:
+        logger.warning("stored result of %s unreadable, computing it again: %s", metric, exc)
+        return None
+
+
+def decoded(metric: str, data: bytes, columns: list[str] | None = None) -> pd.DataFrame | None:
+    """``decode(data, columns)``, or None (logged) when the stored bytes are unreadable."""
+    try:
+        return decode(data, columns)
     except (ValueError, KeyError, TypeError, pa.ArrowException) as exc:
         logger.warning("stored result of %s unreadable, computing it again: %s", metric, exc)
         return None
+
+
+def load(
+    conn: duckdb.DuckDBPyConnection, metric: str, scope: str, code: str
+) -> tuple[Version, pd.DataFrame] | None:
+    """The stored result of ``metric`` for ``scope`` written by the code ``code`` (its
+    ``code_fingerprint``), or None."""
+    found = load_encoded(conn, metric, scope, code)
+    frame = None if found is None else decoded(metric, found[1])
+    return None if frame is None else (found[0], frame)
 
 
 def store_rows(entries: Iterable[tuple[str, str, Version, bytes, int]], codes: dict[str, str]):

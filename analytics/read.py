@@ -60,11 +60,37 @@ def metric_names() -> list[str]:
     return [m.name for m in registry.catalogue()]
 
 
+def metric_columns(name: str, columns: list[str] | str | None) -> list[str] | None:
+    """``columns`` (a list, or comma-separated text) checked against ``name``'s documented
+    columns: the list, or None for all. ``ValueError`` naming the documented ones otherwise
+    (``KeyError`` for an unknown metric)."""
+    if columns is None:
+        return None
+    wanted = [c.strip() for c in columns.split(",")] if isinstance(columns, str) else list(columns)
+    found = registry.METRICS.get(name)
+    if found is None:
+        raise KeyError(f"Unknown metric {name!r}; known metrics: {', '.join(sorted(registry.METRICS))}")
+    documented = found.columns
+    unknown = [c for c in wanted if c not in documented]
+    if not wanted or unknown:
+        raise ValueError(
+            f"columns of {name} must be some of its documented columns ({', '.join(documented)}), "
+            f"got {', '.join(repr(c[:40]) for c in unknown) if unknown else 'none'}"
+        )
+    return list(dict.fromkeys(wanted))
+
+
 def metric(
-    conn: duckdb.DuckDBPyConnection, name: str, window: Window = Window(), filters: Filters = Filters()
+    conn: duckdb.DuckDBPyConnection,
+    name: str,
+    window: Window = Window(),
+    filters: Filters = Filters(),
+    columns: list[str] | str | None = None,
 ) -> pd.DataFrame:
-    """One metric's rows over ``window`` and ``filters`` (``KeyError`` for an unknown name)."""
-    return registry.run_metric(conn, name, window, filters)
+    """One metric's rows over ``window`` and ``filters`` (``KeyError`` for an unknown name); only
+    ``columns`` when given (``metric_columns``: a projection, so a caller that shows counts never
+    has the evidence lists built), equal to those columns of the whole frame."""
+    return registry.run_metric(conn, name, window, filters, metric_columns(name, columns))
 
 
 def runs(

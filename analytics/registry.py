@@ -237,8 +237,10 @@ def run_metric(
     name: str,
     window: Window = Window(),
     filters: Filters = Filters(),
+    columns: list[str] | None = None,
 ) -> pd.DataFrame:
-    """Run the metric ``name`` over ``window`` and ``filters``.
+    """Run the metric ``name`` over ``window`` and ``filters``; only ``columns`` of its result
+    when given (in that order; the caller checks them against the documented columns).
 
     Raises ``KeyError`` naming the known metrics when ``name`` is not registered.
     """
@@ -249,4 +251,4 @@ def run_metric(
         raise KeyError(f"Unknown metric {name!r}; known metrics: {known}") from None
     logger.debug("running metric %s window=%s filters=%s", name, window, filters)
     ensure_readable(conn)
-    return kept_result(conn, name, metric.func, window, filters)  # up to date by data version
+    return kept_result(conn, name, metric.func, window, filters, columns)  # up to date by data version

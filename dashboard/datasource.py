@@ -106,7 +106,9 @@ class DataSource(Protocol):
 
     def list_metrics(self) -> list[dict]: ...
 
-    def metric(self, name: str, window: Window, filters: Filters) -> pd.DataFrame: ...
+    def metric(
+        self, name: str, window: Window, filters: Filters, columns: list[str] | None = None
+    ) -> pd.DataFrame: ...
 
     def runs(self, window: Window, filters: Filters) -> pd.DataFrame: ...
 
@@ -208,11 +210,14 @@ class HttpSource:
         body = self._get("/api/v1/metrics").json()
         return body.get("metrics", []) if isinstance(body, dict) else list(body)
 
-    def metric(self, name: str, window: Window, filters: Filters) -> pd.DataFrame:
-        """One metric's frame, transferred as an Arrow IPC stream."""
-        response = self._get(
-            f"/api/v1/metrics/{quote(name, safe='')}", window_params(window, filters), ARROW_STREAM
-        )
+    def metric(
+        self, name: str, window: Window, filters: Filters, columns: list[str] | None = None
+    ) -> pd.DataFrame:
+        """One metric's frame (only ``columns`` when given), transferred as an Arrow IPC stream."""
+        params = window_params(window, filters)
+        if columns is not None:
+            params["columns"] = ",".join(columns)
+        response = self._get(f"/api/v1/metrics/{quote(name, safe='')}", params, ARROW_STREAM)
         return self._frame(response)
 
     def runs(self, window: Window, filters: Filters, limit: int = 500) -> pd.DataFrame:
@@ -352,13 +357,16 @@ class DuckDBFileSource:
         """The registered metrics described as the read API lists them."""
         return read.describe_metrics()
 
-    def metric(self, name: str, window: Window, filters: Filters) -> pd.DataFrame:
-        """Run one registered detector on the file (its errors, and KeyError, reach the page as raised)."""
+    def metric(
+        self, name: str, window: Window, filters: Filters, columns: list[str] | None = None
+    ) -> pd.DataFrame:
+        """Run one registered detector on the file (its errors, and KeyError, reach the page as
+        raised); only ``columns`` of its result when given (``analytics.read.metric``)."""
         with self._lock:
             # A cursor keeps detector temp state (registered frames) off the shared connection.
             cursor = self._connection().cursor()
             try:
-                return read.metric(cursor, name, window, filters)
+                return read.metric(cursor, name, window, filters, columns)
             finally:
                 cursor.close()
 
@@ -472,10 +480,12 @@ class StoreSource(DuckDBFileSource):
             return Health(False, str(exc))
         return Health(True, f"{self.description}: {count} spans", int(count))
 
-    def metric(self, name: str, window: Window, filters: Filters) -> pd.DataFrame:
-        """Run one registered detector on the store."""
+    def metric(
+        self, name: str, window: Window, filters: Filters, columns: list[str] | None = None
+    ) -> pd.DataFrame:
+        """Run one registered detector on the store (only ``columns`` of it when given)."""
         with self._lock:
-            return read.metric(self._connection(), name, window, filters)
+            return read.metric(self._connection(), name, window, filters, columns)
 
     def _read(self, func, *args):
         with self._lock:

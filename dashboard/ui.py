@@ -30,7 +30,7 @@ from dashboard.filters import (
     utc_now,
     window_for,
 )
-from dashboard.findings import FindingSet, finding_metrics, gather_findings
+from dashboard.findings import FindingSet, counted_columns, finding_metrics, gather_findings
 from dashboard.launch import SIDE_EFFECT_TOOLS_ENV, SOURCE_ENV, TOKEN_ENV
 from dashboard.overview import newest_span, tile_for
 from dashboard.report import build_report
@@ -105,9 +105,19 @@ def get_source(key: str) -> DataSource:
 
 
 @st.cache_resource(ttl=CACHE_TTL, max_entries=FRAME_ENTRIES, show_spinner=False)
-def cached_metric(key: str, version: str, name: str, window: Window, filters: Filters) -> pd.DataFrame:
-    """A metric frame (shared, read-only), cached by source, data version, name, window, filters."""
-    return get_source(key).metric(name, window, filters)
+def cached_metric(
+    key: str,
+    version: str,
+    name: str,
+    window: Window,
+    filters: Filters,
+    columns: tuple[str, ...] | None = None,
+) -> pd.DataFrame:
+    """A metric frame (shared, read-only), cached by source, data version, name, window, filters;
+    only ``columns`` of it when given (a projection read: the evidence lists are never built)."""
+    if columns is None:
+        return get_source(key).metric(name, window, filters)
+    return get_source(key).metric(name, window, filters, list(columns))
 
 
 @st.cache_data(ttl=REFRESH_SECONDS * 0.8, show_spinner=False)
@@ -435,14 +445,21 @@ def run_report(ctx: PageContext, run: str, fmt: str = "html", dashboard_url: str
 
 
 @st.cache_resource(ttl=CACHE_TTL, max_entries=FRAME_ENTRIES, show_spinner="Running detectors…")
-def cached_findings(key: str, version: str, window: Window, filters: Filters) -> FindingSet:
-    """Every finding detector's result for the window and filters (shared, read-only)."""
+def cached_findings(
+    key: str, version: str, window: Window, filters: Filters, counts_only: bool = False
+) -> FindingSet:
+    """Every finding detector's result for the window and filters (shared, read-only).
+
+    ``counts_only``: each frame holds only the columns counts, runs, trends and ranking read
+    (``counted_columns``; the Overview), so findings cannot be listed from it."""
+    metrics = cached_metrics_list(key)
+    wanted = {m["name"]: counted_columns(m) if counts_only else None for m in metrics}
     return gather_findings(
         get_source(key),
         window,
         filters,
-        read=lambda name: cached_metric(key, version, name, window, filters),
-        metrics=cached_metrics_list(key),
+        read=lambda name: cached_metric(key, version, name, window, filters, wanted.get(name)),
+        metrics=metrics,
     )
 
 
@@ -459,7 +476,7 @@ class Overview:
 @st.cache_resource(ttl=CACHE_TTL, max_entries=FRAME_ENTRIES, show_spinner=False)
 def cached_overview(key: str, version: str, window: Window, filters: Filters) -> Overview:
     """Tiles, per-mode summary, run verdicts and freshness of the Overview."""
-    found = cached_findings(key, version, window, filters)
+    found = cached_findings(key, version, window, filters, counts_only=True)
     tiles = [tile_for(m, found.by_metric.get(m["name"])) for m in finding_metrics(cached_metrics_list(key))]
     summary = found.summary()
     verdicts = cached_metric(key, version, "run_summary", window, filters)
@@ -467,10 +484,11 @@ def cached_overview(key: str, version: str, window: Window, filters: Filters) ->
     return Overview(tiles, summary, verdicts, newest)
 
 
-def load_findings(ctx: PageContext) -> FindingSet | None:
-    """Findings for the page, or None after a banner when the source is down."""
+def load_findings(ctx: PageContext, counts_only: bool = False) -> FindingSet | None:
+    """Findings for the page, or None after a banner when the source is down (``counts_only``:
+    see ``cached_findings``)."""
     try:
-        found = cached_findings(ctx.source_key, ctx.version, ctx.window, ctx.filters)
+        found = cached_findings(ctx.source_key, ctx.version, ctx.window, ctx.filters, counts_only=counts_only)
     except SourceUnavailable as exc:
         unavailable_banner(str(exc))
         return None

@@ -234,8 +234,12 @@ def build_api_routes(
             return JSONResponse(
                 {"error": f"unknown metric {name[:60]!r}; known: {', '.join(sorted(known))}"}, status_code=404
             )
-        params = parse_query(request, WINDOW_PARAMS + FILTER_PARAMS)
-        frame = await run(read.metric, name, *window_and_filters(params))
+        params = parse_query(request, WINDOW_PARAMS + FILTER_PARAMS + ("columns",))
+        try:  # ?columns=a,b: only those documented columns (the Overview needs no evidence lists)
+            columns = read.metric_columns(name, params.get("columns"))
+        except ValueError as exc:
+            raise BadParameterError(str(exc)) from None
+        frame = await run(read.metric, name, *window_and_filters(params), columns)
         return frame_response(request, frame, {"metric": name})
 
     async def runs(request: Request) -> Response:

@@ -17,7 +17,7 @@ st.title("Coordination failures")
 if not ui.has_spans():
     ui.no_spans_state()
 else:
-    found = ui.load_findings(ctx)
+    found = ui.load_findings(ctx, counts_only=True)
     if found is not None:
         overview = ui.cached_overview(ctx.source_key, ctx.version, ctx.window, ctx.filters)
         now = utc_now()
@@ -82,4 +82,8 @@ else:
         with left:
             ui.plot(findings_by_mode_figure(overview.by_mode), key="by_mode")
         with right:
-            ui.plot(rejection_rate_figure(found.frames.get("rejection_rates")), key="rejection_rate")
+            # The findings hold only counted columns (``counts_only``); the figure needs the whole frame.
+            rejections = (
+                ui.load_metric(ctx, "rejection_rates") if "rejection_rates" in found.by_metric else None
+            )
+            ui.plot(rejection_rate_figure(rejections), key="rejection_rate")

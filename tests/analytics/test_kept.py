@@ -12,7 +12,7 @@ import duckdb
 import pandas as pd
 import pytest
 
-from analytics import Filters, Window, kept, kept_store, kept_worker, run_metric, summary
+from analytics import Filters, Window, kept, kept_store, kept_worker, read, run_metric, summary
 from analytics.side_effects import configure_side_effect_tools
 from analytics.types import direct_write
 from driftscope.database import migrate
@@ -361,3 +361,45 @@ def test_a_detector_computed_from_nothing_in_chunks_of_runs_equals_one_pass(tmp_
         got = run_metric(conn, "repeated_calls", window, filters)
         assert kept.stats["chunks"] > before["chunks"] + 2
         _assert_same(got, _full(conn, "repeated_calls", window, filters), "repeated_calls")
+
+
+def _projection(frame: pd.DataFrame) -> list[str]:
+    """A few columns in an order of their own: a list column when the frame has one, then
+    run_id and first_seen (those it has)."""
+    lists = [c for c in frame.columns if any(isinstance(v, list) for v in frame[c])]
+    return [c for c in [*lists[:1], "first_seen", "run_id"] if c in frame.columns] or [frame.columns[-1]]
+
+
+def test_a_projection_read_equals_those_columns_of_the_whole_frame(tmp_path):
+    conn, rng, runs = _stored_conn(tmp_path, 3)
+    names = [*sorted(kept.KEPT), "run_summary"]
+    expected = {name: _full(conn, name, Window(), Filters()) for name in names}
+    wanted = {name: _projection(frame) for name, frame in expected.items()}
+    before = kept.stats.copy()
+    # stored and up to date: only those columns decoded, nothing kept
+    projected = {name: read.metric(conn, name, columns=wanted[name]) for name in names}
+    assert kept.stats["loaded_columns"] == before["loaded_columns"] + len(kept.KEPT)
+    assert kept.stats["loaded"] == before["loaded"] and not kept._cache
+    for name in names:  # a whole read after it is whole (the store read again), and the same
+        whole = read.metric(conn, name)
+        _assert_same(whole, expected[name], name)
+        pd.testing.assert_frame_equal(projected[name], whole[wanted[name]], obj=name)
+    # new spans: brought up to date (or computed) whole, then projected; then from the kept frame
+    kept.clear_cache()
+    summary.clear_cache()
+    insert_spans(conn, _random_batch(rng, 3, runs) + _loop_batch(rng, 3, runs))
+    for name in names:
+        got = read.metric(conn, name, columns=wanted[name])
+        whole = read.metric(conn, name)
+        _assert_same(whole, _full(conn, name, Window(), Filters()), name)
+        pd.testing.assert_frame_equal(got, whole[wanted[name]], obj=name)
+        pd.testing.assert_frame_equal(read.metric(conn, name, columns=wanted[name]), got, obj=name)
+    with pytest.raises(ValueError, match="documented columns .* got 'nope'"):
+        read.metric(conn, "repeated_calls", columns=["run_id", "nope"])
+
+
+def test_a_stored_frame_decodes_only_the_columns_asked_for():
+    frame = pd.DataFrame({"ids": [["a"], None], "n": [1, 2], "agents": [["x"], []]}, index=[4, 2])
+    data = kept_store.encode(frame)
+    pd.testing.assert_frame_equal(kept_store.decode(data, ["n", "ids"]), frame[["n", "ids"]])
+    pd.testing.assert_frame_equal(kept_store.decode(data, ["agents"]), frame[["agents"]])

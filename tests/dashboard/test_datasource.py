@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 from analytics.types import Filters, Window
 from dashboard import app_main
 from dashboard.datasource import DuckDBFileSource, HttpSource, SourceUnavailable, open_source, window_params
-from dashboard.findings import collect_findings
+from dashboard.findings import collect_findings, counted_columns
 from dashboard.launch import SOURCE_ENV, TOKEN_ENV
 from dashboard.report import build_report
 from tests.dashboard.test_dashboard_db import XSS_RUN, build_dashboard_db, expected_findings
@@ -210,3 +210,29 @@ def test_collector_stopping_mid_session_turns_into_a_banner(serve_factory, monke
     at.run()
     assert not at.exception
     assert len(at.error) == 1 and "Cannot reach the driftscope collector" in at.error[0].value
+
+
+@pytest.mark.slow
+def test_a_projection_read_is_those_columns_of_the_whole_frame_from_a_file_and_the_api(
+    tmp_path, in_process_factory
+):
+    offline = DuckDBFileSource(build_dashboard_db(tmp_path / "offline.duckdb"))
+    shutil.copy(offline.path, tmp_path / "served.duckdb")
+    http = HttpSource("http://127.0.0.1")
+    http._client = in_process_factory(db=str(tmp_path / "served.duckdb"))  # the API in process
+    found = 0
+    for metric in offline.list_metrics():
+        name, documented = metric["name"], list(metric["columns"])
+        columns = list(counted_columns(metric) or documented[:2])[::-1]  # an order of its own
+        whole = offline.metric(name, Window(), Filters())
+        local = offline.metric(name, Window(), Filters(), columns)
+        pd.testing.assert_frame_equal(local, whole[columns], obj=name)
+        remote = http.metric(name, Window(), Filters(), columns)
+        assert list(remote.columns) == columns, name
+        assert _comparable(remote) == _comparable(local), name
+        found += len(local)
+    assert found  # the sample traces have findings
+    with pytest.raises(ValueError, match="documented columns .* got 'nope'"):
+        offline.metric("repeated_calls", Window(), Filters(), ["run_id", "nope"])
+    with pytest.raises(SourceUnavailable, match="HTTP 400.*documented columns"):
+        http.metric("repeated_calls", Window(), Filters(), ["run_id", "nope"])

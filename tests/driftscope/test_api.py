@@ -42,3 +42,18 @@ def test_every_listed_metric_answers_with_its_documented_columns_in_json_and_arr
             headers={"Accept": "application/vnd.apache.arrow.stream"},
         )
         assert pa.ipc.open_stream(arrow.content).read_all().column_names == list(metric["columns"])
+
+
+def test_a_metric_answers_only_the_columns_asked_for_and_names_the_documented_ones(in_process):
+    attrs = {"gen_ai.agent.id": "planner", "gen_ai.conversation.id": "run-cols", "driftscope.op": "write"}
+    body = make_request([{"attrs": attrs}]).SerializeToString()
+    assert in_process.post("/v1/traces", content=body, headers=PB).status_code == 200
+    whole = in_process.get("/api/v1/metrics/run_summary").json()
+    answer = in_process.get("/api/v1/metrics/run_summary", params={"columns": "verdict,run_id"})
+    assert answer.status_code == 200 and answer.json()["columns"] == ["verdict", "run_id"]
+    rows = [{"verdict": row["verdict"], "run_id": row["run_id"]} for row in whole["rows"]]
+    assert answer.json()["rows"] == rows != []
+    bad = in_process.get("/api/v1/metrics/run_summary", params={"columns": "run_id,span_ids"})
+    assert bad.status_code == 400
+    assert "documented columns" in bad.json()["error"] and "'span_ids'" in bad.json()["error"]
+    assert in_process.get("/api/v1/metrics/run_summary", params={"columns": ""}).status_code == 400
