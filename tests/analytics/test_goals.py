@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import duckdb
 import numpy as np
+import pytest
 
 from analytics import Filters, Window, run_metric
 from analytics.embeddings import embed_texts, text_hash
@@ -219,6 +220,7 @@ def test_goal_divergence_on_read_only_database_file(tmp_path):
     assert len(run_metric(fresh, "goal_divergence")) == 1
 
 
+@pytest.mark.slow  # over 5 s on an idle machine (make test runs it)
 def test_onnx_runtime_gives_the_sentence_transformers_vectors():
     from sentence_transformers import SentenceTransformer
 
@@ -265,6 +267,7 @@ def test_embedding_worker_runs_at_low_priority_and_waits_while_ingest_is_active(
     assert scored == 2
 
 
+@pytest.mark.slow  # over 5 s on an idle machine (make test runs it)
 def test_embedding_worker_makes_progress_under_sustained_ingest(tmp_path):
     conn = _worker_db(tmp_path)
     worker = EmbeddingWorker(

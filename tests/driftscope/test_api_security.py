@@ -43,6 +43,7 @@ def loaded(in_process):
     return in_process
 
 
+@pytest.mark.slow  # over 5 s on an idle machine (make test runs it)
 def test_injection_strings_in_every_filter_match_nothing_and_change_nothing(loaded):
     client = loaded
     metrics = [m["name"] for m in client.get("/api/v1/metrics").json()["metrics"]]

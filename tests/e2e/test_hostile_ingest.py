@@ -260,6 +260,7 @@ def default_server(tmp_path_factory):
     process.stop()
 
 
+@pytest.mark.slow  # over 5 s on an idle machine (make test runs it)
 def test_health_and_reads_answer_while_a_big_request_decodes(default_server):
     """The body decodes on the decode pool, not on the event loop: health answers many times
     before the ingest answer comes back (all its spans are rejected, so no commit wait)."""

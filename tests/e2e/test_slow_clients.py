@@ -102,6 +102,7 @@ def test_a_body_that_stops_arriving_gets_408_and_the_connection_is_closed(server
     assert b"body_timeout" in answer and b"connection: close" in answer.lower()
 
 
+@pytest.mark.slow  # over 5 s on an idle machine (make test runs it)
 def test_a_body_nobody_reads_does_not_keep_the_connection(server):
     """A 404 is answered without reading the body; a client that keeps trickling it is still
     closed after the body deadline (plus grace)."""
