@@ -55,13 +55,9 @@ format: dev
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-# Every test, as CI runs it (docs/testing.md): three pytest-xdist workers per two cores, because
-# about a fifth of the suite's time waits on its child processes (serve, Streamlit, Chromium,
-# Alertmanager): with one worker per core the cores were 78% busy (1,191 CPU-s in 813 s of
-# `make test` on 2 cores). A file's tests stay on one worker (--dist loadfile), so a module
-# fixture (one shared serve) is built once.
-PYTEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n + (n + 1) / 2 )))
-PYTEST_PARALLEL ?= -n $(PYTEST_WORKERS) --dist loadfile
+# Every test, as CI runs it (docs/testing.md): one pytest-xdist worker per core; a file's tests stay
+# on one worker (--dist loadfile), so a module fixture (one shared serve) is built once.
+PYTEST_PARALLEL ?= -n auto --dist loadfile
 
 # The decoder fuzz tests run a fifth of their examples here (~20,000 inputs, unsanitized); CI runs
 # the full count under AddressSanitizer + UBSan afterwards (.ci/run: make fuzz-sanitize).
