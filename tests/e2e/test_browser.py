@@ -16,7 +16,7 @@ import re
 import socket
 import time
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 import pytest
@@ -163,8 +163,7 @@ def browser():
 @pytest.fixture(scope="module")
 def context(browser, dashboard):
     """One browser context per dashboard: its pages share the HTTP cache, so Streamlit's
-    JavaScript bundle is fetched once (~1 s per page otherwise); each test opens its own page,
-    so each is a new Streamlit session with its own listeners."""
+    JavaScript bundle is fetched once (~1 s per page otherwise)."""
     shared = browser.new_context(viewport={"width": 1500, "height": 2400}, accept_downloads=True)
     yield shared
     shared.close()
@@ -173,169 +172,238 @@ def context(browser, dashboard):
 # Opened at a page's own URL, Streamlit's frontend first probes for a base path under that URL
 # (`/<page>/_stcore/health`, `/<page>/_stcore/host-config`) and falls back to the root on a 404.
 _BASE_PATH_PROBE = re.compile(r"^https?://[^/]+/[a-z_]+/_stcore/(health|host-config)$")
+_SCRIPT_DONE = "[data-testid='stApp'][data-test-script-state='notRunning']"
+_TWO_FRAMES = "() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))"
 
 
 def _bad_response(response) -> bool:
     return response.status >= 400 and not _BASE_PATH_PROBE.match(response.url)
 
 
-def _console_problem(message, problems: list[str]) -> None:
+def _console_problem(message) -> str | None:
     if message.type != "error":
-        return
+        return None
     url = (message.location or {}).get("url", "")
     if _BASE_PATH_PROBE.match(url) and "404" in message.text:
-        return
-    problems.append(f"console error: {message.text} ({url})")
+        return None
+    return f"console error: {message.text} ({url})"
 
 
 def _settle(page, title: str, charts: int) -> None:
-    """Wait until the page's title, its charts and the end of Streamlit's script run are visible."""
+    """Wait until the page's title and charts are drawn and Streamlit's script run has ended.
+
+    The title comes first: it is drawn by the page's own run, so the end-of-run state that
+    follows is this page's (and not that of the page a link was clicked on)."""
     page.get_by_role("heading", name=title).first.wait_for(timeout=90_000)
     if charts:
         page.wait_for_function(
             f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {charts}", timeout=90_000
         )
-    page.wait_for_function(
-        "!document.querySelector('[data-testid=\"stStatusWidget\"]')"
-        " || !document.querySelector('[data-testid=\"stStatusWidget\"]').innerText.includes('Running')",
-        timeout=90_000,
-    )
-    page.wait_for_timeout(500)  # errors raised just after the run ends
+    page.wait_for_selector(_SCRIPT_DONE, state="attached", timeout=90_000)
+
+
+class Session:
+    """One browser tab on one dashboard, visited as a person does during an incident: a URL
+    opens a page (a new Streamlit session), the sidebar's links move between pages in that
+    session (no new page load, websocket or JavaScript parse).
+
+    Every console error, page error, bad HTTP response and JavaScript dialog is recorded with the
+    page shown when it arrived; ``take_problems`` hands them to the check of that page."""
+
+    def __init__(self, page, base: str) -> None:
+        self.page, self.base = page, base
+        self.shown = ""  # the page being visited, named in each recorded problem
+        self.problems: list[str] = []
+        self.in_flight: set = set()
+        self.on_app = False  # whether the tab shows this dashboard (else the sidebar has no links)
+        page.on("console", lambda m: self._record(_console_problem(m)))
+        page.on("pageerror", lambda e: self._record(f"page error: {e}"))
+        page.on("response", lambda r: self._record(f"HTTP {r.status} {r.url}" if _bad_response(r) else None))
+        page.on("dialog", lambda d: (self._record(f"dialog opened: {d.message}"), d.dismiss()))
+        page.on("request", lambda r: self.in_flight.add(r))
+        page.on("requestfinished", lambda r: self.in_flight.discard(r))
+        page.on("requestfailed", lambda r: self.in_flight.discard(r))
+
+    def _record(self, problem: str | None) -> None:
+        if problem:
+            self.problems.append(f"{problem} [while on {self.shown or 'no page'}]")
+
+    def open(self, path: str, title: str, charts: int) -> None:
+        """Load ``path`` as a typed or pasted URL (a new Streamlit session)."""
+        self.shown = path or "/"
+        self.page.goto(f"{self.base}/{path}", wait_until="domcontentloaded")
+        self.on_app = True
+        self.settle(title, charts)
+
+    def follow_sidebar(self, url_path: str, title: str, charts: int) -> None:
+        """Click the sidebar's link to page ``url_path`` ("" for the Overview), as a user does;
+        load the Overview first when the tab shows no dashboard yet (a test run on its own)."""
+        if not self.on_app:
+            self.open("", "Coordination failures", 2)
+        self.shown = url_path or "/"
+        self.page.locator(f'[data-testid="stSidebarNav"] a[href="{self.base}/{url_path}"]').click()
+        self.settle(title, charts)
+        assert urlsplit(self.page.url).path == f"/{url_path}", self.page.url
+
+    def settle(self, title: str, charts: int) -> None:
+        """``_settle``, then wait for quiet: no request in flight (images, media, a failing
+        resource whose error is a finding) for a few drawn frames in a row."""
+        _settle(self.page, title, charts)
+        deadline = time.monotonic() + 60
+        calm = 0
+        while calm < 3:
+            self.page.evaluate(_TWO_FRAMES)
+            calm = 0 if self.in_flight else calm + 1
+            if time.monotonic() > deadline:
+                raise AssertionError(f"requests still in flight: {[r.url for r in self.in_flight]}")
+
+    def take_problems(self) -> list[str]:
+        """The problems recorded since the last call (and forget them)."""
+        taken, self.problems[:] = list(self.problems), []
+        return taken
+
+    def leave(self) -> None:
+        """The next visit loads a URL again (after a test changed the session's filters)."""
+        self.on_app = False
+
+
+@pytest.fixture(scope="module")
+def session(context, dashboard):
+    """The tab the tests of one dashboard share (in file order: the pages, then the paths through
+    them). After the last test, problems that arrived after its checks fail the teardown."""
+    dashboard_url, _ = dashboard
+    tab = Session(context.new_page(), dashboard_url)
+    try:
+        yield tab
+        tab.page.wait_for_timeout(500)  # the last page's late errors, once per dashboard
+        late = tab.take_problems()
+        assert not late, late
+    finally:
+        tab.page.close()
 
 
 @pytest.mark.parametrize(("path", "title", "charts"), PAGES, ids=[_page_id(p[0]) for p in PAGES])
-def test_page_renders_without_errors_in_chromium(context, dashboard, path, title, charts, request):
-    dashboard_url, ping_pong = dashboard
+def test_page_renders_without_errors_in_chromium(session, dashboard, path, title, charts, request):
+    """The Overview is opened at its URL (a first load), pages named by a run id at theirs (a
+    deep link), every other page from the sidebar's link in the same tab."""
+    _, ping_pong = dashboard
     path = path.replace("{ping_pong}", ping_pong)
     source = request.node.callspec.params["dashboard"]
     ARTIFACTS.mkdir(exist_ok=True)
-    page = context.new_page()
-    problems: list[str] = []
-    page.on("console", lambda m: _console_problem(m, problems))
-    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-    page.on("response", lambda r: problems.append(f"HTTP {r.status} {r.url}") if _bad_response(r) else None)
-    page.on("dialog", lambda d: (problems.append(f"dialog opened: {d.message}"), d.dismiss()))
+    late = session.take_problems()  # anything the previous page raised after its checks
+    assert not late, late
+    if path == "" or "?" in path:
+        session.open(path, title, charts)
+    else:
+        session.follow_sidebar(path, title, charts)
+    page = session.page
+    page.screenshot(path=str(ARTIFACTS / f"dashboard-{source}-{_page_id(path)}.png"), full_page=True)
+    exceptions = page.locator('[data-testid="stException"]')
+    assert exceptions.count() == 0, exceptions.all_inner_texts()
+    assert page.locator(".js-plotly-plot").count() == charts
+    if path.startswith("run_explorer"):
+        picker = page.locator('[data-testid="stMain"] [data-testid="stSelectbox"] input').first
+        assert picker.input_value() == path.partition("?run=")[2]
+    problems = session.take_problems()
+    assert not problems, problems
+
+
+def test_sidebar_download_builds_the_report_on_click_and_it_fits_the_window(session, context, tmp_path):
+    """The report is generated when the button is clicked (on any page: it is the sidebar's), from
+    the page's cached detector frames; the HTML report is not wider than a 1,400 px window."""
+    if not session.on_app:
+        session.open("", "Coordination failures", 2)
+    session.take_problems()
+    with session.page.expect_download(timeout=120_000) as download_info:
+        session.page.get_by_role("button", name="Download report").click()
+    saved = tmp_path / "report.html"
+    download_info.value.save_as(saved)
+    html_text = saved.read_text(encoding="utf-8")
+    assert download_info.value.suggested_filename == "driftscope-report.html"
+    assert "<h1>driftscope coordination-failure report</h1>" in html_text
+    assert "<h2>Findings</h2>" in html_text and "class='finding " in html_text
+    assert "<script>alert(" not in html_text  # span text stays escaped
+    problems = session.take_problems()
+    assert not problems, problems
+    narrow = context.new_page()
     try:
-        page.goto(f"{dashboard_url}/{path}", wait_until="domcontentloaded")
-        _settle(page, title, charts)
-        page.screenshot(path=str(ARTIFACTS / f"dashboard-{source}-{_page_id(path)}.png"), full_page=True)
-        exceptions = page.locator('[data-testid="stException"]')
-        assert exceptions.count() == 0, exceptions.all_inner_texts()
-        assert page.locator(".js-plotly-plot").count() == charts
-        if path.startswith("run_explorer"):
-            picker = page.locator('[data-testid="stMain"] [data-testid="stSelectbox"] input').first
-            assert picker.input_value() == path.partition("?run=")[2]
-        assert not problems, problems
+        narrow.set_viewport_size({"width": 1400, "height": 1200})
+        narrow.goto(saved.as_uri())
+        width = narrow.evaluate("document.documentElement.scrollWidth")
+        assert width <= 1400, width
     finally:
-        page.close()
+        narrow.close()
 
 
-def test_sidebar_download_builds_the_report_on_click(context, dashboard, tmp_path):
-    """The report is generated when the button is clicked, from the page's cached detector frames."""
-    dashboard_url, _ = dashboard
-    page = context.new_page()
-    try:
-        page.goto(f"{dashboard_url}/", wait_until="domcontentloaded")
-        _settle(page, "Coordination failures", 2)
-        with page.expect_download(timeout=120_000) as download_info:
-            page.get_by_role("button", name="Download report").click()
-        saved = tmp_path / "report.html"
-        download_info.value.save_as(saved)
-        html = saved.read_text(encoding="utf-8")
-        assert download_info.value.suggested_filename == "driftscope-report.html"
-        assert "<h1>driftscope coordination-failure report</h1>" in html
-        assert "<h2>Findings</h2>" in html and "class='finding " in html
-        assert "<script>alert(" not in html  # span text stays escaped
-    finally:
-        page.close()
-
-
-def test_incident_path_overview_to_evidence_to_report(context, dashboard, tmp_path, request):
+def test_incident_path_overview_to_evidence_to_report(session, dashboard, tmp_path, request):
     """The on-call path: the Overview's first row is a failing run; one click opens it with the
     worst finding's evidence spans highlighted in a nested trace view; the report downloaded from
     there lists that finding first."""
     dashboard_url, _ = dashboard
     source = request.node.callspec.params["dashboard"]
-    page = context.new_page()
-    problems: list[str] = []
-    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-    page.on("dialog", lambda d: (problems.append(f"dialog opened: {d.message}"), d.dismiss()))
-    try:
-        page.goto(f"{dashboard_url}/", wait_until="domcontentloaded")
-        _settle(page, "Coordination failures", 2)
-        main = page.locator('[data-testid="stMain"]')
-        # The first screen leads with the runs that need attention, failing first.
-        headings = main.locator("h3").all_inner_texts()
-        assert headings.index("Runs that need attention") < headings.index("Failure modes")
-        first = main.locator('[data-testid="stPageLink"]').first
-        label = first.inner_text()
-        assert label.startswith("Open failing run "), label
-        run = label.removeprefix("Open failing run ").split(": ", 1)[0]
-        first.click()
-        page.get_by_role("heading", name="Trace").first.wait_for(timeout=90_000)
-        _settle(page, "Run explorer", 2)
-        page.screenshot(path=str(ARTIFACTS / f"incident-{source}-run.png"), full_page=True)
-        assert f"run={run}" in page.url
-        picker = page.locator('[data-testid="stMain"] [data-testid="stSelectbox"] input').first
-        assert picker.input_value() == run
-        finding = main.locator(
-            '[data-testid="stMarkdownContainer"]', has_text="Finding 1: "
-        ).last.inner_text()
-        mode = finding.removeprefix("Finding 1: ").split(" (", 1)[0].strip()
-        assert mode and "evidence span(s), highlighted" in finding
-        # The evidence spans are marked in a nested tree (an expander inside an expander), and
-        # the attribute panel opened on one of them.
-        headers = main.locator('[data-testid="stExpander"] summary')
-        marked = headers.filter(has_text="evidence")
-        assert marked.count() >= 1
-        assert main.locator('[data-testid="stExpander"] [data-testid="stExpander"]').count() >= 1
-        inspected = main.get_by_role("heading", name=re.compile("^Attributes of span ")).first.inner_text()
-        span_id = inspected.rsplit(" ", 1)[1]
-        assert marked.filter(has_text="inspected").count() == 1
-        # The report from there lists the same finding first.
-        with page.expect_download(timeout=120_000) as download_info:
-            page.get_by_role("button", name="Download this run's report").click()
-        saved = tmp_path / "run-report.html"
-        download_info.value.save_as(saved)
-        html_text = saved.read_text(encoding="utf-8")
-        first_finding = re.search(r"<div class='finding [a-z-]+' id='F\d+'><h4>F\d+: (.*?) \(", html_text)
-        assert first_finding is not None and first_finding.group(1) == html.escape(mode)
-        assert span_id in html_text[first_finding.start() :].split("<div class='finding", 2)[1]
-        # Ids in the downloaded report link back to this dashboard's run explorer.
-        runs = re.findall(r"<h3 class='run'>Run <a href='([^']*)'><code>(.*?)</code></a></h3>", html_text)
-        assert [text for _, text in runs] == [html.escape(run)]
-        assert html.unescape(runs[0][0]) == f"{dashboard_url}/run_explorer?run={quote(run, safe='')}"
-        span_link = f"{dashboard_url}/run_explorer?run={quote(run, safe='')}&amp;span={span_id}"
-        assert f"<a href='{span_link}'>{span_id}</a>" in html_text
-        assert not problems, problems
-    finally:
-        page.close()
+    session.take_problems()
+    session.follow_sidebar("", "Coordination failures", 2)
+    page = session.page
+    main = page.locator('[data-testid="stMain"]')
+    # The first screen leads with the runs that need attention, failing first.
+    headings = main.locator("h3").all_inner_texts()
+    assert headings.index("Runs that need attention") < headings.index("Failure modes")
+    first = main.locator('[data-testid="stPageLink"]').first
+    label = first.inner_text()
+    assert label.startswith("Open failing run "), label
+    run = label.removeprefix("Open failing run ").split(": ", 1)[0]
+    session.shown = f"run_explorer?run={run}"
+    first.click()
+    page.get_by_role("heading", name="Trace").first.wait_for(timeout=90_000)
+    session.settle("Run explorer", 2)
+    page.screenshot(path=str(ARTIFACTS / f"incident-{source}-run.png"), full_page=True)
+    assert f"run={run}" in page.url
+    picker = page.locator('[data-testid="stMain"] [data-testid="stSelectbox"] input').first
+    assert picker.input_value() == run
+    finding = main.locator('[data-testid="stMarkdownContainer"]', has_text="Finding 1: ").last.inner_text()
+    mode = finding.removeprefix("Finding 1: ").split(" (", 1)[0].strip()
+    assert mode and "evidence span(s), highlighted" in finding
+    # The evidence spans are marked in a nested tree (an expander inside an expander), and
+    # the attribute panel opened on one of them.
+    headers = main.locator('[data-testid="stExpander"] summary')
+    marked = headers.filter(has_text="evidence")
+    assert marked.count() >= 1
+    assert main.locator('[data-testid="stExpander"] [data-testid="stExpander"]').count() >= 1
+    inspected = main.get_by_role("heading", name=re.compile("^Attributes of span ")).first.inner_text()
+    span_id = inspected.rsplit(" ", 1)[1]
+    assert marked.filter(has_text="inspected").count() == 1
+    # The report from there lists the same finding first.
+    with page.expect_download(timeout=120_000) as download_info:
+        page.get_by_role("button", name="Download this run's report").click()
+    saved = tmp_path / "run-report.html"
+    download_info.value.save_as(saved)
+    html_text = saved.read_text(encoding="utf-8")
+    first_finding = re.search(r"<div class='finding [a-z-]+' id='F\d+'><h4>F\d+: (.*?) \(", html_text)
+    assert first_finding is not None and first_finding.group(1) == html.escape(mode)
+    assert span_id in html_text[first_finding.start() :].split("<div class='finding", 2)[1]
+    # Ids in the downloaded report link back to this dashboard's run explorer.
+    runs = re.findall(r"<h3 class='run'>Run <a href='([^']*)'><code>(.*?)</code></a></h3>", html_text)
+    assert [text for _, text in runs] == [html.escape(run)]
+    assert html.unescape(runs[0][0]) == f"{dashboard_url}/run_explorer?run={quote(run, safe='')}"
+    span_link = f"{dashboard_url}/run_explorer?run={quote(run, safe='')}&amp;span={span_id}"
+    assert f"<a href='{span_link}'>{span_id}</a>" in html_text
+    problems = session.take_problems()
+    assert not problems, problems
 
 
-def test_report_fits_the_window_and_the_url_keeps_the_filters(context, dashboard, tmp_path):
-    """The HTML report is not wider than a 1,400 px window; a filter chosen in the sidebar is in
-    the URL, and opening that URL restores it."""
-    dashboard_url, _ = dashboard
-    page = context.new_page()
-    page.set_viewport_size({"width": 1400, "height": 1200})
+def test_the_url_keeps_the_filters(session):
+    """A filter chosen in the sidebar is in the URL, and opening that URL restores it."""
+    session.take_problems()
+    session.follow_sidebar("loops", "Loops & budgets", 0)
+    page = session.page
     try:
-        page.goto(f"{dashboard_url}/", wait_until="domcontentloaded")
-        _settle(page, "Coordination failures", 2)
-        with page.expect_download(timeout=120_000) as download_info:
-            page.get_by_role("button", name="Download report").click()
-        saved = tmp_path / "report.html"
-        download_info.value.save_as(saved)
-        page.goto(saved.as_uri())
-        width = page.evaluate("document.documentElement.scrollWidth")
-        assert width <= 1400, width
-        page.goto(f"{dashboard_url}/loops", wait_until="domcontentloaded")
-        _settle(page, "Loops & budgets", 0)
         page.get_by_label("Agent").click()
         page.get_by_role("option", name="analyst", exact=True).click()
         page.wait_for_url(re.compile(r"agent=analyst"), timeout=30_000)
-        _settle(page, "Loops & budgets", 0)
-        page.goto(page.url, wait_until="domcontentloaded")  # the pasted link
-        _settle(page, "Loops & budgets", 0)
+        session.settle("Loops & budgets", 0)
+        session.open(page.url.removeprefix(session.base + "/"), "Loops & budgets", 0)  # the pasted link
         assert page.get_by_label("Agent").input_value() == "analyst"
     finally:
-        page.close()
+        session.leave()  # the tab's filters are no longer the defaults the other tests expect
+    problems = session.take_problems()
+    assert not problems, problems
