@@ -169,8 +169,10 @@ def run_shapes(
     appends: int = 3,
     batch: int = 512,
     only: list[str] | None = None,
+    base_spans: int | None = None,
 ) -> dict:
-    """Time every detector on each shape of the matrix at ``spans`` stored spans."""
+    """Time every detector on each shape of the matrix at ``spans`` stored spans, each database
+    grown from a generated base of ``base_spans`` (default ``benchmarks.dbbuild.BASE_SPANS``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict] = {}
     for label, shape in matrix(dimensions).items():
@@ -178,7 +180,7 @@ def run_shapes(
             continue
         path = workdir / "shape.duckdb"
         start = time.perf_counter()
-        db = SpanDatabase(path, shape=shape)
+        db = SpanDatabase(path, shape=shape, base_spans=base_spans)
         db.grow_to(spans)
         build_s = time.perf_counter() - start
         try:
