@@ -20,9 +20,20 @@ REPO = Path(__file__).resolve().parents[1]
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports on 127.0.0.1 that were free a moment ago (each socket is held
+    until all are chosen: two separate probes can be handed the same port)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def proc_status_kib(pid: int, field: str) -> int | None:
@@ -37,6 +48,14 @@ def proc_status_kib(pid: int, field: str) -> int | None:
     return None
 
 
+# What serve prints when a port it was given is taken (driftscope.checks, driftscope.serve).
+_PORT_TAKEN = ("is already in use: another", "another process took the port")
+
+
+class _PortTaken(RuntimeError):
+    """serve exited because a port chosen for it was bound by another process meanwhile."""
+
+
 class ServeProcess:
     """`python -m driftscope serve` on 127.0.0.1 with its own database; use as a context manager."""
 
@@ -44,8 +63,7 @@ class ServeProcess:
         self.db = Path(db)
         self.embeddings = embeddings
         self.extra_args = extra_args or []
-        self.http_port = free_port()
-        self.grpc_port = free_port()
+        self.http_port, self.grpc_port = free_ports(2)
         self.process: subprocess.Popen | None = None
         self.log_path = self.db.with_suffix(".serve.log")
 
@@ -63,6 +81,17 @@ class ServeProcess:
         return self.process.pid
 
     def start(self, timeout: float = 120.0) -> ServeProcess:
+        for attempt in range(5):
+            try:
+                return self._start(timeout)
+            except _PortTaken:
+                # Another process (a parallel test worker) bound a chosen port after the probe.
+                if attempt == 4:
+                    raise
+                self.http_port, self.grpc_port = free_ports(2)
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> ServeProcess:
         args = [
             sys.executable, "-m", "driftscope", "serve",
             "--db", str(self.db),
@@ -74,10 +103,13 @@ class ServeProcess:
         ]  # fmt: skip
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         log = self.log_path.open("ab")
+        log_start = log.tell()
         self.process = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                if any(marker in self.log()[log_start:] for marker in _PORT_TAKEN):
+                    raise _PortTaken(self.log()[-2000:])
                 raise RuntimeError(f"serve exited with {self.process.returncode}: {self.log()[-2000:]}")
             try:
                 if httpx.get(f"{self.http_url}/api/v1/health", timeout=2).status_code == 200:
