@@ -4,7 +4,6 @@ import html
 import os
 from pathlib import Path
 
-import httpx
 import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -16,7 +15,7 @@ from analytics.types import Filters, Window
 from dashboard.datasource import HttpSource
 from dashboard.launch import run_dashboard
 from dashboard.report import build_report
-from tests.e2e.test_browser import CHROMIUM, CHROMIUM_ARGS
+from tests.e2e.test_browser import CHROMIUM, CHROMIUM_ARGS, Session, _stop, _wait_healthy
 from tests.serve_helpers import free_port
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -100,8 +99,27 @@ def test_reports_escape_the_corpus_in_every_format(fed):
     assert html.escape("window.__xss", quote=True) in html_report or "window.__xss" in html_report
 
 
+# url path, title: the run first (a deep link), then pages reached from the sidebar's links
+PAGES = [
+    (f"run_explorer?run={RUN}", "Run explorer"),
+    ("split_brain", "Split-brain: shared state"),
+    ("goal_drift", "Goal drift"),
+    ("", "Coordination failures"),
+]
+
+
+def _assert_no_script_ran(page, path: str) -> None:
+    assert page.evaluate("window.__xss") is None, (path, page.evaluate("window.__xss"))
+    assert page.locator("iframe[src^='javascript']").count() == 0
+    assert page.locator("img[src='x']").count() == 0
+    assert page.locator('[data-testid="stException"]').count() == 0
+
+
 @pytest.mark.slow
 def test_dashboard_pages_run_no_script_from_span_text(fed):
+    """Each page that shows span text, in one tab as a user moves through them: no payload runs
+    (``window.__xss`` stays unset in the tab's one JavaScript realm, no dialog opens), no markup
+    becomes an element, and the run explorer still shows the text as text."""
     if not os.path.exists(CHROMIUM):
         pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
     from playwright.sync_api import sync_playwright
@@ -111,47 +129,36 @@ def test_dashboard_pages_run_no_script_from_span_text(fed):
     process = run_dashboard(fed.http_url, port, "127.0.0.1")
     base = f"http://127.0.0.1:{port}"
     try:
-        import time
-
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{base}/_stcore/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        dialogs: list[str] = []
+        _wait_healthy(base, process)
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-            page = browser.new_page(viewport={"width": 1400, "height": 2000})
-            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-            for path in (f"run_explorer?run={RUN}", "split_brain", "goal_drift", ""):
-                page.goto(f"{base}/{path}", wait_until="domcontentloaded")
-                page.get_by_role("heading").first.wait_for(timeout=90_000)
-                page.wait_for_function(
-                    "!document.querySelector('[data-testid=\"stStatusWidget\"]')"
-                    " || !document.querySelector('[data-testid=\"stStatusWidget\"]').innerText.includes('Running')",
-                    timeout=90_000,
-                )
-                page.wait_for_function(
+            tab = Session(browser.new_page(viewport={"width": 1400, "height": 2000}), base)
+            for path, title in PAGES:
+                if "?" in path:
+                    tab.open(path, title, charts=0)
+                else:
+                    tab.follow_sidebar(path, title, charts=0)
+                tab.page.wait_for_function(
                     '!document.querySelector(\'[data-testid="stSpinner"], [data-testid="stSkeleton"]\')',
                     timeout=120_000,
                 )
-                page.wait_for_timeout(1500)
-                assert page.evaluate("window.__xss") is None, (path, page.evaluate("window.__xss"))
-                assert page.locator("iframe[src^='javascript']").count() == 0
-                assert page.locator("img[src='x']").count() == 0
-                assert page.locator('[data-testid="stException"]').count() == 0
+                tab.settle(title, charts=0)
+                _assert_no_script_ran(tab.page, path)
                 if path.startswith("run_explorer"):
                     # The span text must still be shown, as text.
-                    page.wait_for_function(
+                    tab.page.wait_for_function(
                         "document.body.innerText.includes('window.__xss')", timeout=120_000
                     )
-                    page.wait_for_timeout(1500)
-                    page.screenshot(path=str(ARTIFACTS / "xss-run-explorer.png"), full_page=True)
-                    assert page.evaluate("window.__xss") is None
+                    tab.settle(title, charts=0)
+                    tab.page.screenshot(path=str(ARTIFACTS / "xss-run-explorer.png"), full_page=True)
+                    _assert_no_script_ran(tab.page, path)
+                problems = tab.take_problems()
+                assert not problems, problems
+            # A payload that runs late, on any page: the tab kept one JavaScript realm throughout.
+            tab.page.wait_for_timeout(1500)
+            _assert_no_script_ran(tab.page, "(any page, late)")
+            problems = tab.take_problems()
+            assert not problems, problems
             browser.close()
-        assert not dialogs
     finally:
-        process.terminate()
-        process.wait(30)
+        _stop(process)
