@@ -1,8 +1,12 @@
 """Every dashboard page in a real headless Chromium, served by a real `streamlit run` process.
 
 Runs once on a DuckDB file of the sample traces and once on a `driftscope serve` fed by the demo.
-Fails on any Streamlit exception element, browser console error, page error or JavaScript dialog
-(span text carries an XSS payload), and saves one screenshot per page under test-artifacts/.
+Each dashboard's tests share one tab, as a person on call does: the Overview and the run
+explorer's deep links are loaded from their URLs, the other pages are reached through the
+sidebar's links (no new page load, so Streamlit's and Plotly's JavaScript is parsed once per tab).
+Fails on any Streamlit exception element, browser console error, page error, bad HTTP response or
+JavaScript dialog (span text carries an XSS payload), and saves one screenshot per page under
+test-artifacts/.
 Needs Debian's chromium at /usr/bin/chromium (`apt-get install -y chromium`); it fails, never
 skips, when the browser is missing.
 """
