@@ -34,15 +34,23 @@ def _canonical(frame: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(list(out.columns)).reset_index(drop=True)
 
 
+def _equal_as_is(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    """Same cells in the same order (stricter than equal up to tied rows); False where pandas
+    cannot compare the cells element-wise."""
+    try:
+        return bool(a.equals(b))
+    except (TypeError, ValueError):
+        return False
+
+
 def _assert_same(got: pd.DataFrame, full: pd.DataFrame, name: str) -> None:
     assert list(got.columns) == list(full.columns), name
     assert list(got.dtypes) == list(full.dtypes), name
-    pd.testing.assert_frame_equal(_canonical(got), _canonical(full), obj=name)
+    if not _equal_as_is(got, full):  # rows tied on the ORDER BY may come in another order
+        pd.testing.assert_frame_equal(_canonical(got), _canonical(full), obj=name)
     order = kept.ORDER.get(name)
     if order and len(got) > 1:  # the merged rows are in the detector's order
-        resorted = kept._sorted(got, order)
-        pd.testing.assert_frame_equal(_canonical(resorted), _canonical(got), obj=name)
-        pd.testing.assert_frame_equal(resorted, got, obj=name)
+        pd.testing.assert_frame_equal(kept._sorted(got, order), got, obj=name)
 
 
 def _loop_batch(rng: random.Random, batch: int, runs: list[str]) -> list[dict]:
@@ -180,7 +188,7 @@ def _stored_conn(tmp_path, seed: int) -> tuple[duckdb.DuckDBPyConnection, random
     return conn, rng, runs
 
 
-@pytest.mark.parametrize("seed", [0, 1, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("seed", [0, *(pytest.param(s, marks=pytest.mark.slow) for s in (1, 2))])
 def test_stored_results_answer_a_fresh_process_and_are_brought_up_to_date(tmp_path, seed):
     conn, rng, runs = _stored_conn(tmp_path, seed)
     before = kept.stats.copy()
@@ -346,7 +354,7 @@ def test_kept_worker_refreshes_after_commits_and_stores_through_its_write_functi
     assert kept.stats["loaded"] == before["loaded"] + 1
 
 
-@pytest.mark.parametrize("seed", [4, 5])
+@pytest.mark.parametrize("seed", [4, pytest.param(5, marks=pytest.mark.slow)])
 def test_a_detector_computed_from_nothing_in_chunks_of_runs_equals_one_pass(tmp_path, seed, monkeypatch):
     rng = random.Random(seed)
     conn = duckdb.connect(str(tmp_path / "spans.duckdb"))

@@ -160,7 +160,12 @@ ENGLISH = (
 ).split()
 
 
-@pytest.mark.parametrize("seed", range(30))
+def _seeds(count: int, fast: int = 10) -> list:
+    """Random seeds: the first ``fast`` in `make test-fast` (the inner loop), all in `make test`."""
+    return [s if s < fast else pytest.param(s, marks=pytest.mark.slow) for s in range(count)]
+
+
+@pytest.mark.parametrize("seed", _seeds(30))
 def test_new_loops_equal_old_loops_where_old_was_right(seed):
     rng = random.Random(seed)
     conn = new_db()
@@ -169,7 +174,7 @@ def test_new_loops_equal_old_loops_where_old_was_right(seed):
     assert new == old
 
 
-@pytest.mark.parametrize("seed", range(15))
+@pytest.mark.parametrize("seed", _seeds(15, fast=5))
 def test_new_loops_on_long_groups_refine_old_loops(seed):
     rng = random.Random(1000 + seed)
     conn = new_db()
@@ -179,7 +184,7 @@ def test_new_loops_on_long_groups_refine_old_loops(seed):
         assert any(loop[:3] == o[:3] and loop[3] <= o[3] for o in old), loop
 
 
-@pytest.mark.parametrize("seed", range(30))
+@pytest.mark.parametrize("seed", _seeds(30))
 def test_sql_equals_all_pairs_reference_of_the_new_definition(seed):
     rng = random.Random(5000 + seed)
     conn = new_db()
