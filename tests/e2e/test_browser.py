@@ -93,16 +93,12 @@ def _wait_healthy(base: str, process, timeout: float = 90.0) -> None:
     raise AssertionError(f"dashboard at {base} not healthy after {timeout} s")
 
 
-def _start_dashboard(source: str, token: str | None = None):
+def _launch_dashboard(source: str, token: str | None = None):
+    """Start a dashboard on a free port; return (URL, process). The caller waits for it with
+    ``_wait_healthy`` (meanwhile it can load the data: the dashboard reads its source only when a
+    page is first viewed) and stops it with ``_stop``."""
     port = _free_port()
-    process = run_dashboard(source, port, "127.0.0.1", token=token)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(base, process)
-    except BaseException:
-        _stop(process)
-        raise
-    return base, process
+    return f"http://127.0.0.1:{port}", run_dashboard(source, port, "127.0.0.1", token=token)
 
 
 def _stop(process) -> None:
@@ -125,9 +121,11 @@ def dashboard(request, tmp_path_factory):
     `driftscope serve` fed by the demo (real OTLP exporters) and read through its API."""
     folder = tmp_path_factory.mktemp(f"browser-{request.param}")
     if request.param == "file":
-        db = build_dashboard_db(folder / "crew.duckdb")
-        base, process = _start_dashboard(str(db))
+        db = folder / "crew.duckdb"
+        base, process = _launch_dashboard(str(db))  # starts while the file is built
         try:
+            build_dashboard_db(db)
+            _wait_healthy(base, process)
             yield base, PING_PONG_RUN
         finally:
             _stop(process)
@@ -137,14 +135,15 @@ def dashboard(request, tmp_path_factory):
 
     server = new_serve(folder, token=TOKEN).start()
     try:
-        assert run_demo(server.http_url, None, live=False, token=TOKEN) == 0
-        response = httpx.post(
-            f"{server.http_url}/v1/traces", content=json.dumps(xss_request()),
-            headers={"Content-Type": "application/json", **server.headers}, timeout=30,
-        )  # fmt: skip
-        assert response.status_code == 200, response.text
-        base, process = _start_dashboard(server.http_url, TOKEN)
+        base, process = _launch_dashboard(server.http_url, TOKEN)  # starts while the demo runs
         try:
+            assert run_demo(server.http_url, None, live=False, token=TOKEN) == 0
+            response = httpx.post(
+                f"{server.http_url}/v1/traces", content=json.dumps(xss_request()),
+                headers={"Content-Type": "application/json", **server.headers}, timeout=30,
+            )  # fmt: skip
+            assert response.status_code == 200, response.text
+            _wait_healthy(base, process)
             yield base, _ping_pong_run(HttpSource(server.http_url, TOKEN))
         finally:
             _stop(process)

@@ -13,10 +13,8 @@ from opentelemetry.trace import Status, StatusCode
 
 from analytics.types import Filters, Window
 from dashboard.datasource import HttpSource
-from dashboard.launch import run_dashboard
 from dashboard.report import build_report
-from tests.e2e.test_browser import CHROMIUM, CHROMIUM_ARGS, Session, _stop, _wait_healthy
-from tests.serve_helpers import free_port
+from tests.e2e.test_browser import CHROMIUM, CHROMIUM_ARGS, Session, _launch_dashboard, _stop, _wait_healthy
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 RUN = "run-xss"
@@ -124,14 +122,12 @@ def test_dashboard_pages_run_no_script_from_span_text(fed):
         pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
     from playwright.sync_api import sync_playwright
 
-    port = free_port()
     ARTIFACTS.mkdir(exist_ok=True)
-    process = run_dashboard(fed.http_url, port, "127.0.0.1")
-    base = f"http://127.0.0.1:{port}"
+    base, process = _launch_dashboard(fed.http_url)
     try:
-        _wait_healthy(base, process)
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            _wait_healthy(base, process)  # the browser started meanwhile
             tab = Session(browser.new_page(viewport={"width": 1400, "height": 2000}), base)
             for path, title in PAGES:
                 if "?" in path:
