@@ -77,9 +77,10 @@ fuzz-sanitize: dev
 
 .PHONY: fuzz-sanitize
 
-# The inner loop: everything but the tests marked slow (browser, crash safety, overload, big data).
+# The inner loop: everything but the tests marked slow (browser, crash safety, overload, big data),
+# the fuzz tests at make test's scale and the random-batch properties with fewer batches (tests/tiers.py).
 test-fast: dev
-	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) -m "not slow and not deep" -x
+	HF_HUB_OFFLINE=1 DRIFTSCOPE_TEST_QUICK=1 DRIFTSCOPE_FUZZ_SCALE=$${DRIFTSCOPE_FUZZ_SCALE:-$(TEST_FUZZ_SCALE)} $(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_PARALLEL) -m "not slow and not deep" -x
 
 bench: dev
 	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.run

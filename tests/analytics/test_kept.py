@@ -16,6 +16,7 @@ from analytics import Filters, Window, kept, kept_store, kept_worker, read, run_
 from analytics.side_effects import configure_side_effect_tools
 from analytics.types import direct_write
 from driftscope.database import migrate
+from tests import tiers
 from tests.analytics.test_summary import _random_batch
 from tests.fixtures_analytics import BASE_TIME, insert_spans, make_span, trace_id
 
@@ -97,7 +98,7 @@ def _loop_batch(rng: random.Random, batch: int, runs: list[str]) -> list[dict]:
 @pytest.mark.parametrize(
     "seed",
     [
-        0,  # make test-fast: one seed; make test: three; make test-deep: sixteen
+        0,  # make test-fast: one seed, three batches (tests/tiers.py); make test: three; make test-deep: sixteen
         *(pytest.param(s, marks=pytest.mark.slow) for s in range(1, 3)),
         *(pytest.param(s, marks=pytest.mark.deep) for s in range(3, 16)),
     ],
@@ -111,7 +112,7 @@ def test_kept_results_equal_a_full_recomputation_after_every_batch(tmp_path, see
               (Window(since=BASE_TIME + timedelta(seconds=8)), Filters(origin_task="t1"))]  # fmt: skip
     kept.clear_cache()
     before = kept.stats.copy()
-    for batch in range(6):
+    for batch in range(tiers.batches(full=6, quick=3)):
         insert_spans(conn, _random_batch(rng, batch, runs) + _loop_batch(rng, batch, runs))
         if rng.random() < 0.3:
             # The collector fills inherited fields of earlier spans of a trace in the commit that

@@ -12,6 +12,7 @@ import pytest
 from analytics import METRICS, Filters, Window, kept, run_metric, summary
 from analytics.thresholds import current_threshold
 from driftscope.database import migrate
+from tests import tiers
 from tests.fixtures_analytics import BASE_TIME, insert_spans, make_span, new_db, trace_id
 
 
@@ -117,7 +118,7 @@ def _random_batch(rng: random.Random, batch: int, runs: list[str]) -> list[dict]
 @pytest.mark.parametrize(
     "seed",
     [
-        0,  # make test-fast: one seed; make test: three; make test-deep: twelve
+        0,  # make test-fast: one seed, three batches (tests/tiers.py); make test: three; make test-deep: twelve
         *(pytest.param(s, marks=pytest.mark.slow) for s in range(1, 3)),
         *(pytest.param(s, marks=pytest.mark.deep) for s in range(3, 12)),
     ],
@@ -130,7 +131,7 @@ def test_incremental_run_summary_equals_a_full_one_on_random_span_sets(tmp_path,
     scopes = [(Window(), Filters()), (Window(), Filters(agent="a")),
               (Window(since=BASE_TIME + timedelta(seconds=8)), Filters(origin_task="t1"))]  # fmt: skip
     summary.clear_cache()
-    for batch in range(5):
+    for batch in range(tiers.batches(full=5, quick=3)):
         insert_spans(conn, _random_batch(rng, batch, runs))
         if rng.random() < 0.3:
             # The collector fills inherited fields of earlier spans of a trace in the commit that
