@@ -20,6 +20,7 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 pytest.importorskip("chdb", reason="chdb is in the dev extra (pip install 'driftscope[clickhouse]')")
@@ -87,10 +88,15 @@ def _load_both(store: ChdbStore, payloads: list[tuple[bytes, str]]) -> duckdb.Du
     conn = duckdb.connect()
     migrate(conn)
     traces = TraceIndex(conn)
+    tables = []
     for payload, content_type in payloads:
         batch = decode_payload(payload, content_type)
         insert_batches(conn, [batch], traces)
-        insert_otel_traces(store, batch.table)
+        tables.append(batch.table)
+    # One INSERT, as a collector's batch processor groups requests (each chdb insert writes a part
+    # of ~25 files per table); the resolve pass runs after it either way. Request-by-request
+    # inserts with a resolve pass between them: tests/collector/test_clickhouse_store.py.
+    insert_otel_traces(store, pa.concat_tables(tables, promote_options="default"))
     resolve_spans(store, settle_seconds=0)
     score_pending_pairs(conn, limit=1_000_000, write=direct_write(conn))
     for table in ("goal_scores", "embeddings", "thresholds"):
@@ -150,10 +156,39 @@ def _sample_payloads() -> list[tuple[bytes, str]]:
     return [(payload, JSON) for path in SAMPLE_FILES for _, payload in iter_file_requests(path)]
 
 
-@pytest.mark.slow  # ~15 s: every metric on both engines; make test runs it
-def test_every_detector_equals_duckdb_on_the_sample_traces(chdb_store):
+@pytest.fixture(scope="module")
+def sample_traces(chdb_store):
+    """(DuckDB, store) holding the sample traces, loaded once for the tests that only read them."""
     store = _on_database(chdb_store, "samples")
     duck = _load_both(store, _sample_payloads())
+    yield duck, store
+    duck.close()
+
+
+@pytest.fixture(scope="module")
+def random_span_set(chdb_store):
+    """``load(seed)`` -> (DuckDB, store) of that seed's random span set, loaded once per module
+    (the tests on a set only read it)."""
+    loaded = {}
+
+    def load(seed: int):
+        if seed not in loaded:
+            rng = random.Random(seed)
+            store = _on_database(chdb_store, f"random{seed}")
+            loaded[seed] = (
+                _load_both(store, [_random_payload(rng, i) for i in range(rng.randint(2, 6))]),
+                store,
+            )
+        return loaded[seed]
+
+    yield load
+    for duck, _ in loaded.values():
+        duck.close()
+
+
+@pytest.mark.slow  # ~15 s: every metric on both engines; make test runs it
+def test_every_detector_equals_duckdb_on_the_sample_traces(sample_traces):
+    duck, store = sample_traces
     assert duck.execute("SELECT count(*) FROM spans").fetchone()[0] > 200
     with kept.computed_in_full():
         found = {m.name: len(registry.run_metric(duck, m.name)) for m in registry.finding_metrics()}
@@ -162,9 +197,8 @@ def test_every_detector_equals_duckdb_on_the_sample_traces(chdb_store):
 
 
 @pytest.mark.slow  # ~30 s: every metric four times on both engines; make test runs it
-def test_filters_and_windows_mean_the_same_on_both_engines(chdb_store):
-    store = _on_database(chdb_store, "filtered")
-    duck = _load_both(store, _sample_payloads())
+def test_filters_and_windows_mean_the_same_on_both_engines(sample_traces):
+    duck, store = sample_traces
     first, last = duck.execute("SELECT min(Timestamp), max(Timestamp) FROM spans").fetchone()
     agent, run, service = duck.execute(
         "SELECT agent_id, run_id, ServiceName FROM spans WHERE agent_id IS NOT NULL ORDER BY Timestamp LIMIT 1"
@@ -233,19 +267,15 @@ def _random_payload(rng: random.Random, index: int) -> tuple[bytes, str]:
 
 @pytest.mark.slow  # ~5 s each; make test runs them
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_every_detector_equals_duckdb_on_random_span_sets(chdb_store, seed):
-    rng = random.Random(seed)
-    store = _on_database(chdb_store, f"random{seed}")
-    duck = _load_both(store, [_random_payload(rng, i) for i in range(rng.randint(2, 6))])
+def test_every_detector_equals_duckdb_on_random_span_sets(random_span_set, seed):
+    duck, store = random_span_set(seed)
     assert _unexpected(_compare_all(duck, store)) == {}
 
 
-def test_a_statement_gives_the_same_answer_when_run_again(chdb_store):
+def test_a_statement_gives_the_same_answer_when_run_again(random_span_set):
     # chdb 26.9's query condition cache answered constraint_ledger's second run with no rows
     # (analytics.dialect.SETTINGS turns it off)
-    rng = random.Random(0)
-    store = _on_database(chdb_store, "rerun")
-    duck = _load_both(store, [_random_payload(rng, i) for i in range(rng.randint(2, 6))])
+    duck, store = random_span_set(0)
     with kept.computed_in_full():
         want = _rows(registry.run_metric(duck, "constraint_ledger"))
     assert want
