@@ -89,9 +89,13 @@ def data_version(conn: duckdb.DuckDBPyConnection) -> str:
     return f"{count}:{newest}"
 
 
-def run_spans(conn: duckdb.DuckDBPyConnection, run_id: str, limit: int = 20_000) -> pd.DataFrame:
-    """Every span of ``run_id`` in start order; one row = one span (see run_spans.sql)."""
-    frame = query_df(conn, load_sql("run_spans"), {"run": run_id, "limit": limit})
+def run_spans(
+    conn: duckdb.DuckDBPyConnection, run_id: str, limit: int = 20_000, containing: list[str] | None = None
+) -> pd.DataFrame:
+    """Every span of ``run_id`` in start order; one row = one span (see run_spans.sql). With
+    ``containing``, only spans whose tool arguments, input or goal text contain one of those texts."""
+    params = {"run": run_id, "limit": limit, "containing": list(containing) if containing else None}
+    frame = query_df(conn, load_sql("run_spans"), params)
     if "attributes" in frame.columns:
         frame["attributes"] = frame["attributes"].map(
             lambda entries: {e["key"]: e["value"] for e in entries} if entries is not None else {}

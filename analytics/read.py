@@ -112,9 +112,35 @@ def run_details(
     return browse.run_details(conn, window, filters, list(run_ids))
 
 
-def run_spans(conn: duckdb.DuckDBPyConnection, run_id: str, limit: int = RUN_SPAN_LIMIT) -> pd.DataFrame:
-    """Every span of one run in start order (``attributes`` a dict)."""
-    return browse.run_spans(conn, run_id, limit)
+def run_spans(
+    conn: duckdb.DuckDBPyConnection,
+    run_id: str,
+    limit: int = RUN_SPAN_LIMIT,
+    containing: list[str] | str | None = None,
+) -> pd.DataFrame:
+    """Every span of one run in start order (``attributes`` a dict). ``containing`` (a list, or
+    comma-separated text) keeps only the spans whose tool arguments, input text or goal text
+    contain one of those texts (``containing_texts`` checks them)."""
+    return browse.run_spans(conn, run_id, limit, containing_texts(containing))
+
+
+MAX_CONTAINING = 50  # texts in one run_spans(containing=...) call
+MAX_CONTAINING_CHARS = 200
+
+
+def containing_texts(containing: list[str] | str | None) -> list[str] | None:
+    """``containing`` as a list of 1 to ``MAX_CONTAINING`` texts of at most
+    ``MAX_CONTAINING_CHARS`` characters each (None: no such filter); ``ValueError`` otherwise."""
+    if containing is None:
+        return None
+    texts = containing.split(",") if isinstance(containing, str) else [str(t) for t in containing]
+    texts = list(dict.fromkeys(texts))
+    if not texts or len(texts) > MAX_CONTAINING or not all(0 < len(t) <= MAX_CONTAINING_CHARS for t in texts):
+        raise ValueError(
+            f"containing must be 1 to {MAX_CONTAINING} comma-separated texts of 1 to "
+            f"{MAX_CONTAINING_CHARS} characters, got {len(texts)} text(s)"
+        )
+    return texts
 
 
 def filter_options(conn: duckdb.DuckDBPyConnection, window: Window, limit: int = 500) -> dict:

@@ -112,7 +112,7 @@ class DataSource(Protocol):
 
     def runs(self, window: Window, filters: Filters) -> pd.DataFrame: ...
 
-    def run_spans(self, run_id: str) -> pd.DataFrame: ...
+    def run_spans(self, run_id: str, containing: list[str] | None = None) -> pd.DataFrame: ...
 
     def thresholds(self) -> pd.DataFrame: ...
 
@@ -262,9 +262,15 @@ class HttpSource:
         pairs = [[str(r), str(s)] for r, s in zip(keys["run_id"], keys["span_id"], strict=True)]
         return self._frame(self._post("/api/v1/evidence-spans", {"keys": pairs}))
 
-    def run_spans(self, run_id: str) -> pd.DataFrame:
-        """Every span of one run, in start order."""
-        response = self._get(f"/api/v1/runs/{quote(run_id, safe='')}/spans", missing_ok=True)
+    def run_spans(self, run_id: str, containing: list[str] | None = None) -> pd.DataFrame:
+        """Every span of one run, in start order (``containing``: only those whose tool arguments,
+        input or goal text contain one of these texts; a text with a comma asks for every span)."""
+        params = (
+            {"containing": ",".join(containing)}
+            if containing and not any("," in t for t in containing)
+            else None
+        )
+        response = self._get(f"/api/v1/runs/{quote(run_id, safe='')}/spans", params, missing_ok=True)
         if response is None:  # the API answers 404 for a run without spans
             return pd.DataFrame()
         return normalise_spans(_rows_of(response.json(), "spans"))
@@ -388,9 +394,9 @@ class DuckDBFileSource:
         """Runs in the window, newest first (at most ``limit``)."""
         return normalise_runs(self._read(read.runs, window, filters, limit))
 
-    def run_spans(self, run_id: str) -> pd.DataFrame:
-        """Every span of one run, in start order."""
-        return normalise_spans(self._read(read.run_spans, run_id))
+    def run_spans(self, run_id: str, containing: list[str] | None = None) -> pd.DataFrame:
+        """Every span of one run, in start order (``containing``: see ``analytics.read.run_spans``)."""
+        return normalise_spans(self._read(read.run_spans, run_id, read.RUN_SPAN_LIMIT, containing))
 
     def data_version(self) -> str:
         """Span count and newest ingest time."""

@@ -16,6 +16,7 @@ from typing import Literal
 
 import pandas as pd
 
+from analytics.read import MAX_CONTAINING, MAX_CONTAINING_CHARS
 from analytics.types import Filters, Window
 from dashboard.evidence import (
     MAX_EVIDENCE_SPANS,
@@ -148,6 +149,15 @@ def constraint_texts(spans: pd.DataFrame, ids: set[str]) -> dict[str, str]:
     return found
 
 
+def _mentioning(ids: set[str]) -> list[str] | None:
+    """The ids as a ``run_spans`` text filter (only the spans that mention one: a long run holds
+    100,000 spans), or None (every span) where they are too many or too long for one."""
+    texts = sorted(ids)
+    if 0 < len(texts) <= MAX_CONTAINING and all(0 < len(t) <= MAX_CONTAINING_CHARS for t in texts):
+        return texts
+    return None
+
+
 def add_constraint_texts(source, findings: list[Finding], errors: dict[str, str]) -> None:
     """Put each dropped constraint's text beside its id (``details["constraint_text"]``)."""
     drops = [
@@ -157,7 +167,8 @@ def add_constraint_texts(source, findings: list[Finding], errors: dict[str, str]
     for run in runs:
         wanted = [f for f in drops if f.run_id == run]
         try:
-            texts = constraint_texts(source.run_spans(run), {f.details["constraint_id"] for f in wanted})
+            ids = {f.details["constraint_id"] for f in wanted}
+            texts = constraint_texts(source.run_spans(run, containing=_mentioning(ids)), ids)
         except Exception as exc:  # the ids stand without their text
             logger.warning("constraint texts of run %s unavailable: %s", run, exc)
             errors.setdefault("constraint_text", f"{type(exc).__name__}: {exc}")

@@ -249,9 +249,13 @@ def build_api_routes(
 
     async def run_spans(request: Request) -> Response:
         run_id = _text_param("run id", request.path_params["run_id"])
-        params = parse_query(request, ("limit",))
-        frame = await run(read.run_spans, run_id, params.get("limit", read.RUN_SPAN_LIMIT))
-        if frame.empty:
+        params = parse_query(request, ("limit", "containing"))
+        try:  # ?containing=C1,C2: only spans whose texts state one of them
+            containing = read.containing_texts(params.get("containing"))
+        except ValueError as exc:
+            raise BadParameterError(str(exc)) from None
+        frame = await run(read.run_spans, run_id, params.get("limit", read.RUN_SPAN_LIMIT), containing)
+        if frame.empty and containing is None:  # with a text filter, no span may contain it
             return JSONResponse({"error": f"no spans for run {run_id[:80]!r}"}, status_code=404)
         return frame_response(request, frame, {"run": run_id})
 

@@ -1,4 +1,6 @@
--- Every span of one run, in start order, with the fields the run explorer shows.
+-- Every span of one run, in start order, with the fields the run explorer shows. With
+-- $containing (a list of texts), only the spans whose tool arguments, input text or goal text
+-- contain one of them (a report looking for where a constraint id is stated).
 SELECT
     Timestamp, TraceId AS trace_id, SpanId AS span_id, ParentSpanId AS parent_span_id,
     SpanName AS span_name, SpanKind AS span_kind, ServiceName AS service, Duration AS duration_ns,
@@ -11,5 +13,8 @@ SELECT
     SpanAttributes AS attributes, Events AS events
 FROM spans
 WHERE run_id = $run
+  AND ($containing::VARCHAR[] IS NULL
+       OR len(list_filter($containing::VARCHAR[], lambda n: contains(coalesce(tool_args, ''), n)
+                          OR contains(coalesce(input_text, ''), n) OR contains(coalesce(goal_text, ''), n))) > 0)
 ORDER BY start_ns, SpanId
 LIMIT $limit

@@ -56,6 +56,41 @@ def test_http_and_file_sources_agree_on_every_metric(sources):
 
 
 @pytest.mark.slow
+def test_run_spans_containing_keeps_the_spans_whose_texts_state_an_id_on_both_sources(sources):
+    """A report looks for where a dropped constraint is stated among a run's spans: the filter
+    keeps exactly the spans whose tool arguments, input or goal text contain one of the texts."""
+    import httpx
+
+    from tests.dashboard.test_dashboard_db import truths
+
+    http, offline = sources
+    run, drop = next((t["run_id"], d) for t in truths() for d in t["constraint_drops"])
+    every = offline.run_spans(run)
+    texts = [drop["constraint_id"], "no such text anywhere"]
+    stating = [
+        row.span_id
+        for row in every.itertuples()
+        if any(
+            t in str(v)
+            for t in texts
+            for v in (row.tool_args, row.input_text, row.goal_text)
+            if v is not None
+        )
+    ]
+    assert 0 < len(stating) < len(every)
+    for source in (http, offline):
+        assert list(source.run_spans(run, containing=texts)["span_id"]) == stating
+        assert source.run_spans(run, containing=["no such text anywhere"]).empty
+    assert list(http.run_spans(run, containing=["a,b"])["span_id"]) == list(every["span_id"])  # no filter
+    too_many = ",".join(f"C{i}" for i in range(51))
+    answer = httpx.get(
+        f"{http.url}/api/v1/runs/{run}/spans", params={"containing": too_many},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )  # fmt: skip
+    assert answer.status_code == 400 and "containing must be 1 to 50" in answer.json()["error"]
+
+
+@pytest.mark.slow
 def test_http_and_file_sources_agree_on_runs_spans_thresholds_and_findings(sources):
     http, offline = sources
     runs_http, runs_file = http.runs(Window(), Filters()), offline.runs(Window(), Filters())
