@@ -21,6 +21,7 @@ import duckdb
 import pandas as pd
 
 import analytics.kept as _kept
+from analytics.engine import is_clickhouse
 from analytics.kept import kept_result
 from analytics.schema import ensure_readable
 from analytics.types import Filters, Window
@@ -83,6 +84,10 @@ class Metric:
     "origin_task_id": only the partitions new spans touched are recomputed); None: not kept."""
     order: tuple[tuple[str, bool], ...] = ()
     """A partitioned result's row order, as its SQL sorts it: (column, descending) pairs."""
+    window_bounds: bool = False
+    """Its result uses the window's bounds themselves (time buckets laid over the window), not
+    only which spans start inside it; otherwise a window holding every stored span is answered as
+    the whole store (``run_metric``), from the same kept result."""
 
     @property
     def columns(self) -> dict[str, str]:
@@ -149,6 +154,7 @@ def register(
     blind_spots: str | None = None,
     kept: str | None = None,
     order: tuple[tuple[str, bool], ...] | list[tuple[str, bool]] = (),
+    window_bounds: bool = False,
 ) -> Callable[[DetectorFunc], DetectorFunc]:
     """Register the decorated detector under ``name`` with the facts of its ``Metric`` record.
 
@@ -160,7 +166,7 @@ def register(
         title=title, failure_mode=failure_mode, mast_category=mast_category, findings=findings,
         flag_column=flag_column, counted=counted, failing=failing, failing_unless=failing_unless,
         review_unless=review_unless, rank_column=rank_column, page=page, blind_spots=blind_spots,
-        kept=kept, order=tuple(tuple(pair) for pair in order),
+        kept=kept, order=tuple(tuple(pair) for pair in order), window_bounds=window_bounds,
     )  # fmt: skip
     if not callable(columns):
         _check_facts(name, columns, facts)
@@ -251,4 +257,20 @@ def run_metric(
         raise KeyError(f"Unknown metric {name!r}; known metrics: {known}") from None
     logger.debug("running metric %s window=%s filters=%s", name, window, filters)
     ensure_readable(conn)
+    if metric.kept is not None and not metric.window_bounds:
+        window = _whole_if_covering(conn, window)
     return kept_result(conn, name, metric.func, window, filters, columns)  # up to date by data version
+
+
+def _whole_if_covering(conn: duckdb.DuckDBPyConnection, window: Window) -> Window:
+    """``Window()`` when ``window`` holds the start of every stored span (a report or page over
+    "the last 2 hours" of a store that has nothing older): the same spans, so the same result, and
+    it is the scope serve keeps up to date and stores. Otherwise ``window`` itself."""
+    if window == Window() or is_clickhouse(conn):  # no kept results on ClickHouse
+        return window
+    first, last = conn.execute("SELECT min(Timestamp), max(Timestamp) FROM spans").fetchone()
+    if first is None:
+        return window
+    if (window.since is None or window.since <= first) and (window.until is None or window.until > last):
+        return Window()
+    return window

@@ -130,6 +130,7 @@ def choose_bucket_seconds(conn: duckdb.DuckDBPyConnection, window: Window, filte
     rank_column="rejection_rate",
     page="rejections",
     kept="whole",
+    window_bounds=True,  # its buckets are laid over the window (choose_bucket_seconds)
 )
 def rejection_rates(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Rejection and error rates of guarded calls per bucket, flagged against the threshold."""

@@ -265,3 +265,48 @@ def test_what_is_kept_is_stated_at_registration_and_forgotten_with_it():
         with pytest.raises(ValueError, match="needs its row order"):
             register(TOY, description="d", columns=columns, row="r", kept="run_id")(lambda *a: None)
     assert TOY not in kept.KEPT and TOY not in kept.PARTITIONS and TOY not in kept.ORDER
+
+
+def test_a_window_holding_every_span_is_answered_as_the_whole_store_except_by_window_shaped_metrics(tmp_path):
+    """A page or report over "the last N hours" of a store with nothing older reads the scope serve
+    keeps and stores; a window that leaves one span out, and a metric whose result uses the
+    window's bounds (rejection_rates' buckets), are computed for that window."""
+    from datetime import timedelta
+    from pathlib import Path
+
+    import pandas as pd
+
+    from analytics import kept
+    from collector.files import ingest_files
+    from driftscope.database import migrate
+
+    conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
+    migrate(conn)
+    samples = Path(__file__).resolve().parents[2] / "sample_traces"
+    ingest_files(
+        None, sorted(p for p in samples.glob("*.json") if not p.name.endswith(".truth.json")), conn=conn
+    )
+    first, last = conn.execute("SELECT min(Timestamp), max(Timestamp) FROM spans").fetchone()
+    covering = Window(since=first, until=last + timedelta(microseconds=1))
+    short = Window(since=first, until=last)  # the last span starts at `until`: outside
+    for name in kept.KEPT:  # goal scores stored first: frames computed before they are hold object
+        run_metric(conn, name)  # columns where frames read after hold strings (same values)
+    kept.clear_cache()
+    shaped = [name for name, m in METRICS.items() if m.window_bounds]
+    assert shaped == ["rejection_rates"]
+    for name in sorted(kept.KEPT):
+        whole = run_metric(conn, name)
+        before = kept.stats.copy()
+        got = run_metric(conn, name, covering)
+        with kept.computed_in_full():
+            expected = run_metric(conn, name, covering)
+        pd.testing.assert_frame_equal(got, expected, obj=name)
+        if name in shaped:
+            continue
+        pd.testing.assert_frame_equal(got, whole, obj=name)
+        assert kept.stats["full"] == before["full"] and kept.stats["unchanged"] == before["unchanged"] + 1, (
+            name
+        )
+        before = kept.stats.copy()
+        run_metric(conn, name, short)
+        assert kept.stats["full"] == before["full"] + 1, name  # another scope: computed
