@@ -132,12 +132,29 @@ def _sorted(frame: pd.DataFrame, order: list[tuple[str, bool]]) -> pd.DataFrame:
     keys = frame[[column for column, _ in order]].reset_index(drop=True)
     keys.columns = [f"k{i}" for i in range(len(order))]
     keys["pos"] = range(len(keys))
-    clause = ", ".join(f"k{i}{' DESC' if desc else ''} NULLS LAST" for i, (_, desc) in enumerate(order))
-    with duckdb.connect() as mem:
-        positions = mem.execute(f"SELECT pos FROM keys ORDER BY {clause}, pos").fetchnumpy()["pos"]
+    if all(_sorts_alike(keys[f"k{i}"]) for i in range(len(order))):
+        # no NULL, and numbers, times or text: pandas orders them as DuckDB does (text by code
+        # point, DuckDB's binary collation) without a round trip of the keys (0.1-0.2 s for 44,000
+        # repeated_calls rows)
+        ascending = [not desc for _, desc in order] + [True]
+        positions = keys.sort_values([*keys.columns], ascending=ascending)["pos"].to_numpy()
+    else:
+        clause = ", ".join(f"k{i}{' DESC' if desc else ''} NULLS LAST" for i, (_, desc) in enumerate(order))
+        with duckdb.connect() as mem:
+            positions = mem.execute(f"SELECT pos FROM keys ORDER BY {clause}, pos").fetchnumpy()["pos"]
     if len(positions) < 2 or bool((positions[1:] > positions[:-1]).all()):
         return frame  # already in order: no copy of the rows (the caller relies on identity)
     return frame.take(positions).reset_index(drop=True)
+
+
+def _sorts_alike(column: pd.Series) -> bool:
+    """Whether pandas sorts ``column`` as DuckDB's ORDER BY does: no missing value, and numbers,
+    times or text only."""
+    if column.hasnans:
+        return False
+    if column.dtype.kind in "biufmM" or isinstance(column.dtype, pd.StringDtype):
+        return True
+    return column.dtype == object and all(type(value) is str for value in column)
 
 
 def merge_rows(

@@ -3,20 +3,24 @@ step-budget exhaustion and duplicate side effects."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import functools
 import logging
+import threading
 from collections.abc import Callable, Iterator
 
 import duckdb
 import numpy as np
 import pandas as pd
 
+import analytics.loop_groups as loop_groups
 from analytics._evidence import EVIDENCE, THRESHOLD, TIMES
 from analytics.data_version import Scope
 from analytics.embeddings import embed_texts
-from analytics.kept import merge_rows, refines
+from analytics.kept import merge_rows, refines, stats
+from analytics.loop_groups import connected_components
 from analytics.loop_similarity import task_similarity
 from analytics.registry import register
 from analytics.side_effects import HANDOFF_TOOL_PREFIX, current_side_effect_tools
@@ -46,26 +50,9 @@ MIN_PING_PONG_DELEGATIONS = 4
 MIN_PING_PONG_INFERRED = 6
 
 
-def connected_components(n: int, left: np.ndarray, right: np.ndarray) -> np.ndarray:
-    """Component label (smallest member index) of each of ``n`` nodes joined by edges.
-
-    Vectorised min-label propagation: each round pushes the smaller label across every edge.
-    """
-    labels = np.arange(n)
-    if len(left) == 0:
-        return labels
-    while True:
-        before = labels.copy()
-        low = np.minimum(labels[left], labels[right])
-        np.minimum.at(labels, left, low)
-        np.minimum.at(labels, right, low)
-        labels = labels[labels]
-        if np.array_equal(labels, before):
-            return labels
-
-
-def group_loops(calls: pd.DataFrame, min_repeats: int = MIN_REPEATS) -> pd.DataFrame:
-    """Turn linked calls (each with the ``linked`` call_idx list) into one row per loop."""
+def component_labels(calls: pd.DataFrame) -> np.ndarray:
+    """The linked component (a row position) of each of ``calls`` (each with the ``linked``
+    call_idx list)."""
     n = len(calls)
     counts = calls["linked"].map(len).to_numpy(dtype=np.int64) if n else np.array([], np.int64)
     left = np.repeat(calls["call_idx"].to_numpy(dtype=np.int64), counts)
@@ -77,7 +64,18 @@ def group_loops(calls: pd.DataFrame, min_repeats: int = MIN_REPEATS) -> pd.DataF
     def position(idx: np.ndarray) -> np.ndarray:
         return sorter[np.searchsorted(order, idx, sorter=sorter)]
 
-    labels = connected_components(n, position(left), position(right)) if n else np.array([], int)
+    return connected_components(n, position(left), position(right)) if n else np.array([], int)
+
+
+def group_loops(calls: pd.DataFrame, min_repeats: int = MIN_REPEATS) -> pd.DataFrame:
+    """Turn linked calls (each with the ``linked`` call_idx list) into one row per loop."""
+    return loop_rows(calls, component_labels(calls), min_repeats)
+
+
+def loop_rows(calls: pd.DataFrame, labels: np.ndarray, min_repeats: int = MIN_REPEATS) -> pd.DataFrame:
+    """One row per loop of ``calls`` in components ``labels``: the components with
+    ``min_repeats``+ executed (or refused) calls, in the detector's order."""
+    n = len(calls)
     # a loop is one (run, agent, tool) group: split a component a 64-bit hash collision merged
     if n:
         keyed = calls[["run_id", "agent", "tool_name"]].assign(component=labels)
@@ -162,23 +160,41 @@ def linked_calls(
         min_calls=min_calls,
         agent_inputs=inputs,
         agent_tasks=[_task_of(text) for text in inputs],
-        **(_group_limit.get() or {"loop_runs": None, "loop_tools": None, "loop_whole_runs": None}),
+        **(_group_limit.get() or _NO_LIMIT),
     )
 
 
 # Internal (update_repeated_calls): while set, repeated_calls computes only these (run, tool)
-# groups ($loop_runs / $loop_tools pairs) and every group of $loop_whole_runs.
+# groups ($loop_runs / $loop_tools pairs), every group of $loop_whole_runs and the calls of the
+# kept groups ($loop_tail_*) from their cut on; with $all_calls, every candidate call.
 _group_limit: contextvars.ContextVar[dict | None] = contextvars.ContextVar("loop_group_limit", default=None)
+_NO_LIMIT = {
+    "loop_runs": None, "loop_tools": None, "loop_whole_runs": None, "loop_tail_runs": None,
+    "loop_tail_agents": None, "loop_tail_tools": None, "loop_tail_ns": None, "loop_tail_spans": None,
+    "all_calls": False,
+}  # fmt: skip
 
 
 @contextlib.contextmanager
-def _groups_only(pairs: set[tuple[str, str]], whole_runs: set[str]) -> Iterator[None]:
+def _groups_only(
+    pairs: set[tuple[str, str]],
+    whole_runs: set[str],
+    tails: dict[tuple[str, str, str], tuple[int, str]] | None = None,
+    all_calls: bool = False,
+) -> Iterator[None]:
     ordered = sorted(pairs)
+    cut = sorted((tails or {}).items())  # (run, agent, tool) -> the group's cut
     token = _group_limit.set(
         {
             "loop_runs": [run for run, _ in ordered],
             "loop_tools": [tool for _, tool in ordered],
             "loop_whole_runs": sorted(whole_runs),
+            "loop_tail_runs": [run for (run, _, _), _ in cut],
+            "loop_tail_agents": [agent for (_, agent, _), _ in cut],
+            "loop_tail_tools": [tool for (_, _, tool), _ in cut],
+            "loop_tail_ns": [ns for _, (ns, _) in cut],
+            "loop_tail_spans": [span for _, (_, span) in cut],
+            "all_calls": all_calls,
         }
     )
     try:
@@ -218,8 +234,9 @@ def update_repeated_calls(
 ) -> pd.DataFrame | None:
     """``old`` (repeated_calls kept before spans of ``traces`` came) brought up to date by
     recomputing only the groups those spans may have changed, not their whole runs (a run of
-    100,000 calls after a batch of a few hundred); None when that cannot be told (the caller then
-    recomputes the touched runs whole).
+    100,000 calls after a batch of a few hundred), and, for groups of tool calls kept since the
+    previous batch, by comparing only their new calls with each group's tail; None when that
+    cannot be told (the caller then recomputes the touched runs whole).
 
     A loop is one (run, agent, tool) group's linked calls, so a group none of whose calls changed
     keeps its loops, unless a call elsewhere in its run changes which calls it holds or how they
@@ -228,9 +245,17 @@ def update_repeated_calls(
     removes code calls of its name, and a new ping-pong can drop hand-off loops. So recomputed are
     the (run, tool) groups (every agent) of the names the touched spans carry
     (``loop_touched_groups.sql``), those of kept loops with a member among them, every hand-off
-    group of their runs, and whole runs where they hold code in an LLM output. Equal to a full
-    recomputation (tests/analytics/test_kept.py, after every random batch).
+    group of their runs, and whole runs where they hold code in an LLM output.
+
+    Of those, a (run, tool) group of tool calls only (``analytics.loop_groups``) that was computed
+    here before, for all time and no filters, is kept with its calls and components: then only its
+    calls from the earliest of its (run, agent, tool) groups' last ``NEIGHBOUR_WINDOW`` calls on
+    are read, and its new calls join the components they link to. A kept group whose calls
+    changed otherwise (an earlier call arrived late, a call moved to another agent or run, a call
+    of another kind came) is recomputed whole. Equal to a full recomputation
+    (tests/analytics/test_kept.py and test_loops_incremental.py, after every random batch).
     """
+    state = _take_state(old, window, filters)
     span_ids = conn.execute(
         "SELECT SpanId FROM spans WHERE TraceId = ANY($traces::VARCHAR[])", {"traces": sorted(traces)}
     ).fetchnumpy()["SpanId"]
@@ -252,6 +277,7 @@ def update_repeated_calls(
     )
     runs = set(found["run_id"]) | old_runs
     if not runs:
+        _keep_state(old, state)
         return old
     if not runs.issubset(scope.runs):
         return None
@@ -263,10 +289,144 @@ def update_repeated_calls(
     pairs |= set(zip(handoffs["run_id"], handoffs["tool_name"], strict=True))
     firsts = [scope.first_seen.get(run) for run in runs]
     since = None if None in firsts else min(firsts)
-    with run_scope(runs=sorted(runs), runs_since=since), _groups_only(pairs, whole):
-        fresh = compute(conn, window, filters)
-    fresh = fresh[_in_groups(fresh, pairs, whole)]
-    return merge_rows(old, ~_in_groups(old, pairs, whole), fresh, "repeated_calls")
+    keeping = state is not None
+    tails = set()
+    if keeping:
+        tails = {key for key in pairs if key in state and key[0] not in whole}
+    pairs -= tails
+    info = current_threshold(conn, "near_duplicate_similarity")
+    fresh_parts: list[pd.DataFrame] = []
+    dropped: list[pd.Index] = []
+    with run_scope(runs=sorted(runs), runs_since=since):
+        cuts = {
+            (run, agent, tool): cut for (run, tool) in tails for agent, cut in state[run, tool].cuts().items()
+        }
+        with _groups_only(pairs, whole, cuts, all_calls=keeping):
+            rows = linked_calls(conn, window, filters, info.value)
+        if tails:
+            at_tail = _in_groups(rows, tails, set())
+            failed = _append_to_kept(state, tails, rows[at_tail], old, fresh_parts, dropped)
+            rows = rows[~at_tail]
+            if failed:  # recomputed whole
+                with _groups_only(failed, set(), None, all_calls=True):
+                    rows = pd.concat(
+                        [rows, linked_calls(conn, window, filters, info.value)], ignore_index=True
+                    )
+                pairs |= failed
+        if keeping:
+            _keep_pairs(state, rows, pairs, whole)
+            rows = rows[(rows["linked"].map(len) > 0) | rows["source"].isin(["agent", "delegation"])]
+        tasks = current_threshold(conn, "near_duplicate_task_similarity")
+        out = group_loops(link_tasks(conn, rows.reset_index(drop=True), tasks.value))
+        if _handoff_rows(out).any():
+            out = drop_bounced(out, ping_pong(conn, window, filters))
+    frames = [_with_threshold(out, info)[_in_groups(out, pairs, whole)]]
+    frames += [_with_threshold(part, info) for part in fresh_parts]
+    filled = [frame for frame in frames if not frame.empty]
+    if len(filled) > 1:  # both sides sorted (merge_rows): the rows of changed kept groups come in
+        fresh = pd.concat(filled, ignore_index=True)
+        fresh = fresh.sort_values(["first_seen", "run_id", "tool_name"], kind="stable", ignore_index=True)
+    else:
+        fresh = filled[0] if filled else frames[0]
+    keep = ~_in_groups(old, pairs, whole)
+    if dropped:
+        keep &= ~old.index.isin(dropped[0].append(dropped[1:]))
+    result = merge_rows(old, keep, fresh, "repeated_calls")
+    _keep_state(result, state)
+    return result
+
+
+def _append_to_kept(
+    state: dict,
+    tails: set[tuple[str, str]],
+    rows: pd.DataFrame,
+    old: pd.DataFrame,
+    fresh_parts: list[pd.DataFrame],
+    dropped: list[pd.Index],
+) -> set[tuple[str, str]]:
+    """Bring the kept groups ``tails`` up to date with their ``rows`` (their calls from the cuts
+    on): the loop rows of the components that changed go to ``fresh_parts``, the index of the rows
+    of ``old`` they replace to ``dropped``. Returns the groups that must be recomputed whole (they
+    are no longer kept)."""
+    parts = dict(iter(rows.groupby(["run_id", "tool_name"], sort=False)))
+    kept_rows = old[_in_groups(old, tails, set())]
+    old_firsts = pd.Series([ids[0] for ids in kept_rows["span_ids"]], index=kept_rows.index, dtype=object)
+    by_pair = dict(iter(old_firsts.groupby([kept_rows["run_id"], kept_rows["tool_name"]], sort=False)))
+    failed = set()
+    members: list[tuple[pd.DataFrame, np.ndarray]] = []
+    for key in tails:
+        pair = state[key]
+        part = parts.get(key, rows.iloc[0:0])
+        firsts = by_pair.get(key, old_firsts.iloc[0:0])
+        changed = loop_groups.append_calls(pair, part, firsts, NEIGHBOUR_WINDOW) if len(part) else None
+        if changed is None:
+            failed.add(key)
+            del state[key]
+            stats["loop_groups_recomputed"] += 1
+            continue
+        stats["loop_groups_appended"] += 1
+        state[key] = state.pop(key)  # most recently used last
+        labels, drop = changed
+        dropped.append(drop)
+        if labels:
+            members.append(pair.members(labels))
+    if members:  # labels are per kept group: loop_rows splits components by (run, agent, tool)
+        calls = pd.concat([calls for calls, _ in members], ignore_index=True)
+        fresh_parts.append(loop_rows(calls, np.concatenate([labels for _, labels in members])))
+    return failed
+
+
+def _keep_pairs(state: dict, rows: pd.DataFrame, pairs: set[tuple[str, str]], whole: set[str]) -> None:
+    """Keep the (run, tool) groups of tool calls among ``rows`` (every candidate call of the groups
+    ``pairs`` and of the runs ``whole``, just computed); forget the others of those groups."""
+    for key in [key for key in state if key in pairs or key[0] in whole]:
+        del state[key]
+    if rows.empty:
+        return
+    for key, part in rows.groupby(["run_id", "tool_name"], sort=False):
+        if loop_groups.is_keepable(part, HANDOFF_TOOL_PREFIX):
+            part = part.reset_index(drop=True)
+            state[key] = loop_groups.build_pair(part, component_labels(part), NEIGHBOUR_WINDOW)
+
+
+# Kept groups (analytics.loop_groups) of the repeated_calls result they describe: id(frame) ->
+# (frame, {(run, tool): PairCalls}). Only for all time and no filters; bounded by calls kept.
+_states: collections.OrderedDict[int, tuple[pd.DataFrame, dict]] = collections.OrderedDict()
+_states_lock = threading.Lock()
+MAX_KEPT_CALLS = 3_000_000
+
+
+def _take_state(old: pd.DataFrame, window: Window, filters: Filters) -> dict | None:
+    """The kept groups of ``old`` (removed: the caller keeps them with the frame it returns);
+    {} when there are none, None when groups are not kept for this window and filters."""
+    if window != Window() or filters != Filters():
+        return None
+    with _states_lock:
+        entry = _states.pop(id(old), None)
+    return entry[1] if entry is not None and entry[0] is old else {}
+
+
+def _keep_state(frame: pd.DataFrame, state: dict | None) -> None:
+    if state is None:
+        return
+    total = sum(pair.size for pair in state.values())
+    for key in list(state):  # least recently used first
+        if total <= MAX_KEPT_CALLS:
+            break
+        total -= state.pop(key).size
+    with _states_lock:
+        _states[id(frame)] = (frame, state)
+        while len(_states) > 2:
+            _states.popitem(last=False)
+
+
+def _with_threshold(out: pd.DataFrame, info) -> pd.DataFrame:
+    """``out`` with the similarity threshold it was computed at."""
+    out = out.copy(deep=False)  # copy-on-write: the new columns are this frame's own
+    out["threshold"] = info.value
+    out["threshold_version"] = info.version
+    out["calibrated"] = info.calibrated
+    return out
 
 
 def link_tasks(
@@ -422,11 +582,7 @@ def repeated_calls(conn: duckdb.DuckDBPyConnection, window: Window, filters: Fil
     info = current_threshold(conn, "near_duplicate_similarity")
     tasks = current_threshold(conn, "near_duplicate_task_similarity")
     out = group_loops(link_tasks(conn, linked_calls(conn, window, filters, info.value), tasks.value))
-    out = drop_bounced(out, ping_pong(conn, window, filters))
-    out["threshold"] = info.value
-    out["threshold_version"] = info.version
-    out["calibrated"] = info.calibrated
-    return out
+    return _with_threshold(drop_bounced(out, ping_pong(conn, window, filters)), info)
 
 
 @register(

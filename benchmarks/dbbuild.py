@@ -129,12 +129,16 @@ class SpanDatabase:
         logger.info("database %s grown to %d spans in %.1fs", self.path, self.spans, elapsed)
         return elapsed
 
-    def append_batch(self, spans: int = 512, copy: int | None = None, seed: int = 1009) -> int:
+    def append_batch(
+        self, spans: int = 512, copy: int | None = None, seed: int = 1009, at_end: bool = False
+    ) -> int:
         """Ingest ``spans`` new spans into the existing runs of copy ``copy`` (default: the newest)
         through the real decoder and ``insert_batches``, as a live collector would; return the
         rows stored. Another seed gives new trace and span ids under the same run ids. As in the
         copies, ids are moved to the copy's namespace and goal texts are left as in the base (so
-        the call timed after it is a query, not model inference on new texts)."""
+        the call timed after it is a query, not model inference on new texts). The new spans
+        start among the runs' first spans, or with ``at_end`` after every stored span (as a live
+        run's next spans do)."""
         from benchmarks.generator import generate_requests
 
         namespace = self.copies if copy is None else copy
@@ -144,6 +148,10 @@ class SpanDatabase:
         shift_ns = namespace * self.base_minutes * 60_000_000_000 + (1 + seed % 997) * 1000
         requests = generate_requests(spans, seed, shape=self.shape)
         batches = [decode_payload(r.SerializeToString(), PROTOBUF) for r in requests]
+        if at_end:
+            (newest,) = self.conn.execute("SELECT max(start_ns) FROM spans").fetchone()
+            first = min(pc.min(batch.table.column("start_ns")).as_py() for batch in batches)
+            shift_ns = max(shift_ns, (newest or 0) - first + 1000)
         for batch in batches:
             table = batch.table
             for name in _STAMPED:

@@ -42,6 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--appends", type=int, default=3)
     parser.add_argument("--check", action="store_true", help="compare each result with a full recomputation")
     parser.add_argument("--restart", action="store_true", help="store, forget, and call each detector again")
+    parser.add_argument(
+        "--at-end",
+        action="store_true",
+        help="batches start after every stored span (default: among the first)",
+    )
     args = parser.parse_args(argv)
 
     from analytics import METRICS, Filters, Window, kept, kept_worker, run_metric, summary
@@ -55,7 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     db = SpanDatabase(copy, shape=Shape.parse(args.shape), reopen=True)
     db.conn.execute("SET threads = 2")
     names = args.names or [*sorted(kept.KEPT), "run_summary"]
-    out: dict = {"db": str(args.db), "shape": args.shape, "spans": db.spans, "detectors": {}}
+    out: dict = {
+        "db": str(args.db),
+        "shape": args.shape,
+        "spans": db.spans,
+        "at_end": args.at_end,
+        "detectors": {},
+    }
 
     def save() -> None:
         out["load_average"] = [round(x, 2) for x in os.getloadavg()]
@@ -76,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             }
             save()
         for i in range(args.appends):
-            db.append_batch(512, seed=2000 + i)
+            db.append_batch(512, seed=2000 + i, at_end=args.at_end)
             for name in names:
                 _, wall, cpu = _timed(lambda name=name: run_metric(db.conn, name))
                 entry = out["detectors"][name]
@@ -97,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                 kept.clear_cache()
                 summary.clear_cache()
                 if step == "restart_after_batch":
-                    db.append_batch(512, seed=2000 + args.appends)
+                    db.append_batch(512, seed=2000 + args.appends, at_end=args.at_end)
                 for name in names:
                     _, wall, cpu = _timed(lambda name=name: run_metric(db.conn, name))
                     warm = [_timed(lambda name=name: run_metric(db.conn, name))[1:] for _ in range(3)]

@@ -141,23 +141,38 @@ calls AS NOT MATERIALIZED (
     UNION ALL SELECT * FROM invocations
     UNION ALL SELECT * FROM code_calls
 ),
-keys AS (  -- (run, agent, tool) groups with enough calls for a loop
-    SELECT hash(run_id, agent, tool_name) AS h
+keys AS (  -- (run, agent, tool) groups with enough calls for a loop; their calls' count and a
+           -- sum of a hash of their span ids (analytics.loops' kept groups check their members)
+    SELECT hash(run_id, agent, tool_name) AS h, count(*) AS group_calls,
+           sum(hash(SpanId) >> 32)::BIGINT AS group_sum
     FROM calls
     GROUP BY h
     HAVING count(*) >= $min_calls
 ),
+tails AS (  -- internal (analytics.loops' kept groups): (run, agent, tool) groups read from a cut on
+           -- (start_ns, SpanId); the other groups of their (run, tool) groups whole
+    SELECT hash(r, a, t) AS h, hash(r, t) AS rt, ns, sid
+    FROM (SELECT unnest($loop_tail_runs::VARCHAR[]) AS r, unnest($loop_tail_agents::VARCHAR[]) AS a,
+                 unnest($loop_tail_tools::VARCHAR[]) AS t, unnest($loop_tail_ns::BIGINT[]) AS ns,
+                 unnest($loop_tail_spans::VARCHAR[]) AS sid)
+),
 candidates AS MATERIALIZED (
     SELECT row_number() OVER () AS call_idx, *
-    FROM (SELECT *, hash(run_id, agent, tool_name) AS h FROM calls)
-    WHERE h IN (SELECT h FROM keys)
-      -- internal (analytics.loops.update_repeated_calls): only the (run, tool) groups new spans
-      -- may have changed, or every group of $loop_whole_runs
-      AND ($loop_runs::VARCHAR[] IS NULL
-           OR (run_id = ANY($loop_whole_runs::VARCHAR[])
-               OR hash(run_id, tool_name) IN (SELECT hash(r, t)
-                                              FROM (SELECT unnest($loop_runs::VARCHAR[]) AS r,
-                                                           unnest($loop_tools::VARCHAR[]) AS t))))
+    FROM (SELECT c.*, k.group_calls, k.group_sum
+          FROM (SELECT *, hash(run_id, agent, tool_name) AS h FROM calls) c
+          JOIN keys k ON k.h = c.h
+          LEFT JOIN tails ON tails.h = c.h
+          -- internal (analytics.loops.update_repeated_calls): only the (run, tool) groups new spans
+          -- may have changed, or every group of $loop_whole_runs, and of the groups kept there
+          -- ($loop_tail_*) only their calls from the cut on
+          WHERE $loop_runs::VARCHAR[] IS NULL
+             OR c.run_id = ANY($loop_whole_runs::VARCHAR[])
+             OR hash(c.run_id, c.tool_name) IN (SELECT hash(r, t)
+                                                FROM (SELECT unnest($loop_runs::VARCHAR[]) AS r,
+                                                             unnest($loop_tools::VARCHAR[]) AS t))
+             OR (hash(c.run_id, c.tool_name) IN (SELECT rt FROM tails)
+                 AND (tails.h IS NULL OR c.start_ns > tails.ns
+                      OR (c.start_ns = tails.ns AND c.SpanId >= tails.sid))))
 ),
 words AS MATERIALIZED (  -- per distinct argument string: its signature (the argument words, lower case,
             -- sorted: whitespace/case/key order free) and its similarity tokens
@@ -299,9 +314,10 @@ linked AS (
 )
 SELECT c.call_idx, c.TraceId, c.SpanId, c.run_id, c.agent, c.tool_name, c.Timestamp, c.start_ns,
        c.failing, c.rejected, c.source, c.args, w.norm_args, coalesce(l.linked, []::BIGINT[]) AS linked,
-       l.min_similarity
+       l.min_similarity, c.group_calls, c.group_sum, (hash(c.SpanId) >> 32)::BIGINT AS span_hash
 FROM candidates c
 JOIN words w USING (args)
 LEFT JOIN linked l USING (call_idx)
-WHERE l.call_idx IS NOT NULL OR c.source IN ('agent', 'delegation')
+-- internal ($all_calls, analytics.loops' kept groups): every candidate call, linked or not
+WHERE $all_calls::BOOLEAN OR l.call_idx IS NOT NULL OR c.source IN ('agent', 'delegation')
 

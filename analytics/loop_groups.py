@@ -1,0 +1,253 @@
+"""Kept (run, tool) groups of repeated_calls: every call of the group with its loop component, so
+that new calls appended at the end of their groups are compared only with each group's kept tail
+and merged into its components (``analytics.loops.update_repeated_calls``).
+
+A group kept here holds only tool calls (no delegation, agent invocation or code action, and no
+``transfer_to_<agent>`` hand-off tool: a new span elsewhere in the run can change those, and a
+ping-pong can drop their loops). A tool call is a call by its own span's fields alone, and earlier
+spans change only when the collector fills their run or agent; each kept (run, agent, tool) group
+therefore carries its calls' count and a sum of a hash of their span ids, which the SQL returns
+beside the calls it reads, so a group whose members changed in any other way than new calls at
+its end is seen, and recomputed whole by the caller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+# What a kept call holds (the SQL's columns a loop row is formed from, and what a call is checked by).
+CALL_COLUMNS = [
+    "SpanId", "TraceId", "agent", "Timestamp", "start_ns", "failing", "rejected", "source", "norm_args",
+]  # fmt: skip
+_CHECKED = ["agent", "start_ns", "failing", "rejected", "source", "norm_args"]
+
+
+def connected_components(n: int, left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """Component label (smallest member index) of each of ``n`` nodes joined by edges.
+
+    Vectorised min-label propagation: each round pushes the smaller label across every edge.
+    """
+    labels = np.arange(n)
+    if len(left) == 0:
+        return labels
+    while True:
+        before = labels.copy()
+        low = np.minimum(labels[left], labels[right])
+        np.minimum.at(labels, left, low)
+        np.minimum.at(labels, right, low)
+        labels = labels[labels]
+        if np.array_equal(labels, before):
+            return labels
+
+
+def link_edges(calls: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """The links of ``calls`` (the SQL's rows: ``call_idx`` and its ``linked`` call_idx list) as
+    pairs of row positions; links to calls not among the rows are left out."""
+    n = len(calls)
+    if not n:
+        return np.array([], np.int64), np.array([], np.int64)
+    counts = calls["linked"].map(len).to_numpy(dtype=np.int64)
+    left = np.repeat(np.arange(n), counts)
+    right_idx = np.concatenate([np.asarray(x, dtype=np.int64) for x in calls["linked"]])
+    order = calls["call_idx"].to_numpy(dtype=np.int64)
+    sorter = np.argsort(order, kind="stable")
+    found = np.searchsorted(order, right_idx, sorter=sorter)
+    found = np.minimum(found, n - 1)
+    right = sorter[found]
+    ok = order[right] == right_idx
+    return left[ok], right[ok]
+
+
+@dataclass
+class Group:
+    """One kept (run, agent, tool) group: its calls' count and span-id hash sum, and the keys
+    (start_ns, SpanId) of its last calls (the neighbour window)."""
+
+    calls: int
+    hash_sum: int
+    tail: list[tuple[int, str]]
+
+
+@dataclass
+class PairCalls:
+    """Every call of one (run, tool) group of tool calls, with its loop component (``label``) and
+    its lowest link similarity (NaN: unlinked)."""
+
+    run_id: str
+    tool_name: str
+    calls: pd.DataFrame  # CALL_COLUMNS
+    label: np.ndarray
+    min_similarity: np.ndarray
+    position: dict[str, int]
+    groups: dict[str, Group]  # by agent
+    firsts: dict[tuple[str, str], int]  # (agent, norm_args) -> position of a call with them
+    next_label: int = 0
+    size: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.size = len(self.calls)
+
+    def cuts(self) -> dict[str, tuple[int, str]]:
+        """Per (run, agent, tool) group, by agent: the first key of its tail. Reading its calls
+        from there on gives every new call appended to the group its neighbours."""
+        return {agent: group.tail[0] for agent, group in self.groups.items()}
+
+    def members(self, labels: set[int]) -> tuple[pd.DataFrame, np.ndarray]:
+        """The calls of the components ``labels`` (loop_rows' input) and their labels."""
+        mask = np.isin(self.label, list(labels))
+        calls = self.calls[mask].assign(
+            run_id=self.run_id, tool_name=self.tool_name, min_similarity=self.min_similarity[mask]
+        )
+        return calls, self.label[mask]
+
+
+def is_keepable(rows: pd.DataFrame, handoff_prefix: str) -> bool:
+    """Whether a (run, tool) group's rows (every candidate call) can be kept: tool calls only,
+    and not a hand-off tool."""
+    return bool((rows["source"] == "tool").all()) and not str(rows["tool_name"].iloc[0]).startswith(
+        handoff_prefix
+    )
+
+
+def build_pair(rows: pd.DataFrame, labels: np.ndarray, window: int) -> PairCalls:
+    """A kept group from every candidate call of one (run, tool) group (the SQL's rows read with
+    ``all_calls``) and their component labels."""
+    calls = rows[CALL_COLUMNS].reset_index(drop=True)
+    label = np.asarray(labels, dtype=np.int64)
+    keys = calls[["agent", "start_ns", "SpanId"]].sort_values(["agent", "start_ns", "SpanId"])
+    sums = rows.groupby("agent", sort=False)[["group_calls", "group_sum"]].first()
+    groups = {}
+    for agent, part in keys.groupby("agent", sort=False):
+        tail = list(
+            zip(
+                part["start_ns"].to_numpy()[-window:].tolist(), part["SpanId"].tolist()[-window:], strict=True
+            )
+        )
+        groups[agent] = Group(int(sums.at[agent, "group_calls"]), int(sums.at[agent, "group_sum"]), tail)
+    firsts_frame = calls[["agent", "norm_args"]].drop_duplicates()
+    return PairCalls(
+        run_id=str(rows["run_id"].iloc[0]),
+        tool_name=str(rows["tool_name"].iloc[0]),
+        calls=calls,
+        label=label,
+        min_similarity=rows["min_similarity"].to_numpy(dtype=float, na_value=np.nan),
+        position={span: i for i, span in enumerate(calls["SpanId"].tolist())},
+        groups=groups,
+        firsts=dict(
+            zip(
+                zip(firsts_frame["agent"], firsts_frame["norm_args"], strict=True),
+                firsts_frame.index,
+                strict=True,
+            )
+        ),
+        next_label=int(label.max()) + 1 if len(label) else 0,
+    )
+
+
+def append_calls(
+    pair: PairCalls, rows: pd.DataFrame, old_first_spans: pd.Series, window: int
+) -> tuple[set[int], pd.Index] | None:
+    """Bring ``pair`` up to date with the SQL's rows of its calls from its ``cuts`` on (read with
+    ``all_calls``; a group not kept is read whole): the new calls join the components they link to. Returns the labels of the
+    components that changed and the index of the rows of the kept result to drop (those of
+    ``old_first_spans``, the first member of each kept loop of the group, whose component
+    changed); None when the group changed otherwise than by new tool calls at the end of its
+    (run, agent, tool) groups (the caller recomputes it whole; ``pair`` is then unchanged)."""
+    spans = rows["SpanId"].tolist()
+    known = np.array([pair.position.get(span, -1) for span in spans], dtype=np.int64)
+    is_new = known < 0
+    if not is_new.any():
+        new_rows = rows.iloc[0:0]
+    else:
+        new_rows = rows[is_new]
+    seen = pair.calls.iloc[known[~is_new]]
+    old_rows = rows[~is_new]
+    for column in _CHECKED:  # a kept call read again is the same call
+        if not np.array_equal(seen[column].to_numpy(), old_rows[column].to_numpy()):
+            return None
+    if len(new_rows) and not (new_rows["source"] == "tool").all():
+        return None
+    agents = set(rows["agent"])
+    if agents != set(pair.groups):  # a kept group lost its tail, or a group not kept came
+        return None
+    sums = rows.groupby("agent", sort=False)[["group_calls", "group_sum"]].first()
+    new_keys: dict[str, list[tuple[int, str]]] = {}
+    if len(new_rows):
+        ordered = new_rows.sort_values(["agent", "start_ns", "SpanId"])
+        for agent, part in ordered.groupby("agent", sort=False):
+            new_keys[agent] = list(zip(part["start_ns"].tolist(), part["SpanId"].tolist(), strict=True))
+        added = new_rows.groupby("agent", sort=False).agg(n=("SpanId", "size"), s=("span_hash", "sum"))
+    for agent, group in pair.groups.items():
+        keys = new_keys.get(agent, [])
+        if keys and keys[0] <= group.tail[-1]:  # older than the group's last call
+            return None
+        n, s = (int(added.at[agent, "n"]), int(added.at[agent, "s"])) if keys else (0, 0)
+        if (int(sums.at[agent, "group_calls"]), int(sums.at[agent, "group_sum"])) != (
+            group.calls + n,
+            group.hash_sum + s,
+        ):
+            return None
+    if not len(new_rows):
+        return set(), pd.Index([])
+    # links with a new call at one end at least (links between kept calls are kept already; the
+    # rows read from the cut on miss the earlier neighbours of the first of them)
+    left, right = link_edges(rows)
+    with_new = is_new[left] | is_new[right]
+    left, right = left[with_new], right[with_new]
+    new_at = np.cumsum(is_new) - 1  # row -> index among the new calls
+    m = int(is_new.sum())
+    min_similarity = new_rows["min_similarity"].to_numpy(dtype=float, na_value=np.nan)
+    # a new call with the arguments of a kept call not among the rows links to it (identical calls
+    # link to the first of them in the full computation: the same component, similarity 1)
+    reps = [pair.firsts.get(key, -1) for key in zip(new_rows["agent"], new_rows["norm_args"], strict=True)]
+    rep = np.array(reps, dtype=np.int64)
+    min_similarity = np.where(rep >= 0, np.fmin(min_similarity, 1.0), min_similarity)
+    old_ends = np.concatenate([known[left[~is_new[left]]], known[right[~is_new[right]]], rep[rep >= 0]])
+    old_labels = np.unique(pair.label[old_ends]) if len(old_ends) else np.array([], np.int64)
+
+    def node(rows_at: np.ndarray) -> np.ndarray:
+        new_node = new_at[rows_at]
+        old_node = m + np.searchsorted(old_labels, pair.label[np.maximum(known[rows_at], 0)])
+        return np.where(is_new[rows_at], new_node, old_node)
+
+    has_rep = np.flatnonzero(rep >= 0)
+    edge_left = np.concatenate([node(left), has_rep])
+    edge_right = np.concatenate([node(right), m + np.searchsorted(old_labels, pair.label[rep[has_rep]])])
+    components = connected_components(m + len(old_labels), edge_left, edge_right)
+    # each component of a new call: the smallest kept label it holds, else a new label
+    target = {}
+    next_label = pair.next_label
+    for comp in np.unique(components[:m]):
+        held = old_labels[components[m:] == comp]
+        if len(held):
+            target[int(comp)] = int(held.min())
+        else:
+            target[int(comp)] = next_label
+            next_label += 1
+    merged_old = {int(old_labels[i]): target[int(components[m + i])] for i in range(len(old_labels))}
+    first_positions = np.array([pair.position.get(span, -1) for span in old_first_spans.tolist()], np.int64)
+    first_labels = np.where(first_positions >= 0, pair.label[np.maximum(first_positions, 0)], -1)
+    drop = old_first_spans.index[np.isin(first_labels, list(merged_old))]
+    # the group brought up to date
+    relabel = np.isin(pair.label, list(merged_old))
+    pair.label[relabel] = [merged_old[int(x)] for x in pair.label[relabel]]
+    new_labels = np.array([target[int(c)] for c in components[:m]], dtype=np.int64)
+    start = len(pair.calls)
+    pair.calls = pd.concat([pair.calls, new_rows[CALL_COLUMNS]], ignore_index=True)
+    pair.label = np.concatenate([pair.label, new_labels])
+    pair.min_similarity = np.concatenate([pair.min_similarity, min_similarity])
+    for i, span in enumerate(new_rows["SpanId"].tolist()):
+        pair.position[span] = start + i
+    for i, key in enumerate(zip(new_rows["agent"], new_rows["norm_args"], strict=True)):
+        pair.firsts.setdefault(key, start + i)
+    for agent, keys in new_keys.items():
+        group = pair.groups[agent]
+        group.calls += len(keys)
+        group.hash_sum += int(added.at[agent, "s"])
+        group.tail = (group.tail + keys)[-window:]
+    pair.next_label = next_label
+    pair.size = len(pair.calls)
+    return set(target.values()), drop

@@ -1,0 +1,160 @@
+"""repeated_calls' kept groups (analytics.loop_groups): new tool calls appended to their groups are
+compared with the kept tails only, and the result still equals a full recomputation after every
+batch: appends, calls arriving late, calls moved to another agent by the collector, hand-offs,
+deletes."""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+
+import duckdb
+import pytest
+
+from analytics import Filters, Window, kept, run_metric
+from driftscope.database import migrate
+from tests.analytics.test_kept import _assert_same, _full
+from tests.fixtures_analytics import BASE_TIME, insert_spans, make_span, trace_id
+
+_ARGS = ["alpha beta", "alpha  beta", "beta alpha gamma", "alpha beta gamma delta", "gamma", "delta epsilon",
+         "epsilon delta zeta", "zeta", "report for contoso 2024", "contoso report 2024 annual"]  # fmt: skip
+
+
+def _tool_calls(rng: random.Random, batch: int, runs: list[str], start: float, count: int) -> list[dict]:
+    """``count`` tool calls from ``start`` seconds on, in 1-2 traces of each run (some without an
+    agent: the collector may fill it later)."""
+    rows = []
+    t = start
+    for _ in range(count):
+        t += rng.random() * 0.5
+        run = rng.choice(runs)
+        outcome = rng.choice(["ok", "ok", "error", "rejected"])
+        rows.append(
+            make_span(
+                t,
+                run=run,
+                TraceId=trace_id(f"{run}/{rng.randint(0, 1)}"),
+                agent_id=rng.choice(["a", "b", "b", None]),
+                tool_name=rng.choice(["search", "search", "fetch", "lookup"]),
+                tool_args={"q": rng.choice(_ARGS)},
+                outcome=outcome,
+                guard="execution_guard" if outcome == "rejected" and rng.random() < 0.5 else None,
+                ingested_at=BASE_TIME + timedelta(seconds=batch),
+            )
+        )
+    return rows
+
+
+def _batch(rng: random.Random, batch: int, runs: list[str], clock: list[float]) -> tuple[str, list[dict]]:
+    kind = rng.choice(["append", "append", "append", "late", "handoff", "none"])
+    if kind == "late":  # calls older than the groups' last ones
+        return kind, _tool_calls(rng, batch, runs, rng.random() * clock[0], rng.randint(1, 4))
+    rows = _tool_calls(rng, batch, runs, clock[0], rng.randint(1, 12))
+    clock[0] = (
+        max([clock[0], *((row["start_ns"] - rows[0]["start_ns"]) / 1e9 + clock[0] for row in rows)]) + 1
+    )
+    if kind == "handoff":  # a delegation and a hand-off tool: their groups are recomputed whole
+        run = rng.choice(runs)
+        fields = dict(run=run, TraceId=trace_id(f"{run}/0"), ingested_at=BASE_TIME + timedelta(seconds=batch))
+        rows.append(
+            make_span(clock[0], agent_id="a", op="delegate", delegate_to="b", goal_text="compile", **fields)
+        )
+        rows.append(
+            make_span(clock[0] + 0.1, agent_id="a", tool_name="transfer_to_b", tool_args={"r": 1}, **fields)
+        )
+        clock[0] += 1
+    if kind == "none":
+        rows = []
+    return kind, rows
+
+
+@pytest.mark.parametrize("seed", [0, 1, *(pytest.param(s, marks=pytest.mark.slow) for s in range(2, 8))])
+def test_kept_groups_equal_a_full_recomputation_after_every_batch(tmp_path, seed):
+    rng = random.Random(seed)
+    conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
+    migrate(conn)
+    runs = [f"run-{i}" for i in range(rng.randint(1, 3))]
+    clock = [0.0]
+    insert_spans(conn, _tool_calls(rng, 0, runs, 0.0, 40))
+    clock[0] = 40.0
+    kept.clear_cache()
+    before = kept.stats.copy()
+    kinds = set()
+    for batch in range(1, 9):
+        kind, rows = _batch(rng, batch, runs, clock)
+        kinds.add(kind)
+        if rows:
+            insert_spans(conn, rows)
+        if rng.random() < 0.25:
+            # the collector fills the agent of earlier spans of a trace that gets new spans
+            run = rng.choice(runs)
+            trace = trace_id(f"{run}/0")
+            conn.execute("UPDATE spans SET agent_id = 'c' WHERE agent_id IS NULL AND TraceId = ?", [trace])
+            insert_spans(conn, [make_span(clock[0], run=run, TraceId=trace, agent_id="c", tool_name="search",
+                                          tool_args={"q": "gamma"}, ingested_at=BASE_TIME + timedelta(seconds=batch))])  # fmt: skip
+            clock[0] += 1
+        if rng.random() < 0.1:  # retention: a delete is recomputed in full (the groups built again)
+            conn.execute(
+                "DELETE FROM spans WHERE SpanId IN (SELECT SpanId FROM spans ORDER BY SpanId LIMIT 2)"
+            )
+        _assert_same(
+            run_metric(conn, "repeated_calls"), _full(conn, "repeated_calls", Window(), Filters()), "x"
+        )
+        agent = Filters(agent="b")  # other filters: the group-level path, nothing kept
+        _assert_same(
+            run_metric(conn, "repeated_calls", filters=agent),
+            _full(conn, "repeated_calls", Window(), agent),
+            "b",
+        )
+    assert kept.stats["loop_groups_appended"] > before["loop_groups_appended"]  # the kept tails were used
+
+
+def test_new_calls_join_kept_components_and_late_calls_recompute_the_group(tmp_path):
+    conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
+    migrate(conn)
+    kept.clear_cache()
+    call = dict(agent_id="a", tool_name="search", run="run-1")
+    insert_spans(conn, [make_span(i, tool_args={"q": f"unrelated {word}"}, **call)
+                        for i, word in enumerate(["one", "two", "three", "four", "five", "six"])])  # fmt: skip
+    # two identical calls far apart: not a loop yet, only one component of two
+    insert_spans(
+        conn,
+        [make_span(6, tool_args={"q": "alpha beta"}, **call, ingested_at=BASE_TIME + timedelta(seconds=1))],
+    )
+    for i, word in enumerate(["seven", "eight", "nine", "ten", "eleven"]):
+        insert_spans(
+            conn,
+            [
+                make_span(
+                    7 + i,
+                    tool_args={"q": f"unrelated {word}"},
+                    **call,
+                    ingested_at=BASE_TIME + timedelta(seconds=1),
+                )
+            ],
+        )
+    assert run_metric(conn, "repeated_calls").empty
+    insert_spans(
+        conn,
+        [make_span(13, tool_args={"q": "alpha beta"}, **call, ingested_at=BASE_TIME + timedelta(seconds=2))],
+    )
+    assert run_metric(conn, "repeated_calls").empty  # builds the kept group
+    before = kept.stats.copy()
+    # a third identical call, far from both others: joins their component through the kept group
+    insert_spans(
+        conn,
+        [make_span(20, tool_args={"q": "beta  alpha"}, **call, ingested_at=BASE_TIME + timedelta(seconds=3))],
+    )
+    found = run_metric(conn, "repeated_calls")
+    assert kept.stats["loop_groups_appended"] == before["loop_groups_appended"] + 1
+    assert list(found["calls"]) == [3]
+    _assert_same(found, _full(conn, "repeated_calls", Window(), Filters()), "x")
+    # a call older than the group's last one: the group is recomputed whole
+    insert_spans(
+        conn,
+        [make_span(1.5, tool_args={"q": "alpha beta"}, **call, ingested_at=BASE_TIME + timedelta(seconds=4))],
+    )
+    found = run_metric(conn, "repeated_calls")
+    assert kept.stats["loop_groups_recomputed"] == before["loop_groups_recomputed"] + 1
+    assert list(found["calls"]) == [4]
+    _assert_same(found, _full(conn, "repeated_calls", Window(), Filters()), "x")
