@@ -240,9 +240,11 @@ class Session:
 
     def follow_sidebar(self, url_path: str, title: str, charts: int) -> None:
         """Click the sidebar's link to page ``url_path`` ("" for the Overview), as a user does;
-        load the Overview first when the tab shows no dashboard yet (a test run on its own)."""
+        load the page's URL instead when the tab shows no dashboard (a test run on its own, or
+        the first after a failed one)."""
         if not self.on_app:
-            self.open("", "Coordination failures", 2)
+            self.open(url_path, title, charts)
+            return
         self.shown = url_path or "/"
         self.page.locator(f'[data-testid="stSidebarNav"] a[href="{self.base}/{url_path}"]').click()
         self.settle(title, charts)
@@ -271,7 +273,7 @@ class Session:
 
 
 @pytest.fixture(scope="module")
-def session(context, dashboard):
+def shared_tab(context, dashboard):
     """The tab the tests of one dashboard share (in file order: the pages, then the paths through
     them). After the last test, problems that arrived after its checks fail the teardown."""
     dashboard_url, _ = dashboard
@@ -285,21 +287,33 @@ def session(context, dashboard):
         tab.page.close()
 
 
+@pytest.fixture
+def tab(shared_tab, request):
+    """The shared tab for one test. Problems that arrived after the previous test's checks fail
+    this test's setup (each names the page it arrived on); after a failed test the next one
+    reloads its page rather than starting from the failed one's state."""
+    late = shared_tab.take_problems()
+    assert not late, late
+    failures = request.session.testsfailed
+    yield shared_tab
+    if request.session.testsfailed != failures:
+        shared_tab.leave()
+        shared_tab.take_problems()  # the failed test's (reported with it, or lost with it)
+
+
 @pytest.mark.parametrize(("path", "title", "charts"), PAGES, ids=[_page_id(p[0]) for p in PAGES])
-def test_page_renders_without_errors_in_chromium(session, dashboard, path, title, charts, request):
+def test_page_renders_without_errors_in_chromium(tab, dashboard, path, title, charts, request):
     """The Overview is opened at its URL (a first load), pages named by a run id at theirs (a
     deep link), every other page from the sidebar's link in the same tab."""
     _, ping_pong = dashboard
     path = path.replace("{ping_pong}", ping_pong)
     source = request.node.callspec.params["dashboard"]
     ARTIFACTS.mkdir(exist_ok=True)
-    late = session.take_problems()  # anything the previous page raised after its checks
-    assert not late, late
     if path == "" or "?" in path:
-        session.open(path, title, charts)
+        tab.open(path, title, charts)
     else:
-        session.follow_sidebar(path, title, charts)
-    page = session.page
+        tab.follow_sidebar(path, title, charts)
+    page = tab.page
     page.screenshot(path=str(ARTIFACTS / f"dashboard-{source}-{_page_id(path)}.png"), full_page=True)
     exceptions = page.locator('[data-testid="stException"]')
     assert exceptions.count() == 0, exceptions.all_inner_texts()
@@ -307,18 +321,17 @@ def test_page_renders_without_errors_in_chromium(session, dashboard, path, title
     if path.startswith("run_explorer"):
         picker = page.locator('[data-testid="stMain"] [data-testid="stSelectbox"] input').first
         assert picker.input_value() == path.partition("?run=")[2]
-    problems = session.take_problems()
+    problems = tab.take_problems()
     assert not problems, problems
 
 
-def test_sidebar_download_builds_the_report_on_click_and_it_fits_the_window(session, context, tmp_path):
+def test_sidebar_download_builds_the_report_on_click_and_it_fits_the_window(tab, context, tmp_path):
     """The report is generated when the button is clicked (on any page: it is the sidebar's), from
     the page's cached detector frames; the HTML report is not wider than a 1,400 px window."""
-    if not session.on_app:
-        session.open("", "Coordination failures", 2)
-    session.take_problems()
-    with session.page.expect_download(timeout=120_000) as download_info:
-        session.page.get_by_role("button", name="Download report").click()
+    if not tab.on_app:
+        tab.open("", "Coordination failures", 2)
+    with tab.page.expect_download(timeout=120_000) as download_info:
+        tab.page.get_by_role("button", name="Download report").click()
     saved = tmp_path / "report.html"
     download_info.value.save_as(saved)
     html_text = saved.read_text(encoding="utf-8")
@@ -326,7 +339,7 @@ def test_sidebar_download_builds_the_report_on_click_and_it_fits_the_window(sess
     assert "<h1>driftscope coordination-failure report</h1>" in html_text
     assert "<h2>Findings</h2>" in html_text and "class='finding " in html_text
     assert "<script>alert(" not in html_text  # span text stays escaped
-    problems = session.take_problems()
+    problems = tab.take_problems()
     assert not problems, problems
     narrow = context.new_page()
     try:
@@ -338,15 +351,14 @@ def test_sidebar_download_builds_the_report_on_click_and_it_fits_the_window(sess
         narrow.close()
 
 
-def test_incident_path_overview_to_evidence_to_report(session, dashboard, tmp_path, request):
+def test_incident_path_overview_to_evidence_to_report(tab, dashboard, tmp_path, request):
     """The on-call path: the Overview's first row is a failing run; one click opens it with the
     worst finding's evidence spans highlighted in a nested trace view; the report downloaded from
     there lists that finding first."""
     dashboard_url, _ = dashboard
     source = request.node.callspec.params["dashboard"]
-    session.take_problems()
-    session.follow_sidebar("", "Coordination failures", 2)
-    page = session.page
+    tab.follow_sidebar("", "Coordination failures", 2)
+    page = tab.page
     main = page.locator('[data-testid="stMain"]')
     # The first screen leads with the runs that need attention, failing first.
     headings = main.locator("h3").all_inner_texts()
@@ -355,10 +367,10 @@ def test_incident_path_overview_to_evidence_to_report(session, dashboard, tmp_pa
     label = first.inner_text()
     assert label.startswith("Open failing run "), label
     run = label.removeprefix("Open failing run ").split(": ", 1)[0]
-    session.shown = f"run_explorer?run={run}"
+    tab.shown = f"run_explorer?run={run}"
     first.click()
     page.get_by_role("heading", name="Trace").first.wait_for(timeout=90_000)
-    session.settle("Run explorer", 2)
+    tab.settle("Run explorer", 2)
     page.screenshot(path=str(ARTIFACTS / f"incident-{source}-run.png"), full_page=True)
     assert f"run={run}" in page.url
     picker = page.locator('[data-testid="stMain"] [data-testid="stSelectbox"] input').first
@@ -390,23 +402,22 @@ def test_incident_path_overview_to_evidence_to_report(session, dashboard, tmp_pa
     assert html.unescape(runs[0][0]) == f"{dashboard_url}/run_explorer?run={quote(run, safe='')}"
     span_link = f"{dashboard_url}/run_explorer?run={quote(run, safe='')}&amp;span={span_id}"
     assert f"<a href='{span_link}'>{span_id}</a>" in html_text
-    problems = session.take_problems()
+    problems = tab.take_problems()
     assert not problems, problems
 
 
-def test_the_url_keeps_the_filters(session):
+def test_the_url_keeps_the_filters(tab):
     """A filter chosen in the sidebar is in the URL, and opening that URL restores it."""
-    session.take_problems()
-    session.follow_sidebar("loops", "Loops & budgets", 0)
-    page = session.page
+    tab.follow_sidebar("loops", "Loops & budgets", 0)
+    page = tab.page
     try:
         page.get_by_label("Agent").click()
         page.get_by_role("option", name="analyst", exact=True).click()
         page.wait_for_url(re.compile(r"agent=analyst"), timeout=30_000)
-        session.settle("Loops & budgets", 0)
-        session.open(page.url.removeprefix(session.base + "/"), "Loops & budgets", 0)  # the pasted link
+        tab.settle("Loops & budgets", 0)
+        tab.open(page.url.removeprefix(tab.base + "/"), "Loops & budgets", 0)  # the pasted link
         assert page.get_by_label("Agent").input_value() == "analyst"
     finally:
-        session.leave()  # the tab's filters are no longer the defaults the other tests expect
-    problems = session.take_problems()
+        tab.leave()  # the tab's filters are no longer the defaults the other tests expect
+    problems = tab.take_problems()
     assert not problems, problems
