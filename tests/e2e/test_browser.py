@@ -292,6 +292,7 @@ def tab(shared_tab, request):
     """The shared tab for one test. Problems that arrived after the previous test's checks fail
     this test's setup (each names the page it arrived on); after a failed test the next one
     reloads its page rather than starting from the failed one's state."""
+    shared_tab.page.evaluate(_TWO_FRAMES)  # events reach Python only during a browser call
     late = shared_tab.take_problems()
     assert not late, late
     failures = request.session.testsfailed
