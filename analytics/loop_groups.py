@@ -151,44 +151,48 @@ def append_calls(
     pair: PairCalls, rows: pd.DataFrame, old_first_spans: pd.Series, window: int
 ) -> tuple[set[int], pd.Index] | None:
     """Bring ``pair`` up to date with the SQL's rows of its calls from its ``cuts`` on (read with
-    ``all_calls``; a group not kept is read whole): the new calls join the components they link to. Returns the labels of the
-    components that changed and the index of the rows of the kept result to drop (those of
+    ``all_calls``; a group not kept is read whole): the new calls join the components they link
+    to. Returns the labels of the components that changed and the index of the rows of the kept
+    result to drop (those of
     ``old_first_spans``, the first member of each kept loop of the group, whose component
     changed); None when the group changed otherwise than by new tool calls at the end of its
     (run, agent, tool) groups (the caller recomputes it whole; ``pair`` is then unchanged)."""
+    # the rows are few (each kept group's tail and its new calls): plain Python over lists
     spans = rows["SpanId"].tolist()
     known = np.array([pair.position.get(span, -1) for span in spans], dtype=np.int64)
     is_new = known < 0
-    if not is_new.any():
-        new_rows = rows.iloc[0:0]
-    else:
-        new_rows = rows[is_new]
+    new_rows = rows[is_new]
     seen = pair.calls.iloc[known[~is_new]]
     old_rows = rows[~is_new]
     for column in _CHECKED:  # a kept call read again is the same call
-        if not np.array_equal(seen[column].to_numpy(), old_rows[column].to_numpy()):
+        if seen[column].tolist() != old_rows[column].tolist():
             return None
     if len(new_rows) and not (new_rows["source"] == "tool").all():
         return None
-    agents = set(rows["agent"])
-    if agents != set(pair.groups):  # a kept group lost its tail, or a group not kept came
+    sums: dict[str, tuple[int, int]] = {}
+    for agent, calls, hash_sum in zip(
+        rows["agent"].tolist(), rows["group_calls"].tolist(), rows["group_sum"].tolist(), strict=True
+    ):
+        sums.setdefault(agent, (int(calls), int(hash_sum)))
+    if set(sums) != set(pair.groups):  # a kept group lost its tail, or a group not kept came
         return None
-    sums = rows.groupby("agent", sort=False)[["group_calls", "group_sum"]].first()
     new_keys: dict[str, list[tuple[int, str]]] = {}
-    if len(new_rows):
-        ordered = new_rows.sort_values(["agent", "start_ns", "SpanId"])
-        for agent, part in ordered.groupby("agent", sort=False):
-            new_keys[agent] = list(zip(part["start_ns"].tolist(), part["SpanId"].tolist(), strict=True))
-        added = new_rows.groupby("agent", sort=False).agg(n=("SpanId", "size"), s=("span_hash", "sum"))
+    added: dict[str, int] = {}
+    for agent, start, span, span_hash in zip(
+        new_rows["agent"].tolist(),
+        new_rows["start_ns"].tolist(),
+        new_rows["SpanId"].tolist(),
+        new_rows["span_hash"].tolist(),
+        strict=True,
+    ):
+        new_keys.setdefault(agent, []).append((start, span))
+        added[agent] = added.get(agent, 0) + int(span_hash)
     for agent, group in pair.groups.items():
-        keys = new_keys.get(agent, [])
+        keys = sorted(new_keys.get(agent, []))
+        new_keys[agent] = keys
         if keys and keys[0] <= group.tail[-1]:  # older than the group's last call
             return None
-        n, s = (int(added.at[agent, "n"]), int(added.at[agent, "s"])) if keys else (0, 0)
-        if (int(sums.at[agent, "group_calls"]), int(sums.at[agent, "group_sum"])) != (
-            group.calls + n,
-            group.hash_sum + s,
-        ):
+        if sums[agent] != (group.calls + len(keys), group.hash_sum + added.get(agent, 0)):
             return None
     if not len(new_rows):
         return set(), pd.Index([])
@@ -246,7 +250,7 @@ def append_calls(
     for agent, keys in new_keys.items():
         group = pair.groups[agent]
         group.calls += len(keys)
-        group.hash_sum += int(added.at[agent, "s"])
+        group.hash_sum += added.get(agent, 0)
         group.tail = (group.tail + keys)[-window:]
     pair.next_label = next_label
     pair.size = len(pair.calls)
