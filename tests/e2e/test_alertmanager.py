@@ -31,6 +31,8 @@ pytestmark = pytest.mark.slow
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 SECRET = "sink-secret"
+# One client for every poll: each httpx.get() builds an SSL context (~30 ms of CPU), even for http.
+HTTP = httpx.Client(timeout=60)
 
 
 class Sink(ThreadingHTTPServer):
@@ -123,7 +125,7 @@ class Alertmanager:
         while time.monotonic() < deadline:
             assert self.process.poll() is None, (self.workdir / "alertmanager.log").read_text()
             try:
-                if httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
+                if HTTP.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
@@ -187,12 +189,12 @@ def _demo(serve: ServeProcess, scenario: str) -> None:
 
 def _finding_groups(serve: ServeProcess) -> set[tuple[str, str]]:
     """(detector, run id or agent) of every finding group the read API lists."""
-    metrics = httpx.get(f"{serve.http_url}/api/v1/metrics", timeout=30).json()["metrics"]
+    metrics = HTTP.get(f"{serve.http_url}/api/v1/metrics").json()["metrics"]
     groups = set()
     for metric in metrics:
         if not metric["findings"]:
             continue
-        body = httpx.get(f"{serve.http_url}/api/v1/metrics/{metric['name']}", timeout=60).json()
+        body = HTTP.get(f"{serve.http_url}/api/v1/metrics/{metric['name']}").json()
         for row in body["rows"]:
             flag = metric["flag_column"]
             if flag and not row.get(flag):
@@ -227,6 +229,10 @@ def _direct(sink: Sink, path: str, status: str) -> list[tuple[str, str]]:
             if body["text"].startswith(prefix):
                 found.append(body["text"])
     return found
+
+
+def _alerting(serve: ServeProcess) -> dict:
+    return HTTP.get(f"{serve.http_url}/api/v1/health").json()["alerting"]
 
 
 def _wait(predicate, timeout: float, what: str) -> None:
@@ -271,8 +277,18 @@ def test_failing_crew_pages_once_per_finding_group_through_alertmanager_across_r
         am.stop()
         assert serve.stop() == 0
         serve.start()
-        time.sleep(10)  # the findings age out of the 6s window: resolved in the store, undeliverable
-        health = httpx.get(f"{serve.http_url}/api/v1/health", timeout=10).json()["alerting"]
+        # The findings age out of the 6s window: resolved in the store, undeliverable.
+        source = HttpSource(serve.http_url)
+
+        def resolved_in_the_store() -> bool:
+            listed = source.alerts(Window())
+            return sorted(listed["alertname"]) == sorted(n for n, _ in expected) and set(listed["state"]) == {
+                "resolved"
+            }
+
+        _wait(resolved_in_the_store, 60, "the alerts resolved in the store during the outage")
+        _wait(lambda: _alerting(serve)["receivers"]["webhook"]["failures"] > 0, 30, "a failed delivery")
+        health = _alerting(serve)
         assert health["status"] == "delivery_failing"
         assert health["receivers"]["webhook"]["failures"] > 0
         assert serve.stop() == 0
@@ -295,7 +311,7 @@ def test_failing_crew_pages_once_per_finding_group_through_alertmanager_across_r
         assert _direct(sink, "/webhook", "firing") == []
         assert _direct(sink, "/slack", "firing") == []
         assert len(_direct(sink, "/webhook", "resolved")) == len(expected)
-        health = httpx.get(f"{serve.http_url}/api/v1/health", timeout=10).json()["alerting"]
+        health = _alerting(serve)
         assert health["status"] == "ok", health
         # The dashboard's HTTP source reads the episodes through /api/v1/alerts.
         listed = HttpSource(serve.http_url).alerts(Window())
@@ -317,10 +333,7 @@ def test_healthy_crew_pages_nobody(tmp_path, alertmanager_binary):
         _demo(serve, "healthy")
         assert _finding_groups(serve) == set()
         _wait(
-            lambda: (
-                httpx.get(f"{serve.http_url}/api/v1/health", timeout=10).json()["alerting"]["evaluations"]
-                >= 3
-            ),
+            lambda: _alerting(serve)["evaluations"] >= 3,
             30,
             "three evaluations",
         )
