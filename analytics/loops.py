@@ -255,7 +255,8 @@ def update_repeated_calls(
     of another kind came) is recomputed whole. Equal to a full recomputation
     (tests/analytics/test_kept.py and test_loops_incremental.py, after every random batch).
     """
-    state = _take_state(old, window, filters)
+    state, seen_until = _take_state(old, window, filters)
+    (newest,) = conn.execute("SELECT max(ingested_at) FROM spans").fetchone()
     span_ids = conn.execute(
         "SELECT SpanId FROM spans WHERE TraceId = ANY($traces::VARCHAR[])", {"traces": sorted(traces)}
     ).fetchnumpy()["SpanId"]
@@ -277,7 +278,7 @@ def update_repeated_calls(
     )
     runs = set(found["run_id"]) | old_runs
     if not runs:
-        _keep_state(old, state)
+        _keep_state(old, state, seen_until)
         return old
     if not runs.issubset(scope.runs):
         return None
@@ -293,6 +294,9 @@ def update_repeated_calls(
     tails = set()
     if keeping:
         tails = {key for key in pairs if key in state and key[0] not in whole}
+        late = _late_pairs(conn, traces, seen_until, state, tails)
+        stats["loop_groups_recomputed"] += len(late)
+        tails -= late
     pairs -= tails
     info = current_threshold(conn, "near_duplicate_similarity")
     fresh_parts: list[pd.DataFrame] = []
@@ -332,8 +336,32 @@ def update_repeated_calls(
     if dropped:
         keep &= ~old.index.isin(dropped[0].append(dropped[1:]))
     result = merge_rows(old, keep, fresh, "repeated_calls")
-    _keep_state(result, state)
+    _keep_state(result, state, newest)
     return result
+
+
+def _late_pairs(
+    conn: duckdb.DuckDBPyConnection, traces: set[str], seen_until, state: dict, tails: set[tuple[str, str]]
+) -> set[tuple[str, str]]:
+    """Of the kept groups ``tails``, those that spans of ``traces`` ingested after ``seen_until``
+    (the newest span when the groups were brought up to date) reach before the last call of one
+    of their (run, agent, tool) groups: they are recomputed whole at once instead of after a
+    read of their tails. A guess (a span ingested earlier but committed later is not seen here;
+    ``loop_groups.append_calls`` tells them all)."""
+    if seen_until is None or not tails:
+        return set()
+    rows = conn.execute(
+        "SELECT run_id, coalesce(agent_id, ''), tool_name, min(start_ns) FROM spans "
+        "WHERE TraceId = ANY($traces::VARCHAR[]) AND ingested_at > $seen AND tool_name IS NOT NULL "
+        "AND run_id IS NOT NULL GROUP BY ALL",
+        {"traces": sorted(traces), "seen": seen_until},
+    ).fetchall()
+    late = set()
+    for run, agent, tool, start in rows:
+        group = state[run, tool].groups.get(agent) if (run, tool) in tails else None
+        if group is not None and start <= group.tail[-1][0]:
+            late.add((run, tool))
+    return late
 
 
 def _append_to_kept(
@@ -390,23 +418,25 @@ def _keep_pairs(state: dict, rows: pd.DataFrame, pairs: set[tuple[str, str]], wh
 
 
 # Kept groups (analytics.loop_groups) of the repeated_calls result they describe: id(frame) ->
-# (frame, {(run, tool): PairCalls}). Only for all time and no filters; bounded by calls kept.
-_states: collections.OrderedDict[int, tuple[pd.DataFrame, dict]] = collections.OrderedDict()
+# (frame, {(run, tool): PairCalls}, the newest ingested_at they saw). Only for all time and no
+# filters; bounded by calls kept.
+_states: collections.OrderedDict[int, tuple[pd.DataFrame, dict, object]] = collections.OrderedDict()
 _states_lock = threading.Lock()
 MAX_KEPT_CALLS = 3_000_000
 
 
-def _take_state(old: pd.DataFrame, window: Window, filters: Filters) -> dict | None:
-    """The kept groups of ``old`` (removed: the caller keeps them with the frame it returns);
-    {} when there are none, None when groups are not kept for this window and filters."""
+def _take_state(old: pd.DataFrame, window: Window, filters: Filters) -> tuple[dict | None, object]:
+    """The kept groups of ``old`` (removed: the caller keeps them with the frame it returns) and
+    the newest ingested_at they saw; {} when there are none, None when groups are not kept for
+    this window and filters."""
     if window != Window() or filters != Filters():
-        return None
+        return None, None
     with _states_lock:
         entry = _states.pop(id(old), None)
-    return entry[1] if entry is not None and entry[0] is old else {}
+    return (entry[1], entry[2]) if entry is not None and entry[0] is old else ({}, None)
 
 
-def _keep_state(frame: pd.DataFrame, state: dict | None) -> None:
+def _keep_state(frame: pd.DataFrame, state: dict | None, newest) -> None:
     if state is None:
         return
     total = sum(pair.size for pair in state.values())
@@ -415,7 +445,7 @@ def _keep_state(frame: pd.DataFrame, state: dict | None) -> None:
             break
         total -= state.pop(key).size
     with _states_lock:
-        _states[id(frame)] = (frame, state)
+        _states[id(frame)] = (frame, state, newest)
         while len(_states) > 2:
             _states.popitem(last=False)
 
