@@ -102,6 +102,14 @@ class EmbeddingWorker:
         self.embedded = 0
         self.scored_pairs = 0
         self.last_error: str | None = None
+        self._notified = 0  # commits notified so far
+        self._caught_up_to = -1  # notifications before the start of the last complete pass
+
+    @property
+    def caught_up(self) -> bool:
+        """Whether the last pass ran to the end (nothing stored left unscored) and started after
+        the last commit notification: everything committed before that is scored."""
+        return self._caught_up_to == self._notified
 
     def start(self) -> EmbeddingWorker:
         """Start the thread (idempotent)."""
@@ -114,6 +122,7 @@ class EmbeddingWorker:
     def notify(self) -> None:
         """Ask for a pass soon (after a batch of spans was committed: ingest is active)."""
         self._last_notify = time.monotonic()
+        self._notified += 1
         self._wake.set()
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -168,10 +177,13 @@ class EmbeddingWorker:
         conn = None
         while not self._stopping.is_set():
             deferred = False
+            notified = self._notified
             try:
                 if conn is None:
                     conn = self._conn_factory()
                 deferred = self._pass(conn)
+                if not deferred and not self._stopping.is_set():
+                    self._caught_up_to = notified
             except Exception as error:  # keep serving; report and retry on the next pass
                 self.last_error = repr(error)
                 logger.exception("embedding worker pass failed")

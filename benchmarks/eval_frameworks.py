@@ -43,9 +43,8 @@ logger = logging.getLogger(__name__)
 CORPUS = REPO / "sample_traces" / "frameworks"
 REPORT = REPO / "docs" / "detection-quality.md"
 # Findings of goal_divergence come from embeddings; the worker scores new subtasks in the
-# background (a pass at least every 5 s), so the evaluation waits until the stored vectors have not
-# changed for longer than one worker interval.
-EMBEDDING_SETTLE_SECONDS = 6.0
+# background, so the evaluation waits until serve's health says the worker has caught up with
+# every commit (``embedding_worker.caught_up``).
 EMBEDDING_WAIT_SECONDS = 240.0
 
 
@@ -290,18 +289,21 @@ def get_json(client: httpx.Client, url: str) -> dict[str, Any]:
 
 
 def wait_for_embeddings(client: httpx.Client, base_url: str) -> int:
-    """Wait until the embedding worker's stored vectors stop growing; returns their number."""
+    """Wait until the embedding worker has scored every committed span (its last pass ran to the
+    end and started after the last commit); returns the stored vectors. Two answers in a row, half
+    a second apart: serve acknowledges a request just before it notifies the worker of the commit."""
     deadline = time.monotonic() + EMBEDDING_WAIT_SECONDS
-    last, since = -1, time.monotonic()
+    in_a_row, health = 0, {}
     while time.monotonic() < deadline:
-        count = get_json(client, f"{base_url}/api/v1/health").get("embeddings", 0)
-        if count != last:
-            last, since = count, time.monotonic()
-        elif count > 0 and time.monotonic() - since >= EMBEDDING_SETTLE_SECONDS:
-            return count
+        health = get_json(client, f"{base_url}/api/v1/health")
+        in_a_row = in_a_row + 1 if (health.get("embedding_worker") or {}).get("caught_up") else 0
+        if in_a_row == 2:
+            return health.get("embeddings", 0)
         time.sleep(0.5)
-    logger.warning("embeddings still changing after %ss; evaluating what is there", EMBEDDING_WAIT_SECONDS)
-    return last
+    logger.warning(
+        "the embedding worker had not caught up after %ss; evaluating what is there", EMBEDDING_WAIT_SECONDS
+    )
+    return health.get("embeddings", 0)
 
 
 SETUP = "__setup__"

@@ -242,7 +242,12 @@ def build_service(config: ServeConfig) -> Service:
                 "last_error": kept_worker.last_error,
             },
             "embedding_worker": (
-                {"enabled": True, "embedded": worker.embedded, "last_error": worker.last_error}
+                {
+                    "enabled": True,
+                    "embedded": worker.embedded,
+                    "last_error": worker.last_error,
+                    "caught_up": worker.caught_up,
+                }
                 if worker is not None
                 else {"enabled": False}
             ),
