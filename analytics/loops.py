@@ -168,9 +168,11 @@ def linked_calls(
 # groups ($loop_runs / $loop_tools pairs), every group of $loop_whole_runs and the calls of the
 # kept groups ($loop_tail_*) from their cut on; with $all_calls, every candidate call.
 _group_limit: contextvars.ContextVar[dict | None] = contextvars.ContextVar("loop_group_limit", default=None)
+# The tails are empty lists, not NULL: ClickHouse cannot bind a NULL array parameter (no group
+# is read from a cut either way).
 _NO_LIMIT = {
-    "loop_runs": None, "loop_tools": None, "loop_whole_runs": None, "loop_tail_runs": None,
-    "loop_tail_agents": None, "loop_tail_tools": None, "loop_tail_ns": None, "loop_tail_spans": None,
+    "loop_runs": None, "loop_tools": None, "loop_whole_runs": None, "loop_tail_runs": [],
+    "loop_tail_agents": [], "loop_tail_tools": [], "loop_tail_ns": [], "loop_tail_spans": [],
     "all_calls": False,
 }  # fmt: skip
 
@@ -255,7 +257,7 @@ def update_repeated_calls(
     of another kind came) is recomputed whole. Equal to a full recomputation
     (tests/analytics/test_kept.py and test_loops_incremental.py, after every random batch).
     """
-    state, seen_until = _take_state(old, window, filters)
+    state, seen_until, late = _take_state(old, window, filters)
     (newest,) = conn.execute("SELECT max(ingested_at) FROM spans").fetchone()
     span_ids = conn.execute(
         "SELECT SpanId FROM spans WHERE TraceId = ANY($traces::VARCHAR[])", {"traces": sorted(traces)}
@@ -278,7 +280,7 @@ def update_repeated_calls(
     )
     runs = set(found["run_id"]) | old_runs
     if not runs:
-        _keep_state(old, state, seen_until)
+        _keep_state(old, state, seen_until, late)
         return old
     if not runs.issubset(scope.runs):
         return None
@@ -294,9 +296,10 @@ def update_repeated_calls(
     tails = set()
     if keeping:
         tails = {key for key in pairs if key in state and key[0] not in whole}
-        late = _late_pairs(conn, traces, seen_until, state, tails)
-        stats["loop_groups_recomputed"] += len(late)
-        tails -= late
+        found_late = _late_pairs(conn, traces, seen_until, state, tails)
+        stats["loop_groups_recomputed"] += len(found_late)
+        tails -= found_late
+        late |= found_late
     pairs -= tails
     info = current_threshold(conn, "near_duplicate_similarity")
     fresh_parts: list[pd.DataFrame] = []
@@ -305,20 +308,20 @@ def update_repeated_calls(
         cuts = {
             (run, agent, tool): cut for (run, tool) in tails for agent, cut in state[run, tool].cuts().items()
         }
-        with _groups_only(pairs, whole, cuts, all_calls=keeping):
+        # every candidate call only where groups are kept from them
+        building = keeping and bool(tails or whole or pairs - late)
+        with _groups_only(pairs, whole, cuts, all_calls=building):
             rows = linked_calls(conn, window, filters, info.value)
         if tails:
             at_tail = _in_groups(rows, tails, set())
             failed = _append_to_kept(state, tails, rows[at_tail], old, fresh_parts, dropped)
             rows = rows[~at_tail]
-            if failed:  # recomputed whole
-                with _groups_only(failed, set(), None, all_calls=True):
-                    rows = pd.concat(
-                        [rows, linked_calls(conn, window, filters, info.value)], ignore_index=True
-                    )
+            if failed:  # recomputed whole, read again with the others (call_idx is per read)
                 pairs |= failed
+                with _groups_only(pairs, whole, None, all_calls=True):
+                    rows = linked_calls(conn, window, filters, info.value)
         if keeping:
-            _keep_pairs(state, rows, pairs, whole)
+            _keep_pairs(state, rows if building else rows.iloc[0:0], pairs, whole, late)
             rows = rows[(rows["linked"].map(len) > 0) | rows["source"].isin(["agent", "delegation"])]
         tasks = current_threshold(conn, "near_duplicate_task_similarity")
         out = group_loops(link_tasks(conn, rows.reset_index(drop=True), tasks.value))
@@ -336,7 +339,7 @@ def update_repeated_calls(
     if dropped:
         keep &= ~old.index.isin(dropped[0].append(dropped[1:]))
     result = merge_rows(old, keep, fresh, "repeated_calls")
-    _keep_state(result, state, newest)
+    _keep_state(result, state, newest, late)
     return result
 
 
@@ -404,39 +407,43 @@ def _append_to_kept(
     return failed
 
 
-def _keep_pairs(state: dict, rows: pd.DataFrame, pairs: set[tuple[str, str]], whole: set[str]) -> None:
+def _keep_pairs(
+    state: dict, rows: pd.DataFrame, pairs: set[tuple[str, str]], whole: set[str], late: set[tuple[str, str]]
+) -> None:
     """Keep the (run, tool) groups of tool calls among ``rows`` (every candidate call of the groups
-    ``pairs`` and of the runs ``whole``, just computed); forget the others of those groups."""
+    ``pairs`` and of the runs ``whole``, just computed) but those that got late calls (``late``:
+    their next batch would likely be late too, and keeping a group costs about as much as
+    computing it); forget the others of those groups."""
     for key in [key for key in state if key in pairs or key[0] in whole]:
         del state[key]
     if rows.empty:
         return
     for key, part in rows.groupby(["run_id", "tool_name"], sort=False):
-        if loop_groups.is_keepable(part, HANDOFF_TOOL_PREFIX):
+        if key not in late and loop_groups.is_keepable(part, HANDOFF_TOOL_PREFIX):
             part = part.reset_index(drop=True)
             state[key] = loop_groups.build_pair(part, component_labels(part), NEIGHBOUR_WINDOW)
 
 
 # Kept groups (analytics.loop_groups) of the repeated_calls result they describe: id(frame) ->
-# (frame, {(run, tool): PairCalls}, the newest ingested_at they saw). Only for all time and no
-# filters; bounded by calls kept.
-_states: collections.OrderedDict[int, tuple[pd.DataFrame, dict, object]] = collections.OrderedDict()
+# (frame, {(run, tool): PairCalls}, the newest ingested_at they saw, the (run, tool) groups not
+# kept since they got late calls). Only for all time and no filters; bounded by calls kept.
+_states: collections.OrderedDict[int, tuple[pd.DataFrame, dict, object, set]] = collections.OrderedDict()
 _states_lock = threading.Lock()
 MAX_KEPT_CALLS = 3_000_000
 
 
-def _take_state(old: pd.DataFrame, window: Window, filters: Filters) -> tuple[dict | None, object]:
-    """The kept groups of ``old`` (removed: the caller keeps them with the frame it returns) and
-    the newest ingested_at they saw; {} when there are none, None when groups are not kept for
-    this window and filters."""
+def _take_state(old: pd.DataFrame, window: Window, filters: Filters) -> tuple[dict | None, object, set]:
+    """The kept groups of ``old`` (removed: the caller keeps them with the frame it returns), the
+    newest ingested_at they saw and the groups not kept because they got late calls; {} when
+    there are none, None when groups are not kept for this window and filters."""
     if window != Window() or filters != Filters():
-        return None, None
+        return None, None, set()
     with _states_lock:
         entry = _states.pop(id(old), None)
-    return (entry[1], entry[2]) if entry is not None and entry[0] is old else ({}, None)
+    return entry[1:] if entry is not None and entry[0] is old else ({}, None, set())
 
 
-def _keep_state(frame: pd.DataFrame, state: dict | None, newest) -> None:
+def _keep_state(frame: pd.DataFrame, state: dict | None, newest, late: set) -> None:
     if state is None:
         return
     total = sum(pair.size for pair in state.values())
@@ -445,7 +452,7 @@ def _keep_state(frame: pd.DataFrame, state: dict | None, newest) -> None:
             break
         total -= state.pop(key).size
     with _states_lock:
-        _states[id(frame)] = (frame, state, newest)
+        _states[id(frame)] = (frame, state, newest, late)
         while len(_states) > 2:
             _states.popitem(last=False)
 
