@@ -195,9 +195,10 @@ def _console_problem(message) -> str | None:
 def _settle(page, title: str, charts: int) -> None:
     """Wait until the page's title and charts are drawn and Streamlit's script run has ended.
 
-    The title comes first: it is drawn by the page's own run, so the end-of-run state that
-    follows is this page's (and not that of the page a link was clicked on)."""
-    page.get_by_role("heading", name=title).first.wait_for(timeout=90_000)
+    The title comes first (the whole heading: no other page has one of that text): it is drawn
+    by the page's own run, so the end-of-run state that follows is this page's (and not that of
+    the page a link was clicked on)."""
+    page.get_by_role("heading", name=title, exact=True).first.wait_for(timeout=90_000)
     if charts:
         page.wait_for_function(
             f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {charts}", timeout=90_000
