@@ -144,7 +144,7 @@ calls AS NOT MATERIALIZED (
 keys AS (  -- (run, agent, tool) groups with enough calls for a loop; their calls' count and a
            -- sum of a hash of their span ids (analytics.loops' kept groups check their members)
     SELECT hash(run_id, agent, tool_name) AS h, count(*) AS group_calls,
-           sum(hash(SpanId) >> 32)::BIGINT AS group_sum
+           sum(hash(SpanId) // 4294967296)::BIGINT AS group_sum  -- the top 32 bits (ClickHouse has no >>)
     FROM calls
     GROUP BY h
     HAVING count(*) >= $min_calls
@@ -165,14 +165,16 @@ candidates AS MATERIALIZED (
           -- internal (analytics.loops.update_repeated_calls): only the (run, tool) groups new spans
           -- may have changed, or every group of $loop_whole_runs, and of the groups kept there
           -- ($loop_tail_*) only their calls from the cut on
-          WHERE $loop_runs::VARCHAR[] IS NULL
-             OR c.run_id = ANY($loop_whole_runs::VARCHAR[])
-             OR hash(c.run_id, c.tool_name) IN (SELECT hash(r, t)
-                                                FROM (SELECT unnest($loop_runs::VARCHAR[]) AS r,
-                                                             unnest($loop_tools::VARCHAR[]) AS t))
-             OR (hash(c.run_id, c.tool_name) IN (SELECT rt FROM tails)
-                 AND (tails.h IS NULL OR c.start_ns > tails.ns
-                      OR (c.start_ns = tails.ns AND c.SpanId >= tails.sid))))
+          -- (one `($loop_runs IS NULL OR ...)` group: dropped whole when unset, as ClickHouse
+          -- cannot bind a NULL array)
+          WHERE ($loop_runs::VARCHAR[] IS NULL
+                 OR c.run_id = ANY($loop_whole_runs::VARCHAR[])
+                 OR hash(c.run_id, c.tool_name) IN (SELECT hash(r, t)
+                                                    FROM (SELECT unnest($loop_runs::VARCHAR[]) AS r,
+                                                                 unnest($loop_tools::VARCHAR[]) AS t))
+                 OR (hash(c.run_id, c.tool_name) IN (SELECT rt FROM tails)
+                     AND (tails.h IS NULL OR c.start_ns > tails.ns
+                          OR (c.start_ns = tails.ns AND c.SpanId >= tails.sid)))))
 ),
 words AS MATERIALIZED (  -- per distinct argument string: its signature (the argument words, lower case,
             -- sorted: whitespace/case/key order free) and its similarity tokens
@@ -314,7 +316,7 @@ linked AS (
 )
 SELECT c.call_idx, c.TraceId, c.SpanId, c.run_id, c.agent, c.tool_name, c.Timestamp, c.start_ns,
        c.failing, c.rejected, c.source, c.args, w.norm_args, coalesce(l.linked, []::BIGINT[]) AS linked,
-       l.min_similarity, c.group_calls, c.group_sum, (hash(c.SpanId) >> 32)::BIGINT AS span_hash
+       l.min_similarity, c.group_calls, c.group_sum, (hash(c.SpanId) // 4294967296)::BIGINT AS span_hash
 FROM candidates c
 JOIN words w USING (args)
 LEFT JOIN linked l USING (call_idx)
