@@ -277,6 +277,26 @@ def result_code(compute: Callable) -> str:
     return kept_store.code_fingerprint(frozenset({inspect.unwrap(compute).__module__}))
 
 
+def has_result(
+    conn: duckdb.DuckDBPyConnection,
+    name: str,
+    compute: Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame],
+    window: Window,
+    filters: Filters,
+) -> bool:
+    """Whether ``kept_result`` would start from a result at hand (kept in this process, or stored
+    by this code for that scope) rather than compute one from nothing."""
+    identity = database_identity(conn) if name in KEPT and not _bypass.get() else None
+    if identity is None:
+        return False
+    tools = current_side_effect_tools()
+    with _cache_lock:
+        if (identity, name, window, filters, tools) in _cache:
+            return True
+    scope = kept_store.scope_text(window, filters, tools)
+    return kept_store.load_encoded(conn, name, scope, result_code(compute)) is not None
+
+
 def kept_result(
     conn: duckdb.DuckDBPyConnection,
     name: str,

@@ -21,6 +21,7 @@ import duckdb
 import pandas as pd
 
 import analytics.kept as _kept
+import analytics.window_scope as window_scope
 from analytics.engine import is_clickhouse
 from analytics.kept import kept_result
 from analytics.schema import ensure_readable
@@ -259,6 +260,9 @@ def run_metric(
     ensure_readable(conn)
     if metric.kept is not None and not metric.window_bounds:
         window = _whole_if_covering(conn, window)
+        part = window_scope.derived(conn, name, metric.func, window, filters)
+        if part is not None:  # a run-partitioned result, from the whole store's kept or stored one
+            return _kept.project(part, columns)
     return kept_result(conn, name, metric.func, window, filters, columns)  # up to date by data version
 
 

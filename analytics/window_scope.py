@@ -1,0 +1,67 @@
+"""A window's result of a run-partitioned detector, derived from the whole store's result.
+
+A page, report or alert over a window (the last hours of a store that holds weeks) is another
+scope than the one serve keeps up to date and stores (all time, ``analytics.kept_worker``). For a
+detector partitioned by run (``analytics.kept.PARTITIONS``: each finding is derived from one run's
+spans alone), a run whose every span starts inside the window has the same rows in both scopes,
+and a run with no span in the window has none. So the window's result is the whole store's rows
+of the runs inside it, plus the rows of the runs its edges cut through, computed for the window
+and limited to those runs (``analytics.sql_loader.run_scope``), in the detector's order.
+
+Only when the whole store's result is at hand (kept in this process, or stored for this code):
+computing it from nothing would cost more than the window's own computation. Spans without a run
+id (no partition to copy) fall back to the window's own computation too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import duckdb
+import pandas as pd
+
+import analytics.kept as kept
+from analytics.sql_loader import run_scope
+from analytics.types import Filters, Window
+
+Compute = Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame]
+
+
+def derived(
+    conn: duckdb.DuckDBPyConnection, name: str, compute: Compute, window: Window, filters: Filters
+) -> pd.DataFrame | None:
+    """``name``'s result over ``window`` (equal to computing it for the window), derived from the
+    whole store's result; None where it cannot be (then compute the window's own)."""
+    if window == Window() or kept.PARTITIONS.get(name) != "run_id":
+        return None
+    if not kept.has_result(conn, name, compute, Window(), filters):
+        return None
+    ranges = conn.execute(
+        "SELECT run_id, min(Timestamp) AS first, max(Timestamp) AS last FROM spans GROUP BY run_id"
+    ).df()
+    if ranges["run_id"].isna().any():
+        return None
+    within = pd.Series(True, index=ranges.index)  # every span of the run starts in the window
+    touching = pd.Series(True, index=ranges.index)  # some span of the run does
+    if window.since is not None:
+        within &= ranges["first"] >= window.since
+        touching &= ranges["last"] >= window.since
+    if window.until is not None:
+        within &= ranges["last"] < window.until
+        touching &= ranges["first"] < window.until
+    inside, cut = ranges[within], ranges[touching & ~within]
+    whole = kept.kept_result(conn, name, compute, Window(), filters)  # brought up to date
+    if whole["run_id"].isna().any():
+        return None
+    keep = whole["run_id"].isin(set(inside["run_id"])).to_numpy()
+    if cut.empty:
+        fresh = whole.iloc[0:0]
+    else:
+        with run_scope(runs=list(cut["run_id"]), runs_since=cut["first"].min()):
+            fresh = compute(conn, window, filters)
+    if not keep.any() and fresh.empty:
+        # No finding in the window: the column types of an empty result are those the window's
+        # own computation gives (DuckDB types an empty or all-NULL column by what it filtered).
+        return None
+    kept.stats["window_derived"] += 1
+    return kept.merge_rows(whole, keep, fresh, name)
