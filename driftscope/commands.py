@@ -105,12 +105,20 @@ def cmd_dashboard(args: argparse.Namespace, values: dict[str, Any]) -> int:
         return 0
 
 
+def onnx_embedder(texts) -> list[list[float]]:
+    """The demo's goal texts embedded by analytics' ONNX Runtime encoder of the bundled model
+    (the vectors sentence-transformers gives, tests/analytics/test_goals.py; no torch to load)."""
+    from analytics.embeddings import encode
+
+    return encode(list(texts)).tolist()
+
+
 def cmd_demo(args: argparse.Namespace, values: dict[str, Any]) -> int:
     from guards.demo import run_demo
 
     endpoint = values.get("endpoint") or "http://127.0.0.1:4318"
     try:
-        return run_demo(endpoint, args.scenario, args.live, token=values.get("token"))
+        return run_demo(endpoint, args.scenario, args.live, token=values.get("token"), embedder=onnx_embedder)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
 

@@ -130,6 +130,7 @@ def dashboard(request, tmp_path_factory):
         finally:
             _stop(process)
         return
+    from driftscope.commands import onnx_embedder  # as `driftscope demo` embeds (no torch to load)
     from guards.demo import run_demo
     from tests.serve_helpers import new_serve
 
@@ -137,7 +138,7 @@ def dashboard(request, tmp_path_factory):
     try:
         base, process = _launch_dashboard(server.http_url, TOKEN)  # starts while the demo runs
         try:
-            assert run_demo(server.http_url, None, live=False, token=TOKEN) == 0
+            assert run_demo(server.http_url, None, live=False, token=TOKEN, embedder=onnx_embedder) == 0
             response = httpx.post(
                 f"{server.http_url}/v1/traces", content=json.dumps(xss_request()),
                 headers={"Content-Type": "application/json", **server.headers}, timeout=30,
