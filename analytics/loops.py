@@ -429,7 +429,9 @@ def _keep_pairs(
 # kept since they got late calls). Only for all time and no filters; bounded by calls kept.
 _states: collections.OrderedDict[int, tuple[pd.DataFrame, dict, object, set]] = collections.OrderedDict()
 _states_lock = threading.Lock()
-MAX_KEPT_CALLS = 3_000_000
+# About five live 100,000-call runs. A kept call holds its strings and an entry in the span-id
+# lookup: a few hundred bytes (estimated, not measured), so at most some 100-250 MB.
+MAX_KEPT_CALLS = 500_000
 
 
 def _take_state(old: pd.DataFrame, window: Window, filters: Filters) -> tuple[dict | None, object, set]:
