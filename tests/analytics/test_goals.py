@@ -159,6 +159,13 @@ def _wait_for_embeddings(conn, expected: int) -> int:
     return count
 
 
+def _wait_caught_up(worker, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not worker.caught_up:
+        time.sleep(0.05)
+    return worker.caught_up
+
+
 def test_embedding_worker_embeds_pending_texts_in_background(tmp_path):
     conn = duckdb.connect(str(tmp_path / "serve.duckdb"))
     migrate(conn)
@@ -168,12 +175,18 @@ def test_embedding_worker_embeds_pending_texts_in_background(tmp_path):
         worker.notify()
         # the root goal and two distinct subtask statements
         assert _wait_for_embeddings(conn, 3) == 3, worker.last_error
+        # caught up (what serve's health reports): every pair committed before is scored
+        assert _wait_caught_up(worker), worker.last_error
+        assert conn.execute("SELECT count(*) FROM goal_scores").fetchone()[0] == 2
         later = make_span(5, agent_id="planner", op="delegate", origin_task_id="T1", hop=1,
                           delegate_to="budget", goal_text="Check the offsite costs against the budget",
                           ingested_at=BASE_TIME + timedelta(hours=1))  # fmt: skip
         insert_spans(conn, [later])
         worker.notify()
+        assert not worker.caught_up  # a commit it has not looked at yet
         assert _wait_for_embeddings(conn, 4) == 4, worker.last_error
+        assert _wait_caught_up(worker), worker.last_error
+        assert conn.execute("SELECT count(*) FROM goal_scores").fetchone()[0] == 3
     finally:
         worker.stop()
     assert worker.embedded == 4 and worker.last_error is None
