@@ -68,7 +68,11 @@ def _batch(rng: random.Random, batch: int, runs: list[str], clock: list[float]) 
     return kind, rows
 
 
-@pytest.mark.parametrize("seed", [0, 1, *(pytest.param(s, marks=pytest.mark.slow) for s in range(2, 8))])
+@pytest.mark.parametrize(
+    "seed",  # make test-fast: two seeds; make test: five; make test-deep: eight
+    [0, 1, *(pytest.param(s, marks=pytest.mark.slow) for s in range(2, 5)),
+     *(pytest.param(s, marks=pytest.mark.deep) for s in range(5, 8))],
+)  # fmt: skip
 def test_kept_groups_equal_a_full_recomputation_after_every_batch(tmp_path, seed):
     rng = random.Random(seed)
     conn = duckdb.connect(str(tmp_path / "spans.duckdb"))

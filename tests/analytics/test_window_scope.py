@@ -36,7 +36,10 @@ def _random_store(tmp_path, seed: int) -> tuple[duckdb.DuckDBPyConnection, rando
     return conn, rng
 
 
-@pytest.mark.parametrize("seed", [0, *(pytest.param(s, marks=pytest.mark.slow) for s in (1, 2))])
+@pytest.mark.parametrize(
+    "seed",  # make test: one seed; make test-deep: three
+    [pytest.param(0, marks=pytest.mark.slow), *(pytest.param(s, marks=pytest.mark.deep) for s in (1, 2))],
+)
 def test_a_window_result_derived_from_the_kept_whole_store_equals_computing_the_window(tmp_path, seed):
     conn, rng = _random_store(tmp_path, seed)
     kept.clear_cache()
