@@ -170,15 +170,24 @@ def test_kept_results_follow_a_changed_side_effect_pattern(tmp_path):
     assert len(run_metric(conn, "duplicate_side_effects")) == 1
 
 
+def random_store(
+    tmp_path, rng: random.Random, batches: int, most_runs: int = 6
+) -> tuple[duckdb.DuckDBPyConnection, list[str]]:
+    """A file database of ``batches`` random batches (every kind the kept detectors look at) over
+    2 to ``most_runs`` runs."""
+    conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
+    migrate(conn)
+    runs = [f"run-{i}" for i in range(rng.randint(2, most_runs))]
+    for batch in range(batches):
+        insert_spans(conn, _random_batch(rng, batch, runs) + _loop_batch(rng, batch, runs))
+    return conn, runs
+
+
 def _stored_conn(tmp_path, seed: int) -> tuple[duckdb.DuckDBPyConnection, random.Random, list[str]]:
     """A file database with random spans, every kept detector and run_summary computed and stored
     (as serve's background refresh stores them), and nothing kept in this process."""
     rng = random.Random(seed)
-    conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
-    migrate(conn)
-    runs = [f"run-{i}" for i in range(rng.randint(2, 6))]
-    for batch in range(3):
-        insert_spans(conn, _random_batch(rng, batch, runs) + _loop_batch(rng, batch, runs))
+    conn, runs = random_store(tmp_path, rng, batches=3)
     kept.clear_cache()
     summary.clear_cache()
     kept_worker.refresh(conn)

@@ -11,8 +11,7 @@ import pytest
 
 from analytics import Filters, Window, kept, kept_worker, run_metric, summary
 from analytics.types import direct_write
-from driftscope.database import migrate
-from tests.analytics.test_kept import _assert_same, _full, _loop_batch
+from tests.analytics.test_kept import _assert_same, _full, _loop_batch, random_store
 from tests.analytics.test_summary import _random_batch
 from tests.fixtures_analytics import BASE_TIME, insert_spans
 
@@ -28,11 +27,7 @@ def _windows(rng: random.Random) -> list[Window]:
 
 def _random_store(tmp_path, seed: int) -> tuple[duckdb.DuckDBPyConnection, random.Random]:
     rng = random.Random(seed)
-    conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
-    migrate(conn)
-    runs = [f"run-{i}" for i in range(rng.randint(3, 7))]
-    for batch in range(5):
-        insert_spans(conn, _random_batch(rng, batch, runs) + _loop_batch(rng, batch, runs))
+    conn, _ = random_store(tmp_path, rng, batches=5, most_runs=7)
     return conn, rng
 
 
