@@ -15,16 +15,39 @@ id (no partition to copy) fall back to the window's own computation too.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import duckdb
 import pandas as pd
 
 import analytics.kept as kept
+from analytics.data_version import database_identity
 from analytics.sql_loader import run_scope
 from analytics.types import Filters, Window
 
 Compute = Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame]
+
+# The runs' time ranges at the last data version read (one GROUP BY over every span): a page or
+# report asks for each run-partitioned detector in turn over the same window.
+_ranges_lock = threading.Lock()
+_ranges: dict[tuple, pd.DataFrame] = {}
+
+
+def _run_ranges(conn: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+    """run_id, first and last span start of every run (a NULL run_id row for spans without one)."""
+    count, newest = conn.execute("SELECT count(*), max(ingested_at) FROM spans").fetchone()
+    key = (database_identity(conn), count, newest)
+    with _ranges_lock:
+        ranges = _ranges.get(key)
+    if ranges is None:
+        ranges = conn.execute(
+            "SELECT run_id, min(Timestamp) AS first, max(Timestamp) AS last FROM spans GROUP BY run_id"
+        ).df()
+        with _ranges_lock:
+            _ranges.clear()
+            _ranges[key] = ranges
+    return ranges
 
 
 def derived(
@@ -36,9 +59,7 @@ def derived(
         return None
     if not kept.has_result(conn, name, compute, Window(), filters):
         return None
-    ranges = conn.execute(
-        "SELECT run_id, min(Timestamp) AS first, max(Timestamp) AS last FROM spans GROUP BY run_id"
-    ).df()
+    ranges = _run_ranges(conn)
     if ranges["run_id"].isna().any():
         return None
     within = pd.Series(True, index=ranges.index)  # every span of the run starts in the window

@@ -355,3 +355,16 @@ def test_parameters_reach_clickhouse_as_values_not_sql(chdb_store):
     assert hostile not in sql and types == {"text": "Nullable(String)", "items": "Array(String)"}
     got = chdb_store.execute(sql, {"text": format_param(hostile), "items": format_param([hostile, "b"])})
     assert got.to_pylist() == [{"t": hostile, "l": [hostile, "b"]}]
+
+
+def test_run_spans_containing_means_the_same_on_both_engines(sample_traces):
+    """The report's lookup of where a constraint id is stated (a list parameter in a lambda)."""
+    from analytics import read
+    from tests.dashboard.test_dashboard_db import truths
+
+    duck, store = sample_traces
+    run, drop = next((t["run_id"], d) for t in truths() for d in t["constraint_drops"])
+    texts = [drop["constraint_id"], "no such text anywhere"]
+    local = read.run_spans(duck, run, containing=texts)
+    assert 0 < len(local) < len(read.run_spans(duck, run))
+    assert list(read.run_spans(store, run, containing=texts)["span_id"]) == list(local["span_id"])
