@@ -74,4 +74,6 @@ SELECT s.TraceId AS trace_id, [s.SpanId] AS span_ids, s.run_id, s.agent_id AS ag
        coalesce(s.outcome, 'ok') = 'ok' AND s.StatusCode <> 'Error' AS allowed,
        s.Timestamp AS first_seen, s.Timestamp AS last_seen
 FROM judged j JOIN spans s ON s.rowid = j.send_row
+WHERE {span_filter} AND s.op = 'send' AND s.policy_version IS NOT NULL  -- the sends' own scan: a
+  -- window or run scope prunes it (an unfiltered rowid join reads every stored span's columns)
 ORDER BY first_seen
