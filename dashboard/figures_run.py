@@ -129,46 +129,72 @@ def interaction_edges(records: list[dict], conflict_spans: set[str] | None = Non
 
     * ``delegation``: a delegate span of ``from`` naming ``to`` (labelled by hop);
     * ``handoff``: a span of ``to`` whose parent span belongs to ``from`` (one agent invoking another);
-    * ``shared key``: ``from`` wrote a state key that ``to`` read or also wrote.
+    * ``shared key``: ``from`` wrote a state key that ``to`` read or also wrote (two writers: one
+      edge, from the agent whose id sorts first).
 
     ``conflict`` is True when a span behind the edge failed or is evidence of a finding
-    (``conflict_spans``), e.g. the clobbering write of a lost update.
+    (``conflict_spans``), e.g. the clobbering write of a lost update. Edges come in the order
+    their first span comes; linear in the spans (a 100,000-span run has one key written
+    thousands of times: pairs of its spans are never listed).
     """
     conflict_spans = conflict_spans or set()
     edges: dict[tuple[str, str, str], dict] = {}
+    labels: dict[tuple[str, str, str], set[str]] = {}
 
-    def add(kind: str, source: str, target: str, label: str, spans: list[dict]) -> None:
+    def bad(r: dict) -> bool:
+        return _failed(r) or r.get("span_id") in conflict_spans
+
+    def add(kind: str, source: str, target: str, label: str, conflict: bool) -> None:
         if not source or not target or source == target:
             return
-        edge = edges.setdefault(
-            (kind, source, target),
-            {"kind": kind, "source": source, "target": target, "labels": [], "conflict": False},
-        )
-        if label and label not in edge["labels"]:
+        key = (kind, source, target)
+        edge = edges.get(key)
+        if edge is None:
+            edge = edges[key] = {
+                "kind": kind,
+                "source": source,
+                "target": target,
+                "labels": [],
+                "conflict": False,
+            }
+            labels[key] = set()
+        if label and label not in labels[key]:
+            labels[key].add(label)
             edge["labels"].append(label)
-        edge["conflict"] |= any(_failed(r) or r.get("span_id") in conflict_spans for r in spans)
+        edge["conflict"] |= conflict
 
     for r in records:
         if r.get("op") == "delegate" and r.get("agent_id") and r.get("delegate_to"):
             hop = r.get("hop")
-            add("delegation", r["agent_id"], r["delegate_to"], "" if hop is None else f"hop {int(hop)}", [r])
+            add(
+                "delegation",
+                r["agent_id"],
+                r["delegate_to"],
+                "" if hop is None else f"hop {int(hop)}",
+                bad(r),
+            )
     by_id = {(r.get("trace_id"), r.get("span_id")): r for r in records}
     for r in records:
         parent = by_id.get((r.get("trace_id"), r.get("parent_span_id")))
         if parent is not None and r.get("op") != "delegate":
-            add("handoff", parent.get("agent_id"), r.get("agent_id"), "", [r])
-    keys: dict[str, dict[str, list[dict]]] = {}
+            add("handoff", parent.get("agent_id"), r.get("agent_id"), "", bad(r))
+    # Per key and agent, in first-seen order: whether it wrote or read the key, and whether any of
+    # those writes (reads) failed or is evidence. Every write of an agent has the same partners,
+    # so the edges of a key are those of its first write per agent.
+    keys: dict[str, dict[str, dict[str, list[bool]]]] = {}
     for r in records:
         if r.get("state_key") and r.get("op") in ("read", "write") and r.get("agent_id"):
-            keys.setdefault(r["state_key"], {"read": [], "write": []})[r["op"]].append(r)
+            agents = keys.setdefault(r["state_key"], {"read": {}, "write": {}})[r["op"]]
+            seen = agents.setdefault(r["agent_id"], [False])
+            seen[0] |= bad(r)
     for key, ops in keys.items():
-        for w in ops["write"]:
-            for other in ops["read"] + ops["write"]:
-                if other is w or other.get("agent_id") == w.get("agent_id"):
-                    continue
-                if other["op"] == "write" and other.get("agent_id", "") < w.get("agent_id", ""):
-                    continue  # two writers: one edge, not two
-                add("shared key", w["agent_id"], other["agent_id"], key, [w, other])
+        writers, readers = ops["write"], ops["read"]
+        for writer, writes_bad in writers.items():
+            for op, partners in (("read", readers), ("write", writers)):
+                for other, others_bad in partners.items():
+                    if other == writer or (op == "write" and other < writer):
+                        continue  # two writers: one edge, not two
+                    add("shared key", writer, other, key, writes_bad[0] or others_bad[0])
     return list(edges.values())
 
 
@@ -193,6 +219,11 @@ def _positions(nodes: list[str], edges: list[tuple[str, str]]) -> dict[str, tupl
 
 
 EDGE_STYLE = {"delegation": "solid", "handoff": "dot", "shared key": "dash"}
+# The span fields the agent graph reads (a long run's other columns are not converted).
+GRAPH_COLUMNS = (
+    "trace_id", "span_id", "parent_span_id", "agent_id", "op", "delegate_to", "hop", "state_key",
+    "outcome", "status_code",
+)  # fmt: skip
 
 
 def delegation_graph_figure(
@@ -205,7 +236,7 @@ def delegation_graph_figure(
     if spans is None or spans.empty:
         return empty_figure(title, "No spans for this run")
     failed_agents = set(failed_agents or ())
-    records = span_records(spans)
+    records = span_records(spans[[c for c in GRAPH_COLUMNS if c in spans.columns]])
     for r in records:
         if _failed(r) and r.get("agent_id"):
             failed_agents.add(r["agent_id"])

@@ -313,3 +313,74 @@ def test_agent_graph_links_agents_by_delegation_handoff_and_shared_keys_with_con
     fig = delegation_graph_figure(spans, set(), {"wb"})
     red = [t for t in fig.data if t.mode == "lines" and t.line.color == "#d62728"]
     assert len(red) == 2  # the two shared-key edges through b's clobbering write
+
+
+def _edges_by_every_pair(records: list[dict], conflict_spans: set[str]) -> list[dict]:
+    """The agent graph's edges by their definition: every pair of spans behind an edge listed
+    (quadratic in a key's spans; ``interaction_edges`` must give the same edges, in order)."""
+    from dashboard.figures_run import _failed
+
+    edges: dict[tuple[str, str, str], dict] = {}
+
+    def add(kind, source, target, label, spans):
+        if not source or not target or source == target:
+            return
+        edge = edges.setdefault(
+            (kind, source, target),
+            {"kind": kind, "source": source, "target": target, "labels": [], "conflict": False},
+        )
+        if label and label not in edge["labels"]:
+            edge["labels"].append(label)
+        edge["conflict"] |= any(_failed(r) or r.get("span_id") in conflict_spans for r in spans)
+
+    for r in records:
+        if r.get("op") == "delegate" and r.get("agent_id") and r.get("delegate_to"):
+            hop = r.get("hop")
+            add("delegation", r["agent_id"], r["delegate_to"], "" if hop is None else f"hop {int(hop)}", [r])
+    by_id = {(r.get("trace_id"), r.get("span_id")): r for r in records}
+    for r in records:
+        parent = by_id.get((r.get("trace_id"), r.get("parent_span_id")))
+        if parent is not None and r.get("op") != "delegate":
+            add("handoff", parent.get("agent_id"), r.get("agent_id"), "", [r])
+    keys: dict[str, dict[str, list[dict]]] = {}
+    for r in records:
+        if r.get("state_key") and r.get("op") in ("read", "write") and r.get("agent_id"):
+            keys.setdefault(r["state_key"], {"read": [], "write": []})[r["op"]].append(r)
+    for key, ops in keys.items():
+        for w in ops["write"]:
+            for other in ops["read"] + ops["write"]:
+                if other is w or other.get("agent_id") == w.get("agent_id"):
+                    continue
+                if other["op"] == "write" and other["agent_id"] < w["agent_id"]:
+                    continue
+                add("shared key", w["agent_id"], other["agent_id"], key, [w, other])
+    return list(edges.values())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_agent_graph_edges_equal_their_every_pair_definition_on_random_runs(seed):
+    import random
+
+    from dashboard.figures_run import interaction_edges
+
+    rng = random.Random(seed)
+    agents = [None, "a", "b", "c", "d", "e"][: rng.randint(3, 6)]
+    records = []
+    for i in range(rng.randint(0, 300)):
+        op = rng.choice([None, "read", "write", "write", "delegate", "send"])
+        records.append(
+            {
+                "trace_id": f"t{rng.randint(0, 2)}",
+                "span_id": f"s{i}",
+                "parent_span_id": f"s{rng.randint(0, i)}" if i and rng.random() < 0.7 else None,
+                "agent_id": rng.choice(agents),
+                "op": op,
+                "delegate_to": rng.choice(agents) if op == "delegate" else None,
+                "hop": rng.choice([None, 1, 2]) if op == "delegate" else None,
+                "state_key": rng.choice([None, "k1", "k2", "k3", "k4"]),
+                "outcome": rng.choice(["ok", "ok", "ok", "rejected", "error"]),
+                "status_code": rng.choice(["Unset", "Unset", "Error"]),
+            }
+        )
+    conflict = {f"s{i}" for i in rng.sample(range(len(records)), min(len(records), rng.randint(0, 20)))}
+    assert interaction_edges(records, conflict) == _edges_by_every_pair(records, conflict)
