@@ -59,6 +59,57 @@ class DetectorClock:
         DuckDBFileSource.metric = self._original
 
 
+# The data source's reads other than detectors (``ReadClock``).
+SOURCE_READS = (
+    "health",
+    "data_version",
+    "filter_options",
+    "run_totals",
+    "run_details",
+    "run_spans",
+    "evidence_spans",
+    "thresholds",
+    "search_spans",
+    "alerts",
+)
+
+
+class ReadClock:
+    """Accumulates the seconds spent in ``DuckDBFileSource``'s other reads (``SOURCE_READS``:
+    browse queries, run spans, thresholds) while installed, by read."""
+
+    def __init__(self) -> None:
+        self.by_read: dict[str, float] = {}
+        self._originals: dict[str, object] = {}
+
+    def __enter__(self) -> ReadClock:
+        from dashboard.datasource import DuckDBFileSource
+
+        for name in SOURCE_READS:
+            original = self._originals[name] = getattr(DuckDBFileSource, name)
+            setattr(DuckDBFileSource, name, self._timed(name, original))
+        return self
+
+    def _timed(self, name: str, original):
+        clock = self
+
+        def timed(source, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(source, *args, **kwargs)
+            finally:
+                elapsed = time.perf_counter() - start
+                clock.by_read[name] = round(clock.by_read.get(name, 0.0) + elapsed, 3)
+
+        return timed
+
+    def __exit__(self, *exc) -> None:
+        from dashboard.datasource import DuckDBFileSource
+
+        for name, original in self._originals.items():
+            setattr(DuckDBFileSource, name, original)
+
+
 def report_build(db: Path, window) -> dict:
     """Seconds to build the HTML report for ``window`` (cold source, then a second build)."""
     from analytics.types import Filters
@@ -90,51 +141,94 @@ def report_build(db: Path, window) -> dict:
     }
 
 
-def overview_render(db: Path, window=None, timeout: float = 600.0) -> dict:
-    """Seconds for the Overview page (the app's default page) to render with AppTest.
+# Every page of the app (dashboard/app.py's navigation), by its script name under dashboard/views/.
+PAGES = (
+    "overview",
+    "split_brain",
+    "rejections",
+    "constraints",
+    "goal_drift",
+    "context_drift",
+    "loops",
+    "findings",
+    "alerts",
+    "run_explorer",
+    "calibration",
+)
+
+
+def page_render(
+    db: Path, window=None, timeout: float = 600.0, page: str = "overview", query: dict | None = None
+) -> dict:
+    """Seconds for one page to render with AppTest, opened directly (its address pasted in a fresh
+    browser tab: no other page ran in this process before).
 
     The first run is cold (Streamlit's caches empty, detectors run); the second reruns the
-    script with warm caches, as a user's next interaction would. The page uses its default window
-    (all time), which covers every span of the benchmark databases; ``window`` is not used.
+    script with warm caches, as a user's next interaction would. ``query``: the page's query
+    parameters (the run explorer's ``run``). The page uses its default window (all time), which
+    covers every span of the benchmark databases; ``window`` is not used. ``cpu_s`` is this
+    process's CPU time during the first run (every thread: the script runs in one of Streamlit's).
     """
     from streamlit.testing.v1 import AppTest
 
     from dashboard import app_main
     from dashboard.launch import SOURCE_ENV
 
+    if page not in PAGES:
+        raise ValueError(f"page must be one of {', '.join(PAGES)}, got {page!r}")
     previous = os.environ.get(SOURCE_ENV)
     os.environ[SOURCE_ENV] = str(db)
     try:
         at = AppTest.from_file(app_main, default_timeout=timeout)
-        with DetectorClock() as clock:
-            start = time.perf_counter()
+        # Before the first run AppTest names a page by its file name, which is each page's url_path.
+        at.switch_page(f"views/{page}.py")
+        for key, value in (query or {}).items():
+            at.query_params[key] = value
+        with DetectorClock() as clock, ReadClock() as reads:
+            start, start_cpu = time.perf_counter(), time.process_time()
             at.run()
-            cold = time.perf_counter() - start
+            cold, cold_cpu = time.perf_counter() - start, time.process_time() - start_cpu
             detector, calls, by_detector = clock.seconds, dict(clock.calls), dict(clock.by_detector)
+            read_seconds = dict(reads.by_read)
             # a detector that failed is a warning on the page, not an exception: both are errors here
             errors = [str(e.value) for e in at.exception] + [str(w.value) for w in at.warning]
+            load = os.getloadavg()
             start = time.perf_counter()
             at.run()
             warm = time.perf_counter() - start
         title = at.title[0].value if len(at.title) else None
         tiles = len(at.metric)
+        tables = [len(df.value) for df in at.dataframe]
+        charts = len(at.get("plotly_chart"))
     finally:
         if previous is None:
             os.environ.pop(SOURCE_ENV, None)
         else:
             os.environ[SOURCE_ENV] = previous
     return {
+        "page": page,
+        "query": query or {},
         "cold_s": round(cold, 3),
+        "cpu_s": round(cold_cpu, 3),
         "warm_s": round(warm, 3),
         "detector_s": round(detector, 3),
         "other_s": round(cold - detector, 3),
         "detector_calls": calls,
         "detector_seconds": by_detector,
-        "load_average": os.getloadavg(),
+        "read_seconds": read_seconds,
+        "load_average": load,
         "title": title,
         "tiles": tiles,
+        "table_rows": tables,
+        "charts": charts,
         "errors": errors,
     }
+
+
+def overview_render(db: Path, window=None, timeout: float = 600.0) -> dict:
+    """Seconds for the Overview page (the app's default page) to render with AppTest
+    (``page_render`` of ``overview``)."""
+    return page_render(db, window, timeout, "overview")
 
 
 _FILLED: set[str] = set()
@@ -154,8 +248,9 @@ def fill_embedding_cache(db: Path) -> float:
     return time.perf_counter() - start
 
 
-def in_subprocess(function: str, db: Path, window, timeout: float, warm_cache: bool = True) -> dict:
-    """Run ``report_build`` or ``overview_render`` in a fresh Python process, killed at ``timeout``.
+def in_subprocess(function: str, db: Path, window, timeout: float, warm_cache: bool = True, **kwargs) -> dict:
+    """Run ``report_build``, ``overview_render`` or ``page_render`` in a fresh Python process,
+    killed at ``timeout``; ``kwargs`` (JSON values) go to the function (``page``, ``query``).
 
     A fresh process also means cold imports and caches, as a user opening the dashboard has. With
     ``warm_cache`` the embedding cache is filled first (``fill_embedding_cache``, not timed).
@@ -177,7 +272,8 @@ def in_subprocess(function: str, db: Path, window, timeout: float, warm_cache: b
         "from analytics.types import Window\n"
         f"from benchmarks.dashboard import {function}\n"
         f"w = Window(*(datetime.fromisoformat(v) if v else None for v in ({since!r}, {until!r})))\n"
-        f"result = {function}(__import__('pathlib').Path({str(db)!r}), w)\n"
+        f"kwargs = json.loads({json.dumps(kwargs)!r})\n"
+        f"result = {function}(__import__('pathlib').Path({str(db)!r}), w, **kwargs)\n"
         "print('RESULT ' + json.dumps(result))\n"
     )
     repo = Path(__file__).resolve().parents[1]
@@ -197,3 +293,44 @@ def in_subprocess(function: str, db: Path, window, timeout: float, warm_cache: b
     if filled is not None:
         result["embedding_cache_fill_s"] = round(filled, 3)
     return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.dashboard DB --out r.json [--pages ...] [--run RUN]``: every page
+    (or those named) rendered once each in a fresh process, one after the other; the JSON file is
+    rewritten after every page."""
+    import argparse
+    import json
+
+    from analytics.types import Window
+
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.dashboard", description=main.__doc__.split(":")[0]
+    )
+    parser.add_argument("db", type=Path)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--pages", nargs="*", default=list(PAGES), choices=PAGES)
+    parser.add_argument("--run", help="also open the run explorer at this run (?run=)")
+    parser.add_argument("--repeat", type=int, default=1, help="renders of each page (fresh processes)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds a page's process may take")
+    parser.add_argument("--label", default="", help="stored in the results (which code was measured)")
+    args = parser.parse_args(argv)
+
+    jobs = [(page, None) for page in args.pages]
+    if args.run:
+        jobs.append(("run_explorer", {"run": args.run}))
+    out: dict = {"db": str(args.db), "label": args.label, "pages": []}
+    for _ in range(args.repeat):
+        for page, query in jobs:
+            kwargs = {"page": page, **({"query": query} if query else {})}
+            result = in_subprocess("page_render", args.db, Window(), args.timeout, warm_cache=False, **kwargs)
+            result.setdefault("page", page)
+            out["pages"].append(result)
+            logger.info("%s %s", page, {k: result.get(k) for k in ("cold_s", "cpu_s", "detector_s")})
+            args.out.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    raise SystemExit(main())
