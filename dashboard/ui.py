@@ -365,16 +365,23 @@ def findings_table(frame: pd.DataFrame, what: str, key: str | None = None) -> No
     table(frame, key=key)
 
 
-def page_of(frame: pd.DataFrame, key: str | None) -> pd.DataFrame:
-    """The rows of ``frame`` on the page picked under the table (all of them when they fit one)."""
-    total = len(frame)
+def page_start(total: int, key: str | None, at: int = 0) -> int:
+    """The first row of the page picked for a table of ``total`` rows (0 when they fit one page;
+    else a page picker is drawn, opening on the page that holds row ``at``)."""
     if total <= PAGE_ROWS:
-        return frame
+        return 0
     pages = (total + PAGE_ROWS - 1) // PAGE_ROWS
-    page = int(st.number_input("Page", 1, pages, 1, key=f"{key or 'table'}_page"))
+    opening = min(max(at, 0) // PAGE_ROWS + 1, pages)
+    page = int(st.number_input("Page", 1, pages, opening, key=f"{key or 'table'}_page"))
     first = (page - 1) * PAGE_ROWS
     st.caption(f"Rows {first + 1:,}-{min(first + PAGE_ROWS, total):,} of {total:,} ({pages:,} pages)")
-    return frame.iloc[first : first + PAGE_ROWS]
+    return first
+
+
+def page_of(frame: pd.DataFrame, key: str | None) -> pd.DataFrame:
+    """The rows of ``frame`` on the page picked under the table (all of them when they fit one)."""
+    first = page_start(len(frame), key)
+    return frame if len(frame) <= PAGE_ROWS else frame.iloc[first : first + PAGE_ROWS]
 
 
 def _plain_cells(frame: pd.DataFrame) -> pd.DataFrame:

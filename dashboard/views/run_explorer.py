@@ -160,15 +160,20 @@ def show_run(ctx: ui.PageContext, run: str) -> None:
     if findings:
         st.subheader("Findings")
         st.caption("Worst first. Select a finding to highlight its evidence spans in the trace below.")
-        shown, config = ui.with_run_links(findings_frame(findings))
-        shown.insert(0, "#", range(1, len(shown) + 1))
+        wanted = _query_int("finding")
+        wanted = wanted if wanted and 0 < wanted <= len(findings) else None
+        # A run with thousands of findings (a 100,000-call run's loops) lists a page at a time,
+        # opening on the page of the finding named in the address.
+        first = ui.page_start(len(findings), f"findings_{run}", at=wanted - 1 if wanted else 0)
+        page = findings[first : first + ui.PAGE_ROWS]
+        shown, config = ui.with_run_links(findings_frame(page))
+        shown.insert(0, "#", range(first + 1, first + len(page) + 1))
         picked = st.dataframe(
             shown, hide_index=True, column_config=config, on_select="rerun",
-            selection_mode="single-row", key=f"findings_{run}",
+            selection_mode="single-row", key=f"findings_{run}_{first}",
         )  # fmt: skip
         rows = picked.selection.rows if picked is not None else []
-        wanted = _query_int("finding")
-        chosen = rows[0] if rows else (wanted - 1 if wanted and 0 < wanted <= len(findings) else 0)
+        chosen = first + rows[0] if rows else (wanted - 1 if wanted else 0)
         if rows:
             st.query_params["finding"] = str(chosen + 1)
         finding = findings[chosen]

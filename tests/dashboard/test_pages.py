@@ -376,3 +376,25 @@ def test_run_explorer_span_and_trace_ids_are_links(monkeypatch, db_path):
             f"[span {span}](run_explorer?run={run}&span={span}) · [trace {trace}](run_explorer?run={run}&q={trace})"
             in texts
         )
+
+
+def test_run_explorer_lists_many_findings_a_page_at_a_time(monkeypatch, db_path):
+    from dashboard import ui
+
+    run = _truth("split_brain")["run_id"]
+    whole = _run_page(monkeypatch, str(db_path), "run_explorer", {"run": run}).dataframe[0].value
+    assert len(whole) >= 3
+    monkeypatch.setattr(ui, "PAGE_ROWS", 2)
+    # ?finding=3 opens the page that holds it, and its evidence is the inspected span
+    at = _run_page(monkeypatch, str(db_path), "run_explorer", {"run": run, "finding": "3"})
+    assert at.number_input(key=f"findings_{run}_page").value == 2
+    shown = at.dataframe[0].value
+    assert list(shown["#"]) == list(range(3, min(len(whole), 4) + 1))
+    assert list(shown["span_ids"]) == list(whole["span_ids"][2:4])
+    third = whole["span_ids"][2].rpartition("span=")[2]
+    assert at.subheader[2].value == f"Attributes of span {third}"
+    # the first page lists the first two, worst first, as the whole table did
+    at.number_input(key=f"findings_{run}_page").set_value(1).run()
+    assert list(at.dataframe[0].value["#"]) == [1, 2]
+    assert list(at.dataframe[0].value["failure_mode"]) == list(whole["failure_mode"][:2])
+    assert at.metric[3].value == str(len(whole))  # the count is of every finding of the run
