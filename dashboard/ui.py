@@ -47,6 +47,8 @@ CACHE_TTL = 600
 FRAME_ENTRIES = 64
 # Tables longer than this are shown a page at a time.
 PAGE_ROWS = 500
+# Findings tables longer than this read their evidence-span lists only on request (``load_listed``).
+EVIDENCE_ROWS = 50_000
 VIEWS = Path(__file__).resolve().with_name("views")
 
 
@@ -294,10 +296,11 @@ def _auto_refresh(seconds: int, key: str, version: str) -> None:
     ticker()
 
 
-def load_metric(ctx: PageContext, name: str) -> pd.DataFrame | None:
-    """A metric frame, or None after showing why it could not be read."""
+def load_metric(ctx: PageContext, name: str, columns: tuple[str, ...] | None = None) -> pd.DataFrame | None:
+    """A metric frame (only ``columns`` of it when given: a projection read, so what a page does
+    not show is never built), or None after showing why it could not be read."""
     try:
-        return cached_metric(ctx.source_key, ctx.version, name, ctx.window, ctx.filters)
+        return cached_metric(ctx.source_key, ctx.version, name, ctx.window, ctx.filters, columns)
     except SourceUnavailable as exc:
         unavailable_banner(str(exc))
     except KeyError as exc:
@@ -306,6 +309,31 @@ def load_metric(ctx: PageContext, name: str) -> pd.DataFrame | None:
         logger.exception("metric %s failed", name)
         st.warning(f"The metric `{name}` failed: {type(exc).__name__}: {exc}")
     return None
+
+
+def load_listed(ctx: PageContext, name: str, key: str | None = None) -> pd.DataFrame | None:
+    """A metric frame for a findings table (``findings_table``): the whole frame, unless it has
+    more than ``EVIDENCE_ROWS`` rows. Then its evidence-span lists (``span_ids``, of which a table
+    links only each row's first) are read only when the reader switches them on: at 10M spans of
+    100,000-call runs, ``repeated_calls``' 440,200 loops hold 7.1M span ids, and building them
+    took 2-4 s of the Loops page's first render. The rows are the same either way."""
+    documented = list(described(ctx, name).get("columns") or [])
+    if "span_ids" not in documented:
+        return load_metric(ctx, name)
+    listed = load_metric(ctx, name, tuple(c for c in documented if c != "span_ids"))
+    if listed is None or len(listed) <= EVIDENCE_ROWS:
+        return load_metric(ctx, name)
+    if st.toggle(
+        "Evidence span links",
+        key=f"{key or name}_evidence",
+        help=f"Link each row to its first evidence span (reads the evidence of all {len(listed):,} rows).",
+    ):
+        return load_metric(ctx, name)
+    st.caption(
+        f"{len(listed):,} rows: their evidence-span links are not loaded (switch them on above). "
+        "The run and trace links open each row's run in the run explorer."
+    )
+    return listed
 
 
 def with_run_links(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict]:

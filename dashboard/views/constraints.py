@@ -11,7 +11,17 @@ st.caption(
     "Each delegation hop should carry every constraint of the origin task verbatim, or waive it with a reason."
 )
 
-ledger = ui.load_metric(ctx, "constraint_ledger")
+# The columns the task picker, heatmap and waivers show (not the ledger's evidence lists).
+LEDGER_COLUMNS = (
+    "origin_task_id",
+    "constraint_id",
+    "hop",
+    "status",
+    "waiver_reason",
+    "agents",
+    "delegate_to",
+)
+ledger = ui.load_metric(ctx, "constraint_ledger", LEDGER_COLUMNS)
 drops = ui.load_metric(ctx, "constraint_drops")
 if ledger is not None:
     tasks = sorted(ledger["origin_task_id"].dropna().unique())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 
+import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -398,3 +399,49 @@ def test_run_explorer_lists_many_findings_a_page_at_a_time(monkeypatch, db_path)
     assert list(at.dataframe[0].value["#"]) == [1, 2]
     assert list(at.dataframe[0].value["failure_mode"]) == list(whole["failure_mode"][:2])
     assert at.metric[3].value == str(len(whole))  # the count is of every finding of the run
+
+
+def test_loops_page_reads_a_huge_tables_evidence_links_only_when_asked(monkeypatch, db_path):
+    from dashboard import ui
+
+    whole = _run_page(monkeypatch, str(db_path), "loops")
+    assert "span_ids" in whole.dataframe[0].value.columns
+    monkeypatch.setattr(ui, "EVIDENCE_ROWS", 1)  # every table with two or more rows counts as huge
+    at = _run_page(monkeypatch, str(db_path), "loops")
+    big = [t for t in at.toggle if t.label == "Evidence span links"]
+    assert big and all(not t.value for t in big)
+    assert any("evidence-span links are not loaded" in c.value for c in at.caption)
+    for before, after in zip(whole.dataframe, at.dataframe, strict=True):
+        shown, kept = after.value, before.value
+        if len(kept) > 1:  # the same rows and cells, only the evidence-span column left out
+            assert "span_ids" not in shown.columns
+            pd.testing.assert_frame_equal(shown, kept.drop(columns="span_ids"))
+        else:
+            pd.testing.assert_frame_equal(shown, kept)
+    # switched on, a table is the whole table again
+    key = big[0].key
+    at.toggle(key=key).set_value(True).run()
+    assert not at.exception
+    pd.testing.assert_frame_equal(at.dataframe[0].value, whole.dataframe[0].value)
+
+
+def test_constraints_page_reads_only_the_ledger_columns_it_shows(monkeypatch, db_path):
+    from analytics.read import describe_metrics
+    from dashboard import ui
+    from dashboard.datasource import DuckDBFileSource
+
+    ledger = next(m for m in describe_metrics() if m["name"] == "constraint_ledger")
+    asked: list = []
+    real = DuckDBFileSource.metric
+
+    def recorded(source, name, window, filters, columns=None):  # the real read, its arguments noted
+        asked.append((name, columns))
+        return real(source, name, window, filters, columns)
+
+    monkeypatch.setattr(DuckDBFileSource, "metric", recorded)
+    ui.cached_metric.clear()  # frames earlier tests' pages read are shared by every session
+    at = _run_page(monkeypatch, str(db_path), "constraints")
+    read = [columns for name, columns in asked if name == "constraint_ledger"]
+    assert read and all(c is not None and "span_ids" not in c for c in read)
+    assert set(read[0]) < set(ledger["columns"])
+    assert len(at.get("plotly_chart")) == 1 and at.selectbox(key="origin_task").options
