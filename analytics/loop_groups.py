@@ -2,13 +2,16 @@
 that new calls appended at the end of their groups are compared only with each group's kept tail
 and merged into its components (``analytics.loops.update_repeated_calls``).
 
-A group kept here holds only tool calls (no delegation, agent invocation or code action, and no
-``transfer_to_<agent>`` hand-off tool: a new span elsewhere in the run can change those, and a
-ping-pong can drop their loops). A tool call is a call by its own span's fields alone, and earlier
-spans change only when the collector fills their run or agent; each kept (run, agent, tool) group
-therefore carries its calls' count and a sum of a hash of their span ids, which the SQL returns
-beside the calls it reads, so a group whose members changed in any other way than new calls at
-its end is seen, and recomputed whole by the caller.
+A group kept here holds only tool calls (no ``transfer_to_<agent>`` hand-off tool) or only
+delegations whose arguments come from their own span (``own_args``: a goal text, or no input
+text), no agent invocation or code action: a new span elsewhere in the run can change those. Such
+a call is a call by its own span's fields alone, and earlier spans change only when the collector
+fills their run or agent; each kept (run, agent, tool) group therefore carries its calls' count
+and a sum of a hash of their span ids, which the SQL returns beside the calls it reads, so a group
+whose members changed in any other way than new calls at its end is seen (a hand-off back, which
+removes the delegations both ways, empties the group), and recomputed whole by the caller. What
+else can change a kept delegation group's loops without a call of its own, a ping-pong of its
+run, the caller checks (``analytics.loops``).
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ class PairCalls:
 
     run_id: str
     tool_name: str
+    kind: str  # the calls' source: "tool" or "delegation"
     calls: pd.DataFrame  # CALL_COLUMNS
     label: np.ndarray
     min_similarity: np.ndarray
@@ -105,11 +109,14 @@ class PairCalls:
 
 
 def is_keepable(rows: pd.DataFrame, handoff_prefix: str) -> bool:
-    """Whether a (run, tool) group's rows (every candidate call) can be kept: tool calls only,
-    and not a hand-off tool."""
-    return bool((rows["source"] == "tool").all()) and not str(rows["tool_name"].iloc[0]).startswith(
-        handoff_prefix
-    )
+    """Whether a (run, tool) group's rows (every candidate call) can be kept: tool calls only, and
+    not a hand-off tool; or delegations only, each with its own arguments."""
+    source = str(rows["source"].iloc[0])
+    if not bool((rows["source"] == source).all()) or not bool(rows["own_args"].all()):
+        return False
+    if source == "tool":
+        return not str(rows["tool_name"].iloc[0]).startswith(handoff_prefix)
+    return source == "delegation"
 
 
 def build_pair(rows: pd.DataFrame, labels: np.ndarray, window: int) -> PairCalls:
@@ -131,6 +138,7 @@ def build_pair(rows: pd.DataFrame, labels: np.ndarray, window: int) -> PairCalls
     return PairCalls(
         run_id=str(rows["run_id"].iloc[0]),
         tool_name=str(rows["tool_name"].iloc[0]),
+        kind=str(rows["source"].iloc[0]),
         calls=calls,
         label=label,
         min_similarity=rows["min_similarity"].to_numpy(dtype=float, na_value=np.nan),
@@ -155,7 +163,7 @@ def append_calls(
     to. Returns the labels of the components that changed and the index of the rows of the kept
     result to drop (those of
     ``old_first_spans``, the first member of each kept loop of the group, whose component
-    changed); None when the group changed otherwise than by new tool calls at the end of its
+    changed); None when the group changed otherwise than by new calls of its kind at the end of its
     (run, agent, tool) groups (the caller recomputes it whole; ``pair`` is then unchanged)."""
     # the rows are few (each kept group's tail and its new calls): plain Python over lists
     spans = rows["SpanId"].tolist()
@@ -167,7 +175,7 @@ def append_calls(
     for column in _CHECKED:  # a kept call read again is the same call
         if seen[column].tolist() != old_rows[column].tolist():
             return None
-    if len(new_rows) and not (new_rows["source"] == "tool").all():
+    if not ((rows["source"] == pair.kind).all() and rows["own_args"].all()):  # a call of another kind
         return None
     sums: dict[str, tuple[int, int]] = {}
     for agent, calls, hash_sum in zip(

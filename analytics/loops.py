@@ -205,6 +205,38 @@ def _groups_only(
         _group_limit.reset(token)
 
 
+class _RunBounces:
+    """The ping-pongs of the runs in scope (``ping_pong`` under the caller's run scope), computed
+    once, when first asked for."""
+
+    def __init__(self, conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> None:
+        self._args = (conn, window, filters)
+        self._frame: pd.DataFrame | None = None
+        self._keys: dict[str, tuple] | None = None
+
+    def frame(self) -> pd.DataFrame:
+        if self._frame is None:
+            self._frame = ping_pong(*self._args)
+        return self._frame
+
+    def key(self, run: str) -> tuple:
+        """What ``drop_bounced`` reads of ``run``'s ping-pongs, comparable across batches."""
+        if self._keys is None:
+            frame = self.frame()
+            self._keys = {}
+            for row in zip(
+                frame["run_id"],
+                frame["agents"],
+                frame["via"],
+                frame["first_seen"],
+                frame["last_seen"],
+                strict=True,
+            ):
+                self._keys.setdefault(row[0], []).append((tuple(row[1]), row[2], row[3], row[4]))
+            self._keys = {name: tuple(sorted(rows, key=repr)) for name, rows in self._keys.items()}
+        return self._keys.get(run, ())
+
+
 def _handoff_rows(frame: pd.DataFrame) -> pd.Series:
     """Loops a ping-pong can drop (``drop_bounced``): of delegations, agent invocations or
     hand-off tools."""
@@ -249,15 +281,18 @@ def update_repeated_calls(
     (``loop_touched_groups.sql``), those of kept loops with a member among them, every hand-off
     group of their runs, and whole runs where they hold code in an LLM output.
 
-    Of those, a (run, tool) group of tool calls only (``analytics.loop_groups``) that was computed
-    here before, for all time and no filters, is kept with its calls and components: then only its
-    calls from the earliest of its (run, agent, tool) groups' last ``NEIGHBOUR_WINDOW`` calls on
-    are read, and its new calls join the components they link to. A kept group whose calls
-    changed otherwise (an earlier call arrived late, a call moved to another agent or run, a call
-    of another kind came) is recomputed whole. Equal to a full recomputation
+    Of those, a (run, tool) group of tool calls only, or of delegations only that carry their own
+    arguments (``analytics.loop_groups``), that was computed here before, for all time and no
+    filters, is kept with its calls and components: then only its calls from the earliest of its
+    (run, agent, tool) groups' last ``NEIGHBOUR_WINDOW`` calls on are read (delegations linked on
+    their task similarity there), and its new calls join the components they link to. A kept
+    group whose calls changed otherwise (an earlier call arrived late, a call moved to another
+    agent or run, a call of another kind came, a hand-off back emptied it) is recomputed whole,
+    and so are a run's kept delegation groups when its ping-pongs changed (they drop hand-off
+    loops without a call of the group). Equal to a full recomputation
     (tests/analytics/test_kept.py and test_loops_incremental.py, after every random batch).
     """
-    state, seen_until, late = _take_state(old, window, filters)
+    state, seen_until, late, bounced = _take_state(old, window, filters)
     (newest,) = conn.execute("SELECT max(ingested_at) FROM spans").fetchone()
     span_ids = conn.execute(
         "SELECT SpanId FROM spans WHERE TraceId = ANY($traces::VARCHAR[])", {"traces": sorted(traces)}
@@ -280,7 +315,7 @@ def update_repeated_calls(
     )
     runs = set(found["run_id"]) | old_runs
     if not runs:
-        _keep_state(old, state, seen_until, late)
+        _keep_state(old, state, seen_until, late, bounced)
         return old
     if not runs.issubset(scope.runs):
         return None
@@ -302,9 +337,24 @@ def update_repeated_calls(
         late |= found_late
     pairs -= tails
     info = current_threshold(conn, "near_duplicate_similarity")
+    tasks = current_threshold(conn, "near_duplicate_task_similarity")
     fresh_parts: list[pd.DataFrame] = []
     dropped: list[pd.Index] = []
     with run_scope(runs=sorted(runs), runs_since=since):
+        bounces = _RunBounces(conn, window, filters)
+        if keeping:
+            # a kept delegation group's loops stand while its run's ping-pongs do (a ping-pong
+            # drops hand-off loops without a call of the group): otherwise they are recomputed
+            moved = {
+                key
+                for key, pair in state.items()
+                if pair.kind == "delegation" and key[0] in runs and bounces.key(key[0]) != bounced.get(key[0])
+            }
+            for key in moved:
+                del state[key]
+            stats["loop_groups_recomputed"] += len(moved & tails)
+            tails -= moved
+            pairs |= moved
         cuts = {
             (run, agent, tool): cut for (run, tool) in tails for agent, cut in state[run, tool].cuts().items()
         }
@@ -314,19 +364,26 @@ def update_repeated_calls(
             rows = linked_calls(conn, window, filters, info.value)
         if tails:
             at_tail = _in_groups(rows, tails, set())
-            failed = _append_to_kept(state, tails, rows[at_tail], old, fresh_parts, dropped)
+            tail_rows = task_links(conn, rows[at_tail].reset_index(drop=True), tasks.value)
+            failed = _append_to_kept(state, tails, tail_rows, old, fresh_parts, dropped)
             rows = rows[~at_tail]
             if failed:  # recomputed whole, read again with the others (call_idx is per read)
                 pairs |= failed
                 with _groups_only(pairs, whole, None, all_calls=True):
                     rows = linked_calls(conn, window, filters, info.value)
         if keeping:
+            rows = task_links(conn, rows.reset_index(drop=True), tasks.value)
             _keep_pairs(state, rows if building else rows.iloc[0:0], pairs, whole, late)
-            rows = rows[(rows["linked"].map(len) > 0) | rows["source"].isin(["agent", "delegation"])]
-        tasks = current_threshold(conn, "near_duplicate_task_similarity")
-        out = group_loops(link_tasks(conn, rows.reset_index(drop=True), tasks.value))
+            for run in {run for (run, _), pair in state.items() if pair.kind == "delegation" and run in runs}:
+                bounced[run] = bounces.key(run)  # the ping-pongs its kept delegation groups stand on
+            out = group_loops(rows[rows["linked"].map(len) > 0].reset_index(drop=True))
+        else:
+            out = group_loops(link_tasks(conn, rows.reset_index(drop=True), tasks.value))
         if _handoff_rows(out).any():
-            out = drop_bounced(out, ping_pong(conn, window, filters))
+            out = drop_bounced(out, bounces.frame())
+        fresh_parts = [
+            drop_bounced(part, bounces.frame()) if _handoff_rows(part).any() else part for part in fresh_parts
+        ]
     frames = [_with_threshold(out, info)[_in_groups(out, pairs, whole)]]
     frames += [_with_threshold(part, info) for part in fresh_parts]
     filled = [frame for frame in frames if not frame.empty]
@@ -338,9 +395,27 @@ def update_repeated_calls(
     keep = ~_in_groups(old, pairs, whole)
     if dropped:
         keep &= ~old.index.isin(dropped[0].append(dropped[1:]))
-    result = merge_rows(old, keep, fresh, "repeated_calls")
-    _keep_state(result, state, newest, late)
+    result = _agent_as_computed(merge_rows(old, keep, fresh, "repeated_calls"))
+    if keeping:
+        held = {run for (run, _), pair in state.items() if pair.kind == "delegation"}
+        bounced = {run: key for run, key in bounced.items() if run in held}
+    _keep_state(result, state, newest, late, bounced)
     return result
+
+
+def _agent_as_computed(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with its ``agent`` column of the type ``loop_rows`` gives a whole result: text, or
+    objects with None when a loop has no agent (``replace`` of "" makes it so). Merged rows can
+    carry either: a part without a missing agent is text, and ``merge_rows`` gives an all-missing
+    side the other's type."""
+    agent = frame["agent"]
+    missing = agent.isna()
+    if missing.any():
+        if agent.dtype != object or agent[missing].map(lambda value: value is not None).any():
+            frame = frame.assign(agent=agent.astype(object).where(~missing, None))
+    elif agent.dtype == object and len(agent):
+        frame = frame.assign(agent=agent.astype(frame["tool_name"].dtype))
+    return frame
 
 
 def _late_pairs(
@@ -354,9 +429,9 @@ def _late_pairs(
     if seen_until is None or not tails:
         return set()
     rows = conn.execute(
-        "SELECT run_id, coalesce(agent_id, ''), tool_name, min(start_ns) FROM spans "
-        "WHERE TraceId = ANY($traces::VARCHAR[]) AND ingested_at > $seen AND tool_name IS NOT NULL "
-        "AND run_id IS NOT NULL GROUP BY ALL",
+        "SELECT run_id, coalesce(agent_id, ''), CASE WHEN op = 'delegate' THEN delegate_to ELSE tool_name END "
+        "AS tool, min(start_ns) FROM spans WHERE TraceId = ANY($traces::VARCHAR[]) AND ingested_at > $seen "
+        "AND (tool_name IS NOT NULL OR op = 'delegate') AND run_id IS NOT NULL GROUP BY ALL",
         {"traces": sorted(traces), "seen": seen_until},
     ).fetchall()
     late = set()
@@ -396,6 +471,7 @@ def _append_to_kept(
             stats["loop_groups_recomputed"] += 1
             continue
         stats["loop_groups_appended"] += 1
+        stats["loop_delegation_groups_appended"] += pair.kind == "delegation"
         state[key] = state.pop(key)  # most recently used last
         labels, drop = changed
         dropped.append(drop)
@@ -426,26 +502,30 @@ def _keep_pairs(
 
 # Kept groups (analytics.loop_groups) of the repeated_calls result they describe: id(frame) ->
 # (frame, {(run, tool): PairCalls}, the newest ingested_at they saw, the (run, tool) groups not
-# kept since they got late calls). Only for all time and no filters; bounded by calls kept.
-_states: collections.OrderedDict[int, tuple[pd.DataFrame, dict, object, set]] = collections.OrderedDict()
+# kept since they got late calls, {run: its ping-pongs (``_RunBounces.key``)} for the runs with
+# kept delegation groups). Only for all time and no filters; bounded by calls kept.
+_states: collections.OrderedDict[int, tuple[pd.DataFrame, dict, object, set, dict]] = (
+    collections.OrderedDict()
+)
 _states_lock = threading.Lock()
 # About five live 100,000-call runs. A kept call holds its strings and an entry in the span-id
 # lookup: a few hundred bytes (estimated, not measured), so at most some 100-250 MB.
 MAX_KEPT_CALLS = 500_000
 
 
-def _take_state(old: pd.DataFrame, window: Window, filters: Filters) -> tuple[dict | None, object, set]:
+def _take_state(old: pd.DataFrame, window: Window, filters: Filters) -> tuple[dict | None, object, set, dict]:
     """The kept groups of ``old`` (removed: the caller keeps them with the frame it returns), the
-    newest ingested_at they saw and the groups not kept because they got late calls; {} when
-    there are none, None when groups are not kept for this window and filters."""
+    newest ingested_at they saw, the groups not kept because they got late calls and the
+    ping-pongs of the runs of kept delegation groups; {} when there are none, None when groups
+    are not kept for this window and filters."""
     if window != Window() or filters != Filters():
-        return None, None, set()
+        return None, None, set(), {}
     with _states_lock:
         entry = _states.pop(id(old), None)
-    return entry[1:] if entry is not None and entry[0] is old else ({}, None, set())
+    return entry[1:] if entry is not None and entry[0] is old else ({}, None, set(), {})
 
 
-def _keep_state(frame: pd.DataFrame, state: dict | None, newest, late: set) -> None:
+def _keep_state(frame: pd.DataFrame, state: dict | None, newest, late: set, bounced: dict) -> None:
     if state is None:
         return
     total = sum(pair.size for pair in state.values())
@@ -454,7 +534,7 @@ def _keep_state(frame: pd.DataFrame, state: dict | None, newest, late: set) -> N
             break
         total -= state.pop(key).size
     with _states_lock:
-        _states[id(frame)] = (frame, state, newest, late)
+        _states[id(frame)] = (frame, state, newest, late, bounced)
         while len(_states) > 2:
             _states.popitem(last=False)
 
@@ -475,15 +555,32 @@ def link_tasks(
     neighbour_window: int = NEIGHBOUR_WINDOW,
     min_calls: int = MIN_REPEATS,
 ) -> pd.DataFrame:
-    """Link re-worded delegations and agent invocations of ``calls`` (linked_calls' rows).
+    """Link re-worded delegations and agent invocations of ``calls`` (linked_calls' rows), see
+    ``task_links``; the calls that stay unlinked are dropped."""
+    if calls.empty:
+        return calls
+    linked = task_links(conn, calls, threshold, neighbour_window, min_calls)
+    if linked is calls and not calls["source"].isin(["agent", "delegation"]).any():
+        return calls
+    return linked[linked["linked"].map(len) > 0].reset_index(drop=True)
+
+
+def task_links(
+    conn: duckdb.DuckDBPyConnection,
+    calls: pd.DataFrame,
+    threshold: float,
+    neighbour_window: int = NEIGHBOUR_WINDOW,
+    min_calls: int = MIN_REPEATS,
+) -> pd.DataFrame:
+    """``calls`` (linked_calls' rows) with re-worded delegations and agent invocations linked.
 
     Within each (run, agent, invoked agent) group with ``min_calls``+ calls, a call is compared
     with the ``neighbour_window`` calls before it that have another signature, on
     ``analytics.loop_similarity.task_similarity`` of their task statements (the embedding cosine
     times the overlap of their numbers and names); pairs at ``threshold`` or above are linked.
     Vectors come from the embeddings cache (the embedding worker stores those of the task
-    statements it scores) or are encoded here; nothing is written. Calls of these groups that
-    stay unlinked are dropped.
+    statements it scores) or are encoded here; nothing is written. Every call is returned (the
+    same frame when no link was added).
     """
     if calls.empty:
         return calls
@@ -509,7 +606,7 @@ def link_tasks(
         earlier.append(j[ok])
     i, j = np.concatenate(later), np.concatenate(earlier)
     if not len(i):
-        return calls[calls["linked"].map(len) > 0].reset_index(drop=True)
+        return calls
     # each distinct pair of task statements is scored once
     pairs = pd.DataFrame({"first": args[i], "second": args[j]})
     distinct = pairs.drop_duplicates(ignore_index=True)
@@ -535,7 +632,7 @@ def link_tasks(
         calls["min_similarity"] = np.fmin(
             calls["min_similarity"].astype(float), calls["call_idx"].map(lowest).astype(float)
         )
-    return calls[calls["linked"].map(len) > 0].reset_index(drop=True)
+    return calls
 
 
 def drop_bounced(loops: pd.DataFrame, bounces: pd.DataFrame) -> pd.DataFrame:

@@ -38,7 +38,7 @@ WITH RECURSIVE tool_calls AS NOT MATERIALIZED (
     SELECT TraceId, SpanId, run_id, coalesce(agent_id, '') AS agent, tool_name, Timestamp, start_ns,
            coalesce(tool_args, '') AS args,
            coalesce(outcome IN ('error', 'rejected') OR StatusCode = 'Error', false) AS failing,
-           coalesce(outcome = 'rejected', false) AS rejected, 'tool' AS source
+           coalesce(outcome = 'rejected', false) AS rejected, 'tool' AS source, true AS own_args
     FROM spans
     WHERE {span_filter} AND tool_name IS NOT NULL AND run_id IS NOT NULL
       AND coalesce(op, '') NOT IN ('delegate', 'objective')
@@ -61,7 +61,10 @@ delegations AS NOT MATERIALIZED (
     SELECT TraceId, SpanId, run_id, agent_id AS agent, delegate_to AS tool_name, Timestamp, start_ns,
            coalesce(d.goal_text, t.task, d.tool_args, d.input_text, '') AS args,
            coalesce(outcome IN ('error', 'rejected') OR StatusCode = 'Error', false) AS failing,
-           coalesce(outcome = 'rejected', false) AS rejected, 'delegation' AS source
+           coalesce(outcome = 'rejected', false) AS rejected, 'delegation' AS source,
+           -- its arguments come from its own span alone (else from $agent_tasks, which other
+           -- spans of the run decide: analytics.loops keeps only groups whose calls all own theirs)
+           (d.goal_text IS NOT NULL OR d.input_text IS NULL) AS own_args
     FROM handoffs d LEFT JOIN agent_tasks t ON t.input_text = d.input_text
     WHERE ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
       AND NOT EXISTS (SELECT 1 FROM handoffs b
@@ -94,7 +97,7 @@ entries AS (  -- each agent span's entry (topmost span of its chain) and the ent
 invocations AS NOT MATERIALIZED (  -- one per entry: its first agent span with a task
     SELECT a.TraceId, a.SpanId, a.run_id, coalesce(p.agent_id, '') AS agent, a.invoked AS tool_name,
            a.Timestamp, a.start_ns, a.task AS args, coalesce(a.StatusCode = 'Error', false) AS failing,
-           false AS rejected, 'agent' AS source
+           false AS rejected, 'agent' AS source, false AS own_args
     FROM agent_spans a
     JOIN entries e ON e.TraceId = a.TraceId AND e.origin = a.SpanId
     LEFT JOIN lineage p ON p.TraceId = a.TraceId AND p.SpanId = e.entry_parent
@@ -121,7 +124,7 @@ llm_code AS (  -- code blocks of LLM outputs (the message content when the outpu
 ),
 code_calls AS NOT MATERIALIZED (
     SELECT TraceId, SpanId, run_id, agent, tool_name, Timestamp, start_ns, args,
-           false AS failing, false AS rejected, 'code' AS source
+           false AS failing, false AS rejected, 'code' AS source, true AS own_args
     FROM (
         SELECT TraceId, SpanId, run_id, agent, Timestamp, start_ns,
                unnest(regexp_extract_all(block, '(^|[^A-Za-z0-9_.])([A-Za-z_][A-Za-z0-9_]*)\s*\(((?:[^()"'']|"[^"]*"|''[^'']*'')*)\)', 2)) AS tool_name,
@@ -316,7 +319,8 @@ linked AS (
 )
 SELECT c.call_idx, c.TraceId, c.SpanId, c.run_id, c.agent, c.tool_name, c.Timestamp, c.start_ns,
        c.failing, c.rejected, c.source, c.args, w.norm_args, coalesce(l.linked, []::BIGINT[]) AS linked,
-       l.min_similarity, c.group_calls, c.group_sum, (hash(c.SpanId) // 4294967296)::BIGINT AS span_hash
+       l.min_similarity, c.group_calls, c.group_sum, (hash(c.SpanId) // 4294967296)::BIGINT AS span_hash,
+       c.own_args
 FROM candidates c
 JOIN words w USING (args)
 LEFT JOIN linked l USING (call_idx)

@@ -162,3 +162,110 @@ def test_new_calls_join_kept_components_and_late_calls_recompute_the_group(tmp_p
     assert kept.stats["loop_groups_recomputed"] == before["loop_groups_recomputed"] + 1
     assert list(found["calls"]) == [4]
     _assert_same(found, _full(conn, "repeated_calls", Window(), Filters()), "x")
+
+
+_GOALS = ["Compile Q3 churn numbers by segment", "Compile the Q3 churn numbers per segment",
+          "Compile Q4 churn numbers by segment", "Draft the launch email for Contoso",
+          "Draft the Contoso launch email", "Review the pricing page"]  # fmt: skip
+
+
+def _delegation(
+    rng: random.Random, t: float, batch: int, run: str, src: str | None, dst: str, **extra
+) -> dict:
+    """A delegate span with a goal text (its own arguments), or from a to c sometimes only an input
+    text (its arguments then depend on other spans: such groups are not kept)."""
+    own = (src, dst) != ("a", "c") or rng.random() < 0.7
+    fields = dict(goal_text=rng.choice(_GOALS)) if own else dict(input_text=rng.choice(_GOALS))
+    fields.update(extra)
+    return make_span(
+        t,
+        run=run,
+        TraceId=trace_id(f"{run}/{rng.randint(0, 1)}"),
+        op="delegate",
+        tool_name="delegate_task",
+        agent_id=src,
+        delegate_to=dst,
+        ingested_at=BASE_TIME + timedelta(seconds=batch),
+        **fields,
+    )
+
+
+def _handoff_batch(
+    rng: random.Random, batch: int, runs: list[str], clock: list[float]
+) -> tuple[str, list[dict]]:
+    """Delegations appended at the end of their groups, hand-offs back (they remove the
+    delegations both ways), ping-pongs (direct, and through a manager with repeated tasks: they
+    drop hand-off loops), late delegations, delegations without an agent yet, tool calls."""
+    kind = rng.choice(["delegate", "delegate", "delegate", "back", "direct", "manager", "late", "tools"])
+    run = rng.choice(runs)
+    rows = []
+    if kind == "delegate":
+        for _ in range(rng.randint(1, 6)):
+            clock[0] += rng.random() * 0.5 + 0.01
+            src = rng.choice(["m", "m", "a", "b", None])
+            rows.append(
+                _delegation(rng, clock[0], batch, run, src, rng.choice([x for x in "abc" if x != src]))
+            )
+    elif kind == "back":  # one hand-off back of a pair that only went one way so far
+        src, dst = rng.choice([("a", "m"), ("b", "m"), ("c", "a"), ("b", "a")])
+        clock[0] += 0.3
+        rows.append(_delegation(rng, clock[0], batch, run, src, dst))
+    elif kind == "direct":  # a -> b -> a -> b
+        for i in range(4):
+            clock[0] += 0.2
+            rows.append(_delegation(rng, clock[0], batch, run, "ab"[i % 2], "ba"[i % 2]))
+    elif kind == "manager":  # m -> a, m -> b, m -> a, m -> b with the tasks handed again
+        goals = rng.sample(_GOALS, 2)
+        for i in range(4):
+            clock[0] += 0.2
+            rows.append(_delegation(rng, clock[0], batch, run, "m", "ab"[i % 2], goal_text=goals[i % 2]))
+    elif kind == "late":
+        rows.append(_delegation(rng, rng.random() * clock[0], batch, run, "m", rng.choice("ab")))
+    else:
+        rows = _tool_calls(rng, batch, runs, clock[0], rng.randint(1, 6))
+        clock[0] += 4
+    clock[0] += 1
+    return kind, rows
+
+
+@pytest.mark.parametrize(
+    "seed",  # make test-fast: two seeds; make test: four; make test-deep: eight
+    [0, 1, *(pytest.param(s, marks=pytest.mark.slow) for s in range(2, 4)),
+     *(pytest.param(s, marks=pytest.mark.deep) for s in range(4, 8))],
+)  # fmt: skip
+def test_kept_delegation_groups_equal_a_full_recomputation_after_every_batch(tmp_path, seed):
+    rng = random.Random(seed)
+    conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
+    migrate(conn)
+    runs = [f"run-{i}" for i in range(rng.randint(1, 2))]
+    clock = [0.0]
+    base = []
+    for i in range(24):  # groups of repeated delegations (m -> a, m -> b, a -> c ...) to start from
+        clock[0] += 0.5
+        src, dst = rng.choice([("m", "a"), ("m", "a"), ("m", "b"), ("a", "c"), ("m", "c")])
+        base.append(_delegation(rng, clock[0], 0, runs[i % len(runs)], src, dst))
+    insert_spans(conn, base + _tool_calls(rng, 0, runs, 0.0, 12))
+    clock[0] += 1
+    kept.clear_cache()
+    before = kept.stats.copy()
+    for batch in range(1, 11):
+        kind, rows = _handoff_batch(rng, batch, runs, clock)
+        insert_spans(conn, rows)
+        if rng.random() < 0.15:  # the collector fills the agent of an earlier delegation
+            conn.execute("UPDATE spans SET agent_id = 'm' WHERE agent_id IS NULL AND op = 'delegate'")
+            insert_spans(conn, [_delegation(rng, clock[0], batch, runs[0], "m", "a")])
+            clock[0] += 1
+        if rng.random() < 0.05:  # retention: a delete is recomputed in full
+            conn.execute(
+                "DELETE FROM spans WHERE SpanId IN (SELECT SpanId FROM spans ORDER BY SpanId LIMIT 2)"
+            )
+        got = run_metric(conn, "repeated_calls")
+        _assert_same(got, _full(conn, "repeated_calls", Window(), Filters()), f"batch {batch} ({kind})")
+        agent = Filters(agent="m")
+        _assert_same(
+            run_metric(conn, "repeated_calls", filters=agent),
+            _full(conn, "repeated_calls", Window(), agent),
+            f"batch {batch} ({kind}), agent m",
+        )
+    # the kept delegation groups were used
+    assert kept.stats["loop_delegation_groups_appended"] > before["loop_delegation_groups_appended"]
