@@ -314,6 +314,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="renders of each page (fresh processes)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds a page's process may take")
     parser.add_argument("--label", default="", help="stored in the results (which code was measured)")
+    parser.add_argument(
+        "--fill-embeddings",
+        action="store_true",
+        help="fill the goal-text embedding cache first (a database without stored results)",
+    )
     args = parser.parse_args(argv)
 
     jobs = [(page, None) for page in args.pages]
@@ -323,7 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.repeat):
         for page, query in jobs:
             kwargs = {"page": page, **({"query": query} if query else {})}
-            result = in_subprocess("page_render", args.db, Window(), args.timeout, warm_cache=False, **kwargs)
+            result = in_subprocess(
+                "page_render", args.db, Window(), args.timeout, warm_cache=args.fill_embeddings, **kwargs
+            )
             result.setdefault("page", page)
             out["pages"].append(result)
             logger.info("%s %s", page, {k: result.get(k) for k in ("cold_s", "cpu_s", "detector_s")})
