@@ -46,16 +46,22 @@ def connected_components(n: int, left: np.ndarray, right: np.ndarray) -> np.ndar
             return labels
 
 
-def link_edges(calls: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """The links of ``calls`` (the SQL's rows: ``call_idx`` and its ``linked`` call_idx list) as
-    pairs of row positions; links to calls not among the rows are left out."""
-    n = len(calls)
+def columns_of(frame: pd.DataFrame, names: list[str] | None = None) -> dict[str, np.ndarray]:
+    """``frame``'s columns ``names`` (all when None) as numpy arrays (text as objects): a few rows
+    are taken from them far faster than from a frame's Arrow-backed text columns."""
+    return {name: frame[name].to_numpy() for name in (names or list(frame.columns))}
+
+
+def link_edges(calls: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The links of ``calls`` (the SQL's rows as ``columns_of``: ``call_idx`` and its ``linked``
+    call_idx list) as pairs of row positions; links to calls not among the rows are left out."""
+    n = len(calls["call_idx"])
     if not n:
         return np.array([], np.int64), np.array([], np.int64)
-    counts = calls["linked"].map(len).to_numpy(dtype=np.int64)
+    counts = np.fromiter((len(x) for x in calls["linked"]), dtype=np.int64, count=n)
     left = np.repeat(np.arange(n), counts)
     right_idx = np.concatenate([np.asarray(x, dtype=np.int64) for x in calls["linked"]])
-    order = calls["call_idx"].to_numpy(dtype=np.int64)
+    order = calls["call_idx"].astype(np.int64)
     sorter = np.argsort(order, kind="stable")
     found = np.searchsorted(order, right_idx, sorter=sorter)
     found = np.minimum(found, n - 1)
@@ -82,7 +88,8 @@ class PairCalls:
     run_id: str
     tool_name: str
     kind: str  # the calls' source: "tool" or "delegation"
-    calls: pd.DataFrame  # CALL_COLUMNS
+    calls: dict[str, np.ndarray]  # CALL_COLUMNS (columns_of)
+    dtypes: dict[str, object]  # the SQL's column types, to give loop_rows the frame it reads
     label: np.ndarray
     min_similarity: np.ndarray
     position: dict[str, int]
@@ -92,7 +99,7 @@ class PairCalls:
     size: int = field(init=False)
 
     def __post_init__(self) -> None:
-        self.size = len(self.calls)
+        self.size = len(self.label)
 
     def cuts(self) -> dict[str, tuple[int, str]]:
         """Per (run, agent, tool) group, by agent: the first key of its tail. Reading its calls
@@ -102,9 +109,13 @@ class PairCalls:
     def members(self, labels: set[int]) -> tuple[pd.DataFrame, np.ndarray]:
         """The calls of the components ``labels`` (loop_rows' input) and their labels."""
         mask = np.isin(self.label, list(labels))
-        calls = self.calls[mask].assign(
-            run_id=self.run_id, tool_name=self.tool_name, min_similarity=self.min_similarity[mask]
+        calls = pd.DataFrame(
+            {name: pd.array(self.calls[name][mask], dtype=self.dtypes[name]) for name in CALL_COLUMNS}
         )
+        n = len(calls)
+        calls["run_id"] = pd.array([self.run_id] * n, dtype=self.dtypes["run_id"])
+        calls["tool_name"] = pd.array([self.tool_name] * n, dtype=self.dtypes["tool_name"])
+        calls["min_similarity"] = self.min_similarity[mask]
         return calls, self.label[mask]
 
 
@@ -122,9 +133,10 @@ def is_keepable(rows: pd.DataFrame, handoff_prefix: str) -> bool:
 def build_pair(rows: pd.DataFrame, labels: np.ndarray, window: int) -> PairCalls:
     """A kept group from every candidate call of one (run, tool) group (the SQL's rows read with
     ``all_calls``) and their component labels."""
-    calls = rows[CALL_COLUMNS].reset_index(drop=True)
+    frame = rows[CALL_COLUMNS].reset_index(drop=True)
+    calls = columns_of(frame)
     label = np.asarray(labels, dtype=np.int64)
-    keys = calls[["agent", "start_ns", "SpanId"]].sort_values(["agent", "start_ns", "SpanId"])
+    keys = frame[["agent", "start_ns", "SpanId"]].sort_values(["agent", "start_ns", "SpanId"])
     sums = rows.groupby("agent", sort=False)[["group_calls", "group_sum"]].first()
     groups = {}
     for agent, part in keys.groupby("agent", sort=False):
@@ -134,12 +146,13 @@ def build_pair(rows: pd.DataFrame, labels: np.ndarray, window: int) -> PairCalls
             )
         )
         groups[agent] = Group(int(sums.at[agent, "group_calls"]), int(sums.at[agent, "group_sum"]), tail)
-    firsts_frame = calls[["agent", "norm_args"]].drop_duplicates()
+    firsts_frame = frame[["agent", "norm_args"]].drop_duplicates()
     return PairCalls(
         run_id=str(rows["run_id"].iloc[0]),
         tool_name=str(rows["tool_name"].iloc[0]),
         kind=str(rows["source"].iloc[0]),
         calls=calls,
+        dtypes={name: rows[name].dtype for name in [*CALL_COLUMNS, "run_id", "tool_name"]},
         label=label,
         min_similarity=rows["min_similarity"].to_numpy(dtype=float, na_value=np.nan),
         position={span: i for i, span in enumerate(calls["SpanId"].tolist())},
@@ -156,27 +169,25 @@ def build_pair(rows: pd.DataFrame, labels: np.ndarray, window: int) -> PairCalls
 
 
 def append_calls(
-    pair: PairCalls, rows: pd.DataFrame, old_first_spans: pd.Series, window: int
+    pair: PairCalls, rows: dict[str, np.ndarray], old_first_spans: pd.Series, window: int
 ) -> tuple[set[int], pd.Index] | None:
     """Bring ``pair`` up to date with the SQL's rows of its calls from its ``cuts`` on (read with
-    ``all_calls``; a group not kept is read whole): the new calls join the components they link
-    to. Returns the labels of the components that changed and the index of the rows of the kept
-    result to drop (those of
-    ``old_first_spans``, the first member of each kept loop of the group, whose component
-    changed); None when the group changed otherwise than by new calls of its kind at the end of its
-    (run, agent, tool) groups (the caller recomputes it whole; ``pair`` is then unchanged)."""
+    ``all_calls``, as ``columns_of``; a group not kept is read whole): the new calls join the
+    components they link to. Returns the labels of the components that changed and the index of
+    the rows of the kept result to drop (those of ``old_first_spans``, the first member of each
+    kept loop of the group, whose component changed); None when the group changed otherwise than
+    by new calls of its kind at the end of its (run, agent, tool) groups (the caller recomputes it
+    whole; ``pair`` is then unchanged)."""
     # the rows are few (each kept group's tail and its new calls): plain Python over lists
     spans = rows["SpanId"].tolist()
     known = np.array([pair.position.get(span, -1) for span in spans], dtype=np.int64)
     is_new = known < 0
-    new_rows = rows[is_new]
-    seen = pair.calls.iloc[known[~is_new]]
-    old_rows = rows[~is_new]
+    seen_at = known[~is_new]
     for column in _CHECKED:  # a kept call read again is the same call
-        if seen[column].tolist() != old_rows[column].tolist():
+        if pair.calls[column][seen_at].tolist() != rows[column][~is_new].tolist():
             return None
-    if not ((rows["source"] == pair.kind).all() and rows["own_args"].all()):  # a call of another kind
-        return None
+    if not (all(source == pair.kind for source in rows["source"].tolist()) and bool(rows["own_args"].all())):
+        return None  # a call of another kind
     sums: dict[str, tuple[int, int]] = {}
     for agent, calls, hash_sum in zip(
         rows["agent"].tolist(), rows["group_calls"].tolist(), rows["group_sum"].tolist(), strict=True
@@ -184,14 +195,13 @@ def append_calls(
         sums.setdefault(agent, (int(calls), int(hash_sum)))
     if set(sums) != set(pair.groups):  # a kept group lost its tail, or a group not kept came
         return None
+    new = {name: values[is_new] for name, values in rows.items()}
+    new_agents, new_args = new["agent"].tolist(), new["norm_args"].tolist()
+    new_spans = new["SpanId"].tolist()
     new_keys: dict[str, list[tuple[int, str]]] = {}
     added: dict[str, int] = {}
     for agent, start, span, span_hash in zip(
-        new_rows["agent"].tolist(),
-        new_rows["start_ns"].tolist(),
-        new_rows["SpanId"].tolist(),
-        new_rows["span_hash"].tolist(),
-        strict=True,
+        new_agents, new["start_ns"].tolist(), new_spans, new["span_hash"].tolist(), strict=True
     ):
         new_keys.setdefault(agent, []).append((start, span))
         added[agent] = added.get(agent, 0) + int(span_hash)
@@ -202,7 +212,8 @@ def append_calls(
             return None
         if sums[agent] != (group.calls + len(keys), group.hash_sum + added.get(agent, 0)):
             return None
-    if not len(new_rows):
+    m = len(new_spans)
+    if not m:
         return set(), pd.Index([])
     # links with a new call at one end at least (links between kept calls are kept already; the
     # rows read from the cut on miss the earlier neighbours of the first of them)
@@ -210,12 +221,12 @@ def append_calls(
     with_new = is_new[left] | is_new[right]
     left, right = left[with_new], right[with_new]
     new_at = np.cumsum(is_new) - 1  # row -> index among the new calls
-    m = int(is_new.sum())
-    min_similarity = new_rows["min_similarity"].to_numpy(dtype=float, na_value=np.nan)
+    min_similarity = np.asarray(new["min_similarity"], dtype=float)
     # a new call with the arguments of a kept call not among the rows links to it (identical calls
     # link to the first of them in the full computation: the same component, similarity 1)
-    reps = [pair.firsts.get(key, -1) for key in zip(new_rows["agent"], new_rows["norm_args"], strict=True)]
-    rep = np.array(reps, dtype=np.int64)
+    rep = np.array(
+        [pair.firsts.get(key, -1) for key in zip(new_agents, new_args, strict=True)], dtype=np.int64
+    )
     min_similarity = np.where(rep >= 0, np.fmin(min_similarity, 1.0), min_similarity)
     old_ends = np.concatenate([known[left[~is_new[left]]], known[right[~is_new[right]]], rep[rep >= 0]])
     old_labels = np.unique(pair.label[old_ends]) if len(old_ends) else np.array([], np.int64)
@@ -244,16 +255,18 @@ def append_calls(
     first_labels = np.where(first_positions >= 0, pair.label[np.maximum(first_positions, 0)], -1)
     drop = old_first_spans.index[np.isin(first_labels, list(merged_old))]
     # the group brought up to date
-    relabel = np.isin(pair.label, list(merged_old))
-    pair.label[relabel] = [merged_old[int(x)] for x in pair.label[relabel]]
+    if any(old != new_label for old, new_label in merged_old.items()):
+        relabel = np.isin(pair.label, list(merged_old))
+        pair.label[relabel] = [merged_old[int(x)] for x in pair.label[relabel]]
     new_labels = np.array([target[int(c)] for c in components[:m]], dtype=np.int64)
-    start = len(pair.calls)
-    pair.calls = pd.concat([pair.calls, new_rows[CALL_COLUMNS]], ignore_index=True)
+    start = pair.size
+    for name in CALL_COLUMNS:
+        pair.calls[name] = np.concatenate([pair.calls[name], new[name]])
     pair.label = np.concatenate([pair.label, new_labels])
     pair.min_similarity = np.concatenate([pair.min_similarity, min_similarity])
-    for i, span in enumerate(new_rows["SpanId"].tolist()):
+    for i, span in enumerate(new_spans):
         pair.position[span] = start + i
-    for i, key in enumerate(zip(new_rows["agent"], new_rows["norm_args"], strict=True)):
+    for i, key in enumerate(zip(new_agents, new_args, strict=True)):
         pair.firsts.setdefault(key, start + i)
     for agent, keys in new_keys.items():
         group = pair.groups[agent]
@@ -261,5 +274,5 @@ def append_calls(
         group.hash_sum += added.get(agent, 0)
         group.tail = (group.tail + keys)[-window:]
     pair.next_label = next_label
-    pair.size = len(pair.calls)
+    pair.size = len(pair.label)
     return set(target.values()), drop

@@ -454,7 +454,11 @@ def _append_to_kept(
     on): the loop rows of the components that changed go to ``fresh_parts``, the index of the rows
     of ``old`` they replace to ``dropped``. Returns the groups that must be recomputed whole (they
     are no longer kept)."""
-    parts = dict(iter(rows.groupby(["run_id", "tool_name"], sort=False)))
+    columns = loop_groups.columns_of(rows.drop(columns=["min_similarity"]))
+    columns["min_similarity"] = rows["min_similarity"].to_numpy(dtype=float, na_value=np.nan)
+    positions: dict[tuple[str, str], list[int]] = {}
+    for i, key in enumerate(zip(columns["run_id"].tolist(), columns["tool_name"].tolist(), strict=True)):
+        positions.setdefault(key, []).append(i)
     kept_rows = old[_in_groups(old, tails, set())]
     old_firsts = pd.Series([ids[0] for ids in kept_rows["span_ids"]], index=kept_rows.index, dtype=object)
     by_pair = dict(iter(old_firsts.groupby([kept_rows["run_id"], kept_rows["tool_name"]], sort=False)))
@@ -462,9 +466,12 @@ def _append_to_kept(
     members: list[tuple[pd.DataFrame, np.ndarray]] = []
     for key in tails:
         pair = state[key]
-        part = parts.get(key, rows.iloc[0:0])
+        at = positions.get(key)
         firsts = by_pair.get(key, old_firsts.iloc[0:0])
-        changed = loop_groups.append_calls(pair, part, firsts, NEIGHBOUR_WINDOW) if len(part) else None
+        changed = None
+        if at:
+            part = {name: values[at] for name, values in columns.items()}
+            changed = loop_groups.append_calls(pair, part, firsts, NEIGHBOUR_WINDOW)
         if changed is None:
             failed.add(key)
             del state[key]
