@@ -1,4 +1,7 @@
-"""Reports and dashboard: the HTML drift report and the Overview page (AppTest) on a span database.
+"""Reports and dashboard: the HTML drift report and every page (AppTest) on a span database.
+
+``python -m benchmarks.dashboard DB --out r.json`` renders every page (``PAGES``), each opened
+directly in a fresh process (``page_render``); ``overview_render`` is the Overview's.
 
 Both read the database file the way an incident responder would: ``DuckDBFileSource`` (read-only,
 analytics in this process). The window covers every stored span. Each result splits the time into
