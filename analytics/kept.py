@@ -294,7 +294,73 @@ def has_result(
         if (identity, name, window, filters, tools) in _cache:
             return True
     scope = kept_store.scope_text(window, filters, tools)
-    return kept_store.load_encoded(conn, name, scope, result_code(compute)) is not None
+    return kept_store.has_stored(conn, name, scope, result_code(compute))
+
+
+def _key(conn: duckdb.DuckDBPyConnection, name: str, window: Window, filters: Filters) -> tuple | None:
+    identity = database_identity(conn) if name in KEPT and not _bypass.get() else None
+    return None if identity is None else (identity, name, window, filters, current_side_effect_tools())
+
+
+def is_kept(conn: duckdb.DuckDBPyConnection, name: str, window: Window, filters: Filters) -> bool:
+    """Whether this process keeps ``name``'s result for this scope (``kept_result`` then brings
+    that result up to date rather than compute one)."""
+    key = _key(conn, name, window, filters)
+    with _cache_lock:
+        return key is not None and key in _cache
+
+
+def stored_runs(
+    conn: duckdb.DuckDBPyConnection,
+    name: str,
+    compute: Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame],
+    filters: Filters,
+    runs: set[str],
+) -> tuple[Version, pd.DataFrame] | None:
+    """The rows of ``runs`` in ``name``'s stored all-time result for ``filters`` and its data
+    version, when this process keeps no such result, the store holds one of this code and no
+    span came since; else None (``kept_result_at`` then brings the whole result up to date).
+    Only those rows are decoded, and nothing is kept: a window over a tenth of a store's runs
+    converts a tenth of its result (``analytics.window_scope``)."""
+    key = _key(conn, name, Window(), filters)
+    with _cache_lock:
+        if key is None or key in _cache:
+            return None
+    loaded = kept_store.load_encoded(
+        conn, name, kept_store.scope_text(Window(), filters, key[4]), result_code(compute)
+    )
+    if loaded is None:
+        return None
+    version, touched = read_version(conn, loaded[0])
+    if touched is None or touched or version.spans != loaded[0].spans:
+        return None
+    frame = kept_store.decoded_runs(name, loaded[1], runs)
+    if frame is None:
+        return None
+    stats["loaded_runs"] += 1
+    return loaded[0], frame
+
+
+def seed(
+    conn: duckdb.DuckDBPyConnection,
+    name: str,
+    window: Window,
+    filters: Filters,
+    version: Version,
+    frame: pd.DataFrame,
+) -> None:
+    """Keep ``frame`` as ``name``'s result for this scope at ``version`` (unless one is kept):
+    the result derived for a window (``analytics.window_scope``), so a later call brings it up
+    to date like any kept result. ``version`` may be older than the data ``frame`` saw: the runs
+    touched since are computed again, which gives the same rows."""
+    key = _key(conn, name, window, filters)
+    if key is None:
+        return
+    with _cache_lock:
+        if key in _cache:
+            return
+        _cache[key] = _Kept(version, frame)
+        _evict()
 
 
 def kept_result(
@@ -311,9 +377,34 @@ def kept_result(
     ``columns``: only those columns (``project``). A stored result that is up to date is then
     decoded for those columns only and not kept (a later whole read decodes it whole); any other
     answer is the whole result, kept as usual, projected."""
+    # pandas copy-on-write: a caller changing the frame changes its own copy, never the kept one.
+    return project(_up_to_date(conn, name, compute, window, filters, columns)[1], columns)
+
+
+def kept_result_at(
+    conn: duckdb.DuckDBPyConnection,
+    name: str,
+    compute: Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame],
+    window: Window,
+    filters: Filters,
+) -> tuple[Version | None, pd.DataFrame]:
+    """``kept_result`` (every column) with the data version it is of (None when not kept)."""
+    version, frame = _up_to_date(conn, name, compute, window, filters, None)
+    return version, project(frame, None)
+
+
+def _up_to_date(
+    conn: duckdb.DuckDBPyConnection,
+    name: str,
+    compute: Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame],
+    window: Window,
+    filters: Filters,
+    columns: list[str] | None,
+) -> tuple[Version | None, pd.DataFrame]:
+    """``kept_result``'s answer before projection, with its data version (None if not kept)."""
     identity = database_identity(conn) if name in KEPT and not _bypass.get() else None
     if identity is None:
-        return project(compute(conn, window, filters), columns)
+        return None, compute(conn, window, filters)
     tools = current_side_effect_tools()
     key = (identity, name, window, filters, tools)
     with _cache_lock:
@@ -329,7 +420,7 @@ def kept_result(
                 part = kept_store.decoded(name, loaded[1], columns)
                 if part is not None:
                     stats["loaded_columns"] += 1
-                    return project(part, columns)
+                    return None, part
         frame = None if loaded is None else kept_store.decoded(name, loaded[1])
         if frame is not None:
             kept = _Kept(loaded[0], frame, stored=True)
@@ -370,13 +461,17 @@ def kept_result(
     with _cache_lock:
         _cache[key] = _Kept(version, frame, stored)
         _cache.move_to_end(key)
-        # Bounded by entries and by rows kept (a dashboard's relative windows make new keys).
-        while len(_cache) > 1 and (
-            len(_cache) > _CACHE_SIZE or sum(len(k.frame) for k in _cache.values()) > MAX_KEPT_ROWS
-        ):
-            _cache.popitem(last=False)
-    # pandas copy-on-write: a caller changing the frame changes its own copy, never the kept one.
-    return project(frame, columns)
+        _evict()
+    return version, frame
+
+
+def _evict() -> None:
+    """Drop the least recently used results past the bounds (``_cache_lock`` held): entries and
+    rows kept (a dashboard's relative windows make new keys)."""
+    while len(_cache) > 1 and (
+        len(_cache) > _CACHE_SIZE or sum(len(k.frame) for k in _cache.values()) > MAX_KEPT_ROWS
+    ):
+        _cache.popitem(last=False)
 
 
 def project(frame: pd.DataFrame, columns: list[str] | None) -> pd.DataFrame:

@@ -38,6 +38,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from analytics.data_version import Version, database_identity
 from analytics.side_effects import SideEffectTools
@@ -300,6 +301,26 @@ def decode(data: bytes, columns: list[str] | None = None) -> pd.DataFrame:
     if columns is not None:
         table = table.select(wanted)  # in the order asked for
         lists = [c for c in lists if c in table.column_names]
+    return _frame(table, lists)
+
+
+def decode_runs(data: bytes, runs: Iterable[str]) -> pd.DataFrame | None:
+    """The rows of the frame ``encode`` stored whose ``run_id`` is one of ``runs``, in their
+    stored order and numbered from 0; None when some stored row has no run id. Only those rows
+    are converted (a window's runs of a result that holds every run: ``analytics.window_scope``)."""
+    with pa.ipc.open_stream(io.BytesIO(data)) as reader:
+        table = reader.read_all()
+    if "run_id" not in table.column_names or table.column("run_id").null_count:
+        return None
+    lists = json.loads((table.schema.metadata or {}).get(_LISTS_KEY, b"[]"))
+    if table.num_rows:  # (an empty frame's run_id may be stored with Arrow's null type)
+        wanted = pa.array(sorted(set(runs)), type=table.schema.field("run_id").type)
+        table = table.filter(pc.is_in(table.column("run_id"), value_set=wanted))
+    return _frame(table, lists).reset_index(drop=True)
+
+
+def _frame(table: pa.Table, lists: list[str]) -> pd.DataFrame:
+    """``table`` as the frame it was stored from (``lists``: the columns of Python lists)."""
     with _collection_paused():
         if not lists:
             return table.to_pandas()
@@ -336,8 +357,11 @@ def forget_fetched() -> None:
         _fetched.clear()
 
 
-def _stored_row(conn: duckdb.DuckDBPyConnection, metric: str, scope: str) -> tuple[str, str, bytes] | None:
-    """(code, version, frame) of ``metric``'s stored row for ``scope``, or None."""
+def _stored_row(
+    conn: duckdb.DuckDBPyConnection, metric: str, scope: str, peek: bool = False
+) -> tuple[str, str, bytes] | None:
+    """(code, version, frame) of ``metric``'s stored row for ``scope``, or None. A row fetched
+    ahead is handed out once (its bytes are then the reader's), unless ``peek``."""
     identity = database_identity(conn) if FETCHED_FOR_S > 0 else None
     if identity is not None:
         key, now = (identity, scope), time.monotonic()
@@ -346,13 +370,13 @@ def _stored_row(conn: duckdb.DuckDBPyConnection, metric: str, scope: str) -> tup
                 del _fetched[stale]
             entry = _fetched.get(key)
             if entry is not None and metric in entry[1]:
-                return entry[1].pop(metric)
+                return entry[1][metric] if peek else entry[1].pop(metric)
         if entry is None:  # this scope's first read here: every row of it at once
             rows = conn.execute(
                 f"SELECT metric, code, version, frame FROM {TABLE} WHERE scope = ?", [scope]
             ).fetchall()
             found = {name: (code, version, frame) for name, code, version, frame in rows}
-            row = found.pop(metric, None)
+            row = found.get(metric) if peek else found.pop(metric, None)
             with _fetched_lock:
                 _fetched[key] = (now, found)
             return row
@@ -379,10 +403,28 @@ def load_encoded(
         return None
 
 
+def has_stored(conn: duckdb.DuckDBPyConnection, metric: str, scope: str, code: str) -> bool:
+    """Whether ``load_encoded`` would find a result (without taking the row fetched ahead: the
+    read that follows still finds it there)."""
+    if not _has_table(conn):
+        return False
+    row = _stored_row(conn, metric, scope, peek=True)
+    return row is not None and row[0] == code
+
+
 def decoded(metric: str, data: bytes, columns: list[str] | None = None) -> pd.DataFrame | None:
     """``decode(data, columns)``, or None (logged) when the stored bytes are unreadable."""
     try:
         return decode(data, columns)
+    except (ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+        logger.warning("stored result of %s unreadable, computing it again: %s", metric, exc)
+        return None
+
+
+def decoded_runs(metric: str, data: bytes, runs: Iterable[str]) -> pd.DataFrame | None:
+    """``decode_runs(data, runs)``, or None (logged when the stored bytes are unreadable)."""
+    try:
+        return decode_runs(data, runs)
     except (ValueError, KeyError, TypeError, pa.ArrowException) as exc:
         logger.warning("stored result of %s unreadable, computing it again: %s", metric, exc)
         return None

@@ -260,8 +260,14 @@ def run_metric(
     ensure_readable(conn)
     if metric.kept is not None and not metric.window_bounds:
         window = _whole_if_covering(conn, window)
-        part = window_scope.derived(conn, name, metric.func, window, filters)
-        if part is not None:  # a run-partitioned result, from the whole store's kept or stored one
+        # A run-partitioned result, from the whole store's kept or stored one (unless this window's
+        # result is kept already: then it is brought up to date below).
+        part = (
+            None
+            if _kept.is_kept(conn, name, window, filters)
+            else window_scope.derived(conn, name, metric.func, window, filters)
+        )
+        if part is not None:
             return _kept.project(part, columns)
     return kept_result(conn, name, metric.func, window, filters, columns)  # up to date by data version
 

@@ -8,6 +8,11 @@ and a run with no span in the window has none. So the window's result is the who
 of the runs inside it, plus the rows of the runs its edges cut through, computed for the window
 and limited to those runs (``analytics.sql_loader.run_scope``), in the detector's order.
 
+The derived result is then kept for the window like any kept result (``analytics.kept.seed``),
+so later calls bring it up to date instead of deriving it again. A window without findings is
+the window's computation limited to the runs its edges cut (or to none): an empty frame typed as
+the window's own computation types it, never computed over every span of the window.
+
 Only when the whole store's result is at hand (kept in this process, or stored for this code):
 computing it from nothing would cost more than the window's own computation. Spans without a run
 id (no partition to copy) fall back to the window's own computation too.
@@ -19,6 +24,7 @@ import threading
 from collections.abc import Callable
 
 import duckdb
+import numpy as np
 import pandas as pd
 
 import analytics.kept as kept
@@ -71,10 +77,16 @@ def derived(
         within &= ranges["last"] < window.until
         touching &= ranges["first"] < window.until
     inside, cut = ranges[within], ranges[touching & ~within]
-    whole = kept.kept_result(conn, name, compute, Window(), filters)  # brought up to date
-    if whole["run_id"].isna().any():
-        return None
-    keep = whole["run_id"].isin(set(inside["run_id"])).to_numpy()
+    runs = set(inside["run_id"])
+    got = kept.stored_runs(conn, name, compute, filters, runs)  # up to date, only those runs decoded
+    if got is not None:
+        version, whole = got
+        keep = np.ones(len(whole), dtype=bool)
+    else:
+        version, whole = kept.kept_result_at(conn, name, compute, Window(), filters)  # brought up to date
+        if version is None or whole["run_id"].isna().any():
+            return None
+        keep = whole["run_id"].isin(runs).to_numpy()
     if cut.empty:
         fresh = whole.iloc[0:0]
     else:
@@ -82,7 +94,20 @@ def derived(
             fresh = compute(conn, window, filters)
     if not keep.any() and fresh.empty:
         # No finding in the window: the column types of an empty result are those the window's
-        # own computation gives (DuckDB types an empty or all-NULL column by what it filtered).
-        return None
+        # own computation gives (DuckDB types an empty or all-NULL column by what it filtered,
+        # not as the whole store's rows are typed): the window's computation over no run.
+        if not cut.empty:
+            result = fresh
+        else:
+            with run_scope(runs=[], runs_since=window.since):
+                result = compute(conn, window, filters)
+        kept.stats["window_derived"] += 1
+        kept.seed(conn, name, window, filters, version, result)
+        return kept.project(result, None)
     kept.stats["window_derived"] += 1
-    return kept.merge_rows(whole, keep, fresh, name)
+    result = kept.merge_rows(whole, keep, fresh, name)
+    # Kept for the window at the whole result's version (the cut runs were computed later, from
+    # data at least as new): the next call for this window (a report asks once for the page and
+    # once through run_summary) reuses it, or recomputes only the runs new spans touched.
+    kept.seed(conn, name, window, filters, version, result)
+    return kept.project(result, None)

@@ -421,3 +421,20 @@ def test_a_stored_frame_decodes_only_the_columns_asked_for():
     data = kept_store.encode(frame)
     pd.testing.assert_frame_equal(kept_store.decode(data, ["n", "ids"]), frame[["n", "ids"]])
     pd.testing.assert_frame_equal(kept_store.decode(data, ["agents"]), frame[["agents"]])
+
+
+def test_a_stored_frame_decodes_only_the_rows_of_the_runs_asked_for():
+    frame = pd.DataFrame({"run_id": ["r1", "r2", "r1", "r3"], "ids": [["a"], None, [], ["b", "c"]],
+                          "n": [1, 2, 3, 4]})  # fmt: skip
+    data = kept_store.encode(frame)
+    want = frame[frame["run_id"].isin({"r1", "r3"})].reset_index(drop=True)
+    pd.testing.assert_frame_equal(kept_store.decode_runs(data, {"r1", "r3", "r9"}), want)
+    none = kept_store.decode_runs(data, set())
+    assert none.empty and list(none.dtypes) == list(frame.dtypes)
+    empty = frame.iloc[0:0].assign(run_id=pd.Series([], dtype=object))  # stored as Arrow's null type
+    pd.testing.assert_frame_equal(kept_store.decode_runs(kept_store.encode(empty), {"r1"}), empty)
+    # a row without a run id cannot be placed in a window's runs: the caller falls back
+    assert (
+        kept_store.decode_runs(kept_store.encode(frame.assign(run_id=["r1", None, "r1", "r3"])), {"r1"})
+        is None
+    )

@@ -67,10 +67,38 @@ def test_a_fresh_process_derives_windows_from_the_stored_results_and_the_summary
     kept.clear_cache()  # a fresh process: the stored results, nothing kept
     summary.clear_cache()
     window = _windows(rng)[0]
-    before = kept.stats["window_derived"]
+    before, decoded = kept.stats["window_derived"], kept.stats["loaded_runs"]
     for name in PARTITIONED:
         _assert_same(run_metric(conn, name, window), _full(conn, name, window, Filters()), name)
     assert kept.stats["window_derived"] > before
+    assert kept.stats["loaded_runs"] > decoded  # only the window's runs of a stored result decoded
+    assert not any(kept.is_kept(conn, name, Window(), Filters()) for name in PARTITIONED)
     _assert_same(
         run_metric(conn, "run_summary", window), _full(conn, "run_summary", window, Filters()), "summary"
     )
+
+
+def test_a_derived_window_is_kept_and_brought_up_to_date_by_the_runs_new_spans_touch(tmp_path):
+    conn, rng = _random_store(tmp_path, 11)
+    kept.clear_cache()
+    window = Window(since=BASE_TIME + timedelta(seconds=20))  # open-ended: new spans land inside
+    for name in PARTITIONED:
+        run_metric(conn, name, Window(), Filters())  # the whole store's result, kept
+    derived = {}
+    for name in PARTITIONED:
+        before = kept.stats["window_derived"]
+        derived[name] = run_metric(conn, name, window)
+        _assert_same(derived[name], _full(conn, name, window, Filters()), name)
+        if kept.stats["window_derived"] == before:  # no finding in the window: computed, and kept
+            continue
+        # asked again (a report's page, then its run summary): the kept window, not derived again
+        unchanged = kept.stats["unchanged"]
+        _assert_same(run_metric(conn, name, window), derived[name], name)
+        assert kept.stats["window_derived"] == before + 1, name
+        assert kept.stats["unchanged"] == unchanged + 1, name
+    assert any(kept.is_kept(conn, name, window, Filters()) for name in PARTITIONED)
+    insert_spans(conn, _random_batch(rng, 5, ["run-0", "run-new"]) + _loop_batch(rng, 5, ["run-0"]))
+    for name in PARTITIONED:
+        before = kept.stats["window_derived"]
+        _assert_same(run_metric(conn, name, window), _full(conn, name, window, Filters()), name)
+        assert kept.stats["window_derived"] == before, name  # brought up to date, not derived
