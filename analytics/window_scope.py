@@ -9,7 +9,8 @@ of the runs inside it, plus the rows of the runs its edges cut through, computed
 and limited to those runs (``analytics.sql_loader.run_scope``), in the detector's order.
 
 The derived result is then kept for the window like any kept result (``analytics.kept.seed``),
-so later calls bring it up to date instead of deriving it again. A window without findings is
+so later calls bring it up to date instead of deriving it again. A run filter (the run explorer,
+a run's report) is the same derivation limited to that run: its rows of the unfiltered result. A window without findings is
 the window's computation limited to the runs its edges cut (or to none): an empty frame typed as
 the window's own computation types it, never computed over every span of the window.
 
@@ -20,6 +21,7 @@ id (no partition to copy) fall back to the window's own computation too.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 
@@ -61,15 +63,19 @@ def derived(
 ) -> pd.DataFrame | None:
     """``name``'s result over ``window`` (equal to computing it for the window), derived from the
     whole store's result; None where it cannot be (then compute the window's own)."""
-    if window == Window() or kept.PARTITIONS.get(name) != "run_id":
+    if kept.PARTITIONS.get(name) != "run_id" or (window == Window() and filters.run is None):
         return None
-    if not kept.has_result(conn, name, compute, Window(), filters):
+    base = dataclasses.replace(filters, run=None)  # a run filter keeps that run's rows
+    if not kept.has_result(conn, name, compute, Window(), base):
         return None
     ranges = _run_ranges(conn)
     if ranges["run_id"].isna().any():
         return None
     within = pd.Series(True, index=ranges.index)  # every span of the run starts in the window
     touching = pd.Series(True, index=ranges.index)  # some span of the run does
+    if filters.run is not None:
+        within &= ranges["run_id"] == filters.run
+        touching &= ranges["run_id"] == filters.run
     if window.since is not None:
         within &= ranges["first"] >= window.since
         touching &= ranges["last"] >= window.since
@@ -78,12 +84,12 @@ def derived(
         touching &= ranges["first"] < window.until
     inside, cut = ranges[within], ranges[touching & ~within]
     runs = set(inside["run_id"])
-    got = kept.stored_runs(conn, name, compute, filters, runs)  # up to date, only those runs decoded
+    got = kept.stored_runs(conn, name, compute, base, runs)  # up to date, only those runs decoded
     if got is not None:
         version, whole = got
         keep = np.ones(len(whole), dtype=bool)
     else:
-        version, whole = kept.kept_result_at(conn, name, compute, Window(), filters)  # brought up to date
+        version, whole = kept.kept_result_at(conn, name, compute, Window(), base)  # brought up to date
         if version is None or whole["run_id"].isna().any():
             return None
         keep = whole["run_id"].isin(runs).to_numpy()

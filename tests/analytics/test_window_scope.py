@@ -38,12 +38,16 @@ def _random_store(tmp_path, seed: int) -> tuple[duckdb.DuckDBPyConnection, rando
 def test_a_window_result_derived_from_the_kept_whole_store_equals_computing_the_window(tmp_path, seed):
     conn, rng = _random_store(tmp_path, seed)
     kept.clear_cache()
-    scopes = [(window, filters) for window in _windows(rng) for filters in (Filters(), Filters(agent="a"))]
+    runs = (Filters(run="run-1"), Filters(run="run-1", agent="a"))  # a run filter: that run's rows
+    scopes = [
+        (window, filters) for window in _windows(rng) for filters in (Filters(), Filters(agent="a"), *runs)
+    ]
+    scopes += [(Window(), filters) for filters in runs]
     for name in PARTITIONED:  # nothing at hand: the window is computed (nothing derived)
         before = kept.stats["window_derived"]
         _assert_same(run_metric(conn, name, *scopes[0]), _full(conn, name, *scopes[0]), name)
         assert kept.stats["window_derived"] == before, name
-    for _, filters in scopes:
+    for filters in (Filters(), Filters(agent="a")):
         for name in PARTITIONED:
             run_metric(conn, name, Window(), filters)  # the whole store's result, kept
     before = kept.stats["window_derived"]
@@ -72,6 +76,12 @@ def test_a_fresh_process_derives_windows_from_the_stored_results_and_the_summary
         _assert_same(run_metric(conn, name, window), _full(conn, name, window, Filters()), name)
     assert kept.stats["window_derived"] > before
     assert kept.stats["loaded_runs"] > decoded  # only the window's runs of a stored result decoded
+    for name in PARTITIONED:  # a run filter (the run explorer): that run's stored rows
+        for window_of_run in (Window(), window):
+            scope = Filters(run="run-1")
+            _assert_same(
+                run_metric(conn, name, window_of_run, scope), _full(conn, name, window_of_run, scope), name
+            )
     assert not any(kept.is_kept(conn, name, Window(), Filters()) for name in PARTITIONED)
     _assert_same(
         run_metric(conn, "run_summary", window), _full(conn, "run_summary", window, Filters()), "summary"
