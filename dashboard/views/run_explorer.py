@@ -6,6 +6,8 @@ attribute value), ``&finding=`` the finding (1-based, worst first) whose evidenc
 ``?find=`` a search across every run in the sidebar's window and filters, each result a link here.
 """
 
+from dataclasses import replace
+
 import pandas as pd
 import streamlit as st
 
@@ -146,7 +148,9 @@ def show_run(ctx: ui.PageContext, run: str) -> None:
     if spans.empty:
         st.info(f"No spans stored for run {run!r}. It may be outside the data this source holds.")
         return
-    found = ui.load_findings(ctx)
+    # The run's own findings, as its report lists them (a run filter: a run-partitioned detector
+    # answers it from the whole store's kept or stored rows of that run).
+    found = ui.load_findings(replace(ctx, filters=replace(ctx.filters, run=run)))
     findings = found.findings(run=run) if found is not None else []
     findings = [findings[i] for i in order_by_run_and_severity(findings)]
     all_evidence, failed_agents = run_failures(findings)
