@@ -16,6 +16,7 @@ run, the caller checks (``analytics.loops``).
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -168,16 +169,29 @@ def build_pair(rows: pd.DataFrame, labels: np.ndarray, window: int) -> PairCalls
     )
 
 
+@dataclass
+class Grown:
+    """A kept loop whose component only gained new calls: the index of its row in the kept
+    result, the group's calls it held before, the positions of its new calls (in member order)
+    and how many arguments among them the group had not seen (each a new distinct argument)."""
+
+    row: object
+    kept_calls: int
+    added: list[int]
+    new_arguments: int
+
+
 def append_calls(
     pair: PairCalls, rows: dict[str, np.ndarray], old_first_spans: pd.Series, window: int
-) -> tuple[set[int], pd.Index] | None:
+) -> tuple[set[int], pd.Index, dict[int, Grown]] | None:
     """Bring ``pair`` up to date with the SQL's rows of its calls from its ``cuts`` on (read with
     ``all_calls``, as ``columns_of``; a group not kept is read whole): the new calls join the
     components they link to. Returns the labels of the components that changed and the index of
     the rows of the kept result to drop (those of ``old_first_spans``, the first member of each
-    kept loop of the group, whose component changed); None when the group changed otherwise than
-    by new calls of its kind at the end of its (run, agent, tool) groups (the caller recomputes it
-    whole; ``pair`` is then unchanged)."""
+    kept loop of the group, whose component changed), and of those the loops that only gained
+    new calls (``Grown``, by label: their rows can be extended rather than formed again); None when
+    the group changed otherwise than by new calls of its kind at the end of its (run, agent, tool)
+    groups (the caller recomputes it whole; ``pair`` is then unchanged)."""
     # the rows are few (each kept group's tail and its new calls): plain Python over lists
     spans = rows["SpanId"].tolist()
     known = np.array([pair.position.get(span, -1) for span in spans], dtype=np.int64)
@@ -197,11 +211,11 @@ def append_calls(
         return None
     new = {name: values[is_new] for name, values in rows.items()}
     new_agents, new_args = new["agent"].tolist(), new["norm_args"].tolist()
-    new_spans = new["SpanId"].tolist()
+    new_spans, new_starts = new["SpanId"].tolist(), new["start_ns"].tolist()
     new_keys: dict[str, list[tuple[int, str]]] = {}
     added: dict[str, int] = {}
     for agent, start, span, span_hash in zip(
-        new_agents, new["start_ns"].tolist(), new_spans, new["span_hash"].tolist(), strict=True
+        new_agents, new_starts, new_spans, new["span_hash"].tolist(), strict=True
     ):
         new_keys.setdefault(agent, []).append((start, span))
         added[agent] = added.get(agent, 0) + int(span_hash)
@@ -214,7 +228,7 @@ def append_calls(
             return None
     m = len(new_spans)
     if not m:
-        return set(), pd.Index([])
+        return set(), pd.Index([]), {}
     # links with a new call at one end at least (links between kept calls are kept already; the
     # rows read from the cut on miss the earlier neighbours of the first of them)
     left, right = link_edges(rows)
@@ -260,6 +274,26 @@ def append_calls(
         pair.label[relabel] = [merged_old[int(x)] for x in pair.label[relabel]]
     new_labels = np.array([target[int(c)] for c in components[:m]], dtype=np.int64)
     start = pair.size
+    # loops that only grew: one kept component (with a row in the kept result) and new calls
+    rows_of = dict(zip(first_labels.tolist(), old_first_spans.index, strict=True))
+    grown: dict[int, Grown] = {}
+    sources = collections.Counter(merged_old.values())
+    new_label_list = new_labels.tolist()
+    for old_label, label in merged_old.items():
+        if old_label == label and sources[label] == 1 and label in rows_of:
+            gained = sorted(
+                (i for i in range(m) if new_label_list[i] == label),
+                key=lambda i: (new_starts[i], new_spans[i]),
+            )
+            fresh_args = {
+                (new_agents[i], new_args[i]) for i in gained if (new_agents[i], new_args[i]) not in pair.firsts
+            }
+            grown[label] = Grown(
+                rows_of[label],
+                int(np.count_nonzero(pair.label == label)),
+                [start + i for i in gained],
+                len(fresh_args),
+            )
     for name in CALL_COLUMNS:
         pair.calls[name] = np.concatenate([pair.calls[name], new[name]])
     pair.label = np.concatenate([pair.label, new_labels])
@@ -275,4 +309,4 @@ def append_calls(
         group.tail = (group.tail + keys)[-window:]
     pair.next_label = next_label
     pair.size = len(pair.label)
-    return set(target.values()), drop
+    return set(target.values()), drop, grown

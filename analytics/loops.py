@@ -247,13 +247,14 @@ def _handoff_rows(frame: pd.DataFrame) -> pd.Series:
 
 def _in_groups(frame: pd.DataFrame, pairs: set[tuple[str, str]], whole_runs: set[str]) -> np.ndarray:
     """Rows of ``frame`` in one of the (run, tool) ``pairs`` or in one of ``whole_runs``."""
+    found = np.zeros(len(frame), dtype=bool)
     if frame.empty:
-        return np.zeros(0, dtype=bool)
-    keys = pd.MultiIndex.from_arrays([frame["run_id"], frame["tool_name"]])
-    return (
-        np.asarray(keys.isin(list(pairs)) if pairs else np.zeros(len(frame), bool))
-        | frame["run_id"].isin(whole_runs).to_numpy()
-    )
+        return found
+    at = np.flatnonzero(frame["run_id"].isin({run for run, _ in pairs} | set(whole_runs)).to_numpy())
+    if len(at):  # the rows of those runs only (a few of a large result)
+        runs, tools = frame["run_id"].take(at).tolist(), frame["tool_name"].take(at).tolist()
+        found[at] = [run in whole_runs or (run, tool) in pairs for run, tool in zip(runs, tools, strict=True)]
+    return found
 
 
 @refines("repeated_calls")
@@ -464,6 +465,7 @@ def _append_to_kept(
     by_pair = dict(iter(old_firsts.groupby([kept_rows["run_id"], kept_rows["tool_name"]], sort=False)))
     failed = set()
     members: list[tuple[pd.DataFrame, np.ndarray]] = []
+    extended: list[tuple[loop_groups.PairCalls, loop_groups.Grown]] = []
     for key in tails:
         pair = state[key]
         at = positions.get(key)
@@ -480,14 +482,67 @@ def _append_to_kept(
         stats["loop_groups_appended"] += 1
         stats["loop_delegation_groups_appended"] += pair.kind == "delegation"
         state[key] = state.pop(key)  # most recently used last
-        labels, drop = changed
+        labels, drop, grown = changed
         dropped.append(drop)
+        # a loop that only gained calls is its kept row extended (its members' lists are long:
+        # forming every changed loop of a 100,000-call run again cost 0.1 CPU-s per batch)
+        grown = {label: part for label, part in grown.items() if old.at[part.row, "calls"] == part.kept_calls}
+        extended.extend((pair, part) for part in grown.values())
+        stats["loop_rows_extended"] += len(grown)
+        labels -= set(grown)
         if labels:
             members.append(pair.members(labels))
     if members:  # labels are per kept group: loop_rows splits components by (run, agent, tool)
         calls = pd.concat([calls for calls, _ in members], ignore_index=True)
         fresh_parts.append(loop_rows(calls, np.concatenate([labels for _, labels in members])))
+    if extended:
+        fresh_parts.append(_extended_rows(old, extended))
     return failed
+
+
+def _extended_rows(
+    old: pd.DataFrame, extended: list[tuple[loop_groups.PairCalls, loop_groups.Grown]]
+) -> pd.DataFrame:
+    """The rows of ``old`` whose loops only gained calls (``loop_groups.Grown``), with those calls:
+    what ``loop_rows`` gives for the loop's members (the new calls come after the kept ones in
+    member order: each is later than its (run, agent, tool) group's last kept call)."""
+    rows = old.loc[[part.row for _, part in extended], _LOOP_COLUMNS].reset_index(drop=True)
+    span_ids, calls, failed, refused, failing, distinct, lowest, first, last = ([] for _ in range(9))
+    for (pair, part), old_ids, row in zip(
+        extended,
+        rows["span_ids"],
+        rows[["calls", "failed", "refused", "failing", "distinct_arguments", "min_similarity"]].itertuples(
+            index=False
+        ),
+        strict=True,
+    ):
+        at = part.added
+        new_failing = pair.calls["failing"][at]
+        new_rejected = pair.calls["rejected"][at]
+        times = pair.calls["Timestamp"][at]
+        span_ids.append([*old_ids, *pair.calls["SpanId"][at].tolist()])
+        calls.append(row.calls + len(at))
+        failed.append(row.failed + int(new_failing.sum()) - int(new_rejected.sum()))
+        refused.append(row.refused + int(new_rejected.sum()))
+        failing.append(bool(row.failing) and bool(new_failing.all()))
+        distinct.append(row.distinct_arguments + part.new_arguments)
+        lowest.append(float(np.nanmin(np.r_[row.min_similarity, pair.min_similarity[at]])))
+        first.append(times.min())
+        last.append(times.max())
+    rows["span_ids"] = pd.Series(span_ids, dtype=object)
+    for name, values in [("calls", calls), ("failed", failed), ("refused", refused), ("failing", failing),
+                         ("distinct_arguments", distinct), ("min_similarity", lowest)]:  # fmt: skip
+        rows[name] = np.asarray(values, dtype=rows[name].dtype)
+    rows["kind"] = pd.array(
+        np.where(rows["distinct_arguments"] == 1, "exact", "near_duplicate"), dtype=rows["kind"].dtype
+    )
+    rows["first_seen"] = np.minimum(
+        rows["first_seen"].to_numpy(), np.asarray(first, dtype=rows["first_seen"].dtype)
+    )
+    rows["last_seen"] = np.maximum(
+        rows["last_seen"].to_numpy(), np.asarray(last, dtype=rows["last_seen"].dtype)
+    )
+    return rows.sort_values(["first_seen", "run_id", "tool_name"]).reset_index(drop=True)
 
 
 def _keep_pairs(

@@ -269,3 +269,47 @@ def test_kept_delegation_groups_equal_a_full_recomputation_after_every_batch(tmp
         )
     # the kept delegation groups were used
     assert kept.stats["loop_delegation_groups_appended"] > before["loop_delegation_groups_appended"]
+
+
+@pytest.mark.parametrize(
+    "seed", [0, 1, pytest.param(2, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.deep)]
+)
+def test_loops_that_only_grow_are_extended_as_a_full_recomputation_forms_them(tmp_path, seed):
+    """Calls appended to the loops they join (a kept loop row extended, not formed again): counts,
+    outcomes, new distinct (re-worded) arguments, times and member lists as a full computation
+    gives them, for tool calls and delegations."""
+    rng = random.Random(seed)
+    conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
+    migrate(conn)
+    clock = [0.0]
+
+    def calls(batch: int, count: int) -> list[dict]:
+        rows = []
+        for _ in range(count):
+            clock[0] += rng.random() * 0.3 + 0.01
+            if rng.random() < 0.3:
+                rows.append(_delegation(rng, clock[0], batch, "run-1", "m", rng.choice("ab")))
+                continue
+            outcome = rng.choice(["ok", "error", "rejected"])
+            rows.append(
+                make_span(
+                    clock[0],
+                    run="run-1",
+                    agent_id=rng.choice(["a", "b"]),
+                    tool_name="search",
+                    tool_args={"q": rng.choice(_ARGS[:4])},
+                    outcome=outcome,
+                    ingested_at=BASE_TIME + timedelta(seconds=batch),
+                )  # fmt: skip
+            )
+        return rows
+
+    insert_spans(conn, calls(0, 30))
+    kept.clear_cache()
+    before = kept.stats.copy()
+    for batch in range(1, 9):
+        insert_spans(conn, calls(batch, rng.randint(1, 5)))
+        _assert_same(
+            run_metric(conn, "repeated_calls"), _full(conn, "repeated_calls", Window(), Filters()), "x"
+        )
+    assert kept.stats["loop_rows_extended"] > before["loop_rows_extended"]
