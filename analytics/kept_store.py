@@ -234,9 +234,20 @@ def _cell_types(frame: pd.DataFrame) -> list[tuple]:
     return types
 
 
+# Rows per record batch of a stored frame. The Arrow IPC file format reads a batch at a time, so
+# a read of some runs' rows (``decode_runs``) decompresses only the batches that hold them: a
+# result's rows follow its order (mostly time), so one run's rows sit in a few batches.
+BATCH_ROWS = 8_192
+
+
+def _reader(data: bytes, options: pa.ipc.IpcReadOptions | None = None) -> pa.ipc.RecordBatchFileReader:
+    return pa.ipc.open_file(pa.BufferReader(data), options=options)
+
+
 def encode(frame: pd.DataFrame) -> bytes | None:
-    """``frame`` as an Arrow IPC stream (zstd), or None when it would not come back as it is
-    (a column Arrow cannot hold, or one whose dtype or cell type would change)."""
+    """``frame`` as an Arrow IPC file (zstd, ``BATCH_ROWS`` rows per batch), or None when it would
+    not come back as it is (a column Arrow cannot hold, or one whose dtype or cell type would
+    change)."""
     lists = _list_columns(frame)
     try:
         table = pa.Table.from_pandas(frame, preserve_index=True)
@@ -247,8 +258,8 @@ def encode(frame: pd.DataFrame) -> bytes | None:
     metadata[_LISTS_KEY] = json.dumps(lists).encode()
     table = table.replace_schema_metadata(metadata)
     sink = io.BytesIO()
-    with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as out:
-        out.write_table(table)
+    with pa.ipc.new_file(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as out:
+        out.write_table(table, max_chunksize=BATCH_ROWS)
     data = sink.getvalue()
     back = decode(data)
     if (
@@ -290,12 +301,12 @@ def decode(data: bytes, columns: list[str] | None = None) -> pd.DataFrame:
     against 0.27-1.0 for the whole frame)."""
     options = None
     if columns is not None:  # the stored index (a column in pandas' metadata) comes along
-        with pa.ipc.open_stream(io.BytesIO(data)) as reader:  # the schema message only
+        with _reader(data) as reader:  # the footer's schema only
             schema = reader.schema
         index = [c for c in (schema.pandas_metadata or {}).get("index_columns", []) if isinstance(c, str)]
         wanted = [c for c in dict.fromkeys(columns) if c in schema.names and c not in index] + index
         options = pa.ipc.IpcReadOptions(included_fields=sorted(schema.get_field_index(c) for c in wanted))
-    with pa.ipc.open_stream(io.BytesIO(data), options=options) as reader:
+    with _reader(data, options) as reader:
         table = reader.read_all()
     lists = json.loads((table.schema.metadata or {}).get(_LISTS_KEY, b"[]"))
     if columns is not None:
@@ -306,16 +317,33 @@ def decode(data: bytes, columns: list[str] | None = None) -> pd.DataFrame:
 
 def decode_runs(data: bytes, runs: Iterable[str]) -> pd.DataFrame | None:
     """The rows of the frame ``encode`` stored whose ``run_id`` is one of ``runs``, in their
-    stored order and numbered from 0; None when some stored row has no run id. Only those rows
-    are converted (a window's runs of a result that holds every run: ``analytics.window_scope``)."""
-    with pa.ipc.open_stream(io.BytesIO(data)) as reader:
-        table = reader.read_all()
-    if "run_id" not in table.column_names or table.column("run_id").null_count:
+    stored order and numbered from 0; None when some stored row has no run id. The ``run_id``
+    column is read first; only the batches holding such rows are then read whole (a window's or
+    one run's rows of a result that holds every run: ``analytics.window_scope``)."""
+    with _reader(data) as reader:
+        schema = reader.schema
+        count = reader.num_record_batches
+    if "run_id" not in schema.names:
         return None
-    lists = json.loads((table.schema.metadata or {}).get(_LISTS_KEY, b"[]"))
-    if table.num_rows:  # (an empty frame's run_id may be stored with Arrow's null type)
-        wanted = pa.array(sorted(set(runs)), type=table.schema.field("run_id").type)
-        table = table.filter(pc.is_in(table.column("run_id"), value_set=wanted))
+    lists = json.loads((schema.metadata or {}).get(_LISTS_KEY, b"[]"))
+    wanted = pa.array(sorted(set(runs)), type=pa.string())
+    kept: list[int] = []
+    options = pa.ipc.IpcReadOptions(included_fields=[schema.get_field_index("run_id")])
+    with _reader(data, options) as reader:
+        for index in range(count):
+            column = reader.get_batch(index).column(0)
+            if column.null_count:
+                return None
+            if pa.types.is_null(column.type):  # an empty frame's run_id (Arrow's null type)
+                continue
+            if pc.any(pc.is_in(column, value_set=wanted.cast(column.type))).as_py():
+                kept.append(index)
+    with _reader(data) as reader:
+        table = pa.Table.from_batches([reader.get_batch(index) for index in kept], schema=schema)
+    if table.num_rows:
+        table = table.filter(
+            pc.is_in(table.column("run_id"), value_set=wanted.cast(table.schema.field("run_id").type))
+        )
     return _frame(table, lists).reset_index(drop=True)
 
 

@@ -438,3 +438,15 @@ def test_a_stored_frame_decodes_only_the_rows_of_the_runs_asked_for():
         kept_store.decode_runs(kept_store.encode(frame.assign(run_id=["r1", None, "r1", "r3"])), {"r1"})
         is None
     )
+
+
+def test_a_run_s_rows_come_from_the_batches_that_hold_them(monkeypatch):
+    monkeypatch.setattr(kept_store, "BATCH_ROWS", 3)  # a 10M store's frame: hundreds of batches
+    rng = random.Random(5)
+    runs = [rng.choice(["r1", "r2", "r3", "r4"]) for _ in range(23)]
+    frame = pd.DataFrame({"run_id": runs, "ids": [[str(i)] * (i % 3) for i in range(23)], "n": range(23)})
+    data = kept_store.encode(frame)
+    pd.testing.assert_frame_equal(kept_store.decode(data), frame)
+    for wanted in ({"r1"}, {"r2", "r4"}, {"r9"}, {"r1", "r2", "r3", "r4"}):
+        want = frame[frame["run_id"].isin(wanted)].reset_index(drop=True)
+        pd.testing.assert_frame_equal(kept_store.decode_runs(data, wanted), want)
