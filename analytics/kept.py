@@ -467,11 +467,17 @@ def _up_to_date(
 
 def _evict() -> None:
     """Drop the least recently used results past the bounds (``_cache_lock`` held): entries and
-    rows kept (a dashboard's relative windows make new keys)."""
+    rows kept. Results of a window go first: a dashboard's relative windows and every alert
+    evaluation ("since 15 minutes ago") make new keys, and must not push out the all-time results
+    serve keeps up to date (computing one again costs far more than a window's)."""
     while len(_cache) > 1 and (
         len(_cache) > _CACHE_SIZE or sum(len(k.frame) for k in _cache.values()) > MAX_KEPT_ROWS
     ):
-        _cache.popitem(last=False)
+        oldest_window = next((key for key in _cache if key[2] != Window()), None)
+        if oldest_window is not None:
+            del _cache[oldest_window]
+        else:
+            _cache.popitem(last=False)
 
 
 def project(frame: pd.DataFrame, columns: list[str] | None) -> pd.DataFrame:

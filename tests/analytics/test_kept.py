@@ -450,3 +450,18 @@ def test_a_run_s_rows_come_from_the_batches_that_hold_them(monkeypatch):
     for wanted in ({"r1"}, {"r2", "r4"}, {"r9"}, {"r1", "r2", "r3", "r4"}):
         want = frame[frame["run_id"].isin(wanted)].reset_index(drop=True)
         pd.testing.assert_frame_equal(kept_store.decode_runs(data, wanted), want)
+
+
+def test_results_of_windows_are_dropped_before_the_all_time_ones(tmp_path, monkeypatch):
+    conn, _ = random_store(tmp_path, random.Random(3), batches=2)
+    kept.clear_cache()
+    monkeypatch.setattr(kept, "_CACHE_SIZE", 4)
+    run_metric(conn, "lost_updates")  # the all-time result serve keeps up to date
+    for seconds in range(1, 13):  # an alert evaluation's "since N minutes ago" each pass
+        run_metric(conn, "rejection_rates", Window(since=BASE_TIME + timedelta(seconds=seconds)))
+    assert kept.is_kept(conn, "lost_updates", Window(), Filters())
+    assert len(kept._cache) == 4
+    monkeypatch.setattr(kept, "_CACHE_SIZE", 1)  # only all-time results left: the oldest goes
+    run_metric(conn, "duplicate_side_effects")
+    assert not kept.is_kept(conn, "lost_updates", Window(), Filters())
+    assert kept.is_kept(conn, "duplicate_side_effects", Window(), Filters())
