@@ -107,17 +107,21 @@ class PairCalls:
         from there on gives every new call appended to the group its neighbours."""
         return {agent: group.tail[0] for agent, group in self.groups.items()}
 
-    def members(self, labels: set[int]) -> tuple[pd.DataFrame, np.ndarray]:
-        """The calls of the components ``labels`` (loop_rows' input) and their labels."""
+    def members(self, labels: set[int], min_calls: int) -> tuple[pd.DataFrame, np.ndarray] | None:
+        """The calls of the components ``labels`` with ``min_calls``+ calls (loop_rows' input; a
+        smaller one cannot be a loop) and their labels; None when there are none."""
         mask = np.isin(self.label, list(labels))
-        calls = pd.DataFrame(
-            {name: pd.array(self.calls[name][mask], dtype=self.dtypes[name]) for name in CALL_COLUMNS}
-        )
-        n = len(calls)
-        calls["run_id"] = pd.array([self.run_id] * n, dtype=self.dtypes["run_id"])
-        calls["tool_name"] = pd.array([self.tool_name] * n, dtype=self.dtypes["tool_name"])
-        calls["min_similarity"] = self.min_similarity[mask]
-        return calls, self.label[mask]
+        found, counts = np.unique(self.label[mask], return_counts=True)
+        if not (counts >= min_calls).all():
+            mask &= np.isin(self.label, found[counts >= min_calls])
+        if not mask.any():
+            return None
+        n = int(mask.sum())
+        columns = {name: pd.array(self.calls[name][mask], dtype=self.dtypes[name]) for name in CALL_COLUMNS}
+        columns["run_id"] = pd.array([self.run_id] * n, dtype=self.dtypes["run_id"])
+        columns["tool_name"] = pd.array([self.tool_name] * n, dtype=self.dtypes["tool_name"])
+        columns["min_similarity"] = self.min_similarity[mask]
+        return pd.DataFrame(columns), self.label[mask]
 
 
 def is_keepable(rows: pd.DataFrame, handoff_prefix: str) -> bool:
@@ -286,7 +290,9 @@ def append_calls(
                 key=lambda i: (new_starts[i], new_spans[i]),
             )
             fresh_args = {
-                (new_agents[i], new_args[i]) for i in gained if (new_agents[i], new_args[i]) not in pair.firsts
+                (new_agents[i], new_args[i])
+                for i in gained
+                if (new_agents[i], new_args[i]) not in pair.firsts
             }
             grown[label] = Grown(
                 rows_of[label],

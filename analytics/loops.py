@@ -490,8 +490,9 @@ def _append_to_kept(
         extended.extend((pair, part) for part in grown.values())
         stats["loop_rows_extended"] += len(grown)
         labels -= set(grown)
-        if labels:
-            members.append(pair.members(labels))
+        part = pair.members(labels, MIN_REPEATS) if labels else None
+        if part is not None:
+            members.append(part)
     if members:  # labels are per kept group: loop_rows splits components by (run, agent, tool)
         calls = pd.concat([calls for calls, _ in members], ignore_index=True)
         fresh_parts.append(loop_rows(calls, np.concatenate([labels for _, labels in members])))
