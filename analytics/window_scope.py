@@ -10,9 +10,10 @@ and limited to those runs (``analytics.sql_loader.run_scope``), in the detector'
 
 The derived result is then kept for the window like any kept result (``analytics.kept.seed``),
 so later calls bring it up to date instead of deriving it again. A run filter (the run explorer,
-a run's report) is the same derivation limited to that run: its rows of the unfiltered result. A window without findings is
-the window's computation limited to the runs its edges cut (or to none): an empty frame typed as
-the window's own computation types it, never computed over every span of the window.
+a run's report) is the same derivation limited to that run: its rows of the unfiltered result.
+A window without findings is the window's computation limited to the runs its edges cut (or to
+none): an empty frame typed as the window's own computation types it, never computed over every
+span of the window.
 
 Only when the whole store's result is at hand (kept in this process, or stored for this code):
 computing it from nothing would cost more than the window's own computation. Spans without a run
