@@ -286,18 +286,19 @@ def has_result(
 ) -> bool:
     """Whether ``kept_result`` would start from a result at hand (kept in this process, or stored
     by this code for that scope) rather than compute one from nothing."""
-    identity = database_identity(conn) if name in KEPT and not _bypass.get() else None
-    if identity is None:
+    key = _key(conn, name, window, filters)
+    if key is None:
         return False
-    tools = current_side_effect_tools()
     with _cache_lock:
-        if (identity, name, window, filters, tools) in _cache:
+        if key in _cache:
             return True
-    scope = kept_store.scope_text(window, filters, tools)
+    scope = kept_store.scope_text(window, filters, key[4])
     return kept_store.has_stored(conn, name, scope, result_code(compute))
 
 
 def _key(conn: duckdb.DuckDBPyConnection, name: str, window: Window, filters: Filters) -> tuple | None:
+    """(database identity, name, window, filters, side-effect tools): the key a result is kept
+    under, or None when ``name``'s results are not kept for ``conn``."""
     identity = database_identity(conn) if name in KEPT and not _bypass.get() else None
     return None if identity is None else (identity, name, window, filters, current_side_effect_tools())
 
@@ -402,11 +403,10 @@ def _up_to_date(
     columns: list[str] | None,
 ) -> tuple[Version | None, pd.DataFrame]:
     """``kept_result``'s answer before projection, with its data version (None if not kept)."""
-    identity = database_identity(conn) if name in KEPT and not _bypass.get() else None
-    if identity is None:
+    key = _key(conn, name, window, filters)
+    if key is None:
         return None, compute(conn, window, filters)
-    tools = current_side_effect_tools()
-    key = (identity, name, window, filters, tools)
+    identity, tools = key[0], key[4]
     with _cache_lock:
         kept = _cache.get(key)
     checked = None

@@ -320,9 +320,8 @@ def decode_runs(data: bytes, runs: Iterable[str]) -> pd.DataFrame | None:
     stored order and numbered from 0; None when some stored row has no run id. The ``run_id``
     column is read first; only the batches holding such rows are then read whole (a window's or
     one run's rows of a result that holds every run: ``analytics.window_scope``)."""
-    with _reader(data) as reader:
-        schema = reader.schema
-        count = reader.num_record_batches
+    whole = _reader(data)
+    schema = whole.schema
     if "run_id" not in schema.names:
         return None
     lists = json.loads((schema.metadata or {}).get(_LISTS_KEY, b"[]"))
@@ -330,7 +329,7 @@ def decode_runs(data: bytes, runs: Iterable[str]) -> pd.DataFrame | None:
     kept: list[int] = []
     options = pa.ipc.IpcReadOptions(included_fields=[schema.get_field_index("run_id")])
     with _reader(data, options) as reader:
-        for index in range(count):
+        for index in range(reader.num_record_batches):
             column = reader.get_batch(index).column(0)
             if column.null_count:
                 return None
@@ -338,8 +337,7 @@ def decode_runs(data: bytes, runs: Iterable[str]) -> pd.DataFrame | None:
                 continue
             if pc.any(pc.is_in(column, value_set=wanted.cast(column.type))).as_py():
                 kept.append(index)
-    with _reader(data) as reader:
-        table = pa.Table.from_batches([reader.get_batch(index) for index in kept], schema=schema)
+    table = pa.Table.from_batches([whole.get_batch(index) for index in kept], schema=schema)
     if table.num_rows:
         table = table.filter(
             pc.is_in(table.column("run_id"), value_set=wanted.cast(table.schema.field("run_id").type))
