@@ -167,7 +167,7 @@ def merge_rows(
         # empty frame of a scoped run can carry other dtypes (strings from rows it filtered out).
         return (fresh if not fresh.empty else kept).reset_index(drop=True)
     if fresh.empty:
-        return kept.reset_index(drop=True)
+        return _as_duckdb_types(kept.reset_index(drop=True))
     # A column that is all NULL on one side comes out of DuckDB as object; a full run would give
     # the other side's type (e.g. strings), so the NULL side takes it before the concatenation.
     for column_name in kept.columns:
@@ -181,10 +181,28 @@ def merge_rows(
     # Both sides are sorted: when the first fresh row does not sort before the last kept one
     # (new findings usually come last), the concatenation is in order and the keys of every row
     # need not go through a sort.
+    merged = _as_duckdb_types(merged)
     boundary = merged.iloc[[len(kept) - 1, len(kept)]]
     if _sorted(boundary, ORDER[name]) is boundary:  # returned unchanged: already in order
         return merged
     return _sorted(merged, ORDER[name])
+
+
+def _as_duckdb_types(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with each text column whose rows are all missing as DuckDB gives such a column:
+    objects, each None (DuckDB gives text only when some value is). A subset of kept rows keeps the
+    whole result's text type; computing the subset alone would not give it."""
+    empty = [
+        column
+        for column, dtype in frame.dtypes.items()
+        if isinstance(dtype, pd.StringDtype) and frame[column].count() == 0
+    ]
+    if not empty or frame.empty:
+        return frame
+    frame = frame.copy(deep=False)
+    for column in empty:
+        frame[column] = np.full(len(frame), None, dtype=object)
+    return frame
 
 
 def _merge(old: pd.DataFrame, fresh: pd.DataFrame, column: str, values: list[str], name: str) -> pd.DataFrame:

@@ -276,6 +276,32 @@ def test_list_columns_come_back_as_lists_in_their_place():
     assert gc.isenabled()  # paused only while the lists were built
 
 
+def test_kept_rows_whose_text_column_is_all_missing_take_the_type_duckdb_gives_them():
+    """A subset of a whole result (a run filter, a derived window, a partition update) must type a
+    text column as computing the subset would: DuckDB gives text only when some value is there."""
+    conn = duckdb.connect()
+    sql = (
+        "SELECT * FROM (VALUES ('r1', 'tool', TIMESTAMP '2026-01-01 00:00:01'), "
+        "('r2', NULL, TIMESTAMP '2026-01-01 00:00:02'), ('r3', NULL, TIMESTAMP '2026-01-01 00:00:03')) "
+        "AS t(run_id, via, first_seen) WHERE run_id IN ({}) ORDER BY first_seen"
+    )
+    whole = conn.execute(sql.format("'r1', 'r2', 'r3'")).df()
+    assert str(whole["via"].dtype) != "object"  # text: r1 has a value
+    alone = conn.execute(sql.format("'r2', 'r3'")).df()
+    assert alone["via"].dtype == object  # all NULL: objects
+    # the rows of r2 kept, r3 computed again (the partition update)
+    fresh = conn.execute(sql.format("'r3'")).df()
+    merged = kept.merge_rows(whole, whole["run_id"] == "r2", fresh, "ping_pong")
+    pd.testing.assert_frame_equal(merged, alone)
+    assert merged["via"].tolist() == [None, None]
+    # the rows of r2 and r3 kept, nothing new (a run filter derived from the whole result)
+    subset = kept.merge_rows(whole, whole["run_id"] != "r1", fresh.iloc[:0], "ping_pong")
+    pd.testing.assert_frame_equal(subset, alone)
+    # a subset that keeps a value keeps the text type
+    with_text = kept.merge_rows(whole, whole["run_id"] != "r3", fresh.iloc[:0], "ping_pong")
+    pd.testing.assert_frame_equal(with_text, conn.execute(sql.format("'r1', 'r2'")).df())
+
+
 def test_code_hash_is_per_detector_module_and_its_sql():
     loops = kept_store._dependencies("loops.py")
     assert {"sql/repeated_calls.sql", "sql/loop_touched_groups.sql", "sql/_filtered_spans.sql"} <= loops
