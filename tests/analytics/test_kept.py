@@ -382,6 +382,27 @@ def test_a_scope_s_stored_rows_are_fetched_once_for_all_its_reads(tmp_path):
     assert kept.stats["full"] == before["full"]
 
 
+def test_large_stored_frames_are_fetched_at_their_own_read_not_ahead(tmp_path, monkeypatch):
+    conn, _, _ = _stored_conn(tmp_path, 3)
+    names = [*sorted(kept.KEPT), "run_summary"]
+    sizes = dict(conn.execute("SELECT metric, octet_length(frame) FROM kept_results").fetchall())
+    limit = sorted(sizes.values())[len(sizes) // 2]  # half the frames are too large to fetch ahead
+    monkeypatch.setattr(kept_store, "FETCH_AHEAD_BYTES", limit)
+    expected = {name: _full(conn, name, Window(), Filters()) for name in names}
+    kept.clear_cache()
+    summary.clear_cache()
+    before = kept.stats.copy()
+    _assert_same(run_metric(conn, names[0]), expected[names[0]], names[0])
+    (fetched,) = [rows for _, rows in kept_store._fetched.values()]
+    assert set(fetched) == set(names[1:])
+    large = {name for name, (_, _, frame) in fetched.items() if frame is None}
+    assert large == {name for name in names[1:] if sizes[name] > limit} and large
+    for name in names[1:]:
+        _assert_same(run_metric(conn, name), expected[name], name)
+    assert not fetched and kept.stats["loaded"] == before["loaded"] + len(kept.KEPT)
+    assert kept.stats["full"] == before["full"]  # the large ones were read, not computed again
+
+
 def test_kept_worker_refreshes_after_commits_and_stores_through_its_write_function(tmp_path):
     path = tmp_path / "spans.duckdb"
     conn = duckdb.connect(str(path))
