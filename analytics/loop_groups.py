@@ -107,9 +107,10 @@ class PairCalls:
         from there on gives every new call appended to the group its neighbours."""
         return {agent: group.tail[0] for agent, group in self.groups.items()}
 
-    def members(self, labels: set[int], min_calls: int) -> tuple[pd.DataFrame, np.ndarray] | None:
+    def members(self, labels: set[int], min_calls: int) -> tuple[dict[str, np.ndarray], np.ndarray] | None:
         """The calls of the components ``labels`` with ``min_calls``+ calls (loop_rows' input; a
-        smaller one cannot be a loop) and their labels; None when there are none."""
+        smaller one cannot be a loop) as numpy columns (``member_frame`` makes them a frame) and
+        their labels; None when there are none."""
         mask = np.isin(self.label, list(labels))
         found, counts = np.unique(self.label[mask], return_counts=True)
         if not (counts >= min_calls).all():
@@ -117,11 +118,29 @@ class PairCalls:
         if not mask.any():
             return None
         n = int(mask.sum())
-        columns = {name: pd.array(self.calls[name][mask], dtype=self.dtypes[name]) for name in CALL_COLUMNS}
-        columns["run_id"] = pd.array([self.run_id] * n, dtype=self.dtypes["run_id"])
-        columns["tool_name"] = pd.array([self.tool_name] * n, dtype=self.dtypes["tool_name"])
+        columns = {name: self.calls[name][mask] for name in CALL_COLUMNS}
+        columns["run_id"] = np.full(n, self.run_id, dtype=object)
+        columns["tool_name"] = np.full(n, self.tool_name, dtype=object)
         columns["min_similarity"] = self.min_similarity[mask]
-        return pd.DataFrame(columns), self.label[mask]
+        return columns, self.label[mask]
+
+
+def member_frame(parts: list[tuple[PairCalls, dict[str, np.ndarray]]]) -> pd.DataFrame:
+    """The ``PairCalls.members`` columns of several kept groups as one frame with the SQL's column
+    types (one conversion per column, not per group and column)."""
+    columns = {}
+    for name in [*CALL_COLUMNS, "run_id", "tool_name"]:
+        dtypes = {str(pair.dtypes[name]) for pair, _ in parts}
+        values = np.concatenate([part[name] for _, part in parts])
+        if len(dtypes) == 1:
+            columns[name] = pd.array(values, dtype=parts[0][0].dtypes[name])
+        else:  # groups kept from reads that typed a column differently: as pandas concatenates them
+            columns[name] = pd.concat(
+                [pd.Series(pd.array(part[name], dtype=pair.dtypes[name])) for pair, part in parts],
+                ignore_index=True,
+            ).array
+    columns["min_similarity"] = np.concatenate([part["min_similarity"] for _, part in parts])
+    return pd.DataFrame(columns)
 
 
 def is_keepable(rows: pd.DataFrame, handoff_prefix: str) -> bool:

@@ -464,7 +464,7 @@ def _append_to_kept(
     old_firsts = pd.Series([ids[0] for ids in kept_rows["span_ids"]], index=kept_rows.index, dtype=object)
     by_pair = dict(iter(old_firsts.groupby([kept_rows["run_id"], kept_rows["tool_name"]], sort=False)))
     failed = set()
-    members: list[tuple[pd.DataFrame, np.ndarray]] = []
+    members: list[tuple[loop_groups.PairCalls, dict[str, np.ndarray], np.ndarray]] = []
     extended: list[tuple[loop_groups.PairCalls, loop_groups.Grown]] = []
     for key in tails:
         pair = state[key]
@@ -492,10 +492,10 @@ def _append_to_kept(
         labels -= set(grown)
         part = pair.members(labels, MIN_REPEATS) if labels else None
         if part is not None:
-            members.append(part)
+            members.append((pair, *part))
     if members:  # labels are per kept group: loop_rows splits components by (run, agent, tool)
-        calls = pd.concat([calls for calls, _ in members], ignore_index=True)
-        fresh_parts.append(loop_rows(calls, np.concatenate([labels for _, labels in members])))
+        calls = loop_groups.member_frame([(pair, columns) for pair, columns, _ in members])
+        fresh_parts.append(loop_rows(calls, np.concatenate([labels for _, _, labels in members])))
     if extended:
         fresh_parts.append(_extended_rows(old, extended))
     return failed

@@ -138,15 +138,18 @@ code_calls AS NOT MATERIALIZED (
       AND hash(run_id, agent, tool_name) NOT IN (SELECT hash(run_id, agent, tool_name) FROM tool_calls)
       AND hash(run_id, tool_name) NOT IN (SELECT hash(run_id, tool_name) FROM invocations)
 ),
-calls AS NOT MATERIALIZED (
-    SELECT * FROM tool_calls
-    UNION ALL SELECT * FROM delegations
-    UNION ALL SELECT * FROM invocations
-    UNION ALL SELECT * FROM code_calls
+calls AS MATERIALIZED (  -- with its group key's hash. Read twice (keys, candidates): inlined,
+                        -- DuckDB scanned and joined every call of the runs twice (for a kept
+                        -- group's tail read after a batch, most of the statement's cost)
+    SELECT *, hash(run_id, agent, tool_name) AS h
+    FROM (SELECT * FROM tool_calls
+          UNION ALL SELECT * FROM delegations
+          UNION ALL SELECT * FROM invocations
+          UNION ALL SELECT * FROM code_calls)
 ),
 keys AS (  -- (run, agent, tool) groups with enough calls for a loop; their calls' count and a
            -- sum of a hash of their span ids (analytics.loops' kept groups check their members)
-    SELECT hash(run_id, agent, tool_name) AS h, count(*) AS group_calls,
+    SELECT h, count(*) AS group_calls,
            sum(hash(SpanId) // 4294967296)::BIGINT AS group_sum  -- the top 32 bits (ClickHouse has no >>)
     FROM calls
     GROUP BY h
@@ -162,7 +165,7 @@ tails AS (  -- internal (analytics.loops' kept groups): (run, agent, tool) group
 candidates AS MATERIALIZED (
     SELECT row_number() OVER () AS call_idx, *
     FROM (SELECT c.*, k.group_calls, k.group_sum
-          FROM (SELECT *, hash(run_id, agent, tool_name) AS h FROM calls) c
+          FROM calls c
           JOIN keys k ON k.h = c.h
           LEFT JOIN tails ON tails.h = c.h
           -- internal (analytics.loops.update_repeated_calls): only the (run, tool) groups new spans
