@@ -4,9 +4,21 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import numpy as np
+import pandas as pd
+import pytest
+
 from analytics import Filters, Window, run_metric
 from analytics.calibration import calibrate_from_baseline
-from analytics.runaway import RUN_THRESHOLD, UNCALIBRATED_FACTOR
+from analytics.runaway import (
+    AGENT_THRESHOLD,
+    MEDIAN_MIN_SPANS,
+    RUN_THRESHOLD,
+    UNCALIBRATED_FACTOR,
+    UNCALIBRATED_FLOOR,
+    UNCALIBRATED_MIN_RUNS,
+    _limits,
+)
 from analytics.thresholds import current_threshold
 from tests.fixtures_analytics import BASE_TIME, insert_spans, make_span, new_db
 
@@ -77,3 +89,53 @@ def test_calibrated_limit_from_a_healthy_baseline_and_the_run_verdict():
     assert set(found["run_id"]) == {"later-runaway"} and found["calibrated"].all()
     verdicts = run_metric(conn, "run_summary", Window(since=end)).set_index("run_id")["verdict"]
     assert verdicts["later-runaway"] == "failing" and verdicts["later-ok"] == "healthy"
+
+
+def _limits_row_by_row(counts: pd.DataFrame, calibrated: dict) -> pd.DataFrame:
+    """The crew limits as their definition reads, one row at a time (the reference)."""
+    out = counts.copy()
+    rows = list(out.itertuples(index=False))
+    typical = [r for r in rows if r.spans >= MEDIAN_MIN_SPANS and isinstance(r.service, str)]
+
+    def median(crew, whole):
+        values = [r.spans for r in typical if r.service == crew and r.whole_run == whole]
+        return float(np.median(values)) if values else np.nan
+
+    limits, baselines, versions = [], [], []
+    for r in rows:
+        runs = sum(1 for t in typical if t.service == r.service and t.whole_run)
+        enough = isinstance(r.service, str) and runs >= UNCALIBRATED_MIN_RUNS
+        limit = max(UNCALIBRATED_FACTOR * median(r.service, r.whole_run), UNCALIBRATED_FLOOR)
+        limit, baseline, version = (limit, "window_median", 0) if enough else (np.inf, "none", 0)
+        name = f"{RUN_THRESHOLD if r.whole_run else AGENT_THRESHOLD}:{r.service}"
+        if name in calibrated:
+            (limit, version), baseline = calibrated[name], "calibrated"
+        limits.append(float(limit))
+        baselines.append(baseline)
+        versions.append(version)
+    out["limit"], out["baseline"], out["threshold_version"] = limits, baselines, versions
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_crew_limits_equal_their_row_by_row_definition(seed):
+    """``_limits`` works on crew codes (fast at 500,000 rows); it must equal the plain reading:
+    medians of typical runs and agents per crew, enough runs, calibrated names, rows without crew."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 300))
+    crews = ["crew-a", "crew-b", "crew-c", None][: int(rng.integers(1, 5))]
+    counts = pd.DataFrame(
+        {
+            "run_id": [f"run-{i // 3}" for i in range(n)],
+            "service": pd.array([crews[i] for i in rng.integers(0, len(crews), n)], dtype="str"),
+            "spans": rng.integers(1, 60, n),
+            "whole_run": rng.random(n) < 0.4,
+        }
+    )
+    calibrated = {}
+    for crew in ["crew-a", "crew-c", "nan"]:
+        if rng.random() < 0.5:
+            calibrated[f"{RUN_THRESHOLD}:{crew}"] = (float(rng.integers(5, 50)), int(rng.integers(1, 9)))
+        if rng.random() < 0.5:
+            calibrated[f"{AGENT_THRESHOLD}:{crew}"] = (float(rng.integers(5, 50)), int(rng.integers(1, 9)))
+    pd.testing.assert_frame_equal(_limits(counts, calibrated), _limits_row_by_row(counts, calibrated))
