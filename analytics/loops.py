@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 import duckdb
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 import analytics.loop_groups as loop_groups
 from analytics._evidence import EVIDENCE, THRESHOLD, TIMES
@@ -113,16 +114,30 @@ def loop_rows(calls: pd.DataFrame, labels: np.ndarray, min_repeats: int = MIN_RE
     return out.sort_values(["first_seen", "run_id", "tool_name"]).reset_index(drop=True)
 
 
+# Member span ids are Arrow lists (a pandas ArrowDtype column), not Python lists: a stored result
+# is read back without a Python string per member (715k at 1M spans of 100,000-call runs, most of
+# a cold read's time), and a loop's members are one slice of the sorted members' ids.
+MEMBER_LISTS = pd.ArrowDtype(pa.list_(pa.string()))
+
+
+def _as_member_lists(lists: list[list[str]]) -> pd.Series:
+    """Python lists of span ids as a ``MEMBER_LISTS`` column."""
+    return pd.Series(pa.array(lists, type=MEMBER_LISTS.pyarrow_dtype), dtype=MEMBER_LISTS)
+
+
 def _member_lists(loops: np.ndarray, span_ids: pd.Series) -> pd.Series:
-    """Per loop (``loops`` sorted, one label per member): its members' span ids as a list, in
-    member order; indexed by loop label. What ``groupby(...).agg(list)`` gives, without a Python
-    call per group (4,432 loops recomputed after one batch into a 100,000-call run took 1.3 s
-    that way, 440,200 at 10M a minute)."""
+    """Per loop (``loops`` sorted, one label per member): its members' span ids (``MEMBER_LISTS``),
+    in member order; indexed by loop label. What ``groupby(...).agg(list)`` gives, without a
+    Python call per group (4,432 loops recomputed after one batch into a 100,000-call run took
+    1.3 s that way, 440,200 at 10M a minute)."""
     starts = np.flatnonzero(np.r_[True, loops[1:] != loops[:-1]])
-    bounds = [*starts.tolist(), len(loops)]
-    values = span_ids.tolist()
-    lists = [values[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-    return pd.Series(lists, index=pd.Index(loops[starts], name="loop"), dtype=object)
+    values = pa.array(span_ids, from_pandas=True)
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    lists = pa.ListArray.from_arrays(
+        pa.array(np.r_[starts, len(loops)], type=pa.int32()), values.cast(pa.string())
+    )
+    return pd.Series(lists, index=pd.Index(loops[starts], name="loop"), dtype=MEMBER_LISTS)
 
 
 _LOOP_COLUMNS = [
@@ -461,7 +476,12 @@ def _append_to_kept(
     for i, key in enumerate(zip(columns["run_id"].tolist(), columns["tool_name"].tolist(), strict=True)):
         positions.setdefault(key, []).append(i)
     kept_rows = old[_in_groups(old, tails, set())]
-    old_firsts = pd.Series([ids[0] for ids in kept_rows["span_ids"]], index=kept_rows.index, dtype=object)
+    members_of = kept_rows["span_ids"]
+    if isinstance(members_of.dtype, pd.ArrowDtype):
+        firsts = members_of.list[0].tolist()
+    else:  # an empty result's column of objects
+        firsts = [ids[0] for ids in members_of]
+    old_firsts = pd.Series(firsts, index=kept_rows.index, dtype=object)
     by_pair = dict(iter(old_firsts.groupby([kept_rows["run_id"], kept_rows["tool_name"]], sort=False)))
     failed = set()
     members: list[tuple[loop_groups.PairCalls, dict[str, np.ndarray], np.ndarray]] = []
@@ -530,7 +550,7 @@ def _extended_rows(
         lowest.append(float(np.nanmin(np.r_[row.min_similarity, pair.min_similarity[at]])))
         first.append(times.min())
         last.append(times.max())
-    rows["span_ids"] = pd.Series(span_ids, dtype=object)
+    rows["span_ids"] = _as_member_lists(span_ids)
     for name, values in [("calls", calls), ("failed", failed), ("refused", refused), ("failing", failing),
                          ("distinct_arguments", distinct), ("min_similarity", lowest)]:  # fmt: skip
         rows[name] = np.asarray(values, dtype=rows[name].dtype)

@@ -13,9 +13,10 @@ from typing import Any
 
 import duckdb
 import pandas as pd
+import pyarrow as pa
 
 from analytics import alerts as alert_state
-from analytics import browse, registry, search, thresholds
+from analytics import browse, kept_store, registry, search, thresholds
 from analytics.registry import Metric
 from analytics.types import Filters, Window
 
@@ -91,6 +92,13 @@ def metric(
     ``columns`` when given (``metric_columns``: a projection, so a caller that shows counts never
     has the evidence lists built), equal to those columns of the whole frame."""
     return registry.run_metric(conn, name, window, filters, metric_columns(name, columns))
+
+
+def arrow_table(frame: pd.DataFrame) -> pa.Table:
+    """``frame`` (an answer of this interface) as an Arrow table for the read API's Arrow answer.
+    A column of Arrow lists (``repeated_calls``' member span ids, ``pd.ArrowDtype``) reads back
+    with a plain ``to_pandas``, as a column of Python lists does (``kept_store.arrow_table``)."""
+    return kept_store.arrow_table(frame)
 
 
 def runs(

@@ -87,7 +87,7 @@ def dumps(payload: Any) -> bytes:
 def frame_response(request: Request, frame: pd.DataFrame, extra: dict | None = None) -> Response:
     """Arrow IPC stream when the client asks for it, else JSON."""
     if ARROW in request.headers.get("accept", ""):
-        table = pa.Table.from_pandas(frame, preserve_index=False)
+        table = read.arrow_table(frame)  # Arrow list columns read back as Python-list ones do
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
