@@ -127,18 +127,12 @@ class PairCalls:
 
 def member_frame(parts: list[tuple[PairCalls, dict[str, np.ndarray]]]) -> pd.DataFrame:
     """The ``PairCalls.members`` columns of several kept groups as one frame with the SQL's column
-    types (one conversion per column, not per group and column)."""
-    columns = {}
-    for name in [*CALL_COLUMNS, "run_id", "tool_name"]:
-        dtypes = {str(pair.dtypes[name]) for pair, _ in parts}
-        values = np.concatenate([part[name] for _, part in parts])
-        if len(dtypes) == 1:
-            columns[name] = pd.array(values, dtype=parts[0][0].dtypes[name])
-        else:  # groups kept from reads that typed a column differently: as pandas concatenates them
-            columns[name] = pd.concat(
-                [pd.Series(pd.array(part[name], dtype=pair.dtypes[name])) for pair, part in parts],
-                ignore_index=True,
-            ).array
+    types (one conversion per column, not per group and column; every read gives them alike)."""
+    dtypes = parts[0][0].dtypes
+    columns = {
+        name: pd.array(np.concatenate([part[name] for _, part in parts]), dtype=dtypes[name])
+        for name in [*CALL_COLUMNS, "run_id", "tool_name"]
+    }
     columns["min_similarity"] = np.concatenate([part["min_similarity"] for _, part in parts])
     return pd.DataFrame(columns)
 

@@ -266,9 +266,16 @@ def _in_groups(frame: pd.DataFrame, pairs: set[tuple[str, str]], whole_runs: set
     if frame.empty:
         return found
     at = np.flatnonzero(frame["run_id"].isin({run for run, _ in pairs} | set(whole_runs)).to_numpy())
-    if len(at):  # the rows of those runs only (a few of a large result)
-        runs, tools = frame["run_id"].take(at).tolist(), frame["tool_name"].take(at).tolist()
-        found[at] = [run in whole_runs or (run, tool) in pairs for run, tool in zip(runs, tools, strict=True)]
+    if len(at):  # the rows of those runs only (a few of a large result), a run at a time
+        runs, tools = frame["run_id"].take(at), frame["tool_name"].take(at)
+        hit = runs.isin(set(whole_runs)).to_numpy(dtype=bool, na_value=False).copy()
+        names: dict[str, set[str]] = {}
+        for run, tool in pairs:
+            names.setdefault(run, set()).add(tool)
+        for run, tools_of_run in names.items():
+            if run not in whole_runs:
+                hit |= ((runs == run) & tools.isin(tools_of_run)).to_numpy(dtype=bool, na_value=False)
+        found[at] = hit
     return found
 
 

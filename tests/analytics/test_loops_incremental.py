@@ -9,9 +9,12 @@ import random
 from datetime import timedelta
 
 import duckdb
+import numpy as np
+import pandas as pd
 import pytest
 
 from analytics import Filters, Window, kept, run_metric
+from analytics.loop_groups import CALL_COLUMNS, build_pair, member_frame
 from driftscope.database import migrate
 from tests.analytics.test_kept import _assert_same, _full
 from tests.fixtures_analytics import BASE_TIME, insert_spans, make_span, trace_id
@@ -314,3 +317,42 @@ def test_loops_that_only_grow_are_extended_as_a_full_recomputation_forms_them(tm
             run_metric(conn, "repeated_calls"), _full(conn, "repeated_calls", Window(), Filters()), "x"
         )
     assert kept.stats["loop_rows_extended"] > before["loop_rows_extended"]
+
+
+def test_members_of_several_kept_groups_are_one_frame_as_each_group_gives_them():
+    """``loop_groups.member_frame``: the calls of the changed components of several kept groups
+    in one frame, in group order, with the SQL's column types (what concatenating a frame per
+    group gave)."""
+
+    def rows(run: str, tool: str, agents: list[str]) -> pd.DataFrame:
+        n = len(agents)
+        return pd.DataFrame(
+            {
+                "SpanId": pd.Series([f"{run}-{tool}-{i}" for i in range(n)], dtype="str"),
+                "TraceId": pd.Series([f"t-{run}"] * n, dtype="str"),
+                "agent": pd.Series(agents, dtype="str"),
+                "Timestamp": pd.to_datetime(np.arange(n), unit="s").astype("datetime64[us]"),
+                "start_ns": np.arange(n, dtype=np.int64) * 1_000_000_000,
+                "failing": np.arange(n) % 2 == 0,
+                "rejected": np.arange(n) % 3 == 0,
+                "source": pd.Series(["tool"] * n, dtype="str"),
+                "norm_args": pd.Series([f"arg {i % 2}" for i in range(n)], dtype="str"),
+                "run_id": pd.Series([run] * n, dtype="str"),
+                "tool_name": pd.Series([tool] * n, dtype="str"),
+                "min_similarity": np.linspace(0.5, 1.0, n),
+                "group_calls": np.full(n, n),
+                "group_sum": np.zeros(n, dtype=np.int64),
+            }
+        )
+
+    first, second = rows("run-1", "search", ["a"] * 5 + ["b"] * 3), rows("run-2", "fetch", ["a"] * 4)
+    labels_1, labels_2 = np.array([0, 0, 0, 1, 1, 2, 2, 2]), np.array([0, 0, 0, 0])
+    pair_1, pair_2 = build_pair(first, labels_1, 4), build_pair(second, labels_2, 4)
+    part_1, got_labels_1 = pair_1.members({0, 1, 2}, 3)  # component 1 has 2 calls: not a loop
+    part_2, got_labels_2 = pair_2.members({0}, 3)
+    got = member_frame([(pair_1, part_1), (pair_2, part_2)])
+    expected = pd.concat([first[labels_1 != 1], second], ignore_index=True)[
+        [*CALL_COLUMNS, "run_id", "tool_name", "min_similarity"]
+    ]
+    pd.testing.assert_frame_equal(got, expected)
+    assert got_labels_1.tolist() == [0, 0, 0, 2, 2, 2] and got_labels_2.tolist() == [0, 0, 0, 0]
