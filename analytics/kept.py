@@ -211,7 +211,8 @@ def _merge(old: pd.DataFrame, fresh: pd.DataFrame, column: str, values: list[str
 
 
 # Detector -> a finer update than its touched partitions (analytics.loops: repeated_calls
-# recomputes only the groups of a run new spans may have changed). Called as
+# recomputes only the groups of a run new spans may have changed), or for a detector kept whole
+# than a full run (analytics.runaway: the span counts of the touched runs only). Called as
 # ``refine(conn, compute, window, filters, kept_frame, touched_traces, scope)``; returns the
 # frame brought up to date, or None for the partition update.
 REFINERS: dict[str, Callable[..., pd.DataFrame | None]] = {}
@@ -473,6 +474,11 @@ def _up_to_date(
                 else:
                     frame = kept.frame
                 stats["partial"] += 1
+        elif name in REFINERS:  # kept whole, with a finer update of its own (runaway_runs' counts)
+            scope = _scope_for(conn, identity, version, touched)
+            if len(scope.runs) <= MAX_TOUCHED:
+                frame = REFINERS[name](conn, compute, window, filters, kept.frame, touched, scope)
+                stats["refined"] += frame is not None
     if frame is None:
         frame = _compute_full(conn, name, compute, window, filters)
         stats["full"] += 1

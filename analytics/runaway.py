@@ -13,16 +13,21 @@ traces the span count of a run separates resource-abuse runs from the rest.
 
 from __future__ import annotations
 
+import contextvars
 import logging
+import threading
+from collections.abc import Callable
 
 import duckdb
 import numpy as np
 import pandas as pd
 
 from analytics._evidence import EVIDENCE, TIMES
+from analytics.data_version import Scope
 from analytics.engine import fetch_rows
+from analytics.kept import refines
 from analytics.registry import register
-from analytics.sql_loader import run_sql
+from analytics.sql_loader import run_scope, run_sql
 from analytics.types import Filters, Window
 
 logger = logging.getLogger(__name__)
@@ -144,9 +149,12 @@ def runaway_runs(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filte
     Counts always come from the whole window of the crew (the run and agent filters only select
     the findings), so a filter never changes what counts as usual.
     """
-    counts = run_sql(
-        conn, "runaway_runs", window, Filters(service=filters.service, origin_task=filters.origin_task)
-    )
+    counts = _given_counts.get()
+    if counts is None:
+        counts = _counts(conn, window, filters)
+    sink = _used_counts.get()
+    if sink is not None:  # update_runaway_runs keeps them with the result
+        sink.append(counts)
     if counts.empty:
         return pd.DataFrame(columns=_COLUMNS)
     counts["whole_run"] = counts["whole_run"].astype(bool)
@@ -181,3 +189,87 @@ def runaway_runs(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filte
         calibrated=over["baseline"] == "calibrated",
     )
     return out.sort_values(["first_seen", "run_id"]).reset_index(drop=True)
+
+
+def _counts(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
+    """Spans and calls per run and per agent in a run (``runaway_runs.sql``), in the crew's whole
+    window: only the service and origin-task filters apply."""
+    return run_sql(
+        conn, "runaway_runs", window, Filters(service=filters.service, origin_task=filters.origin_task)
+    )
+
+
+# The counts a result was computed from, kept with it (by the result frame's identity, as
+# analytics.loops keeps its groups) so that the next batch recounts only the runs it touched:
+# at 1M spans of 10-call runs counting every run took 0.5 of runaway_runs' ~1.3 CPU-s after a batch.
+_given_counts: contextvars.ContextVar[pd.DataFrame | None] = contextvars.ContextVar(
+    "given_counts", default=None
+)
+_used_counts: contextvars.ContextVar[list | None] = contextvars.ContextVar("used_counts", default=None)
+_kept_counts: dict[int, tuple[pd.DataFrame, pd.DataFrame]] = {}
+_kept_lock = threading.Lock()
+MAX_KEPT = 4  # results whose counts are kept (scopes a dashboard and serve keep up to date)
+# Count rows kept in all (a run's row and one per agent in it): 10M spans of 10-call runs have
+# 5.3M; those are counted again after each batch instead.
+MAX_KEPT_ROWS = 2_000_000
+
+
+@refines("runaway_runs")
+def update_runaway_runs(
+    conn: duckdb.DuckDBPyConnection,
+    compute: Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame],
+    window: Window,
+    filters: Filters,
+    old: pd.DataFrame,
+    traces: set[str],
+    scope: Scope,
+) -> pd.DataFrame:
+    """``old`` brought up to date after spans of ``traces`` came: the counts ``old`` was computed
+    from, with the touched runs (``scope.runs``: a run's counts come from its own spans) counted
+    again, then the crew limits and findings as ``runaway_runs`` forms them. Without kept counts
+    (the first batch after a full computation, a restart) every run is counted, and the counts
+    are kept for the next batch. Equal to a full recomputation (tests/analytics/test_kept.py,
+    test_summary.py: after every random batch)."""
+    with _kept_lock:
+        entry = _kept_counts.pop(id(old), None)
+    counts = None
+    if entry is not None and entry[0] is old:
+        with run_scope(runs=scope.runs, runs_since=scope.since):
+            fresh = _counts(conn, window, filters)
+        counts = _replace_runs(entry[1], scope.runs, fresh)
+    sink: list[pd.DataFrame] = []
+    token, used = _given_counts.set(counts), _used_counts.set(sink)
+    try:
+        frame = compute(conn, window, filters)
+    finally:
+        _given_counts.reset(token)
+        _used_counts.reset(used)
+    if sink and len(sink[0]) <= MAX_KEPT_ROWS:
+        with _kept_lock:
+            _kept_counts[id(frame)] = (frame, sink[0])
+            while (
+                len(_kept_counts) > MAX_KEPT or sum(len(c) for _, c in _kept_counts.values()) > MAX_KEPT_ROWS
+            ):
+                del _kept_counts[next(iter(_kept_counts))]
+    return frame
+
+
+def _replace_runs(old: pd.DataFrame, runs: list[str], fresh: pd.DataFrame) -> pd.DataFrame:
+    """``old``'s rows of runs other than ``runs``, plus ``fresh`` (the rows of ``runs``), with the
+    column types counting every run gives (a side whose text column is all missing takes the
+    other side's type; all missing on both sides, DuckDB's objects)."""
+    keep = old[~old["run_id"].isin(runs)]
+    if fresh.empty or keep.empty:
+        return (keep if fresh.empty else fresh).reset_index(drop=True)
+    for column in keep.columns:
+        left, right = keep[column], fresh[column]
+        if left.dtype != right.dtype:
+            if right.dtype == object and right.isna().all():
+                fresh = fresh.astype({column: left.dtype})
+            elif left.dtype == object and left.isna().all():
+                keep = keep.astype({column: right.dtype})
+    merged = pd.concat([keep, fresh], ignore_index=True)
+    for column, dtype in merged.dtypes.items():
+        if isinstance(dtype, pd.StringDtype) and merged[column].count() == 0:
+            merged[column] = np.full(len(merged), None, dtype=object)
+    return merged

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import random
 from datetime import timedelta
 
+import duckdb
 import numpy as np
 import pandas as pd
 import pytest
 
-from analytics import Filters, Window, run_metric
+from analytics import Filters, Window, kept, run_metric
 from analytics.calibration import calibrate_from_baseline
 from analytics.runaway import (
     AGENT_THRESHOLD,
@@ -20,6 +22,7 @@ from analytics.runaway import (
     _limits,
 )
 from analytics.thresholds import current_threshold
+from driftscope.database import migrate
 from tests.fixtures_analytics import BASE_TIME, insert_spans, make_span, new_db
 
 
@@ -139,3 +142,42 @@ def test_crew_limits_equal_their_row_by_row_definition(seed):
         if rng.random() < 0.5:
             calibrated[f"{AGENT_THRESHOLD}:{crew}"] = (float(rng.integers(5, 50)), int(rng.integers(1, 9)))
     pd.testing.assert_frame_equal(_limits(counts, calibrated), _limits_row_by_row(counts, calibrated))
+
+
+@pytest.mark.parametrize("seed", [0, 1, pytest.param(2, marks=pytest.mark.slow)])
+def test_kept_counts_after_every_batch_equal_a_full_recomputation(tmp_path, seed):
+    """Batches grow runs past their crew's limit, start new runs (moving the median), add agents
+    and runs with a budget: after each one, the result brought up to date from the counts kept
+    with the previous one equals counting every run again, also under a window and filters."""
+    rng = random.Random(seed)
+    conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
+    migrate(conn)
+    scopes = [(Window(), Filters()), (Window(since=BASE_TIME + timedelta(seconds=300)), Filters()),
+              (Window(), Filters(agent="coder"))]  # fmt: skip
+    runs = [f"run-{k}" for k in range(6)]
+    insert_spans(conn, [s for k, run in enumerate(runs) for s in _run(run, k * 100, 20)])
+    kept.clear_cache()
+    before = kept.stats.copy()
+    for batch in range(6):
+        if rng.random() < 0.3:
+            runs.append(f"run-{len(runs)}")
+        rows = []
+        for _ in range(rng.randint(1, 3)):
+            run = rng.choice(runs)
+            budget = dict(budget_max_steps=500, step=1) if rng.random() < 0.1 else {}
+            agent = rng.choice(["researcher", "coder"])
+            t0 = 1000 + batch * 100 + rng.random() * 50
+            rows += _run(run, t0, rng.choice([3, 10, 40, 150]), agent=agent, **budget)
+        insert_spans(conn, rows)
+        for window, filters in scopes:
+            got = run_metric(conn, "runaway_runs", window, filters)
+            with kept.computed_in_full():
+                full = run_metric(conn, "runaway_runs", window, filters)
+            pd.testing.assert_frame_equal(_canonical(got), _canonical(full), obj=f"batch {batch}")
+    assert kept.stats["refined"] > before["refined"] + 3  # counts kept from the batch before
+
+
+def _canonical(frame: pd.DataFrame) -> pd.DataFrame:
+    out = frame.copy()
+    out["span_ids"] = [repr(list(v)) for v in out["span_ids"]]
+    return out.sort_values(["first_seen", "run_id", "agent"], na_position="first").reset_index(drop=True)
