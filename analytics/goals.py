@@ -248,6 +248,12 @@ def _fill_unscored(conn: duckdb.DuckDBPyConnection, frame: pd.DataFrame) -> pd.D
     filled = frame.loc[pending, _RAW].merge(scored, on=_RAW, how="left")
     for column in ("root_goal", "subtask", "divergence"):
         frame.loc[pending, column] = filled[column].to_numpy()
+    for column in ("root_goal", "subtask"):
+        # typed as DuckDB types them once the scores are stored: text when some value is there (a
+        # column DuckDB gave all NULL, then filled here, was objects: a cold call's result could
+        # not be stored, as it has no exact Arrow form, and was computed again after a restart)
+        if frame[column].dtype == object and frame[column].notna().any():
+            frame[column] = frame[column].astype("str")
     return frame[frame["divergence"].notna()].reset_index(drop=True)
 
 

@@ -96,6 +96,8 @@ pairs AS (
                WHERE scorer = $scorer
                UNION ALL                              -- scores a read-only file could not store
                SELECT root_hash, subtask_hash, root_goal, subtask, divergence FROM goal_scores_local
-               WHERE scorer = $scorer) g
+               WHERE scorer = $scorer                 -- not those stored since (one row a pair)
+                 AND root_hash || subtask_hash NOT IN (SELECT root_hash || subtask_hash FROM goal_scores
+                                                       WHERE scorer = $scorer)) g
       ON g.root_hash = sha256(p.root_raw) AND g.subtask_hash = sha256(p.subtask_raw)
 )

@@ -9,9 +9,10 @@ from datetime import timedelta
 
 import duckdb
 import numpy as np
+import pandas as pd
 import pytest
 
-from analytics import Filters, Window, run_metric
+from analytics import Filters, Window, kept, kept_store, run_metric
 from analytics.embeddings import embed_texts, text_hash
 from analytics.goals import MAX_CHART_CHAINS, cosine_divergence, goal_pairs, goal_run_stats
 from analytics.thresholds import DEFAULTS, store_threshold
@@ -205,6 +206,23 @@ def test_goal_divergence_same_before_and_after_the_worker_stored_scores():
     assert conn.execute("SELECT count(*) FROM goal_scores").fetchone()[0] == 2
     warm = run_metric(conn, "goal_divergence")["divergence"].to_numpy()
     assert len(cold) == 1 and np.allclose(cold, warm, atol=1e-6)
+
+
+def test_a_cold_result_is_the_frame_stored_scores_give_and_can_be_stored():
+    """Scored in Python on a cold call (the texts were NULL in DuckDB's answer) or read from
+    stored scores: the same frame, text columns typed alike, so the kept-results worker can store
+    it (a frame of objects had no exact Arrow form and was computed again after every restart),
+    and one row a subtask once the worker stored a pair the read had scored for itself (the
+    read's own scores and the stored ones both matched: every subtask came twice)."""
+    conn = new_db()
+    insert_spans(conn, _delegations())
+    with kept.computed_in_full():
+        cold = run_metric(conn, "goal_divergence")
+        embed_pending(conn.cursor())
+        warm = run_metric(conn, "goal_divergence")
+    assert len(cold) == 1 and cold["root_goal"].notna().all()
+    pd.testing.assert_frame_equal(cold, warm, check_exact=False, atol=1e-6)
+    assert kept_store.encode(cold) is not None
 
 
 def test_distribution_and_summary_score_pending_pairs_on_a_cold_database():
