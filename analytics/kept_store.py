@@ -50,6 +50,11 @@ TABLE = "kept_results"
 # and the columns of Arrow lists (``pd.ArrowDtype``: pandas cannot name their type in its metadata).
 _LISTS_KEY = b"driftscope.python_lists"
 _ARROW_LISTS_KEY = b"driftscope.arrow_lists"
+# Columns of text held as Python objects (str cells and None; e.g. repeated_calls' agent when some
+# loop has none): Arrow holds them as text, which pandas reads back as its text type; they are
+# made objects again, or the frame could not be stored (on the framework corpus repeated_calls
+# was never stored, and a restart computed it again).
+_OBJECT_TEXT_KEY = b"driftscope.object_text"
 
 
 # Sources that cannot change a kept result: results are kept for DuckDB files only
@@ -253,6 +258,27 @@ def _cell_types(frame: pd.DataFrame) -> list[tuple]:
     return types
 
 
+def _object_text_columns(frame: pd.DataFrame) -> list[str]:
+    """The columns of ``frame`` of dtype object whose cells are text or None, some text."""
+    found = []
+    for column in frame.columns:
+        values = frame[column]
+        if values.dtype == object and values.notna().any():
+            cells = values[values.notna()]
+            if all(type(v) is str for v in cells) and values.isna().sum() == sum(v is None for v in values):
+                found.append(str(column))
+    return found
+
+
+def _as_objects(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """``frame`` with ``columns`` (read back as pandas' text type) as objects: text, or None."""
+    for column in columns:
+        values = frame[column]
+        cells = np.where(values.notna().to_numpy(), values.to_numpy(dtype=object), None)
+        frame[column] = pd.Series(cells, index=frame.index, dtype=object)  # not inferred as text
+    return frame
+
+
 def _arrow_list_columns(frame: pd.DataFrame) -> list[str]:
     """Columns of Arrow lists (``pd.ArrowDtype`` of a list type)."""
     return [
@@ -305,6 +331,7 @@ def encode(frame: pd.DataFrame) -> bytes | None:
     metadata = dict(table.schema.metadata or {})
     metadata[_LISTS_KEY] = json.dumps(lists).encode()
     metadata[_ARROW_LISTS_KEY] = json.dumps(_arrow_list_columns(frame)).encode()
+    metadata[_OBJECT_TEXT_KEY] = json.dumps(_object_text_columns(frame)).encode()
     table = table.replace_schema_metadata(metadata)
     sink = io.BytesIO()
     with pa.ipc.new_file(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as out:
@@ -401,10 +428,11 @@ def _frame(table: pa.Table, metadata: dict[bytes, bytes]) -> pd.DataFrame:
     names = table.column_names
     lists = [c for c in json.loads(metadata.get(_LISTS_KEY, b"[]")) if c in names]
     arrow = [c for c in json.loads(metadata.get(_ARROW_LISTS_KEY, b"[]")) if c in names]
+    texts = [c for c in json.loads(metadata.get(_OBJECT_TEXT_KEY, b"[]")) if c in names]
     with _collection_paused():
         if not lists and not arrow:
-            return table.to_pandas()
-        frame = table.drop_columns(lists + arrow).to_pandas()
+            return _as_objects(table.to_pandas(), texts)
+        frame = _as_objects(table.drop_columns(lists + arrow).to_pandas(), texts)
         for column in sorted(lists + arrow, key=names.index):  # each at its place among the columns
             values = table.column(column)
             if column in arrow:

@@ -59,3 +59,30 @@ def test_an_arrow_table_of_arrow_lists_reads_back_with_a_plain_to_pandas():
     assert [list(v) for v in back["agents"]] == [list(v) for v in frame["agents"]]
     plain = frame.drop(columns="span_ids")
     assert kept_store.arrow_table(plain).equals(pa.Table.from_pandas(plain, preserve_index=False))
+
+
+def test_text_held_as_objects_comes_back_as_objects():
+    """A column of text and None held as objects (repeated_calls' agent when some loop has none)
+    is stored and read back as objects, whole, by columns and by runs; on the framework corpus
+    repeated_calls was otherwise never stored."""
+    frame = pd.DataFrame(
+        {
+            "run_id": ["r1", "r2", "r1"],
+            "agent": pd.Series(["researcher", None, "manager"], dtype=object),
+            "text": ["a", "b", "c"],  # pandas' text type stays that type
+        }
+    )
+    data = kept_store.encode(frame)
+    assert data is not None
+    back = kept_store.decode(data)
+    pd.testing.assert_frame_equal(back, frame)
+    assert (
+        back["agent"].tolist() == ["researcher", None, "manager"]
+        and back["text"].dtype == frame["text"].dtype
+    )
+    pd.testing.assert_frame_equal(kept_store.decode(data, ["agent"]), frame[["agent"]])
+    pd.testing.assert_frame_equal(
+        kept_store.decode_runs(data, ["r1"]), frame[frame["run_id"] == "r1"].reset_index(drop=True)
+    )
+    # objects that are not all text (or whose missing cells are not None) are still not stored
+    assert kept_store.encode(pd.DataFrame({"agent": pd.Series(["a", float("nan")], dtype=object)})) is None
