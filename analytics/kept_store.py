@@ -91,7 +91,7 @@ def _module_path(module: str) -> str | None:
 
 # An import statement (its names may span lines in parentheses), and a quoted name that could be a
 # SQL file's. Read as text: parsing every module with ``ast`` and walking its ~28,000 nodes cost
-# 0.14-0.24 CPU-s on the first stored-result read of each process (test_kept_store holds the
+# 0.14-0.24 CPU-s on the first stored-result read of each process (tests/analytics/test_kept.py holds the
 # two readings equal on every analytics source).
 _IMPORT = re.compile(
     r"^[ \t]*(?:from[ \t]+([\w.]+)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)|import[ \t]+([^\n]+))", re.M
