@@ -166,10 +166,25 @@ def merge_rows(
         # Nothing found either way: the kept (empty) frame, whose dtypes a full run gave; an
         # empty frame of a scoped run can carry other dtypes (strings from rows it filtered out).
         return (fresh if not fresh.empty else kept).reset_index(drop=True)
+    merged = concat_as_computed(kept, fresh)
+    if fresh.empty:
+        return merged
+    # Both sides are sorted: when the first fresh row does not sort before the last kept one
+    # (new findings usually come last), the concatenation is in order and the keys of every row
+    # need not go through a sort.
+    boundary = merged.iloc[[len(kept) - 1, len(kept)]]
+    if _sorted(boundary, ORDER[name]) is boundary:  # returned unchanged: already in order
+        return merged
+    return _sorted(merged, ORDER[name])
+
+
+def concat_as_computed(kept: pd.DataFrame, fresh: pd.DataFrame) -> pd.DataFrame:
+    """``kept`` rows then ``fresh`` ones (both non-empty, or ``fresh`` empty), with the column
+    types computing them together gives: a column that is all NULL on one side comes out of
+    DuckDB as objects, where a full run would give the other side's type (e.g. text), so the NULL
+    side takes it; a text column all missing on both is DuckDB's objects."""
     if fresh.empty:
         return _as_duckdb_types(kept.reset_index(drop=True))
-    # A column that is all NULL on one side comes out of DuckDB as object; a full run would give
-    # the other side's type (e.g. strings), so the NULL side takes it before the concatenation.
     for column_name in kept.columns:
         left, right = kept[column_name], fresh[column_name]
         if left.dtype != right.dtype:
@@ -177,15 +192,7 @@ def merge_rows(
                 fresh = fresh.astype({column_name: left.dtype})
             elif left.dtype == object and left.isna().all():
                 kept = kept.astype({column_name: right.dtype})
-    merged = pd.concat([kept, fresh], ignore_index=True)
-    # Both sides are sorted: when the first fresh row does not sort before the last kept one
-    # (new findings usually come last), the concatenation is in order and the keys of every row
-    # need not go through a sort.
-    merged = _as_duckdb_types(merged)
-    boundary = merged.iloc[[len(kept) - 1, len(kept)]]
-    if _sorted(boundary, ORDER[name]) is boundary:  # returned unchanged: already in order
-        return merged
-    return _sorted(merged, ORDER[name])
+    return _as_duckdb_types(pd.concat([kept, fresh], ignore_index=True))
 
 
 def _as_duckdb_types(frame: pd.DataFrame) -> pd.DataFrame:

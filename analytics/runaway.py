@@ -25,7 +25,7 @@ import pandas as pd
 from analytics._evidence import EVIDENCE, TIMES
 from analytics.data_version import Scope
 from analytics.engine import fetch_rows
-from analytics.kept import refines
+from analytics.kept import concat_as_computed, refines
 from analytics.registry import register
 from analytics.sql_loader import run_scope, run_sql
 from analytics.types import Filters, Window
@@ -256,20 +256,8 @@ def update_runaway_runs(
 
 def _replace_runs(old: pd.DataFrame, runs: list[str], fresh: pd.DataFrame) -> pd.DataFrame:
     """``old``'s rows of runs other than ``runs``, plus ``fresh`` (the rows of ``runs``), with the
-    column types counting every run gives (a side whose text column is all missing takes the
-    other side's type; all missing on both sides, DuckDB's objects)."""
+    column types counting every run gives (``kept.concat_as_computed``)."""
     keep = old[~old["run_id"].isin(runs)]
-    if fresh.empty or keep.empty:
-        return (keep if fresh.empty else fresh).reset_index(drop=True)
-    for column in keep.columns:
-        left, right = keep[column], fresh[column]
-        if left.dtype != right.dtype:
-            if right.dtype == object and right.isna().all():
-                fresh = fresh.astype({column: left.dtype})
-            elif left.dtype == object and left.isna().all():
-                keep = keep.astype({column: right.dtype})
-    merged = pd.concat([keep, fresh], ignore_index=True)
-    for column, dtype in merged.dtypes.items():
-        if isinstance(dtype, pd.StringDtype) and merged[column].count() == 0:
-            merged[column] = np.full(len(merged), None, dtype=object)
-    return merged
+    if keep.empty:
+        return fresh.reset_index(drop=True)
+    return concat_as_computed(keep, fresh)
