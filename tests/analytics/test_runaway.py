@@ -144,7 +144,7 @@ def test_crew_limits_equal_their_row_by_row_definition(seed):
     pd.testing.assert_frame_equal(_limits(counts, calibrated), _limits_row_by_row(counts, calibrated))
 
 
-@pytest.mark.parametrize("seed", [0, 1, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("seed", [0, *(pytest.param(s, marks=pytest.mark.slow) for s in (1, 2))])
 def test_kept_counts_after_every_batch_equal_a_full_recomputation(tmp_path, seed):
     """Batches grow runs past their crew's limit, start new runs (moving the median), add agents
     and runs with a budget: after each one, the result brought up to date from the counts kept
