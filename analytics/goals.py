@@ -33,6 +33,7 @@ import pyarrow as pa
 from analytics._evidence import EVIDENCE, THRESHOLD, TIMES
 from analytics.embeddings import BATCH_SIZE, MODEL_NAME, embed_counting, text_hash
 from analytics.engine import is_clickhouse
+from analytics.kept import as_duckdb_types
 from analytics.registry import register
 from analytics.sql_loader import filter_params, load_sql, query_df
 from analytics.tasks import EXTRACTION_VERSION, extract_task
@@ -254,7 +255,9 @@ def _fill_unscored(conn: duckdb.DuckDBPyConnection, frame: pd.DataFrame) -> pd.D
         # not be stored, as it has no exact Arrow form, and was computed again after a restart)
         if frame[column].dtype == object and frame[column].notna().any():
             frame[column] = frame[column].astype("str")
-    return frame[frame["divergence"].notna()].reset_index(drop=True)
+    # rows dropped here (unusable pairs) must leave the types DuckDB gives the rows left: a cold
+    # call that drops them all answered text columns where a warm one answers objects
+    return as_duckdb_types(frame[frame["divergence"].notna()].reset_index(drop=True))
 
 
 def goal_pairs(
@@ -373,8 +376,11 @@ def goal_divergence(conn: duckdb.DuckDBPyConnection, window: Window, filters: Fi
     info = current_threshold(conn, "goal_divergence")
     frame = _fill_unscored(conn, _subtask_rows(conn, window, filters, threshold=info.value))
     frame["divergence"] = np.round(frame["divergence"].to_numpy(dtype=np.float64), DIVERGENCE_DECIMALS)
-    # Rows of pairs scored just now are not filtered by the SQL yet.
-    frame = frame[frame["divergence"].to_numpy() > info.value].drop(columns=_RAW).reset_index(drop=True)
+    # Rows of pairs scored just now are not filtered by the SQL yet (typed as the rows the SQL
+    # keeps: see _fill_unscored).
+    frame = as_duckdb_types(
+        frame[frame["divergence"].to_numpy() > info.value].drop(columns=_RAW).reset_index(drop=True)
+    )
     frame["threshold"] = info.value
     frame["threshold_version"] = info.version
     frame["calibrated"] = info.calibrated

@@ -184,7 +184,7 @@ def concat_as_computed(kept: pd.DataFrame, fresh: pd.DataFrame) -> pd.DataFrame:
     DuckDB as objects, where a full run would give the other side's type (e.g. text), so the NULL
     side takes it; a text column all missing on both is DuckDB's objects."""
     if fresh.empty:
-        return _as_duckdb_types(kept.reset_index(drop=True))
+        return as_duckdb_types(kept.reset_index(drop=True))
     for column_name in kept.columns:
         left, right = kept[column_name], fresh[column_name]
         if left.dtype != right.dtype:
@@ -192,19 +192,19 @@ def concat_as_computed(kept: pd.DataFrame, fresh: pd.DataFrame) -> pd.DataFrame:
                 fresh = fresh.astype({column_name: left.dtype})
             elif left.dtype == object and left.isna().all():
                 kept = kept.astype({column_name: right.dtype})
-    return _as_duckdb_types(pd.concat([kept, fresh], ignore_index=True))
+    return as_duckdb_types(pd.concat([kept, fresh], ignore_index=True))
 
 
-def _as_duckdb_types(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with each text column whose rows are all missing as DuckDB gives such a column:
-    objects, each None (DuckDB gives text only when some value is). A subset of kept rows keeps the
-    whole result's text type; computing the subset alone would not give it."""
+def as_duckdb_types(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with each text column whose rows are all missing (or that has no rows) as DuckDB
+    gives such a column: objects, each None (DuckDB gives text only when some value is). A subset
+    of rows keeps the whole frame's text type; computing the subset alone would not give it."""
     empty = [
         column
         for column, dtype in frame.dtypes.items()
         if isinstance(dtype, pd.StringDtype) and frame[column].count() == 0
     ]
-    if not empty or frame.empty:
+    if not empty:
         return frame
     frame = frame.copy(deep=False)
     for column in empty:

@@ -225,6 +225,20 @@ def test_a_cold_result_is_the_frame_stored_scores_give_and_can_be_stored():
     assert kept_store.encode(cold) is not None
 
 
+def test_a_cold_call_that_finds_nothing_drifted_is_typed_as_a_warm_one():
+    """Every pair scored on a cold call lands under the threshold: the empty answer has the
+    types a warm call's (DuckDB's empty answer) has (found on the framework corpus, ingested
+    batch by batch: the kept result and a full computation differed in type)."""
+    conn = new_db()
+    insert_spans(conn, _delegations()[:2])  # the on-topic delegation only
+    with kept.computed_in_full():
+        cold = run_metric(conn, "goal_divergence")
+        embed_pending(conn.cursor())
+        warm = run_metric(conn, "goal_divergence")
+    assert cold.empty and warm.empty
+    pd.testing.assert_frame_equal(cold, warm)
+
+
 def test_distribution_and_summary_score_pending_pairs_on_a_cold_database():
     conn = new_db()
     insert_spans(conn, _delegations())
