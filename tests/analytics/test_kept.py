@@ -366,27 +366,15 @@ def test_a_stored_row_of_other_code_is_dropped_only_for_its_own_detector(tmp_pat
     assert rows == [(name, summary.result_codes()[name]) for name in ("constraint_ledger", "lost_updates")]
 
 
-def test_a_scope_s_stored_rows_are_fetched_once_for_all_its_reads(tmp_path):
-    conn, _, _ = _stored_conn(tmp_path, 3)
-    names = [*sorted(kept.KEPT), "run_summary"]
-    expected = {name: _full(conn, name, Window(), Filters()) for name in names}
-    kept.clear_cache()
-    summary.clear_cache()
-    before = kept.stats.copy()
-    _assert_same(run_metric(conn, names[0]), expected[names[0]], names[0])
-    (fetched,) = [rows for _, rows in kept_store._fetched.values()]
-    assert set(fetched) == set(names[1:])  # the others wait, undecoded, for their reads
-    for name in names[1:]:
-        _assert_same(run_metric(conn, name), expected[name], name)
-    assert not fetched and kept.stats["loaded"] == before["loaded"] + len(kept.KEPT)
-    assert kept.stats["full"] == before["full"]
-
-
-def test_large_stored_frames_are_fetched_at_their_own_read_not_ahead(tmp_path, monkeypatch):
+@pytest.mark.parametrize("too_large", ["none", "half"])
+def test_a_scope_s_stored_rows_are_fetched_once_for_all_its_reads(tmp_path, monkeypatch, too_large):
+    """The first read fetches every stored row of its scope for the reads that follow, except
+    frames over ``FETCH_AHEAD_BYTES`` ("half": half of them), fetched at their own read; every
+    read is answered from the store, none computed again."""
     conn, _, _ = _stored_conn(tmp_path, 3)
     names = [*sorted(kept.KEPT), "run_summary"]
     sizes = dict(conn.execute("SELECT metric, octet_length(frame) FROM kept_results").fetchall())
-    limit = sorted(sizes.values())[len(sizes) // 2]  # half the frames are too large to fetch ahead
+    limit = kept_store.FETCH_AHEAD_BYTES if too_large == "none" else sorted(sizes.values())[len(sizes) // 2]
     monkeypatch.setattr(kept_store, "FETCH_AHEAD_BYTES", limit)
     expected = {name: _full(conn, name, Window(), Filters()) for name in names}
     kept.clear_cache()
@@ -394,9 +382,10 @@ def test_large_stored_frames_are_fetched_at_their_own_read_not_ahead(tmp_path, m
     before = kept.stats.copy()
     _assert_same(run_metric(conn, names[0]), expected[names[0]], names[0])
     (fetched,) = [rows for _, rows in kept_store._fetched.values()]
-    assert set(fetched) == set(names[1:])
+    assert set(fetched) == set(names[1:])  # the others wait, undecoded, for their reads
     large = {name for name, (_, _, frame) in fetched.items() if frame is None}
-    assert large == {name for name in names[1:] if sizes[name] > limit} and large
+    assert large == {name for name in names[1:] if sizes[name] > limit}
+    assert bool(large) == (too_large == "half")
     for name in names[1:]:
         _assert_same(run_metric(conn, name), expected[name], name)
     assert not fetched and kept.stats["loaded"] == before["loaded"] + len(kept.KEPT)
