@@ -8,6 +8,7 @@ import pandas as pd
 from analytics._evidence import EVIDENCE, TIMES
 from analytics.registry import register
 from analytics.sql_loader import run_sql
+from analytics.text_lists import as_text_lists
 from analytics.types import Filters, Window
 
 _LEDGER_COLUMNS = {
@@ -36,8 +37,10 @@ _LEDGER_COLUMNS = {
     order=[("origin_task_id", False), ("constraint_id", False), ("hop", False)],  # fmt: skip
 )
 def constraint_ledger(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
-    """The ledger matrix; the dashboard pivots it to constraints x hops."""
-    return run_sql(conn, "constraint_ledger", window, filters)
+    """The ledger matrix; the dashboard pivots it to constraints x hops. Its lists are Arrow lists
+    (``analytics.text_lists``: a stored ledger is read back without a Python string per span id)."""
+    ledger = run_sql(conn, "constraint_ledger", window, filters)
+    return as_text_lists(ledger, ("span_ids", "agents", "delegate_to"))
 
 
 @register(

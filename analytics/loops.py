@@ -27,6 +27,7 @@ from analytics.registry import register
 from analytics.side_effects import HANDOFF_TOOL_PREFIX, current_side_effect_tools
 from analytics.sql_loader import run_scope, run_sql
 from analytics.tasks import extract_task
+from analytics.text_lists import as_text_lists
 from analytics.thresholds import current_threshold
 from analytics.types import Filters, Window
 
@@ -910,6 +911,8 @@ def duplicate_side_effects(conn: duckdb.DuckDBPyConnection, window: Window, filt
     """Side effects executed twice or more, by key or by identical normalized arguments.
 
     A span without ``driftscope.side_effect`` is a side effect when its tool name matches the
-    side-effect tool pattern in force (``analytics.side_effects``).
+    side-effect tool pattern in force (``analytics.side_effects``). Its lists are Arrow lists
+    (``analytics.text_lists``: a stored result is read back without a Python object per row).
     """
-    return run_sql(conn, "duplicate_side_effects", window, filters, **current_side_effect_tools().params())
+    found = run_sql(conn, "duplicate_side_effects", window, filters, **current_side_effect_tools().params())
+    return as_text_lists(found, ("span_ids", "agents"))

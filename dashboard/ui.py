@@ -15,6 +15,7 @@ from datetime import time as dtime
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import streamlit as st
 
 from analytics.side_effects import configure_side_effect_tools
@@ -413,10 +414,14 @@ def page_of(frame: pd.DataFrame, key: str | None) -> pd.DataFrame:
 
 
 def _plain_cells(frame: pd.DataFrame) -> pd.DataFrame:
-    """Arrays (numpy, from Arrow) as lists so tables show them as text."""
+    """Arrays (numpy, from Arrow) and Arrow lists (``analytics.text_lists``) as lists so tables
+    show them as text."""
     frame = frame.copy()
     for column in frame.columns:
-        if frame[column].dtype == object:
+        dtype = frame[column].dtype
+        if isinstance(dtype, pd.ArrowDtype) and pa.types.is_list(dtype.pyarrow_dtype):
+            frame[column] = pd.Series(frame[column].tolist(), index=frame.index, dtype=object)
+        elif frame[column].dtype == object:
             frame[column] = frame[column].map(
                 lambda v: list(v) if hasattr(v, "tolist") and not isinstance(v, str) else v
             )

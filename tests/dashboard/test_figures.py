@@ -384,3 +384,12 @@ def test_agent_graph_edges_equal_their_every_pair_definition_on_random_runs(seed
         )
     conflict = {f"s{i}" for i in rng.sample(range(len(records)), min(len(records), rng.randint(0, 20)))}
     assert interaction_edges(records, conflict) == _edges_by_every_pair(records, conflict)
+
+
+def test_tables_show_arrow_lists_as_text():
+    from analytics.text_lists import as_text_lists
+    from dashboard.ui import _plain_cells, with_run_links
+
+    frame = pd.DataFrame({"constraint_id": ["C1"], "agents": [["a", "b"]], "delegate_to": [[]]})
+    shown, _ = with_run_links(_plain_cells(as_text_lists(frame, ("agents", "delegate_to"))))
+    assert shown["agents"].tolist() == ["a, b"] and shown["delegate_to"].tolist() == [""]
