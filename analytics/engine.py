@@ -70,6 +70,11 @@ def _frame(table: pa.Table) -> pd.DataFrame:
 
 def clickhouse_df(conn: ClickHouseStore, sql: str, params: dict[str, Any]) -> pd.DataFrame:
     """Run DuckDB ``sql`` (named ``$parameters``) on a ClickHouse store; a DataFrame as DuckDB's."""
+    return _frame(clickhouse_table(conn, sql, params))
+
+
+def clickhouse_table(conn: ClickHouseStore, sql: str, params: dict[str, Any]) -> pa.Table:
+    """``clickhouse_df``'s answer as an Arrow table (naive UTC timestamps, signed integers)."""
     # SQLGlot: imported only where a ClickHouse store is used
     from analytics.dialect import STAGE_PREFIX, format_param, to_clickhouse_staged
 
@@ -77,7 +82,7 @@ def clickhouse_df(conn: ClickHouseStore, sql: str, params: dict[str, Any]) -> pd
     if conn.engine == "chdb":  # chdb takes ClickHouse text (NULL as \\N, escaped strings)
         params = {key: format_param(value) for key, value in params.items()}
     if not query.stages:
-        return _frame(conn.execute(query.sql, params))
+        return _naive_utc(conn.execute(query.sql, params))
     # Stage tables of this run: temporary (the store's session only, never written to disk) and
     # named for this run, so runs on one store from several threads do not meet.
     prefix = f"_driftscope_{uuid.uuid4().hex[:16]}_"
@@ -90,7 +95,7 @@ def clickhouse_df(conn: ClickHouseStore, sql: str, params: dict[str, Any]) -> pd
                 f"CREATE TEMPORARY TABLE {table} ENGINE = Memory AS {select.replace(STAGE_PREFIX, prefix)}",
                 params,
             )
-        return _frame(conn.execute(query.sql.replace(STAGE_PREFIX, prefix), params))
+        return _naive_utc(conn.execute(query.sql.replace(STAGE_PREFIX, prefix), params))
     finally:
         for table in reversed(made):
             conn.command(f"DROP TEMPORARY TABLE IF EXISTS {table}")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
+import functools
 import inspect
 import logging
 import threading
@@ -36,6 +37,8 @@ from dataclasses import dataclass
 import duckdb
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 import analytics.kept_store as kept_store
 from analytics.data_version import Scope, Version, database_identity, read_version, touched_scope
@@ -112,6 +115,10 @@ def clear_cache() -> None:
     with _cache_lock:
         _cache.clear()
         _scopes.clear()
+    with _parts_lock:
+        for keeper in PARTS.values():
+            keeper.kept.clear()
+            keeper.too_many.clear()
     kept_store.forget_fetched()
 
 
@@ -233,6 +240,128 @@ def refines(name: str) -> Callable[[Callable], Callable]:
         return func
 
     return decorate
+
+
+# Detectors kept whole whose result can be formed from per-run parts (``keeps_parts``):
+# runaway_runs' span counts, enforcement_coverage's counts per tool, ... The parts a result was
+# formed from are kept with it (by the result frame's identity, as analytics.loops keeps its
+# groups), so that after a batch only the touched runs' parts are counted again.
+@dataclass
+class _Parts:
+    count: Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame | pa.Table]
+    max_rows: int
+    # what else the parts depend on (rejection_rates: the bucket width over the whole window)
+    depends: Callable[[duckdb.DuckDBPyConnection, Window, Filters], object] | None
+    kept: dict[int, tuple[pd.DataFrame, pd.DataFrame | pa.Table, object]]
+    too_many: set[tuple]  # result keys (``_key``) whose parts were over ``max_rows``
+
+
+PARTS: dict[str, _Parts] = {}
+# Results whose parts are kept, per detector (the scopes a dashboard and serve keep up to date).
+MAX_KEPT_PARTS = 8
+# Part rows kept per detector, by default: 10M spans of 10-call runs have 5.3M runaway_runs count
+# rows; those results are computed in full after each batch instead.
+MAX_PART_ROWS = 2_000_000
+_parts_lock = threading.Lock()
+_given_parts: contextvars.ContextVar[tuple[str, pd.DataFrame | pa.Table] | None] = contextvars.ContextVar(
+    "given_parts", default=None
+)
+
+
+def keeps_parts(
+    name: str,
+    count: Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame | pa.Table],
+    max_rows: int = MAX_PART_ROWS,
+    depends: Callable[[duckdb.DuckDBPyConnection, Window, Filters], object] | None = None,
+) -> None:
+    """Detector ``name`` (kept whole) can form its result from per-run parts:
+    ``count(conn, window, filters)`` returns them (a DataFrame, or an Arrow table: its columns
+    keep their SQL types whatever the values), one or more rows per run (column ``run_id``), each
+    from that run's spans alone, honouring the shared filter's run scope
+    (``sql_loader.run_scope``). After a batch, the parts kept with the result are brought up to
+    date (the touched runs counted again; without kept parts, every run is counted) and the
+    detector forms its result from them (``given_parts``). Results whose parts are more than
+    ``max_rows`` are computed in full after each batch instead. ``depends(conn, window, filters)``:
+    what else the parts depend on; kept parts are used only while it gives the same value."""
+    PARTS[name] = _Parts(count, max_rows, depends, {}, set())
+    REFINERS[name] = functools.partial(_update_from_parts, name)
+
+
+def given_parts(name: str) -> pd.DataFrame | pa.Table | None:
+    """Inside detector ``name``: the parts to form its result from, when ``kept_result`` brings a
+    kept result up to date (``keeps_parts``); else None (compute it as usual)."""
+    given = _given_parts.get()
+    return given[1] if given is not None and given[0] == name else None
+
+
+def _update_from_parts(
+    name: str,
+    conn: duckdb.DuckDBPyConnection,
+    compute: Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame],
+    window: Window,
+    filters: Filters,
+    old: pd.DataFrame,
+    traces: set[str],
+    scope: Scope,
+) -> pd.DataFrame | None:
+    """``old`` brought up to date after spans of ``traces`` came: the parts ``old`` was formed
+    from, with the touched runs' (``scope.runs``) counted again, then the result formed from them
+    by ``compute``. A run named by a touched trace's id (a span without a run counts under its
+    trace until a parent gives it one) is dropped too: it may have lost every span. Without kept
+    parts (the first batch after a full computation, a result read from the store) every run is
+    counted. None (a full computation) for a result whose parts were too many to keep."""
+    keeper = PARTS[name]
+    key = _key(conn, name, window, filters)
+    with _parts_lock:
+        entry = keeper.kept.pop(id(old), None)
+        if key in keeper.too_many:
+            return None
+    depends = None if keeper.depends is None else keeper.depends(conn, window, filters)
+    if entry is not None and entry[0] is old and entry[2] == depends:
+        with run_scope(runs=scope.runs, runs_since=scope.since):
+            fresh = keeper.count(conn, window, filters)
+        counted = replace_runs(entry[1], [*scope.runs, *traces], fresh)
+        stats["parts_kept"] += 1
+    else:
+        counted = keeper.count(conn, window, filters)
+    token = _given_parts.set((name, counted))
+    try:
+        frame = compute(conn, window, filters)
+    finally:
+        _given_parts.reset(token)
+    with _parts_lock:
+        if len(counted) > keeper.max_rows:
+            keeper.too_many.add(key)
+        elif not _has_runless(counted):
+            keeper.kept[id(frame)] = (frame, counted, depends)
+            while (
+                len(keeper.kept) > MAX_KEPT_PARTS
+                or sum(len(p) for _, p, _ in keeper.kept.values()) > keeper.max_rows
+            ):
+                del keeper.kept[next(iter(keeper.kept))]
+    return frame
+
+
+def _has_runless(parts: pd.DataFrame | pa.Table) -> bool:
+    """Whether some part has no run (it cannot be brought up to date run by run)."""
+    if isinstance(parts, pa.Table):
+        return parts.column("run_id").null_count > 0
+    return bool(parts["run_id"].isna().any())
+
+
+def replace_runs(
+    old: pd.DataFrame | pa.Table, runs: list[str], fresh: pd.DataFrame | pa.Table
+) -> pd.DataFrame | pa.Table:
+    """``old``'s rows of runs other than ``runs``, plus ``fresh`` (the rows of ``runs``), with the
+    column types counting every run gives (``concat_as_computed``; Arrow tables carry their SQL
+    types whatever the values, and are concatenated as they are)."""
+    if isinstance(old, pa.Table):
+        dropped = pc.is_in(old.column("run_id"), value_set=pa.array(runs, old.schema.field("run_id").type))
+        return pa.concat_tables([old.filter(pc.invert(dropped)), fresh.cast(old.schema)])
+    keep = old[~old["run_id"].isin(runs)]
+    if keep.empty:
+        return fresh.reset_index(drop=True)
+    return concat_as_computed(keep, fresh)
 
 
 _scopes: collections.OrderedDict[tuple, Scope] = collections.OrderedDict()

@@ -13,21 +13,17 @@ traces the span count of a run separates resource-abuse runs from the rest.
 
 from __future__ import annotations
 
-import contextvars
 import logging
-import threading
-from collections.abc import Callable
 
 import duckdb
 import numpy as np
 import pandas as pd
 
+import analytics.kept as kept
 from analytics._evidence import EVIDENCE, TIMES
-from analytics.data_version import Scope
 from analytics.engine import fetch_rows
-from analytics.kept import concat_as_computed, refines
 from analytics.registry import register
-from analytics.sql_loader import run_scope, run_sql
+from analytics.sql_loader import run_sql
 from analytics.types import Filters, Window
 
 logger = logging.getLogger(__name__)
@@ -149,12 +145,10 @@ def runaway_runs(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filte
     Counts always come from the whole window of the crew (the run and agent filters only select
     the findings), so a filter never changes what counts as usual.
     """
-    counts = _given_counts.get()
+    # after a batch, the counts kept with the result before, with the touched runs counted again
+    counts = kept.given_parts("runaway_runs")
     if counts is None:
         counts = _counts(conn, window, filters)
-    sink = _used_counts.get()
-    if sink is not None:  # update_runaway_runs keeps them with the result
-        sink.append(counts)
     if counts.empty:
         return pd.DataFrame(columns=_COLUMNS)
     counts["whole_run"] = counts["whole_run"].astype(bool)
@@ -199,65 +193,8 @@ def _counts(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -
     )
 
 
-# The counts a result was computed from, kept with it (by the result frame's identity, as
-# analytics.loops keeps its groups) so that the next batch recounts only the runs it touched:
-# at 1M spans of 10-call runs counting every run took 0.5 of runaway_runs' ~1.3 CPU-s after a batch.
-_given_counts: contextvars.ContextVar[pd.DataFrame | None] = contextvars.ContextVar(
-    "given_counts", default=None
-)
-_used_counts: contextvars.ContextVar[list | None] = contextvars.ContextVar("used_counts", default=None)
-_kept_counts: dict[int, tuple[pd.DataFrame, pd.DataFrame]] = {}
-_kept_lock = threading.Lock()
-MAX_KEPT = 4  # results whose counts are kept (scopes a dashboard and serve keep up to date)
-# Count rows kept in all (a run's row and one per agent in it): 10M spans of 10-call runs have
-# 5.3M; those are counted again after each batch instead.
-MAX_KEPT_ROWS = 2_000_000
-
-
-@refines("runaway_runs")
-def update_runaway_runs(
-    conn: duckdb.DuckDBPyConnection,
-    compute: Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame],
-    window: Window,
-    filters: Filters,
-    old: pd.DataFrame,
-    traces: set[str],
-    scope: Scope,
-) -> pd.DataFrame:
-    """``old`` brought up to date after spans of ``traces`` came: the counts ``old`` was computed
-    from, with the touched runs (``scope.runs``: a run's counts come from its own spans) counted
-    again, then the crew limits and findings as ``runaway_runs`` forms them. Without kept counts
-    (the first batch after a full computation, a restart) every run is counted, and the counts
-    are kept for the next batch. Equal to a full recomputation (tests/analytics/test_kept.py,
-    test_summary.py: after every random batch)."""
-    with _kept_lock:
-        entry = _kept_counts.pop(id(old), None)
-    counts = None
-    if entry is not None and entry[0] is old:
-        with run_scope(runs=scope.runs, runs_since=scope.since):
-            fresh = _counts(conn, window, filters)
-        counts = _replace_runs(entry[1], scope.runs, fresh)
-    sink: list[pd.DataFrame] = []
-    token, used = _given_counts.set(counts), _used_counts.set(sink)
-    try:
-        frame = compute(conn, window, filters)
-    finally:
-        _given_counts.reset(token)
-        _used_counts.reset(used)
-    if sink and len(sink[0]) <= MAX_KEPT_ROWS:
-        with _kept_lock:
-            _kept_counts[id(frame)] = (frame, sink[0])
-            while (
-                len(_kept_counts) > MAX_KEPT or sum(len(c) for _, c in _kept_counts.values()) > MAX_KEPT_ROWS
-            ):
-                del _kept_counts[next(iter(_kept_counts))]
-    return frame
-
-
-def _replace_runs(old: pd.DataFrame, runs: list[str], fresh: pd.DataFrame) -> pd.DataFrame:
-    """``old``'s rows of runs other than ``runs``, plus ``fresh`` (the rows of ``runs``), with the
-    column types counting every run gives (``kept.concat_as_computed``)."""
-    keep = old[~old["run_id"].isin(runs)]
-    if keep.empty:
-        return fresh.reset_index(drop=True)
-    return concat_as_computed(keep, fresh)
+# The counts a result was computed from are kept with it, so that the next batch recounts only
+# the runs it touched (analytics.kept.keeps_parts): at 1M spans of 10-call runs counting every
+# run took 0.5 of runaway_runs' ~1.3 CPU-s after a batch. At most kept.MAX_PART_ROWS count rows
+# (a run's row and one per agent in it): 10M spans of 10-call runs have 5.3M, counted every time.
+kept.keeps_parts("runaway_runs", _counts)

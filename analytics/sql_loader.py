@@ -21,13 +21,15 @@ import contextvars
 import functools
 import importlib.resources
 import re
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import duckdb
 import pandas as pd
+import pyarrow as pa
 
-from analytics.engine import clickhouse_df, is_clickhouse
+from analytics.engine import clickhouse_df, clickhouse_table, is_clickhouse
 from analytics.types import Filters, Window
 
 _PARAM = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
@@ -225,6 +227,33 @@ def query_df(conn: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any]) 
     if is_clickhouse(conn):
         return clickhouse_df(conn, sql, {key: params[key] for key in used})
     return conn.execute(sql, {key: params[key] for key in used}).df()
+
+
+def query_arrow(conn: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any]) -> pa.Table:
+    """``query_df``'s rows as an Arrow table: each column has the statement's SQL type whatever
+    its values (a column all NULL is still text), so answers over different runs concatenate
+    into what one statement over all of them gives (``analytics.kept.keeps_parts``)."""
+    sql = prune_unset_filters(sql, params)
+    used = mentioned_params(sql)
+    missing = used - params.keys()
+    if missing:
+        raise KeyError(f"SQL needs parameters {sorted(missing)} that were not supplied")
+    if is_clickhouse(conn):
+        return clickhouse_table(conn, sql, {key: params[key] for key in used})
+    # execute, not conn.sql: a connection with a result not fetched to its end (a fetchone)
+    # refuses a relation. DuckDB warns that this copies the rows once: they are few.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Arrow output on a DB-API result", category=UserWarning)
+        return conn.execute(sql, {key: params[key] for key in used}).to_arrow_table()
+
+
+def query_tables(name: str, tables: dict[str, pa.Table], params: dict[str, Any]) -> pd.DataFrame:
+    """Run ``analytics/sql/<name>.sql`` over Arrow ``tables`` (by name), not over a store: in a
+    DuckDB of its own in memory, so it runs alike whichever engine the tables came from."""
+    with duckdb.connect() as mem:
+        for table_name, table in tables.items():
+            mem.register(table_name, table)
+        return query_df(mem, load_sql(name), params)
 
 
 def run_sql(

@@ -6,10 +6,20 @@ import logging
 
 import duckdb
 import pandas as pd
+import pyarrow as pa
 
 from analytics._evidence import EVIDENCE, THRESHOLD, TIMES
+from analytics.kept import given_parts, keeps_parts
 from analytics.registry import register
-from analytics.sql_loader import filter_params, load_sql, query_df, run_sql
+from analytics.sql_loader import (
+    filter_params,
+    load_sql,
+    query_arrow,
+    query_df,
+    query_tables,
+    run_scope,
+    run_sql,
+)
 from analytics.thresholds import current_threshold
 from analytics.types import Filters, Window
 
@@ -135,7 +145,11 @@ def choose_bucket_seconds(conn: duckdb.DuckDBPyConnection, window: Window, filte
 def rejection_rates(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Rejection and error rates of guarded calls per bucket, flagged against the threshold."""
     bucket_seconds = choose_bucket_seconds(conn, window, filters)
-    frame = run_sql(conn, "rejection_rates", window, filters, bucket_seconds=bucket_seconds)
+    parts = given_parts("rejection_rates")  # after a batch: counts per run, the touched ones new
+    if parts is None:
+        frame = run_sql(conn, "rejection_rates", window, filters, bucket_seconds=bucket_seconds)
+    else:
+        frame = query_tables("_rejection_rates_buckets", {"parts": parts}, {"bucket_seconds": bucket_seconds})
     info = current_threshold(conn, "rejection_rate")
     frame["bucket_seconds"] = bucket_seconds
     frame["threshold"] = info.value
@@ -143,3 +157,24 @@ def rejection_rates(conn: duckdb.DuckDBPyConnection, window: Window, filters: Fi
     frame["calibrated"] = info.calibrated
     frame["over_threshold"] = frame["rejection_rate"] > info.value
     return frame
+
+
+def _bucket_width(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> int:
+    """``choose_bucket_seconds`` over the whole window, also inside a run scope (the counts of
+    the touched runs are bucketed as every run's are)."""
+    with run_scope():
+        return choose_bucket_seconds(conn, window, filters)
+
+
+def _rejection_parts(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pa.Table:
+    """Per run, time bucket, tool, key and agent: rejection_rates' counts (``rejection_rates_runs.sql``)."""
+    params = filter_params(window, filters)
+    params["bucket_seconds"] = _bucket_width(conn, window, filters)
+    return query_arrow(conn, load_sql("rejection_rates_runs"), params)
+
+
+# Kept while the bucket width stays (a window growing past 48 buckets widens them: every run is
+# counted again). At 1M spans of 10-call runs there is about a row per guarded call (525,000):
+# summing them costs what computing the result does, so such results are computed in full.
+REJECTION_PART_ROWS = 100_000
+keeps_parts("rejection_rates", _rejection_parts, max_rows=REJECTION_PART_ROWS, depends=_bucket_width)

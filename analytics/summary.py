@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import duckdb
 import pandas as pd
+import pyarrow as pa
 
 import analytics.kept_store as kept_store
 from analytics.crew_limits import count_limits
@@ -20,10 +21,10 @@ from analytics.data_version import database_identity as _database_identity
 from analytics.data_version import read_version as _read_version
 from analytics.data_version import touched_scope as _touched_scope
 from analytics.goals import goal_run_stats
-from analytics.kept import KEPT, PARTITIONS, result_code
+from analytics.kept import KEPT, PARTITIONS, given_parts, keeps_parts, result_code
 from analytics.registry import METRICS, counted_metrics, finding_metrics, register, run_metric
 from analytics.side_effects import current_side_effect_tools
-from analytics.sql_loader import run_sql
+from analytics.sql_loader import filter_params, load_sql, query_arrow, query_tables, run_sql
 from analytics.thresholds import ThresholdInfo, current_threshold
 from analytics.types import Filters, Window
 
@@ -74,8 +75,25 @@ def failing_detectors() -> list[str]:
     kept="whole",
 )
 def enforcement_coverage(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
-    """Which tools are enforced by guards and which can only be watched."""
-    return run_sql(conn, "enforcement_coverage", window, filters)
+    """Which tools are enforced by guards and which can only be watched.
+
+    After a batch, summed from the counts per run kept with the result (``_coverage_parts``), the
+    touched runs counted again (``analytics.kept.keeps_parts``)."""
+    parts = given_parts("enforcement_coverage")
+    if parts is None:
+        return run_sql(conn, "enforcement_coverage", window, filters)
+    return query_tables("_enforcement_coverage_tools", {"parts": parts}, {})
+
+
+def _coverage_parts(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pa.Table:
+    """Per run, service and tool: enforcement_coverage's counts (``enforcement_coverage_runs.sql``)."""
+    return query_arrow(conn, load_sql("enforcement_coverage_runs"), filter_params(window, filters))
+
+
+# At 1M spans of 10-call runs there are 333,000 rows (0.19 CPU-s to sum, about what computing the
+# result costs: such results are computed in full); at 1M of 100,000-call runs a few hundred.
+COVERAGE_PART_ROWS = 100_000
+keeps_parts("enforcement_coverage", _coverage_parts, max_rows=COVERAGE_PART_ROWS)
 
 
 def _summed_metrics() -> list:

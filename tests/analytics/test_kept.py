@@ -532,3 +532,72 @@ def test_results_of_windows_are_dropped_before_the_all_time_ones(tmp_path, monke
     run_metric(conn, "duplicate_side_effects")
     assert not kept.is_kept(conn, "lost_updates", Window(), Filters())
     assert kept.is_kept(conn, "duplicate_side_effects", Window(), Filters())
+
+
+_PART_DETECTORS = ["enforcement_coverage", "rejection_rates", "goal_divergence_distribution", "runaway_runs"]
+
+
+def _goal_batch(rng: random.Random, batch: int, runs: list[str]) -> list[dict]:
+    """Delegations stating a subtask under a root goal (scored by the model), some on origin
+    tasks shared by runs, some from a second service."""
+    rows = []
+    for _ in range(rng.randint(0, 4)):
+        run = rng.choice(runs)
+        rows.append(make_span(
+            batch * 5 + rng.random() * 20, run=run, TraceId=trace_id(f"{run}/{rng.randint(0, 1)}"),
+            agent_id=rng.choice(["a", "b"]), op="delegate", delegate_to=rng.choice(["b", "c"]),
+            origin_task_id=rng.choice(["t1", f"t-{run}"]), hop=rng.randint(1, 3),
+            goal_root=rng.choice([None, "Write the quarterly sales report for ACME"]),
+            goal_text=rng.choice(["Collect ACME's quarterly sales figures", "Book a flight to Lisbon",
+                                  "Summarise the sales figures of ACME"]),
+            ServiceName=rng.choice(["crew", "crew", "other"]), ingested_at=BASE_TIME + timedelta(seconds=batch),
+        ))  # fmt: skip
+    return rows
+
+
+@pytest.mark.parametrize("seed", [0, *(pytest.param(s, marks=pytest.mark.slow) for s in (1, 2))])
+def test_detectors_kept_whole_are_formed_from_the_parts_of_every_run_after_each_batch(tmp_path, seed):
+    """enforcement_coverage, rejection_rates and goal_divergence_distribution aggregate across
+    runs: after a batch each is formed from per-run parts kept with its result, the touched runs
+    counted again (kept.keeps_parts). Batches start new runs, grow old ones, put spans before a
+    window's start and after its end, and come under agent, service and origin-task filters;
+    each answer equals a full computation (values and types)."""
+    rng = random.Random(seed)
+    conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
+    migrate(conn)
+    runs = [f"run-{i}" for i in range(3)]
+    scopes = [(Window(), Filters()), (Window(since=BASE_TIME + timedelta(seconds=12)), Filters()),
+              (Window(until=BASE_TIME + timedelta(seconds=30)), Filters(agent="a")),
+              (Window(), Filters(service="other")), (Window(), Filters(origin_task="t1"))]  # fmt: skip
+    kept.clear_cache()
+    before = kept.stats.copy()
+    for batch in range(tiers.batches(full=6, quick=4)):
+        if rng.random() < 0.5:
+            runs.append(f"run-{len(runs)}")  # touched for the first time by this batch
+        insert_spans(conn, _random_batch(rng, batch, runs) + _goal_batch(rng, batch, runs))
+        for window, filters in scopes:
+            for name in _PART_DETECTORS:
+                _assert_same(
+                    run_metric(conn, name, window, filters), _full(conn, name, window, filters), name
+                )
+    # every batch after the first brought the results up to date from their kept parts
+    assert kept.stats["parts_kept"] - before["parts_kept"] >= len(_PART_DETECTORS) * len(scopes)
+
+
+def test_a_result_whose_parts_are_too_many_is_computed_in_full_after_a_batch(tmp_path, monkeypatch):
+    conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
+    migrate(conn)
+    monkeypatch.setattr(kept.PARTS["enforcement_coverage"], "max_rows", 1)
+    kept.clear_cache()
+    rng = random.Random(3)
+    for batch in range(3):
+        insert_spans(conn, _random_batch(rng, batch, ["run-0", "run-1"]))
+        before = kept.stats.copy()
+        _assert_same(
+            run_metric(conn, "enforcement_coverage"),
+            _full(conn, "enforcement_coverage", Window(), Filters()),
+            "enforcement_coverage",
+        )
+        if batch == 2:  # the first batch counted every run's parts and found them too many
+            assert kept.stats["full"] == before["full"] + 1
+            assert kept.stats["parts_kept"] == before["parts_kept"]

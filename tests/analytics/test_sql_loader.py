@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from analytics import Filters, Window, run_metric
-from analytics.goals import SCORER
+from analytics.goals import SCORER, ensure_scores_table
 from analytics.registry import METRICS
 from analytics.sql_loader import _PARAM, filter_params, load_sql, prune_unset_filters, query_df
 from tests.fixtures_analytics import sample_traces_db
@@ -33,7 +33,9 @@ EXTRA["scorer"] = SCORER
 
 @pytest.fixture(scope="module")
 def scenarios() -> duckdb.DuckDBPyConnection:
-    return sample_traces_db()
+    conn = sample_traces_db()
+    ensure_scores_table(conn)  # goal statements read the connection's own goal_scores_local
+    return conn
 
 
 @pytest.fixture(scope="module")
