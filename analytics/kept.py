@@ -254,6 +254,7 @@ class _Parts:
     depends: Callable[[duckdb.DuckDBPyConnection, Window, Filters], object] | None
     kept: dict[int, tuple[pd.DataFrame, pd.DataFrame | pa.Table, object]]
     too_many: set[tuple]  # result keys (``_key``) whose parts were over ``max_rows``
+    max_runs: int | None = None
 
 
 PARTS: dict[str, _Parts] = {}
@@ -273,6 +274,7 @@ def keeps_parts(
     count: Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame | pa.Table],
     max_rows: int = MAX_PART_ROWS,
     depends: Callable[[duckdb.DuckDBPyConnection, Window, Filters], object] | None = None,
+    max_runs: int | None = None,
 ) -> None:
     """Detector ``name`` (kept whole) can form its result from per-run parts:
     ``count(conn, window, filters)`` returns them (a DataFrame, or an Arrow table: its columns
@@ -282,8 +284,10 @@ def keeps_parts(
     date (the touched runs counted again; without kept parts, every run is counted) and the
     detector forms its result from them (``given_parts``). Results whose parts are more than
     ``max_rows`` are computed in full after each batch instead. ``depends(conn, window, filters)``:
-    what else the parts depend on; kept parts are used only while it gives the same value."""
-    PARTS[name] = _Parts(count, max_rows, depends, {}, set())
+    what else the parts depend on; kept parts are used only while it gives the same value.
+    ``max_runs``: with more runs stored, parts are not counted at all (a full computation costs
+    less than counting them once to find them too many)."""
+    PARTS[name] = _Parts(count, max_rows, depends, {}, set(), max_runs)
     REFINERS[name] = functools.partial(_update_from_parts, name)
 
 
@@ -323,6 +327,12 @@ def _update_from_parts(
         counted = replace_runs(entry[1], [*scope.runs, *traces], fresh)
         stats["parts_kept"] += 1
     else:
+        if keeper.max_runs is not None:
+            (runs,) = conn.execute("SELECT count(DISTINCT run_id) FROM spans").fetchone()
+            if runs > keeper.max_runs:
+                with _parts_lock:
+                    keeper.too_many.add(key)
+                return None
         counted = keeper.count(conn, window, filters)
     token = _given_parts.set((name, counted))
     try:

@@ -177,4 +177,11 @@ def _rejection_parts(conn: duckdb.DuckDBPyConnection, window: Window, filters: F
 # counted again). At 1M spans of 10-call runs there is about a row per guarded call (525,000):
 # summing them costs what computing the result does, so such results are computed in full.
 REJECTION_PART_ROWS = 100_000
-keeps_parts("rejection_rates", _rejection_parts, max_rows=REJECTION_PART_ROWS, depends=_bucket_width)
+REJECTION_PART_RUNS = 10_000
+keeps_parts(
+    "rejection_rates",
+    _rejection_parts,
+    max_rows=REJECTION_PART_ROWS,
+    depends=_bucket_width,
+    max_runs=REJECTION_PART_RUNS,
+)

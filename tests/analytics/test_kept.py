@@ -584,10 +584,11 @@ def test_detectors_kept_whole_are_formed_from_the_parts_of_every_run_after_each_
     assert kept.stats["parts_kept"] - before["parts_kept"] >= len(_PART_DETECTORS) * len(scopes)
 
 
-def test_a_result_whose_parts_are_too_many_is_computed_in_full_after_a_batch(tmp_path, monkeypatch):
+@pytest.mark.parametrize("bound", ["max_rows", "max_runs"])
+def test_a_result_whose_parts_are_too_many_is_computed_in_full_after_a_batch(tmp_path, monkeypatch, bound):
     conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
     migrate(conn)
-    monkeypatch.setattr(kept.PARTS["enforcement_coverage"], "max_rows", 1)
+    monkeypatch.setattr(kept.PARTS["enforcement_coverage"], bound, 1)
     kept.clear_cache()
     rng = random.Random(3)
     for batch in range(3):
@@ -598,6 +599,6 @@ def test_a_result_whose_parts_are_too_many_is_computed_in_full_after_a_batch(tmp
             _full(conn, "enforcement_coverage", Window(), Filters()),
             "enforcement_coverage",
         )
-        if batch == 2:  # the first batch counted every run's parts and found them too many
+        if batch == 2:  # the first batch found too many parts (counted, or runs stored)
             assert kept.stats["full"] == before["full"] + 1
             assert kept.stats["parts_kept"] == before["parts_kept"]
