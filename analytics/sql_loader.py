@@ -21,6 +21,7 @@ import contextvars
 import functools
 import importlib.resources
 import re
+import threading
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -247,13 +248,26 @@ def query_arrow(conn: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any
         return conn.execute(sql, {key: params[key] for key in used}).to_arrow_table()
 
 
+_memory: duckdb.DuckDBPyConnection | None = None
+_memory_lock = threading.Lock()
+
+
 def query_tables(name: str, tables: dict[str, pa.Table], params: dict[str, Any]) -> pd.DataFrame:
     """Run ``analytics/sql/<name>.sql`` over Arrow ``tables`` (by name), not over a store: in a
-    DuckDB of its own in memory, so it runs alike whichever engine the tables came from."""
-    with duckdb.connect() as mem:
+    DuckDB of its own in memory, so it runs alike whichever engine the tables came from. One
+    in-memory database per process, a cursor per call (its registrations are its own): opening
+    a database took 50 ms, a cursor 2."""
+    global _memory
+    with _memory_lock:
+        if _memory is None:
+            _memory = duckdb.connect()
+        mem = _memory.cursor()
+    try:
         for table_name, table in tables.items():
             mem.register(table_name, table)
         return query_df(mem, load_sql(name), params)
+    finally:
+        mem.close()
 
 
 def run_sql(
