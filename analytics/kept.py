@@ -304,16 +304,17 @@ def _update_from_parts(
     compute: Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame],
     window: Window,
     filters: Filters,
-    old: pd.DataFrame,
+    old: pd.DataFrame | None,
     traces: set[str],
-    scope: Scope,
+    scope: Scope | None,
 ) -> pd.DataFrame | None:
     """``old`` brought up to date after spans of ``traces`` came: the parts ``old`` was formed
     from, with the touched runs' (``scope.runs``) counted again, then the result formed from them
     by ``compute``. A run named by a touched trace's id (a span without a run counts under its
     trace until a parent gives it one) is dropped too: it may have lost every span. Without kept
     parts (the first batch after a full computation, a result read from the store) every run is
-    counted. None (a full computation) for a result whose parts were too many to keep."""
+    counted (also for a result computed from nothing: ``old`` None). None (a full computation)
+    for a result whose parts were too many to keep."""
     keeper = PARTS[name]
     key = _key(conn, name, window, filters)
     with _parts_lock:
@@ -321,7 +322,7 @@ def _update_from_parts(
         if key in keeper.too_many:
             return None
     depends = None if keeper.depends is None else keeper.depends(conn, window, filters)
-    if entry is not None and entry[0] is old and entry[2] == depends:
+    if entry is not None and old is not None and entry[0] is old and entry[2] == depends:
         with run_scope(runs=scope.runs, runs_since=scope.since):
             fresh = keeper.count(conn, window, filters)
         counted = replace_runs(entry[1], [*scope.runs, *traces], fresh)

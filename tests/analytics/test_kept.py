@@ -580,8 +580,10 @@ def test_detectors_kept_whole_are_formed_from_the_parts_of_every_run_after_each_
                 _assert_same(
                     run_metric(conn, name, window, filters), _full(conn, name, window, filters), name
                 )
-    # every batch after the first brought the results up to date from their kept parts
-    assert kept.stats["parts_kept"] - before["parts_kept"] >= len(_PART_DETECTORS) * len(scopes)
+    # the first computation kept its parts and later batches brought them up to date (but when
+    # rejection_rates' buckets widen as the data spans more time: then every run is counted)
+    possible = len(_PART_DETECTORS) * len(scopes) * (tiers.batches(full=6, quick=4) - 1)
+    assert kept.stats["parts_kept"] - before["parts_kept"] >= 0.9 * possible
 
 
 @pytest.mark.parametrize("bound", ["max_rows", "max_runs"])
