@@ -627,7 +627,10 @@ def _up_to_date(
                 frame = REFINERS[name](conn, compute, window, filters, kept.frame, touched, scope)
                 stats["refined"] += frame is not None
     if frame is None:
-        frame = _compute_full(conn, name, compute, window, filters)
+        if name in PARTS:  # from every run's parts, kept for the next batch (unless too many)
+            frame = _update_from_parts(name, conn, compute, window, filters, None, set(), None)
+        if frame is None:
+            frame = _compute_full(conn, name, compute, window, filters)
         stats["full"] += 1
     with _cache_lock:
         _cache[key] = _Kept(version, frame, stored)
