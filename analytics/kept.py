@@ -24,6 +24,7 @@ version it was computed at), then brought up to date the same way.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import contextvars
@@ -168,21 +169,122 @@ def merge_rows(
     old: pd.DataFrame, keep: pd.Series | np.ndarray, fresh: pd.DataFrame, name: str
 ) -> pd.DataFrame:
     """The rows of ``old`` where ``keep`` holds, plus ``fresh``, in detector ``name``'s order."""
-    kept = old[keep]
+    kept = _rows_where(old, np.asarray(keep, dtype=bool))
     if kept.empty:
         # Nothing found either way: the kept (empty) frame, whose dtypes a full run gave; an
         # empty frame of a scoped run can carry other dtypes (strings from rows it filtered out).
         return (fresh if not fresh.empty else kept).reset_index(drop=True)
     merged = concat_as_computed(kept, fresh)
     if fresh.empty:
-        return merged
-    # Both sides are sorted: when the first fresh row does not sort before the last kept one
-    # (new findings usually come last), the concatenation is in order and the keys of every row
-    # need not go through a sort.
-    boundary = merged.iloc[[len(kept) - 1, len(kept)]]
-    if _sorted(boundary, ORDER[name]) is boundary:  # returned unchanged: already in order
-        return merged
-    return _sorted(merged, ORDER[name])
+        return _compacted(merged)
+    # Both sides are sorted: each fresh row goes after the kept rows that sort at or before it
+    # (ties keep kept-before-fresh order), so when the fresh rows land in a few places the rows
+    # are put together from slices, and when the first fresh row does not sort before the last
+    # kept one (new findings usually come last) the concatenation is the answer.
+    order = ORDER[name]
+    places = _insertion_points(merged, len(kept), order)
+    if places is None:
+        return _compacted(_sorted(merged, order))
+    if places[0] == len(kept):
+        return _compacted(merged)
+    pieces, start, fresh_from = [], 0, len(kept)
+    for j, place in enumerate([*places, None]):
+        if j and place == places[j - 1]:
+            continue  # fresh rows with the same place go in one slice
+        if j:
+            pieces.append(merged.iloc[fresh_from : len(kept) + j])
+            fresh_from = len(kept) + j
+        if place is not None and place > start:
+            pieces.append(merged.iloc[start:place])
+            start = place
+    pieces.append(merged.iloc[start : len(kept)])
+    return _compacted(pd.concat(pieces, ignore_index=True))
+
+
+# A kept frame is filtered by slices of its runs of kept rows (no copy of Arrow columns) when it
+# has at most this many; else by one take.
+_MAX_SLICES = 64
+# An Arrow column of more chunks than this (slices and concatenations add chunks, merge after
+# merge) is made one chunk again.
+_MAX_CHUNKS = 32
+
+
+def _rows_where(frame: pd.DataFrame, keep: np.ndarray) -> pd.DataFrame:
+    """``frame[keep]``; the touched partitions are usually a few runs of rows, so the rows are
+    taken as slices of the runs kept (Arrow columns are not copied; a take copies every list)."""
+    if keep.all():
+        return frame
+    edges = np.flatnonzero(np.diff(keep.astype(np.int8))) + 1
+    bounds = np.concatenate(([0], edges, [len(keep)]))
+    runs = [(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if keep[a]]
+    if not runs or len(runs) > _MAX_SLICES:
+        return frame[keep]
+    return pd.concat([frame.iloc[a:b] for a, b in runs])
+
+
+def _compacted(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with each Arrow-backed column of more than ``_MAX_CHUNKS`` chunks in one chunk."""
+    for column in frame.columns:
+        values = frame[column].array
+        chunked = getattr(values, "_pa_array", None)
+        if chunked is not None and chunked.num_chunks > _MAX_CHUNKS:
+            combined = chunked.combine_chunks()
+            if isinstance(values, pd.arrays.ArrowStringArray):  # keeps its StringDtype's missing value
+                frame[column] = pd.Series(type(values)(combined, dtype=values.dtype), index=frame.index)
+            else:
+                frame[column] = pd.Series(type(values)(combined), index=frame.index)
+    return frame
+
+
+def _insertion_points(
+    merged: pd.DataFrame, kept_rows: int, order: list[tuple[str, bool]]
+) -> list[int] | None:
+    """For each fresh row of ``merged`` (those after its first ``kept_rows``, sorted as the kept
+    ones are), how many kept rows sort at or before it: found by bisection where every key
+    column sorts alike in pandas and DuckDB. None when the rows must go through ``_sorted``
+    instead: a key column that does not sort alike (unless the boundary pair shows the fresh rows
+    all come last), or the fresh rows landing in more than ``_MAX_SLICES`` places."""
+    columns = [merged[column] for column, _ in order]
+    fresh_rows = len(merged) - kept_rows
+    if not all(_sorts_alike(column) for column in columns):
+        boundary = merged.iloc[[kept_rows - 1, kept_rows]]
+        return [kept_rows] * fresh_rows if _sorted(boundary, order) is boundary else None
+
+    def key(i: int) -> tuple:
+        return tuple(
+            _Desc(c.iat[i]) if desc else c.iat[i] for c, (_, desc) in zip(columns, order, strict=True)
+        )
+
+    places: list[int] = []
+    distinct = 0
+    for j in range(fresh_rows):
+        place = bisect.bisect_right(
+            range(kept_rows), key(kept_rows + j), lo=places[-1] if places else 0, key=key
+        )
+        distinct += not places or place != places[-1]
+        if distinct > _MAX_SLICES:
+            return None
+        places.append(place)
+    return places
+
+
+@functools.total_ordering
+class _Desc:
+    """A value that sorts in reverse (a descending key column in ``_insertion_points``' tuples)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Desc) and self.value == other.value
+
+    def __lt__(self, other: _Desc) -> bool:
+        return other.value < self.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
 
 
 def concat_as_computed(kept: pd.DataFrame, fresh: pd.DataFrame) -> pd.DataFrame:

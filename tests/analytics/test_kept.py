@@ -10,6 +10,7 @@ import time
 from datetime import timedelta
 
 import duckdb
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -532,6 +533,61 @@ def test_results_of_windows_are_dropped_before_the_all_time_ones(tmp_path, monke
     run_metric(conn, "duplicate_side_effects")
     assert not kept.is_kept(conn, "lost_updates", Window(), Filters())
     assert kept.is_kept(conn, "duplicate_side_effects", Window(), Filters())
+
+
+_MERGE_SQL = (
+    "SELECT 'r' || lpad((i % $runs)::VARCHAR, 3, '0') AS run_id, "
+    "TIMESTAMP '2026-01-01' + to_seconds((i * 7919) % $spread) AS first_seen, "
+    "((i * 31) % 5)::INTEGER AS hop, "
+    "CASE WHEN i % 4 = 0 THEN NULL ELSE 'v' || (i % 3)::VARCHAR END AS label, "
+    "[('s' || i::VARCHAR), ('t' || i::VARCHAR)] AS span_ids, i "
+    "FROM range($lo, $hi) AS t(i) WHERE hash(i, $seed) % 5 > 0"
+)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize(
+    "order",
+    [
+        [("first_seen", False), ("run_id", False)],
+        [("run_id", False), ("hop", True), ("first_seen", False)],  # a partition key first, a descending key
+        [("label", False), ("first_seen", False), ("run_id", False)],  # NULL keys: not sorted alike
+    ],
+)
+def test_merged_rows_are_in_the_order_duckdb_gives_all_of_them(monkeypatch, seed, order):
+    """``merge_rows`` puts the fresh rows among the kept ones by bisection and slices (or sorts
+    the keys when they do not sort alike): the rows of the runs kept plus the fresh ones, in the
+    order DuckDB's ORDER BY gives all of them, whatever the places the fresh rows land in (one,
+    a few, more than ``_MAX_SLICES``), merge after merge, with Arrow columns kept in few chunks."""
+    monkeypatch.setitem(kept.ORDER, "merge_probe", order)
+    rng = np.random.default_rng(seed)
+    conn = duckdb.connect()
+    runs, spread = int(rng.integers(5, 200)), int(rng.choice([50, 100_000]))
+    by = ", ".join(f"{column}{' DESC' if desc else ''} NULLS LAST" for column, desc in order) + ", i"
+
+    def rows(lo: int, hi: int, where: str = "TRUE") -> pd.DataFrame:
+        sql = f"SELECT * FROM ({_MERGE_SQL}) WHERE {where} ORDER BY {by}"
+        params = {"runs": runs, "spread": spread, "lo": lo, "hi": hi, "seed": seed}
+        return conn.execute(sql, params).df()
+
+    frame, stored = rows(0, 3000), 3000
+    for step in range(tiers.batches(full=25, quick=8)):
+        dropped = [f"r{r:03d}" for r in rng.choice(runs, size=int(rng.integers(0, 4)), replace=False)]
+        new = int(rng.choice([0, 1, 5, 200]))
+        # the dropped runs' rows computed again (with new rows of some of them) as a partition update
+        in_runs = "run_id IN ({})".format(", ".join(f"'{r}'" for r in dropped) or "NULL")
+        fresh = rows(0, stored + new, in_runs) if dropped else rows(stored, stored + new)
+        stored += new
+        keep = ~frame["run_id"].isin(dropped).to_numpy()
+        got = kept.merge_rows(frame, keep, fresh, "merge_probe")
+        ids = pd.DataFrame({"i": np.concatenate([frame["i"].to_numpy()[keep], fresh["i"].to_numpy()])})
+        conn.register("ids", ids)
+        expected = rows(0, stored, "i IN (SELECT i FROM ids)")  # the same rows computed together
+        pd.testing.assert_frame_equal(got, expected, obj=f"step {step}")
+        for column in ("span_ids",):
+            chunks = getattr(got[column].array, "_pa_array", None)
+            assert chunks is None or chunks.num_chunks <= kept._MAX_CHUNKS
+        frame = got
 
 
 _PART_DETECTORS = ["enforcement_coverage", "rejection_rates", "goal_divergence_distribution", "runaway_runs"]
