@@ -220,32 +220,35 @@ def query_df(conn: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any]) 
     Conditions of unset optional filters are dropped first (``prune_unset_filters``). ``conn``
     may be a ClickHouse store (``analytics.engine``): the statement is then translated.
     """
+    sql, bound = _bound(sql, params)
+    if is_clickhouse(conn):
+        return clickhouse_df(conn, sql, bound)
+    return conn.execute(sql, bound).df()
+
+
+def _bound(sql: str, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``sql`` without the conditions of unset optional filters, and the parameters it mentions
+    (a KeyError names those not supplied)."""
     sql = prune_unset_filters(sql, params)
     used = mentioned_params(sql)
     missing = used - params.keys()
     if missing:
         raise KeyError(f"SQL needs parameters {sorted(missing)} that were not supplied")
-    if is_clickhouse(conn):
-        return clickhouse_df(conn, sql, {key: params[key] for key in used})
-    return conn.execute(sql, {key: params[key] for key in used}).df()
+    return sql, {key: params[key] for key in used}
 
 
 def query_arrow(conn: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any]) -> pa.Table:
     """``query_df``'s rows as an Arrow table: each column has the statement's SQL type whatever
     its values (a column all NULL is still text), so answers over different runs concatenate
     into what one statement over all of them gives (``analytics.kept.keeps_parts``)."""
-    sql = prune_unset_filters(sql, params)
-    used = mentioned_params(sql)
-    missing = used - params.keys()
-    if missing:
-        raise KeyError(f"SQL needs parameters {sorted(missing)} that were not supplied")
+    sql, bound = _bound(sql, params)
     if is_clickhouse(conn):
-        return clickhouse_table(conn, sql, {key: params[key] for key in used})
+        return clickhouse_table(conn, sql, bound)
     # execute, not conn.sql: a connection with a result not fetched to its end (a fetchone)
     # refuses a relation. DuckDB warns that this copies the rows once: they are few.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Arrow output on a DB-API result", category=UserWarning)
-        return conn.execute(sql, {key: params[key] for key in used}).to_arrow_table()
+        return conn.execute(sql, bound).to_arrow_table()
 
 
 _memory: duckdb.DuckDBPyConnection | None = None
