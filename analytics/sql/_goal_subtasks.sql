@@ -27,14 +27,19 @@ statements AS (  -- driftscope subtask spans folded per trace, agent, target, ta
       AND coalesce(outcome, 'ok') <> 'rejected'                -- a refused subtask never ran
     GROUP BY TraceId, run_id, agent_id, delegate_to, origin_task_id, goal_root, goal_text, is_step
 ),
+-- The roots only of the tasks and traces whose statements have no root of their own: after a
+-- batch, those of a few runs (grouping every trace's root cost 0.08 of the statement's 0.15
+-- CPU-s at 1M spans of 10-call runs).
 roots_by_task AS (
     SELECT origin_task_id, arg_min(goal_root, start_ns) AS root_raw
     FROM spans WHERE goal_root IS NOT NULL AND origin_task_id IS NOT NULL
+      AND origin_task_id IN (SELECT origin_task_id FROM statements WHERE goal_root IS NULL)
     GROUP BY origin_task_id
 ),
 roots_by_trace AS (
     SELECT TraceId, arg_min(goal_root, start_ns) AS root_raw
     FROM spans WHERE goal_root IS NOT NULL
+      AND TraceId IN (SELECT TraceId FROM statements WHERE goal_root IS NULL)
     GROUP BY TraceId
 ),
 delegated AS (                                                -- (run, statement) delegated
