@@ -18,12 +18,14 @@ import logging
 import duckdb
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 import analytics.kept as kept
 from analytics._evidence import EVIDENCE, TIMES
 from analytics.engine import fetch_rows
 from analytics.registry import register
-from analytics.sql_loader import run_sql
+from analytics.sql_loader import filter_params, load_sql, query_arrow, run_sql
 from analytics.types import Filters, Window
 
 logger = logging.getLogger(__name__)
@@ -73,14 +75,26 @@ def _per_crew(values: np.ndarray, codes: np.ndarray, crews: int, rows: np.ndarra
     return out
 
 
-def _limits(counts: pd.DataFrame, calibrated: dict[str, tuple[float, int]]) -> pd.DataFrame:
-    """Per row: its limit, the baseline it came from and the threshold version (0 = window)."""
-    out = counts.copy()
+def _crew_limits(
+    service: pa.ChunkedArray | pa.Array,
+    spans: np.ndarray,
+    whole: np.ndarray,
+    calibrated: dict[str, tuple[float, int]],
+    missing_name: str,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per count row (its crew ``service``, its ``spans``, ``whole`` for a run's row): its limit,
+    the baseline it came from and the threshold version (0 = window). A row without a crew looks
+    its calibrated name up as ``missing_name`` (its missing value as it prints: "nan", "None")."""
     # Vectorized over crew codes (a Python loop over the rows cost ~80 s at 1M stored spans of
-    # 10-call runs; grouping and mapping the text column still took 0.9 of 1.4 CPU-s there).
-    codes, crews = pd.factorize(out["service"])
-    spans = out["spans"].to_numpy(dtype=np.float64)
-    whole = out["whole_run"].to_numpy(dtype=bool)
+    # 10-call runs; a pandas copy of every count row with three columns set on it took 0.37 of
+    # runaway_runs' 0.55 CPU-s after a batch there, the crews' medians 0.02).
+    if isinstance(service, pa.ChunkedArray):
+        service = service.combine_chunks()
+    encoded = pc.dictionary_encode(service)  # codes in order of first appearance, as pd.factorize
+    codes = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    crews = encoded.dictionary.to_pylist()
+    spans = np.asarray(spans, dtype=np.float64)
+    whole = np.asarray(whole, dtype=bool)
     typical = spans >= MEDIAN_MIN_SPANS
     per_run = _per_crew(spans, codes, len(crews), typical & whole, "median")
     per_agent = _per_crew(spans, codes, len(crews), typical & ~whole, "median")
@@ -92,12 +106,13 @@ def _limits(counts: pd.DataFrame, calibrated: dict[str, tuple[float, int]]) -> p
         if len(crews)
         else spans * np.nan
     )
-    enough = has_crew & (runs[at] >= UNCALIBRATED_MIN_RUNS) if len(crews) else np.zeros(len(out), dtype=bool)
+    enough = (
+        has_crew & (runs[at] >= UNCALIBRATED_MIN_RUNS) if len(crews) else np.zeros(len(spans), dtype=bool)
+    )
     limits = np.where(enough, np.maximum(UNCALIBRATED_FACTOR * median, UNCALIBRATED_FLOOR), np.inf)
     baselines = np.where(enough, "window_median", "none").astype(object)
-    versions = np.zeros(len(out), dtype=np.int64)
-    # a row without a crew looks its name up as its missing value prints ("nan", "None"), as before
-    named = list(enumerate(crews)) + ([(-1, out["service"][~has_crew].iloc[0])] if not has_crew.all() else [])
+    versions = np.zeros(len(spans), dtype=np.int64)
+    named = list(enumerate(crews)) + ([(-1, missing_name)] if not has_crew.all() else [])
     for code, crew in named:
         for is_run, prefix in ((True, RUN_THRESHOLD), (False, AGENT_THRESHOLD)):
             found = calibrated.get(f"{prefix}:{crew}")
@@ -105,6 +120,21 @@ def _limits(counts: pd.DataFrame, calibrated: dict[str, tuple[float, int]]) -> p
                 chosen = (codes == code) & (whole == is_run)
                 limits[chosen], versions[chosen] = found
                 baselines[chosen] = "calibrated"
+    return limits, baselines, versions
+
+
+def _limits(counts: pd.DataFrame, calibrated: dict[str, tuple[float, int]]) -> pd.DataFrame:
+    """``counts`` with each row's limit, the baseline it came from and the threshold version
+    (``_crew_limits`` set on every row: the definition the tests read row by row)."""
+    out = counts.copy()
+    missing = out["service"].isna()
+    limits, baselines, versions = _crew_limits(
+        pa.array(out["service"], pa.string(), from_pandas=True),
+        out["spans"].to_numpy(dtype=np.float64),
+        out["whole_run"].to_numpy(dtype=bool),
+        calibrated,
+        str(out["service"][missing].iloc[0]) if missing.any() else "",
+    )
     out["limit"] = limits.tolist()
     out["baseline"] = baselines.tolist()
     out["threshold_version"] = versions.tolist()
@@ -149,17 +179,27 @@ def runaway_runs(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filte
     counts = kept.given_parts("runaway_runs")
     if counts is None:
         counts = _counts(conn, window, filters)
-    if counts.empty:
+    if counts.num_rows == 0:
         return pd.DataFrame(columns=_COLUMNS)
-    counts["whole_run"] = counts["whole_run"].astype(bool)
-    rows = _limits(counts, _calibrated(conn))
-    over = rows[rows["spans"] > rows["limit"]]
-    if filters.run is not None:
-        over = over[over["run_id"] == filters.run]
-    if filters.agent is not None:
-        over = over[over["agent"] == filters.agent]
-    if over.empty:
+    spans = counts.column("spans").to_numpy()
+    service = counts.column("service")
+    # a row without a crew: its name as DuckDB's frame printed its missing value (NaN in a text
+    # column, None in a column of objects when no row had a crew)
+    missing_name = "nan" if service.null_count < len(service) else "None"
+    limits, baselines, versions = _crew_limits(
+        service, spans, counts.column("whole_run").to_numpy(), _calibrated(conn), missing_name
+    )
+    # only the rows over their limit become a frame (one count row per run and per agent in it)
+    chosen = spans > limits
+    for column, value in (("run_id", filters.run), ("agent", filters.agent)):
+        if value is not None:
+            chosen &= pc.fill_null(pc.equal(counts.column(column), value), False).to_numpy()
+    if not chosen.any():
         return pd.DataFrame(columns=_COLUMNS)
+    over = counts.filter(pa.array(chosen)).to_pandas()  # the types DuckDB's frame gives them
+    over["limit"] = limits[chosen].tolist()
+    over["baseline"] = baselines[chosen].tolist()
+    over["threshold_version"] = versions[chosen].tolist()
     agents = [
         "" if whole else str(agent) for whole, agent in zip(over["whole_run"], over["agent"], strict=True)
     ]
@@ -185,12 +225,13 @@ def runaway_runs(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filte
     return out.sort_values(["first_seen", "run_id"]).reset_index(drop=True)
 
 
-def _counts(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
+def _counts(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pa.Table:
     """Spans and calls per run and per agent in a run (``runaway_runs.sql``), in the crew's whole
-    window: only the service and origin-task filters apply."""
-    return run_sql(
-        conn, "runaway_runs", window, Filters(service=filters.service, origin_task=filters.origin_task)
-    )
+    window: only the service and origin-task filters apply. An Arrow table: after a batch the
+    kept one drops the touched runs' rows and takes their new ones without a pandas copy of
+    every row (``kept.replace_runs``: 0.11 CPU-s at 1M spans of 10-call runs, 475,000 rows)."""
+    params = filter_params(window, Filters(service=filters.service, origin_task=filters.origin_task))
+    return query_arrow(conn, load_sql("runaway_runs"), params)
 
 
 # The counts a result was computed from are kept with it, so that the next batch recounts only

@@ -8,6 +8,7 @@ from datetime import timedelta
 import duckdb
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from analytics import Filters, Window, kept, run_metric
@@ -153,7 +154,7 @@ def test_kept_counts_after_every_batch_equal_a_full_recomputation(tmp_path, seed
     conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
     migrate(conn)
     scopes = [(Window(), Filters()), (Window(since=BASE_TIME + timedelta(seconds=300)), Filters()),
-              (Window(), Filters(agent="coder"))]  # fmt: skip
+              (Window(), Filters(agent="coder")), (Window(), Filters(run="run-2"))]  # fmt: skip
     runs = [f"run-{k}" for k in range(6)]
     insert_spans(conn, [s for k, run in enumerate(runs) for s in _run(run, k * 100, 20)])
     kept.clear_cache()
@@ -175,6 +176,9 @@ def test_kept_counts_after_every_batch_equal_a_full_recomputation(tmp_path, seed
                 full = run_metric(conn, "runaway_runs", window, filters)
             pd.testing.assert_frame_equal(_canonical(got), _canonical(full), obj=f"batch {batch}")
     assert kept.stats["refined"] > before["refined"] + 3  # counts kept from the batch before
+    # kept as Arrow tables: a batch drops and adds the touched runs' rows without a pandas copy
+    # of every count row, and only the rows over their limit become a frame
+    assert all(isinstance(parts, pa.Table) for _, parts, _ in kept.PARTS["runaway_runs"].kept.values())
 
 
 def _canonical(frame: pd.DataFrame) -> pd.DataFrame:
