@@ -607,6 +607,16 @@ def is_kept(conn: duckdb.DuckDBPyConnection, name: str, window: Window, filters:
         return key is not None and key in _cache
 
 
+def kept_version(
+    conn: duckdb.DuckDBPyConnection, name: str, window: Window, filters: Filters
+) -> Version | None:
+    """The data version of ``name``'s result this process keeps for this scope (None if none)."""
+    key = _key(conn, name, window, filters)
+    with _cache_lock:
+        entry = None if key is None else _cache.get(key)
+    return None if entry is None else entry.version
+
+
 def stored_runs(
     conn: duckdb.DuckDBPyConnection,
     name: str,

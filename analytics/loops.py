@@ -18,9 +18,9 @@ import pyarrow as pa
 
 import analytics.loop_groups as loop_groups
 from analytics._evidence import EVIDENCE, THRESHOLD, TIMES
-from analytics.data_version import Scope
+from analytics.data_version import Scope, Version
 from analytics.embeddings import embed_texts
-from analytics.kept import merge_rows, refines, stats
+from analytics.kept import kept_result, kept_version, merge_rows, refines, stats
 from analytics.loop_groups import connected_components
 from analytics.loop_similarity import task_similarity
 from analytics.registry import register
@@ -222,17 +222,37 @@ def _groups_only(
 
 
 class _RunBounces:
-    """The ping-pongs of the runs in scope (``ping_pong`` under the caller's run scope), computed
-    once, when first asked for."""
+    """The ping-pongs of ``runs`` (``ping_pong`` under the caller's run scope of those runs),
+    computed once, when first asked for: the rows of ping_pong's own kept result, brought up to
+    date, when this process keeps one for the scope at data version ``since`` or later (serve and
+    a dashboard keep both detectors up to date after a batch: the touched runs' ping-pongs are
+    then computed once, not once for each; an older one could have more runs to bring up to date
+    than the caller's); else computed for those runs alone."""
 
-    def __init__(self, conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> None:
+    def __init__(
+        self,
+        conn: duckdb.DuckDBPyConnection,
+        window: Window,
+        filters: Filters,
+        runs: set[str],
+        since: Version | None = None,
+    ) -> None:
         self._args = (conn, window, filters)
+        self._runs = runs
+        self._since = since
         self._frame: pd.DataFrame | None = None
         self._keys: dict[str, tuple] | None = None
 
     def frame(self) -> pd.DataFrame:
         if self._frame is None:
-            self._frame = ping_pong(*self._args)
+            conn, window, filters = self._args
+            if _no_older(kept_version(conn, "ping_pong", window, filters), self._since):
+                with run_scope():  # its result is of every run: out of the caller's run scope
+                    every = kept_result(conn, "ping_pong", ping_pong, window, filters)
+                self._frame = every[every["run_id"].isin(self._runs)].reset_index(drop=True)
+                stats["ping_pong_kept"] += 1
+            else:
+                self._frame = ping_pong(*self._args)
         return self._frame
 
     def key(self, run: str) -> tuple:
@@ -251,6 +271,15 @@ class _RunBounces:
                 self._keys.setdefault(row[0], []).append((tuple(row[1]), row[2], row[3], row[4]))
             self._keys = {name: tuple(sorted(rows, key=repr)) for name, rows in self._keys.items()}
         return self._keys.get(run, ())
+
+
+def _no_older(version: Version | None, than: Version | None) -> bool:
+    """Whether ``version`` is of at least the spans of ``than`` (both known)."""
+    if version is None or than is None:
+        return False
+    if than.newest is not None and (version.newest is None or version.newest < than.newest):
+        return False
+    return version.spans >= than.spans
 
 
 def _handoff_rows(frame: pd.DataFrame) -> pd.Series:
@@ -365,7 +394,9 @@ def update_repeated_calls(
     fresh_parts: list[pd.DataFrame] = []
     dropped: list[pd.Index] = []
     with run_scope(runs=sorted(runs), runs_since=since):
-        bounces = _RunBounces(conn, window, filters)
+        bounces = _RunBounces(
+            conn, window, filters, runs, kept_version(conn, "repeated_calls", window, filters)
+        )
         if keeping:
             # a kept delegation group's loops stand while its run's ping-pongs do (a ping-pong
             # drops hand-off loops without a call of the group): otherwise they are recomputed

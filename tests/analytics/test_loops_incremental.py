@@ -356,3 +356,41 @@ def test_members_of_several_kept_groups_are_one_frame_as_each_group_gives_them()
     ]
     pd.testing.assert_frame_equal(got, expected)
     assert got_labels_1.tolist() == [0, 0, 0, 2, 2, 2] and got_labels_2.tolist() == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize(
+    "seed",  # make test-fast: one seed; make test: three; make test-deep: six
+    [0, *(pytest.param(s, marks=pytest.mark.slow) for s in (1, 2)),
+     *(pytest.param(s, marks=pytest.mark.deep) for s in range(3, 6))],
+)  # fmt: skip
+def test_repeated_calls_takes_the_touched_runs_ping_pongs_from_ping_pongs_kept_result(tmp_path, seed):
+    """After a batch, repeated_calls reads the touched runs' ping-pongs from ping_pong's own kept
+    result (brought up to date once for both) when that result is of its data version or later;
+    called before, after or without ping_pong, each equals a full recomputation."""
+    rng = random.Random(seed)
+    conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
+    migrate(conn)
+    runs = ["run-0", "run-1"]
+    clock = [0.0]
+    base = []
+    for i in range(24):
+        clock[0] += 0.5
+        src, dst = rng.choice([("m", "a"), ("m", "b"), ("a", "b"), ("b", "a"), ("a", "c")])
+        base.append(_delegation(rng, clock[0], 0, runs[i % 2], src, dst))
+    insert_spans(conn, base + _tool_calls(rng, 0, runs, 0.0, 12))
+    clock[0] += 1
+    kept.clear_cache()
+    before = kept.stats.copy()
+    for batch in range(1, 13):
+        kind, rows = _handoff_batch(rng, batch, runs, clock)
+        insert_spans(conn, rows)
+        order = rng.choice(
+            [["repeated_calls", "ping_pong"], ["ping_pong", "repeated_calls"], ["repeated_calls"]]
+        )
+        for name in order:
+            got, full = run_metric(conn, name), _full(conn, name, Window(), Filters())
+            if got.empty and full.empty:  # an emptied kept repeated_calls has object columns (as
+                assert list(got.columns) == list(full.columns)  # at 9873231: seeds 2 and 3)
+                continue
+            _assert_same(got, full, f"batch {batch} ({kind}), {name}")
+    assert kept.stats["ping_pong_kept"] > before["ping_pong_kept"]
