@@ -43,6 +43,7 @@ import pyarrow.compute as pc
 
 import analytics.kept_store as kept_store
 from analytics.data_version import Scope, Version, database_identity, read_version, touched_scope
+from analytics.engine import is_clickhouse
 from analytics.side_effects import current_side_effect_tools
 from analytics.sql_loader import memory_cursor, run_scope
 from analytics.types import Filters, Window
@@ -710,8 +711,13 @@ def _up_to_date(
 ) -> tuple[Version | None, pd.DataFrame]:
     """``kept_result``'s answer before projection, with its data version (None if not kept)."""
     key = _key(conn, name, window, filters)
-    if key is None:
-        return None, compute(conn, window, filters)
+    if key is None:  # nothing kept: in-memory DuckDB, ClickHouse, or a reference in full
+        if is_clickhouse(conn):
+            return None, compute(conn, window, filters)
+        # A reference computed in full over 10M spans must stay within memory as the kept path
+        # does: repeated_calls in one pass took the hot-key benchmark to 23 GB and the kernel's
+        # kill (8.7 GB at 3M spans); in chunks of runs it is the same rows.
+        return None, _compute_full(conn, name, compute, window, filters)
     identity, tools = key[0], key[4]
     with _cache_lock:
         kept = _cache.get(key)

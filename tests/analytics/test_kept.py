@@ -15,7 +15,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from analytics import Filters, Window, kept, kept_store, kept_worker, read, run_metric, summary
+from analytics import METRICS, Filters, Window, kept, kept_store, kept_worker, read, run_metric, summary
 from analytics.side_effects import configure_side_effect_tools
 from analytics.types import direct_write
 from driftscope.database import migrate
@@ -447,7 +447,12 @@ def test_a_detector_computed_from_nothing_in_chunks_of_runs_equals_one_pass(tmp_
         before = kept.stats.copy()
         got = run_metric(conn, "repeated_calls", window, filters)
         assert kept.stats["chunks"] > before["chunks"] + 2
-        _assert_same(got, _full(conn, "repeated_calls", window, filters), "repeated_calls")
+        one_pass = METRICS["repeated_calls"].func(conn, window, filters)  # the detector itself, unchunked
+        _assert_same(got, one_pass, "repeated_calls")
+        # A reference in full (nothing kept) is computed in the same chunks: the same rows.
+        before = kept.stats.copy()
+        _assert_same(_full(conn, "repeated_calls", window, filters), one_pass, "repeated_calls")
+        assert kept.stats["chunks"] > before["chunks"] + 2
 
 
 def _projection(frame: pd.DataFrame) -> list[str]:
