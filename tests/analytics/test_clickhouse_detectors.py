@@ -368,3 +368,46 @@ def test_run_spans_containing_means_the_same_on_both_engines(sample_traces):
     local = read.run_spans(duck, run, containing=texts)
     assert 0 < len(local) < len(read.run_spans(duck, run))
     assert list(read.run_spans(store, run, containing=texts)["span_id"]) == list(local["span_id"])
+
+
+def _hand_off_payload(rng: random.Random, index: int) -> tuple[bytes, str]:
+    """One OTLP request of delegations that bounce directly and through a manager, with tasks
+    handed again (tests/analytics/test_ping_pong_differential.py's sequences)."""
+    from tests.analytics.test_ping_pong_differential import _TASKS, _pair_sequence
+
+    spans = []
+    for run in range(3):
+        tasks = rng.sample(_TASKS, 2)
+        for i, (src, dst) in enumerate(_pair_sequence(rng, rng.randint(4, 30))):
+            attrs: dict = {"gen_ai.conversation.id": f"run-{run}", "driftscope.op": "delegate"}
+            if src is not None:
+                attrs["gen_ai.agent.id"] = src
+            if dst is not None:
+                attrs["driftscope.delegate.to"] = dst
+            if rng.random() < 0.8:
+                attrs["driftscope.goal.text"] = rng.choice(tasks)
+            if rng.random() < 0.05:
+                attrs["driftscope.outcome"] = "rejected"
+            start = BASE_NS + int((index * 1000 + run * 100 + i) * 1e9)
+            spans.append({
+                "name": "delegate",
+                "trace_id": hashlib.sha256(f"{index}/{run}".encode()).digest()[:16],
+                "start": start,
+                "end": start + 500_000_000,
+                "attrs": attrs,
+                "status": 0,
+            })  # fmt: skip
+    return make_request(spans).SerializeToString(), PROTOBUF
+
+
+@pytest.mark.slow  # ~5 s; make test runs it
+def test_ping_pong_bounces_of_both_shapes_equal_duckdb(chdb_store):
+    rng = random.Random(5)
+    store = _on_database(chdb_store, "handoffs")
+    duck = _load_both(store, [_hand_off_payload(rng, i) for i in range(4)])
+    with kept.computed_in_full():
+        want = registry.run_metric(duck, "ping_pong")
+    got = registry.run_metric(store, "ping_pong")
+    assert set(want["via"].isna()) == {True, False}  # direct bounces and bounces through a manager
+    assert _rows(got) == _rows(want)
+    duck.close()
