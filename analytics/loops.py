@@ -89,8 +89,8 @@ def loop_rows(calls: pd.DataFrame, labels: np.ndarray, min_repeats: int = MIN_RE
     executed = calls.groupby("loop")["rejected"].transform("size") - refused
     is_loop = (executed >= min_repeats) | (refused >= min_repeats)
     members = calls[is_loop].sort_values(["loop", "start_ns", "SpanId"])
-    if members.empty:
-        return pd.DataFrame(columns=_LOOP_COLUMNS)
+    if members.empty:  # typed as a full computation's empty result (a kept result can become it)
+        return pd.DataFrame({column: pd.Series(dtype=dtype) for column, dtype in _EMPTY_LOOP_TYPES.items()})
     grouped = members.groupby("loop", sort=False)
     out = pd.DataFrame(
         {
@@ -145,6 +145,13 @@ _LOOP_COLUMNS = [
     "trace_id", "span_ids", "run_id", "agent", "tool_name", "call_type", "kind", "failing", "calls",
     "failed", "refused", "distinct_arguments", "min_similarity", "signature", "first_seen", "last_seen",
 ]  # fmt: skip
+# The types a full computation gives each column (loop_rows when no call repeats returns them).
+_EMPTY_LOOP_TYPES = {
+    "trace_id": "str", "span_ids": pd.ArrowDtype(pa.list_(pa.string())), "run_id": "str", "agent": "str",
+    "tool_name": "str", "call_type": "str", "kind": "str", "failing": "bool", "calls": "int64",
+    "failed": "int64", "refused": "int64", "distinct_arguments": "int64", "min_similarity": "float64",
+    "signature": "str", "first_seen": "datetime64[us]", "last_seen": "datetime64[us]",
+}  # fmt: skip
 
 
 @functools.lru_cache(maxsize=65536)

@@ -389,8 +389,7 @@ def test_repeated_calls_takes_the_touched_runs_ping_pongs_from_ping_pongs_kept_r
         )
         for name in order:
             got, full = run_metric(conn, name), _full(conn, name, Window(), Filters())
-            if got.empty and full.empty:  # an emptied kept repeated_calls has object columns (as
-                assert list(got.columns) == list(full.columns)  # at 9873231: seeds 2 and 3)
-                continue
             _assert_same(got, full, f"batch {batch} ({kind}), {name}")
+            # an emptied kept result is typed as a full one (had object columns: seeds 2 and 3)
+            assert got.dtypes.astype(str).to_dict() == full.dtypes.astype(str).to_dict(), (batch, name)
     assert kept.stats["ping_pong_kept"] > before["ping_pong_kept"]
