@@ -6,7 +6,10 @@ whose spans changed are the runs of the traces whose spans changed. Those traces
 the spans ingested from ``SLACK`` before the newest one seen last time (a batch decoded earlier
 than that but committed later, or a delete, changes the total count differently from the counts
 of those recent spans: then everything must be recomputed). A change of thresholds also means
-everything. Results kept by data version (``analytics.summary``, ``analytics.kept``) use this to
+everything. When the count, the newest ingested_at and the thresholds are those of the earlier
+version, a fingerprint of the recent spans (their count and the sum of their trace ids' hashes)
+stands in for listing them: a call on unchanged data reads two numbers, not one row per recently
+ingested trace (254,440 of them on every call at 10M one-span traces). Results kept by data version (``analytics.summary``, ``analytics.kept``) use this to
 recompute only the runs new spans touched.
 """
 
@@ -27,12 +30,14 @@ SLACK = timedelta(seconds=10)
 @dataclass
 class Version:
     """What a kept summary was computed from: spans, the newest ingested_at, the recent spans
-    per trace (ingested from ``newest - SLACK`` on) and the thresholds in force."""
+    per trace (ingested from ``newest - SLACK`` on), the thresholds in force, and the recent
+    spans' fingerprint (``_fingerprint``; None in a version stored before it existed)."""
 
     spans: int
     newest: datetime | None
     recent: dict[str, int]
     thresholds: tuple
+    fingerprint: tuple[int, int] | None = None
 
     @property
     def bound(self) -> datetime | None:
@@ -68,6 +73,16 @@ def _recent_counts(
     return {t: n for t, n, _ in rows}, {t: m for t, _, m in rows if m}
 
 
+def _fingerprint(conn: duckdb.DuckDBPyConnection, bound: datetime) -> tuple[int, int]:
+    """The spans ingested at or after ``bound``: how many, and the sum of their trace ids' hashes
+    (equal for the same spans per trace, but for a hash collision)."""
+    count, total = conn.execute(
+        "SELECT count(*), coalesce(sum(hash(TraceId)), 0) FROM spans WHERE ingested_at >= $bound",
+        {"bound": bound},
+    ).fetchone()
+    return int(count), int(total)
+
+
 def read_version(
     conn: duckdb.DuckDBPyConnection, previous: Version | None
 ) -> tuple[Version, set[str] | None]:
@@ -77,11 +92,20 @@ def read_version(
         "(SELECT count(*) FROM thresholds), (SELECT max(created_at) FROM thresholds)"
     ).fetchone()
     bound = None if newest is None else newest - SLACK
+    fingerprint = None if bound is None else _fingerprint(conn, bound)
+    if (
+        previous is not None
+        and fingerprint is not None
+        and (spans, newest, (thresholds, newest_threshold), fingerprint)
+        == (previous.spans, previous.newest, previous.thresholds, previous.fingerprint)
+    ):
+        # The same spans per recent trace as before (the listing below would find none touched).
+        return previous, set()
     if previous is None or previous.bound is None or newest is None or newest < previous.newest:
         recent = _recent_counts(conn, bound, bound)[1] if bound is not None else {}
-        return Version(spans, newest, recent, (thresholds, newest_threshold)), None
+        return Version(spans, newest, recent, (thresholds, newest_threshold), fingerprint), None
     since_previous, recent = _recent_counts(conn, previous.bound, bound)
-    version = Version(spans, newest, recent, (thresholds, newest_threshold))
+    version = Version(spans, newest, recent, (thresholds, newest_threshold), fingerprint)
     if version.thresholds != previous.thresholds:
         return version, None
     # Spans ingested before the previous bound cannot have changed (no delete, no late batch)

@@ -216,6 +216,7 @@ def version_text(version: Version) -> str:
             "newest": _when(version.newest),
             "recent": version.recent,
             "thresholds": [count, _when(newest_threshold)],
+            "fingerprint": None if version.fingerprint is None else list(version.fingerprint),
         },
         sort_keys=True,
     )
@@ -225,11 +226,13 @@ def parse_version(text: str) -> Version:
     """The ``Version`` ``version_text`` wrote."""
     data = json.loads(text)
     count, newest_threshold = data["thresholds"]
+    fingerprint = data.get("fingerprint")  # absent in a version stored before it existed
     return Version(
         spans=int(data["spans"]),
         newest=_parse_when(data["newest"]),
         recent={str(k): int(v) for k, v in data["recent"].items()},
         thresholds=(count, _parse_when(newest_threshold)),
+        fingerprint=None if fingerprint is None else (int(fingerprint[0]), int(fingerprint[1])),
     )
 
 

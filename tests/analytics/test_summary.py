@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from datetime import timedelta
 
@@ -9,7 +10,7 @@ import duckdb
 import pandas as pd
 import pytest
 
-from analytics import METRICS, Filters, Window, kept, run_metric, summary
+from analytics import METRICS, Filters, Window, data_version, kept, kept_store, run_metric, summary
 from analytics.thresholds import current_threshold
 from driftscope.database import migrate
 from tests import tiers
@@ -182,3 +183,38 @@ def test_incremental_run_summary_recomputes_only_touched_runs_and_follows_delete
     insert_spans(conn, [late])
     assert summary._read_version(conn, version)[1] is None
     assert run_metric(conn, "run_summary").set_index("run_id").loc["run-1", "verdict"] == "failing"
+
+
+def test_read_version_of_unchanged_data_and_an_equal_count_swap_of_recent_spans(tmp_path):
+    """On unchanged data the version is read from two numbers of the recent spans (their
+    fingerprint), not by listing them; a delete and a late insert that keep the count, the newest
+    ingested_at and the thresholds still change the fingerprint, so the kept summary follows."""
+    conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
+    migrate(conn)
+    summary.clear_cache()
+    write = dict(op="write", state_key="k", outcome="ok", tool_name="state_write")
+    first = make_span(0, run="run-1", agent_id="a", state_version="v1", **write)
+    insert_spans(conn, [first, make_span(1, run="run-1", agent_id="a", state_version="v1", **write),
+                        make_span(2, run="run-2", agent_id="a", state_version="v1", **write)])  # fmt: skip
+    assert list(run_metric(conn, "run_summary")["verdict"]) == ["healthy", "healthy"]
+    version, _ = data_version.read_version(conn, None)
+    assert version.fingerprint is not None and version.fingerprint[0] == 3
+    again, touched = data_version.read_version(conn, version)
+    assert touched == set() and again == version
+    # the version is stored with its fingerprint; one stored before it existed has none (listed)
+    assert kept_store.parse_version(kept_store.version_text(version)) == version
+    old_text = json.loads(kept_store.version_text(version))
+    del old_text["fingerprint"]
+    old = kept_store.parse_version(json.dumps(old_text))
+    assert old.fingerprint is None and data_version.read_version(conn, old)[1] == set()
+    # run-1 loses a span and run-2 gets a late one (b clobbers a's write): same count, same newest
+    conn.execute("DELETE FROM spans WHERE SpanId = ?", [first["SpanId"]])
+    late = make_span(3, run="run-2", agent_id="b", state_version="v2", **write)
+    late["ingested_at"] = BASE_TIME - timedelta(seconds=1)
+    insert_spans(conn, [late])
+    spans, newest = conn.execute("SELECT count(*), max(ingested_at) FROM spans").fetchone()
+    assert (spans, newest) == (version.spans, version.newest)
+    assert data_version.read_version(conn, version)[1] is None  # run-1 shrank: everything again
+    rows = run_metric(conn, "run_summary").set_index("run_id")
+    assert rows.loc["run-2", "verdict"] == "failing"
+    pd.testing.assert_frame_equal(run_metric(conn, "run_summary"), _full_summary(conn, Window(), Filters()))
