@@ -19,7 +19,10 @@
 -- handed again when that text is the same).
 -- Cost: a direct cycle's hand-offs are all between one pair of agents, and a bounce through a
 -- manager is between one manager and two agents, so only runs where some pair has enough
--- hand-offs (counted over a few narrow columns) are read in full and ordered. In those runs one
+-- hand-offs, the two directions (the manager's hand-offs to the two agents) overlapping in time
+-- (counts and first/last starts over a few narrow columns, nothing ordered), are read in full and
+-- ordered: depth-3 trees hand off both ways between a pair, and from one agent to two, but each
+-- in a stretch of its own, and sorting their hand-offs was most of the statement. In those runs one
 -- window pass per shape marks each hand-off (does it continue a bounce, is it continued), and
 -- only the marked ones are grouped into bounces with their span lists: a crew whose pairs hand
 -- off both ways in separate stretches (depth-3 trees) passes the count but has no bounce, and
@@ -27,17 +30,33 @@
 -- at 1M spans of such crews). Linear in hand-offs: windows over each run's ordered hand-offs,
 -- neighbours only (lag/lead), no join of a run's hand-offs with each other.
 WITH delegations AS NOT MATERIALIZED (  -- scanned per use (narrow columns, conditions pushed down)
-    SELECT run_id, agent_id, delegate_to, outcome
+    SELECT run_id, agent_id, delegate_to, outcome, start_ns
     FROM spans
     WHERE {span_filter} AND op = 'delegate'
 ),
 delegating_runs AS (SELECT DISTINCT run_id FROM delegations),
+fan_targets AS (  -- each agent's hand-offs to each agent it hands off to n // 2 times or more
+                  -- in a run: their first and last start (a bounce through it, M -> A, M -> B,
+                  -- M -> A, needs two such whose spans of time share a start time)
+    SELECT hash(run_id) AS h, agent_id, delegate_to, min(start_ns) AS first_ns, max(start_ns) AS last_ns
+    FROM delegations
+    WHERE agent_id IS NOT NULL AND delegate_to IS NOT NULL
+      AND agent_id <> delegate_to AND coalesce(outcome, 'ok') <> 'rejected'
+    GROUP BY hash(run_id), agent_id, delegate_to
+    HAVING count(*) >= $min_delegations // 2
+),
 explicit_busy AS (  -- runs where one pair of agents has enough hand-offs for a cycle (n alternating
                     -- hand-offs are n // 2 or more each way), or one agent hands off to two
                     -- agents n // 2 times each; by hash, so a NULL run is one partition as in
-                    -- the windows below
+                    -- the windows below. And the hand-offs that could alternate overlap in time:
+                    -- in A -> B, B -> A, A -> B the B -> A lies between two A -> B, so the
+                    -- first-to-last spans of the two directions (of a manager's hand-offs to the
+                    -- two agents) share a start time; a pair handing off one way in one stretch
+                    -- of the run and back in another (depth-3 trees) passes the counts but not
+                    -- this, without ordering anything (the windows below sort every hand-off of
+                    -- each run let through)
     -- grouped by hashes of the run and the pair: a collision only adds up two pairs of a run
-    -- (their counts), which can only let a few more runs through
+    -- (their counts, their spans of time), which can only let a few more runs through
     SELECT DISTINCT hash(run_id) AS h
     FROM delegations
     WHERE agent_id IS NOT NULL AND delegate_to IS NOT NULL
@@ -45,16 +64,18 @@ explicit_busy AS (  -- runs where one pair of agents has enough hand-offs for a 
     GROUP BY hash(run_id), hash(least(agent_id, delegate_to), greatest(agent_id, delegate_to))
     HAVING count(*) FILTER (WHERE agent_id < delegate_to) >= $min_delegations // 2
        AND count(*) FILTER (WHERE agent_id > delegate_to) >= $min_delegations // 2
+       -- (a bounce of two, A -> B then B -> A, needs no overlap)
+       AND ($min_delegations < 3
+            OR greatest(min(start_ns) FILTER (WHERE agent_id < delegate_to),
+                        min(start_ns) FILTER (WHERE agent_id > delegate_to))
+               <= least(max(start_ns) FILTER (WHERE agent_id < delegate_to),
+                        max(start_ns) FILTER (WHERE agent_id > delegate_to)))
     UNION
-    SELECT DISTINCT hash(run_id) AS h
-    FROM (SELECT run_id, agent_id, delegate_to, count(*) AS n
-          FROM delegations
-          WHERE agent_id IS NOT NULL AND delegate_to IS NOT NULL
-            AND agent_id <> delegate_to AND coalesce(outcome, 'ok') <> 'rejected'
-          GROUP BY run_id, agent_id, delegate_to
-          HAVING count(*) >= $min_delegations // 2)
-    GROUP BY hash(run_id), agent_id
-    HAVING count(*) >= 2
+    SELECT DISTINCT x.h
+    FROM fan_targets x
+    JOIN fan_targets y ON y.h = x.h AND y.agent_id = x.agent_id
+    WHERE x.delegate_to < y.delegate_to
+      AND greatest(x.first_ns, y.first_ns) <= least(x.last_ns, y.last_ns)
 ),
 explicit AS (
     SELECT d.TraceId, d.SpanId, d.run_id, d.agent_id AS src, d.delegate_to AS dst, d.Timestamp,
@@ -110,6 +131,9 @@ inferred_busy AS (
     GROUP BY hash(run_id), least(src, dst), greatest(src, dst)
     HAVING count(*) FILTER (WHERE src < dst) >= $min_inferred // 2
        AND count(*) FILTER (WHERE src > dst) >= $min_inferred // 2
+       AND ($min_inferred < 3  -- overlapping in time, as in explicit_busy
+            OR greatest(min(start_ns) FILTER (WHERE src < dst), min(start_ns) FILTER (WHERE src > dst))
+               <= least(max(start_ns) FILTER (WHERE src < dst), max(start_ns) FILTER (WHERE src > dst)))
 ),
 edges AS (
     SELECT * FROM explicit

@@ -6,6 +6,10 @@ the bounces shorter than four: at 1M spans of depth-3 crews (every run passes th
 bounce anywhere) that was ~2.2 of its 2.3 CPU-s. The statement now groups only the hand-offs that
 reverse one or are reversed (or, through a manager, go back to the agent two before, and the two
 before those); the answers must be the previous statement's, row for row and type for type.
+Since then a run is ordered only when a pair's hand-offs both ways (a manager's to two agents)
+overlap in time: depth-3 crews hand off both ways in separate stretches, and their two window
+sorts were most of what was left; the tests at the end hold that prefilter to the previous
+statement where stretches touch, at a single shared start time.
 """
 
 from __future__ import annotations
@@ -164,8 +168,14 @@ def test_random_span_sets_have_bounces_of_every_kind():
             ("inferred", True), ("null run", True)} <= kinds  # fmt: skip
 
 
-def _largest_group_by(conn: duckdb.DuckDBPyConnection, sql: str, params: dict) -> int:
-    """Rows out of the statement's largest hash aggregate (DuckDB's JSON profile)."""
+_GROUP_BYS = ("HASH_GROUP_BY", "PERFECT_HASH_GROUP_BY")
+
+
+def _largest_group_by(
+    conn: duckdb.DuckDBPyConnection, sql: str, params: dict, operators: tuple[str, ...] = _GROUP_BYS
+) -> int:
+    """Rows out of the statement's largest hash aggregate, or of its largest of ``operators``
+    (DuckDB's JSON profile)."""
     sql = prune_unset_filters(sql, params)
     params = {key: params[key] for key in mentioned_params(sql)}
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
@@ -180,10 +190,7 @@ def _largest_group_by(conn: duckdb.DuckDBPyConnection, sql: str, params: dict) -
     stack = list(profile.get("operator", profile.get("children", [])))
     while stack:
         node = stack.pop()
-        if node.get("name", node.get("operator_name", "")).strip() in (
-            "HASH_GROUP_BY",
-            "PERFECT_HASH_GROUP_BY",
-        ):
+        if node.get("name", node.get("operator_name", "")).strip() in operators:
             largest = max(largest, node.get("intermediate_rows", node.get("operator_cardinality", 0)))
         stack.extend(node.get("children", []))
     return largest
@@ -206,3 +213,74 @@ def test_hand_offs_of_busy_runs_without_a_bounce_are_not_grouped_one_by_one():
     new = _largest_group_by(conn, load_sql("ping_pong"), params)
     assert old >= len(rows)  # the previous statement: a bounce of one per hand-off
     assert new < 20  # now: per (run, pair) counts and the few hand-offs at a change of stretch
+
+
+def _stretches(rng: random.Random, run: str) -> list[dict]:
+    """Delegations of one run in stretches of one pair each (a depth-3 crew's shape, which the
+    prefilter drops by time alone), start times from a few values, so stretches touch at equal
+    start times, and short bounces where stretches meet."""
+    rows, t = [], rng.random()
+    src, dst = "a", "b"
+    for _ in range(rng.randint(2, 8)):
+        if rng.random() < 0.6:  # back the other way (the manager to its other agent)
+            src, dst = ("m", "b" if dst == "a" else "a") if src == "m" else (dst, src)
+        else:
+            src, dst = rng.choice([("a", "b"), ("b", "a"), ("m", "a"), ("m", "b"), ("a", "c"), ("c", "a")])
+        for _ in range(rng.choice([1, 1, 2, 4])):
+            t += rng.choice([0.0, 0.0, 1.0])
+            rows.append(make_span(t, run=run, op="delegate", agent_id=src, delegate_to=dst,
+                                  goal_text=rng.choice(_TASKS[:2])))  # fmt: skip
+    return rows
+
+
+def test_ping_pong_equals_the_previous_statement_where_stretches_touch():
+    # The busy-pair prefilter lets a run through only when a pair's hand-offs one way and back (a
+    # manager's to two agents) overlap in time; at the edge they share one start time and the span
+    # id orders them. Equal to the previous statement (no prefilter by time) on such runs.
+    rng = random.Random(0)
+    conn = new_db()
+    insert_spans(conn, [row for r in range(24) for row in _stretches(rng, f"run-{r}")])  # ~250 spans
+    new = run_metric(conn, "ping_pong")
+    pd.testing.assert_frame_equal(_sorted(new), _sorted(old_ping_pong(conn, Window(), Filters())))
+    assert len(new) >= 5
+
+
+@pytest.mark.parametrize("manager", [False, True])
+def test_a_bounce_whose_directions_meet_at_one_start_time_is_found(manager):
+    # A -> B (t=1), B -> A (t=2), A -> B (t=2), B -> A (t=3): the hand-offs one way span 1..2 and
+    # back 2..3, overlapping at t=2 only (the span ids order the two at t=2); after a long one-way
+    # stretch, as where a depth-3 crew's stretches meet. Through a manager: M -> A, M -> B, M -> A,
+    # M -> B likewise.
+    conn = new_db()
+    hops = (
+        [("m", "a"), ("m", "b"), ("m", "a"), ("m", "b")]
+        if manager
+        else [("a", "b"), ("b", "a"), ("a", "b"), ("b", "a")]
+    )
+    rows = [make_span(t / 10, op="delegate", agent_id=hops[0][0], delegate_to=hops[0][1], goal_text="the task")
+            for t in range(-40, 0)]  # fmt: skip
+    for t, (src, dst) in zip([1, 2, 2, 3], hops, strict=True):
+        rows.append(make_span(t, op="delegate", agent_id=src, delegate_to=dst, goal_text="the task"))
+    insert_spans(conn, rows)
+    found = run_metric(conn, "ping_pong")
+    assert list(found["delegations"]) == [4]
+    assert list(found["via"]) == (["m"] if manager else [None])
+    pd.testing.assert_frame_equal(_sorted(found), _sorted(old_ping_pong(conn, Window(), Filters())))
+
+
+def test_runs_whose_pairs_hand_off_each_way_in_separate_stretches_are_not_ordered():
+    # A depth-3 crew's run (as in test_hand_offs_of_busy_runs_without_a_bounce_...): pairs hand off
+    # both ways and agents to two agents, each in a stretch of its own; the prefilter by time drops
+    # it before any window sorts its hand-offs (at 1M spans of such crews the two window sorts were
+    # most of the statement).
+    conn = new_db()
+    rows, t = [], 0.0
+    for src, dst in [("a", "b"), ("b", "a"), ("a", "c"), ("c", "b"), ("b", "c"), ("m", "a"), ("m", "b")]:
+        for _ in range(40):
+            t += 1
+            rows.append(make_span(t, op="delegate", agent_id=src, delegate_to=dst, goal_text="the task"))
+    insert_spans(conn, rows)
+    params = filter_params(Window(), Filters())
+    params.update(min_delegations=MIN_PING_PONG_DELEGATIONS, min_inferred=MIN_PING_PONG_INFERRED)
+    assert _largest_group_by(conn, OLD_SQL, params, ("WINDOW", "STREAMING_WINDOW")) >= len(rows)
+    assert _largest_group_by(conn, load_sql("ping_pong"), params, ("WINDOW", "STREAMING_WINDOW")) == 0
