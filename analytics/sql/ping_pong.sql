@@ -35,47 +35,36 @@ WITH delegations AS NOT MATERIALIZED (  -- scanned per use (narrow columns, cond
     WHERE {span_filter} AND op = 'delegate'
 ),
 delegating_runs AS (SELECT DISTINCT run_id FROM delegations),
-fan_targets AS (  -- each agent's hand-offs to each agent it hands off to n // 2 times or more
-                  -- in a run: their first and last start (a bounce through it, M -> A, M -> B,
-                  -- M -> A, needs two such whose spans of time share a start time)
-    SELECT hash(run_id) AS h, agent_id, delegate_to, min(start_ns) AS first_ns, max(start_ns) AS last_ns
+hand_off_spans AS MATERIALIZED (  -- per run, agent and agent handed to, with n // 2 hand-offs or
+                                  -- more (n alternating hand-offs are n // 2 or more each way):
+                                  -- their first and last start; by hash, so a NULL run is one
+                                  -- partition as in the windows below (a collision only adds up
+                                  -- two runs' counts and spans of time: a few more runs let through)
+    SELECT hash(run_id) AS h, agent_id AS src, delegate_to AS dst,
+           min(start_ns) AS first_ns, max(start_ns) AS last_ns
     FROM delegations
     WHERE agent_id IS NOT NULL AND delegate_to IS NOT NULL
       AND agent_id <> delegate_to AND coalesce(outcome, 'ok') <> 'rejected'
     GROUP BY hash(run_id), agent_id, delegate_to
     HAVING count(*) >= $min_delegations // 2
 ),
-explicit_busy AS (  -- runs where one pair of agents has enough hand-offs for a cycle (n alternating
-                    -- hand-offs are n // 2 or more each way), or one agent hands off to two
-                    -- agents n // 2 times each; by hash, so a NULL run is one partition as in
-                    -- the windows below. And the hand-offs that could alternate overlap in time:
-                    -- in A -> B, B -> A, A -> B the B -> A lies between two A -> B, so the
-                    -- first-to-last spans of the two directions (of a manager's hand-offs to the
-                    -- two agents) share a start time; a pair handing off one way in one stretch
-                    -- of the run and back in another (depth-3 trees) passes the counts but not
-                    -- this, without ordering anything (the windows below sort every hand-off of
-                    -- each run let through)
-    -- grouped by hashes of the run and the pair: a collision only adds up two pairs of a run
-    -- (their counts, their spans of time), which can only let a few more runs through
-    SELECT DISTINCT hash(run_id) AS h
-    FROM delegations
-    WHERE agent_id IS NOT NULL AND delegate_to IS NOT NULL
-      AND agent_id <> delegate_to AND coalesce(outcome, 'ok') <> 'rejected'
-    GROUP BY hash(run_id), hash(least(agent_id, delegate_to), greatest(agent_id, delegate_to))
-    HAVING count(*) FILTER (WHERE agent_id < delegate_to) >= $min_delegations // 2
-       AND count(*) FILTER (WHERE agent_id > delegate_to) >= $min_delegations // 2
-       -- (a bounce of two, A -> B then B -> A, needs no overlap)
-       AND ($min_delegations < 3
-            OR greatest(min(start_ns) FILTER (WHERE agent_id < delegate_to),
-                        min(start_ns) FILTER (WHERE agent_id > delegate_to))
-               <= least(max(start_ns) FILTER (WHERE agent_id < delegate_to),
-                        max(start_ns) FILTER (WHERE agent_id > delegate_to)))
+explicit_busy AS (  -- runs where a pair of agents hands off both ways enough for a cycle, or one
+                    -- agent to two agents, and those hand-offs overlap in time: in A -> B, B -> A,
+                    -- A -> B the B -> A lies between two A -> B, so the two directions' first-to-
+                    -- last starts share a start time (M -> A, M -> B, M -> A likewise for M's two
+                    -- agents). A pair handing off one way in one stretch of the run and back in
+                    -- another (depth-3 trees) passes the counts but not this, and nothing is
+                    -- ordered (the windows below sort every hand-off of each run let through)
+    SELECT x.h
+    FROM hand_off_spans x
+    JOIN hand_off_spans y ON y.h = x.h AND y.src = x.dst AND y.dst = x.src
+    WHERE x.src < x.dst  -- (a bounce of two, A -> B then B -> A, needs no overlap)
+      AND ($min_delegations < 3 OR greatest(x.first_ns, y.first_ns) <= least(x.last_ns, y.last_ns))
     UNION
-    SELECT DISTINCT x.h
-    FROM fan_targets x
-    JOIN fan_targets y ON y.h = x.h AND y.agent_id = x.agent_id
-    WHERE x.delegate_to < y.delegate_to
-      AND greatest(x.first_ns, y.first_ns) <= least(x.last_ns, y.last_ns)
+    SELECT x.h
+    FROM hand_off_spans x
+    JOIN hand_off_spans y ON y.h = x.h AND y.src = x.src
+    WHERE x.dst < y.dst AND greatest(x.first_ns, y.first_ns) <= least(x.last_ns, y.last_ns)
 ),
 explicit AS (
     SELECT d.TraceId, d.SpanId, d.run_id, d.agent_id AS src, d.delegate_to AS dst, d.Timestamp,
