@@ -413,7 +413,7 @@ def keeps_parts(
     ``max_runs``: with more runs stored, parts are not counted at all (a full computation costs
     less than counting them once to find them too many)."""
     PARTS[name] = _Parts(count, max_rows, depends, {}, set(), max_runs)
-    REFINERS[name] = functools.partial(_update_from_parts, name)
+    REFINERS[name] = functools.partial(update_from_parts, name)
 
 
 def given_parts(name: str) -> pd.DataFrame | pa.Table | None:
@@ -423,7 +423,7 @@ def given_parts(name: str) -> pd.DataFrame | pa.Table | None:
     return given[1] if given is not None and given[0] == name else None
 
 
-def _update_from_parts(
+def update_from_parts(
     name: str,
     conn: duckdb.DuckDBPyConnection,
     compute: Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame],
@@ -448,9 +448,7 @@ def _update_from_parts(
             return None
     depends = None if keeper.depends is None else keeper.depends(conn, window, filters)
     if entry is not None and old is not None and entry[0] is old and entry[2] == depends:
-        with run_scope(runs=scope.runs, runs_since=scope.since):
-            fresh = keeper.count(conn, window, filters)
-        counted = replace_runs(entry[1], [*scope.runs, *traces], fresh)
+        counted = _recounted(keeper, conn, window, filters, entry[1], traces, scope)
         stats["parts_kept"] += 1
     else:
         if keeper.max_runs is not None:
@@ -476,6 +474,49 @@ def _update_from_parts(
             ):
                 del keeper.kept[next(iter(keeper.kept))]
     return frame
+
+
+def _recounted(
+    keeper: _Parts,
+    conn: duckdb.DuckDBPyConnection,
+    window: Window,
+    filters: Filters,
+    parts: pd.DataFrame | pa.Table,
+    traces: set[str],
+    scope: Scope,
+) -> pd.DataFrame | pa.Table:
+    """``parts`` with the touched runs (``scope.runs``, and runs named by a touched trace's id)
+    counted again."""
+    with run_scope(runs=scope.runs, runs_since=scope.since):
+        fresh = keeper.count(conn, window, filters)
+    return replace_runs(parts, [*scope.runs, *traces], fresh)
+
+
+def carry_parts(
+    name: str,
+    conn: duckdb.DuckDBPyConnection,
+    window: Window,
+    filters: Filters,
+    old: pd.DataFrame,
+    new: pd.DataFrame,
+    traces: set[str],
+    scope: Scope,
+) -> None:
+    """``name``'s result ``old`` was brought up to date as ``new`` by a finer update of its own
+    (``REFINERS``), not from its parts: the parts kept with ``old``, the touched runs counted
+    again, are kept with ``new`` (else the next update from parts would count every run)."""
+    keeper = PARTS[name]
+    with _parts_lock:
+        entry = keeper.kept.pop(id(old), None)
+    if entry is None or entry[0] is not old:
+        return
+    depends = None if keeper.depends is None else keeper.depends(conn, window, filters)
+    if entry[2] != depends:
+        return
+    counted = _recounted(keeper, conn, window, filters, entry[1], traces, scope)
+    stats["parts_kept"] += 1
+    with _parts_lock:
+        keeper.kept[id(new)] = (new, counted, depends)
 
 
 def _has_runless(parts: pd.DataFrame | pa.Table) -> bool:
@@ -774,7 +815,7 @@ def _up_to_date(
                 stats["refined"] += frame is not None
     if frame is None:
         if name in PARTS:  # from every run's parts, kept for the next batch (unless too many)
-            frame = _update_from_parts(name, conn, compute, window, filters, None, set(), None)
+            frame = update_from_parts(name, conn, compute, window, filters, None, set(), None)
         if frame is None:
             frame = _compute_full(conn, name, compute, window, filters)
         stats["full"] += 1

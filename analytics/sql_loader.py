@@ -60,6 +60,7 @@ def expand_fragments(text: str) -> str:
     # Fragments may include fragments; expand until none is left (fragments never recurse).
     for fragment in (
         "goal_subtasks",
+        "rejection_trend",
         "constraint_cells",
         "held_versions",
         "filtered_spans",

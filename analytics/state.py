@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timedelta
 
 import duckdb
+import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from analytics._evidence import EVIDENCE, THRESHOLD, TIMES
-from analytics.kept import given_parts, keeps_parts
+from analytics.data_version import Scope
+from analytics.kept import (
+    carry_parts,
+    concat_as_computed,
+    given_parts,
+    keeps_parts,
+    refines,
+    stats,
+    update_from_parts,
+)
 from analytics.registry import register
 from analytics.sql_loader import (
     filter_params,
@@ -99,8 +111,13 @@ def choose_bucket_seconds(conn: duckdb.DuckDBPyConnection, window: Window, filte
     sql = "SELECT min(Timestamp), max(Timestamp) FROM spans WHERE {span_filter} AND outcome IS NOT NULL"
     sql = sql.replace("{span_filter}", "(" + load_sql("_span_filter") + "\n)")
     frame = query_df(conn, sql, params)
-    start = window.since if window.since is not None else frame.iloc[0, 0]
-    end = window.until if window.until is not None else frame.iloc[0, 1]
+    return _bucket_seconds_over(window, frame.iloc[0, 0], frame.iloc[0, 1])
+
+
+def _bucket_seconds_over(window: Window, first, last) -> int:
+    """``choose_bucket_seconds`` for guarded calls from ``first`` to ``last`` (None: none)."""
+    start = window.since if window.since is not None else first
+    end = window.until if window.until is not None else last
     if start is None or end is None or pd.isna(start) or pd.isna(end):
         return _BUCKETS_S[0]
     span_s = max((pd.Timestamp(end) - pd.Timestamp(start)).total_seconds(), 1.0)
@@ -147,9 +164,25 @@ def rejection_rates(conn: duckdb.DuckDBPyConnection, window: Window, filters: Fi
     bucket_seconds = choose_bucket_seconds(conn, window, filters)
     parts = given_parts("rejection_rates")  # after a batch: counts per run, the touched ones new
     if parts is None:
-        frame = run_sql(conn, "rejection_rates", window, filters, bucket_seconds=bucket_seconds)
+        frame = run_sql(
+            conn,
+            "rejection_rates",
+            window,
+            filters,
+            bucket_seconds=bucket_seconds,
+            buckets=None,
+            buckets_from=None,
+            buckets_until=None,
+        )
     else:
         frame = query_tables("_rejection_rates_buckets", {"parts": parts}, {"bucket_seconds": bucket_seconds})
+    return _with_threshold(conn, frame, bucket_seconds)
+
+
+def _with_threshold(
+    conn: duckdb.DuckDBPyConnection, frame: pd.DataFrame, bucket_seconds: int
+) -> pd.DataFrame:
+    """``frame`` (rejection_rates.sql's rows) with the bucket width and the threshold columns."""
     info = current_threshold(conn, "rejection_rate")
     frame["bucket_seconds"] = bucket_seconds
     frame["threshold"] = info.value
@@ -185,3 +218,86 @@ keeps_parts(
     depends=_bucket_width,
     max_runs=REJECTION_PART_RUNS,
 )
+
+
+# After a batch the rows of the time buckets holding the touched traces' guarded calls are counted
+# again from every run's spans in those buckets (_rejection_rates_touched.sql, then
+# rejection_rates.sql over those buckets alone); the other buckets' rows stay, and the rates and
+# each tool x key x agent's trend are formed again over all rows (_rejection_trend.sql). A batch
+# into the newest runs touches a bucket or two of up to 48, where the per-run parts are more rows
+# than the result at 1,000-call runs (10M spans: ~10,000 runs, computed in full after each batch).
+# Past this share of the buckets (runs as long as the window), the per-run parts or a full
+# computation bring it up to date instead.
+REJECTION_BUCKET_SHARE = 0.25
+_BUCKET_ORIGIN = datetime(2000, 1, 3)  # time_bucket's default origin, as the SQL counts buckets
+_RATE_COLUMNS = ("rejection_rate", "error_rate", "trend_per_hour")
+
+
+@refines("rejection_rates")
+def _refine_rejections(
+    conn: duckdb.DuckDBPyConnection,
+    compute,
+    window: Window,
+    filters: Filters,
+    old: pd.DataFrame,
+    traces: set[str],
+    scope: Scope,
+) -> pd.DataFrame | None:
+    """``old`` brought up to date after spans of ``traces`` came, bucket by bucket; else from the
+    per-run parts (``analytics.kept.update_from_parts``), or None (a full computation)."""
+    frame = _rejections_by_bucket(conn, window, filters, old, traces)
+    if frame is None:
+        return update_from_parts("rejection_rates", conn, compute, window, filters, old, traces, scope)
+    carry_parts("rejection_rates", conn, window, filters, old, frame, traces, scope)
+    return frame
+
+
+def _rejections_by_bucket(
+    conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters, old: pd.DataFrame, traces: set[str]
+) -> pd.DataFrame | None:
+    """``old`` with the rows of the buckets ``traces``' guarded calls fall in counted again, or
+    None when the bucket width changed or too many buckets were touched."""
+    if old is None or old.empty or not traces:
+        return None
+    bucket_seconds = int(old["bucket_seconds"].iloc[0])
+    params = filter_params(window, filters)
+    params.update(bucket_seconds=bucket_seconds, traces=sorted(traces))
+    touched = query_arrow(conn, load_sql("_rejection_rates_touched"), params)
+    if filters.agent is None and filters.run is None and filters.origin_task is None:
+        # The guarded calls' first and last times: the kept rows' and the touched traces' (a
+        # batch adds calls, and moves none out of these filters). A scan less at 10M spans.
+        first, last = old["first_seen"].min(), old["last_seen"].max()
+        if touched.num_rows:
+            first = min(first, pd.Timestamp(pc.min(touched.column("first_seen")).as_py()))
+            last = max(last, pd.Timestamp(pc.max(touched.column("last_seen")).as_py()))
+        width = _bucket_seconds_over(window, first, last)
+    else:  # the agent filter narrows the rows, not the calls bucketed; runs can join a run filter
+        width = choose_bucket_seconds(conn, window, filters)
+    if width != bucket_seconds:
+        return None
+    buckets = touched.column("bucket").to_pylist()
+    if not buckets:  # no guarded call in the touched traces: no row changed
+        return old
+    if len(buckets) > REJECTION_BUCKET_SHARE * old["bucket_start"].nunique():
+        return None
+    starts = [_BUCKET_ORIGIN + timedelta(seconds=b * bucket_seconds) for b in buckets]
+    params.update(
+        buckets=buckets, buckets_from=starts[0], buckets_until=starts[-1] + timedelta(seconds=bucket_seconds)
+    )
+    fresh = query_df(conn, load_sql("rejection_rates"), params)
+    columns = [c for c in fresh.columns if c not in _RATE_COLUMNS]
+    keep = old.loc[~old["bucket_start"].isin(pd.to_datetime(starts)), columns]
+    rows = concat_as_computed(keep, fresh[columns]) if not keep.empty else fresh[columns]
+    if rows.empty:
+        return None
+    rows = rows.reset_index(drop=True)
+    narrow = pa.Table.from_pandas(
+        rows[["bucket_start", "tool_name", "state_key", "agent", "attempts", "rejections", "errors"]],
+        preserve_index=False,
+    ).append_column("i", pa.array(np.arange(len(rows))))
+    rates = query_tables("_rejection_trend", {"buckets": narrow}, {})
+    frame = rows.take(rates["i"].to_numpy()).reset_index(drop=True)
+    for column in _RATE_COLUMNS:
+        frame[column] = rates[column].to_numpy()
+    stats["rejection_buckets"] += 1
+    return _with_threshold(conn, frame, bucket_seconds).loc[:, list(old.columns)]  # the registered order

@@ -14,12 +14,4 @@ WITH buckets AS (
     FROM parts
     GROUP BY bucket, tool_name, state_key, agent
 )
-SELECT *,
-       rejections / attempts AS rejection_rate,
-       errors / attempts AS error_rate,
-       CASE WHEN count(*) OVER g > 1
-            THEN coalesce(regr_slope(rejections / attempts, epoch(bucket_start)) OVER g * 3600, 0.0)
-            ELSE 0.0 END AS trend_per_hour
-FROM buckets
-WINDOW g AS (PARTITION BY tool_name, state_key, agent)
-ORDER BY tool_name, state_key NULLS FIRST, agent NULLS FIRST, bucket_start
+{rejection_trend}
