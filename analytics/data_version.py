@@ -83,14 +83,27 @@ def _fingerprint(conn: duckdb.DuckDBPyConnection, bound: datetime) -> tuple[int,
     return int(count), int(total)
 
 
+def _head(conn: duckdb.DuckDBPyConnection, floor: datetime | None) -> tuple:
+    """Spans stored, the newest ingested_at (of those ingested at or after ``floor``: None when
+    none is), and the thresholds' count and newest. After an insert DuckDB scans every row group
+    for a max (26 ms at 10M spans, on every call until a checkpoint); from ``floor`` on, only the
+    newest row groups are read (3 ms)."""
+    return conn.execute(
+        "SELECT (SELECT count(*) FROM spans), "
+        "(SELECT max(ingested_at) FROM spans WHERE $floor::TIMESTAMP IS NULL OR ingested_at >= $floor::TIMESTAMP), "
+        "(SELECT count(*) FROM thresholds), (SELECT max(created_at) FROM thresholds)",
+        {"floor": floor},
+    ).fetchone()
+
+
 def read_version(
     conn: duckdb.DuckDBPyConnection, previous: Version | None
 ) -> tuple[Version, set[str] | None]:
     """The current version, and the traces changed since ``previous`` (None: recompute all)."""
-    spans, newest, thresholds, newest_threshold = conn.execute(
-        "SELECT (SELECT count(*) FROM spans), (SELECT max(ingested_at) FROM spans), "
-        "(SELECT count(*) FROM thresholds), (SELECT max(created_at) FROM thresholds)"
-    ).fetchone()
+    floor = previous.newest if previous is not None else None
+    spans, newest, thresholds, newest_threshold = _head(conn, floor)
+    if newest is None and floor is not None and spans:  # nothing as new as before: spans deleted
+        spans, newest, thresholds, newest_threshold = _head(conn, None)
     bound = None if newest is None else newest - SLACK
     fingerprint = None if bound is None else _fingerprint(conn, bound)
     if (

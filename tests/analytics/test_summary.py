@@ -218,3 +218,22 @@ def test_read_version_of_unchanged_data_and_an_equal_count_swap_of_recent_spans(
     rows = run_metric(conn, "run_summary").set_index("run_id")
     assert rows.loc["run-2", "verdict"] == "failing"
     pd.testing.assert_frame_equal(run_metric(conn, "run_summary"), _full_summary(conn, Window(), Filters()))
+
+
+def test_read_version_after_the_newest_spans_are_deleted(tmp_path):
+    """The newest ingested_at is read from the earlier version's on (the newest row groups only);
+    when every span that new is gone, it is read again over all spans and everything recomputed."""
+    conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
+    migrate(conn)
+    summary.clear_cache()
+    insert_spans(conn, [make_span(0, run="run-1", agent_id="a", op="write", outcome="ok")])
+    newer = make_span(1, run="run-2", agent_id="a", op="write", outcome="rejected")
+    newer["ingested_at"] = BASE_TIME + timedelta(minutes=5)
+    insert_spans(conn, [newer])
+    assert run_metric(conn, "run_summary").set_index("run_id").loc["run-2", "verdict"] == "degraded"
+    version, _ = data_version.read_version(conn, None)
+    assert version.newest == BASE_TIME + timedelta(minutes=5)
+    conn.execute("DELETE FROM spans WHERE run_id = 'run-2'")
+    after, touched = data_version.read_version(conn, version)
+    assert touched is None and (after.spans, after.newest) == (1, BASE_TIME)
+    assert list(run_metric(conn, "run_summary")["run_id"]) == ["run-1"]
