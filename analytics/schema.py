@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import importlib.resources
 import re
+import weakref
 
 import duckdb
 
 from analytics.engine import is_clickhouse
 
 TABLES = ("embeddings", "thresholds", "goal_scores")
+# Connections (cursors) found readable: the tables stay (none is dropped), so the catalog is not
+# asked again on every detector read (5 ms each, a dozen per run_summary, at 10M spans under load).
+_readable: weakref.WeakSet = weakref.WeakSet()
 _CREATE = re.compile(r"CREATE TABLE IF NOT EXISTS", re.IGNORECASE)
 
 
@@ -37,7 +41,7 @@ def ensure_readable(conn: duckdb.DuckDBPyConnection) -> None:
     raises ``SchemaError`` (silently using temporary tables there would lose what it stores).
     A ClickHouse store has them from its own migrations (``driftscope clickhouse init``).
     """
-    if is_clickhouse(conn):
+    if is_clickhouse(conn) or conn in _readable:
         return
     present = {
         row[0]
@@ -46,6 +50,7 @@ def ensure_readable(conn: duckdb.DuckDBPyConnection) -> None:
         ).fetchall()
     }
     if present.issuperset(TABLES):
+        _readable.add(conn)
         return
     (read_only,) = conn.execute(
         "SELECT readonly FROM duckdb_databases() WHERE database_name = current_database()"
@@ -57,3 +62,4 @@ def ensure_readable(conn: duckdb.DuckDBPyConnection) -> None:
             "driftscope.database.open_database or apply the analytics migrations first"
         )
     conn.execute(_CREATE.sub("CREATE TEMP TABLE IF NOT EXISTS", migration_sql()))
+    _readable.add(conn)
