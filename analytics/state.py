@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 import duckdb
@@ -236,7 +237,7 @@ _RATE_COLUMNS = ("rejection_rate", "error_rate", "trend_per_hour")
 @refines("rejection_rates")
 def _refine_rejections(
     conn: duckdb.DuckDBPyConnection,
-    compute,
+    compute: Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame],
     window: Window,
     filters: Filters,
     old: pd.DataFrame,
