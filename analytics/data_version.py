@@ -9,8 +9,9 @@ of those recent spans: then everything must be recomputed). A change of threshol
 everything. When the count, the newest ingested_at and the thresholds are those of the earlier
 version, a fingerprint of the recent spans (their count and the sum of their trace ids' hashes)
 stands in for listing them: a call on unchanged data reads two numbers, not one row per recently
-ingested trace (254,440 of them on every call at 10M one-span traces). Results kept by data version (``analytics.summary``, ``analytics.kept``) use this to
-recompute only the runs new spans touched.
+ingested trace (254,440 of them on every call at 10M one-span traces). Results kept by data
+version (``analytics.summary``, ``analytics.kept``) use this to recompute only the runs new spans
+touched.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ version) gets empty temporary ones, so every detector reads defaults instead of 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.resources
 import re
 import weakref
@@ -50,7 +51,7 @@ def ensure_readable(conn: duckdb.DuckDBPyConnection) -> None:
         ).fetchall()
     }
     if present.issuperset(TABLES):
-        _readable.add(conn)
+        _remember(conn)
         return
     (read_only,) = conn.execute(
         "SELECT readonly FROM duckdb_databases() WHERE database_name = current_database()"
@@ -62,4 +63,10 @@ def ensure_readable(conn: duckdb.DuckDBPyConnection) -> None:
             "driftscope.database.open_database or apply the analytics migrations first"
         )
     conn.execute(_CREATE.sub("CREATE TEMP TABLE IF NOT EXISTS", migration_sql()))
-    _readable.add(conn)
+    _remember(conn)
+
+
+def _remember(conn: duckdb.DuckDBPyConnection) -> None:
+    """Keep ``conn`` as readable (unless it takes no weak reference: then it is checked again)."""
+    with contextlib.suppress(TypeError):
+        _readable.add(conn)
