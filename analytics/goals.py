@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 from analytics._evidence import EVIDENCE, THRESHOLD, TIMES
 from analytics.embeddings import BATCH_SIZE, MODEL_NAME, embed_counting, text_hash
 from analytics.engine import is_clickhouse
-from analytics.kept import as_duckdb_types, given_parts, keeps_parts
+from analytics.kept import given_parts, keeps_parts
 from analytics.registry import register
 from analytics.sql_loader import filter_params, load_sql, query_arrow, query_df, query_tables
 from analytics.tasks import EXTRACTION_VERSION, extract_task
@@ -110,19 +110,50 @@ def _subtask_rows(
     ingested_after: datetime | None = None,
     threshold: float | None = None,
 ) -> pd.DataFrame:
-    return _goal_query(conn, "goal_divergence", window, filters, ingested_after, threshold=threshold)
+    """The subtasks of ``goal_divergence.sql`` (those above ``threshold``; all when None), their
+    pairs scored first when some have no stored score."""
+    frame = _scored_query(
+        conn, "goal_divergence", window, filters, ingested_after=ingested_after, threshold=threshold
+    )
+    return _without_empty_row(frame, "trace_id")
+
+
+def _without_empty_row(frame: pd.DataFrame, key: str) -> pd.DataFrame:
+    """``frame`` without the row a statement returns only to carry ``pending`` (``key`` NULL),
+    typed as DuckDB types a statement's empty answer: that row's NULLs made its integer columns
+    pandas' nullable ones (``Int32``), where no row gives numpy's (``int32``)."""
+    rows = frame[frame[key].notna()]
+    if len(rows) == len(frame):
+        return frame
+    rows = rows.reset_index(drop=True)
+    if rows.empty:
+        nullable = {
+            column: dtype.numpy_dtype
+            for column, dtype in rows.dtypes.items()
+            if isinstance(dtype, pd.api.extensions.ExtensionDtype)
+            and hasattr(dtype, "numpy_dtype")
+            and not isinstance(dtype, (pd.StringDtype, pd.ArrowDtype))
+        }
+        rows = rows.astype(nullable) if nullable else rows
+    return rows
 
 
 def _scored_query(
-    conn: duckdb.DuckDBPyConnection, name: str, window: Window, filters: Filters, **extra
+    conn: duckdb.DuckDBPyConnection,
+    name: str,
+    window: Window,
+    filters: Filters,
+    ingested_after: datetime | None = None,
+    **extra,
 ) -> pd.DataFrame:
     """Run goal SQL ``name`` (whose rows carry ``pending``, the unscored pairs in the window);
-    when pairs are pending, score them first and run it again. Rows without data are dropped."""
-    frame = _goal_query(conn, name, window, filters, **extra)
+    when pairs are pending, score them first (the distinct text pairs only: ``goal_pending``)
+    and run it again. ``pending`` is dropped; rows without data are left to the caller."""
+    frame = _goal_query(conn, name, window, filters, ingested_after, **extra)
     if len(frame) and frame["pending"].iloc[0] > 0:
-        pending = _goal_query(conn, "goal_pending", window, filters, pending_limit=None)
+        pending = _goal_query(conn, "goal_pending", window, filters, ingested_after, pending_limit=None)
         score_raw_pairs(conn, pending)
-        frame = _goal_query(conn, name, window, filters, **extra)
+        frame = _goal_query(conn, name, window, filters, ingested_after, **extra)
     return frame.drop(columns="pending")
 
 
@@ -241,26 +272,6 @@ def _insert_scores(conn: duckdb.DuckDBPyConnection, table: pa.Table, target: str
         conn.unregister("_new_goal_scores")
 
 
-def _fill_unscored(conn: duckdb.DuckDBPyConnection, frame: pd.DataFrame) -> pd.DataFrame:
-    """Score the rows whose pair had no stored score (cold call) and drop unusable pairs."""
-    pending = frame["_root_raw"].notna()
-    if not pending.any():
-        return frame
-    scored, _ = score_raw_pairs(conn, frame.loc[pending, _RAW])
-    filled = frame.loc[pending, _RAW].merge(scored, on=_RAW, how="left")
-    for column in ("root_goal", "subtask", "divergence"):
-        frame.loc[pending, column] = filled[column].to_numpy()
-    for column in ("root_goal", "subtask"):
-        # typed as DuckDB types them once the scores are stored: text when some value is there (a
-        # column DuckDB gave all NULL, then filled here, was objects: a cold call's result could
-        # not be stored, as it has no exact Arrow form, and was computed again after a restart)
-        if frame[column].dtype == object and frame[column].notna().any():
-            frame[column] = frame[column].astype("str")
-    # rows dropped here (unusable pairs) must leave the types DuckDB gives the rows left: a cold
-    # call that drops them all answered text columns where a warm one answers objects
-    return as_duckdb_types(frame[frame["divergence"].notna()].reset_index(drop=True))
-
-
 def goal_pairs(
     conn: duckdb.DuckDBPyConnection,
     window: Window,
@@ -274,8 +285,7 @@ def goal_pairs(
     spans stored at or after that time. One row per subtask, so this grows with the window; the
     detector and the dashboard read ``goal_divergence`` and ``goal_divergence_distribution``.
     """
-    frame = _fill_unscored(conn, _subtask_rows(conn, window, filters, ingested_after))
-    return frame.drop(columns=_RAW)
+    return _subtask_rows(conn, window, filters, ingested_after)
 
 
 def score_pending_pairs(
@@ -375,13 +385,8 @@ def goal_divergence(conn: duckdb.DuckDBPyConnection, window: Window, filters: Fi
     subtasks is ``goal_divergence_distribution``.
     """
     info = current_threshold(conn, "goal_divergence")
-    frame = _fill_unscored(conn, _subtask_rows(conn, window, filters, threshold=info.value))
+    frame = _subtask_rows(conn, window, filters, threshold=info.value)
     frame["divergence"] = np.round(frame["divergence"].to_numpy(dtype=np.float64), DIVERGENCE_DECIMALS)
-    # Rows of pairs scored just now are not filtered by the SQL yet (typed as the rows the SQL
-    # keeps: see _fill_unscored).
-    frame = as_duckdb_types(
-        frame[frame["divergence"].to_numpy() > info.value].drop(columns=_RAW).reset_index(drop=True)
-    )
     frame["threshold"] = info.value
     frame["threshold_version"] = info.version
     frame["calibrated"] = info.calibrated

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analytics import Filters, Window, kept, kept_store, run_metric
+from analytics import Filters, Window, goals, kept, kept_store, run_metric
 from analytics.embeddings import embed_texts, text_hash
 from analytics.goals import MAX_CHART_CHAINS, cosine_divergence, goal_pairs, goal_run_stats
 from analytics.thresholds import DEFAULTS, store_threshold
@@ -237,6 +237,33 @@ def test_a_cold_call_that_finds_nothing_drifted_is_typed_as_a_warm_one():
         warm = run_metric(conn, "goal_divergence")
     assert cold.empty and warm.empty
     pd.testing.assert_frame_equal(cold, warm)
+
+
+def test_a_cold_statement_answers_pending_pairs_not_a_row_per_unscored_subtask():
+    """On a cold database the statement returns one row carrying how many pairs are pending, not
+    every unscored subtask with its raw texts (4.9M rows and over 11 GB at 10M spans of 10-call
+    runs, for 925 distinct pairs); the pairs are scored once and the statement run again."""
+    conn = new_db()
+    spans = []
+    for run in range(40):  # 40 runs delegating the same two statements: 2 distinct pairs
+        deleg = dict(op="delegate", origin_task_id=f"T{run}", run=f"run-{run}")
+        spans += [
+            make_span(0, agent_id="planner", op="objective", origin_task_id=f"T{run}", goal_root=GOAL,
+                      hop=0, run=f"run-{run}"),
+            make_span(1, agent_id="planner", delegate_to="venues", hop=1,
+                      goal_text="Find venues in Lisbon that can host 25 people for three days", **deleg),
+            make_span(2, agent_id="venues", delegate_to="writer", hop=2,
+                      goal_text="Write a blog post about the history of Portuguese tiles", **deleg),
+        ]  # fmt: skip
+    insert_spans(conn, spans)
+    threshold = DEFAULTS["goal_divergence"][0]
+    first = goals._goal_query(conn, "goal_divergence", Window(), Filters(), threshold=threshold)
+    assert len(first) == 1 and first["trace_id"].isna().all()
+    assert first["pending"].tolist() == [2]
+    found = run_metric(conn, "goal_divergence")
+    assert len(found) == 40 and (found["delegate_to"] == "writer").all()
+    again = goals._goal_query(conn, "goal_divergence", Window(), Filters(), threshold=threshold)
+    assert len(again) == 40 and (again["pending"] == 0).all()  # this connection's scores now
 
 
 def test_distribution_and_summary_score_pending_pairs_on_a_cold_database():
