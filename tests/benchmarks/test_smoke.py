@@ -163,3 +163,31 @@ def test_smoke_run_writes_results_for_every_section(tmp_path, capsys):
     table = markdown_table(document)
     assert table in capsys.readouterr().out
     assert table.count("\n|") == len(targets) + 2  # header, separator, one row per target
+
+
+@pytest.mark.slow
+def test_restart_benchmark_stores_results_then_times_two_fresh_serves(tmp_path):
+    """benchmarks.restart: results stored as a cleanly stopped serve leaves them, then a real
+    serve asked at once and another asked after its start pass; every request answered."""
+    from benchmarks import restart
+    from benchmarks.dbbuild import SpanDatabase
+
+    db = SpanDatabase(
+        tmp_path / "shape.duckdb", shape=Shape(calls_per_session=40, agents_per_run=2), base_spans=100
+    )
+    try:
+        db.grow_to(800)
+    finally:
+        db.close()
+    out = tmp_path / "restart.json"
+    names = ["repeated_calls", "run_summary"]
+    assert restart.main([str(tmp_path / "shape.duckdb"), "--out", str(out), "--names", *names,
+                         "--workdir", str(tmp_path)]) == 0  # fmt: skip
+    result = json.loads(out.read_text())
+    assert result["prepare"]["failed"] == 0 and result["prepare"]["stored"] >= 2
+    assert set(result["at_start"]) == set(result["after_start"]) == set(names)
+    assert result["start_pass_s"] >= 0 and result["peak_rss_bytes"] > 0
+    for name in names:
+        assert result["after_start"][name]["bytes"] == result["at_start"][name]["bytes"] > 0
+        assert result["after_start"][name]["first_s"] > 0 and result["after_start"][name]["warm_s"] > 0
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("driftscope-restart-")] == []
