@@ -16,8 +16,11 @@ touched.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -116,10 +119,54 @@ def _head(conn: duckdb.DuckDBPyConnection, floor: datetime | None) -> tuple:
     ).fetchone()
 
 
+# Within ``one_version()``: each (database, earlier version) answered once, e.g. run_summary's
+# eleven detector reads after a batch, whose kept results share one version (~12 ms a read at
+# 10M spans under load).
+_answers: contextvars.ContextVar[dict | None] = contextvars.ContextVar("data_version_answers", default=None)
+
+
+@contextlib.contextmanager
+def one_version() -> Iterator[None]:
+    """Within the block ``read_version`` reads each database once per earlier version and gives
+    every later caller with an equal earlier version the same answer: the reads of a block (a
+    run_summary and the detectors it counts, a refresh pass) all see the data at one version.
+    Spans committed during the block are touched at the next read after it. Nested blocks are
+    the outer one."""
+    if _answers.get() is not None:
+        yield
+        return
+    token = _answers.set({})
+    try:
+        yield
+    finally:
+        _answers.reset(token)
+
+
 def read_version(
     conn: duckdb.DuckDBPyConnection, previous: Version | None
 ) -> tuple[Version, set[str] | None]:
-    """The current version, and the traces changed since ``previous`` (None: recompute all)."""
+    """The current version, and the traces changed since ``previous`` (None: recompute all);
+    within ``one_version()`` the block's answer for an equal ``previous``."""
+    answers = _answers.get()
+    identity = None if answers is None else database_identity(conn)
+    if identity is None:
+        return _read_version(conn, previous)
+    if previous is None:
+        key = (identity, None)
+    elif previous.fingerprint is None:  # a version stored before fingerprints: not compared
+        return _read_version(conn, previous)
+    else:
+        key = (identity, previous.spans, previous.newest, previous.thresholds, previous.fingerprint)
+    answer = answers.get(key)
+    if answer is None:
+        answer = answers[key] = _read_version(conn, previous)
+    version, touched = answer
+    return version, None if touched is None else set(touched)
+
+
+def _read_version(
+    conn: duckdb.DuckDBPyConnection, previous: Version | None
+) -> tuple[Version, set[str] | None]:
     floor = previous.newest if previous is not None else None
     spans, newest, thresholds, newest_threshold = _head(conn, floor)
     if newest is None and floor is not None and spans:  # nothing as new as before: spans deleted

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 import duckdb
 
 from analytics import kept, kept_store, summary
-from analytics.data_version import database_identity
+from analytics.data_version import database_identity, one_version
 from analytics.registry import run_metric
 from analytics.side_effects import current_side_effect_tools
 from analytics.types import Filters, Window, WriteFn
@@ -37,19 +37,21 @@ def refresh(
     names: Sequence[str] | None = None,
     stopping: threading.Event | None = None,
 ) -> int:
-    """Bring the default scope's result of each of ``names`` up to date; return how many failed.
+    """Bring the default scope's result of each of ``names`` up to date, all at the data version
+    the pass reads first (spans committed meanwhile are the next pass's); return how many failed.
 
     Once ``stopping`` is set, the detectors not yet refreshed are left (a stopping serve waits
     for one detector, not a whole pass)."""
     failed = 0
-    for name in names or default_names():
-        if stopping is not None and stopping.is_set():
-            break
-        try:
-            run_metric(conn, name, Window(), Filters())
-        except Exception:  # noqa: BLE001 - one detector's failure must not stop the others
-            failed += 1
-            logger.exception("kept-result refresh of %s failed", name)
+    with one_version():  # every result of the pass at one data version, read once
+        for name in names or default_names():
+            if stopping is not None and stopping.is_set():
+                break
+            try:
+                run_metric(conn, name, Window(), Filters())
+            except Exception:  # noqa: BLE001 - one detector's failure must not stop the others
+                failed += 1
+                logger.exception("kept-result refresh of %s failed", name)
     return failed
 
 

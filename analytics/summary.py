@@ -18,6 +18,7 @@ from analytics.crew_limits import count_limits
 from analytics.data_version import Scope as _Scope
 from analytics.data_version import Version as _Version
 from analytics.data_version import database_identity as _database_identity
+from analytics.data_version import one_version
 from analytics.data_version import read_version as _read_version
 from analytics.data_version import touched_scope as _touched_scope
 from analytics.goals import goal_run_stats
@@ -343,8 +344,14 @@ def run_summary(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filter
     A count above its crew's baseline-calibrated ``count_per_run:<detector>:<service>`` threshold
     (0 until calibrated; ``analytics.crew_limits``) makes the run fail. Results are kept per
     database file, window and filters; after new spans only the runs they touched are recomputed
-    (see ``_read_version``).
+    (see ``_read_version``); the detectors it counts are read at the data version it reads
+    (``one_version``: one read of it, not one per detector).
     """
+    with one_version():
+        return _run_summary(conn, window, filters)
+
+
+def _run_summary(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     identity = _database_identity(conn)
     goal_threshold = current_threshold(conn, "goal_divergence")
     if identity is None:

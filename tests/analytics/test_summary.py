@@ -237,3 +237,28 @@ def test_read_version_after_the_newest_spans_are_deleted(tmp_path):
     after, touched = data_version.read_version(conn, version)
     assert touched is None and (after.spans, after.newest) == (1, BASE_TIME)
     assert list(run_metric(conn, "run_summary")["run_id"]) == ["run-1"]
+
+
+def test_reads_within_one_version_see_the_data_at_the_first_read(tmp_path):
+    """Within ``one_version()`` read_version answers each earlier version once: a span committed
+    after the first read is not seen by a later read from the same earlier version in the block
+    (run_summary's detector reads, a refresh pass), and is touched at the first read after it."""
+    conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
+    migrate(conn)
+    insert_spans(conn, [make_span(0, run="run-1", agent_id="a", op="write", outcome="ok")])
+    before, _ = data_version.read_version(conn, None)
+    insert_spans(conn, [make_span(1, run="run-2", agent_id="a", op="write", outcome="ok")])
+    with data_version.one_version():
+        first, touched = data_version.read_version(conn, before)
+        late = make_span(2, run="run-3", agent_id="a", op="write", outcome="ok")
+        late["ingested_at"] = BASE_TIME + timedelta(seconds=3)
+        insert_spans(conn, [late])
+        with data_version.one_version():  # nested: the outer block's answers
+            again, touched_again = data_version.read_version(conn, before)
+        touched_again.clear()  # each caller gets its own set
+        assert data_version.read_version(conn, before) == (first, touched)
+        assert touched and touched_again == set() and again == first and first.spans == 2
+    after, touched_after = data_version.read_version(conn, before)
+    assert after.spans == 3 and len(touched_after) == 2
+    later, touched_later = data_version.read_version(conn, first)
+    assert later.spans == 3 and touched_later == {late["TraceId"]}
