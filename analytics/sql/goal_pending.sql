@@ -4,4 +4,4 @@ WITH {goal_subtasks}
 SELECT root_raw AS _root_raw, subtask_raw AS _subtask_raw
 FROM pairs
 WHERE NOT scored
-LIMIT $pending_limit
+LIMIT $pending_limit::BIGINT
