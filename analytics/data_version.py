@@ -129,9 +129,10 @@ _answers: contextvars.ContextVar[dict | None] = contextvars.ContextVar("data_ver
 def one_version() -> Iterator[None]:
     """Within the block ``read_version`` reads each database once per earlier version and gives
     every later caller with an equal earlier version the same answer: the reads of a block (a
-    run_summary and the detectors it counts, a refresh pass) all see the data at one version.
-    Spans committed during the block are touched at the next read after it. Nested blocks are
-    the outer one."""
+    run_summary and the detectors it counts, a refresh pass) whose results were kept at one
+    version all see the data at one version (a result kept at another version reads on its
+    own). Spans committed during the block are touched at the next read after it. Nested
+    blocks are the outer one."""
     if _answers.get() is not None:
         yield
         return

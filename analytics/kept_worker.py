@@ -37,8 +37,9 @@ def refresh(
     names: Sequence[str] | None = None,
     stopping: threading.Event | None = None,
 ) -> int:
-    """Bring the default scope's result of each of ``names`` up to date, all at the data version
-    the pass reads first (spans committed meanwhile are the next pass's); return how many failed.
+    """Bring the default scope's result of each of ``names`` up to date; results kept at one
+    version are brought to the version the pass reads first for them (``one_version``: spans
+    committed meanwhile are the next pass's). Return how many failed.
 
     Once ``stopping`` is set, the detectors not yet refreshed are left (a stopping serve waits
     for one detector, not a whole pass)."""
