@@ -25,10 +25,10 @@ from tests.fixtures_analytics import BASE_TIME, insert_spans, make_span, new_db
 GOAL = "Plan a three-day team offsite in Lisbon for 25 people under a 20,000 EUR budget"
 
 
-def _delegations() -> list[dict]:
-    deleg = dict(op="delegate", origin_task_id="T1")
+def _delegations(run: str = "run-1", task: str = "T1") -> list[dict]:
+    deleg = dict(op="delegate", origin_task_id=task, run=run)
     return [
-        make_span(0, agent_id="planner", op="objective", origin_task_id="T1", goal_root=GOAL, hop=0),
+        make_span(0, agent_id="planner", op="objective", origin_task_id=task, goal_root=GOAL, hop=0, run=run),
         make_span(1, agent_id="planner", delegate_to="venues", hop=1,
                   goal_text="Find venues in Lisbon that can host 25 people for three days", **deleg),
         make_span(2, agent_id="venues", delegate_to="writer", hop=2,
@@ -244,18 +244,8 @@ def test_a_cold_statement_answers_pending_pairs_not_a_row_per_unscored_subtask()
     every unscored subtask with its raw texts (4.9M rows and over 11 GB at 10M spans of 10-call
     runs, for 925 distinct pairs); the pairs are scored once and the statement run again."""
     conn = new_db()
-    spans = []
-    for run in range(40):  # 40 runs delegating the same two statements: 2 distinct pairs
-        deleg = dict(op="delegate", origin_task_id=f"T{run}", run=f"run-{run}")
-        spans += [
-            make_span(0, agent_id="planner", op="objective", origin_task_id=f"T{run}", goal_root=GOAL,
-                      hop=0, run=f"run-{run}"),
-            make_span(1, agent_id="planner", delegate_to="venues", hop=1,
-                      goal_text="Find venues in Lisbon that can host 25 people for three days", **deleg),
-            make_span(2, agent_id="venues", delegate_to="writer", hop=2,
-                      goal_text="Write a blog post about the history of Portuguese tiles", **deleg),
-        ]  # fmt: skip
-    insert_spans(conn, spans)
+    # 40 runs delegating the same two statements: 2 distinct pairs
+    insert_spans(conn, [span for run in range(40) for span in _delegations(f"run-{run}", f"T{run}")])
     threshold = DEFAULTS["goal_divergence"][0]
     first = goals._goal_query(conn, "goal_divergence", Window(), Filters(), threshold=threshold)
     assert len(first) == 1 and first["trace_id"].isna().all()
