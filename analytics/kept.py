@@ -31,6 +31,7 @@ import contextvars
 import functools
 import inspect
 import logging
+import math
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -378,15 +379,18 @@ class _Parts:
     # what else the parts depend on (rejection_rates: the bucket width over the whole window)
     depends: Callable[[duckdb.DuckDBPyConnection, Window, Filters], object] | None
     kept: dict[int, tuple[pd.DataFrame, pd.DataFrame | pa.Table, object]]
-    too_many: set[tuple]  # result keys (``_key``) whose parts were over ``max_rows``
+    too_many: set[tuple]  # result keys (``_key``) whose parts were over ``max_rows``/``max_bytes``
     max_runs: int | None = None
+    # Arrow parts kept with their text columns dictionary-encoded (``compact_parts``), at most
+    # this many bytes per detector (None: only ``max_rows`` bounds them)
+    max_bytes: int | None = None
 
 
 PARTS: dict[str, _Parts] = {}
 # Results whose parts are kept, per detector (the scopes a dashboard and serve keep up to date).
 MAX_KEPT_PARTS = 8
-# Part rows kept per detector, by default: 10M spans of 10-call runs have 5.3M runaway_runs count
-# rows; those results are computed in full after each batch instead.
+# Part rows kept per detector, by default (past them a result is computed in full after each
+# batch; runaway_runs and goal_divergence_distribution keep theirs compact and by bytes).
 MAX_PART_ROWS = 2_000_000
 _parts_lock = threading.Lock()
 _given_parts: contextvars.ContextVar[tuple[str, pd.DataFrame | pa.Table] | None] = contextvars.ContextVar(
@@ -400,6 +404,7 @@ def keeps_parts(
     max_rows: int = MAX_PART_ROWS,
     depends: Callable[[duckdb.DuckDBPyConnection, Window, Filters], object] | None = None,
     max_runs: int | None = None,
+    max_bytes: int | None = None,
 ) -> None:
     """Detector ``name`` (kept whole) can form its result from per-run parts:
     ``count(conn, window, filters)`` returns them (a DataFrame, or an Arrow table: its columns
@@ -411,8 +416,11 @@ def keeps_parts(
     ``max_rows`` are computed in full after each batch instead. ``depends(conn, window, filters)``:
     what else the parts depend on; kept parts are used only while it gives the same value.
     ``max_runs``: with more runs stored, parts are not counted at all (a full computation costs
-    less than counting them once to find them too many)."""
-    PARTS[name] = _Parts(count, max_rows, depends, {}, set(), max_runs)
+    less than counting them once to find them too many). ``max_bytes`` (Arrow parts only): the
+    parts are kept compact (``compact_parts``: each text column dictionary-encoded, so a run id,
+    agent or crew repeated on many rows is held once) and bounded by their bytes as well; the
+    detector then gets text columns of either type, dictionary or plain (``plain_columns``)."""
+    PARTS[name] = _Parts(count, max_rows, depends, {}, set(), max_runs, max_bytes)
     REFINERS[name] = functools.partial(update_from_parts, name)
 
 
@@ -463,17 +471,50 @@ def update_from_parts(
         frame = compute(conn, window, filters)
     finally:
         _given_parts.reset(token)
+    if keeper.max_bytes is not None and len(counted) <= keeper.max_rows:
+        counted = compact_parts(counted)
     with _parts_lock:
-        if len(counted) > keeper.max_rows:
+        if len(counted) > keeper.max_rows or _bytes(counted) > (keeper.max_bytes or math.inf):
             keeper.too_many.add(key)
         elif not _has_runless(counted):
             keeper.kept[id(frame)] = (frame, counted, depends)
             while (
                 len(keeper.kept) > MAX_KEPT_PARTS
                 or sum(len(p) for _, p, _ in keeper.kept.values()) > keeper.max_rows
+                or sum(_bytes(p) for _, p, _ in keeper.kept.values()) > (keeper.max_bytes or math.inf)
             ):
                 del keeper.kept[next(iter(keeper.kept))]
     return frame
+
+
+def _bytes(parts: pd.DataFrame | pa.Table) -> int:
+    """The bytes an Arrow table of parts holds (0 for a DataFrame: bounded by its rows only)."""
+    return parts.nbytes if isinstance(parts, pa.Table) else 0
+
+
+def compact_parts(parts: pd.DataFrame | pa.Table) -> pd.DataFrame | pa.Table:
+    """Arrow ``parts`` with every text column dictionary-encoded (one chunk each): at 10M spans of
+    10-call runs runaway_runs' 5.3M count rows take 276 MB so, 632 MB as plain text (each run id
+    on ~5 rows, a few agents and crews on every row). Columns already encoded (the kept parts a
+    batch's rows were cast to) are left as they are; a DataFrame is returned unchanged."""
+    if not isinstance(parts, pa.Table):
+        return parts
+    columns = []
+    for column in parts.columns:
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            column = column.combine_chunks().dictionary_encode()
+        columns.append(column)
+    return pa.Table.from_arrays(columns, names=parts.column_names)
+
+
+def plain_columns(table: pa.Table) -> pa.Table:
+    """``table`` with its dictionary-encoded columns decoded (for a frame of the few rows a
+    detector reports: pandas would make them categorical)."""
+    columns = [
+        column.cast(column.type.value_type) if pa.types.is_dictionary(column.type) else column
+        for column in table.columns
+    ]
+    return pa.Table.from_arrays(columns, names=table.column_names)
 
 
 def _recounted(
@@ -533,7 +574,10 @@ def replace_runs(
     column types counting every run gives (``concat_as_computed``; Arrow tables carry their SQL
     types whatever the values, and are concatenated as they are)."""
     if isinstance(old, pa.Table):
-        dropped = pc.is_in(old.column("run_id"), value_set=pa.array(runs, old.schema.field("run_id").type))
+        run_type = old.schema.field("run_id").type
+        if pa.types.is_dictionary(run_type):  # compact parts (``compact_parts``)
+            run_type = run_type.value_type
+        dropped = pc.is_in(old.column("run_id"), value_set=pa.array(runs, run_type))
         table = pa.concat_tables([old.filter(pc.invert(dropped)), fresh.cast(old.schema)])
         # a chunk more per batch: past _MAX_CHUNKS the columns are made one chunk again
         return (

@@ -196,7 +196,8 @@ def runaway_runs(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filte
             chosen &= pc.fill_null(pc.equal(counts.column(column), value), False).to_numpy()
     if not chosen.any():
         return pd.DataFrame(columns=_COLUMNS)
-    over = counts.filter(pa.array(chosen)).to_pandas()  # the types DuckDB's frame gives them
+    # the types DuckDB's frame gives them (kept counts hold their text columns dictionary-encoded)
+    over = kept.plain_columns(counts.filter(pa.array(chosen))).to_pandas()
     over["limit"] = limits[chosen].tolist()
     over["baseline"] = baselines[chosen].tolist()
     over["threshold_version"] = versions[chosen].tolist()
@@ -236,6 +237,10 @@ def _counts(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -
 
 # The counts a result was computed from are kept with it, so that the next batch recounts only
 # the runs it touched (analytics.kept.keeps_parts): at 1M spans of 10-call runs counting every
-# run took 0.5 of runaway_runs' ~1.3 CPU-s after a batch. At most kept.MAX_PART_ROWS count rows
-# (a run's row and one per agent in it): 10M spans of 10-call runs have 5.3M, counted every time.
-kept.keeps_parts("runaway_runs", _counts)
+# run took 0.5 of runaway_runs' ~1.3 CPU-s after a batch; at 10M of 10-call runs 8.7 CPU-s
+# (4.5 s), every batch, while its 5.3M count rows (a run's row and one per agent in it) were
+# past the 2M rows kept. Kept compact (text columns dictionary-encoded: 276 MB there, 632 MB as
+# plain text), up to RUNAWAY_PART_BYTES; a store with more is counted in full after each batch.
+RUNAWAY_PART_ROWS = 20_000_000
+RUNAWAY_PART_BYTES = 512 * 2**20
+kept.keeps_parts("runaway_runs", _counts, max_rows=RUNAWAY_PART_ROWS, max_bytes=RUNAWAY_PART_BYTES)

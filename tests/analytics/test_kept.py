@@ -688,23 +688,33 @@ def test_detectors_kept_whole_are_formed_from_the_parts_of_every_run_after_each_
     # rejection_rates' buckets widen as the data spans more time: then every run is counted)
     possible = len(_PART_DETECTORS) * len(scopes) * (tiers.batches(full=6, quick=4) - 1)
     assert kept.stats["parts_kept"] - before["parts_kept"] >= 0.9 * possible
+    # runaway_runs' and goal_divergence_distribution's parts are kept compact: their text
+    # columns dictionary-encoded (kept.compact_parts), and the answers above came from them
+    for name in ("runaway_runs", "goal_divergence_distribution"):
+        held = [parts for _, parts, _ in kept.PARTS[name].kept.values()]
+        assert held and all(pa.types.is_dictionary(parts.schema.field("run_id").type) for parts in held), name
 
 
-@pytest.mark.parametrize("bound", ["max_rows", "max_runs"])
-def test_a_result_whose_parts_are_too_many_is_computed_in_full_after_a_batch(tmp_path, monkeypatch, bound):
+@pytest.mark.parametrize(
+    "name, bound",
+    [
+        ("enforcement_coverage", "max_rows"),
+        ("enforcement_coverage", "max_runs"),
+        ("runaway_runs", "max_bytes"),
+    ],
+)
+def test_a_result_whose_parts_are_too_many_is_computed_in_full_after_a_batch(
+    tmp_path, monkeypatch, name, bound
+):
     conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
     migrate(conn)
-    monkeypatch.setattr(kept.PARTS["enforcement_coverage"], bound, 1)
+    monkeypatch.setattr(kept.PARTS[name], bound, 1)
     kept.clear_cache()
     rng = random.Random(3)
     for batch in range(3):
         insert_spans(conn, _random_batch(rng, batch, ["run-0", "run-1"]))
         before = kept.stats.copy()
-        _assert_same(
-            run_metric(conn, "enforcement_coverage"),
-            _full(conn, "enforcement_coverage", Window(), Filters()),
-            "enforcement_coverage",
-        )
+        _assert_same(run_metric(conn, name), _full(conn, name, Window(), Filters()), name)
         if batch == 2:  # the first batch found too many parts (counted, or runs stored)
             assert kept.stats["full"] == before["full"] + 1
             assert kept.stats["parts_kept"] == before["parts_kept"]
