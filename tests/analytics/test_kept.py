@@ -718,3 +718,77 @@ def test_a_result_whose_parts_are_too_many_is_computed_in_full_after_a_batch(
         if batch == 2:  # the first batch found too many parts (counted, or runs stored)
             assert kept.stats["full"] == before["full"] + 1
             assert kept.stats["parts_kept"] == before["parts_kept"]
+
+
+def test_a_result_another_thread_is_computing_is_waited_for_not_computed_again(tmp_path):
+    """Serve's worker and a request (or two requests) asking for the same kept result at once:
+    the second waits for the first's answer and reads it (kept._flight), so a restarted serve's
+    start pass and the requests racing it do not compute the same detector side by side."""
+    import threading
+
+    from analytics.loops import repeated_calls
+
+    path = tmp_path / "spans.duckdb"
+    conn = duckdb.connect(str(path))
+    migrate(conn)
+    insert_spans(conn, _random_batch(random.Random(5), 0, ["run-0", "run-1", "run-2"]))
+    kept.clear_cache()
+    started, release = threading.Event(), threading.Event()
+    calls = []
+
+    def slow_repeated_calls(c, window, filters):  # the real detector, held until both are in
+        calls.append(threading.current_thread().name)
+        started.set()
+        assert release.wait(30)
+        return repeated_calls(c, window, filters)
+
+    answers = {}
+
+    def ask(label):
+        cursor = conn.cursor()
+        answers[label] = kept.kept_result(cursor, "repeated_calls", slow_repeated_calls, Window(), Filters())
+
+    first = threading.Thread(target=ask, args=("first",), name="first")
+    first.start()
+    assert started.wait(30)
+    before = kept.stats.copy()
+    second = threading.Thread(target=ask, args=("second",), name="second")
+    second.start()
+    deadline = time.monotonic() + 30
+    while kept.stats["waited"] == before["waited"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert kept.stats["waited"] == before["waited"] + 1  # the second is waiting, not computing
+    release.set()
+    first.join(30)
+    second.join(30)
+    assert calls == ["first"]
+    assert kept.stats["unchanged"] == before["unchanged"] + 1  # it read the first's answer
+    pd.testing.assert_frame_equal(answers["second"], answers["first"])
+    _assert_same(answers["first"], _full(conn, "repeated_calls", Window(), Filters()), "repeated_calls")
+    assert not kept._flights  # no thread holds or waits for a key: nothing left behind
+
+
+def test_compact_parts_are_measured_by_the_buffers_they_hold_each_once():
+    """A batch's filter and concatenation leave a compact column in many chunks sharing one
+    dictionary: the byte bound counts it once (Arrow's nbytes counts it per chunk, and made
+    goal_divergence_distribution's 101 MB of parts at 10M spans look like 690 MB: past the
+    bound, so every batch computed it in full)."""
+    runs = pa.array([f"run-{i // 4:08d}-with-a-longer-id" for i in range(40_000)])
+    table = kept.compact_parts(pa.table({"run_id": runs, "spans": pa.array(range(40_000))}))
+    assert pa.types.is_dictionary(table.schema.field("run_id").type)
+    held = kept._bytes(table)
+    column = table.column("run_id").chunk(0)
+    pieces = pa.table(
+        {
+            "run_id": pa.chunked_array([column.slice(i, 2_000) for i in range(0, 40_000, 2_000)]),
+            "spans": pa.chunked_array(
+                [table.column("spans").chunk(0).slice(i, 2_000) for i in range(0, 40_000, 2_000)]
+            ),
+        }
+    )
+    assert pieces.nbytes > 5 * held  # the dictionary counted for each of the 20 chunks
+    assert kept._bytes(pieces) == held
+    fresh = pa.table({"run_id": ["run-00000001-with-a-longer-id"] * 4, "spans": pa.array([4, 5, 6, 7])})
+    replaced = kept.replace_runs(table, ["run-00000001-with-a-longer-id"], fresh)
+    assert replaced.num_rows == 40_000
+    assert kept._bytes(replaced) <= held * 1.01  # the kept dictionary shared, not copied
