@@ -42,6 +42,9 @@ UNCALIBRATED_FLOOR = 25
 UNCALIBRATED_MIN_RUNS = 5
 MEDIAN_MIN_SPANS = 3
 EVIDENCE_SPANS = 20
+# where a limit came from, by the code _crew_limits gives each row
+BASELINES = np.array(["none", "window_median", "calibrated"], dtype=object)
+CALIBRATED = 2
 
 _COLUMNS = [
     "trace_id", "span_ids", "run_id", "agent", "service", "spans", "calls", "limit", "ratio",
@@ -83,7 +86,7 @@ def _crew_limits(
     missing_name: str,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per count row (its crew ``service``, its ``spans``, ``whole`` for a run's row): its limit,
-    the baseline it came from and the threshold version (0 = window). A row without a crew looks
+    the baseline it came from (a code into ``BASELINES``) and the threshold version (0 = window). A row without a crew looks
     its calibrated name up as ``missing_name`` (its missing value as it prints: "nan", "None")."""
     # Vectorized over crew codes (a Python loop over the rows cost ~80 s at 1M stored spans of
     # 10-call runs; a pandas copy of every count row with three columns set on it took 0.37 of
@@ -110,7 +113,9 @@ def _crew_limits(
         has_crew & (runs[at] >= UNCALIBRATED_MIN_RUNS) if len(crews) else np.zeros(len(spans), dtype=bool)
     )
     limits = np.where(enough, np.maximum(UNCALIBRATED_FACTOR * median, UNCALIBRATED_FLOOR), np.inf)
-    baselines = np.where(enough, "window_median", "none").astype(object)
+    # codes into BASELINES, not a text per row (an object array of 5.3M texts cost ~0.3 s a batch
+    # at 10M spans of 10-call runs; only the rows over their limit are reported)
+    baselines = enough.astype(np.int8)
     versions = np.zeros(len(spans), dtype=np.int64)
     named = list(enumerate(crews)) + ([(-1, missing_name)] if not has_crew.all() else [])
     for code, crew in named:
@@ -119,7 +124,7 @@ def _crew_limits(
             if found is not None:
                 chosen = (codes == code) & (whole == is_run)
                 limits[chosen], versions[chosen] = found
-                baselines[chosen] = "calibrated"
+                baselines[chosen] = CALIBRATED
     return limits, baselines, versions
 
 
@@ -136,7 +141,7 @@ def _limits(counts: pd.DataFrame, calibrated: dict[str, tuple[float, int]]) -> p
         str(out["service"][missing].iloc[0]) if missing.any() else "",
     )
     out["limit"] = limits.tolist()
-    out["baseline"] = baselines.tolist()
+    out["baseline"] = BASELINES[baselines].tolist()
     out["threshold_version"] = versions.tolist()
     return out
 
@@ -199,7 +204,7 @@ def runaway_runs(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filte
     # the types DuckDB's frame gives them (kept counts hold their text columns dictionary-encoded)
     over = kept.plain_columns(counts.filter(pa.array(chosen))).to_pandas()
     over["limit"] = limits[chosen].tolist()
-    over["baseline"] = baselines[chosen].tolist()
+    over["baseline"] = BASELINES[baselines[chosen]].tolist()
     over["threshold_version"] = versions[chosen].tolist()
     agents = [
         "" if whole else str(agent) for whole, agent in zip(over["whole_run"], over["agent"], strict=True)
