@@ -67,9 +67,9 @@ def _calibrated(conn: duckdb.DuckDBPyConnection) -> dict[str, tuple[float, int]]
 
 
 def _per_crew(values: np.ndarray, codes: np.ndarray, crews: int, rows: np.ndarray, how: str) -> np.ndarray:
-    """Per crew (``codes``: each row's crew, -1 for none), over the ``rows`` of it: the median of
-    ``values``, or (``how="size"``) how many rows there are; NaN (0 for sizes) for a crew without."""
-    rows = rows & (codes >= 0)
+    """Per crew (``codes``: each row's crew, 0 to ``crews`` - 1), over the ``rows`` of it: the
+    median of ``values``, or (``how="size"``) how many rows there are; NaN (0 for sizes) for a
+    crew without."""
     if how == "size":
         return np.bincount(codes[rows], minlength=crews).astype(np.float64)
     out = np.full(crews, np.nan)
@@ -90,42 +90,40 @@ def _crew_limits(
     its calibrated name up as ``missing_name`` (its missing value as it prints: "nan", "None")."""
     # Vectorized over crew codes (a Python loop over the rows cost ~80 s at 1M stored spans of
     # 10-call runs; a pandas copy of every count row with three columns set on it took 0.37 of
-    # runaway_runs' 0.55 CPU-s after a batch there, the crews' medians 0.02).
+    # runaway_runs' 0.55 CPU-s after a batch there, the crews' medians 0.02). A limit depends on
+    # the row's crew and kind only: it is set per (crew, run or agent) and gathered per row once
+    # (at 10M spans of 10-call runs, 5.3M rows: the per-row arithmetic cost 0.1-0.5 s a batch).
     if isinstance(service, pa.ChunkedArray):
         service = service.combine_chunks()
     encoded = pc.dictionary_encode(service)  # codes in order of first appearance, as pd.factorize
-    codes = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
     crews = encoded.dictionary.to_pylist()
+    # the crew's row in the per-crew tables; rows without a crew: the last one
+    codes = encoded.indices.fill_null(len(crews)).to_numpy(zero_copy_only=False).astype(np.intp)
     spans = np.asarray(spans, dtype=np.float64)
     whole = np.asarray(whole, dtype=bool)
     typical = spans >= MEDIAN_MIN_SPANS
-    per_run = _per_crew(spans, codes, len(crews), typical & whole, "median")
-    per_agent = _per_crew(spans, codes, len(crews), typical & ~whole, "median")
-    runs = _per_crew(spans, codes, len(crews), typical & whole, "size")
-    has_crew = codes >= 0
-    at = np.where(has_crew, codes, 0)
-    median = (
-        np.where(has_crew, np.where(whole, per_run[at], per_agent[at]), np.nan)
-        if len(crews)
-        else spans * np.nan
-    )
-    enough = (
-        has_crew & (runs[at] >= UNCALIBRATED_MIN_RUNS) if len(crews) else np.zeros(len(spans), dtype=bool)
-    )
-    limits = np.where(enough, np.maximum(UNCALIBRATED_FACTOR * median, UNCALIBRATED_FLOOR), np.inf)
+    tables = len(crews) + 1
+    median = np.full((tables, 2), np.nan)  # column 1: a run's row, 0: an agent's
+    median[:, 1] = _per_crew(spans, codes, tables, typical & whole, "median")
+    median[:, 0] = _per_crew(spans, codes, tables, typical & ~whole, "median")
+    runs = _per_crew(spans, codes, tables, typical & whole, "size")
+    enough = np.repeat((runs >= UNCALIBRATED_MIN_RUNS)[:, None], 2, axis=1)
+    enough[len(crews)] = False  # no crew: no window median
+    median[len(crews)] = np.nan
+    limit = np.where(enough, np.maximum(UNCALIBRATED_FACTOR * median, UNCALIBRATED_FLOOR), np.inf)
     # codes into BASELINES, not a text per row (an object array of 5.3M texts cost ~0.3 s a batch
     # at 10M spans of 10-call runs; only the rows over their limit are reported)
-    baselines = enough.astype(np.int8)
-    versions = np.zeros(len(spans), dtype=np.int64)
-    named = list(enumerate(crews)) + ([(-1, missing_name)] if not has_crew.all() else [])
+    baseline = enough.astype(np.int8)
+    version = np.zeros((tables, 2), dtype=np.int64)
+    named = list(enumerate(crews)) + ([(len(crews), missing_name)] if (codes == len(crews)).any() else [])
     for code, crew in named:
         for is_run, prefix in ((True, RUN_THRESHOLD), (False, AGENT_THRESHOLD)):
             found = calibrated.get(f"{prefix}:{crew}")
             if found is not None:
-                chosen = (codes == code) & (whole == is_run)
-                limits[chosen], versions[chosen] = found
-                baselines[chosen] = CALIBRATED
-    return limits, baselines, versions
+                limit[code, int(is_run)], version[code, int(is_run)] = found
+                baseline[code, int(is_run)] = CALIBRATED
+    kind = whole.astype(np.intp)
+    return limit[codes, kind], baseline[codes, kind], version[codes, kind]
 
 
 def _limits(counts: pd.DataFrame, calibrated: dict[str, tuple[float, int]]) -> pd.DataFrame:
