@@ -10,6 +10,7 @@ cursor and hands its writes to the writer (``write``: ``SpanWriter.execute_write
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -81,6 +82,19 @@ def store(conn: duckdb.DuckDBPyConnection, write: WriteFn) -> int:
         else:
             kept.mark_stored(identity, name, window, filters, version)
     return len(entries)
+
+
+def settle_collector() -> None:
+    """After a pass: one full collection, then every object alive moved out of the collector's
+    sight (``gc.freeze``), so that later collections do not walk the kept results again. At 10M
+    spans of 100,000-call runs serve holds millions of tracked objects in them (lists of span ids),
+    and a full collection (35-55 ms) started by the allocations of one request landed on it: a
+    restarted serve's first `lost_updates` request took 0.055-0.075 s against 0.012-0.015 warm, in
+    every run. Each pass first gives the objects frozen by the one before back (``gc.unfreeze``),
+    so the results it replaced, and any cycle among them, are collected then."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
 
 
 class KeptWorker:
@@ -175,6 +189,7 @@ class KeptWorker:
                         break
                     self._dirty = False
                     failed = refresh(conn, self._names, self._stopping)
+                    settle_collector()
                     self.passes += 1
                     self.last_error = f"{failed} detector(s) failed" if failed else None
                 pending = self._pending_store(conn)

@@ -416,6 +416,7 @@ def test_kept_worker_refreshes_after_commits_and_stores_through_its_write_functi
     try:
         assert worker.idle.wait(60)
         assert worker.passes == 1 and not writes  # no commit yet: a read-only serve writes nothing
+        assert gc.get_freeze_count() > 0  # what the pass kept is out of the collector's sight
         insert_spans(conn, [make_span(1, run="run-1", agent_id="b", state_version="v2", **write)])
         worker.notify()
         deadline = time.monotonic() + 60
@@ -424,6 +425,7 @@ def test_kept_worker_refreshes_after_commits_and_stores_through_its_write_functi
         assert writes and worker.stored == len(kept.KEPT) + 1
     finally:
         worker.stop()
+        gc.unfreeze()
     assert worker.last_error is None
     stored = dict(conn.execute("SELECT metric, rows FROM kept_results").fetchall())
     assert stored["lost_updates"] == 1 and set(stored) == {*kept.KEPT, "run_summary"}
@@ -792,3 +794,27 @@ def test_compact_parts_are_measured_by_the_buffers_they_hold_each_once():
     replaced = kept.replace_runs(table, ["run-00000001-with-a-longer-id"], fresh)
     assert replaced.num_rows == 40_000
     assert kept._bytes(replaced) <= held * 1.01  # the kept dictionary shared, not copied
+
+
+def test_a_worker_pass_leaves_the_collector_only_what_came_after_it():
+    """After each pass of serve's worker the objects alive (its kept results) are frozen out of
+    the collector's sight, so a later collection does not walk them; the next pass gives them
+    back and collects what the pass before left as garbage, cycles included."""
+    import weakref
+
+    class Node:
+        pass
+
+    try:
+        node = Node()
+        node.itself = node  # a cycle: only the collector frees it
+        alive = weakref.ref(node)
+        kept_worker.settle_collector()
+        assert gc.get_freeze_count() > 0
+        del node
+        gc.collect()
+        assert alive() is not None  # frozen: not walked, not freed
+        kept_worker.settle_collector()
+        assert alive() is None  # given back and collected by the next pass
+    finally:
+        gc.unfreeze()
