@@ -511,7 +511,7 @@ def compact_parts(parts: pd.DataFrame | pa.Table) -> pd.DataFrame | pa.Table:
     # and making them one chunk again unified a 1M-entry dictionary 43 times (5.3 CPU-s).
     parts = parts.combine_chunks()
     columns = [
-        column.combine_chunks().dictionary_encode() if is_text else column
+        column.dictionary_encode() if is_text else column
         for column, is_text in zip(parts.columns, text, strict=True)
     ]
     return pa.Table.from_arrays(columns, names=parts.column_names)
@@ -806,7 +806,7 @@ def _up_to_date(
 ) -> tuple[Version | None, pd.DataFrame]:
     """``kept_result``'s answer before projection, with its data version (None if not kept).
 
-    One thread at a time brings a key's result up to date (``_flight``): a request arriving
+    One thread at a time brings a key's result up to date (``_one_flight``): a request arriving
     while serve's worker (or another request) computes the same result waits for that answer
     and reads it, instead of computing it a second time beside it."""
     key = _key(conn, name, window, filters)
@@ -817,14 +817,72 @@ def _up_to_date(
         # does: repeated_calls in one pass took the hot-key benchmark to 23 GB and the kernel's
         # kill (8.7 GB at 3M spans); in chunks of runs it is the same rows.
         return None, _compute_full(conn, name, compute, window, filters)
-    flight = _flight(key)  # held here: the entry lives while a thread holds or waits for it
-    if not flight.lock.acquire(blocking=False):
-        stats["waited"] += 1
-        flight.lock.acquire()
-    try:
-        return _bring_up_to_date(conn, name, compute, window, filters, columns, key)
-    finally:
-        flight.lock.release()
+    with _one_flight(key):
+        identity, tools = key[0], key[4]
+        with _cache_lock:
+            kept = _cache.get(key)
+        checked = None
+        if kept is None:  # not kept in this process: start from the stored result, if any
+            loaded = kept_store.load_encoded(
+                conn, name, kept_store.scope_text(window, filters, tools), result_code(compute)
+            )
+            if loaded is not None and columns is not None:
+                checked = read_version(conn, loaded[0])
+                if checked[1] is not None and not checked[1] and checked[0].spans == loaded[0].spans:
+                    part = kept_store.decoded(name, loaded[1], columns)
+                    if part is not None:
+                        stats["loaded_columns"] += 1
+                        return None, part
+            frame = None if loaded is None else kept_store.decoded(name, loaded[1])
+            if frame is not None:
+                kept = _Kept(loaded[0], frame, stored=True)
+                stats["loaded"] += 1
+            else:
+                checked = None
+        version, touched = checked or read_version(conn, kept.version if kept is not None else None)
+        frame = None
+        stored = False
+        if kept is not None and touched is not None:
+            if not touched and version.spans == kept.version.spans:
+                frame = kept.frame
+                stored = kept.stored
+                stats["unchanged"] += 1
+            elif name in PARTITIONS:
+                scope = _scope_for(conn, identity, version, touched)
+                if len(scope.runs) <= MAX_TOUCHED:
+                    column = PARTITIONS[name]
+                    if column == "origin_task_id":
+                        values, limit = scope.origin_tasks, {"origin_tasks": scope.origin_tasks}
+                    else:
+                        values, limit = scope.runs, {"runs": scope.runs, "runs_since": scope.since}
+                    if values:
+                        refine = REFINERS.get(name)
+                        if refine is not None:
+                            frame = refine(conn, compute, window, filters, kept.frame, touched, scope)
+                            stats["refined"] += frame is not None
+                        if frame is None:
+                            with run_scope(**limit):
+                                fresh = compute(conn, window, filters)
+                            frame = _merge(kept.frame, fresh, column, values, name)
+                    else:
+                        frame = kept.frame
+                    stats["partial"] += 1
+            elif name in REFINERS:  # kept whole, with a finer update of its own (runaway_runs' counts)
+                scope = _scope_for(conn, identity, version, touched)
+                if len(scope.runs) <= MAX_TOUCHED:
+                    frame = REFINERS[name](conn, compute, window, filters, kept.frame, touched, scope)
+                    stats["refined"] += frame is not None
+        if frame is None:
+            if name in PARTS:  # from every run's parts, kept for the next batch (unless too many)
+                frame = update_from_parts(name, conn, compute, window, filters, None, set(), None)
+            if frame is None:
+                frame = _compute_full(conn, name, compute, window, filters)
+            stats["full"] += 1
+        with _cache_lock:
+            _cache[key] = _Kept(version, frame, stored)
+            _cache.move_to_end(key)
+            _evict()
+        return version, frame
 
 
 class _Flight:
@@ -850,81 +908,18 @@ def _flight(key: tuple) -> _Flight:
         return flight
 
 
-def _bring_up_to_date(
-    conn: duckdb.DuckDBPyConnection,
-    name: str,
-    compute: Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame],
-    window: Window,
-    filters: Filters,
-    columns: list[str] | None,
-    key: tuple,
-) -> tuple[Version | None, pd.DataFrame]:
-    """``_up_to_date`` for a kept ``key``, its flight lock held."""
-    identity, tools = key[0], key[4]
-    with _cache_lock:
-        kept = _cache.get(key)
-    checked = None
-    if kept is None:  # not kept in this process: start from the stored result, if any
-        loaded = kept_store.load_encoded(
-            conn, name, kept_store.scope_text(window, filters, tools), result_code(compute)
-        )
-        if loaded is not None and columns is not None:
-            checked = read_version(conn, loaded[0])
-            if checked[1] is not None and not checked[1] and checked[0].spans == loaded[0].spans:
-                part = kept_store.decoded(name, loaded[1], columns)
-                if part is not None:
-                    stats["loaded_columns"] += 1
-                    return None, part
-        frame = None if loaded is None else kept_store.decoded(name, loaded[1])
-        if frame is not None:
-            kept = _Kept(loaded[0], frame, stored=True)
-            stats["loaded"] += 1
-        else:
-            checked = None
-    version, touched = checked or read_version(conn, kept.version if kept is not None else None)
-    frame = None
-    stored = False
-    if kept is not None and touched is not None:
-        if not touched and version.spans == kept.version.spans:
-            frame = kept.frame
-            stored = kept.stored
-            stats["unchanged"] += 1
-        elif name in PARTITIONS:
-            scope = _scope_for(conn, identity, version, touched)
-            if len(scope.runs) <= MAX_TOUCHED:
-                column = PARTITIONS[name]
-                if column == "origin_task_id":
-                    values, limit = scope.origin_tasks, {"origin_tasks": scope.origin_tasks}
-                else:
-                    values, limit = scope.runs, {"runs": scope.runs, "runs_since": scope.since}
-                if values:
-                    refine = REFINERS.get(name)
-                    if refine is not None:
-                        frame = refine(conn, compute, window, filters, kept.frame, touched, scope)
-                        stats["refined"] += frame is not None
-                    if frame is None:
-                        with run_scope(**limit):
-                            fresh = compute(conn, window, filters)
-                        frame = _merge(kept.frame, fresh, column, values, name)
-                else:
-                    frame = kept.frame
-                stats["partial"] += 1
-        elif name in REFINERS:  # kept whole, with a finer update of its own (runaway_runs' counts)
-            scope = _scope_for(conn, identity, version, touched)
-            if len(scope.runs) <= MAX_TOUCHED:
-                frame = REFINERS[name](conn, compute, window, filters, kept.frame, touched, scope)
-                stats["refined"] += frame is not None
-    if frame is None:
-        if name in PARTS:  # from every run's parts, kept for the next batch (unless too many)
-            frame = update_from_parts(name, conn, compute, window, filters, None, set(), None)
-        if frame is None:
-            frame = _compute_full(conn, name, compute, window, filters)
-        stats["full"] += 1
-    with _cache_lock:
-        _cache[key] = _Kept(version, frame, stored)
-        _cache.move_to_end(key)
-        _evict()
-    return version, frame
+@contextlib.contextmanager
+def _one_flight(key: tuple) -> Iterator[None]:
+    """The block run by one thread at a time for ``key`` (``_Flight``); a thread that waits is
+    counted (``stats["waited"]``)."""
+    flight = _flight(key)  # held here: the entry lives while a thread holds or waits for it
+    if not flight.lock.acquire(blocking=False):
+        stats["waited"] += 1
+        flight.lock.acquire()
+    try:
+        yield
+    finally:
+        flight.lock.release()
 
 
 def _evict() -> None:

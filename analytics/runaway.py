@@ -86,8 +86,9 @@ def _crew_limits(
     missing_name: str,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per count row (its crew ``service``, its ``spans``, ``whole`` for a run's row): its limit,
-    the baseline it came from (a code into ``BASELINES``) and the threshold version (0 = window). A row without a crew looks
-    its calibrated name up as ``missing_name`` (its missing value as it prints: "nan", "None")."""
+    the baseline it came from (a code into ``BASELINES``) and the threshold version (0 = window).
+    A row without a crew looks its calibrated name up as ``missing_name`` (its missing value as it
+    prints: "nan", "None")."""
     # Vectorized over crew codes (a Python loop over the rows cost ~80 s at 1M stored spans of
     # 10-call runs; a pandas copy of every count row with three columns set on it took 0.37 of
     # runaway_runs' 0.55 CPU-s after a batch there, the crews' medians 0.02). A limit depends on
