@@ -137,6 +137,11 @@ def computed_in_full() -> Iterator[None]:
         _bypass.reset(token)
 
 
+def in_full() -> bool:
+    """Inside ``computed_in_full``: every read computes (no kept result, no findings table)."""
+    return _bypass.get()
+
+
 def _sorted(frame: pd.DataFrame, order: list[tuple[str, bool]]) -> pd.DataFrame:
     """``frame`` in ``order`` as DuckDB orders (NULLs last; lists element by element); ties keep
     their current order. Only the key columns go through DuckDB; the rows are taken by position."""

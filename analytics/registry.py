@@ -24,6 +24,7 @@ import analytics.kept as _kept
 import analytics.window_scope as window_scope
 from analytics.engine import is_clickhouse
 from analytics.kept import kept_result
+from analytics.materialize import read_findings
 from analytics.schema import ensure_readable
 from analytics.types import Filters, Window
 
@@ -85,6 +86,8 @@ class Metric:
     "origin_task_id": only the partitions new spans touched are recomputed); None: not kept."""
     order: tuple[tuple[str, bool], ...] = ()
     """A partitioned result's row order, as its SQL sorts it: (column, descending) pairs."""
+    version: int = 1
+    """Version of its definition: bumping it rebuilds its findings table (``analytics.materialize``)."""
     window_bounds: bool = False
     """Its result uses the window's bounds themselves (time buckets laid over the window), not
     only which spans start inside it; otherwise a window holding every stored span is answered as
@@ -156,6 +159,7 @@ def register(
     kept: str | None = None,
     order: tuple[tuple[str, bool], ...] | list[tuple[str, bool]] = (),
     window_bounds: bool = False,
+    version: int = 1,
 ) -> Callable[[DetectorFunc], DetectorFunc]:
     """Register the decorated detector under ``name`` with the facts of its ``Metric`` record.
 
@@ -168,6 +172,7 @@ def register(
         flag_column=flag_column, counted=counted, failing=failing, failing_unless=failing_unless,
         review_unless=review_unless, rank_column=rank_column, page=page, blind_spots=blind_spots,
         kept=kept, order=tuple(tuple(pair) for pair in order), window_bounds=window_bounds,
+        version=version,
     )  # fmt: skip
     if not callable(columns):
         _check_facts(name, columns, facts)
@@ -258,8 +263,14 @@ def run_metric(
         raise KeyError(f"Unknown metric {name!r}; known metrics: {known}") from None
     logger.debug("running metric %s window=%s filters=%s", name, window, filters)
     ensure_readable(conn)
+    if not is_clickhouse(conn) and not metric.window_bounds:
+        tabled = read_findings(
+            conn, name, whole_if_covering(conn, window), filters, columns, list(metric.columns)
+        )
+        if tabled is not None:  # maintained as spans commit: a SELECT (analytics.materialize)
+            return tabled
     if metric.kept is not None and not metric.window_bounds:
-        window = _whole_if_covering(conn, window)
+        window = whole_if_covering(conn, window)
         # A run-partitioned result, from the whole store's kept or stored one (unless this window's
         # result is kept already: then it is brought up to date below).
         part = (
@@ -272,7 +283,7 @@ def run_metric(
     return kept_result(conn, name, metric.func, window, filters, columns)  # up to date by data version
 
 
-def _whole_if_covering(conn: duckdb.DuckDBPyConnection, window: Window) -> Window:
+def whole_if_covering(conn: duckdb.DuckDBPyConnection, window: Window) -> Window:
     """``Window()`` when ``window`` holds the start of every stored span (a report or page over
     "the last 2 hours" of a store that has nothing older): the same spans, so the same result, and
     it is the scope serve keeps up to date and stores. Otherwise ``window`` itself."""

@@ -17,7 +17,7 @@ import duckdb
 
 from analytics.engine import is_clickhouse
 
-TABLES = ("embeddings", "thresholds", "goal_scores")
+TABLES = ("embeddings", "thresholds", "goal_scores", "findings_state")
 # Connections (cursors) found readable: the tables stay (none is dropped), so the catalog is not
 # asked again on every detector read (5 ms each, a dozen per run_summary, at 10M spans under load).
 _readable: weakref.WeakSet = weakref.WeakSet()

@@ -22,9 +22,18 @@ from analytics.data_version import database_identity as _database_identity
 from analytics.data_version import one_version
 from analytics.data_version import read_version as _read_version
 from analytics.data_version import touched_scope as _touched_scope
+from analytics.engine import is_clickhouse
 from analytics.goals import goal_run_stats
 from analytics.kept import KEPT, PARTITIONS, given_parts, keeps_parts, result_code
-from analytics.registry import METRICS, counted_metrics, finding_metrics, register, run_metric
+from analytics.materialize import Maintained, maintain, read_findings
+from analytics.registry import (
+    METRICS,
+    counted_metrics,
+    finding_metrics,
+    register,
+    run_metric,
+    whole_if_covering,
+)
 from analytics.side_effects import current_side_effect_tools
 from analytics.sql_loader import filter_params, load_sql, query_arrow, query_tables, run_sql
 from analytics.thresholds import ThresholdInfo, current_threshold
@@ -146,6 +155,11 @@ def _findings_per_run(
     if scope is not None and name in PARTITIONS:
         column = PARTITIONS[name]
         frame = frame[frame[column].isin(scope.origin_tasks if column == "origin_task_id" else scope.runs)]
+    return _counts_per_run(name, frame)
+
+
+def _counts_per_run(name: str, frame: pd.DataFrame) -> pd.DataFrame:
+    """``_findings_per_run``'s counts of the findings ``frame`` of detector ``name``."""
     keys = ["run_id"] if name not in _COUNTED_BY else [_COUNTED_BY[name], "run_id"]
     extra = _row_counts(METRICS[name])
     columns = {"n": pd.Series(1, index=frame.index, dtype="int64")}
@@ -361,6 +375,9 @@ def run_summary(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filter
 
 
 def _run_summary(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
+    tabled = summary_from_tables(conn, window, filters)
+    if tabled is not None:
+        return tabled
     identity = _database_identity(conn)
     goal_threshold = current_threshold(conn, "goal_divergence")
     if identity is None:
@@ -403,6 +420,55 @@ def _run_summary(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filte
         while len(_cache) > _CACHE_SIZE:
             _cache.popitem(last=False)
     return summary
+
+
+# run_summary's per-run parts, maintained as spans commit (analytics.materialize): the
+# run_summary.sql row of each run and its goal statistics. The finding counts come from the
+# detectors' own findings tables, so the summary is assembled from tables alone.
+BASE_PART = "run_summary_base"
+GOALS_PART = "run_summary_goals"
+
+
+def _base_rows(
+    conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
+) -> pd.DataFrame:
+    return run_sql(conn, "run_summary", Window(), Filters(), runs=keys)
+
+
+def _goal_rows(
+    conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
+) -> pd.DataFrame:
+    threshold = current_threshold(conn, "goal_divergence").value
+    return goal_run_stats(conn, Window(), Filters(), threshold, runs=keys).reset_index()
+
+
+maintain(Maintained(BASE_PART, "run_id", _base_rows, (("first_seen", False), ("run_id", False)), "1"))
+maintain(Maintained(GOALS_PART, "run_id", _goal_rows, (("run_id", False),), "1"))
+
+
+def summary_from_tables(
+    conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters
+) -> pd.DataFrame | None:
+    """run_summary assembled from the findings tables (no detector computed), or None when they
+    cannot answer: a window or filter, or a part not built yet (``analytics.materialize``)."""
+    if is_clickhouse(conn):
+        return None
+    window = whole_if_covering(conn, window)
+    if window != Window() or filters != Filters():
+        return None
+    base = read_findings(conn, BASE_PART)
+    goals = read_findings(conn, GOALS_PART)
+    if base is None or goals is None:
+        return None
+    found: dict[str, pd.DataFrame] = {}
+    for metric in _summed_metrics():
+        frame = read_findings(conn, metric.name, documented=list(metric.columns))
+        if frame is None:
+            return None
+        found[metric.name] = _counts_per_run(metric.name, frame)
+    base = base.set_index("run_id", drop=False)
+    goals = goals.set_index("run_id")[["drifted_subtasks", "worst_divergence"]]
+    return _assemble(conn, _Parts(base, found, goals), current_threshold(conn, "goal_divergence"))
 
 
 def result_codes() -> dict[str, str]:

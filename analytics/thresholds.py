@@ -105,6 +105,9 @@ def store_threshold(
             "INSERT INTO thresholds VALUES (?, ?, ?, ?, ?, now()::TIMESTAMP)",
             [name, version, float(value), method, text],
         )
+        from analytics.materialize import log_rebuild  # findings computed with the old value are stale
+
+        log_rebuild(target)
         return version
 
     version = (write or direct_write(conn))(insert)

@@ -15,6 +15,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from collector.changes import next_change, record_touched
 from collector.decode import SPAN_SCHEMA, DecodedBatch
 from collector.migrations_runner import apply_migrations
 
@@ -77,7 +78,8 @@ def batch_to_arrow(batches: list[DecodedBatch]) -> pa.Table:
 # first stored span (row-group min/max), so its cost follows recent traffic, not table size.
 _TREE_SQL = """
 CREATE OR REPLACE TEMP TABLE _tree AS
-SELECT rowid AS rid, TraceId, SpanId, ParentSpanId, agent_id, agent_name, run_id, span_family, start_ns,
+SELECT rowid AS rid, TraceId, SpanId, ParentSpanId, agent_id, agent_name, run_id, origin_task_id, span_family,
+       start_ns,
        -- spans of driftscope's guards state their own delegation hops and runs
        (task_id IS NOT NULL OR guard IS NOT NULL OR scenario IS NOT NULL) AS guarded
 FROM spans WHERE ingested_at >= $since AND TraceId IN (SELECT TraceId FROM _incoming)
@@ -283,6 +285,10 @@ WHERE spans.rowid = s.rid AND s.TraceId = r.TraceId AND s.run_id = s.TraceId
 """
 
 
+# The spans of the traces a commit touched, as resolved (their runs may have changed).
+_TOUCHED_TRACES = "WHERE ingested_at >= $since AND TraceId IN (SELECT DISTINCT TraceId FROM _tree)"
+
+
 def _first_copies(batches: list[DecodedBatch], table: pa.Table) -> pa.Table:
     """``table`` without repeated TraceId + SpanId rows (the first copy wins)."""
     joined = pc.binary_join_element_wise(table.column("TraceId"), table.column("SpanId"), "")
@@ -320,6 +326,12 @@ def insert_batches(
         bound = {"since": since if since is not None else datetime.min}
         inserted = conn.execute(_INSERT_NEW_SQL, bound).fetchone()[0]
         conn.execute(_TREE_SQL, bound)
+        seq = None
+        if inserted:
+            # The runs and origin tasks of every span of the touched traces, before the walks
+            # below move spans between runs (the run a span leaves is touched too), then after.
+            seq = next_change(conn, "spans", inserted, pc.max(table.column("ingested_at")).as_py())
+            record_touched(conn, seq, "_tree")
         agentless, runless, agent_runs, agent_spans, joinable = conn.execute(_TREE_NEEDS_WORK_SQL).fetchone()
         if agent_runs:
             for _ in range(8):  # one nesting level per pass
@@ -337,6 +349,9 @@ def insert_batches(
             conn.execute(_AGENT_HOPS_SQL)
             conn.execute(_AGENT_INPUT_FROM_TOOL_SQL)
             conn.execute(_AGENT_INPUT_FROM_FIRST_LLM_SQL)
+        if seq is not None and (agent_runs or runless or joinable):
+            touched = f"(SELECT run_id, NULL AS origin_task_id FROM spans {_TOUCHED_TRACES})"
+            record_touched(conn, seq, touched, bound)
         conn.execute("DROP TABLE _tree")
     finally:
         conn.unregister("_incoming")
@@ -350,3 +365,20 @@ def bump_counter(conn: duckdb.DuckDBPyConnection, name: str, amount: int = 1) ->
         "ON CONFLICT (name) DO UPDATE SET value = value + excluded.value",
         [name, amount],
     )
+
+
+def delete_expired(conn: duckdb.DuckDBPyConnection, cutoff_ns: int, limit: int) -> int:
+    """Delete up to ``limit`` spans that ended before ``cutoff_ns`` in the caller's transaction,
+    logging their runs and origin tasks as touched (a deleted span changes their findings)."""
+    conn.execute(
+        "CREATE OR REPLACE TEMP TABLE _expired AS "
+        "SELECT rowid AS rid, run_id, origin_task_id FROM spans WHERE end_ns < $cutoff LIMIT $limit",
+        {"cutoff": cutoff_ns, "limit": limit},
+    )
+    try:
+        deleted = conn.execute("DELETE FROM spans WHERE rowid IN (SELECT rid FROM _expired)").fetchall()[0][0]
+        if deleted:
+            record_touched(conn, next_change(conn, "delete", deleted), "_expired")
+    finally:
+        conn.execute("DROP TABLE _expired")
+    return deleted

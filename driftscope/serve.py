@@ -15,7 +15,7 @@ from pathlib import Path
 import uvicorn
 from starlette.applications import Starlette
 
-from analytics.kept_worker import KeptWorker
+from analytics.materialize import Materializer, freshness
 from analytics.side_effects import configure_side_effect_tools
 from collector import fastdecode
 from collector.decode import DecodeLimits
@@ -23,7 +23,7 @@ from collector.grpc_receiver import GrpcBindError, start_grpc_server
 from collector.http_receiver import ReceiverConfig, build_ingest_routes
 from collector.ingest_guard import DecodePool, PendingBytes, guarded_h11_protocol
 from collector.stats import IngestStats
-from collector.store import StoreLockedError
+from collector.store import StoreLockedError, delete_expired
 from collector.writer import IngestQueue, SpanWriter
 from driftscope.api import build_api_routes
 from driftscope.calibrate import build_calibrate_routes
@@ -98,10 +98,7 @@ class RetentionWorker(threading.Thread):
         cutoff_ns = int((time.time() - self.retention_seconds) * 1e9)
 
         def delete_batch(conn) -> int:
-            return conn.execute(
-                "DELETE FROM spans WHERE rowid IN (SELECT rowid FROM spans WHERE end_ns < ? LIMIT ?)",
-                [cutoff_ns, self.BATCH],
-            ).fetchone()[0]
+            return delete_expired(conn, cutoff_ns, self.BATCH)
 
         total = 0
         while not self._stop_event.is_set():
@@ -189,11 +186,11 @@ def build_service(config: ServeConfig) -> Service:
     # One bound on request bytes waiting for it, HTTP bodies and gRPC messages together.
     pending = PendingBytes(config.max_pending_bytes)
     worker = None
-    kept_worker = None
+    materializer = None
     alerting = None
 
     def on_commit(stored: int) -> None:  # noqa: ARG001 - the background workers look for themselves
-        for background in (worker, kept_worker, alerting):
+        for background in (worker, materializer, alerting):
             if background is not None:
                 background.notify()
 
@@ -201,9 +198,10 @@ def build_service(config: ServeConfig) -> Service:
     writer.start()
     if config.embeddings:
         worker = _start_embedding_worker(conn, writer.execute_write_fn)
-    # Detector results of the default scope brought up to date after commits and stored through
-    # the writer, so requests and a restarted serve find them ready (analytics.kept_worker).
-    kept_worker = KeptWorker(conn.cursor, writer.execute_write_fn).start()
+    # Every maintained detector's findings table brought up to date from the change log the
+    # writer keeps, through the writer; reads are SELECTs over them (analytics.materialize).
+    materializer = Materializer(conn.cursor, writer.execute_write_fn)
+    materializer.start()
     alerting = start_alerting(config, alert_rules, conn.cursor, writer.execute_write_fn)
     retention = None
     if config.retention:
@@ -236,11 +234,7 @@ def build_service(config: ServeConfig) -> Service:
             # `driftscope calibrate --db FILE` finds the collector holding FILE by this.
             "db": str(Path(config.db).resolve()),
             "side_effect_tools": side_effect_tools.pattern if side_effect_tools.configured else "default",
-            "kept_results_worker": {
-                "passes": kept_worker.passes,
-                "stored": kept_worker.stored,
-                "last_error": kept_worker.last_error,
-            },
+            "findings": _findings_health(conn, materializer),
             "embedding_worker": (
                 {
                     "enabled": True,
@@ -268,7 +262,7 @@ def build_service(config: ServeConfig) -> Service:
             retention.stop()
         if worker is not None:
             worker.stop()
-        kept_worker.stop()
+        materializer.stop()
         writer.stop()
         try:
             conn.execute("CHECKPOINT")
@@ -365,6 +359,25 @@ class _QuietServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self):
         yield
+
+
+def _findings_health(conn, materializer: Materializer) -> dict:
+    """How far the findings tables are behind the newest commit, and the materializer's state."""
+    cursor = conn.cursor()
+    try:
+        fresh = freshness(cursor)
+    finally:
+        cursor.close()
+    as_of = fresh["findings_as_of"]
+    return {
+        "findings_as_of": as_of.isoformat() if as_of is not None else None,
+        "lag_seconds": fresh["lag_seconds"],
+        "behind_changes": fresh["behind_changes"],
+        "materializer_passes": materializer.passes,
+        "last_pass_seconds": round(materializer.last_pass_seconds, 3),
+        "last_error": materializer.last_error,
+        "failed": materializer.last_failed,
+    }
 
 
 def _start_embedding_worker(conn, write):

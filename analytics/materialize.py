@@ -1,0 +1,616 @@
+"""Live findings: each maintained detector's findings are a table, brought up to date as spans commit.
+
+The collector's writer logs, in the transaction of every commit, the runs and origin tasks it
+touched (``change_log`` / ``change_partitions``). The ``Materializer`` reads that log in order and,
+per detector, recomputes only the partitions listed since the change its table reflects: a
+detector registered with a partition key (``run_id`` or ``origin_task_id``: each finding follows
+from that partition's spans alone) gets those partitions' rows deleted and inserted again; one
+without (its answer depends on every run) is recomputed whole, at most every
+``WHOLE_INTERVAL_S``. Every write (rows and the ``findings_state`` row saying which change they
+reflect) is one transaction of the single writer, so a kill at any point leaves tables and state
+that agree, and the next pass resumes from the log.
+
+Reads (``read_findings``) are SELECTs over those tables, with the state's "as of"; a read the
+tables cannot answer (a window that cuts runs, a service or agent filter, a detector not yet
+built) returns None and the caller computes it. ``maintained`` lists what is kept, from the
+registry: a detector's ``kept`` fact names its partition, its ``version`` rebuilds its table.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import duckdb
+import pandas as pd
+import pyarrow as pa
+
+from analytics.kept import computed_in_full, in_full
+from analytics.side_effects import current_side_effect_tools
+from analytics.sql_loader import quote_identifier, run_scope
+from analytics.types import Filters, Window, WriteFn
+
+logger = logging.getLogger(__name__)
+
+TABLE_PREFIX = "findings__"
+# Position of a row in the computation that produced it (its detector's order within a chunk).
+POSITION = "_pos"
+# Partitions recomputed in one statement and one write (a full build goes chunk by chunk).
+CHUNK_KEYS = 2_000
+# A detector whose answer depends on every run is recomputed at most this often under ingest.
+WHOLE_INTERVAL_S = 5.0
+PARTITIONS = ("run_id", "origin_task_id")
+
+Compute = Callable[[duckdb.DuckDBPyConnection, str | None, list[str] | None], pd.DataFrame]
+
+
+@dataclass(frozen=True)
+class Maintained:
+    """A result the materializer keeps in ``findings__<name>``.
+
+    ``partition``: the column its rows are partitioned by (None: recomputed whole); ``compute``:
+    ``(conn, partition, keys)`` -> its rows for those partitions (all when ``keys`` is None);
+    ``order``: the read order, (column, descending) pairs; ``version``: its definition's version.
+    """
+
+    name: str
+    partition: str | None
+    compute: Compute
+    order: tuple[tuple[str, bool], ...]
+    version: str
+
+    @property
+    def table(self) -> str:
+        return TABLE_PREFIX + self.name
+
+
+_extra: dict[str, Maintained] = {}
+
+
+def maintain(item: Maintained) -> None:
+    """Keep ``item`` besides the registered detectors (run_summary's per-run parts)."""
+    _extra[item.name] = item
+
+
+def _settings_version() -> str:
+    """What every maintained result also depends on: the side-effect tool pattern in force."""
+    return repr(current_side_effect_tools())
+
+
+def _metric_compute(func: Callable) -> Compute:
+    def compute(
+        conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
+    ) -> pd.DataFrame:
+        with computed_in_full():
+            if keys is None:
+                return func(conn, Window(), Filters())
+            scope = {"runs": keys} if partition == "run_id" else {"origin_tasks": keys}
+            with run_scope(**scope):
+                return func(conn, Window(), Filters())
+
+    return compute
+
+
+def maintained() -> dict[str, Maintained]:
+    """Everything the materializer keeps, by name: every registered detector with a ``kept`` fact
+    (its partition column, or "whole"), plus run_summary's parts."""
+    from analytics.registry import METRICS
+
+    found: dict[str, Maintained] = {}
+    settings = _settings_version()
+    for metric in METRICS.values():
+        if metric.kept is None:
+            continue
+        partition = None if metric.kept == "whole" else metric.kept
+        found[metric.name] = Maintained(
+            name=metric.name,
+            partition=partition,
+            compute=_metric_compute(metric.func),
+            order=tuple(metric.order),
+            version=f"{metric.version}|{settings}",
+        )
+    for name, item in _extra.items():
+        found[name] = Maintained(
+            item.name, item.partition, item.compute, item.order, f"{item.version}|{settings}"
+        )
+    return found
+
+
+# ---------------------------------------------------------------------------------------- state
+
+
+@dataclass
+class State:
+    """One ``findings_state`` row."""
+
+    version: str
+    seq: int | None
+    rows: int
+    failed_keys: list[str]
+    last_error: str | None
+
+
+def read_states(conn: duckdb.DuckDBPyConnection) -> dict[str, State]:
+    """Every ``findings_state`` row by metric (empty when the store has none)."""
+    try:
+        rows = conn.execute(
+            "SELECT metric, version, seq, rows, failed_keys, last_error FROM findings_state"
+        ).fetchall()
+    except duckdb.CatalogException:
+        return {}
+    return {
+        metric: State(version, seq, rows, json.loads(failed) if failed else [], error)
+        for metric, version, seq, rows, failed, error in rows
+    }
+
+
+def _has_change_log(conn: duckdb.DuckDBPyConnection) -> bool:
+    return bool(
+        conn.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE table_name IN ('change_log', 'change_partitions')"
+        ).fetchall()[0][0]
+        == 2
+    )
+
+
+def newest_change(conn: duckdb.DuckDBPyConnection) -> int:
+    """The newest change log seq (0 when nothing was logged)."""
+    if not _has_change_log(conn):
+        return 0
+    return conn.execute("SELECT coalesce(max(seq), 0) FROM change_log").fetchall()[0][0]
+
+
+def log_rebuild(conn: duckdb.DuckDBPyConnection) -> None:
+    """In the caller's (writer's) transaction: log that every maintained result is stale (a
+    threshold changed). Nothing when the store has no change log (a bare in-memory database)."""
+    if _has_change_log(conn):
+        conn.execute(
+            "INSERT INTO change_log SELECT nextval('change_seq'), now()::TIMESTAMP, 'rebuild', 0, NULL"
+        )
+
+
+def freshness(conn: duckdb.DuckDBPyConnection, names: list[str] | None = None) -> dict[str, Any]:
+    """How far behind the newest committed change the findings are.
+
+    ``findings_as_of``: when the oldest change every maintained result (of ``names``) reflects
+    was committed (naive UTC, None when none is built); ``lag_seconds``: age of the oldest
+    committed change some result does not reflect yet (0 when none); ``behind_changes``: how many.
+    """
+    states = read_states(conn)
+    items = maintained()
+    wanted = [n for n in (names or list(items)) if n in items]
+    newest = newest_change(conn)
+    seqs = []
+    for name in wanted:
+        state = states.get(name)
+        ok = state is not None and state.version == items[name].version and state.seq is not None
+        seqs.append(state.seq if ok else None)
+    built = [s for s in seqs if s is not None]
+    out: dict[str, Any] = {"findings_as_of": None, "lag_seconds": None, "behind_changes": None}
+    if not wanted:
+        return out
+    floor = min(built) if len(built) == len(seqs) else None
+    if floor is not None:
+        out["behind_changes"] = int(newest - floor)
+        if floor and _has_change_log(conn):
+            at = conn.execute("SELECT committed_at FROM change_log WHERE seq = ?", [floor]).fetchall()
+            out["findings_as_of"] = at[0][0] if at else None
+        if newest > floor:
+            ((oldest,),) = conn.execute(
+                "SELECT min(committed_at) FROM change_log WHERE seq > ?", [floor]
+            ).fetchall()
+            now = datetime.now(UTC).replace(tzinfo=None)
+            out["lag_seconds"] = max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0
+        else:
+            out["lag_seconds"] = 0.0
+            if out["findings_as_of"] is None:
+                out["findings_as_of"] = datetime.now(UTC).replace(tzinfo=None)
+    return out
+
+
+# ---------------------------------------------------------------------------------------- reads
+
+
+def ready(conn: duckdb.DuckDBPyConnection, name: str) -> State | None:
+    """The state of ``name``'s table when it can answer reads (built by this definition)."""
+    item = maintained().get(name)
+    if item is None:
+        return None
+    state = read_states(conn).get(name)
+    if state is None or state.seq is None or state.version != item.version:
+        return None
+    return state
+
+
+def read_findings(
+    conn: duckdb.DuckDBPyConnection,
+    name: str,
+    window: Window = Window(),
+    filters: Filters = Filters(),
+    columns: list[str] | None = None,
+    documented: list[str] | None = None,
+) -> pd.DataFrame | None:
+    """``name``'s rows from its findings table (only ``columns`` when given), or None when the
+    table cannot answer this read: not built (or built by another definition), a window (the
+    caller passes ``Window()`` when it holds every stored span), or a filter other than a run
+    on a run-partitioned detector."""
+    item = maintained().get(name)
+    if item is None or window != Window() or in_full():
+        return None
+    if filters.service is not None or filters.agent is not None or filters.origin_task is not None:
+        return None
+    if filters.run is not None and item.partition != "run_id":
+        return None
+    state = ready(conn, name)
+    if state is None:
+        return None
+    wanted = list(columns or documented or [])
+    exists = conn.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [item.table]
+    ).fetchall()[0][0]
+    if not exists:
+        return pd.DataFrame({column: pd.Series(dtype=object) for column in wanted})
+    select = ", ".join(quote_identifier(c) for c in wanted) if wanted else "* EXCLUDE (_pos)"
+    order = [f"{quote_identifier(c)}{' DESC' if d else ''} NULLS LAST" for c, d in item.order]
+    if item.partition is not None:
+        order.append(f"{quote_identifier(item.partition)} NULLS LAST")
+    order.append(POSITION)
+    where, params = "", {}
+    if filters.run is not None:
+        where, params = "WHERE run_id = $run", {"run": filters.run}
+    sql = f"SELECT {select} FROM {quote_identifier(item.table)} {where} ORDER BY {', '.join(order)}"
+    table = conn.sql(sql, params=params).to_arrow_table()
+    return table.to_pandas(types_mapper=_pandas_type)
+
+
+# Lists as Arrow lists (as the detectors give them: ``analytics.text_lists``); integers and
+# booleans as pandas' nullable types, so a NULL does not turn a count into a float.
+_NULLABLE = {
+    pa.int8(): pd.Int8Dtype(),
+    pa.int16(): pd.Int16Dtype(),
+    pa.int32(): pd.Int32Dtype(),
+    pa.int64(): pd.Int64Dtype(),
+    pa.bool_(): pd.BooleanDtype(),
+}
+
+
+def _pandas_type(kind: pa.DataType):
+    if pa.types.is_list(kind):
+        return pd.ArrowDtype(kind)
+    return _NULLABLE.get(kind)
+
+
+# ---------------------------------------------------------------------------------------- writes
+
+
+def _arrow(frame: pd.DataFrame, start: int = 0) -> pa.Table:
+    frame = frame.reset_index(drop=True)
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    fields = []
+    for field in table.schema:
+        kind = field.type
+        if pa.types.is_null(kind):
+            kind = pa.string()  # a column with no value yet: text until a value says otherwise
+        elif pa.types.is_list(kind) and pa.types.is_null(kind.value_type):
+            kind = pa.list_(pa.string())
+        fields.append(pa.field(field.name, kind))
+    table = table.cast(pa.schema(fields))
+    return table.append_column(POSITION, pa.array(range(start, start + len(frame)), pa.int64()))
+
+
+def _column_types(conn: duckdb.DuckDBPyConnection, relation: str) -> dict[str, str]:
+    return {row[0]: row[1] for row in conn.execute(f"DESCRIBE {relation}").fetchall()}
+
+
+def _write_rows(
+    conn: duckdb.DuckDBPyConnection, item: Maintained, rows: pa.Table, keys: list[str] | None
+) -> None:
+    """In the writer's transaction: replace ``keys``' rows of ``item``'s table by ``rows`` (all
+    rows when ``keys`` is None). The table is made from the first rows; a column that held no
+    value yet takes the type of the first value it is given."""
+    table = quote_identifier(item.table)
+    exists = conn.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [item.table]
+    ).fetchall()[0][0]
+    conn.register("_findings_rows", rows)
+    try:
+        if keys is None and exists:
+            conn.execute(f"DROP TABLE {table}")
+            exists = False
+        if not exists:
+            conn.execute(f"CREATE TABLE {table} AS SELECT * FROM _findings_rows")
+            return
+        have, given = _column_types(conn, table), _column_types(conn, "_findings_rows")
+        for column, kind in given.items():
+            if column not in have:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {quote_identifier(column)} {kind}")
+            elif have[column] != kind and rows.num_rows and rows.column(column).null_count < rows.num_rows:
+                ((held,),) = conn.execute(f"SELECT count({quote_identifier(column)}) FROM {table}").fetchall()
+                if held:
+                    raise TypeError(
+                        f"{item.name}: column {column} was {have[column]}, now {kind}; bump the "
+                        "detector's version so its table is rebuilt"
+                    )
+                conn.execute(f"ALTER TABLE {table} ALTER {quote_identifier(column)} TYPE {kind}")
+        if item.partition is not None:
+            conn.execute(
+                f"DELETE FROM {table} WHERE {quote_identifier(item.partition)} IN (SELECT unnest($keys::VARCHAR[]))",
+                {"keys": keys},
+            )
+        names = ", ".join(quote_identifier(c) for c in rows.column_names)
+        conn.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM _findings_rows")
+    finally:
+        conn.unregister("_findings_rows")
+
+
+def _write_state(
+    conn: duckdb.DuckDBPyConnection,
+    item: Maintained,
+    seq: int | None,
+    failed: list[str] | None = None,
+    error: str | None = None,
+) -> None:
+    exists = conn.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [item.table]
+    ).fetchall()[0][0]
+    rows = (
+        conn.execute(f"SELECT count(*) FROM {quote_identifier(item.table)}").fetchall()[0][0] if exists else 0
+    )
+    conn.execute(
+        "INSERT INTO findings_state VALUES ($metric, $version, $seq, $rows, now()::TIMESTAMP, $failed, $error) "
+        "ON CONFLICT (metric) DO UPDATE SET version = excluded.version, seq = excluded.seq, "
+        "rows = excluded.rows, updated_at = excluded.updated_at, failed_keys = excluded.failed_keys, "
+        "last_error = excluded.last_error",
+        {
+            "metric": item.name,
+            "version": item.version,
+            "seq": seq,
+            "rows": rows,
+            "failed": json.dumps(sorted(failed)) if failed else None,
+            "error": error,
+        },
+    )
+
+
+# ---------------------------------------------------------------------------------------- passes
+
+
+@dataclass
+class PassReport:
+    """What one pass of the materializer did."""
+
+    target: int = 0
+    recomputed: dict[str, int] | None = None  # partitions (or -1: whole) per result
+    failed: dict[str, str] | None = None
+
+
+def _partitions_of(conn: duckdb.DuckDBPyConnection, partition: str) -> list[str]:
+    column = quote_identifier(partition)
+    return [
+        row[0]
+        for row in conn.execute(f"SELECT DISTINCT {column} FROM spans WHERE {column} IS NOT NULL").fetchall()
+    ]
+
+
+def _touched(conn: duckdb.DuckDBPyConnection, partition: str, after: int, upto: int) -> list[str]:
+    return [
+        row[0]
+        for row in conn.execute(
+            "SELECT DISTINCT key FROM change_partitions WHERE seq > $after AND seq <= $upto "
+            "AND partition = $partition",
+            {"after": after, "upto": upto, "partition": partition},
+        ).fetchall()
+    ]
+
+
+def _rebuild_logged(conn: duckdb.DuckDBPyConnection, after: int, upto: int) -> bool:
+    return bool(
+        conn.execute(
+            "SELECT count(*) FROM change_log WHERE seq > $after AND seq <= $upto AND kind = 'rebuild'",
+            {"after": after, "upto": upto},
+        ).fetchall()[0][0]
+    )
+
+
+def _compute_keys(
+    conn: duckdb.DuckDBPyConnection, item: Maintained, keys: list[str]
+) -> tuple[pd.DataFrame | None, list[str], str | None]:
+    """``item``'s rows for ``keys``; a failing chunk is retried key by key, so one partition
+    that fails is isolated: (rows, failed keys, last error)."""
+    try:
+        return item.compute(conn, item.partition, keys), [], None
+    except Exception as exc:  # noqa: BLE001 - isolate the failing partition below
+        if len(keys) == 1:
+            logger.warning("materializer: %s failed on %s %s: %s", item.name, item.partition, keys[0], exc)
+            return None, keys, f"{type(exc).__name__}: {exc}"
+    frames, failed, error = [], [], None
+    for key in keys:
+        frame, bad, message = _compute_keys(conn, item, [key])
+        if frame is not None:
+            frames.append(frame)
+        failed += bad
+        error = message or error
+    frames = [f for f in frames if not f.empty] or frames[:1]
+    return (pd.concat(frames, ignore_index=True) if frames else None), failed, error
+
+
+def bring_up_to_date(
+    read: duckdb.DuckDBPyConnection,
+    write: WriteFn,
+    names: list[str] | None = None,
+    whole_due: Callable[[str], bool] | None = None,
+) -> PassReport:
+    """One pass: bring every maintained result (of ``names``) up to the newest logged change.
+
+    ``read`` is a connection (cursor) of this process for the computations; every write goes
+    through ``write`` (the single writer). ``whole_due(name)`` says whether a result kept whole
+    may be recomputed now (serve limits how often); None: always."""
+    report = PassReport(recomputed={}, failed={})
+    if not _has_change_log(read):
+        return report
+    target = newest_change(read)  # read before any computation: they see at least this much
+    report.target = target
+    states = read_states(read)
+    for name, item in maintained().items():
+        if names is not None and name not in names:
+            continue
+        state = states.get(name)
+        fresh = state is not None and state.version == item.version and state.seq is not None
+        if fresh and state.seq >= target:
+            continue
+        full = not fresh or _rebuild_logged(read, state.seq, target)
+        try:
+            if item.partition is None:
+                if fresh and whole_due is not None and not whole_due(name):
+                    continue
+                frame = item.compute(read, None, None)
+                rows = _arrow(frame)
+                write(lambda c, i=item, r=rows: (_write_rows(c, i, r, None), _write_state(c, i, target)))
+                report.recomputed[name] = -1
+                continue
+            keys = (
+                _partitions_of(read, item.partition)
+                if full
+                else _touched(read, item.partition, state.seq, target)
+            )
+            if full:
+                write(lambda c, i=item: (_drop_table(c, i), _write_state(c, i, None)))
+            failed: list[str] = list(state.failed_keys) if fresh else []
+            failed = [key for key in failed if key not in set(keys)]
+            error = None
+            chunks = [keys[i : i + CHUNK_KEYS] for i in range(0, len(keys), CHUNK_KEYS)] or [[]]
+            for number, chunk in enumerate(chunks):
+                last = number == len(chunks) - 1
+                frame, bad, message = _compute_keys(read, item, chunk) if chunk else (None, [], None)
+                failed += bad
+                error = message or error
+                good = [key for key in chunk if key not in set(bad)]
+                rows = _arrow(frame) if frame is not None else None
+
+                state = (target, tuple(failed), error) if last else None
+                write(functools.partial(_apply_chunk, item=item, rows=rows, keys=good, state=state))
+            report.recomputed[name] = len(keys)
+            if error:
+                report.failed[name] = error
+        except Exception as exc:  # noqa: BLE001 - one detector's failure must not stop the others
+            message = f"{type(exc).__name__}: {exc}"
+            logger.warning("materializer: %s not brought up to date: %s", name, message)
+            report.failed[name] = message
+            try:
+                write(lambda c, i=item, m=message: _record_error(c, i, m))
+            except Exception:  # noqa: BLE001 - the store itself is failing: health says so
+                logger.debug("materializer: could not record the failure of %s", name, exc_info=True)
+    return report
+
+
+def _apply_chunk(
+    conn: duckdb.DuckDBPyConnection,
+    item: Maintained,
+    rows: pa.Table | None,
+    keys: list[str],
+    state: tuple[int, tuple[str, ...], str | None] | None,
+) -> None:
+    """One chunk's write: its partitions' rows, and with the last chunk the state row."""
+    if keys and rows is not None:
+        _write_rows(conn, item, rows, keys)
+    if state is not None:
+        _write_state(conn, item, state[0], list(state[1]), state[2])
+
+
+def _drop_table(conn: duckdb.DuckDBPyConnection, item: Maintained) -> None:
+    conn.execute(f"DROP TABLE IF EXISTS {quote_identifier(item.table)}")
+
+
+def _record_error(conn: duckdb.DuckDBPyConnection, item: Maintained, message: str) -> None:
+    conn.execute(
+        "UPDATE findings_state SET last_error = $error, updated_at = now()::TIMESTAMP WHERE metric = $metric",
+        {"error": message, "metric": item.name},
+    )
+
+
+def prune_change_log(conn: duckdb.DuckDBPyConnection) -> int:
+    """In the writer's transaction: delete the change log entries every maintained result has
+    consumed (never the newest: its seq tells readers how far the log went). Returns how many."""
+    states = read_states(conn)
+    items = maintained()
+    seqs = [states[n].seq for n in items if n in states and states[n].seq is not None]
+    if len(seqs) < len(items) or not seqs:
+        return 0
+    floor = min(min(seqs), newest_change(conn) - 1)
+    ((deleted,),) = conn.execute("DELETE FROM change_log WHERE seq <= ?", [floor]).fetchall()
+    conn.execute("DELETE FROM change_partitions WHERE seq <= ?", [floor])
+    return deleted
+
+
+class Materializer(threading.Thread):
+    """Serve's background thread: brings the findings tables up to date after each commit.
+
+    ``cursor()`` gives this thread its own read cursor; ``write`` is the single writer's
+    ``execute_write_fn``. Ingest never waits on it: it only reads, and its writes queue behind
+    span commits like any other write."""
+
+    def __init__(
+        self, cursor: Callable[[], duckdb.DuckDBPyConnection], write: WriteFn, interval: float = 0.5
+    ):
+        super().__init__(name="driftscope-materializer", daemon=True)
+        self._cursor = cursor
+        self._write = write
+        self.interval = interval
+        self._wake = threading.Event()
+        self._stop_event = threading.Event()
+        self.passes = 0
+        self.last_error: str | None = None
+        self.last_failed: dict[str, str] = {}
+        self.last_pass_seconds = 0.0
+        self._whole_at: dict[str, float] = {}
+
+    def notify(self) -> None:
+        """New spans were committed (serve's on_commit)."""
+        self._wake.set()
+
+    def _whole_due(self, name: str) -> bool:
+        now = time.monotonic()
+        if now - self._whole_at.get(name, -1e9) < WHOLE_INTERVAL_S:
+            return False
+        self._whole_at[name] = now
+        return True
+
+    def run_once(self, cursor: duckdb.DuckDBPyConnection) -> PassReport:
+        started = time.perf_counter()
+        report = bring_up_to_date(cursor, self._write, whole_due=self._whole_due)
+        if self.passes % 20 == 0:
+            self._write(prune_change_log)
+        self.passes += 1
+        self.last_failed = dict(report.failed or {})
+        self.last_pass_seconds = time.perf_counter() - started
+        return report
+
+    def run(self) -> None:
+        cursor = self._cursor()
+        try:
+            while not self._stop_event.is_set():
+                try:
+                    report = self.run_once(cursor)
+                    self.last_error = None
+                except Exception as exc:  # noqa: BLE001 - keep going; health shows the error
+                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    logger.warning("materializer pass failed (will retry): %s", self.last_error)
+                    report = None
+                if report is not None and report.recomputed:
+                    continue  # more may have arrived meanwhile
+                self._wake.wait(self.interval)
+                self._wake.clear()
+        finally:
+            cursor.close()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop_event.set()
+        self._wake.set()
+        self.join(timeout)

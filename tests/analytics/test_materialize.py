@@ -1,0 +1,353 @@
+"""Live findings: the writer logs what each commit touched, the materializer keeps every detector's
+findings table equal to a full recomputation, and reads are SELECTs over those tables."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import duckdb
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from analytics import METRICS, Filters, Window, kept, materialize, run_metric, summary
+from analytics.registry import register, scratch_registry
+from analytics.sql_loader import filter_params
+from analytics.thresholds import store_threshold
+from analytics.types import direct_write
+from collector.decode import JSON, DecodedBatch, decode_payload
+from collector.files import iter_file_requests
+from collector.store import delete_expired, insert_batches
+from driftscope.database import migrate
+from tests import tiers
+from tests.analytics.test_kept import _loop_batch
+from tests.analytics.test_summary import _random_batch
+from tests.fixtures_analytics import BASE_TIME, insert_spans, make_span, trace_id
+
+
+def _cell(value) -> str:
+    if value is None or value is pd.NA or value is pd.NaT or (isinstance(value, float) and value != value):
+        return "missing"  # NULL: None, NaN or NaT by the column's dtype; null in every answer
+    if hasattr(value, "__len__") and not isinstance(value, str):
+        return repr([_cell(v) for v in value])
+    return repr(value.item() if hasattr(value, "item") else value)
+
+
+def _canonical(frame: pd.DataFrame) -> pd.DataFrame:
+    """Cells as text (lists element by element, every missing value alike), rows sorted: equal
+    up to the order of rows tied on the detector's own ORDER BY and the dtype of a NULL."""
+    out = pd.DataFrame({column: [_cell(v) for v in frame[column]] for column in frame.columns})
+    return out.sort_values(list(out.columns)).reset_index(drop=True)
+
+
+def _store(tmp_path) -> duckdb.DuckDBPyConnection:
+    conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
+    migrate(conn)
+    return conn
+
+
+def _commit(conn: duckdb.DuckDBPyConnection, rows: list[dict]) -> int:
+    """Store ``rows`` as the collector's writer does (``insert_batches`` in one transaction: the
+    ancestor walks and the change log with the spans); return the rows stored."""
+    scratch = duckdb.connect()
+    migrate(scratch)
+    insert_spans(scratch, rows)
+    table = scratch.sql("SELECT * FROM spans").to_arrow_table()
+    conn.execute("BEGIN TRANSACTION")
+    stored = insert_batches(conn, [DecodedBatch(table=table, accepted=table.num_rows)])
+    conn.execute("COMMIT")
+    return stored
+
+
+def _pass(conn: duckdb.DuckDBPyConnection, names: list[str] | None = None) -> materialize.PassReport:
+    cursor = conn.cursor()
+    try:
+        return materialize.bring_up_to_date(cursor, direct_write(conn), names)
+    finally:
+        cursor.close()
+
+
+def _full(conn, name: str) -> pd.DataFrame:
+    with kept.computed_in_full():
+        return run_metric(conn, name)
+
+
+def _assert_tables_equal_full(conn, seen: dict[str, int]) -> None:
+    for name in materialize.maintained():
+        if name in (summary.BASE_PART, summary.GOALS_PART):
+            continue
+        got = run_metric(conn, name)
+        assert materialize.ready(conn, name) is not None, name
+        full = _full(conn, name)
+        assert list(got.columns) == list(full.columns), name
+        pd.testing.assert_frame_equal(_canonical(got), _canonical(full), obj=name)
+        seen[name] = seen.get(name, 0) + len(full)
+    assert summary.summary_from_tables(conn, Window(), Filters()) is not None  # from tables alone
+    tabled = run_metric(conn, "run_summary")
+    pd.testing.assert_frame_equal(
+        _canonical(tabled), _canonical(_full(conn, "run_summary")), obj="run_summary"
+    )
+    seen["run_summary"] = seen.get("run_summary", 0) + len(tabled)
+
+
+@pytest.mark.parametrize(
+    "seed",
+    [
+        0,
+        pytest.param(1, marks=pytest.mark.slow),
+        *(pytest.param(s, marks=pytest.mark.deep) for s in range(2, 10)),
+    ],
+)
+def test_findings_tables_equal_a_full_recomputation_after_every_batch(tmp_path, seed):
+    rng = random.Random(seed)
+    conn = _store(tmp_path)
+    runs = [f"run-{i}" for i in range(rng.randint(2, 5))]
+    seen: dict[str, int] = {}
+    for batch in range(tiers.batches(full=6, quick=3)):
+        _commit(conn, _random_batch(rng, batch, runs) + _loop_batch(rng, batch, runs))
+        report = _pass(conn)
+        assert not report.failed
+        _assert_tables_equal_full(conn, seen)
+    # after the first pass only the partitions a commit touched are recomputed
+    assert materialize.freshness(conn)["lag_seconds"] == 0.0
+
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
+
+
+def _sample_spans(names: list[str]) -> pa.Table:
+    """The spans of the simulator's sample traces ``names``, decoded from their OTLP JSON."""
+    tables = [
+        decode_payload(payload, JSON).table
+        for name in names
+        for _, payload in iter_file_requests(SAMPLES / f"{name}.json")
+    ]
+    return pa.concat_tables(tables)
+
+
+def _runaway_crew(rng: random.Random) -> list[dict]:
+    """Five usual runs of a crew and one with many times their spans (a runaway run)."""
+    rows = []
+    for run in range(6):
+        calls = 36 if run == 5 else 5
+        for call in range(calls):
+            rows.append(make_span(call * 0.5 + rng.random(), run=f"crew-r-{run}", ServiceName="crew-r",
+                                  agent_id="worker", tool_name="search", tool_args={"q": f"{run}-{call}"}))  # fmt: skip
+    return rows
+
+
+def _commit_table(conn: duckdb.DuckDBPyConnection, table: pa.Table) -> None:
+    conn.execute("BEGIN TRANSACTION")
+    insert_batches(conn, [DecodedBatch(table=table, accepted=table.num_rows)])
+    conn.execute("COMMIT")
+
+
+# The simulator's scenarios whose failures every maintained detector finds (with the runaway crew).
+SCENARIOS = [
+    "split_brain_unguarded", "ping_pong_unguarded", "recursion_loop_unguarded", "goal_drift_unguarded",
+    "constraint_drop_unguarded", "context_drift_unguarded", "duplicate_side_effect_unguarded",
+    "step_budget_unguarded", "step_budget_guarded", "split_brain_guarded", "healthy_guarded",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "seed",
+    [
+        0,
+        pytest.param(1, marks=pytest.mark.slow),
+        *(pytest.param(s, marks=pytest.mark.deep) for s in range(2, 8)),
+    ],
+)
+def test_spans_arriving_in_any_batches_keep_every_table_equal_to_a_full_recomputation(tmp_path, seed):
+    """Real OTLP spans of the simulator's failing crews, cut into random batches in random order
+    (children before their parents, a run's spans over many commits), plus a runaway crew: after
+    every commit and pass each table equals a full recomputation, and every maintained detector
+    has rows on both sides (so the equality proves something for each)."""
+    rng = random.Random(seed)
+    conn = _store(tmp_path)
+    spans = _sample_spans(SCENARIOS)
+    order = list(range(spans.num_rows))
+    rng.shuffle(order)
+    spans = spans.take(order)
+    cuts = sorted(rng.sample(range(1, spans.num_rows), tiers.batches(full=5, quick=3) - 1))
+    pieces = [spans.slice(a, b - a) for a, b in zip([0, *cuts], [*cuts, spans.num_rows], strict=True)]
+    crew = _runaway_crew(rng)
+    seen: dict[str, int] = {}
+    for number, piece in enumerate(pieces):
+        _commit_table(conn, piece)
+        _commit(conn, crew[number :: len(pieces)])
+        report = _pass(conn)
+        assert not report.failed
+        seen = {}
+        _assert_tables_equal_full(conn, seen)
+    empty = sorted(name for name, rows in seen.items() if not rows and name != "run_summary")
+    assert not empty, f"these detectors found nothing, so equality proved nothing for them: {empty}"
+
+
+def test_the_change_log_lists_every_run_a_commit_touched_and_the_run_a_span_left(tmp_path):
+    conn = _store(tmp_path)
+    trace = trace_id("t")
+    child = make_span(1, run="x", TraceId=trace, agent_id="a", SpanId="c" * 16, ParentSpanId="p" * 16)
+    child["run_id"] = trace  # no conversation id yet: its run is its trace id
+    _commit(conn, [child])
+    root = make_span(0, run="run-42", TraceId=trace, agent_id="a", SpanId="p" * 16)
+    _commit(conn, [root])
+    logged = conn.execute(
+        "SELECT seq, partition, key FROM change_partitions WHERE partition = 'run_id' ORDER BY seq, key"
+    ).fetchall()
+    first, second = sorted({seq for seq, _, _ in logged})
+    assert [key for seq, _, key in logged if seq == first] == [trace]
+    # the child moved from its trace-id run to run-42: both are touched by the second commit
+    assert sorted(key for seq, _, key in logged if seq == second) == sorted([trace, "run-42"])
+    assert conn.execute("SELECT DISTINCT run_id FROM spans").fetchall() == [("run-42",)]
+    kinds = conn.execute("SELECT kind, spans FROM change_log ORDER BY seq").fetchall()
+    assert kinds == [("spans", 1), ("spans", 1)]
+
+
+def test_a_delete_is_logged_with_the_runs_it_changed_and_their_findings_follow(tmp_path):
+    conn = _store(tmp_path)
+    write = dict(op="write", state_key="k", outcome="ok", tool_name="state_write")
+    _commit(conn, [make_span(0, run="run-1", agent_id="a", state_version="v1", **write),
+                   make_span(5, run="run-1", agent_id="b", state_version="v2", **write)])  # fmt: skip
+    _pass(conn)
+    assert list(run_metric(conn, "lost_updates")["run_id"]) == ["run-1"]
+    first_end = conn.execute("SELECT min(end_ns) FROM spans").fetchone()[0]
+    conn.execute("BEGIN TRANSACTION")
+    assert delete_expired(conn, first_end + 1, 10) == 1
+    conn.execute("COMMIT")
+    assert conn.execute("SELECT kind FROM change_log ORDER BY seq DESC LIMIT 1").fetchone() == ("delete",)
+    report = _pass(conn)
+    assert report.recomputed["lost_updates"] == 1  # run-1 alone
+    assert run_metric(conn, "lost_updates").empty
+
+
+def test_a_new_detector_is_maintained_live_from_its_touched_partitions(tmp_path):
+    conn = _store(tmp_path)
+    asked: list = []
+    with scratch_registry():
+
+        @register(
+            "toy_writes",
+            description="Writes per run and agent.",
+            columns={"run_id": "run", "agent": "agent", "writes": "count"},
+            row="one agent of one run",
+            kept="run_id",
+            order=[("run_id", False), ("agent", False)],
+        )
+        def toy_writes(conn, window: Window, filters: Filters) -> pd.DataFrame:
+            params = filter_params(window, filters)
+            asked.append(params["runs"])
+            return conn.execute(
+                "SELECT run_id, agent_id AS agent, count(*) AS writes FROM spans "
+                "WHERE op = 'write' AND ($runs::VARCHAR[] IS NULL OR run_id = ANY($runs::VARCHAR[])) "
+                "GROUP BY ALL ORDER BY run_id, agent",
+                {"runs": params["runs"]},
+            ).df()
+
+        write = dict(op="write", state_key="k", outcome="ok")
+        _commit(conn, [make_span(0, run="run-1", agent_id="a", **write),
+                       make_span(0, run="run-2", agent_id="a", **write)])  # fmt: skip
+        _pass(conn, ["toy_writes"])
+        assert asked == [["run-1", "run-2"]] or sorted(asked[0]) == ["run-1", "run-2"]
+        _commit(conn, [make_span(1, run="run-2", agent_id="b", **write)])
+        _pass(conn, ["toy_writes"])
+        assert asked[-1] == ["run-2"]  # only the run the commit touched
+        calls = len(asked)
+        got = run_metric(conn, "toy_writes")
+        assert len(asked) == calls  # the answer is a SELECT over its table, nothing computed
+        assert got.to_dict("records") == [
+            {"run_id": "run-1", "agent": "a", "writes": 1},
+            {"run_id": "run-2", "agent": "a", "writes": 1},
+            {"run_id": "run-2", "agent": "b", "writes": 1},
+        ]
+        # a run filter is answered from the table too; a service filter computes
+        assert list(run_metric(conn, "toy_writes", filters=Filters(run="run-1"))["run_id"]) == ["run-1"]
+        assert len(asked) == calls
+        run_metric(conn, "toy_writes", filters=Filters(service="other"))
+        assert len(asked) == calls + 1
+
+
+def test_a_detector_failing_on_one_partition_is_isolated_and_reported(tmp_path):
+    conn = _store(tmp_path)
+    with scratch_registry():
+
+        @register(
+            "toy_fragile",
+            description="Fails on run-bad.",
+            columns={"run_id": "run", "spans": "count"},
+            row="one run",
+            kept="run_id",
+            order=[("run_id", False)],
+        )
+        def toy_fragile(conn, window: Window, filters: Filters) -> pd.DataFrame:
+            runs = filter_params(window, filters)["runs"]
+            if runs is not None and "run-bad" in runs:
+                raise ValueError("cannot read run-bad")
+            return conn.execute(
+                "SELECT run_id, count(*) AS spans FROM spans "
+                "WHERE $runs::VARCHAR[] IS NULL OR run_id = ANY($runs::VARCHAR[]) GROUP BY ALL ORDER BY 1",
+                {"runs": runs},
+            ).df()
+
+        _commit(conn, [make_span(0, run=run, agent_id="a") for run in ("run-1", "run-bad", "run-2")])
+        report = _pass(conn)
+        assert "toy_fragile" in report.failed and "run-bad" in report.failed["toy_fragile"]
+        state = materialize.read_states(conn)["toy_fragile"]
+        assert state.failed_keys == ["run-bad"] and "cannot read run-bad" in state.last_error
+        assert list(run_metric(conn, "toy_fragile")["run_id"]) == ["run-1", "run-2"]
+        # the other detectors are up to date all the same
+        assert materialize.ready(conn, "lost_updates") is not None
+        assert "lost_updates" not in report.failed
+
+
+def test_a_threshold_change_rebuilds_every_table(tmp_path):
+    conn = _store(tmp_path)
+    rng = random.Random(3)
+    _commit(conn, _random_batch(rng, 0, ["run-1", "run-2"]) + _loop_batch(rng, 0, ["run-1", "run-2"]))
+    _pass(conn)
+    store_threshold(conn, "near_duplicate_similarity", 0.2, "test", {}, write=direct_write(conn))
+    report = _pass(conn)
+    assert (
+        report.recomputed["repeated_calls"]
+        == conn.execute("SELECT count(DISTINCT run_id) FROM spans").fetchone()[0]
+    )
+    seen: dict[str, int] = {}
+    _assert_tables_equal_full(conn, seen)
+
+
+def test_reads_wait_for_nothing_and_say_how_far_behind_they_are(tmp_path):
+    conn = _store(tmp_path)
+    write = dict(op="write", state_key="k", outcome="ok")
+    _commit(conn, [make_span(0, run="run-1", agent_id="a", **write)])
+    assert materialize.freshness(conn)["findings_as_of"] is None  # nothing built yet
+    _pass(conn)
+    fresh = materialize.freshness(conn)
+    assert fresh["lag_seconds"] == 0.0 and fresh["behind_changes"] == 0
+    assert fresh["findings_as_of"] is not None
+    _commit(conn, [make_span(1, run="run-1", agent_id="b", **write)])
+    behind = materialize.freshness(conn)
+    assert behind["behind_changes"] == 1 and behind["lag_seconds"] >= 0.0
+    # the tables answer at once, as of the change they reflect: b's clobbering write is not in yet
+    assert run_metric(conn, "lost_updates").empty
+    _pass(conn)
+    assert len(run_metric(conn, "lost_updates")) == 1
+
+
+def test_consumed_change_log_entries_are_pruned(tmp_path):
+    conn = _store(tmp_path)
+    for t in range(3):
+        _commit(conn, [make_span(t, run="run-1", agent_id="a", op="read", state_key="k")])
+    _pass(conn)
+    conn.execute("BEGIN TRANSACTION")
+    assert materialize.prune_change_log(conn) == 2  # the newest stays: readers read its seq
+    conn.execute("COMMIT")
+    assert conn.execute("SELECT count(*) FROM change_log").fetchone()[0] == 1
+    assert materialize.freshness(conn)["lag_seconds"] == 0.0
+
+
+def test_every_registered_detector_with_a_partition_is_maintained():
+    kept_facts = {name for name, metric in METRICS.items() if metric.kept is not None}
+    assert kept_facts <= set(materialize.maintained())
+    assert {summary.BASE_PART, summary.GOALS_PART} <= set(materialize.maintained())
+    assert BASE_TIME  # the fixtures' clock is the one the random batches use
