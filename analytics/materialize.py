@@ -44,6 +44,13 @@ TABLE_PREFIX = "findings__"
 POSITION = "_pos"
 # Partitions recomputed in one statement and one write (a full build goes chunk by chunk).
 CHUNK_KEYS = 2_000
+# Past MANY_KEYS touched partitions, and at least MANY_SHARE of all, one unscoped computation
+# replaces the table: a scan comparing every span's run with a list of a thousand costs more
+# than the rows it saves. Only up to UNSCOPED_MAX_SPANS stored spans: past it, chunks of
+# partitions bound what one computation holds in memory.
+MANY_KEYS = 200
+MANY_SHARE = 0.5
+UNSCOPED_MAX_SPANS = 2_000_000
 # A detector whose answer depends on every run is recomputed at most this often under ingest.
 WHOLE_INTERVAL_S = 5.0
 PARTITIONS = ("run_id", "origin_task_id")
@@ -399,6 +406,20 @@ def _partitions_of(conn: duckdb.DuckDBPyConnection, partition: str) -> list[str]
     ]
 
 
+def _unscoped(conn: duckdb.DuckDBPyConnection, keys: list[str], partition: str, totals: dict) -> bool:
+    """Whether ``keys`` are better computed as one unscoped computation than scoped to them."""
+    if len(keys) <= MANY_KEYS:
+        return False
+    if "spans" not in totals:
+        totals["spans"] = conn.execute("SELECT count(*) FROM spans").fetchall()[0][0]
+    if totals["spans"] > UNSCOPED_MAX_SPANS:
+        return False  # chunks of partitions bound the memory of one computation
+    if partition not in totals:
+        column = quote_identifier(partition)
+        totals[partition] = conn.execute(f"SELECT count(DISTINCT {column}) FROM spans").fetchall()[0][0]
+    return len(keys) >= MANY_SHARE * totals[partition]
+
+
 def _touched(conn: duckdb.DuckDBPyConnection, partition: str, after: int, upto: int) -> list[str]:
     return [
         row[0]
@@ -458,6 +479,7 @@ def bring_up_to_date(
     target = newest_change(read)  # read before any computation: they see at least this much
     report.target = target
     states = read_states(read)
+    totals: dict[str, int] = {}
     for name, item in maintained().items():
         if names is not None and name not in names:
             continue
@@ -480,6 +502,12 @@ def bring_up_to_date(
                 if full
                 else _touched(read, item.partition, state.seq, target)
             )
+            if _unscoped(read, keys, item.partition, totals):
+                # most partitions touched: one unscoped computation replaces the table
+                rows = _arrow(item.compute(read, item.partition, None))
+                write(lambda c, i=item, r=rows: (_write_rows(c, i, r, None), _write_state(c, i, target)))
+                report.recomputed[name] = len(keys)
+                continue
             if full:
                 write(lambda c, i=item: (_drop_table(c, i), _write_state(c, i, None)))
             failed: list[str] = list(state.failed_keys) if fresh else []
@@ -494,8 +522,8 @@ def bring_up_to_date(
                 good = [key for key in chunk if key not in set(bad)]
                 rows = _arrow(frame) if frame is not None else None
 
-                state = (target, tuple(failed), error) if last else None
-                write(functools.partial(_apply_chunk, item=item, rows=rows, keys=good, state=state))
+                done = (target, tuple(failed), error) if last else None
+                write(functools.partial(_apply_chunk, item=item, rows=rows, keys=good, state=done))
             report.recomputed[name] = len(keys)
             if error:
                 report.failed[name] = error

@@ -263,10 +263,10 @@ def run_metric(
         raise KeyError(f"Unknown metric {name!r}; known metrics: {known}") from None
     logger.debug("running metric %s window=%s filters=%s", name, window, filters)
     ensure_readable(conn)
-    if not is_clickhouse(conn) and not metric.window_bounds:
-        tabled = read_findings(
-            conn, name, whole_if_covering(conn, window), filters, columns, list(metric.columns)
-        )
+    if not is_clickhouse(conn):
+        # a result laid over the window's own bounds (time buckets) only for the unbounded window
+        scope = window if metric.window_bounds else whole_if_covering(conn, window)
+        tabled = read_findings(conn, name, scope, filters, columns, list(metric.columns))
         if tabled is not None:  # maintained as spans commit: a SELECT (analytics.materialize)
             return tabled
     if metric.kept is not None and not metric.window_bounds:

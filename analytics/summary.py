@@ -462,7 +462,9 @@ def summary_from_tables(
         return None
     found: dict[str, pd.DataFrame] = {}
     for metric in _summed_metrics():
-        frame = read_findings(conn, metric.name, documented=list(metric.columns))
+        needed = ["run_id", *([_COUNTED_BY[metric.name]] if metric.name in _COUNTED_BY else [])]
+        needed += [c for c in (metric.failing_unless, metric.flag_column) if c and c not in needed]
+        frame = read_findings(conn, metric.name, columns=needed)
         if frame is None:
             return None
         found[metric.name] = _counts_per_run(metric.name, frame)

@@ -1,0 +1,252 @@
+"""A live incident: reads while spans keep arriving (issue 31).
+
+``python -m benchmarks.live --spans 1000000 --rate 2000 --seconds 120 --out results.json [--shape S]``
+
+A database of ``--spans`` stored spans (``benchmarks.dbbuild``, runs of ``--shape``; default: runs
+of 1,000 calls, so ~1,000 runs at 1M) is served by a real ``driftscope serve`` on 127.0.0.1. Once
+its materializer has built every findings table (``build_s``), a sender thread streams OTLP/HTTP
+protobuf requests at ``--rate`` spans/s into the stored runs (each request carries spans of
+``--runs-per-request`` runs, so every run is touched every few seconds), while a client asks every
+detector and run_summary in turn (``GET /api/v1/metrics/{name}``, Arrow, as the dashboard asks)
+for ``--seconds``. Reported: p50/p95/max per detector, the findings lag (``/api/v1/health``,
+sampled every second) p50/p95/max, spans/s actually accepted, serve's peak RSS, and the load.
+The JSON file is rewritten at the end of each phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+PROTOBUF = "application/x-protobuf"
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def _summary(values: list[float]) -> dict:
+    return {
+        "n": len(values),
+        "p50": _percentile(values, 0.5),
+        "p95": _percentile(values, 0.95),
+        "max": max(values) if values else None,
+    }
+
+
+def build(path: Path, spans: int, shape_text: str | None) -> dict:
+    """The span database: ``spans`` stored spans of the shape (copies of one generated base)."""
+    from benchmarks.dbbuild import SpanDatabase
+    from benchmarks.generator import Shape
+
+    shape = Shape.parse(shape_text) if shape_text else Shape(calls_per_session=1000)
+    db = SpanDatabase(path, shape=shape)
+    seconds = db.grow_to(spans)
+    runs = db.conn.execute("SELECT count(DISTINCT run_id) FROM spans").fetchone()[0]
+    info = {"spans": db.spans, "runs": runs, "copies": db.copies, "grow_s": round(seconds, 1)}
+    db.close()
+    return info
+
+
+def _payloads(count: int, shape_text: str | None, per_run: int) -> list[bytes]:
+    """Template requests of ``per_run`` spans each (one run's spans: the generator emits runs in
+    order), new trace and span ids under the stored run ids once stamped into a copy."""
+    from benchmarks.generator import Shape, template_payloads
+
+    shape = Shape.parse(shape_text) if shape_text else Shape(calls_per_session=1000)
+    return template_payloads(count, seed=1009, batch_size=per_run, shape=shape)
+
+
+class Sender(threading.Thread):
+    """Streams requests at ``rate`` spans/s; each one concatenates ``runs`` template requests
+    stamped into random copies (protobuf concatenation appends their resource spans)."""
+
+    def __init__(
+        self,
+        url: str,
+        payloads: list[bytes],
+        per_run: int,
+        runs: int,
+        copies: int,
+        rate: float,
+        seed: int = 0,
+    ):
+        super().__init__(daemon=True)
+        self.seed = seed
+        self.url, self.payloads, self.per_run, self.runs = url, payloads, per_run, runs
+        self.copies, self.rate = copies, rate
+        self.sent = self.refused = 0
+        self.latencies: list[float] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        from benchmarks.generator import stamp
+
+        rng = random.Random(11 + self.seed)
+        interval = self.per_run * self.runs / self.rate
+        next_at = time.perf_counter()
+        with httpx.Client(timeout=30) as client:
+            while not self._halt.is_set():
+                body = b"".join(
+                    stamp(rng.choice(self.payloads), rng.randint(1, self.copies)) for _ in range(self.runs)
+                )
+                start = time.perf_counter()
+                try:
+                    response = client.post(
+                        f"{self.url}/v1/traces", content=body, headers={"Content-Type": PROTOBUF}
+                    )
+                    ok = response.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                self.latencies.append(time.perf_counter() - start)
+                if ok:
+                    self.sent += self.per_run * self.runs
+                else:
+                    self.refused += 1
+                next_at += interval
+                delay = next_at - time.perf_counter()
+                if delay > 0:
+                    self._halt.wait(delay)
+                else:
+                    next_at = time.perf_counter()  # behind: do not burst to catch up
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(60)
+
+
+def _wait_built(client: httpx.Client, url: str, timeout: float) -> float:
+    start = time.perf_counter()
+    while time.perf_counter() - start < timeout:
+        findings = client.get(f"{url}/api/v1/health").json().get("findings", {})
+        if findings.get("behind_changes") == 0 and findings.get("findings_as_of") is not None:
+            return time.perf_counter() - start
+        time.sleep(1.0)
+    raise RuntimeError(f"the findings tables were not built within {timeout}s")
+
+
+def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
+    from analytics import read
+    from benchmarks.serve_proc import ServeProcess
+
+    names = read.metric_names()
+    payloads = _payloads(args.template_spans, args.shape, args.per_run)
+    with ServeProcess(db) as serve, httpx.Client(timeout=300) as client:
+        out["build_s"] = round(_wait_built(client, serve.http_url, args.build_timeout), 1)
+        out_path.write_text(json.dumps(out, indent=2, default=str))
+        warm = {name: [] for name in names}
+        for _ in range(3):
+            for name in names:
+                start = time.perf_counter()
+                client.get(f"{serve.http_url}/api/v1/metrics/{name}", headers={"Accept": ARROW_STREAM})
+                warm[name].append(time.perf_counter() - start)
+        out["at_rest"] = {name: _summary(values) for name, values in warm.items()}
+        # Several senders, as a fleet's exporters send at once (one waits for each answer)
+        senders = [
+            Sender(serve.http_url, payloads, args.per_run, args.runs_per_request, info["copies"],
+                   args.rate / args.senders, seed=number)
+            for number in range(args.senders)
+        ]  # fmt: skip
+        lags: list[float] = []
+        timings = {name: [] for name in names}
+        stop = threading.Event()
+
+        def sample_lag() -> None:
+            with httpx.Client(timeout=30) as probe:
+                while not stop.is_set():
+                    try:
+                        lag = probe.get(f"{serve.http_url}/api/v1/health").json()["findings"]["lag_seconds"]
+                        if lag is not None:
+                            lags.append(lag)
+                    except (httpx.HTTPError, KeyError):
+                        pass
+                    stop.wait(1.0)
+
+        lag_thread = threading.Thread(target=sample_lag, daemon=True)
+        load_before = os.getloadavg()
+        for sender in senders:
+            sender.start()
+        lag_thread.start()
+        started = time.perf_counter()
+        while time.perf_counter() - started < args.seconds:
+            for name in names:
+                start = time.perf_counter()
+                response = client.get(
+                    f"{serve.http_url}/api/v1/metrics/{name}", headers={"Accept": ARROW_STREAM}
+                )
+                timings[name].append(time.perf_counter() - start)
+                response.raise_for_status()
+        elapsed = time.perf_counter() - started
+        for sender in senders:
+            sender.stop()
+        stop.set()
+        lag_thread.join(5)
+        out["live"] = {
+            "seconds": round(elapsed, 1),
+            "spans_sent": sum(s.sent for s in senders),
+            "spans_per_s": round(sum(s.sent for s in senders) / elapsed, 1),
+            "refused_requests": sum(s.refused for s in senders),
+            "ingest_request_s": _summary([t for s in senders for t in s.latencies]),
+            "lag_s": _summary(lags),
+            "detectors": {name: _summary(values) for name, values in timings.items()},
+            "over_300ms_p95": sorted(n for n, v in timings.items() if (_percentile(v, 0.95) or 0) > 0.3),
+            "load_before": load_before,
+            "load_after": os.getloadavg(),
+            "serve_peak_rss_bytes": serve.peak_rss_bytes(),
+        }
+        out["health"] = serve.health()
+    out_path.write_text(json.dumps(out, indent=2, default=str))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.live", description=__doc__.splitlines()[0])
+    parser.add_argument("--spans", type=int, default=1_000_000)
+    parser.add_argument("--shape", default=None, help="benchmarks.generator.Shape.parse text")
+    parser.add_argument("--rate", type=float, default=2000.0, help="spans/s streamed")
+    parser.add_argument("--seconds", type=float, default=120.0)
+    parser.add_argument("--per-run", type=int, default=20, help="spans of one run in a request")
+    parser.add_argument("--runs-per-request", type=int, default=10)
+    parser.add_argument("--senders", type=int, default=4, help="concurrent exporters")
+    parser.add_argument("--template-spans", type=int, default=40_000)
+    parser.add_argument("--build-timeout", type=float, default=3600.0)
+    parser.add_argument("--db", type=Path, help="a database built before (copied; else built)")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="driftscope-live-"))
+    db = workdir / "live.duckdb"
+    out: dict = {"args": vars(args), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    try:
+        if args.db:
+            shutil.copy(args.db, db)
+            import duckdb
+
+            conn = duckdb.connect(str(db), read_only=True)
+            spans, runs = conn.execute("SELECT count(*), count(DISTINCT run_id) FROM spans").fetchone()
+            conn.close()
+            info = {"spans": spans, "runs": runs, "copies": spans // 4096}
+        else:
+            info = build(db, args.spans, args.shape)
+        out["store"] = info
+        args.out.write_text(json.dumps(out, indent=2, default=str))
+        measure(db, info, args, out, args.out)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(json.dumps({k: out.get(k) for k in ("store", "build_s", "live")}, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
