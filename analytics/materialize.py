@@ -263,7 +263,9 @@ def read_findings(
         "SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [item.table]
     ).fetchall()[0][0]
     if not exists:
-        return pd.DataFrame({column: pd.Series(dtype=object) for column in wanted})
+        frame = pd.DataFrame({column: pd.Series(dtype=object) for column in wanted})
+        frame.attrs["source"] = "table"
+        return frame
     select = ", ".join(quote_identifier(c) for c in wanted) if wanted else "* EXCLUDE (_pos)"
     order = [f"{quote_identifier(c)}{' DESC' if d else ''} NULLS LAST" for c, d in item.order]
     if item.partition is not None:
@@ -274,7 +276,9 @@ def read_findings(
         where, params = "WHERE run_id = $run", {"run": filters.run}
     sql = f"SELECT {select} FROM {quote_identifier(item.table)} {where} ORDER BY {', '.join(order)}"
     table = conn.sql(sql, params=params).to_arrow_table()
-    return table.to_pandas(types_mapper=_pandas_type)
+    frame = table.to_pandas(types_mapper=_pandas_type)
+    frame.attrs["source"] = "table"
+    return frame
 
 
 # Lists as Arrow lists (as the detectors give them: ``analytics.text_lists``); integers and

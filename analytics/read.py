@@ -16,7 +16,7 @@ import pandas as pd
 import pyarrow as pa
 
 from analytics import alerts as alert_state
-from analytics import browse, kept_store, registry, search, thresholds
+from analytics import browse, kept_store, materialize, registry, search, thresholds
 from analytics.registry import Metric
 from analytics.types import Filters, Window
 
@@ -92,6 +92,17 @@ def metric(
     ``columns`` when given (``metric_columns``: a projection, so a caller that shows counts never
     has the evidence lists built), equal to those columns of the whole frame."""
     return registry.run_metric(conn, name, window, filters, metric_columns(name, columns))
+
+
+def findings_freshness(conn: duckdb.DuckDBPyConnection, frame: pd.DataFrame, name: str) -> dict[str, Any]:
+    """How current ``frame`` (an answer of ``metric`` for ``name``) is: ``source`` "table" (read
+    from the findings tables, ``findings_as_of`` the change they reflect, ``lag_seconds`` how far
+    behind the newest commit) or "computed" (computed for this request from the spans stored)."""
+    if frame.attrs.get("source") != "table":
+        return {"source": "computed", "findings_as_of": None, "lag_seconds": 0.0}
+    names = [name] if name in materialize.maintained() else None  # run_summary: every table
+    fresh = materialize.freshness(conn, names)
+    return {"source": "table", "findings_as_of": fresh["findings_as_of"], "lag_seconds": fresh["lag_seconds"]}
 
 
 def arrow_table(frame: pd.DataFrame) -> pa.Table:

@@ -470,7 +470,9 @@ def summary_from_tables(
         found[metric.name] = _counts_per_run(metric.name, frame)
     base = base.set_index("run_id", drop=False)
     goals = goals.set_index("run_id")[["drifted_subtasks", "worst_divergence"]]
-    return _assemble(conn, _Parts(base, found, goals), current_threshold(conn, "goal_divergence"))
+    frame = _assemble(conn, _Parts(base, found, goals), current_threshold(conn, "goal_divergence"))
+    frame.attrs["source"] = "table"
+    return frame
 
 
 def result_codes() -> dict[str, str]:

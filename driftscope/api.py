@@ -240,7 +240,17 @@ def build_api_routes(
         except ValueError as exc:
             raise BadParameterError(str(exc)) from None
         frame = await run(read.metric, name, *window_and_filters(params), columns)
-        return frame_response(request, frame, {"metric": name})
+        fresh = await run(read.findings_freshness, frame, name)
+        as_of = fresh["findings_as_of"]
+        fresh["findings_as_of"] = as_of.isoformat() if as_of is not None else None
+        response = frame_response(request, frame, {"metric": name, **fresh})
+        # the Arrow answer carries no JSON envelope: how current it is travels in headers
+        response.headers["X-Driftscope-Source"] = fresh["source"]
+        if fresh["findings_as_of"] is not None:
+            response.headers["X-Driftscope-Findings-As-Of"] = fresh["findings_as_of"]
+        if fresh["lag_seconds"] is not None:
+            response.headers["X-Driftscope-Findings-Lag"] = f"{fresh['lag_seconds']:.3f}"
+        return response
 
     async def runs(request: Request) -> Response:
         params = parse_query(request, WINDOW_PARAMS + FILTER_PARAMS + ("limit",))
