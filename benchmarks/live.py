@@ -211,6 +211,33 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
     out_path.write_text(json.dumps(out, indent=2, default=str))
 
 
+def run_live(
+    workdir: Path,
+    spans: int,
+    seconds: float,
+    rate: float,
+    shape: str | None = None,
+    senders: int = 4,
+    out_path: Path | None = None,
+) -> dict:
+    """The live incident at ``spans`` stored spans of ``shape``: build, serve, stream, ask."""
+    args = argparse.Namespace(
+        spans=spans, shape=shape, rate=rate, seconds=seconds, per_run=20, runs_per_request=10,
+        senders=senders, template_spans=40_000, build_timeout=3600.0,
+    )  # fmt: skip
+    db = workdir / f"live-{spans}.duckdb"
+    out: dict = {"args": {k: v for k, v in vars(args).items()}}
+    info = build(db, spans, shape)
+    out["store"] = info
+    out_path = out_path or workdir / f"live-{spans}.json"
+    try:
+        measure(db, info, args, out, out_path)
+    finally:
+        for path in (db, Path(f"{db}.wal")):
+            path.unlink(missing_ok=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.live", description=__doc__.splitlines()[0])
     parser.add_argument("--spans", type=int, default=1_000_000)

@@ -39,6 +39,50 @@ def _split(result: dict | None) -> str:
 
 def check_targets(document: dict) -> list[dict]:
     """One row per target: the limit, what was measured (None = not measured) and whether met."""
+    return _base_targets(document) + _live_targets(document)
+
+
+def _live_targets(document: dict) -> list[dict]:
+    """Issue 31: every detector's p95 and the findings lag under live ingest, per shape."""
+    rows = []
+    for case in document.get("live") or []:
+        live = case.get("live") or {}
+        shape = (case.get("args") or {}).get("shape") or "calls_per_session=1000"
+        spans = (case.get("store") or {}).get("spans", 0)
+        big = spans > 5_000_000
+        limit_s, lag_limit = (1.0, 10.0) if big else (0.3, 5.0)
+        worst = max(
+            (
+                (name, v["p95"])
+                for name, v in (live.get("detectors") or {}).items()
+                if v.get("p95") is not None
+            ),
+            key=lambda item: item[1],
+            default=(None, None),
+        )
+        rows.append(
+            _row(
+                f"live: every detector p95, {spans:,} spans ({shape})",
+                f"<= {int(limit_s * 1000)} ms",
+                None if worst[1] is None else round(worst[1], 3),
+                None if worst[1] is None else worst[1] <= limit_s,
+                f"worst {worst[0]}; {live.get('spans_per_s')} spans/s streamed; load {live.get('load_after')}",
+            )
+        )
+        lag = (live.get("lag_s") or {}).get("p95")
+        rows.append(
+            _row(
+                f"live: findings lag p95, {spans:,} spans ({shape})",
+                f"<= {lag_limit:g} s",
+                lag,
+                None if lag is None else lag <= lag_limit,
+                f"build {case.get('build_s')} s; serve peak RSS {live.get('serve_peak_rss_bytes')} B",
+            )
+        )
+    return rows
+
+
+def _base_targets(document: dict) -> list[dict]:
     rows = []
     http = _get(document, "ingest", "http") or {}
     grpc = _get(document, "ingest", "grpc") or {}

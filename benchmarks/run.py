@@ -26,7 +26,7 @@ from benchmarks.report import check_targets, detector_table, markdown_table
 logger = logging.getLogger(__name__)
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("ingest", "queries", "shapes", "embeddings", "dashboard", "chdb")
+SECTIONS = ("ingest", "queries", "shapes", "embeddings", "dashboard", "chdb", "live")
 FULL = {
     "ingest_spans": 200_000,
     # The issue's sizes: peak RSS across a 10M-span ingest (~15-20 min on 2 cores) and every
@@ -51,6 +51,17 @@ FULL = {
     "chdb_repeats": 3,
     "chdb_skip_slow": False,
     "chdb_copy_above": 1_000_000,
+    # Issue 31: a live incident (benchmarks.live): reads while ~2,000 spans/s stream into the
+    # stored runs, at 1M spans of 1,000-call runs and of the other shapes users send.
+    "live": [
+        {"spans": 1_000_000, "shape": None},
+        {"spans": 1_000_000, "shape": "calls_per_session=10"},
+        {"spans": 1_000_000, "shape": "calls_per_session=100000"},
+        {"spans": 1_000_000, "shape": "calls_per_session=1000,agents_per_run=64"},
+        {"spans": 1_000_000, "shape": "calls_per_session=1000,writes_per_key=1000"},
+    ],
+    "live_seconds": 120.0,
+    "live_rate": 2000.0,
 }
 # Smoke: every script runs once at a tiny size (the embedding-worker ingest pair is left out: it
 # loads the model inside serve, which alone takes longer than the whole smoke run should).
@@ -77,6 +88,9 @@ SMOKE = {
     # test_clickhouse_detectors.py holds all of them equal to DuckDB's on chdb.
     "chdb_skip_slow": True,
     "chdb_copy_above": None,
+    "live": [{"spans": 4096, "shape": None}],
+    "live_seconds": 3.0,
+    "live_rate": 500.0,
 }
 
 
@@ -194,6 +208,13 @@ def run_sections(sections: list[str], config: dict, workdir: Path) -> dict:
             "overview_page": in_subprocess("overview_render", keep, window, limit),
         }
         keep.unlink(missing_ok=True)
+    if "live" in sections:
+        from benchmarks.live import run_live
+
+        out["live"] = [
+            run_live(workdir, case["spans"], config["live_seconds"], config["live_rate"], case["shape"])
+            for case in config["live"]
+        ]
     if "chdb" in sections:
         from benchmarks.chdb import SLOW_TO_PLAN, run_chdb
 

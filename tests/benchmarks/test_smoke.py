@@ -128,6 +128,12 @@ def test_smoke_run_writes_results_for_every_section(tmp_path, capsys):
         assert all(t["median_s"] is not None and t["median_s"] >= 0 for t in entry["detectors"].values())
     assert sizes["1024"]["span_growth"] == 2.0 and set(sizes["1024"]["time_growth"]) == set(METRICS)
 
+    (live,) = document["live"]  # issue 31: reads from the findings tables while spans stream in
+    assert live["build_s"] >= 0 and live["live"]["spans_sent"] > 0 and live["live"]["refused_requests"] == 0
+    assert set(live["live"]["detectors"]) == set(METRICS)
+    assert all(entry["n"] >= 1 for entry in live["live"]["detectors"].values())
+    assert live["health"]["findings"]["last_error"] is None
+
     shapes = document["shapes"]["2048"]["by_shape"]
     assert len(shapes) == 2
     for entry in shapes.values():
