@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from analytics.kept import computed_in_full, in_full
 from analytics.side_effects import current_side_effect_tools
-from analytics.sql_loader import quote_identifier, run_scope
+from analytics.sql_loader import memory_cursor, quote_identifier, run_scope
 from analytics.types import Filters, Window, WriteFn
 
 logger = logging.getLogger(__name__)
@@ -296,6 +296,89 @@ def _pandas_type(kind: pa.DataType):
     if pa.types.is_list(kind):
         return pd.ArrowDtype(kind)
     return _NULLABLE.get(kind)
+
+
+# The table of each run's first and last span start (run_summary's base part): which runs a window
+# holds whole, and which it cuts.
+RANGES = "run_summary_base"
+
+
+def read_window(
+    conn: duckdb.DuckDBPyConnection,
+    name: str,
+    window: Window,
+    filters: Filters,
+    columns: list[str] | None,
+    documented: list[str],
+) -> pd.DataFrame | None:
+    """``name``'s rows over a ``window`` that cuts the store, for a run-partitioned detector with no
+    filter but a run: the table's rows of the runs the window holds whole, plus the runs its edges
+    cut computed for the window (only those). None when the tables cannot answer it."""
+    item = maintained().get(name)
+    if item is None or item.partition != "run_id" or window == Window() or in_full():
+        return None
+    if filters.service is not None or filters.agent is not None or filters.origin_task is not None:
+        return None
+    if ready(conn, name) is None or ready(conn, RANGES) is None:
+        return None
+    ranges = quote_identifier(TABLE_PREFIX + RANGES)
+    table = quote_identifier(item.table)
+    bounds = {"since": window.since, "until": window.until, "run": filters.run}
+    holds = (
+        "($since::TIMESTAMP IS NULL OR r.first_seen >= $since::TIMESTAMP) "
+        "AND ($until::TIMESTAMP IS NULL OR r.last_seen < $until::TIMESTAMP)"
+    )
+    touches = (
+        "($since::TIMESTAMP IS NULL OR last_seen >= $since::TIMESTAMP) "
+        "AND ($until::TIMESTAMP IS NULL OR first_seen < $until::TIMESTAMP) "
+        "AND ($run::VARCHAR IS NULL OR run_id = $run::VARCHAR)"
+    )
+    cut = [
+        row[0]
+        for row in conn.execute(
+            f"SELECT run_id FROM {ranges} r WHERE {touches} AND NOT ({holds})", bounds
+        ).fetchall()
+    ]
+    wanted = list(columns or documented)
+    exists = conn.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [item.table]
+    ).fetchall()
+    if exists[0][0]:
+        select = ", ".join(f"f.{quote_identifier(c)}" for c in wanted)
+        whole = conn.sql(
+            f"SELECT {select} FROM {table} f JOIN {ranges} r USING (run_id) "
+            f"WHERE {holds} AND ($run::VARCHAR IS NULL OR f.run_id = $run::VARCHAR) ORDER BY f._pos",
+            params=bounds,
+        ).to_arrow_table()
+        frame = whole.to_pandas(types_mapper=_pandas_type)
+    else:
+        frame = pd.DataFrame({column: pd.Series(dtype=object) for column in wanted})
+    if cut:
+        from analytics.registry import METRICS
+
+        with computed_in_full(), run_scope(runs=cut):
+            edges = METRICS[name].func(conn, window, filters)[wanted]
+        frame = (
+            edges if frame.empty else (frame if edges.empty else pd.concat([frame, edges], ignore_index=True))
+        )
+    if item.order and len(frame) > 1 and all(c in frame.columns for c, _ in item.order):
+        frame = _ordered(frame, item.order)
+    frame.attrs["source"] = "table"
+    return frame
+
+
+def _ordered(frame: pd.DataFrame, order: tuple[tuple[str, bool], ...]) -> pd.DataFrame:
+    """``frame`` in ``order`` as DuckDB orders it (NULLs last, lists element by element); ties
+    keep their place. Only the key columns go through DuckDB; the rows are taken by position."""
+    keys = pd.DataFrame(
+        {f"k{i}": frame[column].reset_index(drop=True) for i, (column, _) in enumerate(order)}
+    )
+    keys["pos"] = range(len(keys))
+    clause = ", ".join(f"k{i}{' DESC' if desc else ''} NULLS LAST" for i, (_, desc) in enumerate(order))
+    with memory_cursor() as mem:
+        mem.register("keys", keys)
+        positions = mem.execute(f"SELECT pos FROM keys ORDER BY {clause}, pos").fetchnumpy()["pos"]
+    return frame.take(positions).reset_index(drop=True)
 
 
 # ---------------------------------------------------------------------------------------- writes

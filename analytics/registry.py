@@ -24,7 +24,7 @@ import analytics.kept as _kept
 import analytics.window_scope as window_scope
 from analytics.engine import is_clickhouse
 from analytics.kept import kept_result
-from analytics.materialize import read_findings
+from analytics.materialize import read_findings, read_window
 from analytics.schema import ensure_readable
 from analytics.types import Filters, Window
 
@@ -267,6 +267,8 @@ def run_metric(
         # a result laid over the window's own bounds (time buckets) only for the unbounded window
         scope = window if metric.window_bounds else whole_if_covering(conn, window)
         tabled = read_findings(conn, name, scope, filters, columns, list(metric.columns))
+        if tabled is None and not metric.window_bounds:  # the runs a window cuts, computed alone
+            tabled = read_window(conn, name, scope, filters, columns, list(metric.columns))
         if tabled is not None:  # maintained as spans commit: a SELECT (analytics.materialize)
             return tabled
     if metric.kept is not None and not metric.window_bounds:

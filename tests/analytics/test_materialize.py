@@ -360,3 +360,30 @@ def test_every_registered_detector_with_a_partition_is_maintained():
     assert kept_facts <= set(materialize.maintained())
     assert {summary.BASE_PART, summary.GOALS_PART} <= set(materialize.maintained())
     assert BASE_TIME  # the fixtures' clock is the one the random batches use
+
+
+def test_a_window_cutting_runs_reads_whole_runs_from_tables_and_computes_only_the_cut_ones(tmp_path):
+    rng = random.Random(5)
+    conn = _store(tmp_path)
+    spans = _sample_spans(SCENARIOS)
+    _commit_table(conn, spans)
+    _commit(conn, _runaway_crew(rng))
+    _pass(conn)
+    first, last = conn.execute("SELECT min(Timestamp), max(Timestamp) FROM spans").fetchone()
+    cuts = [first + (last - first) * share for share in (0.2, 0.5, 0.8)]
+    windows = [Window(since=cuts[0]), Window(until=cuts[1]), Window(since=cuts[0], until=cuts[2])]
+    some_run = conn.execute("SELECT min(run_id) FROM spans WHERE run_id LIKE 'run-split%'").fetchone()[0]
+    compared = 0
+    for window in windows:
+        for filters in (Filters(), Filters(run=some_run)):
+            for name, item in materialize.maintained().items():
+                if item.partition != "run_id" or name in (summary.BASE_PART, summary.GOALS_PART):
+                    continue
+                got = run_metric(conn, name, window, filters)
+                assert got.attrs.get("source") == "table", (name, window)
+                with kept.computed_in_full():
+                    full = run_metric(conn, name, window, filters)
+                assert list(got.columns) == list(full.columns)
+                pd.testing.assert_frame_equal(_canonical(got), _canonical(full), obj=f"{name} {window}")
+                compared += len(full)
+    assert compared > 0
