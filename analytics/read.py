@@ -215,5 +215,26 @@ def alerts(conn: duckdb.DuckDBPyConnection, window: Window = Window(), limit: in
 
 
 def data_version(conn: duckdb.DuckDBPyConnection) -> str:
-    """A string that changes whenever spans are added (cache keys include it)."""
-    return browse.data_version(conn)
+    """A string that changes whenever spans are added or the findings tables move on (cache keys
+    include it: a page showing findings as of one change must read again once they catch up)."""
+    states = materialize.read_states(conn)
+    seqs = sorted((name, state.seq) for name, state in states.items())
+    return f"{browse.data_version(conn)}|{hash(tuple(seqs))}"
+
+
+def findings_status(conn: duckdb.DuckDBPyConnection) -> dict[str, Any]:
+    """How far behind the newest committed change the findings tables are
+    (``analytics.materialize.freshness``: ``findings_as_of``, ``lag_seconds``, ``behind_changes``)."""
+    return materialize.freshness(conn)
+
+
+def describe_freshness(status: dict[str, Any] | None) -> str:
+    """A sidebar line: "Findings as of 12:04:31 UTC, 2 s behind", or why there is none."""
+    if not status or status.get("findings_as_of") is None:
+        return "Findings: computed on request (no findings tables built yet)"
+    at = status["findings_as_of"]
+    at = at if isinstance(at, str) else at.isoformat()
+    clock = at.replace("T", " ")[11:19]
+    lag = status.get("lag_seconds") or 0.0
+    behind = "up to date" if not status.get("behind_changes") else f"{lag:.0f} s behind"
+    return f"Findings as of {clock} UTC, {behind}"

@@ -89,6 +89,7 @@ class Health:
     ok: bool
     detail: str
     spans: int | None = None  # spans stored (any window), when the source says
+    findings: str | None = None  # how current the findings tables are (read.describe_freshness)
 
 
 class DataSource(Protocol):
@@ -203,7 +204,11 @@ class HttpSource:
             return Health(False, str(exc))
         spans = body.get("spans") if isinstance(body, dict) else None
         count = spans if isinstance(spans, int) else None
-        return Health(True, f"{self.description}: {spans if spans is not None else '?'} spans", count)
+        status = body.get("findings") if isinstance(body, dict) else None
+        findings = read.describe_freshness(status if isinstance(status, dict) else None)
+        return Health(
+            True, f"{self.description}: {spans if spans is not None else '?'} spans", count, findings
+        )
 
     def list_metrics(self) -> list[dict]:
         """Metric descriptions as the API lists them."""
@@ -230,8 +235,10 @@ class HttpSource:
         """The health answer (span count, newest span, embeddings) as one string."""
         body = self._get("/api/v1/health").json()
         if isinstance(body, dict):
+            findings = body.get("findings") if isinstance(body.get("findings"), dict) else {}
             return "|".join(
-                str(body.get(k)) for k in ("spans", "newest_span", "embeddings", "schema_version")
+                [str(body.get(k)) for k in ("spans", "newest_span", "embeddings", "schema_version")]
+                + [str(findings.get(k)) for k in ("findings_as_of", "behind_changes")]
             )
         return str(body)
 
@@ -355,9 +362,10 @@ class DuckDBFileSource:
         """Count spans; never raises."""
         try:
             count = int(self._query("SELECT count(*) AS n FROM spans")["n"].iloc[0])
+            findings = read.describe_freshness(self._read(read.findings_status))
         except (SourceUnavailable, duckdb.Error) as exc:
             return Health(False, str(exc))
-        return Health(True, f"{self.description}: {count} spans", count)
+        return Health(True, f"{self.description}: {count} spans", count, findings)
 
     def list_metrics(self) -> list[dict]:
         """The registered metrics described as the read API lists them."""

@@ -225,6 +225,8 @@ def sidebar() -> PageContext | None:
         unavailable_banner(health.detail)
         return None
     st.session_state["_source_spans"] = health.spans
+    if health.findings:  # "Findings as of 12:04:31 UTC, 2 s behind": how current every page is
+        st.sidebar.caption(health.findings)
     # Window and filters live in the URL (bind="query-params"), so a link pasted into an incident
     # channel opens the same view.
     preset = st.sidebar.selectbox(

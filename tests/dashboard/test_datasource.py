@@ -271,3 +271,24 @@ def test_a_projection_read_is_those_columns_of_the_whole_frame_from_a_file_and_t
         offline.metric("repeated_calls", Window(), Filters(), ["run_id", "nope"])
     with pytest.raises(SourceUnavailable, match="HTTP 400.*documented columns"):
         http.metric("repeated_calls", Window(), Filters(), ["run_id", "nope"])
+
+
+def test_a_file_source_says_how_current_its_findings_are_and_reads_again_when_they_move(tmp_path):
+    from tests.analytics.test_materialize import _commit, _pass, _store
+    from tests.fixtures_analytics import make_span
+
+    conn = _store(tmp_path)
+    write = dict(op="write", state_key="k", outcome="ok")
+    _commit(conn, [make_span(0, run="run-1", agent_id="a", **write)])
+    conn.close()
+    source = DuckDBFileSource(tmp_path / "spans.duckdb")
+    assert source.health().findings.startswith("Findings: computed on request")
+    before = source.data_version()
+    source._conn.close()
+    source._conn = None
+    conn = _store(tmp_path)
+    _pass(conn)  # the materializer brings the tables in: same spans, a new version for the pages
+    conn.close()
+    source = DuckDBFileSource(tmp_path / "spans.duckdb")
+    assert source.health().findings.startswith("Findings as of ") and "up to date" in source.health().findings
+    assert source.data_version() != before
