@@ -54,6 +54,8 @@ UNSCOPED_MAX_SPANS = 2_000_000
 # A detector whose answer depends on every run is recomputed at most this often under ingest.
 WHOLE_INTERVAL_S = 5.0
 PARTITIONS = ("run_id", "origin_task_id")
+# Passes that recomputed something between two prunes of the consumed change log.
+PRUNE_EVERY = 20
 
 Compute = Callable[[duckdb.DuckDBPyConnection, str | None, list[str] | None], pd.DataFrame]
 
@@ -64,7 +66,8 @@ class Maintained:
 
     ``partition``: the column its rows are partitioned by (None: recomputed whole); ``compute``:
     ``(conn, partition, keys)`` -> its rows for those partitions (all when ``keys`` is None);
-    ``order``: the read order, (column, descending) pairs; ``version``: its definition's version.
+    ``order``: the read order, (column, descending) pairs; ``version``: its definition's version;
+    ``detector``: the registered detector (``(conn, window, filters)``), for the runs a window cuts.
     """
 
     name: str
@@ -72,18 +75,29 @@ class Maintained:
     compute: Compute
     order: tuple[tuple[str, bool], ...]
     version: str
+    detector: Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame] | None = None
 
     @property
     def table(self) -> str:
         return TABLE_PREFIX + self.name
 
 
-_extra: dict[str, Maintained] = {}
+# What is kept: filled by the registry from each Metric record's ``kept`` fact (and by
+# analytics.summary for run_summary's parts), so a detector states it once, where it registers.
+_items: dict[str, Maintained] = {}
+# Results kept besides the registered detectors (run_summary's parts): a scratch registry's
+# restore leaves them alone.
+PARTS: set[str] = set()
 
 
 def maintain(item: Maintained) -> None:
-    """Keep ``item`` besides the registered detectors (run_summary's per-run parts)."""
-    _extra[item.name] = item
+    """Keep ``item`` (replacing an earlier one of its name)."""
+    _items[item.name] = item
+
+
+def forget(name: str) -> None:
+    """Keep ``name`` no more."""
+    _items.pop(name, None)
 
 
 def _settings_version() -> str:
@@ -91,7 +105,10 @@ def _settings_version() -> str:
     return repr(current_side_effect_tools())
 
 
-def _metric_compute(func: Callable) -> Compute:
+def detector_compute(func: Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame]) -> Compute:
+    """A registered detector as a ``Compute``: its full computation, limited to the partitions
+    given through the shared filter's internal run (origin task) scope."""
+
     def compute(
         conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
     ) -> pd.DataFrame:
@@ -106,28 +123,14 @@ def _metric_compute(func: Callable) -> Compute:
 
 
 def maintained() -> dict[str, Maintained]:
-    """Everything the materializer keeps, by name: every registered detector with a ``kept`` fact
-    (its partition column, or "whole"), plus run_summary's parts."""
-    from analytics.registry import METRICS
-
-    found: dict[str, Maintained] = {}
+    """Everything the materializer keeps, by name, each version naming the settings in force."""
     settings = _settings_version()
-    for metric in METRICS.values():
-        if metric.kept is None:
-            continue
-        partition = None if metric.kept == "whole" else metric.kept
-        found[metric.name] = Maintained(
-            name=metric.name,
-            partition=partition,
-            compute=_metric_compute(metric.func),
-            order=tuple(metric.order),
-            version=f"{metric.version}|{settings}",
+    return {
+        name: Maintained(
+            item.name, item.partition, item.compute, item.order, f"{item.version}|{settings}", item.detector
         )
-    for name, item in _extra.items():
-        found[name] = Maintained(
-            item.name, item.partition, item.compute, item.order, f"{item.version}|{settings}"
-        )
-    return found
+        for name, item in _items.items()
+    }
 
 
 # ---------------------------------------------------------------------------------------- state
@@ -315,7 +318,7 @@ def read_window(
     filter but a run: the table's rows of the runs the window holds whole, plus the runs its edges
     cut computed for the window (only those). None when the tables cannot answer it."""
     item = maintained().get(name)
-    if item is None or item.partition != "run_id" or window == Window() or in_full():
+    if item is None or item.partition != "run_id" or item.detector is None or window == Window() or in_full():
         return None
     if filters.service is not None or filters.agent is not None or filters.origin_task is not None:
         return None
@@ -354,10 +357,8 @@ def read_window(
     else:
         frame = pd.DataFrame({column: pd.Series(dtype=object) for column in wanted})
     if cut:
-        from analytics.registry import METRICS
-
         with computed_in_full(), run_scope(runs=cut):
-            edges = METRICS[name].func(conn, window, filters)[wanted]
+            edges = item.detector(conn, window, filters)[wanted]
         frame = (
             edges if frame.empty else (frame if edges.empty else pd.concat([frame, edges], ignore_index=True))
         )
@@ -685,6 +686,7 @@ class Materializer(threading.Thread):
         self.last_failed: dict[str, str] = {}
         self.last_pass_seconds = 0.0
         self._whole_at: dict[str, float] = {}
+        self._since_prune = 0
 
     def notify(self) -> None:
         """New spans were committed (serve's on_commit)."""
@@ -700,8 +702,11 @@ class Materializer(threading.Thread):
     def run_once(self, cursor: duckdb.DuckDBPyConnection) -> PassReport:
         started = time.perf_counter()
         report = bring_up_to_date(cursor, self._write, whole_due=self._whole_due)
-        if self.passes % 20 == 0:
+        if report.recomputed:
+            self._since_prune += 1
+        if self._since_prune >= PRUNE_EVERY:  # idle, it writes nothing at all
             self._write(prune_change_log)
+            self._since_prune = 0
         self.passes += 1
         self.last_failed = dict(report.failed or {})
         self.last_pass_seconds = time.perf_counter() - started

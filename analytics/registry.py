@@ -21,6 +21,7 @@ import duckdb
 import pandas as pd
 
 import analytics.kept as _kept
+import analytics.materialize as materialize
 import analytics.window_scope as window_scope
 from analytics.engine import is_clickhouse
 from analytics.kept import kept_result
@@ -200,6 +201,7 @@ def register(
             **facts,
         )
         _kept.declare(name, kept, list(facts["order"]))
+        _maintain(METRICS[name])
         return checked
 
     return decorate
@@ -240,8 +242,28 @@ def scratch_registry() -> Iterator[dict[str, Metric]]:
         METRICS.update(saved)
         for metric in METRICS.values():  # a scratch registration may have replaced a kept fact
             _kept.declare(metric.name, metric.kept, list(metric.order))
+            _maintain(metric)
         for name in set(_kept.KEPT) - set(METRICS):
             _kept.declare(name, None)
+        for name in set(materialize.maintained()) - set(METRICS) - set(materialize.PARTS):
+            materialize.forget(name)
+
+
+def _maintain(metric: Metric) -> None:
+    """Have serve's materializer keep ``metric``'s findings table when it names a partition."""
+    if metric.kept is None:
+        materialize.forget(metric.name)
+        return
+    materialize.maintain(
+        materialize.Maintained(
+            name=metric.name,
+            partition=None if metric.kept == "whole" else metric.kept,
+            compute=materialize.detector_compute(metric.func),
+            order=tuple(metric.order),
+            version=str(metric.version),
+            detector=metric.func,
+        )
+    )
 
 
 def run_metric(

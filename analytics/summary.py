@@ -25,7 +25,7 @@ from analytics.data_version import touched_scope as _touched_scope
 from analytics.engine import is_clickhouse
 from analytics.goals import goal_run_stats
 from analytics.kept import KEPT, PARTITIONS, given_parts, keeps_parts, result_code
-from analytics.materialize import Maintained, maintain, read_findings
+from analytics.materialize import PARTS, Maintained, maintain, read_findings
 from analytics.registry import (
     METRICS,
     counted_metrics,
@@ -444,6 +444,7 @@ def _goal_rows(
 
 maintain(Maintained(BASE_PART, "run_id", _base_rows, (("first_seen", False), ("run_id", False)), "1"))
 maintain(Maintained(GOALS_PART, "run_id", _goal_rows, (("run_id", False),), "1"))
+PARTS.update({BASE_PART, GOALS_PART})
 
 
 def summary_from_tables(

@@ -28,6 +28,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from analytics.kept import computed_in_full
 from analytics.types import Window, WriteFn
 from collector.auth import token_matches
 from driftscope.checks import check_db_path
@@ -194,13 +195,17 @@ def run_calibration(
         # file as it was.
         conn.execute("BEGIN TRANSACTION")
         try:
-            findings_before = finding_counts(conn, Window())
+            # computed under each version, not read from the findings tables (which hold the
+            # committed thresholds' findings)
+            with computed_in_full():
+                findings_before = finding_counts(conn, Window())
             _calibrate(conn, request, window, pairs_path, lambda fn: fn(conn), results)
             results["changed"] = threshold_diff(before, thresholds_in_force(conn))
-            results["findings_all_time"] = {
-                "before": findings_before,
-                "after": finding_counts(conn, Window()),
-            }
+            with computed_in_full():
+                results["findings_all_time"] = {
+                    "before": findings_before,
+                    "after": finding_counts(conn, Window()),
+                }
         finally:
             conn.execute("ROLLBACK")
     results["dry_run"] = "nothing was stored"

@@ -143,3 +143,15 @@ def new_serve(tmp_path: Path, db: Path | None = None, **kwargs) -> ServeProcess:
         auto_ports=True,
         **kwargs,
     )
+
+
+def wait_findings_current(server: ServeProcess, timeout: float = 120) -> None:
+    """Wait until serve's findings tables reflect every committed change (reads are SELECTs over
+    them, answered at once with how far behind they are): for a test that reads findings right
+    after sending spans."""
+
+    def current() -> bool:
+        findings = server.health().get("findings", {})
+        return findings.get("behind_changes") == 0 and findings.get("findings_as_of") is not None
+
+    wait_until(current, "the findings tables to reflect every commit", timeout, poll=0.2)

@@ -85,7 +85,8 @@ def test_calibrate_on_a_file_serve_holds_goes_through_that_collector(tmp_path, c
         goal = _thresholds(serve)["goal_divergence"]
         assert goal["calibrated"] is True and goal["value"] == pytest.approx(report["pairs"]["value"])
         assert json.loads(goal["provenance"])["data"] == str(small_pairs)
-        assert serve.health()["writer_writes"] == writes_before + 1
+        # (the materializer's writes go through the same writer: at least the calibration's one)
+        assert serve.health()["writer_writes"] >= writes_before + 1
         # The collector still ingests after the calibration.
         ingest = _cli(
             "ingest", "--endpoint", serve.http_url,

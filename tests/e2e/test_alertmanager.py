@@ -25,7 +25,7 @@ import pytest
 
 from analytics.types import Window
 from dashboard.datasource import HttpSource
-from tests.serve_helpers import REPO, ServeProcess, free_port, wait_until
+from tests.serve_helpers import REPO, ServeProcess, free_port, wait_findings_current, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -185,6 +185,7 @@ def _demo(serve: ServeProcess, scenario: str) -> None:
         env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 0, result.stderr
+    wait_findings_current(serve)
 
 
 def _finding_groups(serve: ServeProcess) -> set[tuple[str, str]]:
