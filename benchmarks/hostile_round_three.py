@@ -118,11 +118,51 @@ def empty_gzip_members(total_bytes: int) -> bytes:
     return member * (total_bytes // len(member))
 
 
+def uncounted_parts(mib: int) -> dict[str, tuple[dict, bytes]]:
+    """Bodies of ``mib`` MiB (gzip: a few KiB to 64 KiB on the wire) made of what no limit counted
+    before issue 32: empty ResourceSpans, AnyValue array items, JSON values."""
+    n = mib * 1024 * 1024
+    gz = {**PB, "Content-Encoding": "gzip"}
+    js = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    fixed = lambda f, v: _varint(f << 3 | 1) + v.to_bytes(8, "little")  # noqa: E731
+    span = (
+        _field(1, b"\x01" * 16) + _field(2, b"\x02" * 8) + _field(5, b"s")
+        + fixed(7, 1_700_000_000_000_000_000) + fixed(8, 1_700_000_000_000_001_000)
+    )  # fmt: skip
+    long_key = _field(9, _field(1, b"k" * 70_000) + _field(2, _field(1, b"v")))  # to upb + Python
+    items = n // 2 - 16
+    array = _field(9, _field(1, b"a") + _field(2, _field(5, b"\x0a\x00" * items)))
+    return {
+        f"empty_resource_spans_{mib}MiB_gzip": (
+            gz,
+            gzip.compress(_field(1, _field(2, _field(2, span))) + b"\x0a\x00" * (n // 2)),
+        ),
+        f"anyvalue_array_items_{mib}MiB_gzip": (
+            gz,
+            gzip.compress(_field(1, _field(2, _field(2, span + array)))),
+        ),
+        f"python_path_empty_scope_spans_{mib}MiB_gzip": (
+            gz,
+            gzip.compress(_field(1, _field(2, _field(2, span + long_key)) + b"\x12\x00" * (n // 2))),
+        ),
+        f"json_empty_arrays_{mib}MiB_gzip": (js, gzip.compress(b"[" + b"[]," * (n // 3) + b"[]]")),
+        f"json_empty_objects_{mib}MiB_gzip": (
+            js,
+            gzip.compress(b'{"resourceSpans": [' + b"{}," * (n // 3) + b"{}]}"),
+        ),
+    }
+
+
 def scenarios() -> dict:
     """name -> make(server) -> action, for issue 32's items."""
     gz = {**PB, "Content-Encoding": "gzip"}
     members = empty_gzip_members(2 * 1024 * 1024)
-    return {
+    out = {
+        name: (lambda s, h=h, b=b: lambda: beside_legit_exports(s, _post(s, "/v1/traces", h, b)))
+        for mib in (8, 64)
+        for name, (h, b) in uncounted_parts(mib).items()
+    }
+    return out | {
         "grpc_16_header_only_streams_with_token": lambda s: _header_only_streams(s, TOKEN),
         "grpc_16_header_only_streams_without_token": lambda s: _header_only_streams(s, None),
         "gzip_empty_members_2MiB": lambda s: (
