@@ -355,7 +355,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "alert_webhook_secret",
         None,
-        "Secret signing webhook bodies: header X-Driftscope-Signature: sha256=HMAC-SHA256(secret, body) hex.",
+        "Secret signing webhooks: X-Driftscope-Signature: sha256=HMAC-SHA256(secret, timestamp.body) hex, "
+        "the timestamp in X-Driftscope-Timestamp (docs/alerts.md).",
         commands=ALERTS,
         metavar="SECRET",
     ),
