@@ -239,6 +239,8 @@ def cmd_up(args: argparse.Namespace, values: dict[str, Any]) -> int:
             serve_args += [BY_NAME[name].flag, str(values[name])]
     if values.get("insecure"):
         serve_args.append("--insecure")
+    if values.get("allowed_hosts"):
+        serve_args += [BY_NAME["allowed_hosts"].flag, ",".join(values["allowed_hosts"])]
     if values.get("embeddings") is not None:
         serve_args += [BY_NAME["embeddings"].flag, "true" if values["embeddings"] else "false"]
     for name in ("retention", "retention_interval", "header_timeout", "body_timeout"):
@@ -279,8 +281,16 @@ def cmd_up(args: argparse.Namespace, values: dict[str, Any]) -> int:
     try:
         _wait_for_health(url, values.get("token"), serve)
         from dashboard.launch import run_dashboard
+        from driftscope.commands import DASHBOARD_APP
 
-        dash = run_dashboard(url, values["dashboard_port"], token=values.get("token"))
+        # The composition's entry script: the Host and token gate runs before any page.
+        dash = run_dashboard(
+            url,
+            values["dashboard_port"],
+            token=values.get("token"),
+            script=DASHBOARD_APP,
+            allowed_hosts=values.get("allowed_hosts"),
+        )
         children.append(dash)
         _wait_for_dashboard(values["dashboard_port"], dash)
         logger.info(

@@ -90,6 +90,20 @@ def parse_host(name: str, raw: Any) -> str:
     return text
 
 
+def parse_host_list(name: str, raw: Any) -> tuple[str, ...]:
+    """Host names or addresses, comma-separated (``collector.example.com,10.0.0.5``); ``*`` = any."""
+    if isinstance(raw, tuple):
+        return raw
+    names = tuple(part.strip().lower() for part in str(raw).split(",") if part.strip())
+    for host in names:
+        if host != "*" and not re.fullmatch(r"[a-z0-9._:\[\]-]+", host):
+            raise ConfigError(
+                f"Expected {name} to be host names or addresses separated by commas, such as "
+                f"collector.internal,10.0.0.5 (or * for any), got {raw!r}"
+            )
+    return names
+
+
 def parse_text(name: str, raw: Any) -> str:
     return str(raw)
 
@@ -185,6 +199,15 @@ SETTINGS: tuple[Setting, ...] = (
         "Bearer token required on ingest and the read API (Authorization: Bearer ...).",
         commands=SERVE + ("ingest", "dashboard", "report", "demo", "calibrate"),
         metavar="TOKEN",
+    ),
+    Setting(
+        "allowed_hosts",
+        None,
+        "Host names (comma-separated) the HTTP endpoints and the dashboard answer to besides loopback "
+        "names and the bound address; any other Host header is refused (DNS rebinding). * allows any.",
+        parse_host_list,
+        SERVE + ("dashboard",),
+        metavar="HOSTS",
     ),
     Setting(
         "insecure",
