@@ -325,7 +325,8 @@ def parse_json(
         raise RequestTooLargeError("items", limits)
     try:
         request = json_format.ParseDict(document, ExportTraceServiceRequest(), ignore_unknown_fields=True)
-    except (json_format.ParseError, TypeError, ValueError, AttributeError) as exc:
+    except (json_format.ParseError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        # OverflowError: an enum or integer field given as a float past int range (1e400)
         reason = str(exc)
         reason = reason if len(reason) <= 300 else reason[:150] + " ... " + reason[-150:]
         raise DecodeError(f"Body is not a valid OTLP JSON ExportTraceServiceRequest: {reason}") from exc

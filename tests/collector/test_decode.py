@@ -144,3 +144,16 @@ def test_hostile_values_are_bounded():
     assert "nesting deeper than 3" in attrs["nested"]
     huge = json.loads(attrs["huge"])
     assert len(huge) == 11 and huge[-1] == "[truncated 40 items]"
+
+
+@pytest.mark.parametrize("field", ['"kind": 1e400', '"status": {"code": 1e400}', '"kind": -1e400'])
+def test_an_enum_past_int_range_in_json_is_a_decode_error(field):
+    """Issue 32: a float enum past int range raised OverflowError, logged as a bug with a
+    60-line traceback for a 100-byte body."""
+    body = (
+        '{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "01010101010101010101010101010101", '
+        '"spanId": "0202020202020202", "name": "s", ' + field + ', "startTimeUnixNano": "1", '
+        '"endTimeUnixNano": "2"}]}]}]}'
+    ).encode()
+    with pytest.raises(DecodeError, match="not a valid OTLP JSON"):
+        decode_payload(body, JSON)
