@@ -496,6 +496,19 @@ def _links_json(span, limits: DecodeLimits) -> str:
     return json.dumps(links, ensure_ascii=False, separators=(",", ":"))
 
 
+def _service_name(key_values, resource: dict[str, Any]) -> str:
+    """The ``service.name`` string of a resource, else ``unknown_service``: only a string value
+    names a service (a double, bytes or array does not, though ``resource`` holds it as text),
+    as the compiled decoder decides; the last of repeated keys wins, as in the dict."""
+    service = resource.get("service.name")
+    if not (isinstance(service, str) and service):
+        return "unknown_service"
+    for kv in reversed(key_values):
+        if kv.key == "service.name":
+            return service if kv.value.WhichOneof("value") == "string_value" else "unknown_service"
+    return "unknown_service"
+
+
 def decode_export_request(
     request: ExportTraceServiceRequest,
     limits: DecodeLimits = DecodeLimits(),
@@ -516,8 +529,7 @@ def decode_export_request(
             resource = {}  # every span under it is rejected below; nothing of it is kept
         else:
             resource = attributes_to_dict(resource_spans.resource.attributes, limits)
-        service = resource.get("service.name")
-        service = service if isinstance(service, str) and service else "unknown_service"
+        service = _service_name(resource_spans.resource.attributes, resource)
         resource_map = _as_string_map(resource)
         for scope_spans in resource_spans.scope_spans:
             scope_name = _truncate(scope_spans.scope.name, limits)
