@@ -29,7 +29,7 @@
 #define LIMIT (-3) /* a per-request count limit was passed (Ctx.limit says which) */
 enum { LIMIT_NONE = 0, LIMIT_SPANS, LIMIT_ITEMS };
 
-#define MAX_ANY_DEPTH 16   /* AnyValue nesting validated before giving up (upb allows ~100 levels) */
+#define MAX_ANY_DEPTH 16   /* AnyValue nesting validated; deeper values are skipped (see parse_any) */
 #define MAX_GROUP_DEPTH 16 /* nesting of unknown groups skipped before giving up */
 #define CACHE_SIZE 2048    /* string cache slots per call (power of two) */
 #define CACHE_MAX_LEN 64   /* values longer than this are not cached (keys always are) */
@@ -403,7 +403,11 @@ static int parse_kvlist_validate(Ctx *c, Slice m, int depth) {
  * AK_UNSUP.
  */
 static int parse_any(Ctx *c, Slice m, Attr *a, int depth) {
-    if (depth > MAX_ANY_DEPTH) return FALLBACK;
+    /* Deeper than MAX_ANY_DEPTH is past the max_depth cut: the value becomes the truncation
+       marker and is never built, so it is skipped unread (its length is known). upb refuses the
+       whole request past its recursion limit (32 kvlist or 48 array levels); one deep value
+       costs only itself here (issue 32), as the Go Collector accepts 10,000 levels. */
+    if (depth > MAX_ANY_DEPTH) return c->max_depth < MAX_ANY_DEPTH ? OK : FALLBACK;
     const uint8_t *p = m.p, *end = m.p + m.n;
     while (p < end) {
         uint32_t f;

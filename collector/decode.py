@@ -24,6 +24,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from collector.conventions import ATTRIBUTE_COLUMNS, COORDINATION_COLUMNS, OTEL_COLUMNS, map_columns
 from collector.fastdecode import FastResult, LimitExceededError, check_counts, decode_fast
+from collector.json_salvage import PARSE_ERRORS, SURROGATE_ESCAPE, replace_lone_surrogates, salvage_spans
 from collector.limits import DecodeLimits
 
 PROTOBUF = "application/x-protobuf"
@@ -283,6 +284,8 @@ def parse_json(
         raise DecodeError(
             f"Expected a JSON object (an ExportTraceServiceRequest), got {type(document).__name__}"
         )
+    if SURROGATE_ESCAPE.search(payload):
+        replace_lone_surrogates(document)
     bad: list[str] = []
     resource_spans = document.get("resourceSpans", document.get("resource_spans")) or []
     if not isinstance(resource_spans, list):
@@ -325,6 +328,20 @@ def parse_json(
         raise RequestTooLargeError("items", limits)
     try:
         request = json_format.ParseDict(document, ExportTraceServiceRequest(), ignore_unknown_fields=True)
+    except PARSE_ERRORS:
+        # One value ParseDict cannot take (an int past int64, a time of 1e30, attributes as an
+        # object, nesting past its recursion limit) costs only its span (issue 32).
+        salvage_spans(document, bad)
+        request = None
+    if request is None:
+        request = _parse_salvaged(document)
+    return request, bad
+
+
+def _parse_salvaged(document: dict) -> ExportTraceServiceRequest:
+    """ParseDict of a document ``salvage_spans`` went over: what still fails is the envelope."""
+    try:
+        return json_format.ParseDict(document, ExportTraceServiceRequest(), ignore_unknown_fields=True)
     except (json_format.ParseError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         # OverflowError: an enum or integer field given as a float past int range (1e400)
         reason = str(exc)
@@ -335,7 +352,6 @@ def parse_json(
             "Body nests AnyValue arrays/kvlists too deeply to decode; send at most a few dozen levels "
             "(nesting past 8 levels is cut anyway)"
         ) from None
-    return request, bad
 
 
 def _truncate(text: str, limits: DecodeLimits) -> str:
