@@ -672,7 +672,10 @@ def test_nesting_is_cut_at_max_depth_and_deep_nesting_is_skipped():
     fast = decode_fast(request.SerializeToString(), DEFAULT)
     assert fast is not None and fast.accepted == 1
     _, keys, values = fast.span_attributes
-    assert dict(zip(keys, values, strict=True))["deep"] == "[" * 8 + '"[truncated: nesting deeper than 8]"' + "]" * 8
+    assert (
+        dict(zip(keys, values, strict=True))["deep"]
+        == "[" * 8 + '"[truncated: nesting deeper than 8]"' + "]" * 8
+    )
     group = _tag(200, 3) * 40 + _tag(200, 4) * 40
     payload = _wrap_span(_good_span_body() + group)
     parse_protobuf(payload)  # upb accepts 40 nested groups
