@@ -9,6 +9,7 @@ serve needs.
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import threading
 import time
@@ -153,6 +154,133 @@ def uncounted_parts(mib: int) -> dict[str, tuple[dict, bytes]]:
     }
 
 
+def _run_spans(server, run_id: str) -> list[dict]:
+    response = httpx.get(f"{server.url}/api/v1/runs/{run_id}/spans", headers=server.headers, timeout=30)
+    return response.json()["rows"] if response.status_code == 200 else []
+
+
+def _json_span(name: str, run_id: str, **fields) -> dict:
+    span = {
+        "traceId": os.urandom(16).hex(),
+        "spanId": os.urandom(8).hex(),
+        "name": name,
+        "startTimeUnixNano": "1700000000000000000",
+        "endTimeUnixNano": "1700000000000001000",
+        "attributes": [{"key": "gen_ai.conversation.id", "value": {"stringValue": run_id}}],
+    }
+    return {**span, **fields}
+
+
+def _nested_any_value(levels: int) -> bytes:
+    value = _field(1, b"leaf")
+    for _ in range(levels):
+        value = _field(6, _field(1, _field(1, b"k") + _field(2, value)))
+    return value
+
+
+def _pb_span(name: bytes, run_id: bytes, extra: bytes = b"") -> bytes:
+    fixed = lambda n, v: _varint(n << 3 | 1) + v.to_bytes(8, "little")  # noqa: E731
+    run = _field(9, _field(1, b"gen_ai.conversation.id") + _field(2, _field(1, run_id)))
+    return (
+        _field(1, os.urandom(16)) + _field(2, os.urandom(8)) + _field(5, name)
+        + fixed(7, 1_700_000_000_000_000_000) + fixed(8, 1_700_000_000_000_001_000) + run + extra
+    )  # fmt: skip
+
+
+def _one_bad_value(server, case: str):
+    """A good span and a span carrying one bad value, in one request: the status and whether the
+    good span was stored (item 5)."""
+    run_id = f"bad-value-{case}"
+    attribute = lambda value: [{"key": "k", "value": value}]  # noqa: E731
+    bad = {
+        "json_int_past_int64": {"attributes": attribute({"intValue": "9223372036854775808"})},
+        "json_time_2_64": {"startTimeUnixNano": str(2**64)},
+        "json_attributes_as_object": {"attributes": {"k": "v"}},
+        "json_lone_surrogate": {"attributes": attribute({"stringValue": "SURROGATE"})},
+    }
+    if case == "protobuf_kvlist_nested_40":
+        deep = _field(9, _field(1, b"deep") + _field(2, _nested_any_value(40)))
+        scope = _field(2, _pb_span(b"good", run_id.encode())) + _field(
+            2, _pb_span(b"bad", run_id.encode(), deep)
+        )
+        headers, body = PB, _field(1, _field(2, scope))
+    else:
+        fields = bad[case]
+        if case != "json_attributes_as_object":
+            fields = {
+                **fields,
+                "attributes": fields.get("attributes", []) + _json_span("", run_id)["attributes"],
+            }
+        spans = [_json_span("good", run_id), _json_span("bad", run_id, **fields)]
+        body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}).encode()
+        headers, body = {"Content-Type": "application/json"}, body.replace(b"SURROGATE", b"cut \\ud83d")
+
+    def send():
+        status = _post(server, "/v1/traces", headers, body)()
+        names = sorted(row["span_name"] for row in _run_spans(server, run_id))
+        return {"status": status, "stored": names}
+
+    return send
+
+
+def _service_name_on_both_paths(server):
+    """A double service.name (inf) on the compiled path and on the upb + Python path (item 9)."""
+    resource = _field(
+        1, _field(1, _field(1, b"service.name") + _field(2, _varint(4 << 3 | 1) + b"\x00" * 6 + b"\xf0\x7f"))
+    )
+    long_key = _field(9, _field(1, b"k" * 70_000) + _field(2, _field(1, b"v")))
+
+    def send():
+        out = {}
+        for path, extra in (("compiled", b""), ("python", long_key)):
+            run_id = f"service-{path}"
+            body = _field(1, resource + _field(2, _field(2, _pb_span(b"s", run_id.encode(), extra))))
+            _post(server, "/v1/traces", PB, body)()
+            out[path] = [row["service"] for row in _run_spans(server, run_id)]
+        return out
+
+    return send
+
+
+def _read_api_surrogates(server):
+    """A lone surrogate in each lookup / calibration body, and a float enum in OTLP JSON (item 8)."""
+    js = {"Content-Type": "application/json"}
+    enum = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [_json_span("s", "enum", kind=0)]}]}]})
+
+    def send():
+        return {
+            path: _post(server, path, js, body.encode())()
+            for path, body in (
+                ("/api/v1/runs/details", '{"run_ids": ["\\ud800"]}'),
+                ("/api/v1/evidence-spans", '{"keys": [["\\udfff", "ab"]]}'),
+                ("/api/v1/calibrate", '{"baseline_since": "\\ud83d", "dry_run": true}'),
+                ("/v1/traces", enum.replace('"kind": 0', '"kind": 1e400')),
+            )
+        }
+
+    return send
+
+
+def _foreign_host(server):
+    """Every kind of endpoint with ``Host: evil.example.com`` (item 4: DNS rebinding)."""
+
+    def send():
+        out = {}
+        for method, path, headers, body in (
+            ("GET", "/api/v1/health", {}, None),
+            ("GET", "/api/v1/runs", {}, None),
+            ("POST", "/v1/traces", PB, legit_request()),
+            ("POST", "/api/v1/calibrate", {"Content-Type": "application/json"}, b'{"dry_run": true}'),
+        ):
+            headers = {**headers, **server.headers, "Host": "evil.example.com"}
+            out[f"{method} {path}"] = httpx.request(
+                method, f"{server.url}{path}", headers=headers, content=body, timeout=60
+            ).status_code
+        return out
+
+    return send
+
+
 def scenarios() -> dict:
     """name -> make(server) -> action, for issue 32's items."""
     gz = {**PB, "Content-Encoding": "gzip"}
@@ -162,13 +290,29 @@ def scenarios() -> dict:
         for mib in (8, 64)
         for name, (h, b) in uncounted_parts(mib).items()
     }
-    return out | {
-        "grpc_16_header_only_streams_with_token": lambda s: _header_only_streams(s, TOKEN),
-        "grpc_16_header_only_streams_without_token": lambda s: _header_only_streams(s, None),
-        "gzip_empty_members_2MiB": lambda s: (
-            lambda: beside_legit_exports(s, _post(s, "/v1/traces", gz, members))
-        ),
-        "gzip_empty_members_2MiB_metrics": lambda s: (
-            lambda: beside_legit_exports(s, _post(s, "/v1/metrics", gz, members))
-        ),
-    }
+    return (
+        out
+        | {
+            "grpc_16_header_only_streams_with_token": lambda s: _header_only_streams(s, TOKEN),
+            "grpc_16_header_only_streams_without_token": lambda s: _header_only_streams(s, None),
+            "gzip_empty_members_2MiB": lambda s: (
+                lambda: beside_legit_exports(s, _post(s, "/v1/traces", gz, members))
+            ),
+            "gzip_empty_members_2MiB_metrics": lambda s: (
+                lambda: beside_legit_exports(s, _post(s, "/v1/metrics", gz, members))
+            ),
+            "dns_rebinding_host_evil_example_com": _foreign_host,
+            "lone_surrogates_and_float_enum": _read_api_surrogates,
+            "service_name_double_inf_both_paths": _service_name_on_both_paths,
+        }
+        | {
+            f"one_bad_value_{case}": lambda s, case=case: _one_bad_value(s, case)
+            for case in (
+                "json_int_past_int64",
+                "json_time_2_64",
+                "json_attributes_as_object",
+                "json_lone_surrogate",
+                "protobuf_kvlist_nested_40",
+            )
+        }
+    )
