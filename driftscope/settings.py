@@ -270,8 +270,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "max_items_per_request",
         2_000_000,
-        "Most spans + events + links + attributes (of spans, events, links and resources) one OTLP "
-        "request may carry; past it the request is refused (HTTP 413 / gRPC INVALID_ARGUMENT) while decoding.",
+        "Most messages and values one OTLP request may carry (ResourceSpans, ScopeSpans, spans, events, "
+        "links, attributes, AnyValue array items and kvlist entries; every value of a JSON body); past it "
+        "the request is refused (HTTP 413 / gRPC INVALID_ARGUMENT) before they are built.",
         parse_count,
         SERVE,
         metavar="N",
@@ -287,7 +288,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "body_timeout",
         "60s",
-        "An HTTP request body must arrive within this time of its headers (408 past it).",
+        "An HTTP request body must arrive within this time of its headers (408 past it); a gRPC call "
+        "whose message has not arrived within it is cancelled.",
         parse_duration,
         SERVE,
         metavar="DURATION",
