@@ -9,9 +9,13 @@ INVALID_ARGUMENT with the reason.
 grpcio counts a call against ``maximum_concurrent_rpcs`` from its HEADERS frame, message or not
 (issue 32). So the method is registered as stream-unary: the handler runs as soon as the call
 holds a slot, checks the token from the metadata before waiting for anything, and cancels the
-call if its one message has not arrived within ``body_timeout``. One HTTP/2 connection may hold
-at most ``STREAMS_PER_CONNECTION`` calls (``grpc.max_concurrent_streams``), and connections
-that go idle or stop answering keepalive pings are closed.
+call if its one message has not arrived within ``body_timeout``. One connection (one peer
+address and port) may have at most ``CALLS_PER_CONNECTION`` calls in progress: past it a call
+gets RESOURCE_EXHAUSTED with RetryInfo at once, which the exporters retry. (Not HTTP/2's
+``grpc.max_concurrent_streams``: clients open streams before they read the server's SETTINGS,
+and grpcio answers the excess REFUSED_STREAM, which clients see as UNAVAILABLE; several
+channels of one process share one connection.) Connections that go idle or stop answering
+keepalive pings are closed.
 """
 
 from __future__ import annotations
@@ -51,9 +55,9 @@ def _retry_metadata(seconds: int, message: str) -> tuple[tuple[str, bytes], ...]
 
 _SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 
-# Calls one HTTP/2 connection may have in progress: a quarter of the default 16 slots, so one
-# connection can never hold them all (clients queue further calls on their side).
-STREAMS_PER_CONNECTION = 4
+# Calls one connection may have in progress: a quarter of the default 16 slots, so one
+# connection can never hold them all.
+CALLS_PER_CONNECTION = 4
 
 
 def server_options(config: ReceiverConfig) -> list[tuple[str, int]]:
@@ -64,7 +68,6 @@ def server_options(config: ReceiverConfig) -> list[tuple[str, int]]:
         # grpc sets SO_REUSEPORT by default: a second collector on a taken port would start
         # and the kernel would split the traffic between the two. Refuse the port instead.
         ("grpc.so_reuseport", 0),
-        ("grpc.max_concurrent_streams", STREAMS_PER_CONNECTION),
         # A connection with no call in progress for 5 minutes is closed (GOAWAY).
         ("grpc.max_connection_idle_ms", 5 * 60 * 1000),
         # The server pings a connection quiet for 60 s and closes it if no answer comes in 20 s.
@@ -100,6 +103,8 @@ class TraceServiceReceiver:
         self.pool = pool or DecodePool(config.decode_workers)
         # Messages waiting for the pool count against the bytes HTTP bodies also count against.
         self.pending = pending or PendingBytes(config.max_pending_bytes)
+        self._calls: dict[str, int] = {}  # calls in progress per connection (context.peer())
+        self._calls_lock = threading.Lock()
 
     def Export(self, requests: Iterator[bytes], context):  # noqa: N802 - name fixed by the protocol
         metadata = dict(context.invocation_metadata())
@@ -108,6 +113,32 @@ class TraceServiceReceiver:
             context.abort(
                 grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token (authorization metadata)"
             )
+        peer = context.peer()
+        if not self._enter(peer):
+            self.stats.add("grpc_connection_busy")
+            message = f"this connection already has {CALLS_PER_CONNECTION} calls in progress; retry later"
+            context.set_trailing_metadata(_retry_metadata(1, message))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+        try:
+            return self._export(requests, context)
+        finally:
+            self._leave(peer)
+
+    def _enter(self, peer: str) -> bool:
+        with self._calls_lock:
+            held = self._calls.get(peer, 0)
+            if held >= CALLS_PER_CONNECTION:
+                return False
+            self._calls[peer] = held + 1
+            return True
+
+    def _leave(self, peer: str) -> None:
+        with self._calls_lock:
+            held = self._calls.pop(peer) - 1
+            if held:
+                self._calls[peer] = held
+
+    def _export(self, requests: Iterator[bytes], context):
         request = self._first_message(requests, context)
         if request is None:
             return None  # cancelled or closed without a message; nobody is waiting for an answer
