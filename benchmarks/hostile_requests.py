@@ -1,4 +1,4 @@
-"""Cost of the hostile requests of issue 12 against a real `driftscope serve`, next to an ordinary
+"""Cost of the hostile requests of issues 12 and 32 against a real `driftscope serve`, next to an ordinary
 request of the same size: status, wall time, serve CPU seconds, serve peak-RSS growth, and the
 slowest /api/v1/health answer while the request was in flight.
 
@@ -24,6 +24,8 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+
+from benchmarks import hostile_round_three as round_three
 
 REPO = Path(__file__).resolve().parents[1]
 PB = {"Content-Type": "application/x-protobuf"}
@@ -127,18 +129,25 @@ def _free_port() -> int:
 
 
 class Server:
-    def __init__(self, repo: Path, workdir: Path) -> None:
+    def __init__(
+        self, repo: Path, workdir: Path, token: str | None = None, extra: tuple[str, ...] = ()
+    ) -> None:
         self.http_port, self.grpc_port = _free_port(), _free_port()
         self.url = f"http://127.0.0.1:{self.http_port}"
+        self.token = token
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         env = {**os.environ, "PYTHONPATH": str(repo), "HF_HUB_OFFLINE": "1"}
+        if token:
+            env["DRIFTSCOPE_TOKEN"] = token
         args = [sys.executable, "-m", "driftscope", "serve", "--db", str(workdir / f"{self.http_port}.duckdb"),
-                "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port), "--embeddings", "false"]  # fmt: skip
+                "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port), "--embeddings", "false",
+                *extra]  # fmt: skip
         self.process = subprocess.Popen(
             args, cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         for _ in range(600):
             try:
-                if httpx.get(f"{self.url}/api/v1/health", timeout=2).status_code == 200:
+                if httpx.get(f"{self.url}/api/v1/health", headers=self.headers, timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 time.sleep(0.1)
@@ -171,7 +180,7 @@ def _with_health_probe(server: Server, action) -> tuple[object, float]:
         while not done.is_set():
             started = time.monotonic()
             try:
-                httpx.get(f"{server.url}/api/v1/health", timeout=120)
+                httpx.get(f"{server.url}/api/v1/health", headers=server.headers, timeout=120)
             except httpx.HTTPError:
                 pass
             slowest[0] = max(slowest[0], time.monotonic() - started)
@@ -263,10 +272,12 @@ def main(argv: list[str] | None = None) -> int:
             lambda: httpx.get(f"{s.url}/api/v1/runs", params={"limit": "²"}).status_code
         )
         scenarios["half_sent_requests_2100"] = lambda s: _half_sent(s.url, s.http_port)
+        scenarios.update(round_three.scenarios())
         for name, make in scenarios.items():
             if args.only and name not in args.only:
                 continue
-            server = Server(Path(args.repo), Path(tmp))
+            token, extra = round_three.SERVER_ARGS.get(name, (None, ()))
+            server = Server(Path(args.repo), Path(tmp), token, extra)
             try:
                 results[name] = measure(server, make(server))
             finally:

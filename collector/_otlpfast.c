@@ -29,7 +29,7 @@
 #define LIMIT (-3) /* a per-request count limit was passed (Ctx.limit says which) */
 enum { LIMIT_NONE = 0, LIMIT_SPANS, LIMIT_ITEMS };
 
-#define MAX_ANY_DEPTH 16   /* AnyValue nesting validated before giving up (upb allows ~100 levels) */
+#define MAX_ANY_DEPTH 16   /* AnyValue nesting validated; deeper values are skipped (see parse_any) */
 #define MAX_GROUP_DEPTH 16 /* nesting of unknown groups skipped before giving up */
 #define CACHE_SIZE 2048    /* string cache slots per call (power of two) */
 #define CACHE_MAX_LEN 64   /* values longer than this are not cached (keys always are) */
@@ -150,7 +150,7 @@ typedef struct {
     Py_ssize_t nres, cres;
     Py_ssize_t max_bytes, max_items, max_depth;
     /* counts bounded while parsing (issue 12): spans per request, attributes per span / event /
-       link / resource, and spans + events + links + attributes per request (work) */
+       link / resource, and messages + values per request (work: see count_item) */
     Py_ssize_t max_spans, max_attrs, max_work, work;
     int limit;
     /* pass 2 */
@@ -367,6 +367,16 @@ static inline uint64_t hash_bytes(const uint8_t *p, Py_ssize_t n) {
 static int parse_kv_validate(Ctx *c, Slice m, int depth);
 
 /* Validate a KeyValueList (kvlist_value) without keeping anything. */
+/* One more message or value of the request (ResourceSpans, ScopeSpans, span, event, link,
+   attribute, AnyValue array item or kvlist entry at any depth): LIMIT past max_work. */
+static inline int count_item(Ctx *c) {
+    if (++c->work > c->max_work) {
+        c->limit = LIMIT_ITEMS;
+        return LIMIT;
+    }
+    return OK;
+}
+
 static int parse_kvlist_validate(Ctx *c, Slice m, int depth) {
     const uint8_t *p = m.p, *end = m.p + m.n;
     while (p < end) {
@@ -376,6 +386,7 @@ static int parse_kvlist_validate(Ctx *c, Slice m, int depth) {
         CHECK(rd_tag(&p, end, &f, &wt));
         if (f == 1 && wt == 2) {
             CHECK(rd_len(&p, end, &s));
+            CHECK(count_item(c));
             CHECK(parse_kv_validate(c, s, depth));
         } else {
             CHECK(skip_field(&p, end, f, wt, 0));
@@ -392,7 +403,11 @@ static int parse_kvlist_validate(Ctx *c, Slice m, int depth) {
  * AK_UNSUP.
  */
 static int parse_any(Ctx *c, Slice m, Attr *a, int depth) {
-    if (depth > MAX_ANY_DEPTH) return FALLBACK;
+    /* Deeper than MAX_ANY_DEPTH is past the max_depth cut: the value becomes the truncation
+       marker and is never built, so it is skipped unread (its length is known). upb refuses the
+       whole request past its recursion limit (32 kvlist or 48 array levels); one deep value
+       costs only itself here (issue 32), as the Go Collector accepts 10,000 levels. */
+    if (depth > MAX_ANY_DEPTH) return c->max_depth < MAX_ANY_DEPTH ? OK : FALLBACK;
     const uint8_t *p = m.p, *end = m.p + m.n;
     while (p < end) {
         uint32_t f;
@@ -433,6 +448,7 @@ static int parse_any(Ctx *c, Slice m, Attr *a, int depth) {
                 CHECK(rd_tag(&q, qend, &g, &w));
                 if (g == 1 && w == 2) {
                     CHECK(rd_len(&q, qend, &t));
+                    CHECK(count_item(c));
                     Attr item;
                     attr_init(&item);
                     CHECK(parse_any(c, t, &item, depth + 1));
@@ -577,14 +593,6 @@ static int span_reason(const Span *sp) {
 }
 
 /* A Span.Event or Span.Link into Ctx.events (its attributes into Ctx.eattrs). */
-/* One more span, event, link or attribute of the request: LIMIT past max_work. */
-static inline int count_item(Ctx *c) {
-    if (++c->work > c->max_work) {
-        c->limit = LIMIT_ITEMS;
-        return LIMIT;
-    }
-    return OK;
-}
 
 /* Parse (validate) a KeyValue past the attribute cap without keeping it or its array items. */
 static int parse_kv_discard(Ctx *c, Slice m) {
@@ -780,6 +788,7 @@ static int parse_scope(Ctx *c, Slice m, Py_ssize_t idx) {
             CHECK(rd_str(&p, end, &c->scopes[idx].version));
         } else if (f == 3 && wt == 2) {
             CHECK(rd_len(&p, end, &s));
+            CHECK(count_item(c));
             CHECK(parse_kv_validate(c, s, 1));
         } else {
             CHECK(skip_field(&p, end, f, wt, 0));
@@ -789,6 +798,7 @@ static int parse_scope(Ctx *c, Slice m, Py_ssize_t idx) {
 }
 
 static int parse_scope_spans(Ctx *c, Slice m, Py_ssize_t res) {
+    CHECK(count_item(c));
     ENSURE(c->scopes, c->nscopes, c->cscopes);
     Py_ssize_t idx = c->nscopes++;
     memset(&c->scopes[idx], 0, sizeof(Scope));
@@ -862,6 +872,7 @@ static int parse_resource(Ctx *c, Slice m) {
 }
 
 static int parse_resource_spans(Ctx *c, Slice m) {
+    CHECK(count_item(c));
     ENSURE(c->res, c->nres, c->cres);
     Py_ssize_t idx = c->nres++;
     c->res[idx].a0 = c->nrattrs;
@@ -963,7 +974,62 @@ static inline int count_one(Counts *k, int span) {
     return OK;
 }
 
-/* Count the occurrences of length-delimited field `want` of message m (attributes). */
+/* Deeper than this the counter stops (FALLBACK): upb refuses far shallower nesting itself. */
+#define MAX_COUNT_DEPTH 200
+
+static int count_kv(Counts *k, Slice m, int depth);
+
+/* The items of an AnyValue: every array item and kvlist entry, at any depth. */
+static int count_any(Counts *k, Slice m, int depth) {
+    if (depth > MAX_COUNT_DEPTH) return FALLBACK;
+    const uint8_t *p = m.p, *end = m.p + m.n;
+    while (p < end) {
+        uint32_t f;
+        int wt;
+        Slice s;
+        CHECK(rd_tag(&p, end, &f, &wt));
+        if ((f == 5 || f == 6) && wt == 2) {
+            CHECK(rd_len(&p, end, &s));
+            const uint8_t *q = s.p, *qend = s.p + s.n;
+            while (q < qend) {
+                uint32_t g;
+                int w;
+                Slice t;
+                CHECK(rd_tag(&q, qend, &g, &w));
+                if (g == 1 && w == 2) {
+                    CHECK(rd_len(&q, qend, &t));
+                    CHECK(count_one(k, 0));
+                    CHECK(f == 5 ? count_any(k, t, depth + 1) : count_kv(k, t, depth + 1));
+                } else {
+                    CHECK(skip_field(&q, qend, g, w, 0));
+                }
+            }
+        } else {
+            CHECK(skip_field(&p, end, f, wt, 0));
+        }
+    }
+    return OK;
+}
+
+/* A KeyValue's value's items (the KeyValue itself is counted by the caller). */
+static int count_kv(Counts *k, Slice m, int depth) {
+    const uint8_t *p = m.p, *end = m.p + m.n;
+    while (p < end) {
+        uint32_t f;
+        int wt;
+        Slice s;
+        CHECK(rd_tag(&p, end, &f, &wt));
+        if (f == 2 && wt == 2) {
+            CHECK(rd_len(&p, end, &s));
+            CHECK(count_any(k, s, depth));
+        } else {
+            CHECK(skip_field(&p, end, f, wt, 0));
+        }
+    }
+    return OK;
+}
+
+/* Count the KeyValues in length-delimited field `want` of message m, and their values' items. */
 static int count_field(Counts *k, Slice m, uint32_t want) {
     const uint8_t *p = m.p, *end = m.p + m.n;
     while (p < end) {
@@ -974,6 +1040,7 @@ static int count_field(Counts *k, Slice m, uint32_t want) {
         if (f == want && wt == 2) {
             CHECK(rd_len(&p, end, &s));
             CHECK(count_one(k, 0));
+            CHECK(count_kv(k, s, 0));
         } else {
             CHECK(skip_field(&p, end, f, wt, 0));
         }
@@ -981,9 +1048,10 @@ static int count_field(Counts *k, Slice m, uint32_t want) {
     return OK;
 }
 
-/* Spans, events, links and attributes (of spans, events, links and resources) of a request, as
-   check_request_counts counts them, keeping nothing: LIMIT as soon as one passes its maximum,
-   FALLBACK where the wire format breaks (upb stops there too). */
+/* Every message and value of a request, as the compiled decoder and check_request_counts count
+   them (ResourceSpans, ScopeSpans, scope attributes, spans, events, links, attributes of spans,
+   events, links and resources, AnyValue items at any depth), keeping nothing: LIMIT as soon as
+   one passes its maximum, FALLBACK where the wire format breaks (upb stops there too). */
 static int count_request(Counts *k, Slice m, int level) {
     const uint8_t *p = m.p, *end = m.p + m.n;
     while (p < end) {
@@ -998,20 +1066,30 @@ static int count_request(Counts *k, Slice m, int level) {
         CHECK(rd_len(&p, end, &s));
         switch (level) {
         case 0: /* ExportTraceServiceRequest: resource_spans */
-            if (f == 1) CHECK(count_request(k, s, 1));
+            if (f == 1) {
+                CHECK(count_one(k, 0));
+                CHECK(count_request(k, s, 1));
+            }
             break;
         case 1: /* ResourceSpans: resource, scope_spans */
             if (f == 1) CHECK(count_field(k, s, 1));
-            if (f == 2) CHECK(count_request(k, s, 2));
+            if (f == 2) {
+                CHECK(count_one(k, 0));
+                CHECK(count_request(k, s, 2));
+            }
             break;
-        case 2: /* ScopeSpans: spans */
+        case 2: /* ScopeSpans: scope (attributes = 3), spans */
+            if (f == 1) CHECK(count_field(k, s, 3));
             if (f == 2) {
                 CHECK(count_one(k, 1));
                 CHECK(count_request(k, s, 3));
             }
             break;
         default: /* Span: attributes, events (attributes = 3), links (attributes = 4) */
-            if (f == 9) CHECK(count_one(k, 0));
+            if (f == 9) {
+                CHECK(count_one(k, 0));
+                CHECK(count_kv(k, s, 0));
+            }
             if (f == 11 || f == 13) {
                 CHECK(count_one(k, 0));
                 CHECK(count_field(k, s, f == 11 ? 3 : 4));

@@ -12,6 +12,7 @@ import base64
 import binascii
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -23,6 +24,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from collector.conventions import ATTRIBUTE_COLUMNS, COORDINATION_COLUMNS, OTEL_COLUMNS, map_columns
 from collector.fastdecode import FastResult, LimitExceededError, check_counts, decode_fast
+from collector.json_salvage import PARSE_ERRORS, SURROGATE_ESCAPE, replace_lone_surrogates, salvage_spans
 from collector.limits import DecodeLimits
 
 PROTOBUF = "application/x-protobuf"
@@ -76,6 +78,11 @@ class RequestTooLargeError(DecodeError):
     def __init__(self, kind: str, limits: DecodeLimits) -> None:
         if kind == "spans":
             text = f"more than {limits.max_spans_per_request} spans (max_spans_per_request)"
+        elif kind == "json":
+            text = (
+                f"more than {limits.max_items_per_request} JSON values (max_items_per_request counts every "
+                "object, array, string and number of an OTLP JSON body; protobuf carries more per item)"
+            )
         else:
             text = (
                 f"more than {limits.max_items_per_request} spans, events, links and attributes together "
@@ -84,25 +91,51 @@ class RequestTooLargeError(DecodeError):
         super().__init__(f"request carries {text}; split the export into smaller batches")
 
 
+def _value_items(value) -> int:
+    """AnyValue array items and kvlist entries inside ``value``, at any depth."""
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        items = value.array_value.values
+        return len(items) + sum(_value_items(v) for v in items)
+    if kind == "kvlist_value":
+        entries = value.kvlist_value.values
+        return len(entries) + sum(_value_items(kv.value) for kv in entries)
+    return 0
+
+
+def _attribute_items(key_values) -> int:
+    """The KeyValues and every item inside their values (array items, kvlist entries)."""
+    total = len(key_values)
+    for kv in key_values:
+        if kv.value.WhichOneof("value") in ("array_value", "kvlist_value"):
+            total += _value_items(kv.value)
+    return total
+
+
 def check_request_counts(request: ExportTraceServiceRequest, limits: DecodeLimits) -> None:
-    """Raise ``RequestTooLargeError`` for a request past the per-request counts (counted as the
-    compiled decoder counts them: every span, event, link and top-level attribute)."""
+    """Raise ``RequestTooLargeError`` for a request past the per-request counts, counted as the
+    compiled decoder and ``_otlpfast.count`` count them: every ResourceSpans, ScopeSpans, span,
+    event and link, every attribute (of resources, scopes, spans, events and links) and every
+    AnyValue array item and kvlist entry inside them."""
     max_spans, max_items = limits.max_spans_per_request, limits.max_items_per_request
     spans = items = 0
     for resource_spans in request.resource_spans:
-        items += len(resource_spans.resource.attributes)
+        items += 1 + _attribute_items(resource_spans.resource.attributes)
         for scope_spans in resource_spans.scope_spans:
             spans += len(scope_spans.spans)
             if spans > max_spans:
                 raise RequestTooLargeError("spans", limits)
+            items += 1 + _attribute_items(scope_spans.scope.attributes)
             for span in scope_spans.spans:
-                items += 1 + len(span.attributes) + len(span.events) + len(span.links)
+                items += 1 + _attribute_items(span.attributes) + len(span.events) + len(span.links)
                 for event in span.events:
-                    items += len(event.attributes)
+                    items += _attribute_items(event.attributes)
                 for link in span.links:
-                    items += len(link.attributes)
+                    items += _attribute_items(link.attributes)
                 if items > max_items:
                     raise RequestTooLargeError("items", limits)
+            if items > max_items:
+                raise RequestTooLargeError("items", limits)
         if items > max_items:
             raise RequestTooLargeError("items", limits)
 
@@ -189,6 +222,44 @@ def _rewrite_ids(node: dict, where: str, bad: list[str]) -> None:
             node[key] = _hex_to_b64(node[key], f"{where}.{key}", bad)
 
 
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def check_json_values(payload: bytes, limits: DecodeLimits) -> None:
+    """Raise ``RequestTooLargeError`` when a JSON body holds more values than
+    ``max_items_per_request``, counted on the bytes before ``json.loads`` builds any of them: a
+    value is the first in its array or object or follows a comma, so commas plus brackets plus
+    one bound the values; strings are taken out first only when the raw count is over."""
+    limit = limits.max_items_per_request
+    if payload.count(b",") + payload.count(b"[") + payload.count(b"{") + 1 <= limit:
+        return
+    stripped = _JSON_STRING.sub(b"", payload)
+    if stripped.count(b",") + stripped.count(b"[") + stripped.count(b"{") + 1 > limit:
+        raise RequestTooLargeError("json", limits)
+
+
+def _json_value_items(value: Any) -> int:
+    """Array items and kvlist entries inside an OTLP JSON AnyValue, at any depth."""
+    if not isinstance(value, dict):
+        return 0
+    array = value.get("arrayValue", value.get("array_value"))
+    if isinstance(array, dict) and isinstance(values := array.get("values"), list):
+        return len(values) + sum(_json_value_items(v) for v in values)
+    kvlist = value.get("kvlistValue", value.get("kvlist_value"))
+    if isinstance(kvlist, dict) and isinstance(entries := kvlist.get("values"), list):
+        return _json_attribute_items(entries)
+    return 0
+
+
+def _json_attribute_items(attributes: Any) -> int:
+    """The KeyValues of an OTLP JSON attribute list and every item inside their values."""
+    if not isinstance(attributes, list):
+        return 0
+    return len(attributes) + sum(
+        _json_value_items(kv.get("value")) for kv in attributes if isinstance(kv, dict)
+    )
+
+
 def parse_json(
     payload: bytes, limits: DecodeLimits | None = None
 ) -> tuple[ExportTraceServiceRequest, list[str]]:
@@ -198,6 +269,8 @@ def parse_json(
     kept). Raises ``DecodeError`` for a body that is not OTLP JSON, ``RequestTooLargeError`` for
     one past ``limits``' counts (checked on the JSON document, before protobuf builds anything).
     """
+    limits = limits or DecodeLimits()
+    check_json_values(payload, limits)
     try:
         document = json.loads(payload)
     except (UnicodeDecodeError, ValueError) as exc:
@@ -211,32 +284,39 @@ def parse_json(
         raise DecodeError(
             f"Expected a JSON object (an ExportTraceServiceRequest), got {type(document).__name__}"
         )
+    if SURROGATE_ESCAPE.search(payload):
+        replace_lone_surrogates(document)
     bad: list[str] = []
     resource_spans = document.get("resourceSpans", document.get("resource_spans")) or []
     if not isinstance(resource_spans, list):
         raise DecodeError("resourceSpans must be a JSON array")
-    limits = limits or DecodeLimits()
     spans = items = 0
     for r_index, rs in enumerate(resource_spans):
+        items += 1
         if not isinstance(rs, dict):
             continue
         resource = rs.get("resource")
-        items += _json_len(resource.get("attributes")) if isinstance(resource, dict) else 0
+        items += _json_attribute_items(resource.get("attributes")) if isinstance(resource, dict) else 0
         for s_index, ss in enumerate(rs.get("scopeSpans", rs.get("scope_spans")) or []):
+            items += 1
             if not isinstance(ss, dict):
                 continue
+            scope = ss.get("scope")
+            items += _json_attribute_items(scope.get("attributes")) if isinstance(scope, dict) else 0
             spans += _json_len(ss.get("spans"))
             if spans > limits.max_spans_per_request:
                 raise RequestTooLargeError("spans", limits)
             for p_index, span in enumerate(ss.get("spans") or []):
                 if not isinstance(span, dict):
                     continue
-                items += 1 + _json_len(span.get("attributes"))
+                items += 1 + _json_attribute_items(span.get("attributes"))
                 for key in ("events", "links"):
                     nested = span.get(key)
                     items += _json_len(nested)
                     for entry in nested if isinstance(nested, list) else ():
-                        items += _json_len(entry.get("attributes")) if isinstance(entry, dict) else 0
+                        items += (
+                            _json_attribute_items(entry.get("attributes")) if isinstance(entry, dict) else 0
+                        )
                 if items > limits.max_items_per_request:
                     raise RequestTooLargeError("items", limits)
                 where = f"resourceSpans[{r_index}].scopeSpans[{s_index}].spans[{p_index}]"
@@ -244,11 +324,26 @@ def parse_json(
                 for link in span.get("links") or []:
                     if isinstance(link, dict):
                         _rewrite_ids(link, f"{where}.links", bad)
-    if items > limits.max_items_per_request:  # resource attributes of resources without spans
+    if items > limits.max_items_per_request:  # resources and scopes without spans
         raise RequestTooLargeError("items", limits)
     try:
         request = json_format.ParseDict(document, ExportTraceServiceRequest(), ignore_unknown_fields=True)
-    except (json_format.ParseError, TypeError, ValueError, AttributeError) as exc:
+    except PARSE_ERRORS:
+        # One value ParseDict cannot take (an int past int64, a time of 1e30, attributes as an
+        # object, nesting past its recursion limit) costs only its span (issue 32).
+        salvage_spans(document, bad)
+        request = None
+    if request is None:
+        request = _parse_salvaged(document)
+    return request, bad
+
+
+def _parse_salvaged(document: dict) -> ExportTraceServiceRequest:
+    """ParseDict of a document ``salvage_spans`` went over: what still fails is the envelope."""
+    try:
+        return json_format.ParseDict(document, ExportTraceServiceRequest(), ignore_unknown_fields=True)
+    except (json_format.ParseError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        # OverflowError: an enum or integer field given as a float past int range (1e400)
         reason = str(exc)
         reason = reason if len(reason) <= 300 else reason[:150] + " ... " + reason[-150:]
         raise DecodeError(f"Body is not a valid OTLP JSON ExportTraceServiceRequest: {reason}") from exc
@@ -257,7 +352,6 @@ def parse_json(
             "Body nests AnyValue arrays/kvlists too deeply to decode; send at most a few dozen levels "
             "(nesting past 8 levels is cut anyway)"
         ) from None
-    return request, bad
 
 
 def _truncate(text: str, limits: DecodeLimits) -> str:
@@ -418,6 +512,19 @@ def _links_json(span, limits: DecodeLimits) -> str:
     return json.dumps(links, ensure_ascii=False, separators=(",", ":"))
 
 
+def _service_name(key_values, resource: dict[str, Any]) -> str:
+    """The ``service.name`` string of a resource, else ``unknown_service``: only a string value
+    names a service (a double, bytes or array does not, though ``resource`` holds it as text),
+    as the compiled decoder decides; the last of repeated keys wins, as in the dict."""
+    service = resource.get("service.name")
+    if not (isinstance(service, str) and service):
+        return "unknown_service"
+    for kv in reversed(key_values):
+        if kv.key == "service.name":
+            return service if kv.value.WhichOneof("value") == "string_value" else "unknown_service"
+    return "unknown_service"
+
+
 def decode_export_request(
     request: ExportTraceServiceRequest,
     limits: DecodeLimits = DecodeLimits(),
@@ -438,8 +545,7 @@ def decode_export_request(
             resource = {}  # every span under it is rejected below; nothing of it is kept
         else:
             resource = attributes_to_dict(resource_spans.resource.attributes, limits)
-        service = resource.get("service.name")
-        service = service if isinstance(service, str) and service else "unknown_service"
+        service = _service_name(resource_spans.resource.attributes, resource)
         resource_map = _as_string_map(resource)
         for scope_spans in resource_spans.scope_spans:
             scope_name = _truncate(scope_spans.scope.name, limits)

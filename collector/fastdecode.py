@@ -16,7 +16,9 @@ and links (the Events / Links JSON); strings longer than ``limits.max_attribute_
 ``_truncate`` cuts them) or holding NUL; arrays, events and links beyond
 ``limits.max_array_items``; spans rejected by ``_check_span`` (same messages), whatever else
 they carry; duplicate attribute keys (the first position and the last value, as the Python
-path's dicts keep them).
+path's dicts keep them); ``AnyValue`` nesting of any depth: past 16 levels (beyond the
+``max_depth`` cut, so never built) a value is skipped unread, where upb refuses the whole request
+past its recursion limit (issue 32: one deep value costs only itself).
 
 It returns ``None`` (fall back) when:
 
@@ -26,7 +28,7 @@ It returns ``None`` (fall back) when:
   ``value`` field of its KeyValue (protobuf would merge them; the fast path does not);
 - an attribute key is longer than ``limits.max_attribute_bytes`` bytes or contains NUL (the
   Python path would cut or rewrite it, and cut keys can collide);
-- ``AnyValue`` nesting anywhere is deeper than 16 levels or unknown groups nest deeper than 16;
+- unknown groups nest deeper than 16 levels;
 - ``limits.max_depth`` is below 1 or a limit is negative;
 - the extension is not built (``AVAILABLE`` is False).
 """

@@ -13,6 +13,7 @@ logger = logging.getLogger(__name__)
 
 SOURCE_ENV = "DRIFTSCOPE_SOURCE"
 TOKEN_ENV = "DRIFTSCOPE_TOKEN"
+ALLOWED_HOSTS_ENV = "DRIFTSCOPE_ALLOWED_HOSTS"
 # A database-file source runs analytics in the dashboard process, with this side-effect tool pattern.
 SIDE_EFFECT_TOOLS_ENV = "DRIFTSCOPE_SIDE_EFFECT_TOOLS"
 
@@ -42,11 +43,17 @@ def dashboard_command(port: int, host: str = "127.0.0.1", script: str = app_main
 
 
 def run_dashboard(
-    source: str, port: int, host: str = "127.0.0.1", token: str | None = None, script: str = app_main
+    source: str,
+    port: int,
+    host: str = "127.0.0.1",
+    token: str | None = None,
+    script: str = app_main,
+    allowed_hosts: tuple[str, ...] | None = None,
 ) -> subprocess.Popen:
     """Start the dashboard reading ``source`` (read-API URL or DuckDB file path); return the process.
 
-    The source travels in ``DRIFTSCOPE_SOURCE`` (and a token in ``DRIFTSCOPE_TOKEN``) because
+    The source travels in ``DRIFTSCOPE_SOURCE`` (a token in ``DRIFTSCOPE_TOKEN``, extra host
+    names in ``DRIFTSCOPE_ALLOWED_HOSTS``) because
     ``streamlit run`` passes no arguments of its own to the script. The caller owns the process:
     terminate and wait for it when done.
     """
@@ -54,6 +61,8 @@ def run_dashboard(
     env[SOURCE_ENV] = source
     if token:
         env[TOKEN_ENV] = token
+    if allowed_hosts:
+        env[ALLOWED_HOSTS_ENV] = ",".join(allowed_hosts)
     command = dashboard_command(port, host, script)
     logger.info("starting dashboard on http://%s:%s for %s", host, port, source)
     return subprocess.Popen(command, env=env)

@@ -13,6 +13,7 @@ import abc
 import hashlib
 import hmac
 import json
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from urllib.parse import quote
@@ -23,6 +24,9 @@ from analytics import alerts as alert_state
 from analytics.alert_rules import AlertRule, render, sample_fields
 
 SIGNATURE_HEADER = "X-Driftscope-Signature"
+TIMESTAMP_HEADER = "X-Driftscope-Timestamp"
+# How old (or how far ahead) a signed timestamp a receiver should accept, in seconds (docs/alerts.md).
+SIGNATURE_TOLERANCE_SECONDS = 300
 # Firing alerts are re-sent to Alertmanager this often, each with endsAt this far ahead, so
 # Alertmanager resolves them by itself only if driftscope stops re-sending (as Prometheus does).
 AM_RESEND = timedelta(minutes=1)
@@ -173,9 +177,29 @@ def webhook_payload(notification: Notification, receiver: str = "driftscope", ex
     }
 
 
-def sign(secret: str, body: bytes) -> str:
-    """The signature header value: ``sha256=`` and the HMAC-SHA256 of the body, hex."""
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+def sign(secret: str, timestamp: int, body: bytes) -> str:
+    """The signature header value: ``sha256=`` and the hex HMAC-SHA256 of ``<timestamp>.<body>``
+    (the timestamp in Unix seconds, sent in ``X-Driftscope-Timestamp``). Signing the time with
+    the body lets a receiver refuse a captured request replayed later."""
+    signed = str(timestamp).encode() + b"." + body
+    return "sha256=" + hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+
+
+def verify_signature(
+    secret: str,
+    body: bytes,
+    timestamp: str | None,
+    signature: str | None,
+    now: float,
+    tolerance: float = SIGNATURE_TOLERANCE_SECONDS,
+) -> bool:
+    """What a webhook receiver checks (docs/alerts.md): the timestamp is within ``tolerance``
+    seconds of ``now`` and the signature is ``sign(secret, timestamp, body)`` (constant time)."""
+    if not timestamp or not signature or not (timestamp.isascii() and timestamp.isdigit()):
+        return False
+    if abs(now - int(timestamp)) > tolerance:
+        return False
+    return hmac.compare_digest(sign(secret, int(timestamp), body), signature)
 
 
 class WebhookReceiver(Receiver):
@@ -191,7 +215,13 @@ class WebhookReceiver(Receiver):
     def send(self, notifications, now, interval) -> None:
         for notification in notifications:
             body = json.dumps(webhook_payload(notification, external_url=self.external_url)).encode()
-            headers = {SIGNATURE_HEADER: sign(self.secret, body)} if self.secret else {}
+            headers = {}
+            if self.secret:
+                timestamp = int(time.time())
+                headers = {
+                    TIMESTAMP_HEADER: str(timestamp),
+                    SIGNATURE_HEADER: sign(self.secret, timestamp, body),
+                }
             _post(self.client, self.url, body, headers)
 
 

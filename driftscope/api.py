@@ -104,11 +104,25 @@ def window_and_filters(params: dict) -> tuple[Window, Filters]:
     return window, filters
 
 
+def is_unicode_text(text: str) -> bool:
+    """False for a str holding a lone UTF-16 surrogate (JSON's "\\ud800" decodes to one), which
+    no database or UTF-8 encoder takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _text_param(name: str, raw: str) -> str:
     if len(raw) > MAX_PARAM_CHARS:
         raise BadParameterError(f"{name} is longer than {MAX_PARAM_CHARS} characters")
     if any(ord(ch) < 32 for ch in raw):
         raise BadParameterError(f"{name} contains control characters")
+    if not raw.isascii() and not is_unicode_text(raw):
+        raise BadParameterError(
+            f"{name} contains a lone UTF-16 surrogate (\\ud800-\\udfff); send valid Unicode"
+        )
     return raw
 
 

@@ -31,6 +31,7 @@ from starlette.routing import Route
 from analytics.kept import computed_in_full
 from analytics.types import Window, WriteFn
 from collector.auth import token_matches
+from driftscope.api import is_unicode_text
 from driftscope.checks import check_db_path
 from driftscope.timeparse import parse_instant
 
@@ -79,6 +80,8 @@ class CalibrationRequest:
         for name in text:
             if payload.get(name) is not None and not isinstance(payload[name], str):
                 raise CalibrationInputError(f"{name} must be a string")
+            if isinstance(payload.get(name), str) and not is_unicode_text(payload[name]):
+                raise CalibrationInputError(f"{name} contains a lone UTF-16 surrogate; send valid Unicode")
         for name in ("target_fpr", "quantile"):
             value = payload.get(name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):

@@ -212,6 +212,10 @@ def _wait_for_health(url: str, token: str | None, process: subprocess.Popen, tim
     raise ConfigError(f"driftscope serve did not answer on {url} within {timeout:.0f}s")
 
 
+# Settings `up` hands to serve only through the environment.
+SECRET_SETTINGS = ("token", "alert_webhook_secret", "alert_webhook_url", "alert_slack_url")
+
+
 def cmd_up(args: argparse.Namespace, values: dict[str, Any]) -> int:
     serve_args = [sys.executable, "-m", "driftscope", "serve"]
     for name in (
@@ -235,12 +239,14 @@ def cmd_up(args: argparse.Namespace, values: dict[str, Any]) -> int:
             serve_args += [BY_NAME[name].flag, str(values[name])]
     if values.get("insecure"):
         serve_args.append("--insecure")
+    if values.get("allowed_hosts"):
+        serve_args += [BY_NAME["allowed_hosts"].flag, ",".join(values["allowed_hosts"])]
     if values.get("embeddings") is not None:
         serve_args += [BY_NAME["embeddings"].flag, "true" if values["embeddings"] else "false"]
     for name in ("retention", "retention_interval", "header_timeout", "body_timeout"):
         if values.get(name):
             serve_args += [BY_NAME[name].flag, f"{values[name]:g}s"]
-    for name in ("alert_rules", "alertmanager_url", "alert_webhook_url", "alert_slack_url"):
+    for name in ("alert_rules", "alertmanager_url"):
         if values.get(name) is not None:
             serve_args += [BY_NAME[name].flag, str(values[name])]
     if values.get("alert_interval"):
@@ -263,20 +269,28 @@ def cmd_up(args: argparse.Namespace, values: dict[str, Any]) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop_children)
-    # The token travels in the child's environment, never on its command line, which any local
-    # user can read in /proc/<pid>/cmdline.
+    # Secrets travel in the child's environment, never on its command line, which any local user
+    # can read in /proc/<pid>/cmdline: the token, the webhook secret, and the webhook and Slack
+    # URLs (a Slack incoming-webhook URL is a credential; webhook URLs carry keys).
     serve_env = dict(os.environ)
-    if values.get("token"):
-        serve_env[BY_NAME["token"].env] = values["token"]
-    if values.get("alert_webhook_secret"):
-        serve_env[BY_NAME["alert_webhook_secret"].env] = values["alert_webhook_secret"]
+    for name in SECRET_SETTINGS:
+        if values.get(name):
+            serve_env[BY_NAME[name].env] = str(values[name])
     serve = subprocess.Popen(serve_args, env=serve_env)
     children.append(serve)
     try:
         _wait_for_health(url, values.get("token"), serve)
         from dashboard.launch import run_dashboard
+        from driftscope.commands import DASHBOARD_APP
 
-        dash = run_dashboard(url, values["dashboard_port"], token=values.get("token"))
+        # The composition's entry script: the Host and token gate runs before any page.
+        dash = run_dashboard(
+            url,
+            values["dashboard_port"],
+            token=values.get("token"),
+            script=DASHBOARD_APP,
+            allowed_hosts=values.get("allowed_hosts"),
+        )
         children.append(dash)
         _wait_for_dashboard(values["dashboard_port"], dash)
         logger.info(

@@ -92,7 +92,13 @@ def cmd_dashboard(args: argparse.Namespace, values: dict[str, Any]) -> int:
     if values.get("side_effect_tools") is not None and not source.startswith(("http://", "https://")):
         # The Streamlit child runs analytics on the file and reads the setting from its environment.
         os.environ[BY_NAME["side_effect_tools"].env] = values["side_effect_tools"]
-    process = run_dashboard(source, values["dashboard_port"], token=values.get("token"), script=DASHBOARD_APP)
+    process = run_dashboard(
+        source,
+        values["dashboard_port"],
+        token=values.get("token"),
+        script=DASHBOARD_APP,
+        allowed_hosts=values.get("allowed_hosts"),
+    )
     try:
         return process.wait()
     except KeyboardInterrupt:

@@ -5,7 +5,8 @@ the store code it may not import.
 ``clickhouse://`` store itself. This script, run by ``streamlit run`` in the child process, hands
 it ``collector.clickhouse_resolve.open_for_reading`` (a chdb path gets driftscope's objects
 and a resolve pass first) and then runs ``dashboard/app.py``
-unchanged, on every rerun as Streamlit reruns its main script.
+unchanged, on every rerun as Streamlit reruns its main script, once
+``driftscope.dashboard_gate`` has let the session in (Host header; the token when one is set).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ if _ROOT not in sys.path:
 
 from collector.clickhouse_resolve import open_for_reading  # noqa: E402
 from dashboard import app_main, datasource  # noqa: E402
+from driftscope.dashboard_gate import require_access  # noqa: E402
 
+require_access()  # the Host header and, with a token set, the token: before any page runs
 datasource.set_store_opener(open_for_reading)
 runpy.run_path(app_main, run_name="__main__")

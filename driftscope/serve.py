@@ -28,6 +28,7 @@ from collector.writer import IngestQueue, SpanWriter
 from driftscope.api import build_api_routes
 from driftscope.calibrate import build_calibrate_routes
 from driftscope.database import open_database
+from driftscope.hosts import AllowedHosts, HostCheckMiddleware
 from driftscope.settings import BY_NAME, ConfigError
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class ServeConfig:
     http_port: int = 4318
     grpc_port: int = 4317
     token: str | None = None
+    allowed_hosts: tuple[str, ...] = ()
     insecure: bool = False
     max_body_bytes: int = 64 * 1024 * 1024
     queue_max_bytes: int = 256 * 1024 * 1024
@@ -284,7 +286,8 @@ def run_serve(config: ServeConfig) -> int:
         service.writer,
         service.stop,
     )
-    app = service.app
+    # Every HTTP endpoint (ingest, read API, calibrate) behind the Host check (DNS rebinding).
+    app = HostCheckMiddleware(service.app, AllowedHosts.for_bind(config.host, config.allowed_hosts))
 
     try:
         grpc_server = start_grpc_server(

@@ -90,6 +90,20 @@ def parse_host(name: str, raw: Any) -> str:
     return text
 
 
+def parse_host_list(name: str, raw: Any) -> tuple[str, ...]:
+    """Host names or addresses, comma-separated (``collector.example.com,10.0.0.5``); ``*`` = any."""
+    if isinstance(raw, tuple):
+        return raw
+    names = tuple(part.strip().lower() for part in str(raw).split(",") if part.strip())
+    for host in names:
+        if host != "*" and not re.fullmatch(r"[a-z0-9._:\[\]-]+", host):
+            raise ConfigError(
+                f"Expected {name} to be host names or addresses separated by commas, such as "
+                f"collector.internal,10.0.0.5 (or * for any), got {raw!r}"
+            )
+    return names
+
+
 def parse_text(name: str, raw: Any) -> str:
     return str(raw)
 
@@ -187,6 +201,15 @@ SETTINGS: tuple[Setting, ...] = (
         metavar="TOKEN",
     ),
     Setting(
+        "allowed_hosts",
+        None,
+        "Host names (comma-separated) the HTTP endpoints and the dashboard answer to besides loopback "
+        "names and the bound address; any other Host header is refused (DNS rebinding). * allows any.",
+        parse_host_list,
+        SERVE + ("dashboard",),
+        metavar="HOSTS",
+    ),
+    Setting(
         "insecure",
         False,
         "Allow binding a non-loopback address without a token.",
@@ -247,8 +270,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "max_items_per_request",
         2_000_000,
-        "Most spans + events + links + attributes (of spans, events, links and resources) one OTLP "
-        "request may carry; past it the request is refused (HTTP 413 / gRPC INVALID_ARGUMENT) while decoding.",
+        "Most messages and values one OTLP request may carry (ResourceSpans, ScopeSpans, spans, events, "
+        "links, attributes, AnyValue array items and kvlist entries; every value of a JSON body); past it "
+        "the request is refused (HTTP 413 / gRPC INVALID_ARGUMENT) before they are built.",
         parse_count,
         SERVE,
         metavar="N",
@@ -264,7 +288,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "body_timeout",
         "60s",
-        "An HTTP request body must arrive within this time of its headers (408 past it).",
+        "An HTTP request body must arrive within this time of its headers (408 past it); a gRPC call "
+        "whose message has not arrived within it is cancelled.",
         parse_duration,
         SERVE,
         metavar="DURATION",
@@ -355,7 +380,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "alert_webhook_secret",
         None,
-        "Secret signing webhook bodies: header X-Driftscope-Signature: sha256=HMAC-SHA256(secret, body) hex.",
+        "Secret signing webhooks: X-Driftscope-Signature: sha256=HMAC-SHA256(secret, timestamp.body) hex, "
+        "the timestamp in X-Driftscope-Timestamp (docs/alerts.md).",
         commands=ALERTS,
         metavar="SECRET",
     ),

@@ -119,11 +119,7 @@ def test_json_non_hex_id_is_rejected_with_its_cause():
         (b"{not json", JSON, "Body is not valid JSON"),
         (b"[1, 2]", JSON, "Expected a JSON object"),
         (b'{"resourceSpans": {"a": 1}}', JSON, "resourceSpans must be a JSON array"),
-        (
-            b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"startTimeUnixNano": "abc"}]}]}]}',
-            JSON,
-            "not a valid OTLP JSON",
-        ),
+        (b'{"resourceSpans": [{"scopeSpans": "x"}]}', JSON, "not a valid OTLP JSON"),
     ],
 )
 def test_undecodable_payloads_raise_with_a_reason(payload, content_type, message):
@@ -144,3 +140,20 @@ def test_hostile_values_are_bounded():
     assert "nesting deeper than 3" in attrs["nested"]
     huge = json.loads(attrs["huge"])
     assert len(huge) == 11 and huge[-1] == "[truncated 40 items]"
+
+
+@pytest.mark.parametrize(
+    "field", ['"kind": 1e400', '"status": {"code": 1e400}', '"kind": -1e400', '"startTimeUnixNano": "abc"']
+)
+def test_a_json_value_protobuf_cannot_take_rejects_its_span_with_the_reason(field):
+    """Issue 32: a float enum past int range raised OverflowError, logged as a bug with a
+    60-line traceback for a 100-byte body; now its span is rejected in partial_success."""
+    body = (
+        '{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "01010101010101010101010101010101", '
+        '"spanId": "0202020202020202", "name": "s", "startTimeUnixNano": "1", "endTimeUnixNano": "2", '
+        + field
+        + "}]}]}]}"
+    ).encode()
+    batch = decode_payload(body, JSON)
+    assert (batch.accepted, batch.rejected) == (0, 1)
+    assert "the span could not be decoded" in batch.error_message

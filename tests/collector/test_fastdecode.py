@@ -656,7 +656,7 @@ def test_unsupported_values_in_rejected_spans_do_not_force_a_fallback():
     assert check_equivalent(payload)
 
 
-def test_nesting_is_cut_at_max_depth_and_deep_nesting_falls_back():
+def test_nesting_is_cut_at_max_depth_and_deep_nesting_is_skipped():
     value = "leaf"
     for depth in range(1, 13):
         value = [value] if depth % 2 else {"k": value, "n": depth}
@@ -665,8 +665,17 @@ def test_nesting_is_cut_at_max_depth_and_deep_nesting_falls_back():
             assert check_equivalent(payload, limits), (depth, limits)
     for _ in range(40):
         value = [value]
-    request = make_request([{"attrs": {"deep": value}, "trace_id": b"\x00" * 16}])
-    assert decode_fast(request.SerializeToString(), DEFAULT) is None
+    # Past upb's recursion limit: the compiled decoder cuts the value (issue 32), the span is kept.
+    request = make_request([{"attrs": {"deep": value, "k": "v"}, **_ids(0)}])
+    with pytest.raises(DecodeError):
+        parse_protobuf(request.SerializeToString())
+    fast = decode_fast(request.SerializeToString(), DEFAULT)
+    assert fast is not None and fast.accepted == 1
+    _, keys, values = fast.span_attributes
+    assert (
+        dict(zip(keys, values, strict=True))["deep"]
+        == "[" * 8 + '"[truncated: nesting deeper than 8]"' + "]" * 8
+    )
     group = _tag(200, 3) * 40 + _tag(200, 4) * 40
     payload = _wrap_span(_good_span_body() + group)
     parse_protobuf(payload)  # upb accepts 40 nested groups

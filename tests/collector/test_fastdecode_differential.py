@@ -165,6 +165,11 @@ values = st.recursive(
     lambda children: st.one_of(st.lists(children, max_size=3), st.dictionaries(text, children, max_size=3)),
     max_leaves=6,
 )
+# Resource attributes: any kind of value, service.name among the keys (issue 32: a double, bytes
+# or array service.name named the service on the Python path, not on the compiled one).
+resources = st.dictionaries(
+    st.one_of(text, st.just("service.name")), st.one_of(scalars, st.floats(), values), max_size=3
+)
 span_specs = st.fixed_dictionaries(
     {
         "trace_id": st.one_of(st.just(b"\x01" * 16), st.binary(min_size=15, max_size=17)),
@@ -206,7 +211,7 @@ def build_request(specs: list[dict], resource: dict) -> ExportTraceServiceReques
 @fuzz(800)
 @given(
     st.lists(span_specs, min_size=1, max_size=3),
-    st.dictionaries(text, scalars, max_size=2),
+    resources,
     st.lists(LENGTH_FORMS, min_size=1, max_size=6),
 )
 @pytest.mark.slow
@@ -296,7 +301,7 @@ COUNT_LIMITS = DecodeLimits(max_spans_per_request=2, max_items_per_request=9, ma
 
 
 @fuzz(600)
-@given(st.lists(span_specs, min_size=1, max_size=4), st.dictionaries(text, scalars, max_size=3))
+@given(st.lists(span_specs, min_size=1, max_size=4), resources)
 @pytest.mark.slow
 def test_the_wire_count_agrees_with_the_python_count(specs, resource):
     """fastdecode.check_counts (C, on the wire, keeping nothing) refuses exactly the requests
@@ -314,6 +319,21 @@ def test_the_wire_count_agrees_with_the_python_count(specs, resource):
         python = "spans" if "max_spans_per_request" in str(exc) else "items"
     assert (wire is None) == (python is None), (wire, python)
     event(f"counts: {wire}")
+
+
+@pytest.mark.parametrize(
+    "service",
+    [float("inf"), float("-inf"), float("nan"), 1.5, b"svc", 7, True, ["svc"], {"k": "svc"}, ""],
+    ids=repr,
+)
+def test_a_non_string_service_name_is_unknown_service_on_both_paths(service):
+    """Issue 32: the Python path took the text of a double or bytes service.name (``inf``, base64),
+    the compiled one ``unknown_service``; a span's service depended on the path it took."""
+    request = build_request([{"trace_id": b"\x01" * 16, "span_id": b"\x02" * 8, "start": 5, "attrs": {},
+                              "events": [], "links": 0}], {"service.name": service})  # fmt: skip
+    assert assert_same_as_upb(request.SerializeToString(), DecodeLimits()) == "equal"
+    python = decode_export_request(request, DecodeLimits(), NOW)
+    assert python.columns["ServiceName"] == ["unknown_service"]
 
 
 def test_counts_are_checked_before_upb_builds_a_request_the_compiled_decoder_leaves_to_it():

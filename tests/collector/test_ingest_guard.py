@@ -132,3 +132,23 @@ def test_a_hostile_value_in_every_convention_key_never_costs_the_good_span(value
     for payload, media in ((request.SerializeToString(), PROTOBUF), (json.dumps(document).encode(), JSON)):
         batch = decode_payload(payload, media)
         assert batch.accepted == 2, (media, batch.errors)
+
+
+def _gunzip_cpu_seconds(body: bytes) -> float:
+    best = float("inf")
+    for _ in range(3):
+        started = time.process_time()
+        assert gunzip_bounded(body, 1024) == b""
+        best = min(best, time.process_time() - started)
+    return best
+
+
+def test_gunzip_is_linear_in_the_number_of_members():
+    """Issue 32: each member copied the rest of the body (zlib's unused_data), so a body of empty
+    20-byte members cost time quadratic in its size (7 CPU-s at 2 MiB)."""
+    member = gzip.compress(b"", mtime=0)
+    small = member * (256 * 1024 // len(member))
+    large = member * (1024 * 1024 // len(member))
+    small_s, large_s = _gunzip_cpu_seconds(small), _gunzip_cpu_seconds(large)
+    assert large_s < 1.0, f"1 MiB of empty members took {large_s:.2f} CPU-s"
+    assert large_s < 8 * max(small_s, 0.005), (small_s, large_s)  # 4x the body: ~4x, not ~16x

@@ -19,12 +19,14 @@ from collector.files import ingest_files
 from collector.writer import IngestQueue, SpanWriter
 from driftscope import alerting
 from driftscope.alert_receivers import (
+    SIGNATURE_TOLERANCE_SECONDS,
     AlertmanagerReceiver,
     DeliveryError,
     Notification,
     SlackReceiver,
     WebhookReceiver,
     sample_notification,
+    verify_signature,
 )
 from driftscope.alerting import AlertService
 from driftscope.database import open_database
@@ -90,7 +92,10 @@ def test_webhook_is_alertmanager_v4_json_signed_with_hmac_sha256(sink):
     )
     assert len(sink.messages) == 2
     for (_, headers, raw), status in zip(sink.messages, ("firing", "resolved"), strict=True):
-        expected = "sha256=" + hmac.new(SECRET.encode(), raw, hashlib.sha256).hexdigest()
+        timestamp = headers["x-driftscope-timestamp"]
+        assert abs(int(timestamp) - time.time()) < 60
+        signed = timestamp.encode() + b"." + raw
+        expected = "sha256=" + hmac.new(SECRET.encode(), signed, hashlib.sha256).hexdigest()
         assert headers["x-driftscope-signature"] == expected
         body = json.loads(raw)
         assert body["version"] == "4" and body["status"] == status and body["truncatedAlerts"] == 0
@@ -108,6 +113,22 @@ def test_webhook_without_a_secret_is_unsigned(sink):
         [_notification()], datetime(2026, 1, 2), timedelta(seconds=30)
     )
     assert "x-driftscope-signature" not in sink.messages[0][1]
+
+
+def test_a_replayed_or_altered_webhook_fails_verification(sink):
+    """Issue 32: the HMAC covered the body only, so a captured request verified forever. The
+    signature now covers ``timestamp.body`` and a receiver refuses timestamps past the tolerance."""
+    WebhookReceiver(sink.url("/hook"), SECRET).send(
+        [_notification()], datetime(2026, 1, 2), timedelta(seconds=30)
+    )
+    _, headers, raw = sink.messages[0]
+    timestamp, signature = headers["x-driftscope-timestamp"], headers["x-driftscope-signature"]
+    sent = int(timestamp)
+    assert verify_signature(SECRET, raw, timestamp, signature, now=sent + 10)
+    assert not verify_signature(SECRET, raw, timestamp, signature, now=sent + SIGNATURE_TOLERANCE_SECONDS + 1)
+    assert not verify_signature(SECRET, raw, str(sent + 3600), signature, now=sent + 3600)  # re-dated
+    assert not verify_signature(SECRET, raw + b" ", timestamp, signature, now=sent)
+    assert not verify_signature(SECRET, raw, None, signature, now=sent)
 
 
 def test_slack_message_has_text_and_a_section_linking_the_finding(sink):
@@ -300,9 +321,9 @@ def test_alerts_test_sends_a_signed_sample_to_each_receiver(sink):
     )
     assert result.returncode == 0, result.stderr
     (hook,) = [m for m in sink.messages if m[0] == "/hook"]
-    assert (
-        hook[1]["x-driftscope-signature"]
-        == "sha256=" + hmac.new(SECRET.encode(), hook[2], hashlib.sha256).hexdigest()
+    headers = hook[1]
+    assert verify_signature(
+        SECRET, hook[2], headers["x-driftscope-timestamp"], headers["x-driftscope-signature"], time.time()
     )
     alert = json.loads(hook[2])["alerts"][0]
     assert alert["labels"]["alertname"] == "lost_updates" and alert["labels"]["test"] == "true"

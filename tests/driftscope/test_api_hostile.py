@@ -119,3 +119,19 @@ def test_a_bad_content_length_on_a_lookup_is_400(server):
         f"{server.http_url}/api/v1/runs/details", content=json.dumps({"run_ids": ["r"]}), timeout=10
     )
     assert ok.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/api/v1/runs/details", '{"run_ids": ["ok", "\\ud800"]}'),
+        ("/api/v1/evidence-spans", '{"keys": [["\\udfff", "ab12"]]}'),
+        ("/api/v1/calibrate", '{"baseline_since": "\\ud83d", "dry_run": true}'),
+        ("/api/v1/calibrate", '{"pairs_csv": "a,b\\n\\ud800,1\\n", "dry_run": true}'),
+    ],
+)
+def test_a_lone_surrogate_in_a_body_is_400_not_500(in_process, path, body):
+    """Issue 32: JSON's "\\ud800" decodes to a str DuckDB cannot bind (UnicodeEncodeError, 500)."""
+    response = in_process.post(path, content=body.encode(), headers={"Content-Type": "application/json"})
+    assert response.status_code == 400, response.text
+    assert "surrogate" in response.json()["error"]

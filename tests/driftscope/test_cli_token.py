@@ -1,4 +1,5 @@
-"""`driftscope up` never puts the token on a command line another local user can read."""
+"""`driftscope up` never puts a secret on a command line another local user can read: the token,
+the Slack incoming-webhook URL and the webhook URL (they carry keys; issue 32, item 6)."""
 
 import os
 import signal
@@ -12,6 +13,10 @@ import httpx
 from tests.serve_helpers import free_port
 
 TOKEN = "tok-4f1d9c2e-never-on-a-command-line"
+# Loopback ports nothing listens on: the URLs are only carried, never reached in this test.
+SLACK_URL = "http://127.0.0.1:9/services/T000/B000/slack-key-never-on-a-command-line"
+WEBHOOK_URL = "http://127.0.0.1:9/hook?key=webhook-key-never-on-a-command-line"
+SECRETS = (TOKEN, "slack-key-never-on-a-command-line", "webhook-key-never-on-a-command-line")
 
 
 def _descendants(pid: int) -> list[int]:
@@ -32,13 +37,14 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def test_up_passes_the_token_to_its_children_by_environment_not_argv(tmp_path):
+def test_up_passes_secrets_to_its_children_by_environment_not_argv(tmp_path):
     http_port, grpc_port, dash_port = free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k != "DRIFTSCOPE_TOKEN"}
     env["DRIFTSCOPE_EMBEDDINGS"] = "false"
     process = subprocess.Popen(
         [sys.executable, "-m", "driftscope", "up", "--db", str(tmp_path / "up.duckdb"), "--token", TOKEN,
-         "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--dashboard-port", str(dash_port)],
+         "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--dashboard-port", str(dash_port),
+         "--alert-slack-url", SLACK_URL, "--alert-webhook-url", WEBHOOK_URL],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
     )  # fmt: skip
     url = f"http://127.0.0.1:{http_port}/api/v1/health"
@@ -54,8 +60,10 @@ def test_up_passes_the_token_to_its_children_by_environment_not_argv(tmp_path):
             except httpx.HTTPError:
                 time.sleep(0.2)
         assert healthy, "the collector never answered with the token"
-        # The serve child got the token (it refuses requests without it) ...
+        # The serve child got the token (it refuses requests without it) and both receivers ...
         assert httpx.get(url, timeout=5).status_code == 401
+        health = httpx.get(url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5).json()
+        assert set(health["alerting"]["receivers"]) == {"slack", "webhook"}, health["alerting"]
         # ... and no descendant of `up` shows it in its command line.
         children = _descendants(process.pid)
         assert children
@@ -64,7 +72,8 @@ def test_up_passes_the_token_to_its_children_by_environment_not_argv(tmp_path):
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            assert TOKEN.encode() not in cmdline, cmdline.replace(b"\0", b" ")
+            for secret in SECRETS:
+                assert secret.encode() not in cmdline, cmdline.replace(b"\0", b" ")
     finally:
         process.send_signal(signal.SIGTERM)
         process.communicate(timeout=90)

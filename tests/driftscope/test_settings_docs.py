@@ -9,6 +9,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 LIMITS = (
     "host",
     "token",
+    "allowed_hosts",
     "insecure",
     "max_body_bytes",
     "queue_max_bytes",

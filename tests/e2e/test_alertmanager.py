@@ -66,7 +66,8 @@ class _SinkHandler(BaseHTTPRequestHandler):
         raw = self.rfile.read(int(self.headers["Content-Length"]))
         headers = {key.lower(): value for key, value in self.headers.items()}
         if self.path == "/webhook":
-            expected = "sha256=" + hmac.new(SECRET.encode(), raw, hashlib.sha256).hexdigest()
+            signed = headers.get("x-driftscope-timestamp", "").encode() + b"." + raw
+            expected = "sha256=" + hmac.new(SECRET.encode(), signed, hashlib.sha256).hexdigest()
             if headers.get("x-driftscope-signature") != expected:
                 self.send_response(401)
                 self.end_headers()

@@ -123,17 +123,28 @@ def test_the_sdk_exporters_deliver_a_span_with_a_recursion_bomb(server, transpor
     [
         b"[" * 10_000 + b"]" * 10_000,
         b'{"resourceSpans": ' + b"[" * 10_000 + b"]" * 10_000 + b"}",
-        b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"attributes": [{"key": "k", "value": '
-        + b'{"arrayValue": {"values": [' * 400
-        + b"]}}" * 400
-        + b"}]}]}]}]}",
     ],
-    ids=["bare", "resource-spans", "any-value"],
+    ids=["bare", "resource-spans"],
 )
-def test_a_deeply_nested_json_body_is_400_with_the_reason(server, body):
-    response = httpx.post(f"{server.http_url}/v1/traces", content=body, headers=JS, timeout=30)
+def test_a_deeply_nested_json_body_is_400_with_the_reason(default_server, body):
+    # The default item limit: under this module's 3,000 the 10,000 brackets are 413 (JSON values).
+    response = httpx.post(f"{default_server.http_url}/v1/traces", content=body, headers=JS, timeout=30)
     assert response.status_code == 400, response.text
     assert "deep" in response.json()["message"]
+
+
+def test_anyvalue_nesting_too_deep_for_protobuf_rejects_only_its_span(default_server):
+    """Issue 32: it was a 400 for the whole body; now the span is rejected in partial_success."""
+    body = (
+        b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"name": "deep", "attributes": [{"key": "k", "value": '
+        + b'{"arrayValue": {"values": [' * 400
+        + b"]}}" * 400
+        + b"}]}]}]}]}"
+    )
+    response = httpx.post(f"{default_server.http_url}/v1/traces", content=body, headers=JS, timeout=30)
+    assert response.status_code == 200, response.text
+    partial = response.json()["partialSuccess"]
+    assert partial["rejectedSpans"] == "1" and "nested too deeply" in partial["errorMessage"]
 
 
 def test_concatenated_gzip_members_are_all_decoded(server):
