@@ -48,4 +48,4 @@ if ledger is not None:
                 waivers[["constraint_id", "hop", "waiver_reason", "agents", "delegate_to"]], key="waivers"
             )
 st.subheader("Dropped constraints (hop and agent that dropped each)")
-ui.findings_table(drops, "dropped constraints", key="drops")
+ui.findings_table(drops, "dropped constraints", ui.described(ctx, "constraint_drops"))
