@@ -491,9 +491,12 @@ def selected_row(picked) -> int | None:
 
 
 def scope_params() -> dict[str, str]:
-    """The sidebar's window and filters as they stand in the address (carried across a click that
-    opens another page, so it shows the same scope)."""
-    return {k: st.query_params[k] for k in SCOPE_PARAMS if k in st.query_params}
+    """The sidebar's window and filters as query parameters (those not at their defaults), carried
+    by a click that opens another page so it shows the same scope. Read from the widgets' state:
+    the address is written back by the browser, after this run."""
+    chosen = {k: st.session_state.get(k) for k in SCOPE_PARAMS}
+    defaults = {"window": DEFAULT_PRESET}
+    return {k: str(v) for k, v in chosen.items() if v is not None and v != defaults.get(k, "(all)")}
 
 
 def page_start(total: int, key: str | None, at: int = 0) -> int:
