@@ -326,7 +326,7 @@ def test_page_renders_without_errors_in_chromium(tab, dashboard, path, title, ch
     assert page.locator(".js-plotly-plot").count() == charts
     if path.startswith("run_explorer"):
         picker = page.locator('[data-testid="stMain"] [data-testid="stSelectbox"] input').first
-        assert picker.input_value() == path.partition("?run=")[2]
+        assert picker.input_value().split(" · ")[0] == path.partition("?run=")[2]  # "run · verdict"
     problems = tab.take_problems()
     assert not problems, problems
 
@@ -380,7 +380,7 @@ def test_incident_path_overview_to_evidence_to_report(tab, dashboard, tmp_path, 
     page.screenshot(path=str(ARTIFACTS / f"incident-{source}-run.png"), full_page=True)
     assert f"run={run}" in page.url
     picker = page.locator('[data-testid="stMain"] [data-testid="stSelectbox"] input').first
-    assert picker.input_value() == run
+    assert picker.input_value().split(" · ")[0] == run
     finding = main.locator('[data-testid="stMarkdownContainer"]', has_text="Finding 1: ").last.inner_text()
     mode = finding.removeprefix("Finding 1: ").split(" (", 1)[0].strip()
     assert mode and "evidence span(s), highlighted" in finding
