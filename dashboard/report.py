@@ -58,17 +58,12 @@ def gather_report(
     if found is None:
         found = gather_findings(source, window, filters)
     errors = dict(found.errors)
-    listed, ids = [], []
-    offset = 0
-    for metric in found.by_metric.values():
-        chosen = metric.findings(max_findings)
-        listed.extend(chosen)
-        ids.extend(f"F{offset + i}" for i in range(1, len(chosen) + 1))
-        offset += metric.count
+    listed = [f for metric in found.by_metric.values() for f in metric.findings(max_findings)]
     add_constraint_texts(source, listed, errors)
-    # Grouped by run, worst first: the order an incident review reads them (and the run explorer lists them).
-    order = order_by_run_and_severity(listed)
-    listed, ids = [listed[i] for i in order], [ids[i] for i in order]
+    # Grouped by run, worst first: the order an incident review reads them (and the run explorer
+    # lists them), numbered in that order.
+    listed = [listed[i] for i in order_by_run_and_severity(listed)]
+    ids = [f"F{i}" for i in range(1, len(listed) + 1)]
     try:
         verdicts = source.metric("run_summary", window, filters)
     except Exception as exc:  # the findings stand without the per-run verdicts
