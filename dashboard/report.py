@@ -144,7 +144,7 @@ def constraint_texts(spans: pd.DataFrame, ids: set[str]) -> dict[str, str]:
     return found
 
 
-def _mentioning(ids: set[str]) -> list[str] | None:
+def mentioning(ids: set[str]) -> list[str] | None:
     """The ids as a ``run_spans`` text filter (only the spans that mention one: a long run holds
     100,000 spans), or None (every span) where they are too many or too long for one."""
     texts = sorted(ids)
@@ -163,7 +163,7 @@ def add_constraint_texts(source, findings: list[Finding], errors: dict[str, str]
         wanted = [f for f in drops if f.run_id == run]
         try:
             ids = {f.details["constraint_id"] for f in wanted}
-            texts = constraint_texts(source.run_spans(run, containing=_mentioning(ids)), ids)
+            texts = constraint_texts(source.run_spans(run, containing=mentioning(ids)), ids)
         except Exception as exc:  # the ids stand without their text
             logger.warning("constraint texts of run %s unavailable: %s", run, exc)
             errors.setdefault("constraint_text", f"{type(exc).__name__}: {exc}")

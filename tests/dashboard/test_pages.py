@@ -127,6 +127,11 @@ def test_constraints_page_shows_dropped_constraint_with_hop_and_agent(monkeypatc
         zip(drops["constraint_id"], drops["hop"], drops["agent"], drops["delegate_to"], strict=True)
     ) == sorted((d["constraint_id"], d["hop"], d["from_agent"], d["to_agent"]) for d in truth)
     assert len(at.get("plotly_chart")) == 1  # the constraint x hop heatmap
+    # the constraints' text, as the ledger carries it, beside their ids (issue 34)
+    texts = dict(zip(drops["constraint_id"], drops["constraint_text"], strict=True))
+    assert texts == {d["constraint_id"]: d["constraint_text"] for d in truth}
+    listed = next(df.value for df in at.dataframe if "constraint_text" in df.value and "hop" not in df.value)
+    assert listed["constraint_text"].str.len().min() > 0
 
 
 def test_goal_drift_page_flags_the_drifted_subtasks(monkeypatch, db_path):
