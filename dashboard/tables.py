@@ -54,12 +54,16 @@ def _quiet(column: str, metric: dict) -> bool:
 
 def what_happened(frame: pd.DataFrame, metric: dict) -> list[str]:
     """Per row: its status (failed, to review, caught, or not a finding) and the first
-    ``DETAIL_FACTS`` non-empty facts of the detector's own columns, as one line of text."""
+    ``DETAIL_FACTS`` non-empty facts of the detector's own columns (its rank column first), as one
+    line of text."""
     if frame.empty:
         return []
     statuses = row_statuses(metric, frame)
     flags = finding_flags(frame, metric)
     columns = [c for c in frame.columns if not _quiet(c, metric)]
+    rank = metric.get("rank_column")
+    if rank in columns:  # the detector's measure of how bad it is comes first
+        columns = [rank, *(c for c in columns if c != rank)]
     cells = {c: [cell_text(v) for v in frame[c].tolist()] for c in columns}
     out = []
     for i in range(len(frame)):

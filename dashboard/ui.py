@@ -439,7 +439,7 @@ def findings_table(frame: pd.DataFrame | None, what: str, metric: dict) -> None:
         height="content" if len(shown) <= CONTENT_ROWS else "auto",
         column_config=LEAD_CONFIG,
     )
-    st.caption("Click a row to open its run in the run explorer with that finding's evidence highlighted.")
+    st.caption("Click a row: the run explorer opens on that finding, its evidence highlighted.")
     position = selected_row(picked)
     if position is not None:
         target = row_target(page, metric, position)
