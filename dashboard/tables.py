@@ -20,8 +20,8 @@ LEAD_COLUMNS = ["run_id", "what_happened", "evidence"]
 # Columns that are ids of the evidence or its place, shown after the detector's own.
 TAIL_COLUMNS = ("trace_id", "run_ids")
 # How many detail columns the "what happened" sentence names, and how many evidence ids it lists.
-DETAIL_FACTS = 5
-EVIDENCE_IDS = 4
+DETAIL_FACTS = 4
+EVIDENCE_IDS = 3
 # Detail columns a sentence skips: ids, thresholds and times have columns of their own.
 _QUIET = ("threshold", "threshold_version", "calibrated", "first_seen", "last_seen", "bucket_seconds")
 # What a row's status says first.

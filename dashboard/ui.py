@@ -645,7 +645,8 @@ def load_findings(ctx: PageContext, counts_only: bool = False) -> FindingSet | N
 def table(frame: pd.DataFrame, key: str | None = None) -> None:
     """A plain escaped table (lists shown as comma-separated text, run ids linked), paginated."""
     shown, config = with_run_links(_plain_cells(page_of(frame, key)))
-    st.dataframe(shown, hide_index=True, column_config=config, key=key)
+    height = "content" if len(shown) <= CONTENT_ROWS else "auto"  # drawn whole, no scroll inside
+    st.dataframe(shown, hide_index=True, column_config=config, key=key, height=height)
 
 
 def has_spans() -> bool:

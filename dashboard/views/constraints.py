@@ -70,7 +70,7 @@ if ledger is not None:
                     texts.get((str(r), str(c)), "")
                     for r, c in zip(listed["run_id"], listed["constraint_id"], strict=True)
                 ]
-            )[["constraint_id", "constraint_text", "run_id"]],
+            )[["constraint_id", "constraint_text"]],
             key="task_constraints",
         )
         waivers = of_task[of_task["status"] == "waived"]

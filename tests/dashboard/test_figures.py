@@ -89,7 +89,7 @@ def test_rejection_rate_figure_draws_threshold_and_only_refusing_series():
     )  # fmt: skip
     fig = rejection_rate_figure(frame)
     assert [t.name for t in fig.data] == ["write_state"]
-    assert list(fig.data[0].y) == [0.25, 1.0]
+    assert list(fig.data[0].y) == [0.25, 1.0] and fig.data[0].type == "bar"  # a rate per bucket, no diagonal
     assert fig.layout.shapes[0].y0 == 0.25
     assert "uncalibrated default" in fig.layout.annotations[0].text
 
