@@ -19,10 +19,14 @@ from dashboard.filters import PAGE_TITLES  # noqa: E402
 
 # No page icons: the current page's icon becomes the favicon, and Streamlit fetches material
 # favicons from the network (the dashboard must work offline; Debian's chromium has no emoji font).
+# The Overview is served at the root; the same page at /overview (hidden from the menu) answers a
+# link typed or pasted with the page's name, which Streamlit otherwise calls "Page not found".
 PAGES = [
-    st.Page(ui.view(path), title=title, url_path=path, default=path == "overview")
+    st.Page(
+        ui.view(path), title=title, url_path="" if path == "overview" else path, default=path == "overview"
+    )
     for path, title in PAGE_TITLES.items()
-]
+] + [st.Page(ui.view("overview"), title="Overview", url_path="overview", visibility="hidden")]
 
 st.set_page_config(page_title="driftscope", layout="wide")
 navigation = st.navigation(PAGES)

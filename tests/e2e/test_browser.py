@@ -477,6 +477,16 @@ def test_each_tile_leads_to_a_table_whose_row_opens_exactly_its_finding(tab, das
     assert len(walked) >= 10, walked  # the sample crews and the demo inject ten failure modes or more
 
 
+def test_the_overview_answers_at_its_own_name(tab):
+    """/overview (a link typed with the page's name) shows the Overview, not "Page not found"."""
+    tab.open("overview", "Coordination failures", 2)
+    tab.page.wait_for_timeout(500)  # the frontend shows its not-found notice after the run
+    assert tab.page.get_by_text("Page not found").count() == 0
+    assert tab.page.locator(".st-key-tile_lost_updates").count() == 1
+    problems = tab.take_problems()
+    assert not problems, problems
+
+
 def test_the_url_keeps_the_filters(tab):
     """A filter chosen in the sidebar is in the URL, and opening that URL restores it."""
     tab.follow_sidebar("loops", "Loops & budgets", 0)
