@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: up install dev test test-fast test-deep lint format bench bench-smoke bench-shapes sample-traces chromium alertmanager clean
+.PHONY: up install dev test test-fast test-deep lint format bench bench-smoke bench-shapes sample-traces chromium alertmanager clean screenshots
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "driftscope needs Python 3.11 ($(PYTHON) not found)"; exit 1; }
@@ -91,6 +91,11 @@ bench-smoke: dev
 # Issue 14: every detector on each crew shape at 1M stored spans (make bench also runs 10M).
 bench-shapes: dev
 	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.run --only shapes --shape-spans 1000000
+
+# Every dashboard page and the HTML report of the sample crews in Chromium at 1600x1000, for a
+# person to look at (tests/e2e/screenshots.py): test-artifacts/screenshots/*.png.
+screenshots: dev chromium
+	HF_HUB_OFFLINE=1 $(PY) -m tests.e2e.screenshots test-artifacts/screenshots
 
 sample-traces: dev
 	$(PY) -m guards.simulator regenerate sample_traces/

@@ -62,6 +62,11 @@ def constraint_ledger(conn: duckdb.DuckDBPyConnection, window: Window, filters: 
     mast_category="inter-agent misalignment",
     title="constraint dropped on delegation",
     findings=True,
+    needs=(
+        "delegations carrying a constraint ledger: `driftscope.constraints.ledger` on the origin "
+        "task, `driftscope.constraints.carried` or `driftscope.constraints.waived` on each hop "
+        "(`driftscope.hop`)"
+    ),
     counted=True,
     failing=True,
     page="constraints",

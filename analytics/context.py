@@ -35,6 +35,11 @@ from analytics.types import Filters, Window
     mast_category="inter-agent misalignment",
     title="acting on a superseded objective",
     findings=True,
+    needs=(
+        "versioned objectives: spans with `driftscope.objective.id` and "
+        "`driftscope.objective.version`, and a newer version marked with "
+        "`driftscope.objective.superseded` while an agent still holds the old one"
+    ),
     counted=True,
     failing_unless="refreshed",
     page="context_drift",
@@ -65,6 +70,7 @@ def context_drift_holders(conn: duckdb.DuckDBPyConnection, window: Window, filte
     mast_category="inter-agent misalignment",
     title="send against a superseded policy",
     findings=True,
+    needs="outbound sends stamped with `driftscope.policy.version` and `driftscope.policy.current_version`",
     flag_column="allowed",
     failing=True,
     page="context_drift",

@@ -362,6 +362,10 @@ def _with_threshold(conn: duckdb.DuckDBPyConnection, frame: pd.DataFrame) -> tup
     mast_category="inter-agent misalignment",
     title="goal drift along delegation",
     findings=True,
+    needs=(
+        "delegations with goal texts (`driftscope.goal.root` and `driftscope.goal.text`, or a "
+        "framework's task description) that diverge from the root goal past its threshold"
+    ),
     flag_column="drifted",
     failing=True,
     review_unless="calibrated",

@@ -831,6 +831,10 @@ def drop_bounced(loops: pd.DataFrame, bounces: pd.DataFrame) -> pd.DataFrame:
     mast_category="specification issues",
     title="repeated tool calls (loop)",
     findings=True,
+    needs=(
+        "tool calls (`gen_ai.tool.name`, or the span name) one agent repeats with the same or near-"
+        "same arguments within a run"
+    ),
     counted=True,
     failing=True,
     rank_column="calls",
@@ -869,6 +873,10 @@ def repeated_calls(conn: duckdb.DuckDBPyConnection, window: Window, filters: Fil
     mast_category="inter-agent misalignment",
     title="ping-pong between agents",
     findings=True,
+    needs=(
+        "delegations (`driftscope.delegate.to`, or a framework's handoffs) that bounce between the "
+        "same agents"
+    ),
     counted=True,
     failing=True,
     page="loops",
@@ -904,6 +912,7 @@ def ping_pong(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters)
     mast_category="specification issues",
     title="step budget exhausted",
     findings=True,
+    needs="step budgets: `driftscope.budget.max_steps` and `driftscope.step` on an agent's calls",
     counted=True,
     page="loops",
     kept="run_id",
@@ -932,6 +941,10 @@ def budget_exhaustion(conn: duckdb.DuckDBPyConnection, window: Window, filters: 
     mast_category="task verification",
     title="duplicate side effect",
     findings=True,
+    needs=(
+        "side-effecting calls (`driftscope.side_effect`, or tools named in --side-effect-tools) "
+        "executed twice with the same arguments or `driftscope.idempotency_key`"
+    ),
     counted=True,
     failing=True,
     page="loops",

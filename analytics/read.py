@@ -48,6 +48,7 @@ def describe_metric(metric: Metric) -> dict[str, Any]:
         "rank_column": metric.rank_column,
         "page": metric.page,
         "blind_spots": metric.blind_spots,
+        "needs": metric.needs,
     }
 
 

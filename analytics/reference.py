@@ -42,6 +42,8 @@ def render_markdown() -> str:
         if metric.findings:
             flagged = f"where `{metric.flag_column}` is true" if metric.flag_column else "every row"
             parts.append(f'- Findings: {flagged}, titled "{metric.title}"; {_verdict(metric)}.')
+        if metric.needs:
+            parts.append(f"- Needs to see: {metric.needs}.")
         if metric.blind_spots:
             parts.append(f"- Cannot see: {metric.blind_spots}")
         parts.append(f"- SQL: `analytics/sql/{metric.name}.sql`.\n")

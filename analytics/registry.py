@@ -81,6 +81,9 @@ class Metric:
     """Dashboard page (url path) that shows it; None: the generic findings page."""
     blind_spots: str | None = None
     """What the detector cannot see, in plain words (reports print it beside its findings)."""
+    needs: str | None = None
+    """What the detector needs to see in the spans to find anything, in plain words (an empty
+    table says it, rather than blaming ingest when spans did arrive). Every findings metric has it."""
     kept: str | None = None
     """How its results are kept between calls per data version (``analytics.kept``): "whole"
     (recomputed after any change), or the column its findings are partitioned by ("run_id",
@@ -107,7 +110,7 @@ METRICS: dict[str, Metric] = {}
 def _check_facts(name: str, columns: dict[str, str], facts: dict) -> None:
     """Refuse a registration whose facts contradict each other or name unknown columns."""
     if facts["findings"]:
-        missing = [key for key in ("title", "failure_mode", "mast_category") if not facts[key]]
+        missing = [key for key in ("title", "failure_mode", "mast_category", "needs") if not facts[key]]
         if missing:
             raise ValueError(f"metric {name!r} lists findings, so it needs {', '.join(missing)}")
     else:
@@ -157,6 +160,7 @@ def register(
     rank_column: str | None = None,
     page: str | None = None,
     blind_spots: str | None = None,
+    needs: str | None = None,
     kept: str | None = None,
     order: tuple[tuple[str, bool], ...] | list[tuple[str, bool]] = (),
     window_bounds: bool = False,
@@ -171,7 +175,7 @@ def register(
     facts = dict(
         title=title, failure_mode=failure_mode, mast_category=mast_category, findings=findings,
         flag_column=flag_column, counted=counted, failing=failing, failing_unless=failing_unless,
-        review_unless=review_unless, rank_column=rank_column, page=page, blind_spots=blind_spots,
+        review_unless=review_unless, rank_column=rank_column, page=page, blind_spots=blind_spots, needs=needs,
         kept=kept, order=tuple(tuple(pair) for pair in order), window_bounds=window_bounds,
         version=version,
     )  # fmt: skip

@@ -169,6 +169,7 @@ def _limits(counts: pd.DataFrame, calibrated: dict[str, tuple[float, int]]) -> p
     mast_category="specification issues",
     title="runaway runs",
     findings=True,
+    needs="several runs of the same crew, one of them far longer (25 spans or more) than the crew's baseline",
     counted=True,
     failing=True,
     kept="whole",

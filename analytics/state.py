@@ -59,6 +59,10 @@ _MAX_BUCKETS = 48
     mast_category="inter-agent misalignment",
     title="divergent reads (split-brain)",
     findings=True,
+    needs=(
+        "reads and writes of shared state by two or more agents of a run: spans with "
+        "`driftscope.state.key`, `driftscope.op` (read or write) and `driftscope.state.version`"
+    ),
     counted=True,
     page="split_brain",
     kept="run_id",
@@ -89,6 +93,11 @@ def divergent_reads(conn: duckdb.DuckDBPyConnection, window: Window, filters: Fi
     mast_category="inter-agent misalignment",
     title="lost updates (split-brain)",
     findings=True,
+    needs=(
+        "writes to shared state by two or more agents of a run: spans with `driftscope.state.key`, "
+        "`driftscope.op` = write and `driftscope.state.version` (and "
+        "`driftscope.state.expected_version` on a versioned write)"
+    ),
     counted=True,
     failing=True,
     page="split_brain",
@@ -154,6 +163,10 @@ def _bucket_seconds_over(window: Window, first, last) -> int:
     mast_category="inter-agent misalignment",
     title="rejection rate over threshold",
     findings=True,
+    needs=(
+        "guarded calls (spans with `driftscope.outcome`: ok, rejected or error) refused more often "
+        "than its threshold in a time bucket"
+    ),
     flag_column="over_threshold",
     rank_column="rejection_rate",
     page="rejections",

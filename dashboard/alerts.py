@@ -43,3 +43,31 @@ def delivery_problems(health: dict | None) -> list[str]:
     for rule, error in (health.get("rule_errors") or {}).items():
         problems.append(f"Rule {rule} could not be evaluated: {error}")
     return problems
+
+
+def rule_states(health: dict | None, frame: pd.DataFrame) -> pd.DataFrame:
+    """Each rule the collector evaluates (``rule_list`` of its alerting health) with its state:
+    how many of its alerts fire now, and its look-back window."""
+    rules = (health or {}).get("rule_list") or []
+    firing = frame[frame["state"] == "firing"] if not frame.empty else frame
+    counts = firing["alertname"].value_counts() if "alertname" in firing.columns else pd.Series(dtype=int)
+    return pd.DataFrame(
+        [
+            {
+                "rule": rule["name"],
+                "state": f"firing ({int(counts[rule['name']])})" if rule["name"] in counts else "not firing",
+                "severity": rule["severity"],
+                "detector": rule["detector"],
+                "looks_back": f"{rule['window_seconds'] / 60:g} min",
+            }
+            for rule in rules
+        ],
+        columns=["rule", "state", "severity", "detector", "looks_back"],
+    )
+
+
+def receivers_line(health: dict | None) -> str | None:
+    """Which receivers the collector delivers to, or None when it has none (alerts are evaluated
+    and shown, never sent)."""
+    names = list((health or {}).get("receivers") or {})
+    return ", ".join(names) if names else None

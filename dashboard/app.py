@@ -15,26 +15,22 @@ if _ROOT not in sys.path:
 
 from dashboard import ui  # noqa: E402
 from dashboard.datasource import SourceUnavailable  # noqa: E402
+from dashboard.filters import PAGE_TITLES  # noqa: E402
 
 # No page icons: the current page's icon becomes the favicon, and Streamlit fetches material
 # favicons from the network (the dashboard must work offline; Debian's chromium has no emoji font).
+# The Overview is served at the root; the same page at /overview (hidden from the menu) answers a
+# link typed or pasted with the page's name, which Streamlit otherwise calls "Page not found".
 PAGES = [
-    st.Page(ui.view("overview"), title="Overview", url_path="overview", default=True),
-    st.Page(ui.view("split_brain"), title="Split-brain", url_path="split_brain"),
-    st.Page(ui.view("rejections"), title="Rejections & enforcement", url_path="rejections"),
-    st.Page(ui.view("constraints"), title="Constraints", url_path="constraints"),
-    st.Page(ui.view("goal_drift"), title="Goal drift", url_path="goal_drift"),
-    st.Page(ui.view("context_drift"), title="Context drift", url_path="context_drift"),
-    st.Page(ui.view("loops"), title="Loops & budgets", url_path="loops"),
-    st.Page(ui.view("findings"), title="Other findings", url_path="findings"),
-    st.Page(ui.view("alerts"), title="Alerts", url_path="alerts"),
-    st.Page(ui.view("run_explorer"), title="Run explorer", url_path="run_explorer"),
-    st.Page(ui.view("calibration"), title="Calibration", url_path="calibration"),
-]
+    st.Page(
+        ui.view(path), title=title, url_path="" if path == "overview" else path, default=path == "overview"
+    )
+    for path, title in PAGE_TITLES.items()
+] + [st.Page(ui.view("overview"), title="Overview", url_path="overview", visibility="hidden")]
 
 st.set_page_config(page_title="driftscope", layout="wide")
 navigation = st.navigation(PAGES)
-context = ui.sidebar()
+context = ui.sidebar(navigation.url_path)
 # Without a readable source the banner is the whole page: no page script runs to fail on it.
 if context is not None:
     ui.report_download(context)

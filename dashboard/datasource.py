@@ -134,6 +134,16 @@ class DataSource(Protocol):
     def alerting_health(self) -> dict | None: ...
 
 
+def cannot_reach(url: str, exc: Exception) -> str:
+    """The message for a collector that does not answer at ``url`` (the dashboard, ``report`` and
+    ``demo`` say the same)."""
+    return (
+        f"Cannot reach the driftscope collector at {url} ({type(exc).__name__}). "
+        "Start it with `driftscope serve` (or `driftscope up`), or open an incident copy "
+        "with `driftscope dashboard --source PATH.duckdb`."
+    )
+
+
 def window_params(window: Window, filters: Filters) -> dict[str, str]:
     """Query parameters of the read API for a window and filters (ISO-8601 UTC times)."""
     params: dict[str, str] = {}
@@ -177,11 +187,7 @@ class HttpSource:
                 method, path, params=params, headers={"Accept": accept}, json=body
             )
         except httpx.HTTPError as exc:
-            raise SourceUnavailable(
-                f"Cannot reach the driftscope collector at {self.url} ({type(exc).__name__}). "
-                "Start it with `driftscope serve` (or `driftscope up`), or open an incident copy "
-                "with `driftscope dashboard --source PATH.duckdb`."
-            ) from exc
+            raise SourceUnavailable(cannot_reach(self.url, exc)) from exc
         if response.status_code in (401, 403):
             raise SourceUnavailable(
                 f"The collector at {self.url} refused the request (HTTP {response.status_code}): "

@@ -74,7 +74,7 @@ def threshold_label(threshold: float, calibrated: bool, version) -> str:
 
 
 def rejection_rate_figure(frame: pd.DataFrame, by: str = "tool_name") -> go.Figure:
-    """Rejection rate per time bucket, one line per ``by`` value, with the threshold line."""
+    """Rejection rate per time bucket, a bar per ``by`` value in each bucket, with the threshold line."""
     title = "Rejection rate over time"
     if frame is None or frame.empty:
         return empty_figure(title, "No guarded calls in this window")
@@ -86,11 +86,12 @@ def rejection_rate_figure(frame: pd.DataFrame, by: str = "tool_name") -> go.Figu
     if (refused > 0).any():  # series that never refused anything only add noise at 0 %
         grouped = grouped[grouped[by].isin(refused[refused > 0].index)]
     fig = go.Figure()
+    # Bars, one per bucket and series: a rate is per bucket, and lines between hourly buckets drew
+    # diagonals that read as a trend.
     for value, part in grouped.groupby(by, sort=True):
-        fig.add_scatter(
+        fig.add_bar(
             x=part["bucket_start"],
             y=part["rate"],
-            mode="lines+markers",
             name=esc(value, 40),
             customdata=part[["rejections", "attempts"]].to_numpy(),
             hovertemplate="%{y:.0%} (%{customdata[0]} of %{customdata[1]})<extra>"
@@ -114,6 +115,7 @@ def rejection_rate_figure(frame: pd.DataFrame, by: str = "tool_name") -> go.Figu
         width = pd.Timedelta(seconds=int(frame["bucket_seconds"].iloc[0]))
         fig.update_xaxes(range=[start - width / 2, start + width / 2])
     fig.update_yaxes(title="rejected / attempted", tickformat=".0%", rangemode="tozero")
+    fig.update_layout(barmode="group")
     return _layout(fig, f"{title} by {by.replace('_', ' ')}")
 
 

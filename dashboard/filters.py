@@ -79,11 +79,22 @@ def run_link(
     return link
 
 
-# The pages' URL paths (dashboard/app.py): the last part of a page's address in the browser.
-PAGE_PATHS = frozenset(
-    {"overview", "split_brain", "rejections", "constraints", "goal_drift", "context_drift", "loops",
-     "findings", "run_explorer", "calibration"}
-)  # fmt: skip
+# Every page's URL path (the last part of its address in the browser) and title, in the sidebar's
+# order (dashboard/app.py builds the navigation from it; Overview tiles name their page by it).
+PAGE_TITLES = {
+    "overview": "Overview",
+    "split_brain": "Split-brain",
+    "rejections": "Rejections & enforcement",
+    "constraints": "Constraints",
+    "goal_drift": "Goal drift",
+    "context_drift": "Context drift",
+    "loops": "Loops & budgets",
+    "findings": "Other findings",
+    "alerts": "Alerts",
+    "run_explorer": "Run explorer",
+    "calibration": "Calibration",
+}
+PAGE_PATHS = frozenset(PAGE_TITLES)
 
 
 def dashboard_base(page_url: str | None) -> str | None:

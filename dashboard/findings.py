@@ -202,13 +202,16 @@ def _opt_str(value) -> str | None:
 
 
 def counted_columns(metric: dict) -> tuple[str, ...] | None:
-    """The columns of a detector's frame that ``MetricFindings`` reads for counts, runs, trends
-    and ranking (flag and rank columns, ``run_id``, ``run_ids``, ``first_seen``: those the metric
-    documents), or None (all) when it documents none of them. A frame of only these columns
+    """The columns of a detector's frame that ``MetricFindings`` reads for counts, runs, trends,
+    ranking and statuses (flag, rank, failing-unless and review-unless columns, ``run_id``,
+    ``run_ids``, ``first_seen``: those the metric documents), or None (all) when it documents none of them. A frame of only these columns
     cannot list findings (no evidence): the Overview reads them so ``repeated_calls``' span-id
     lists are never built."""
     documented = metric.get("columns") or {}
-    wanted = (metric.get("flag_column"), metric.get("rank_column"), "run_id", "run_ids", "first_seen")
+    wanted = (
+        metric.get("flag_column"), metric.get("rank_column"), metric.get("failing_unless"),
+        metric.get("review_unless"), "run_id", "run_ids", "first_seen",
+    )  # fmt: skip
     found = tuple(c for c in dict.fromkeys(wanted) if c and c in documented)
     return found or None
 

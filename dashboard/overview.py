@@ -1,8 +1,8 @@
 """What the Overview page shows, computed from a ``FindingSet`` and per-run totals (no Streamlit).
 
 Everything here is aggregated: the incident table lists the runs that need attention (failing
-first, then those to review, then degraded) with each run's worst failure mode; a tile is a count
-and twelve bucket counts.
+first, then those to review, then degraded) with each run's worst failure mode; a tile is a
+failure mode's count, its runs and whether its findings took effect or were prevented.
 """
 
 from __future__ import annotations
@@ -10,10 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-import numpy as np
 import pandas as pd
 
-from dashboard.findings import FindingSet, MetricFindings, fails_runs, naming, short_title
+from dashboard.findings import (
+    REVIEW,
+    FindingSet,
+    MetricFindings,
+    fails_runs,
+    naming,
+    row_statuses,
+    short_title,
+)
 
 # The page of findings whose detector has no page of its own (url path).
 FINDINGS_PAGE = "findings"
@@ -21,7 +28,7 @@ FINDINGS_PAGE = "findings"
 
 @dataclass(frozen=True)
 class Tile:
-    """One overview tile: a failure mode's count, trend and whether its threshold is breached."""
+    """One overview tile: a failure mode's count, the runs it touched, its state and its page."""
 
     metric: str
     title: str
@@ -29,38 +36,43 @@ class Tile:
     mast_category: str
     page: str
     count: int
-    breached: bool
-    trend: list[int]
+    runs: int
+    state: str
+    """``failing`` (a finding took effect), ``to review``, ``prevented`` (a guard or the agent
+    caught every finding: refusals are the guards working) or ``clear`` (none)."""
 
 
-def trend_counts(times: pd.Series, buckets: int = 12) -> list[int]:
-    """Counts of ``times`` in ``buckets`` equal slices of their range (all in one if one instant)."""
-    times = pd.to_datetime(times, errors="coerce").dropna()
-    if times.empty:
-        return [0] * buckets
-    values = times.to_numpy(dtype="datetime64[ns]").astype(np.int64)
-    start, end = values.min(), values.max()
-    if start == end:
-        return [0] * (buckets - 1) + [len(values)]
-    counts, _ = np.histogram(values, bins=buckets, range=(start, end))
-    return [int(c) for c in counts]
+# How each tile state is drawn: (delta text, colour).
+TILE_STATES = {
+    "failing": ("failing", "red"),
+    "to review": ("to review", "orange"),
+    "prevented": ("prevented", "gray"),
+    "clear": ("clear", "green"),
+}
+
+
+def tile_state(metric: dict, found: MetricFindings | None) -> str:
+    """The state of a failure mode's tile from its findings' statuses (``row_statuses``)."""
+    if found is None or not found.count:
+        return "clear"
+    statuses = set(row_statuses(metric, found.frame.iloc[found.positions]))
+    if "failure" in statuses:
+        return "failing"
+    return "to review" if REVIEW in statuses else "prevented"
 
 
 def tile_for(metric: dict, found: MetricFindings | None) -> Tile:
-    """The tile of one finding metric (a count-based mode is breached when any finding exists)."""
+    """The tile of one finding metric."""
     mode, category = naming(metric)
-    has_times = found is not None and "first_seen" in found.frame.columns
-    times = found.column("first_seen") if has_times else pd.Series(dtype="datetime64[ns]")
-    count = found.count if found is not None else 0
     return Tile(
         metric=metric["name"],
         title=short_title(metric),
         failure_mode=mode,
         mast_category=category,
         page=metric.get("page") or FINDINGS_PAGE,
-        count=count,
-        breached=bool(count),
-        trend=trend_counts(times),
+        count=found.count if found is not None else 0,
+        runs=int(len(found.distinct_runs)) if found is not None and found.count else 0,
+        state=tile_state(metric, found),
     )
 
 
@@ -112,6 +124,17 @@ def last_span_text(last_seen, now: datetime) -> str:
     return f"{stamp.isoformat(sep=' ', timespec='seconds')} UTC ({age_text(ago)})"
 
 
+def worst_first(summary: pd.DataFrame, include_healthy: bool = True) -> pd.DataFrame:
+    """``run_summary`` rows failing first, then to review, degraded (and healthy), newest activity
+    first within a verdict."""
+    order = {**VERDICT_ORDER, "healthy": len(VERDICT_ORDER)} if include_healthy else VERDICT_ORDER
+    frame = summary[summary["verdict"].isin(list(order))].copy()
+    frame["_order"] = frame["verdict"].map(order)
+    frame["_last"] = pd.to_datetime(frame["last_seen"], errors="coerce")
+    frame = frame.sort_values(["_order", "_last"], ascending=[True, False], kind="stable")
+    return frame.drop(columns=["_order", "_last"])
+
+
 def incident_runs(
     summary: pd.DataFrame, found: FindingSet, now: datetime, limit: int = 25, include_healthy: bool = False
 ) -> pd.DataFrame:
@@ -123,11 +146,9 @@ def incident_runs(
     """
     if summary is None or summary.empty:
         return pd.DataFrame(columns=INCIDENT_COLUMNS)
-    order = {**VERDICT_ORDER, "healthy": len(VERDICT_ORDER)} if include_healthy else VERDICT_ORDER
-    frame = summary[summary["verdict"].isin(list(order))].copy()
-    frame["_order"] = frame["verdict"].map(order)
-    frame["_last"] = pd.to_datetime(frame["last_seen"], errors="coerce")
-    frame = frame.sort_values(["_order", "_last"], ascending=[True, False], kind="stable").head(limit)
+    frame = worst_first(summary, include_healthy)
+    # Every failing run is listed, however many; the others up to ``limit`` rows in all.
+    frame = frame.head(max(limit, int((frame["verdict"] == "failing").sum())))
     runs = [str(r) for r in frame["run_id"]]
     worst = worst_modes(found, runs)
     counts = found.run_counts()

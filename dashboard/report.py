@@ -58,17 +58,12 @@ def gather_report(
     if found is None:
         found = gather_findings(source, window, filters)
     errors = dict(found.errors)
-    listed, ids = [], []
-    offset = 0
-    for metric in found.by_metric.values():
-        chosen = metric.findings(max_findings)
-        listed.extend(chosen)
-        ids.extend(f"F{offset + i}" for i in range(1, len(chosen) + 1))
-        offset += metric.count
+    listed = [f for metric in found.by_metric.values() for f in metric.findings(max_findings)]
     add_constraint_texts(source, listed, errors)
-    # Grouped by run, worst first: the order an incident review reads them (and the run explorer lists them).
-    order = order_by_run_and_severity(listed)
-    listed, ids = [listed[i] for i in order], [ids[i] for i in order]
+    # Grouped by run, worst first: the order an incident review reads them (and the run explorer
+    # lists them), numbered in that order.
+    listed = [listed[i] for i in order_by_run_and_severity(listed)]
+    ids = [f"F{i}" for i in range(1, len(listed) + 1)]
     try:
         verdicts = source.metric("run_summary", window, filters)
     except Exception as exc:  # the findings stand without the per-run verdicts
@@ -149,7 +144,7 @@ def constraint_texts(spans: pd.DataFrame, ids: set[str]) -> dict[str, str]:
     return found
 
 
-def _mentioning(ids: set[str]) -> list[str] | None:
+def mentioning(ids: set[str]) -> list[str] | None:
     """The ids as a ``run_spans`` text filter (only the spans that mention one: a long run holds
     100,000 spans), or None (every span) where they are too many or too long for one."""
     texts = sorted(ids)
@@ -168,7 +163,7 @@ def add_constraint_texts(source, findings: list[Finding], errors: dict[str, str]
         wanted = [f for f in drops if f.run_id == run]
         try:
             ids = {f.details["constraint_id"] for f in wanted}
-            texts = constraint_texts(source.run_spans(run, containing=_mentioning(ids)), ids)
+            texts = constraint_texts(source.run_spans(run, containing=mentioning(ids)), ids)
         except Exception as exc:  # the ids stand without their text
             logger.warning("constraint texts of run %s unavailable: %s", run, exc)
             errors.setdefault("constraint_text", f"{type(exc).__name__}: {exc}")

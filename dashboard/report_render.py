@@ -28,18 +28,25 @@ MAST_HELP = {
 
 # The trace id is named once above each evidence table (JSON keeps it per span).
 SHOWN_EVIDENCE = [c for c in EVIDENCE_COLUMNS if c != "trace_id"]
+# Short evidence cells kept on one line, so the span text gets the width.
+EVIDENCE_NOWRAP = ("span_id", "timestamp", "op", "outcome", "status")
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem auto;max-width:1200px;color:#1d2433;padding:0 1rem}
 h1{margin-bottom:.2rem}h2{border-bottom:2px solid #e3e8ee;padding-bottom:.3rem;margin-top:2.2rem}
 .meta{color:#5b6675}table{border-collapse:collapse;width:100%;margin:.6rem 0;font-size:.88rem;table-layout:auto}
-th,td{border:1px solid #dde3ea;padding:.3rem .5rem;text-align:left;vertical-align:top;overflow-wrap:anywhere}
-th{background:#f4f6f8}td.text{font-family:ui-monospace,monospace;white-space:pre-wrap;overflow-wrap:anywhere;width:40%}
-table.evidence{table-layout:fixed}table.evidence td,table.evidence th{font-size:.8rem}
+th,td{border:1px solid #dde3ea;padding:.3rem .5rem;text-align:left;vertical-align:top;overflow-wrap:break-word}
+th{background:#f4f6f8;white-space:nowrap}td.text{font-family:ui-monospace,monospace;white-space:pre-wrap;overflow-wrap:anywhere;width:45%}
+td.nowrap{white-space:nowrap}code,a code{overflow-wrap:anywhere}
+table.evidence td,table.evidence th{font-size:.8rem}table.evidence td{overflow-wrap:anywhere}
+table.evidence td.text{width:55%;min-width:26rem}
+.facts{display:grid;grid-template-columns:max-content 1fr max-content 1fr;gap:.15rem .8rem;margin:.5rem 0;font-size:.88rem}
+.facts dt{font-weight:600;color:#3b4656}.facts dd{margin:0;font-family:ui-monospace,monospace;overflow-wrap:anywhere}
 .bar{background:#d62728;height:.8rem;display:inline-block;vertical-align:middle}
 .v-failing{color:#a61b1b;font-weight:600}.v-review{color:#9a5b00;font-weight:600}.v-degraded{color:#9a5b00}
 .status-failure{border-left-color:#d62728}.status-review,.status-warning{border-left-color:#ff7f0e}
-.finding{border:1px solid #dde3ea;border-left:5px solid #d62728;border-radius:4px;padding:.6rem 1rem;margin:1rem 0}
+.finding{border:1px solid #dde3ea;border-left:5px solid #d62728;border-radius:4px;padding:.4rem 1rem;margin:.8rem 0}
+.finding h4{margin:.3rem 0}.finding p{margin:.3rem 0}
 .tag{display:inline-block;border-radius:3px;padding:0 .4rem;margin-right:.4rem;font-size:.8rem;color:#fff}
 .specification{background:#9467bd}.inter-agent{background:#d62728}.task{background:#ff7f0e}.unclassified{background:#9aa5b1}
 pre{background:#f4f6f8;padding:.5rem;overflow-x:auto;white-space:pre-wrap;word-break:break-word}
@@ -97,14 +104,19 @@ def _html_rows(
     text_columns: tuple[str, ...] = (),
     css: str = "",
     links: dict | None = None,
+    nowrap: tuple[str, ...] = (),
 ) -> str:
     """An escaped HTML table of ``records`` (dicts) in ``columns`` order; a column in ``links``
-    links each cell to the URL its function gives for the record (None: plain)."""
+    links each cell to the URL its function gives for the record (None: plain); ``text_columns``
+    take the width left (monospace, wrapped anywhere), ``nowrap`` ones never wrap."""
     if not records:
         return "<p class='meta'>none</p>"
     links = links or {}
     head = "".join(f"<th>{_e(c)}</th>" for c in columns)
-    opening = ["<td class='text'>" if c in text_columns else "<td>" for c in columns]
+    opening = [
+        "<td class='text'>" if c in text_columns else "<td class='nowrap'>" if c in nowrap else "<td>"
+        for c in columns
+    ]
 
     def cell(record: dict, column: str) -> str:
         text = _e(_cell(record.get(column)))
@@ -151,7 +163,9 @@ def _figures_html(data: ReportData) -> str:
 
 
 def _rate_svg(rates: pd.DataFrame, width: int = 900, height: int = 160) -> str:
-    """The rejection rate of each bucket (all tools together: the worst tool per bucket) as an SVG line."""
+    """The rejection rate of each time bucket (all tools together: the worst tool per bucket) as SVG
+    bars, red over the threshold: a bar per bucket reads with one bucket or many (a line between
+    two hourly buckets drew one meaningless diagonal)."""
     frame = rates.copy()
     frame["bucket"] = (
         pd.to_datetime(frame["bucket_start"], errors="coerce") if "bucket_start" in frame else pd.NaT
@@ -160,27 +174,55 @@ def _rate_svg(rates: pd.DataFrame, width: int = 900, height: int = 160) -> str:
     if worst.empty:
         return ""
     threshold = float(frame["threshold"].iloc[0]) if "threshold" in frame and len(frame) else None
-    n = len(worst)
-    xs = [20 + (width - 40) * (i / max(n - 1, 1)) for i in range(n)]
-    ys = [height - 20 - (height - 40) * min(max(float(v), 0.0), 1.0) for v in worst.to_numpy()]
-    points = " ".join(f"{x:.1f},{y:.1f}" for x, y in zip(xs, ys, strict=True))
-    line = ""
-    if threshold is not None and not pd.isna(threshold):
-        ty = height - 20 - (height - 40) * min(max(threshold, 0.0), 1.0)
-        line = (
-            f"<line x1='20' x2='{width - 20}' y1='{ty:.1f}' y2='{ty:.1f}' stroke='#d62728' "
-            f"stroke-dasharray='4 3'/><text x='{width - 20}' y='{ty - 4:.1f}' text-anchor='end' "
-            f"font-size='11' fill='#d62728'>threshold {threshold:.2f}</text>"
+    if threshold is not None and pd.isna(threshold):
+        threshold = None
+    left, right, top, bottom = 40, 20, 20, 24
+    plot_w, plot_h = width - left - right, height - top - bottom
+    slot = plot_w / len(worst)
+    bar_w = max(min(slot * 0.7, 60), 1)
+
+    def y_of(value: float) -> float:
+        return top + plot_h * (1 - min(max(value, 0.0), 1.0))
+
+    bars = []
+    labelled = len(worst) <= 12
+    for i, (bucket, value) in enumerate(worst.items()):
+        x = left + slot * i + (slot - bar_w) / 2
+        over = threshold is not None and float(value) > threshold
+        bars.append(
+            f"<rect x='{x:.1f}' y='{y_of(float(value)):.1f}' width='{bar_w:.1f}' "
+            f"height='{top + plot_h - y_of(float(value)):.1f}' fill='{'#d62728' if over else '#1f77b4'}'>"
+            f"<title>{_e(bucket)}: {float(value):.0%}</title></rect>"
         )
-    first, last = worst.index[0], worst.index[-1]
+        if labelled:
+            bars.append(
+                f"<text x='{x + bar_w / 2:.1f}' y='{height - 8}' font-size='11' text-anchor='middle'>"
+                f"{_e(pd.Timestamp(bucket).strftime('%m-%d %H:%M'))}</text>"
+            )
+    if not labelled:
+        bars.append(f"<text x='{left}' y='{height - 8}' font-size='11'>{_e(worst.index[0])}</text>")
+        bars.append(
+            f"<text x='{width - right}' y='{height - 8}' font-size='11' text-anchor='end'>"
+            f"{_e(worst.index[-1])}</text>"
+        )
+    line = ""
+    if threshold is not None:
+        ty = y_of(threshold)
+        line = (
+            f"<line x1='{left}' x2='{width - right}' y1='{ty:.1f}' y2='{ty:.1f}' stroke='#d62728' "
+            f"stroke-dasharray='4 3'/><text x='{width - right}' y='{ty - 4:.1f}' text-anchor='end' "
+            f"font-size='11' fill='#d62728'>threshold {threshold:.0%}</text>"
+        )
+    axis = "".join(
+        f"<text x='{left - 4}' y='{y_of(v) + 4:.1f}' font-size='11' text-anchor='end'>{v:.0%}</text>"
+        for v in (0.0, 0.5, 1.0)
+    )
     return (
-        f"<h3>Rejection rate per bucket (highest tool; 0 to 1)</h3>"
+        "<h3>Rejection rate per time bucket (the highest tool's; red: over the threshold)</h3>"
         f"<svg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 {width} {height}' width='100%' "
-        f"role='img' aria-label='rejection rate'>"
-        f"<rect x='20' y='20' width='{width - 40}' height='{height - 40}' fill='#f8f9fb' stroke='#dde3ea'/>"
-        f"{line}<polyline fill='none' stroke='#1f77b4' stroke-width='2' points='{points}'/>"
-        f"<text x='20' y='{height - 4}' font-size='11'>{_e(first)}</text>"
-        f"<text x='{width - 20}' y='{height - 4}' font-size='11' text-anchor='end'>{_e(last)}</text></svg>"
+        f"role='img' aria-label='rejection rate per time bucket'>"
+        f"<rect x='{left}' y='{top}' width='{plot_w}' height='{plot_h}' fill='#f8f9fb' stroke='#dde3ea'/>"
+        f"{axis}{''.join(bars)}{line}</svg>"
     )
 
 
@@ -197,8 +239,8 @@ def _verdicts_html(data: ReportData) -> str:
             r["verdict"], ""
         )
         rows.append(
-            f"<tr><td class='{klass}'>{_e(r['verdict'])}</td>"
-            f"<td>{_id_html(r['run_id'], explorer_url(data.dashboard_url, r['run_id']))}</td>"
+            f"<tr><td class='{klass} nowrap'>{_e(r['verdict'])}</td>"
+            f"<td class='nowrap'>{_id_html(r['run_id'], explorer_url(data.dashboard_url, r['run_id']))}</td>"
             f"<td>{_e(r['worst_failure_mode'])}</td><td>{r['findings']}</td>"
             f"<td>{_e(', '.join(r['agents']))}</td><td>{_e(r['last_span'])}</td></tr>"
         )
@@ -296,26 +338,40 @@ def _omitted_html(data: ReportData, metric: str, mode: str, listed: int, total: 
     )
 
 
+def evidence_columns(rows: list[dict]) -> list[str]:
+    """The evidence columns a finding's table shows: those with a value in some row (an empty
+    column took the width the span text needs)."""
+    return [c for c in SHOWN_EVIDENCE if any(_cell(r.get(c)) not in ("", "Unset") for r in rows)]
+
+
+def _time_of_day(rows: list[dict]) -> list[dict]:
+    """Evidence rows with ``timestamp`` as the time of day (the finding's line gives the date)."""
+    return [
+        {**r, "timestamp": _cell(r.get("timestamp")).partition("T")[2] or r.get("timestamp")} for r in rows
+    ]
+
+
 def _finding_html(finding: dict, dashboard_url: str | None = None) -> str:
     category = finding["mast_category"]
     run = finding["run_id"]
     span_links = {"span_id": lambda r: explorer_url(dashboard_url, run, span=r.get("span_id"))}
     details = "".join(
-        f"<tr><th>{_e(k)}</th><td class='text'>{_e(v)}</td></tr>" for k, v in finding["details"].items()
+        f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in finding["details"].items() if _cell(v) != ""
     )
     status = {"failure": "status-failure", "warning": "status-warning"}.get(
         finding["status"], "status-review"
     )
+    rows = _time_of_day(finding["evidence"])
     return (
         f"<div class='finding {status}' id='{_e(finding['id'])}'>"
         f"<h4>{_e(finding['id'])}: {_e(finding['failure_mode'])} ({_e(finding['status'])})</h4>"
         f"<p><span class='tag {_tag_class(category)}'>MAST: {_e(category)}</span>"
         f"detector <code>{_e(finding['metric'])}</code> · run {_id_html(run, explorer_url(dashboard_url, run))} · "
         f"agents {_e(', '.join(finding['agents']))} · {_e(finding['first_seen'])} – {_e(finding['last_seen'])}</p>"
-        f"<table><tbody>{details}</tbody></table>"
+        f"<dl class='facts'>{details}</dl>"
         f"<p><b>Evidence spans</b> (trace "
         f"{_id_html(finding['trace_id'], explorer_url(dashboard_url, run, trace=finding['trace_id']))})</p>"
-        f"{_html_rows(SHOWN_EVIDENCE, finding['evidence'], ('text',), 'evidence', span_links)}</div>"
+        f"{_html_rows(evidence_columns(rows), rows, ('text',), 'evidence', span_links, EVIDENCE_NOWRAP)}</div>"
     )
 
 
@@ -328,7 +384,8 @@ def _thresholds_html(thresholds: list[dict]) -> str:
         provenance = json.dumps(t["provenance"], indent=2, sort_keys=True, default=str)
         rows.append(
             f"<tr><td>{_e(t['name'])}</td><td>{_e(t['value'])}</td><td>{_e(t['version'])}</td>"
-            f"<td>{_e(t['method'])}</td><td>{_e(state)}</td><td><pre>{_e(provenance)}</pre></td></tr>"
+            f"<td>{_e(t['method'])}</td><td>{_e(state)}</td>"
+            f"<td><details><summary>provenance</summary><pre>{_e(provenance)}</pre></details></td></tr>"
         )
     return (
         "<table><thead><tr><th>name</th><th>value</th><th>version</th><th>method</th><th>state</th>"

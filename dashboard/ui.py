@@ -35,6 +35,7 @@ from dashboard.findings import FindingSet, counted_columns, finding_metrics, gat
 from dashboard.launch import SIDE_EFFECT_TOOLS_ENV, SOURCE_ENV, TOKEN_ENV
 from dashboard.overview import newest_span, tile_for
 from dashboard.report import build_report
+from dashboard.tables import lead_columns, row_target
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,17 @@ PAGE_ROWS = 500
 # Findings tables longer than this read their evidence-span lists only on request (``load_listed``).
 EVIDENCE_ROWS = 50_000
 VIEWS = Path(__file__).resolve().with_name("views")
+# Rows taller than 4rem let Streamlit's grid wrap long text; tables of up to CONTENT_ROWS rows are
+# drawn whole (no scroll inside the table), longer ones scroll.
+WRAP_ROW_HEIGHT = 72
+CONTENT_ROWS = 60
+# The query parameters the sidebar binds (the window and filters a link carries to another page).
+SCOPE_PARAMS = ("window", "service", "agent", "run_filter")
+LEAD_CONFIG = {
+    "run_id": st.column_config.TextColumn("run", width=300),
+    "what_happened": st.column_config.TextColumn("what happened", width="large"),
+    "evidence": st.column_config.TextColumn("evidence spans", width="medium"),
+}
 
 
 def view(name: str) -> str:
@@ -182,12 +194,30 @@ def unavailable_banner(message: str) -> None:
     st.error(f"**Data source unavailable.** {message}")
 
 
-def empty_state(what: str) -> None:
-    """An empty result that says what to do next."""
-    help_text = exporter_help(source_key())
-    st.info(
-        f"No {what} in this window ({_context_line()}). {help_text} If spans exist outside the window, widen it in the sidebar."
-    )
+def empty_message(
+    what: str, stored_spans: int | None, scope: str, ingest_help: str, needs: str | None = None
+) -> str:
+    """What an empty table says. With no span stored, where to send spans; otherwise that spans
+    arrived and nothing matched in ``scope`` (and what the detector needs to see, when known):
+    pointing at the exporters when spans are there sends a person to fix what works."""
+    if stored_spans == 0:
+        return f"No {what}: no span has been received yet. {ingest_help}"
+    held = f" ({stored_spans:,} stored)" if stored_spans else ""
+    text = f"Spans arrived{held}, and there are no {what} in this window ({scope})."
+    if needs:
+        text += f" This detector needs to see {needs}."
+    return text + " If spans exist outside the window, widen it in the sidebar."
+
+
+def empty_state(what: str, needs: str | None = None) -> None:
+    """An empty result that says what to do next (``empty_message``)."""
+    stored = st.session_state.get("_source_spans")
+    st.info(empty_message(what, stored, _context_line(), exporter_help(source_key()), needs))
+
+
+def detector_empty_state(what: str, metric: dict) -> None:
+    """A detector that found nothing: ``empty_state`` with what the detector needs to see."""
+    empty_state(what, metric.get("needs"))
 
 
 def no_spans_state() -> None:
@@ -215,8 +245,11 @@ def _context_line() -> str:
     return f"{describe_window(ctx.window)}, {describe_filters(ctx.filters)}"
 
 
-def sidebar() -> PageContext | None:
-    """Render the shared sidebar; return the context, or None after a banner if the source is down."""
+def sidebar(page: str = "") -> PageContext | None:
+    """Render the shared sidebar; return the context, or None after a banner if the source is down.
+
+    On the run explorer (``page``), whose run picker is the page's one "Run" control, the sidebar
+    offers no run filter."""
     key = source_key()
     source = get_source(key)
     health = source.health()
@@ -261,7 +294,7 @@ def sidebar() -> PageContext | None:
     for wanted_run in (st.query_params.get("run"), st.query_params.get("run_filter")):
         if wanted_run and wanted_run not in run_ids:
             run_ids = [wanted_run, *run_ids]
-    run = _choice("Run", run_ids, "run_filter")
+    run = None if page == "run_explorer" else _choice("Run", run_ids, "run_filter")
     filters = Filters(service=service, agent=agent, run=run)
     ctx = PageContext(key, window, filters, version)
     st.session_state["_page_context"] = ctx
@@ -386,14 +419,86 @@ def _first(ids) -> str | None:
     return str(ids[0]) if ids else None
 
 
-def findings_table(frame: pd.DataFrame, what: str, key: str | None = None) -> None:
-    """A findings frame as an escaped table with links to the run explorer, or an empty state."""
+def findings_table(frame: pd.DataFrame | None, what: str, metric: dict) -> None:
+    """A detector's frame as a findings table (``dashboard.tables``: run, what happened and
+    evidence first, text wrapped), or the detector's empty state. One click on a row (any cell)
+    opens the run explorer in this tab at exactly that row's finding (``tables.row_target``)."""
     if frame is None:
         return
     if frame.empty:
-        empty_state(what)
+        detector_empty_state(what, metric)
         return
-    table(frame, key=key)
+    name = metric["name"]
+    page = page_of(frame, f"findings_{name}")
+    shown = lead_columns(_plain_cells(page), metric)
+    picked = st.dataframe(
+        shown,
+        hide_index=True,
+        key=f"findings_{name}",
+        on_select="rerun",
+        selection_mode=["single-row", "single-cell"],
+        row_height=WRAP_ROW_HEIGHT,
+        height="content" if len(shown) <= CONTENT_ROWS else "auto",
+        column_config=LEAD_CONFIG,
+    )
+    st.caption("Click a row: the run explorer opens on that finding, its evidence highlighted.")
+    position = selected_row(picked)
+    if position is not None:
+        target = row_target(page, metric, position)
+        if target is None:
+            st.info("This row names no single run (it sums several); open one of its runs from `run_ids`.")
+        else:
+            st.switch_page(view("run_explorer"), query_params={**scope_params(), **target})
+
+
+def runs_table(frame: pd.DataFrame, key: str) -> None:
+    """Runs (a ``run_id`` column) as a table drawn whole, the run first, long text wrapped; one
+    click on a row opens that run in the run explorer in this tab."""
+    shown = _plain_cells(frame)
+    shown = shown[["run_id", *[c for c in shown.columns if c != "run_id"]]]
+    for column in shown.columns:
+        if shown[column].map(lambda v: isinstance(v, list | tuple)).any():
+            shown[column] = shown[column].map(
+                lambda v: ", ".join(map(str, v)) if isinstance(v, list | tuple) else v
+            )
+    picked = st.dataframe(
+        shown,
+        hide_index=True,
+        key=key,
+        on_select="rerun",
+        selection_mode=["single-row", "single-cell"],
+        row_height=WRAP_ROW_HEIGHT,
+        height="content",
+        column_config={
+            "run_id": LEAD_CONFIG["run_id"],
+            "worst_failure_mode": st.column_config.TextColumn("what happened", width="large"),
+        },
+    )
+    position = selected_row(picked)
+    if position is not None:
+        st.switch_page(
+            view("run_explorer"), query_params={**scope_params(), "run": str(frame["run_id"].iloc[position])}
+        )
+
+
+def selected_row(picked) -> int | None:
+    """The row position a click on a table picked (a row's checkbox or any of its cells), or None."""
+    if picked is None:
+        return None
+    selection = picked.selection
+    if selection.rows:
+        return int(selection.rows[0])
+    cells = selection.get("cells") or []
+    return int(cells[0][0]) if cells else None
+
+
+def scope_params() -> dict[str, str]:
+    """The sidebar's window and filters as query parameters (those not at their defaults), carried
+    by a click that opens another page so it shows the same scope. Read from the widgets' state:
+    the address is written back by the browser, after this run."""
+    chosen = {k: st.session_state.get(k) for k in SCOPE_PARAMS}
+    defaults = {"window": DEFAULT_PRESET}
+    return {k: str(v) for k, v in chosen.items() if v is not None and v != defaults.get(k, "(all)")}
 
 
 def page_start(total: int, key: str | None, at: int = 0) -> int:
@@ -542,7 +647,8 @@ def load_findings(ctx: PageContext, counts_only: bool = False) -> FindingSet | N
 def table(frame: pd.DataFrame, key: str | None = None) -> None:
     """A plain escaped table (lists shown as comma-separated text, run ids linked), paginated."""
     shown, config = with_run_links(_plain_cells(page_of(frame, key)))
-    st.dataframe(shown, hide_index=True, column_config=config, key=key)
+    height = "content" if len(shown) <= CONTENT_ROWS else "auto"  # drawn whole, no scroll inside
+    st.dataframe(shown, hide_index=True, column_config=config, key=key, height=height)
 
 
 def has_spans() -> bool:

@@ -137,13 +137,11 @@ def build_receivers(
     return receivers
 
 
-def load_alert_rules(config):
-    """The alert rules in force for serve's ``config``, or None when alerting is off (no rules
-    file, no receiver); a bad rules file is a ``ConfigError`` naming the file and line."""
-    if not (
-        config.alert_rules or config.alertmanager_url or config.alert_webhook_url or config.alert_slack_url
-    ):
-        return None
+def load_alert_rules(config) -> list[AlertRule]:
+    """The alert rules in force for serve's ``config``: its rules file, else the default rules
+    (one per finding detector). Rules are evaluated whenever serve runs, so the dashboard's Alerts
+    page shows their state; only delivery needs a receiver. A bad rules file is a ``ConfigError``
+    naming the file and line."""
     try:
         return load_rules(config.alert_rules)
     except RuleError as exc:
@@ -151,11 +149,9 @@ def load_alert_rules(config):
 
 
 def start_alerting(config, rules, cursor, write, **store_options):
-    """The alert evaluator and its receivers, started for serve's ``config``; None when off
-    (``rules`` None). ``cursor``, ``write`` and the ``store_options`` (``state_cursor``,
-    ``commits``, ``turn``) as ``AlertService`` takes them."""
-    if rules is None:
-        return None
+    """The alert evaluator and its receivers (those configured: none keeps the state for the
+    dashboard only), started for serve's ``config``. ``cursor``, ``write`` and the
+    ``store_options`` (``state_cursor``, ``commits``, ``turn``) as ``AlertService`` takes them."""
     receivers = build_receivers(
         config.alertmanager_url,
         config.alert_webhook_url,
@@ -435,6 +431,10 @@ class AlertService:
             "enabled": True,
             "status": "delivery_failing" if failing else ("evaluation_failing" if self.last_error else "ok"),
             "rules": len(self.rules),
+            "rule_list": [
+                {"name": r.name, "detector": r.detector, "severity": r.severity, "window_seconds": r.window_s}
+                for r in self.rules
+            ],
             "interval_seconds": self.interval.total_seconds(),
             "evaluations": self.evaluations,
             "skipped_evaluations": self.skipped,

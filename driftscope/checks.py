@@ -14,10 +14,11 @@ from pathlib import Path
 from driftscope.settings import BY_NAME, ConfigError
 
 
-def check_db_path(path: str, flag: str | None = None) -> None:
+def check_db_path(path: str, flag: str | None = None, create_dirs: bool = True) -> None:
     """Refuse a database path that cannot be created, naming the flag and variable to change.
 
-    Creates missing parent folders (as the store would); never creates the file itself.
+    Creates missing parent folders (as the store would) when ``create_dirs``; otherwise a missing
+    folder is refused (a typo'd path would get a database nobody reads). Never creates the file.
     """
     flag = flag or BY_NAME["db"].flag
     where = f"Pass {flag} PATH (or set {BY_NAME['db'].env}) to a file in a writable folder."
@@ -27,6 +28,11 @@ def check_db_path(path: str, flag: str | None = None) -> None:
     existing = next((p for p in [target.parent, *target.parent.parents] if p.exists()), None)
     if existing is not None and not existing.is_dir():
         raise ConfigError(f"{flag} {path}: {existing} is a file, not a folder. {where}")
+    if not create_dirs and not target.parent.exists():
+        raise ConfigError(
+            f"{flag} {path}: the folder {target.parent} does not exist (a typo?). Create it first "
+            f"(mkdir -p {target.parent}) or give a path in an existing folder."
+        )
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -6,10 +6,12 @@ import argparse
 import difflib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from driftscope.checks import check_db_path, check_port_free
@@ -135,7 +137,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
         sub = args._subparsers[args.command]
         known = [o for action in sub._actions for o in action.option_strings]
         hints = []
-        for extra in extras:
+        for extra in (e for e in extras if e.startswith("-")):  # a value ("1h") is no flag to match
             close = difflib.get_close_matches(extra.split("=", 1)[0], known, n=1, cutoff=0.5)
             if close:
                 hints.append(f"{extra.split('=', 1)[0]}: did you mean {close[0]}?")
@@ -148,10 +150,31 @@ def settings_for(args: argparse.Namespace, command: str) -> dict[str, Any]:
     return {s.name: resolve(s, getattr(args, s.name, None)) for s in SETTINGS if command in s.commands}
 
 
+def runnable_command(argv0: str | None = None) -> str:
+    """How a person types this CLI in another shell: ``driftscope`` when that is on PATH and is
+    this program, else this program's path (``.venv/bin/driftscope`` after ``make up``, whose
+    venv is not activated), else ``python -m driftscope`` with this interpreter."""
+    argv0 = argv0 if argv0 is not None else sys.argv[0]
+    on_path = shutil.which("driftscope")
+    here = Path(argv0)
+    if here.name == "driftscope" and here.exists():
+        if on_path and Path(on_path).resolve() == here.resolve():
+            return "driftscope"
+        relative = os.path.relpath(here.resolve())
+        return str(here.resolve()) if relative.startswith("..") else relative
+    return f"{sys.executable} -m driftscope"
+
+
+# Libraries that log every request at INFO: kept at WARNING unless --log-level debug.
+QUIET_LIBRARIES = ("httpx", "httpcore")
+
+
 def _configure_logging(level: str) -> None:
     logging.basicConfig(
         level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    for name in QUIET_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.DEBUG if level.upper() == "DEBUG" else logging.WARNING)
 
 
 def _wait_for_dashboard(port: int, process: subprocess.Popen, timeout: float = 90) -> None:
@@ -302,11 +325,9 @@ def cmd_up(args: argparse.Namespace, values: dict[str, Any]) -> int:
             url,
         )
         # The other commands default to port 4318: name the ports this collector really uses.
-        logger.info(
-            "From another shell: driftscope demo --endpoint %s | driftscope report --source %s -o report.html",
-            url,
-            url,
-        )
+        command = runnable_command()
+        logger.info("From another shell, load the sample crews: %s demo --endpoint %s", command, url)
+        logger.info("and write a report: %s report --source %s -o report.html", command, url)
         if args.demo:
             # In a child process, so this idle parent does not keep the demo's imports in memory.
             demo = subprocess.run(
@@ -354,7 +375,9 @@ def main(argv: list[str] | None = None) -> int:
             args.command == "ingest" and not values.get("endpoint")
         )
         if writes_db and values.get("db"):
-            check_db_path(values["db"])
+            # A path typed for ingest must name an existing folder; serve and up create theirs.
+            typed = args.command == "ingest" and (args.db is not None or os.environ.get(BY_NAME["db"].env))
+            check_db_path(values["db"], create_dirs=not typed)
         if args.command == "serve":
             return cmd_serve(values)
         if args.command == "ingest":

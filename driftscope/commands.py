@@ -119,10 +119,40 @@ def onnx_embedder(texts) -> list[list[float]]:
     return encode(list(texts)).tolist()
 
 
+def check_reachable(endpoint: str, token: str | None = None, timeout: float = 1.5) -> None:
+    """Refuse, within ``timeout`` seconds, an endpoint that does not take OTLP/HTTP: the exporters
+    would retry each batch for minutes. The probe is an empty export request (any OTLP/HTTP
+    collector answers it with 200)."""
+    import httpx
+
+    from dashboard.datasource import cannot_reach
+
+    url = endpoint.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"--endpoint {endpoint!r} is not an http(s) URL (e.g. http://127.0.0.1:4318)")
+    headers = {"Content-Type": "application/x-protobuf"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    try:
+        response = httpx.post(f"{url}/v1/traces", content=b"", headers=headers, timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise ConfigError(cannot_reach(url, exc)) from exc
+    if response.status_code in (401, 403):
+        raise ConfigError(
+            f"The collector at {url} refused the request (HTTP {response.status_code}): pass its token (DRIFTSCOPE_TOKEN)."
+        )
+    if response.status_code != 200:
+        raise ConfigError(
+            f"{url}/v1/traces answered HTTP {response.status_code}, not as an OTLP/HTTP collector does: "
+            "check --endpoint (a driftscope serve or `driftscope up` listens on http://127.0.0.1:4318)."
+        )
+
+
 def cmd_demo(args: argparse.Namespace, values: dict[str, Any]) -> int:
     from guards.demo import run_demo
 
     endpoint = values.get("endpoint") or "http://127.0.0.1:4318"
+    check_reachable(endpoint, values.get("token"))
     try:
         return run_demo(endpoint, args.scenario, args.live, token=values.get("token"), embedder=onnx_embedder)
     except ValueError as exc:

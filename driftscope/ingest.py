@@ -123,6 +123,7 @@ def ingest_to_endpoint(endpoint: str, paths: list[str], token: str | None, max_a
         headers["Authorization"] = f"Bearer {token}"
     failures = 0
     sent = 0
+    rejected = 0
     per_file: dict[str, int] = {path: 0 for path in paths}
     with (
         httpx.Client(timeout=60) as client,
@@ -148,20 +149,35 @@ def ingest_to_endpoint(endpoint: str, paths: list[str], token: str | None, max_a
                 failures += 1
                 logger.warning("%s: HTTP %d %s", where, response.status_code, response.text[:300])
             else:
-                sent += spans
+                refused = rejected_spans(response.content)
+                rejected += refused
+                sent += spans - refused
                 if response.content not in (b"", b"{}"):
                     logger.warning("%s: %s", where, response.text[:300])
             bar.update(1)
     empty = [path for path, spans in per_file.items() if spans == 0]
     _report_empty_files(empty)
     logger.info(
-        "%d span(s) sent to %s in requests it accepted; %d request(s) failed (partial rejections are "
-        "listed above)",
+        "%d span(s) accepted by %s, %d rejected (listed above); %d request(s) failed",
         sent,
         url,
+        rejected,
         failures,
     )
-    return 1 if failures or empty else 0
+    return 1 if failures or empty or rejected else 0
+
+
+def rejected_spans(body: bytes) -> int:
+    """The spans a collector's OTLP/JSON answer says it rejected (``partialSuccess``), else 0."""
+    try:
+        answer = json.loads(body or b"{}")
+    except ValueError:
+        return 0
+    partial = answer.get("partialSuccess") if isinstance(answer, dict) else None
+    try:
+        return int((partial or {}).get("rejectedSpans") or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def iter_file_requests_all(paths: list[str]):

@@ -76,10 +76,19 @@ def start_clickhouse_ingest(config, receiver_config: ReceiverConfig) -> tuple:
     if created:
         logger.info("created in ClickHouse %s: %s", store.database, ", ".join(created))
     alert_state = None
-    if alert_rules is not None:
-        try:
-            alert_state = AlertStateFile(alert_state_path(parsed))
-        except Exception as exc:
+    asked = (
+        config.alert_rules or config.alertmanager_url or config.alert_webhook_url or config.alert_slack_url
+    )
+    try:
+        alert_state = AlertStateFile(alert_state_path(parsed))
+    except Exception as exc:
+        if not asked:  # the default rules: another serve of this store evaluates them
+            logger.warning(
+                "alerts are not evaluated by this serve: the alert state file %s is taken (%s)",
+                alert_state_path(parsed),
+                exc,
+            )
+        else:
             store.close()
             raise ConfigError(
                 f"could not open the alert state file {alert_state_path(parsed)} ({exc}); is another "

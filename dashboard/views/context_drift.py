@@ -13,7 +13,7 @@ holders = ui.load_metric(ctx, "context_drift_holders")
 st.subheader("Stale objective holders")
 if holders is not None and not holders.empty:
     ui.plot(holders_figure(holders), key="holders")
-ui.findings_table(holders, "agents holding superseded objectives", key="holders_table")
+ui.findings_table(holders, "agents holding superseded objectives", ui.described(ctx, "context_drift_holders"))
 
 sends = ui.load_metric(ctx, "stale_policy_sends")
 st.subheader("Sends against superseded policies")
@@ -22,4 +22,4 @@ if sends is not None and not sends.empty:
     left, right = st.columns(2)
     left.metric("Stale sends that went out", allowed, border=True)
     right.metric("Stale sends a guard refused", int(len(sends) - allowed), border=True)
-ui.findings_table(sends, "sends against superseded policies", key="sends_table")
+ui.findings_table(sends, "sends against superseded policies", ui.described(ctx, "stale_policy_sends"))

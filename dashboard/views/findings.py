@@ -24,4 +24,4 @@ for metric in metrics:
     )
     frame = ui.load_metric(ctx, metric["name"])
     rows = finding_rows(frame, metric) if frame is not None else None
-    ui.findings_table(rows, short_title(metric), key=metric["name"])
+    ui.findings_table(rows, short_title(metric), metric)

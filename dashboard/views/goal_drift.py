@@ -24,8 +24,5 @@ if spread is not None:
 frame = ui.load_metric(ctx, "goal_divergence")
 if frame is not None and (spread is None or not spread.empty):
     st.subheader("Subtasks above the threshold")
-    ui.findings_table(
-        finding_rows(frame, ui.described(ctx, "goal_divergence")),
-        "subtasks above the threshold",
-        key="drifted",
-    )
+    described = ui.described(ctx, "goal_divergence")
+    ui.findings_table(finding_rows(frame, described), "subtasks above the threshold", described)

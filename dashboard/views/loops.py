@@ -16,4 +16,4 @@ SECTIONS = [
 ]
 for name, title, what in SECTIONS:
     st.subheader(title)
-    ui.findings_table(ui.load_listed(ctx, name), what, key=name)
+    ui.findings_table(ui.load_listed(ctx, name), what, ui.described(ctx, name))

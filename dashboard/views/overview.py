@@ -5,8 +5,8 @@ import streamlit as st
 
 from dashboard import ui
 from dashboard.figures import findings_by_mode_figure, rejection_rate_figure
-from dashboard.filters import utc_now
-from dashboard.overview import age_text, incident_runs, verdict_counts
+from dashboard.filters import PAGE_TITLES, utc_now
+from dashboard.overview import TILE_STATES, age_text, incident_runs, verdict_counts
 
 # How many incident runs get an "open" link above the table (the table links every run).
 OPEN_LINKS = 3
@@ -58,26 +58,29 @@ else:
                     f"{ui.md_escape(row.worst_failure_mode or 'no finding')}",
                     query_params={"run": row.run_id},
                 )
-            ui.table(incidents, key="incidents")
+            ui.runs_table(incidents, key="incidents")
 
         st.subheader("Failure modes")
         st.caption(
-            "Findings of each failure mode in the window; red means it occurred (or crossed its "
-            "threshold). Bars: when they occurred, oldest to newest."
+            "Findings of each failure mode in the window. Failing: it took effect; prevented: a guard "
+            "or the agent caught every one (a refusal is a guard working). Each tile opens its page "
+            "for this window."
         )
+        scope = ui.scope_params()
         for start in range(0, len(overview.tiles), 4):
             for column, tile in zip(st.columns(4), overview.tiles[start : start + 4], strict=False):
-                column.metric(
-                    tile.title,
-                    tile.count,
-                    delta="breached" if tile.breached else "clear",
-                    delta_color="red" if tile.breached else "green",
-                    delta_arrow="off",
-                    chart_data=tile.trend,
-                    chart_type="bar",
-                    border=True,
-                    help=f"{tile.failure_mode} (MAST: {tile.mast_category}; detector `{tile.metric}`)",
-                )
+                text, colour = TILE_STATES[tile.state]
+                with column.container(border=True, key=f"tile_{tile.metric}"):
+                    st.metric(
+                        tile.title,
+                        tile.count,
+                        delta=text,
+                        delta_color=colour,
+                        delta_arrow="off",
+                        help=f"{tile.failure_mode} (MAST: {tile.mast_category}; detector `{tile.metric}`)",
+                    )
+                    st.caption(f"in {tile.runs} run(s)" if tile.count else "no finding in this window")
+                    st.page_link(ui.view(tile.page), label=f"{PAGE_TITLES[tile.page]} →", query_params=scope)
         left, right = st.columns(2)
         with left:
             ui.plot(findings_by_mode_figure(overview.by_mode), key="by_mode")

@@ -28,8 +28,9 @@ if rates is not None:
         with right:
             ui.plot(rejections_by_figure(rates, by), key="by")
         st.subheader("Buckets over the threshold")
-        over = finding_rows(rates, ui.described(ctx, "rejection_rates"))  # the flagged buckets
-        ui.findings_table(over, "buckets over the rejection-rate threshold", key="over")
+        described = ui.described(ctx, "rejection_rates")
+        over = finding_rows(rates, described)  # the flagged buckets
+        ui.findings_table(over, "buckets over the rejection-rate threshold", described)
 
 coverage = ui.load_metric(ctx, "enforcement_coverage")
 if coverage is not None:

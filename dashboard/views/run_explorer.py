@@ -16,7 +16,9 @@ from dashboard import ui
 from dashboard.figures_run import delegation_graph_figure, waterfall_figure
 from dashboard.filters import dashboard_base, run_link
 from dashboard.findings import findings_frame, order_by_run_and_severity, run_failures
+from dashboard.overview import worst_first
 from dashboard.search import describe_results, search_results_table
+from dashboard.tables import evidence_text, finding_key
 from dashboard.trace import ancestors, duration_text, failed, search_spans, span_io, trace_rows
 
 # Spans drawn as nested expanders; past this the tree lists the first ones (the timeline has all).
@@ -28,6 +30,13 @@ MAX_NESTING = 10
 BLANK = ("", "nan", "None", "NaT", "<NA>")
 # Most results of a search across runs.
 SEARCH_LIMIT = 200
+# Evidence span ids named in the selected finding's line (the tree marks every one).
+EVIDENCE_LISTED = 12
+EXPLORER_CONFIG = {
+    "#": st.column_config.NumberColumn("#", width="small"),
+    "what_happened": st.column_config.TextColumn("what happened", width="large"),
+    "evidence": st.column_config.TextColumn("evidence spans", width="medium"),
+}
 
 
 def _text(value) -> str:
@@ -52,7 +61,8 @@ def _label(span: pd.Series, evidence: set[str], matches: set[str], selected: str
         marks.append(":violet-background[match]")
     agent = _text(span.get("agent_id"))
     who = f"{ui.md_escape(agent)} · " if agent not in BLANK else ""
-    return " ".join([*marks, f"{who}{ui.md_escape(span['span_name'])} · {duration_text(span)}"])
+    label = f"{who}{ui.md_escape(span['span_name'])} · {duration_text(span)} · :gray[{ui.md_escape(span['span_id'])}]"
+    return " ".join([*marks, label])
 
 
 def _span_body(span: pd.Series, t0: int, run: str) -> None:
@@ -135,11 +145,37 @@ def attribute_panel(spans: pd.DataFrame, rows, span_id: str) -> None:
     right.json(span.get("attributes") or {}, expanded=True)
 
 
-def _query_int(name: str) -> int | None:
-    try:
-        return int(st.query_params.get(name, ""))
-    except ValueError:
+def chosen_finding(findings: list, wanted: str | None) -> int | None:
+    """The position of the finding ``?finding=`` names: a ``finding_key`` (what a click on a
+    detector table's row sends), or a 1-based number in this run's list; None when it names none."""
+    if not wanted:
         return None
+    if wanted.isdigit():
+        number = int(wanted)
+        return number - 1 if 0 < number <= len(findings) else None
+    return next((i for i, f in enumerate(findings) if finding_key(f.metric, f.span_ids) == wanted), None)
+
+
+def explorer_findings_frame(page: list, first: int) -> pd.DataFrame:
+    """A page of the run's findings as its table shows them: number, what happened (status,
+    failure mode, details), evidence ids, then agents, time, category and trace."""
+    frame = findings_frame(page)
+    return pd.DataFrame(
+        {
+            "#": range(first + 1, first + len(page) + 1),
+            "what_happened": [
+                f"{status}: {mode}" + (f" ({details})" if details else "")
+                for status, mode, details in zip(
+                    frame["status"], frame["failure_mode"], frame["details"], strict=True
+                )
+            ],
+            "evidence": [evidence_text(f.span_ids) for f in page],
+            "agents": [", ".join(f.agents) for f in page],
+            "first_seen": frame["first_seen"],
+            "mast_category": frame["mast_category"],
+            "trace_id": frame["trace_id"],
+        }
+    )
 
 
 def show_run(ctx: ui.PageContext, run: str) -> None:
@@ -164,27 +200,28 @@ def show_run(ctx: ui.PageContext, run: str) -> None:
     if findings:
         st.subheader("Findings")
         st.caption("Worst first. Select a finding to highlight its evidence spans in the trace below.")
-        wanted = _query_int("finding")
-        wanted = wanted if wanted and 0 < wanted <= len(findings) else None
+        wanted = chosen_finding(findings, st.query_params.get("finding"))
         # A run with thousands of findings (a 100,000-call run's loops) lists a page at a time,
         # opening on the page of the finding named in the address.
-        first = ui.page_start(len(findings), f"findings_{run}", at=wanted - 1 if wanted else 0)
+        first = ui.page_start(len(findings), f"findings_{run}", at=wanted or 0)
         page = findings[first : first + ui.PAGE_ROWS]
-        shown, config = ui.with_run_links(findings_frame(page))
-        shown.insert(0, "#", range(first + 1, first + len(page) + 1))
+        shown = explorer_findings_frame(page, first)
         picked = st.dataframe(
-            shown, hide_index=True, column_config=config, on_select="rerun",
-            selection_mode="single-row", key=f"findings_{run}_{first}",
+            shown, hide_index=True, column_config=EXPLORER_CONFIG, on_select="rerun",
+            selection_mode=["single-row", "single-cell"], key=f"findings_{run}_{first}",
+            row_height=ui.WRAP_ROW_HEIGHT, height="content" if len(shown) <= ui.CONTENT_ROWS else "auto",
         )  # fmt: skip
-        rows = picked.selection.rows if picked is not None else []
-        chosen = first + rows[0] if rows else (wanted - 1 if wanted else 0)
-        if rows:
-            st.query_params["finding"] = str(chosen + 1)
+        row = ui.selected_row(picked)
+        chosen = first + row if row is not None else (wanted or 0)
+        if row is not None:
+            st.query_params["finding"] = finding_key(findings[chosen].metric, findings[chosen].span_ids)
         finding = findings[chosen]
         st.markdown(
             f"**Finding {chosen + 1}: {ui.md_escape(finding.failure_mode)}** "
             f"({ui.md_escape(findings_frame([finding])['status'][0])}); "
-            f"{len(finding.span_ids)} evidence span(s), highlighted in orange."
+            f"{len(finding.span_ids)} evidence span(s), highlighted in orange: "
+            + ", ".join(f"`{ui.md_escape(s)}`" for s in finding.span_ids[:EVIDENCE_LISTED])
+            + (" …" if len(finding.span_ids) > EVIDENCE_LISTED else "")
         )
     evidence = set(findings[chosen].span_ids) if findings else set()
 
@@ -284,15 +321,27 @@ def search_all_runs(ctx: ui.PageContext) -> None:
 ctx = ui.page_context()
 st.title("Run explorer")
 search_all_runs(ctx)
-runs = ui.cached_run_totals(ctx.source_key, ctx.version, ctx.window, ctx.filters)
-run_ids = [str(r) for r in runs["run_id"].head(ui.PAGE_ROWS)]  # the newest runs; others by ?run=
+# The picker lists runs worst first (failing, to review, degraded, healthy; newest first within a
+# verdict) with their verdicts, so it opens on the worst failing run; others by ?run=.
+verdicts = ui.load_metric(ctx, "run_summary", ("run_id", "verdict", "last_seen"))
+ranked = worst_first(verdicts) if verdicts is not None and not verdicts.empty else None
+verdict_of = (
+    dict(zip(ranked["run_id"].astype(str), ranked["verdict"], strict=True)) if ranked is not None else {}
+)
+run_ids = list(verdict_of)[: ui.PAGE_ROWS]
 wanted = st.query_params.get("run") or ctx.filters.run
 if wanted and wanted not in run_ids:
     run_ids.insert(0, wanted)
 if not run_ids:
     ui.empty_state("runs")
 else:
-    run = st.selectbox("Run", run_ids, index=run_ids.index(wanted) if wanted else 0, key="explorer_run")
+    run = st.selectbox(
+        "Run",
+        run_ids,
+        index=run_ids.index(wanted) if wanted else 0,
+        format_func=lambda r: f"{r} · {verdict_of.get(r, 'no verdict')}",
+        key="explorer_run",
+    )
     if run != st.query_params.get("run"):
         st.query_params["run"] = run
         for stale in ("span", "finding"):  # they named spans and findings of the previous run

@@ -16,13 +16,15 @@ st.caption(
 reads = ui.load_metric(ctx, "divergent_reads")
 updates = ui.load_metric(ctx, "lost_updates")
 st.subheader("Divergent reads")
-ui.findings_table(reads, "divergent reads", key="divergent_reads")
+ui.findings_table(reads, "divergent reads", ui.described(ctx, "divergent_reads"))
 st.subheader("Lost updates")
-ui.findings_table(updates, "lost updates", key="lost_updates")
+ui.findings_table(updates, "lost updates", ui.described(ctx, "lost_updates"))
 
 st.subheader("Version timeline")
 frames = [f for f in (reads, updates) if f is not None and not f.empty]
-runs = sorted({r for f in frames for r in f["run_id"].dropna().unique()})[: ui.PAGE_ROWS]
+# Runs with a lost update first (the failure that took effect), then those with divergent reads.
+runs = list(dict.fromkeys(r for f in reversed(frames) for r in sorted(f["run_id"].dropna().unique())))
+runs = runs[: ui.PAGE_ROWS]
 if ctx.filters.run and ctx.filters.run not in runs:
     runs.insert(0, ctx.filters.run)
 if not runs:
@@ -30,7 +32,8 @@ if not runs:
         "Pick a run with split-brain findings (or a run in the sidebar) to see who read and wrote which version."
     )
 else:
-    run = st.selectbox("Run", runs, key="split_brain_run")
+    # Not "Run": the sidebar's run filter is the page's one control of that name.
+    run = st.selectbox("Timeline of run", runs, key="split_brain_run")
     spans = ui.cached_run_spans(ctx.source_key, ctx.version, run)
     keys = sorted(k for k in spans.get("state_key", []).dropna().unique()) if not spans.empty else []
     if not keys:

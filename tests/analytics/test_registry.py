@@ -74,6 +74,7 @@ def toy_db(tmp_path):
             failure_mode=MODE,
             mast_category="task verification",
             findings=True,
+            needs="refund calls (`gen_ai.tool.name` = refund)",
             counted=True,
             failing=True,
         )
@@ -90,7 +91,13 @@ def test_a_scratch_registration_is_checked_and_forgotten():
     with scratch_registry(), pytest.raises(ValueError, match="flag_column 'nope'"):
         register(
             TOY, description="d", columns={"run_id": "r"}, row="r", title="t", failure_mode="m",
-            mast_category="task verification", findings=True, flag_column="nope",
+            mast_category="task verification", findings=True, needs="n", flag_column="nope",
+        )(lambda *a: None)  # fmt: skip
+    # a findings detector says what it needs to see (an empty table says it instead of blaming ingest)
+    with scratch_registry(), pytest.raises(ValueError, match="needs needs"):
+        register(
+            TOY, description="d", columns={"run_id": "r"}, row="r", title="t", failure_mode="m",
+            mast_category="task verification", findings=True,
         )(lambda *a: None)  # fmt: skip
     assert TOY not in METRICS
 
@@ -226,6 +233,7 @@ def test_a_detector_whose_rows_can_recover_gets_its_own_summary_counts(tmp_path)
             failure_mode=MODE,
             mast_category="task verification",
             findings=True,
+            needs="refund calls",
             failing_unless="checked",
         )
         def toy_refunds(conn, window, filters):

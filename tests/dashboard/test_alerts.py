@@ -115,3 +115,42 @@ def test_report_lists_the_alerts_of_its_window_in_every_format(alert_db):
     run = document["alerts"][0]["run_id"]
     one_run = json.loads(build_report(source, Window(), Filters(), run=run, fmt="json"))
     assert {a["run_id"] for a in one_run["alerts"]} == {run}
+
+
+def test_rule_states_and_receivers_from_the_collectors_health():
+    import pandas as pd
+
+    from dashboard.alerts import receivers_line, rule_states
+
+    health = {
+        "enabled": True,
+        "rule_list": [
+            {
+                "name": "lost_updates",
+                "detector": "lost_updates",
+                "severity": "critical",
+                "window_seconds": 900,
+            },
+            {"name": "ping_pong", "detector": "ping_pong", "severity": "warning", "window_seconds": 600},
+        ],
+        "receivers": {},
+    }
+    frame = pd.DataFrame({"alertname": ["ping_pong", "ping_pong"], "state": ["firing", "firing"]})
+    states = rule_states(health, frame)
+    assert list(states["state"]) == ["not firing", "firing (2)"] and list(states["looks_back"]) == [
+        "15 min",
+        "10 min",
+    ]
+    assert receivers_line(health) is None
+    assert receivers_line({"receivers": {"alertmanager": {}, "slack": {}}}) == "alertmanager, slack"
+
+
+def test_a_file_read_offline_does_not_say_no_alert_is_firing_in_green(monkeypatch, tmp_path):
+    from tests.dashboard.test_dashboard_db import build_dashboard_db
+
+    monkeypatch.setenv(SOURCE_ENV, str(build_dashboard_db(tmp_path / "crew.duckdb")))
+    at = AppTest.from_file(app_main, default_timeout=120)
+    at.run()
+    at.switch_page("views/alerts.py").run()
+    assert not at.exception and not at.success
+    assert any("no rule is evaluated here" in i.value for i in at.info)

@@ -25,7 +25,6 @@ from dashboard.figures_run import (
 )
 from dashboard.filters import describe_window, run_link, window_for
 from dashboard.findings import findings_from_frame
-from dashboard.overview import trend_counts
 
 XSS = "<script>alert(1)</script>"
 # The registry's metric descriptions, as the read API serves them.
@@ -90,7 +89,7 @@ def test_rejection_rate_figure_draws_threshold_and_only_refusing_series():
     )  # fmt: skip
     fig = rejection_rate_figure(frame)
     assert [t.name for t in fig.data] == ["write_state"]
-    assert list(fig.data[0].y) == [0.25, 1.0]
+    assert list(fig.data[0].y) == [0.25, 1.0] and fig.data[0].type == "bar"  # a rate per bucket, no diagonal
     assert fig.layout.shapes[0].y0 == 0.25
     assert "uncalibrated default" in fig.layout.annotations[0].text
 
@@ -135,13 +134,6 @@ def test_window_presets_round_now_and_all_time_is_open():
 def test_run_link_quotes_the_run_id():
     assert run_link("run a/b?c") == "run_explorer?run=run%20a%2Fb%3Fc"
     assert run_link(None) is None
-
-
-def test_trend_counts_buckets_the_range():
-    times = pd.Series([T0, T0 + timedelta(minutes=1), T0 + timedelta(minutes=12)])
-    counts = trend_counts(times, buckets=4)
-    assert sum(counts) == 3 and counts[0] == 2 and counts[-1] == 1
-    assert trend_counts(pd.Series([T0]), buckets=3) == [0, 0, 1]
 
 
 def test_flagged_detectors_only_report_flagged_rows():

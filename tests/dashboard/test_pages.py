@@ -73,7 +73,7 @@ def test_overview_leads_with_failing_runs_then_review_then_degraded(monkeypatch,
     assert verdicts[list(incidents["run_id"]).index(drop)] == "failing"
     row = incidents.set_index("run_id").loc[_truth("goal_drift")["run_id"]]
     assert row["verdict"] == "to review" and "threshold not calibrated" in row["worst_failure_mode"]
-    assert incidents["explore"][0] == f"run_explorer?run={incidents['run_id'][0]}"
+    assert list(incidents.columns)[:3] == ["run_id", "verdict", "worst_failure_mode"]  # run, what happened
     assert "UTC (" in incidents["last_span"][0] and "ago)" in incidents["last_span"][0]
     assert "Newest span in this window: 2026-01-16 21:46:43 UTC" in at.caption[0].value
     links = at.get("page_link")
@@ -127,6 +127,11 @@ def test_constraints_page_shows_dropped_constraint_with_hop_and_agent(monkeypatc
         zip(drops["constraint_id"], drops["hop"], drops["agent"], drops["delegate_to"], strict=True)
     ) == sorted((d["constraint_id"], d["hop"], d["from_agent"], d["to_agent"]) for d in truth)
     assert len(at.get("plotly_chart")) == 1  # the constraint x hop heatmap
+    # the constraints' text, as the ledger carries it, beside their ids (issue 34)
+    texts = dict(zip(drops["constraint_id"], drops["constraint_text"], strict=True))
+    assert texts == {d["constraint_id"]: d["constraint_text"] for d in truth}
+    listed = next(df.value for df in at.dataframe if "constraint_text" in df.value and "hop" not in df.value)
+    assert listed["constraint_text"].str.len().min() > 0
 
 
 def test_goal_drift_page_flags_the_drifted_subtasks(monkeypatch, db_path):
@@ -163,11 +168,8 @@ def test_loops_page_lists_all_four_loop_failures(monkeypatch, db_path):
     assert list(dupes["tool_name"]) == [
         d["tool"] for d in _truth("duplicate_side_effect")["duplicate_side_effects"]
     ]
-    # every finding links to its run in the run explorer
-    assert all(
-        link == f"run_explorer?run={run}"
-        for link, run in zip(repeated["explore"], repeated["run_id"], strict=True)
-    )
+    # run, what happened and evidence lead every table
+    assert all(list(t.columns)[:3] == ["run_id", "what_happened", "evidence"] for t in (repeated, budget))
     # span text is data in a grid, not markup
     assert XSS in " ".join(repeated["signature"]) or "xss" in " ".join(repeated["signature"])
 
@@ -178,7 +180,7 @@ def test_run_explorer_opens_the_run_named_in_the_query(monkeypatch, db_path):
     assert at.selectbox(key="explorer_run").value == run
     assert len(at.get("plotly_chart")) == 2  # timeline and delegation graph
     findings = at.dataframe[0].value
-    assert "delegation loop without progress" in set(findings["failure_mode"])
+    assert any("delegation loop without progress" in text for text in findings["what_happened"])
     assert "Download this run's report" in [b.proto.label for b in at.get("download_button")]
 
 
@@ -193,9 +195,8 @@ def test_run_explorer_highlights_only_the_selected_findings_evidence(monkeypatch
     spans = DuckDBFileSource(db_path).run_spans(run).set_index("span_id")
     at = _run_page(monkeypatch, str(db_path), "run_explorer", {"run": run})
     findings = at.dataframe[0].value
-    assert findings["status"][0] == "failure" and "lost update" in findings["failure_mode"][0]
-    first = findings["span_ids"][0].rpartition("span=")[2]  # the evidence link names a span
-    assert findings["span_ids"][0].startswith(f"run_explorer?run={run}&span=")
+    assert findings["what_happened"][0].startswith("failure: lost update")
+    first = findings["evidence"][0].split(", ")[0]  # the evidence column names the spans
     # the first finding's evidence spans, and only they, are marked; the panel opens on the first
     labels = _evidence_labels(at)
     assert len(labels) == 2 and all(e.proto.expanded for e in at.expander if "evidence]" in e.label)
@@ -214,7 +215,7 @@ def test_run_explorer_highlights_only_the_selected_findings_evidence(monkeypatch
     # another finding (?finding=3, a divergent read) moves the highlight to its own evidence
     at.query_params["finding"] = "3"
     at.run()
-    third = at.dataframe[0].value["span_ids"][2].rpartition("span=")[2]
+    third = at.dataframe[0].value["evidence"][2].split(", ")[0]
     assert at.subheader[2].value == f"Attributes of span {third}"
     assert _evidence_labels(at) != labels
 
@@ -307,9 +308,12 @@ def test_sidebar_agent_and_window_filters(monkeypatch, db_path):
     assert set(holders["agent"]) == {"kb_writer"}
     at.selectbox(key="window").set_value("Last 15 min").run()  # the sample runs are from January
     assert not at.exception and not at.dataframe
+    # spans are stored: an empty window says so and what each detector needs, never "point
+    # your exporters here"
     assert len(at.info) == 2 and all(
-        "Last" not in i.value and "OTEL_EXPORTER_OTLP_ENDPOINT" in i.value for i in at.info
+        i.value.startswith("Spans arrived") and "OTEL_EXPORTER_OTLP_ENDPOINT" not in i.value for i in at.info
     )
+    assert all("This detector needs to see" in i.value for i in at.info)
 
 
 def test_auto_refresh_toggle_keeps_the_page_working(monkeypatch, db_path):
@@ -391,13 +395,13 @@ def test_run_explorer_lists_many_findings_a_page_at_a_time(monkeypatch, db_path)
     assert at.number_input(key=f"findings_{run}_page").value == 2
     shown = at.dataframe[0].value
     assert list(shown["#"]) == list(range(3, min(len(whole), 4) + 1))
-    assert list(shown["span_ids"]) == list(whole["span_ids"][2:4])
-    third = whole["span_ids"][2].rpartition("span=")[2]
+    assert list(shown["evidence"]) == list(whole["evidence"][2:4])
+    third = whole["evidence"][2].split(", ")[0]
     assert at.subheader[2].value == f"Attributes of span {third}"
     # the first page lists the first two, worst first, as the whole table did
     at.number_input(key=f"findings_{run}_page").set_value(1).run()
     assert list(at.dataframe[0].value["#"]) == [1, 2]
-    assert list(at.dataframe[0].value["failure_mode"]) == list(whole["failure_mode"][:2])
+    assert list(at.dataframe[0].value["what_happened"]) == list(whole["what_happened"][:2])
     assert at.metric[3].value == str(len(whole))  # the count is of every finding of the run
 
 
@@ -405,7 +409,7 @@ def test_loops_page_reads_a_huge_tables_evidence_links_only_when_asked(monkeypat
     from dashboard import ui
 
     whole = _run_page(monkeypatch, str(db_path), "loops")
-    assert "span_ids" in whole.dataframe[0].value.columns
+    assert whole.dataframe[0].value["evidence"].str.len().min() > 0
     monkeypatch.setattr(ui, "EVIDENCE_ROWS", 1)  # every table with two or more rows counts as huge
     at = _run_page(monkeypatch, str(db_path), "loops")
     big = [t for t in at.toggle if t.label == "Evidence span links"]
@@ -413,9 +417,9 @@ def test_loops_page_reads_a_huge_tables_evidence_links_only_when_asked(monkeypat
     assert any("evidence-span links are not loaded" in c.value for c in at.caption)
     for before, after in zip(whole.dataframe, at.dataframe, strict=True):
         shown, kept = after.value, before.value
-        if len(kept) > 1:  # the same rows and cells, only the evidence-span column left out
-            assert "span_ids" not in shown.columns
-            pd.testing.assert_frame_equal(shown, kept.drop(columns="span_ids"))
+        if len(kept) > 1:  # the same rows and cells, only the evidence-span column left empty
+            assert set(shown["evidence"]) == {""}
+            pd.testing.assert_frame_equal(shown.drop(columns="evidence"), kept.drop(columns="evidence"))
         else:
             pd.testing.assert_frame_equal(shown, kept)
     # switched on, a table is the whole table again

@@ -199,7 +199,7 @@ def test_report_lists_runs_by_verdict_then_findings_by_run_and_severity(reports)
     assert drift and all(f["status"] == "to review (threshold not calibrated)" for f in drift)
     html = reports["html"]
     table = html[html.index("<h2>Runs by verdict</h2>") : html.index("<h2>Summary</h2>")]
-    verdicts = re.findall(r"<td class='v-[a-z]+'>([a-z ]+)</td>", table)
+    verdicts = re.findall(r"<td class='v-[a-z]+ nowrap'>([a-z ]+)</td>", table)
     assert verdicts[0] == "failing" and "to review" in verdicts
     assert verdicts == sorted(verdicts, key=["failing", "to review", "degraded"].index)
 

@@ -4,6 +4,7 @@ the dashboard's address (issue 16 §2), and stay plain text otherwise."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -139,3 +140,53 @@ def test_every_format_says_what_goal_drift_cannot_see(source):
     assert "<h2>What these detectors cannot see</h2>" in html and "an answer from memory" in html
     md = build_report(source, Window(), Filters(), None, "md")
     assert "## What these detectors cannot see" in md and "**goal drift along delegation**" in md
+
+
+def test_the_html_report_reads_well_in_chromium(tmp_path):
+    """Issue 34, as a reviewer reads it: the span text gets the width (it wrapped one character per
+    line in ~60 px while empty columns took equal shares), verdicts and headers do not break
+    mid-word, findings are numbered in the order they are listed, the rejection-rate chart draws
+    a bar per bucket, and the page is not 26,700 px tall for the sample crews."""
+    from playwright.sync_api import sync_playwright
+
+    from analytics.types import Filters, Window
+    from dashboard.datasource import DuckDBFileSource
+    from dashboard.report import build_report
+    from tests.dashboard.test_dashboard_db import build_dashboard_db
+    from tests.e2e.screenshots import CHROMIUM, CHROMIUM_ARGS, VIEWPORT
+
+    source = DuckDBFileSource(build_dashboard_db(tmp_path / "crew.duckdb"))
+    path = tmp_path / "report.html"
+    path.write_text(build_report(source, Window(), Filters(), None, "html"), encoding="utf-8")
+    ids = re.findall(r"<div class='finding [a-z-]+' id='(F\d+)'>", path.read_text(encoding="utf-8"))
+    assert ids == [f"F{i}" for i in range(1, len(ids) + 1)]
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page(viewport=VIEWPORT)
+        page.goto(path.as_uri())
+        page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
+        text_widths = page.eval_on_selector_all(
+            "table.evidence td.text", "cells => cells.map(c => c.getBoundingClientRect().width)"
+        )
+        empty_columns = page.eval_on_selector_all(
+            "table.evidence",
+            """tables => tables.flatMap(t => [...t.tHead.rows[0].cells].map((th, i) =>
+                [...t.tBodies[0].rows].every(r => !r.cells[i].textContent.trim() || r.cells[i].textContent.trim() === 'Unset')
+                ? th.textContent : null).filter(Boolean))""",
+        )
+        # a header or verdict whose text takes more than one line broke inside a word ("failin/g")
+        broken = page.eval_on_selector_all(
+            "th, td.nowrap",
+            """cells => cells.filter(c => {
+                const range = document.createRange(); range.selectNodeContents(c);
+                return new Set([...range.getClientRects()].map(r => Math.round(r.top))).size > 1;
+            }).map(c => c.textContent)""",
+        )
+        bars = page.locator("svg[aria-label='rejection rate per time bucket'] rect").count()
+        height = page.evaluate("document.documentElement.scrollHeight")
+        browser.close()
+    assert text_widths and min(text_widths) >= 400, text_widths
+    assert not empty_columns, empty_columns
+    assert not broken, broken
+    assert bars >= 3  # the plot area and a bar per bucket
+    assert height < 18_000, height

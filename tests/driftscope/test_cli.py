@@ -203,3 +203,20 @@ def test_report_against_a_collector_that_is_down_says_so(tmp_path):
     result = _cli("report", "--source", f"http://127.0.0.1:{free_port()}", "-o", str(tmp_path / "r.html"))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "driftscope serve" in result.stderr
+
+
+def test_up_names_a_command_a_newcomer_can_run(tmp_path, monkeypatch):
+    """Issue 34: `make up` does not put `driftscope` on PATH, yet `up` said "From another shell:
+    driftscope demo ... | driftscope report ..." (and the `|` read as a pipe)."""
+    from driftscope.cli import runnable_command
+
+    script = tmp_path / ".venv" / "bin" / "driftscope"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # the venv is not activated
+    assert runnable_command(str(script)) == ".venv/bin/driftscope"
+    monkeypatch.setenv("PATH", f"{script.parent}:/usr/bin:/bin")  # activated
+    assert runnable_command(str(script)) == "driftscope"
+    assert runnable_command("/some/where/cli.py").endswith(" -m driftscope")

@@ -61,12 +61,12 @@ def test_ingest_of_text_that_is_not_json_says_so(tmp_path):
 def test_ingest_through_a_collector_prints_the_span_count(serve, tmp_path):
     result = _cli("ingest", str(_sample_file(tmp_path)), "--endpoint", serve.http_url)
     assert result.returncode == 0, result.stderr
-    assert f"1 span(s) sent to {serve.http_url}/v1/traces" in result.stderr
+    assert f"1 span(s) accepted by {serve.http_url}/v1/traces, 0 rejected" in result.stderr
     hello = tmp_path / "hello.json"
     hello.write_text('{"hello": 1}')
     result = _cli("ingest", str(hello), "--endpoint", serve.http_url)
     assert result.returncode == 1 and f"{hello}: no span ingested" in result.stderr
-    assert "0 span(s) sent" in result.stderr
+    assert "0 span(s) accepted" in result.stderr
 
 
 def test_db_under_a_file_is_a_clean_message(tmp_path):
@@ -81,8 +81,9 @@ def test_db_under_a_file_is_a_clean_message(tmp_path):
 
 
 def test_db_in_a_folder_that_cannot_be_created_is_a_clean_message(tmp_path):
-    # /proc refuses new folders even to root (a chmod'ed folder would not stop root).
-    result = _cli("ingest", str(_sample_file(tmp_path)), "--db", "/proc/driftscope-test/d.duckdb")
+    # /proc refuses new folders even to root (a chmod'ed folder would not stop root). serve creates
+    # a missing folder (ingest refuses one: test_ingest_refuses_a_typod_folder...).
+    result = _cli("serve", "--db", "/proc/driftscope-test/d.duckdb")
     assert result.returncode == 2
     assert (
         "--db /proc/driftscope-test/d.duckdb: cannot create the folder /proc/driftscope-test" in result.stderr
@@ -280,7 +281,7 @@ def test_up_announces_the_ports_it_really_uses_once_both_answer(tmp_path):
     lines = []
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not any("From another shell" in line for line in lines):
+        while time.monotonic() < deadline and not any("write a report" in line for line in lines):
             line = process.stdout.readline()
             if not line:
                 break
@@ -289,10 +290,73 @@ def test_up_announces_the_ports_it_really_uses_once_both_answer(tmp_path):
         url = f"http://127.0.0.1:{http_port}"
         assert f"collector on {url} (OTLP/HTTP; OTLP/gRPC on port {grpc_port})" in announced, announced
         assert f"dashboard on http://127.0.0.1:{dash_port}" in announced
-        assert f"driftscope demo --endpoint {url}" in announced and f"report --source {url}" in announced
+        # a command this shell can run (python -m driftscope here), one per line, no "|" between
+        assert f"-m driftscope demo --endpoint {url}" in announced and f"report --source {url}" in announced
         # announced only once the dashboard answers
         assert httpx.get(f"http://127.0.0.1:{dash_port}/_stcore/health", timeout=5).status_code == 200
     finally:
         process.send_signal(signal.SIGTERM)
         process.communicate(timeout=90)
     assert process.returncode == 0
+
+
+def test_demo_at_a_dead_endpoint_fails_at_once_with_the_reports_message(serve_factory):
+    """Issue 34: `driftscope demo` at a dead endpoint took 123 s, printed 54 exporter retry
+    warnings and exited 1 with no final error line."""
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    dead = f"http://127.0.0.1:{port.getsockname()[1]}"
+    port.close()
+    started = time.monotonic()
+    result = _cli("demo", "--endpoint", dead)
+    assert result.returncode == 2 and time.monotonic() - started < 10
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"driftscope demo: Cannot reach the driftscope collector at {dead}")
+    )
+    assert "Transient error" not in result.stderr and "retry" not in result.stderr.lower()
+    # a live collector that is not OTLP at that path is named as such; a real one is probed quietly
+    server = serve_factory(token="t0ken").start()
+    refused = _cli("demo", "--endpoint", server.http_url)
+    assert refused.returncode == 2 and "pass its token" in refused.stderr
+    from driftscope.commands import check_reachable
+
+    check_reachable(server.http_url, "t0ken")  # an empty export request is accepted
+
+
+def test_ingest_refuses_a_typod_folder_and_a_value_is_not_matched_to_a_flag(tmp_path):
+    """Issue 34: `ingest --db /nonexistent/dir/x.duckdb` created the folders and exited 0;
+    `report --sinse 1h` also suggested "1h: did you mean -h?"."""
+    missing = tmp_path / "no" / "such" / "x.duckdb"
+    result = _cli("ingest", str(_sample_file(tmp_path)), "--db", str(missing))
+    assert result.returncode == 2 and "does not exist (a typo?)" in result.stderr
+    assert not missing.parent.exists()
+    report = _cli("report", "--sinse", "1h", "-o", str(tmp_path / "r.html"))
+    assert report.returncode == 2 and "did you mean --since?" in report.stderr
+    assert "1h: did you mean" not in report.stderr
+
+
+def test_an_ingest_whose_spans_were_all_rejected_by_the_collector_exits_1(serve_factory, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(
+        json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [
+            {"traceId": "", "spanId": "", "name": "x", "startTimeUnixNano": "1", "endTimeUnixNano": "2"}
+        ]}]}]})
+    )  # fmt: skip
+    server = serve_factory().start()
+    result = _cli("ingest", str(bad), "--endpoint", server.http_url)
+    assert result.returncode == 1, result.stderr
+    assert "0 span(s) accepted" in result.stderr and "1 rejected" in result.stderr
+
+
+def test_library_request_logs_stay_quiet_unless_debug():
+    import logging
+
+    from driftscope.cli import _configure_logging
+
+    _configure_logging("INFO")
+    assert logging.getLogger("httpx").getEffectiveLevel() == logging.WARNING
+    _configure_logging("DEBUG")
+    assert logging.getLogger("httpx").getEffectiveLevel() == logging.DEBUG
+    _configure_logging("INFO")

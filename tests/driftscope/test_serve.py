@@ -175,3 +175,33 @@ def test_a_port_taken_after_the_cli_checked_it_is_a_clean_error_naming_flag_and_
     assert f"127.0.0.1:{ports[taken]} ({setting.flag}): another process took the port" in message
     assert f"{setting.flag} PORT or {setting.env}=PORT" in message
     duckdb.connect(str(db)).close()  # the writer drained and closed the file
+
+
+def test_serve_evaluates_the_default_rules_without_any_alert_setting(serve_factory, monkeypatch):
+    """Issue 34: `up` evaluated no rule unless a receiver or rules file was given, so the Alerts
+    page said "No alert is firing" in green while runs failed. Rules are evaluated whenever serve
+    runs; the page shows their state and that no receiver is configured (nothing is sent)."""
+    from streamlit.testing.v1 import AppTest
+
+    from analytics.read import describe_metrics
+    from dashboard import app_main
+    from dashboard.launch import SOURCE_ENV
+
+    server = serve_factory(extra_args=["--alert-interval", "1s"]).start()
+    body = make_request([{"attrs": {"gen_ai.agent.id": "planner"}}]).SerializeToString()
+    assert httpx.post(f"{server.http_url}/v1/traces", content=body, headers=PB).status_code == 200
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not server.health()["alerting"].get("last_evaluation_at"):
+        time.sleep(0.3)
+    alerting = server.health()["alerting"]
+    assert alerting["enabled"] and alerting["receivers"] == {} and alerting["last_evaluation_at"]
+    detectors = [m["name"] for m in describe_metrics() if m["findings"]]
+    assert [r["detector"] for r in alerting["rule_list"]] == detectors
+    monkeypatch.setenv(SOURCE_ENV, server.http_url)
+    at = AppTest.from_file(app_main, default_timeout=120)
+    at.run()
+    at.switch_page("views/alerts.py").run()
+    assert not at.exception and not at.success  # nothing green while nothing is delivered
+    assert any("No receiver is configured" in w.value for w in at.warning)
+    rules = next(df.value for df in at.dataframe if "rule" in df.value.columns)
+    assert list(rules["rule"]) == detectors and set(rules["state"]) == {"not firing"}

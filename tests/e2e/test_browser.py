@@ -26,8 +26,10 @@ import httpx
 import pytest
 
 from analytics.types import Filters, Window
-from dashboard.datasource import HttpSource
+from dashboard.datasource import DuckDBFileSource, HttpSource
+from dashboard.findings import as_list, finding_metrics, finding_rows
 from dashboard.launch import run_dashboard
+from dashboard.tables import evidence_text, finding_key
 from tests.dashboard.test_dashboard_db import XSS_RUN, build_dashboard_db, truths, xss_request
 
 CHROMIUM = "/usr/bin/chromium"
@@ -117,7 +119,7 @@ def _ping_pong_run(source) -> str:
 
 @pytest.fixture(scope="module", params=["file", "demo"])
 def dashboard(request, tmp_path_factory):
-    """(dashboard URL, ping-pong run id): on a DuckDB file of the sample traces, or on a running
+    """(dashboard URL, ping-pong run id, data source the test reads the truth from): on a DuckDB file of the sample traces, or on a running
     `driftscope serve` fed by the demo (real OTLP exporters) and read through its API."""
     folder = tmp_path_factory.mktemp(f"browser-{request.param}")
     if request.param == "file":
@@ -126,7 +128,7 @@ def dashboard(request, tmp_path_factory):
         try:
             build_dashboard_db(db)
             _wait_healthy(base, process)
-            yield base, PING_PONG_RUN
+            yield base, PING_PONG_RUN, DuckDBFileSource(db)
         finally:
             _stop(process)
         return
@@ -145,7 +147,8 @@ def dashboard(request, tmp_path_factory):
             )  # fmt: skip
             assert response.status_code == 200, response.text
             _wait_healthy(base, process)
-            yield base, _ping_pong_run(HttpSource(server.http_url, TOKEN))
+            source = HttpSource(server.http_url, TOKEN)
+            yield base, _ping_pong_run(source), source
         finally:
             _stop(process)
     finally:
@@ -278,7 +281,7 @@ class Session:
 def shared_tab(context, dashboard):
     """The tab the tests of one dashboard share (in file order: the pages, then the paths through
     them). After the last test, problems that arrived after its checks fail the teardown."""
-    dashboard_url, _ = dashboard
+    dashboard_url, *_ = dashboard
     tab = Session(context.new_page(), dashboard_url)
     try:
         yield tab
@@ -308,7 +311,7 @@ def tab(shared_tab, request):
 def test_page_renders_without_errors_in_chromium(tab, dashboard, path, title, charts, request):
     """The Overview is opened at its URL (a first load), pages named by a run id at theirs (a
     deep link), every other page from the sidebar's link in the same tab."""
-    _, ping_pong = dashboard
+    _, ping_pong, _ = dashboard
     path = path.replace("{ping_pong}", ping_pong)
     source = request.node.callspec.params["dashboard"]
     ARTIFACTS.mkdir(exist_ok=True)
@@ -323,7 +326,7 @@ def test_page_renders_without_errors_in_chromium(tab, dashboard, path, title, ch
     assert page.locator(".js-plotly-plot").count() == charts
     if path.startswith("run_explorer"):
         picker = page.locator('[data-testid="stMain"] [data-testid="stSelectbox"] input').first
-        assert picker.input_value() == path.partition("?run=")[2]
+        assert picker.input_value().split(" · ")[0] == path.partition("?run=")[2]  # "run · verdict"
     problems = tab.take_problems()
     assert not problems, problems
 
@@ -358,7 +361,7 @@ def test_incident_path_overview_to_evidence_to_report(tab, dashboard, tmp_path, 
     """The on-call path: the Overview's first row is a failing run; one click opens it with the
     worst finding's evidence spans highlighted in a nested trace view; the report downloaded from
     there lists that finding first."""
-    dashboard_url, _ = dashboard
+    dashboard_url, *_ = dashboard
     source = request.node.callspec.params["dashboard"]
     tab.follow_sidebar("", "Coordination failures", 2)
     page = tab.page
@@ -377,7 +380,7 @@ def test_incident_path_overview_to_evidence_to_report(tab, dashboard, tmp_path, 
     page.screenshot(path=str(ARTIFACTS / f"incident-{source}-run.png"), full_page=True)
     assert f"run={run}" in page.url
     picker = page.locator('[data-testid="stMain"] [data-testid="stSelectbox"] input').first
-    assert picker.input_value() == run
+    assert picker.input_value().split(" · ")[0] == run
     finding = main.locator('[data-testid="stMarkdownContainer"]', has_text="Finding 1: ").last.inner_text()
     mode = finding.removeprefix("Finding 1: ").split(" (", 1)[0].strip()
     assert mode and "evidence span(s), highlighted" in finding
@@ -405,6 +408,81 @@ def test_incident_path_overview_to_evidence_to_report(tab, dashboard, tmp_path, 
     assert html.unescape(runs[0][0]) == f"{dashboard_url}/run_explorer?run={quote(run, safe='')}"
     span_link = f"{dashboard_url}/run_explorer?run={quote(run, safe='')}&amp;span={span_id}"
     assert f"<a href='{span_link}'>{span_id}</a>" in html_text
+    problems = tab.take_problems()
+    assert not problems, problems
+
+
+# The page each detector's findings table is on: url path -> (heading, charts drawn).
+PAGE_HEADINGS = {path.partition("?")[0]: (title, charts) for path, title, charts in PAGES}
+# A findings table's grid: a header row, then rows of ui.WRAP_ROW_HEIGHT px.
+GRID_HEADER = 36
+
+
+def _last_finding_row(table) -> int:
+    """The last row of a findings table that is a finding (the one a wrong "finding #1" misses)."""
+    table.locator("#glide-cell-1-0").wait_for(state="attached", timeout=30_000)  # the grid drew its rows
+    texts = [
+        table.locator(f"#glide-cell-2-{row}").inner_text()  # column 2: what happened
+        for row in range(table.locator("tr").count() - 1)  # the first row is the header
+    ]  # fmt: skip
+    return max(i for i, text in enumerate(texts) if not text.startswith("not a finding"))
+
+
+def test_each_tile_leads_to_a_table_whose_row_opens_exactly_its_finding(tab, dashboard, request):
+    """The on-call path from every failure mode with findings: the Overview's tile opens its
+    page; one click on the last finding row of the detector's table opens the run explorer in
+    this tab with exactly that finding selected, and the spans marked as evidence on screen are
+    that finding's (issue 34: the explorer used to highlight the run's finding #1)."""
+    from dashboard.ui import WRAP_ROW_HEIGHT
+
+    _, _, source = dashboard
+    page = tab.page
+    walked = []
+    for metric in finding_metrics(source.list_metrics()):
+        name, path = metric["name"], metric.get("page") or "findings"
+        findings = finding_rows(source.metric(name, Window(), Filters()), metric)
+        if findings.empty:
+            continue
+        evidence_of = {finding_key(name, ids): as_list(ids) for ids in findings["span_ids"]}
+        tab.follow_sidebar("", "Coordination failures", 2)
+        tab.shown = path
+        page.locator(f".st-key-tile_{name} a").click()
+        tab.settle(*PAGE_HEADINGS[path])
+        table = page.locator(f".st-key-findings_{name}")
+        table.scroll_into_view_if_needed()
+        row = _last_finding_row(table)
+        shown_evidence = table.locator(f"#glide-cell-3-{row}").inner_text()
+        box = table.locator('[data-testid="stDataFrame"]').bounding_box()
+        tab.shown = f"run_explorer ({name} row {row + 1})"
+        page.mouse.click(box["x"] + 400, box["y"] + GRID_HEADER + WRAP_ROW_HEIGHT * (row + 0.5))
+        page.get_by_role("heading", name="Trace").first.wait_for(timeout=90_000)
+        tab.settle("Run explorer", 2)
+        query = dict(part.split("=", 1) for part in urlsplit(page.url).query.split("&"))
+        evidence = evidence_of[query["finding"]]  # one finding of this detector ...
+        assert evidence_text(evidence) == shown_evidence, name  # ... the one clicked
+        main = page.locator('[data-testid="stMain"]')
+        line = main.locator(
+            '[data-testid="stMarkdownContainer"]', has_text="evidence span(s), highlighted"
+        ).last
+        listed = re.findall(r"\b[0-9a-f]{16}\b", line.inner_text())
+        assert listed == evidence[:12], (name, listed, evidence)
+        marked = main.locator('[data-testid="stExpander"] summary').filter(has_text="evidence")
+        on_screen = {text.rsplit(" · ", 1)[1].strip() for text in marked.all_inner_texts()}
+        run_spans = set(source.run_spans(query["run"])["span_id"])
+        assert on_screen == set(evidence) & run_spans and on_screen, (name, on_screen, evidence)
+        walked.append(name)
+        problems = tab.take_problems()
+        assert not problems, problems
+    page.screenshot(path=str(ARTIFACTS / f"incident-{request.node.callspec.params['dashboard']}-walk.png"))
+    assert len(walked) >= 10, walked  # the sample crews and the demo inject ten failure modes or more
+
+
+def test_the_overview_answers_at_its_own_name(tab):
+    """/overview (a link typed with the page's name) shows the Overview, not "Page not found"."""
+    tab.open("overview", "Coordination failures", 2)
+    tab.page.wait_for_timeout(500)  # the frontend shows its not-found notice after the run
+    assert tab.page.get_by_text("Page not found").count() == 0
+    assert tab.page.locator(".st-key-tile_lost_updates").count() == 1
     problems = tab.take_problems()
     assert not problems, problems
 
