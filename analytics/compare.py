@@ -1,0 +1,190 @@
+"""What changed? A run beside its crew's healthy runs (issue 35).
+
+``compare_run`` builds the crew baseline (the runs of the run's service whose ``run_summary``
+verdict is healthy, in a window), summarises it per agent and tool, and says how the run differs:
+per agent and tool (``compare_logic.differences``) and where it first departed (the earliest span
+whose step no healthy run takes at that point of its sequence). With ``baseline=<run id>`` it
+compares two runs side by side instead. The verdicts come from the ``run_summary`` metric; the
+steps from ``compare_steps.sql``; the rest is the pure functions of ``analytics.compare_logic``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import duckdb
+import numpy as np
+import pandas as pd
+
+from analytics import compare_logic as logic
+from analytics.registry import run_metric
+from analytics.sql_loader import load_sql, query_df
+from analytics.types import Filters, Window
+
+logger = logging.getLogger(__name__)
+
+AUTO = "auto"
+# Most healthy runs one baseline summarises (the newest); bounds a comparison's cost.
+MAX_BASELINE_RUNS = 2000
+# Other runs of the crew offered to compare with when it has no healthy run.
+MAX_CANDIDATES = 20
+
+
+class RunNotFoundError(LookupError):
+    """The run (or the chosen baseline run) has no spans in the store."""
+
+
+def _run_info(conn: duckdb.DuckDBPyConnection, run_id: str, what: str) -> dict[str, Any]:
+    info = query_df(conn, load_sql("compare_run_service"), {"run": run_id})
+    if info.empty:
+        raise RunNotFoundError(f"no spans for {what} {run_id[:80]!r}; pick a run id from /api/v1/runs")
+    row = info.iloc[0]
+    return {"service": str(row["service"]), "spans": int(row["spans"]), "first_seen": row["first_seen"], "last_seen": row["last_seen"]}  # fmt: skip
+
+
+def _verdict(conn: duckdb.DuckDBPyConnection, run_id: str, verdicts: pd.DataFrame) -> str | None:
+    """The run's verdict from the crew's run_summary, else from run_summary of that run alone
+    (the window may leave the run out)."""
+    found = verdicts.loc[verdicts["run_id"] == run_id, "verdict"]
+    if len(found) == 0:
+        found = run_metric(conn, "run_summary", Window(), Filters(run=run_id), ["run_id", "verdict"])[
+            "verdict"
+        ]
+    return str(found.iloc[0]) if len(found) else None
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Rows as plain values (NaN -> None, numpy scalars -> Python), ready for JSON."""
+    out = []
+    for row in frame.to_dict(orient="records"):
+        out.append({k: _plain(v) for k, v in row.items()})
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return [_plain(v) for v in value.tolist()]
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if value is pd.NaT:
+        return None
+    if isinstance(value, pd.Timestamp):
+        return value.isoformat()
+    return value
+
+
+def compare_run(
+    conn: duckdb.DuckDBPyConnection, run_id: str, baseline: str = AUTO, window: Window = Window()
+) -> dict[str, Any]:
+    """How run ``run_id`` differs from its crew's healthy runs in ``window`` (``baseline="auto"``)
+    or from one chosen run (``baseline=<run id>``). ``RunNotFoundError`` when either has no spans.
+
+    Keys: ``run`` (id, service, verdict, spans); ``baseline`` (mode, service, runs, run ids up to
+    20, closest run, ``note`` when there is none to compare with); ``departure`` (None, or the
+    first span whose step no baseline run takes at that point: pos, span, agent, operation, tool,
+    argument shape, reason, the steps the closest runs take there); ``differences`` (per agent
+    and tool, each with its span ids); ``profile`` (the baseline per agent and tool beside the
+    run's own counts); ``alignment`` (the run and the closest baseline run step by step);
+    ``candidates`` (other runs of the crew with their verdicts, to pick one when there is no
+    healthy run).
+    """
+    info = _run_info(conn, run_id, "run")
+    service = info["service"]
+    verdicts = run_metric(
+        conn, "run_summary", window, Filters(service=service), ["run_id", "verdict", "last_seen"]
+    )
+    others = verdicts[verdicts["run_id"] != run_id].sort_values("last_seen", ascending=False, kind="stable")
+    result: dict[str, Any] = {
+        "run": {"run_id": run_id, "service": service, "verdict": _verdict(conn, run_id, verdicts), "spans": info["spans"]},
+        "departure": None,
+        "differences": [],
+        "profile": [],
+        "alignment": [],
+        "candidates": _records(others[["run_id", "verdict"]].head(MAX_CANDIDATES)),
+    }  # fmt: skip
+    if baseline == AUTO:
+        healthy = (
+            others.loc[others["verdict"] == "healthy", "run_id"].head(MAX_BASELINE_RUNS).astype(str).tolist()
+        )
+        mode = "healthy runs"
+    else:
+        other = _run_info(conn, baseline, "baseline run")
+        healthy = [baseline]
+        mode = "chosen run"
+        service = other["service"]
+    result["baseline"] = {"mode": mode, "service": service, "runs": len(healthy), "run_ids": healthy[:20], "closest_run": None}  # fmt: skip
+    if not healthy:
+        result["baseline"]["note"] = (
+            f"no baseline: crew {service!r} has no healthy run "
+            + ("in this window" if window != Window() else "in the store")
+            + " besides this one; compare with a run you pick (baseline=<run id>)"
+        )
+        return result
+    steps = query_df(conn, load_sql("compare_steps"), {"runs": [run_id, *healthy]})
+    result.update(compare_steps(steps, run_id, healthy))
+    result["baseline"]["closest_run"] = result.pop("closest_run")
+    return result
+
+
+def compare_steps(steps: pd.DataFrame, run_id: str, baseline_runs: list[str]) -> dict[str, Any]:
+    """The comparison of ``run_id``'s steps with those of ``baseline_runs`` (``compare_steps.sql``
+    rows of all of them): departure, differences, profile, alignment and the closest run."""
+    keys = logic.step_keys(steps)
+    codes, uniques = pd.factorize(keys, sort=False)
+    labels = [logic.step_label(*str(u).split("\x1f")) for u in uniques]
+    is_run = (steps["run_id"] == run_id).to_numpy()
+    own = steps[is_run]  # rows come in (run, pos) order
+    base_mask = ~is_run if run_id not in baseline_runs else np.ones(len(steps), dtype=bool)
+    base = steps[base_mask]
+    target = logic.to_blocks(np.zeros(len(own), dtype=np.int64), codes[is_run], own["pos"].to_numpy())
+    run_codes, run_names = pd.factorize(base["run_id"], sort=False)
+    blocks = logic.to_blocks(run_codes, codes[base_mask], base["pos"].to_numpy())
+    stop_pos, stop_block = logic.departures(target, blocks, len(run_names))
+    lengths = np.bincount(run_codes, minlength=len(run_names))
+    furthest = stop_pos.max() if len(stop_pos) else logic.NO_DEPARTURE
+    best = np.flatnonzero(stop_pos == furthest)
+    closest = int(best[np.argmin(np.abs(lengths[best] - len(own)))]) if len(best) else None
+    departure = None
+    if furthest != logic.NO_DEPARTURE and len(own):
+        row = own.iloc[int(furthest)]
+        block = int(stop_block[best[0]])
+        expected = logic.expected_steps(blocks, best, block, int(target.count[block]), labels)
+        repeats = block < len(target.code) and int(furthest) > int(target.start[block])
+        departure = {
+            "pos": int(row["pos"]),
+            "span_id": str(row["span_id"]),
+            "trace_id": str(row["trace_id"]),
+            "agent": row["agent"],
+            "operation": row["operation"],
+            "tool": row["tool"],
+            "arg_shape": row["arg_shape"],
+            "step": logic.step_label(row["agent"], row["operation"], row["tool"], row["arg_shape"]),
+            "reason": "more repeats of this step than any baseline run makes here" if repeats
+            else "no baseline run takes this step at this point",
+            "expected": expected,
+            "covered_by": int(len(best)),
+        }  # fmt: skip
+    closest_id = str(run_names[closest]) if closest is not None else None
+    closest_steps = base[base["run_id"] == closest_id].sort_values("pos", kind="stable")
+    profile = logic.baseline_profile(base, [str(r) for r in run_names])
+    targets = set(base["delegate_to"].dropna())
+    diffs = logic.differences(own, profile, closest_steps, targets)
+    mine = logic.run_counts(own)
+    profile = profile.merge(
+        mine.drop(columns="run_id").rename(columns={"calls": "run_calls", "errors": "run_errors", "refusals": "run_refusals"}),
+        on=list(logic.SUBJECT_FIELDS), how="outer",
+    )  # fmt: skip
+    aligned = logic.alignment(own, closest_steps, departure["pos"] if departure else None)
+    return {
+        "departure": departure,
+        "differences": [{k: _plain(v) for k, v in d.items()} for d in diffs],
+        "profile": _records(profile),
+        "alignment": _records(aligned),
+        "closest_run": closest_id,
+    }
