@@ -164,7 +164,8 @@ def compare_steps(steps: pd.DataFrame, run_id: str, baseline_runs: list[str]) ->
             "operation": row["operation"],
             "tool": row["tool"],
             "arg_shape": row["arg_shape"],
-            "step": logic.step_label(row["agent"], row["operation"], row["tool"], row["arg_shape"]),
+            "status": row["status"],
+            "step": logic.step_label(row["agent"], row["operation"], row["tool"], row["arg_shape"], row["status"]),
             "reason": "more repeats of this step than any baseline run makes here" if repeats
             else "no baseline run takes this step at this point",
             "expected": expected,

@@ -2,7 +2,8 @@
 per agent and tool differences, and the step-by-step alignment of two runs.
 
 Inputs are frames of ``compare_steps.sql`` rows (one per span, ``pos`` from 0 in start order);
-nothing here reads a store. A *step* is a span's (agent, operation, tool, argument shape); runs
+nothing here reads a store. A *step* is a span's (agent, operation, tool, argument shape, status:
+failed, refused or neither); runs
 are aligned by the order of their steps, never by time. A run of repeats of one step (a block)
 is compared by its length, so a healthy run that searched twice covers a run that searched twice
 but not one that searched five times.
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-STEP_FIELDS = ("agent", "operation", "tool", "arg_shape")
+STEP_FIELDS = ("agent", "operation", "tool", "arg_shape", "status")
 SUBJECT_FIELDS = ("agent", "operation", "tool")
 # Most expected steps a departure lists (the steps the closest healthy runs take there).
 MAX_EXPECTED = 5
@@ -27,11 +28,13 @@ MAX_ALIGNED_STEPS = 2000
 NO_DEPARTURE = np.iinfo(np.int64).max
 
 
-def step_label(agent: str, operation: str, tool: str, arg_shape: str = "") -> str:
-    """A step as people read it: ``agent · tool {keys}`` (the operation when there is no tool)."""
+def step_label(agent: str, operation: str, tool: str, arg_shape: str = "", status: str = "") -> str:
+    """A step as people read it: ``agent · tool {keys} (error)`` (the operation when there is no
+    tool)."""
     what = tool or operation or "span"
     who = agent or "(no agent)"
-    return f"{who} · {what}" + (f" {arg_shape}" if arg_shape and arg_shape != "{}" else "")
+    shape = f" {arg_shape}" if arg_shape and arg_shape != "{}" else ""
+    return f"{who} · {what}{shape}" + (f" ({status})" if status else "")
 
 
 def step_keys(steps: pd.DataFrame) -> pd.Series:
@@ -311,7 +314,7 @@ def _side(frame: pd.DataFrame, i: int | None) -> list:
         return [None] * 6
     row = frame.iloc[i]
     origin = int(frame["start_ns"].iloc[0])
-    label = step_label(row["agent"], row["operation"], row["tool"], row["arg_shape"])
+    label = step_label(row["agent"], row["operation"], row["tool"], row["arg_shape"], row["status"])
     return [
         int(row["pos"]), str(row["span_id"]), label, (int(row["start_ns"]) - origin) / 1e6,
         int(row["duration_ns"]) / 1e6, bool(row["is_error"]),

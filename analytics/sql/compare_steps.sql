@@ -1,8 +1,10 @@
 -- The steps of some runs (issue 35): every span of each run in $runs, in start order (pos from
--- 0), as the (agent, operation, tool, argument shape) step the comparison aligns, plus what the
--- crew baseline summarises per agent and tool. Alignment is by this order, never by time.
+-- 0), as the (agent, operation, tool, argument shape, status) step the comparison aligns, plus
+-- what the crew baseline summarises per agent and tool. Alignment is by this order, never by time.
 -- * operation: driftscope.op, else gen_ai.operation.name, else the span family.
 -- * tool: the tool name; a delegation's target agent is part of its step ("-> agent").
+-- * status: 'error' (outcome error or status Error), 'refused' (a guard refused it) or '': a
+--   call that failed is not the step a healthy run takes there.
 -- * arg_shape: the sorted top-level keys of JSON-object tool arguments, 'text' for other
 --   arguments, '' for none (values are not part of a step: every run asks other questions).
 -- * tokens / cost: numeric attributes of LLM spans naming tokens (totals left out: they repeat
@@ -16,7 +18,8 @@ SELECT
     SpanName AS span_name,
     coalesce(agent_id, '') AS agent,
     coalesce(op, operation, span_family, 'span') AS operation,
-    coalesce(tool_name, '') || CASE WHEN delegate_to IS NULL THEN '' ELSE ' -> ' || delegate_to END AS tool,
+    CASE WHEN delegate_to IS NULL THEN coalesce(tool_name, '')
+         ELSE coalesce(tool_name, 'hand-off') || ' -> ' || delegate_to END AS tool,
     CASE
         WHEN tool_args IS NULL OR tool_args = '' THEN ''
         WHEN left(ltrim(tool_args), 1) = '{' AND json_valid(tool_args)
@@ -28,6 +31,8 @@ SELECT
     delegate_to,
     coalesce(outcome = 'error', FALSE) OR StatusCode = 'Error' AS is_error,
     coalesce(outcome = 'rejected', FALSE) AS is_refused,
+    CASE WHEN outcome = 'rejected' THEN 'refused'
+         WHEN outcome = 'error' OR StatusCode = 'Error' THEN 'error' ELSE '' END AS status,
     Duration AS duration_ns,
     hop,
     start_ns,
