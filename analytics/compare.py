@@ -154,7 +154,9 @@ def compare_steps(steps: pd.DataFrame, run_id: str, baseline_runs: list[str]) ->
     if furthest != logic.NO_DEPARTURE and len(own):
         row = own.iloc[int(furthest)]
         block = int(stop_block[best[0]])
-        expected = logic.expected_steps(blocks, best, block, int(target.count[block]), labels)
+        expected = logic.expected_steps(
+            blocks, best, block, int(target.code[block]), int(target.count[block]), labels
+        )
         repeats = block < len(target.code) and int(furthest) > int(target.start[block])
         departure = {
             "pos": int(row["pos"]),

@@ -111,10 +111,11 @@ def departures(target: Blocks, baseline: Blocks, baseline_runs: int) -> tuple[np
 
 
 def expected_steps(
-    baseline: Blocks, runs: np.ndarray, block: int, target_count: int, labels: list[str]
+    baseline: Blocks, runs: np.ndarray, block: int, target_code: int, target_count: int, labels: list[str]
 ) -> list[str]:
-    """What the baseline runs ``runs`` do at ``block``: their step there (with its repeat count
-    when they take the target's step fewer times), or the end of the run."""
+    """What the baseline runs ``runs`` do at ``block``: their step there (with how often they
+    repeat it when it is the target's step, repeated fewer times), or the end of the run; the
+    commonest first."""
     seen: dict[str, int] = {}
     for run in runs:
         hit = np.flatnonzero((baseline.run == run) & (baseline.index == block))
@@ -122,11 +123,10 @@ def expected_steps(
             text = "(run ends)"
         else:
             row = hit[0]
-            label = labels[baseline.code[row]]
-            text = label if baseline.count[row] >= target_count else f"{label} x{baseline.count[row]} at most"
+            text = labels[baseline.code[row]]
+            if baseline.code[row] == target_code and baseline.count[row] < target_count:
+                text += f" x{baseline.count[row]} at most"
         seen[text] = seen.get(text, 0) + 1
-        if len(seen) >= MAX_EXPECTED and text not in seen:
-            break
     return [t for t, _ in sorted(seen.items(), key=lambda kv: -kv[1])][:MAX_EXPECTED]
 
 
