@@ -3,6 +3,8 @@ rendered with AppTest on a real DuckDB file; the view's figures and tables as pu
 
 from __future__ import annotations
 
+import json
+
 import duckdb
 import pandas as pd
 import pytest
@@ -110,3 +112,38 @@ def test_aligned_waterfalls_mark_the_departure_and_the_table_links_spans(db_path
         aligned_waterfalls_figure(pd.DataFrame(), "bad", None).layout.annotations[0].text
         == "No steps to align"
     )
+
+
+def test_a_run_report_has_a_what_differs_section_and_a_window_report_none(db_path):
+    from analytics.types import Filters, Window
+    from dashboard.datasource import DuckDBFileSource
+    from dashboard.report import build_report
+
+    source = DuckDBFileSource(db_path)
+    try:
+        md = build_report(
+            source, Window(), Filters(), run="bad", fmt="md", dashboard_url="http://127.0.0.1:8501"
+        )
+        html = build_report(source, Window(), Filters(), run="bad", fmt="html")
+        doc = json.loads(build_report(source, Window(), Filters(), run="bad", fmt="json"))
+        window = json.loads(build_report(source, Window(), Filters(), fmt="json"))
+    finally:
+        source.close()
+    section = md[md.index("## What differs from healthy runs") :]
+    assert "First departs at step 3" in section and "| more calls | researcher · web\\_search |" in section
+    assert "](http://127.0.0.1:8501/run_explorer?run=bad&span=" in section
+    assert "<h2>What differs from healthy runs</h2>" in html and "First departs at step 3" in html
+    assert doc["comparison"]["departure"]["pos"] == 3 and doc["comparison"]["baseline"]["runs"] == 3
+    assert window["comparison"] is None and "What differs" not in build_report_md_window(db_path)
+
+
+def build_report_md_window(db_path) -> str:
+    from analytics.types import Filters, Window
+    from dashboard.datasource import DuckDBFileSource
+    from dashboard.report import build_report
+
+    source = DuckDBFileSource(db_path)
+    try:
+        return build_report(source, Window(), Filters(), fmt="md")
+    finally:
+        source.close()
