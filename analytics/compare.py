@@ -126,68 +126,94 @@ def compare_run(
             + " besides this one; compare with a run you pick (baseline=<run id>)"
         )
         return result
-    steps = query_df(conn, load_sql("compare_steps"), {"runs": [run_id, *healthy]})
-    result.update(compare_steps(steps, run_id, healthy))
-    result["baseline"]["closest_run"] = result.pop("closest_run")
+    own = query_df(conn, load_sql("compare_steps"), {"runs": [run_id]})
+    base = query_df(conn, load_sql("compare_baseline"), {"runs": healthy})
+    found = departure(own, base)
+    closest = found.pop("closest_run")
+    closest_steps = (
+        own if closest == run_id else query_df(conn, load_sql("compare_steps"), {"runs": [closest]})
+    )
+    result.update(found)
+    result.update(differ(own, base, closest_steps, found["departure"]))
+    result["baseline"]["closest_run"] = closest
     return result
 
 
-def compare_steps(steps: pd.DataFrame, run_id: str, baseline_runs: list[str]) -> dict[str, Any]:
-    """The comparison of ``run_id``'s steps with those of ``baseline_runs`` (``compare_steps.sql``
-    rows of all of them): departure, differences, profile, alignment and the closest run."""
-    keys = logic.step_keys(steps)
-    codes, uniques = pd.factorize(keys, sort=False)
-    labels = [logic.step_label(*str(u).split("\x1f")) for u in uniques]
-    is_run = (steps["run_id"] == run_id).to_numpy()
-    own = steps[is_run]  # rows come in (run, pos) order
-    base_mask = ~is_run if run_id not in baseline_runs else np.ones(len(steps), dtype=bool)
-    base = steps[base_mask]
-    target = logic.to_blocks(np.zeros(len(own), dtype=np.int64), codes[is_run], own["pos"].to_numpy())
-    run_codes, run_names = pd.factorize(base["run_id"], sort=False)
-    blocks = logic.to_blocks(run_codes, codes[base_mask], base["pos"].to_numpy())
-    stop_pos, stop_block = logic.departures(target, blocks, len(run_names))
-    lengths = np.bincount(run_codes, minlength=len(run_names))
+def _steps(conn: duckdb.DuckDBPyConnection, runs: list[str]) -> pd.DataFrame:
+    """``compare_steps.sql`` rows of ``runs``, text columns as Python strings (the per-subject
+    grouping and lookups below are several times faster on them than on Arrow strings)."""
+    frame = query_df(conn, load_sql("compare_steps"), {"runs": runs})
+    for column in frame.columns:
+        if isinstance(frame[column].dtype, pd.ArrowDtype) or frame[column].dtype == "string":
+            frame[column] = frame[column].astype(object)
+    return frame
+
+
+def departure(own: pd.DataFrame, base: pd.DataFrame) -> dict[str, Any]:
+    """The first point of departure of a run's steps (``compare_steps.sql`` rows) from the
+    baseline runs (``compare_baseline.sql`` rows) and the closest baseline run: the one that
+    covers the run furthest, of those the nearest in length."""
+    runs = base[base["part"] == "run"].reset_index(drop=True)
+    named = base[base["part"] == "step"]
+    named_hashes = [int(steps[0]) for steps in named["steps"]]
+    own_hashes = [int(h) for h in own["step"]]
+    hashes = list(dict.fromkeys(own_hashes + named_hashes))
+    codes_of = {h: i for i, h in enumerate(hashes)}
+    labels = dict(zip(own_hashes, own.itertuples(index=False), strict=True))
+    labels.update(zip(named_hashes, named.itertuples(index=False), strict=True))
+    text = [logic.step_label(*(getattr(labels[h], f) for f in logic.STEP_FIELDS)) for h in hashes]
+    own_codes = np.array([codes_of[h] for h in own_hashes], dtype=np.int64)
+    target = logic.to_blocks(np.zeros(len(own), dtype=np.int64), own_codes, own["pos"].to_numpy())
+    blocks = logic.blocks_from_lists(list(runs["steps"]), codes_of)
+    stop_pos, stop_block = logic.departures(target, blocks, len(runs))
+    lengths = np.bincount(blocks.run, weights=blocks.count, minlength=len(runs)).astype(np.int64)
     furthest = stop_pos.max() if len(stop_pos) else logic.NO_DEPARTURE
     best = np.flatnonzero(stop_pos == furthest)
-    closest = int(best[np.argmin(np.abs(lengths[best] - len(own)))]) if len(best) else None
-    departure = None
-    if furthest != logic.NO_DEPARTURE and len(own):
-        row = own.iloc[int(furthest)]
-        block = int(stop_block[best[0]])
-        expected = logic.expected_steps(
-            blocks, best, block, int(target.code[block]), int(target.count[block]), labels
-        )
-        repeats = block < len(target.code) and int(furthest) > int(target.start[block])
-        departure = {
-            "pos": int(row["pos"]),
-            "span_id": str(row["span_id"]),
-            "trace_id": str(row["trace_id"]),
-            "agent": row["agent"],
-            "operation": row["operation"],
-            "tool": row["tool"],
-            "arg_shape": row["arg_shape"],
-            "status": row["status"],
-            "step": logic.step_label(row["agent"], row["operation"], row["tool"], row["arg_shape"], row["status"]),
-            "reason": "more repeats of this step than any baseline run makes here" if repeats
-            else "no baseline run takes this step at this point",
-            "expected": expected,
-            "covered_by": int(len(best)),
-        }  # fmt: skip
-    closest_id = str(run_names[closest]) if closest is not None else None
-    closest_steps = base[base["run_id"] == closest_id].sort_values("pos", kind="stable")
-    profile = logic.baseline_profile(base, [str(r) for r in run_names])
-    targets = set(base["delegate_to"].dropna())
-    diffs = logic.differences(own, profile, closest_steps, targets)
-    mine = logic.run_counts(own)
-    profile = profile.merge(
-        mine.drop(columns="run_id").rename(columns={"calls": "run_calls", "errors": "run_errors", "refusals": "run_refusals"}),
-        on=list(logic.SUBJECT_FIELDS), how="outer",
-    )  # fmt: skip
-    aligned = logic.alignment(own, closest_steps, departure["pos"] if departure else None)
+    closest = str(runs["run_id"].iloc[int(best[np.argmin(np.abs(lengths[best] - len(own)))])])
+    if furthest == logic.NO_DEPARTURE or own.empty:
+        return {"departure": None, "closest_run": closest}
+    row = own.iloc[int(furthest)]
+    block = int(stop_block[best[0]])
+    expected = logic.expected_steps(
+        blocks, best, block, int(target.code[block]), int(target.count[block]), text
+    )
+    repeats = block < len(target.code) and int(furthest) > int(target.start[block])
+    found = {
+        "pos": int(row["pos"]),
+        "span_id": str(row["span_id"]),
+        "trace_id": str(row["trace_id"]),
+        "agent": row["agent"],
+        "operation": row["operation"],
+        "tool": row["tool"],
+        "arg_shape": row["arg_shape"],
+        "status": row["status"],
+        "step": logic.step_label(row["agent"], row["operation"], row["tool"], row["arg_shape"], row["status"]),
+        "reason": "more repeats of this step than any baseline run makes here" if repeats
+        else "no baseline run takes this step at this point",
+        "expected": expected,
+        "covered_by": int(len(best)),
+    }  # fmt: skip
+    return {"departure": found, "closest_run": closest}
+
+
+def differ(
+    own: pd.DataFrame, base: pd.DataFrame, closest: pd.DataFrame, found: dict | None
+) -> dict[str, Any]:
+    """Differences per agent and tool, the profile beside the run's own counts, and the run
+    aligned step by step with the closest baseline run."""
+    runs = int((base["part"] == "run").sum())
+    counts = base[base["part"] == "count"]
+    subjects = base[base["part"] == "subject"]
+    profile = logic.baseline_profile(counts, subjects, runs)
+    targets = {str(t) for ts in profile["delegates_to"] for t in ts}
+    diffs = logic.differences(own, profile, closest, targets)
+    mine = logic.run_counts(own).rename(
+        columns={"calls": "run_calls", "errors": "run_errors", "refusals": "run_refusals"}
+    )
+    profile = profile.merge(mine, on=list(logic.SUBJECT_FIELDS), how="outer")
+    aligned = logic.alignment(own, closest, found["pos"] if found else None)
     return {
-        "departure": departure,
         "differences": [{k: _plain(v) for k, v in d.items()} for d in diffs],
         "profile": _records(profile),
         "alignment": _records(aligned),
-        "closest_run": closest_id,
     }

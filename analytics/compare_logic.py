@@ -130,67 +130,78 @@ def expected_steps(
     return [t for t, _ in sorted(seen.items(), key=lambda kv: -kv[1])][:MAX_EXPECTED]
 
 
-def run_counts(steps: pd.DataFrame, run_index: pd.Index | None = None) -> pd.DataFrame:
-    """Per (run, agent, operation, tool): calls, errors, refusals (zeros where a run has none of
-    a subject another run has, when ``run_index`` lists the runs)."""
+def run_counts(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per (agent, operation, tool) of one run's steps: calls, errors, refusals."""
     if steps.empty:
-        return pd.DataFrame(columns=["run_id", *SUBJECT_FIELDS, "calls", "errors", "refusals"])
-    grouped = steps.groupby(["run_id", *SUBJECT_FIELDS], sort=False).agg(
+        return pd.DataFrame(columns=[*SUBJECT_FIELDS, "calls", "errors", "refusals"])
+    grouped = steps.groupby(list(SUBJECT_FIELDS), sort=False).agg(
         calls=("pos", "size"), errors=("is_error", "sum"), refusals=("is_refused", "sum")
     )
-    if run_index is not None:
-        subjects = grouped.reset_index()[list(SUBJECT_FIELDS)].drop_duplicates()
-        full = pd.MultiIndex.from_frame(
-            pd.DataFrame(run_index, columns=["run_id"]).merge(subjects, how="cross")
-        )
-        grouped = grouped.reindex(full, fill_value=0)
     return grouped.reset_index()
 
 
-def baseline_profile(baseline: pd.DataFrame, baseline_runs: list[str]) -> pd.DataFrame:
-    """The crew baseline per agent and tool over the healthy runs: call counts (median, min,
-    max, share of runs with any), error and refusal rates, durations, hops, delegation targets,
-    usual position (median first pos), argument shapes, lengths and distinct values, tokens and
-    cost per run (medians, NaN when no span carries them)."""
-    columns = [
-        *SUBJECT_FIELDS, "runs_with", "calls_median", "calls_min", "calls_max", "error_rate",
-        "refusal_rate", "errors", "refusals", "duration_ms_median", "duration_ms_p95", "max_hop",
-        "delegates_to", "usual_pos", "arg_shapes", "arg_chars_median", "distinct_args",
-        "tokens_median", "cost_median",
-    ]  # fmt: skip
-    if baseline.empty or not baseline_runs:
-        return pd.DataFrame(columns=columns)
-    counts = run_counts(baseline, pd.Index(baseline_runs))
-    per_subject = counts.groupby(list(SUBJECT_FIELDS), sort=False)
-    profile = per_subject.agg(
-        runs_with=("calls", lambda c: float((c > 0).mean())),
-        calls_median=("calls", "median"),
-        calls_min=("calls", "min"),
+def blocks_from_lists(step_lists: list, codes_of: dict) -> Blocks:
+    """Blocks of the baseline runs from each run's step hashes in order (``compare_baseline.sql``
+    part 'run'), the hashes turned into codes by ``codes_of``."""
+    lengths = np.array([len(steps) for steps in step_lists], dtype=np.int64)
+    if lengths.sum() == 0:
+        return to_blocks(
+            np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        )
+    flat = np.concatenate([np.asarray(steps, dtype=np.uint64) for steps in step_lists])
+    unique, inverse = np.unique(flat, return_inverse=True)
+    lookup = np.array([codes_of[int(h)] for h in unique], dtype=np.int64)
+    runs = np.repeat(np.arange(len(step_lists), dtype=np.int64), lengths)
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return to_blocks(runs, lookup[inverse], np.arange(len(flat), dtype=np.int64) - starts)
+
+
+PROFILE_COLUMNS = [
+    *SUBJECT_FIELDS, "runs_with", "calls_median", "calls_min", "calls_max", "error_rate",
+    "refusal_rate", "errors", "refusals", "duration_ms_median", "duration_ms_p95", "max_hop",
+    "delegates_to", "usual_order", "arg_shapes", "arg_chars_median", "distinct_args",
+    "tokens_median", "cost_median",
+]  # fmt: skip
+
+
+def baseline_profile(counts: pd.DataFrame, subjects: pd.DataFrame, runs: int) -> pd.DataFrame:
+    """The crew baseline per agent and tool over ``runs`` healthy runs, from
+    ``compare_baseline.sql``'s 'count' rows (per run and subject) and 'subject' rows: call counts
+    (median, min, max over every run, zero where a run has none; share of runs with any), error
+    and refusal rates, durations, hops, delegation targets, the usual order (median rank of its
+    first call among the run's subjects), argument shapes, lengths and distinct values, tokens and
+    cost per run (medians over the runs that have them)."""
+    if counts.empty or runs == 0:
+        return pd.DataFrame(columns=PROFILE_COLUMNS)
+    key = list(SUBJECT_FIELDS)
+    counts = counts.copy()
+    counts["rank"] = counts.groupby("run_id")["first_ns"].rank(method="first")
+    grouped = counts.groupby(key, sort=False)
+    profile = grouped.agg(
+        present=("calls", "size"),
         calls_max=("calls", "max"),
         errors=("errors", "sum"),
         refusals=("refusals", "sum"),
         total=("calls", "sum"),
+        usual_order=("rank", "median"),
+        tokens_median=("tokens", "median"),
+        cost_median=("cost", "median"),
     )
+    profile["runs_with"] = profile["present"] / runs
+    lowest = grouped["calls"].min()
+    profile["calls_min"] = lowest.where(profile["present"] == runs, 0)
+    profile["calls_median"] = grouped["calls"].agg(lambda c: float(np.median(np.concatenate([c.to_numpy(), np.zeros(runs - len(c))]))))  # fmt: skip
     profile["error_rate"] = profile["errors"] / profile["total"].where(profile["total"] > 0)
     profile["refusal_rate"] = profile["refusals"] / profile["total"].where(profile["total"] > 0)
-    spans = baseline.groupby(list(SUBJECT_FIELDS), sort=False)
-    profile["duration_ms_median"] = spans["duration_ns"].median() / 1e6
-    profile["duration_ms_p95"] = spans["duration_ns"].quantile(0.95) / 1e6
-    profile["max_hop"] = spans["hop"].max()
-    profile["delegates_to"] = spans["delegate_to"].agg(lambda v: sorted(set(v.dropna())))
-    profile["arg_shapes"] = spans["arg_shape"].agg(lambda v: sorted(set(v) - {""}))
-    profile["arg_chars_median"] = spans["arg_chars"].median()
-    with_args = baseline[baseline["arg_chars"].notna()]
-    distinct = with_args.groupby(list(SUBJECT_FIELDS), sort=False)["arg_hash"].nunique()
-    profile["distinct_args"] = distinct.reindex(profile.index, fill_value=0)
-    firsts = baseline.groupby(["run_id", *SUBJECT_FIELDS], sort=False)["pos"].min()
-    profile["usual_pos"] = firsts.groupby(level=list(SUBJECT_FIELDS), sort=False).median()
-    per_run = baseline.groupby(["run_id", *SUBJECT_FIELDS], sort=False)[["tokens", "cost"]].sum(min_count=1)
-    medians = per_run.groupby(level=list(SUBJECT_FIELDS), sort=False).median()
-    profile["tokens_median"] = medians["tokens"]
-    profile["cost_median"] = medians["cost"]
-    profile = profile.drop(columns="total").reset_index()
-    return profile.sort_values(["usual_pos", "agent", "tool"], kind="stable")[columns].reset_index(drop=True)
+    profile = profile.join(subjects.set_index(key)[[
+        "duration_ms_median", "duration_ms_p95", "max_hop", "delegates_to", "arg_shapes", "arg_chars_median", "distinct_args"
+    ]])  # fmt: skip
+    for column in ("delegates_to", "arg_shapes"):
+        profile[column] = profile[column].map(
+            lambda v: [str(x) for x in v] if isinstance(v, list | np.ndarray) else []
+        )
+    profile = profile.reset_index().sort_values(["usual_order", "agent", "tool"], kind="stable")
+    return profile[PROFILE_COLUMNS].reset_index(drop=True)
 
 
 def _spans(frame: pd.DataFrame, limit: int = MAX_DIFFERENCE_SPANS) -> list[str]:
@@ -259,11 +270,12 @@ def differences(
             detail = f"arguments {', '.join(sorted(set(new_shape['arg_shape'])))}; healthy runs pass {', '.join(sorted(shapes))}"
             out.append({**row, "kind": "argument_shape", "baseline": ", ".join(sorted(shapes)), "detail": detail, "span_ids": _spans(new_shape)})  # fmt: skip
     present = set(run.groupby(key, sort=False).size().index) if len(run) else set()
+    theirs_by = dict(tuple(closest.groupby(key, sort=False))) if len(closest) else {}
     for r in profile.itertuples(index=False):
         subject = (r.agent, r.operation, r.tool)
         if subject in present or r.calls_median <= 0:
             continue
-        theirs = closest[(closest["agent"] == r.agent) & (closest["operation"] == r.operation) & (closest["tool"] == r.tool)]  # fmt: skip
+        theirs = theirs_by.get(subject, closest.head(0))
         out.append(
             {
                 "agent": r.agent, "operation": r.operation, "tool": r.tool, "calls": 0, "kind": "missing",
@@ -276,30 +288,40 @@ def differences(
 
 
 def alignment(run: pd.DataFrame, other: pd.DataFrame, departure_pos: int | None) -> pd.DataFrame:
-    """The two runs' steps paired up in order (difflib's longest matching blocks on the step
-    keys): one row per aligned step with each side's pos, span, step label, start offset and
-    duration (ms), ``status`` same / changed / only_run / only_baseline, and the departure marked."""
+    """The two runs' steps (``compare_steps.sql`` rows) paired up in order (difflib's longest
+    matching blocks on the step hashes): one row per aligned step with each side's pos, span,
+    step label, start offset and duration (ms) and whether it failed, ``status`` same / changed /
+    only_run / only_baseline, and the departure marked."""
     a = run.head(MAX_ALIGNED_STEPS).reset_index(drop=True)
     b = other.head(MAX_ALIGNED_STEPS).reset_index(drop=True)
-    matcher = difflib.SequenceMatcher(None, list(step_keys(a)), list(step_keys(b)), autojunk=False)
-    pairs: list[tuple[int | None, int | None, str]] = []
+    matcher = difflib.SequenceMatcher(None, a["step"].tolist(), b["step"].tolist(), autojunk=False)
+    left: list[int] = []
+    right: list[int] = []
+    status: list[str] = []
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if tag == "equal":
-            pairs += [(i1 + k, j1 + k, "same") for k in range(i2 - i1)]
-        elif tag == "replace":
-            n = max(i2 - i1, j2 - j1)
-            for k in range(n):
-                i = i1 + k if i1 + k < i2 else None
-                j = j1 + k if j1 + k < j2 else None
-                pairs.append((i, j, "changed" if i is not None and j is not None else ("only_run" if j is None else "only_baseline")))  # fmt: skip
-        elif tag == "delete":
-            pairs += [(i, None, "only_run") for i in range(i1, i2)]
-        else:
-            pairs += [(None, j, "only_baseline") for j in range(j1, j2)]
-    rows = [
-        _aligned_row(step, a, i, b, j, status, departure_pos) for step, (i, j, status) in enumerate(pairs)
-    ]
-    return pd.DataFrame(rows, columns=_ALIGNED_COLUMNS)
+        n = max(i2 - i1, j2 - j1)
+        for k in range(n):
+            i = i1 + k if i1 + k < i2 else -1
+            j = j1 + k if j1 + k < j2 else -1
+            left.append(i)
+            right.append(j)
+            if tag == "equal":
+                status.append("same")
+            else:
+                status.append("changed" if i >= 0 and j >= 0 else ("only_run" if j < 0 else "only_baseline"))
+    out = pd.DataFrame({"step": np.arange(len(status)), "status": status})
+    for side, frame, index in (
+        ("run", a, np.array(left, dtype=np.int64)),
+        ("baseline", b, np.array(right, dtype=np.int64)),
+    ):
+        for name, values in _side_columns(frame).items():
+            picked = pd.Series(
+                values[np.clip(index, 0, None)] if len(values) else np.full(len(index), None, dtype=object)
+            )
+            out[f"{side}_{name}"] = picked.where(index >= 0, None).astype(object)
+    out["departure"] = (out["run_pos"] == departure_pos) if departure_pos is not None else False
+    out["departure"] = out["departure"].astype(bool)
+    return out[_ALIGNED_COLUMNS]
 
 
 _ALIGNED_COLUMNS = [
@@ -309,18 +331,21 @@ _ALIGNED_COLUMNS = [
 ]  # fmt: skip
 
 
-def _side(frame: pd.DataFrame, i: int | None) -> list:
-    if i is None:
-        return [None] * 6
-    row = frame.iloc[i]
+def _side_columns(frame: pd.DataFrame) -> dict[str, np.ndarray]:
+    """One run's aligned columns as arrays: pos, span id, step label, start (ms after its first
+    span), duration (ms), failed."""
+    if frame.empty:
+        return {
+            name: np.array([], dtype=object)
+            for name in ("pos", "span_id", "step", "start_ms", "duration_ms", "error")
+        }
     origin = int(frame["start_ns"].iloc[0])
-    label = step_label(row["agent"], row["operation"], row["tool"], row["arg_shape"], row["status"])
-    return [
-        int(row["pos"]), str(row["span_id"]), label, (int(row["start_ns"]) - origin) / 1e6,
-        int(row["duration_ns"]) / 1e6, bool(row["is_error"]),
-    ]  # fmt: skip
-
-
-def _aligned_row(step, a, i, b, j, status, departure_pos) -> list:
-    marked = departure_pos is not None and i is not None and int(a["pos"].iloc[i]) == departure_pos
-    return [step, status, marked, *_side(a, i), *_side(b, j)]
+    labels = [step_label(*fields) for fields in frame[list(STEP_FIELDS)].itertuples(index=False, name=None)]
+    return {
+        "pos": frame["pos"].to_numpy(dtype=np.int64),
+        "span_id": frame["span_id"].astype(str).to_numpy(dtype=object),
+        "step": np.array(labels, dtype=object),
+        "start_ms": (frame["start_ns"].to_numpy(dtype=np.int64) - origin) / 1e6,
+        "duration_ms": frame["duration_ns"].to_numpy(dtype=np.int64) / 1e6,
+        "error": frame["is_error"].to_numpy(dtype=bool),
+    }

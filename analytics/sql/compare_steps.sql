@@ -1,48 +1,19 @@
--- The steps of some runs (issue 35): every span of each run in $runs, in start order (pos from
--- 0), as the (agent, operation, tool, argument shape, status) step the comparison aligns, plus
--- what the crew baseline summarises per agent and tool. Alignment is by this order, never by time.
--- * operation: driftscope.op, else gen_ai.operation.name, else the span family.
--- * tool: the tool name; a delegation's target agent is part of its step ("-> agent").
--- * status: 'error' (outcome error or status Error), 'refused' (a guard refused it) or '': a
---   call that failed is not the step a healthy run takes there.
--- * arg_shape: the sorted top-level keys of JSON-object tool arguments, 'text' for other
---   arguments, '' for none (values are not part of a step: every run asks other questions).
--- * tokens / cost: numeric attributes of LLM spans naming tokens (totals left out: they repeat
---   the parts) or cost, summed; NULL when the span has none.
-SELECT
-    run_id,
-    (row_number() OVER (PARTITION BY run_id ORDER BY start_ns, SpanId) - 1)::INTEGER AS pos,
-    SpanId AS span_id,
-    TraceId AS trace_id,
-    ParentSpanId AS parent_span_id,
-    SpanName AS span_name,
-    coalesce(agent_id, '') AS agent,
-    coalesce(op, operation, span_family, 'span') AS operation,
-    CASE WHEN delegate_to IS NULL THEN coalesce(tool_name, '')
-         ELSE coalesce(tool_name, 'hand-off') || ' -> ' || delegate_to END AS tool,
-    CASE
-        WHEN tool_args IS NULL OR tool_args = '' THEN ''
-        WHEN left(ltrim(tool_args), 1) = '{' AND json_valid(tool_args)
-            THEN '{' || array_to_string(list_sort(json_keys(tool_args)), ',') || '}'
-        ELSE 'text'
-    END AS arg_shape,
-    length(tool_args) AS arg_chars,
-    hash(tool_args) AS arg_hash,
-    delegate_to,
-    coalesce(outcome = 'error', FALSE) OR StatusCode = 'Error' AS is_error,
-    coalesce(outcome = 'rejected', FALSE) AS is_refused,
-    CASE WHEN outcome = 'rejected' THEN 'refused'
-         WHEN outcome = 'error' OR StatusCode = 'Error' THEN 'error' ELSE '' END AS status,
-    Duration AS duration_ns,
-    hop,
-    start_ns,
-    end_ns,
-    CASE WHEN span_family = 'llm' THEN list_sum(list_transform(
-        list_filter(SpanAttributes, lambda e: contains(lower(e.key), 'token') AND NOT contains(lower(e.key), 'total')),
-        lambda e: TRY_CAST(e.value AS DOUBLE))) END AS tokens,
-    CASE WHEN span_family = 'llm' THEN list_sum(list_transform(
-        list_filter(SpanAttributes, lambda e: contains(lower(e.key), 'cost')),
-        lambda e: TRY_CAST(e.value AS DOUBLE))) END AS cost
-FROM spans
-WHERE run_id IN (SELECT unnest($runs::VARCHAR[]))
+-- The steps of some runs in detail (issue 35): every span of each run in $runs, in start order
+-- (pos from 0), with its step columns (_compare_step_columns.sql) and ``step``, the hash of its
+-- (agent, operation, tool, argument shape, status) that the comparison aligns (the same hash as
+-- compare_baseline.sql's). Alignment is by this order, never by time.
+SELECT *, hash(agent, operation, tool, arg_shape, status) AS step
+FROM (
+    SELECT
+        run_id,
+        (row_number() OVER (PARTITION BY run_id ORDER BY start_ns, SpanId) - 1)::INTEGER AS pos,
+        SpanId AS span_id,
+        TraceId AS trace_id,
+        ParentSpanId AS parent_span_id,
+        SpanName AS span_name,
+        end_ns,
+        {compare_step_columns}
+    FROM spans
+    WHERE run_id IN (SELECT unnest($runs::VARCHAR[]))
+)
 ORDER BY run_id, pos
