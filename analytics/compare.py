@@ -17,10 +17,11 @@ from typing import Any
 import duckdb
 import numpy as np
 import pandas as pd
+import pyarrow.compute as pc
 
 from analytics import compare_logic as logic
 from analytics.registry import run_metric
-from analytics.sql_loader import load_sql, query_df
+from analytics.sql_loader import load_sql, query_arrow, query_df
 from analytics.types import Filters, Window
 
 logger = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ def compare_run(
         )
         return result
     own = query_df(conn, load_sql("compare_steps"), {"runs": [run_id]})
-    base = query_df(conn, load_sql("compare_baseline"), {"runs": healthy})
+    base = baseline_parts(conn, healthy)
     found = departure(own, base)
     closest = found.pop("closest_run")
     closest_steps = (
@@ -149,13 +150,33 @@ def _steps(conn: duckdb.DuckDBPyConnection, runs: list[str]) -> pd.DataFrame:
     return frame
 
 
-def departure(own: pd.DataFrame, base: pd.DataFrame) -> dict[str, Any]:
+def baseline_parts(conn: duckdb.DuckDBPyConnection, runs: list[str]) -> dict[str, Any]:
+    """``compare_baseline.sql`` over ``runs``: its 'run' part as run ids, step counts and every
+    run's step hashes concatenated (numpy, from Arrow lists without Python objects); its other
+    parts as frames."""
+    table = query_arrow(conn, load_sql("compare_baseline"), {"runs": runs})
+    part = table.column("part")
+    per_run = table.filter(pc.equal(part, "run"))
+    steps = pc.list_flatten(per_run.column("steps")).to_numpy(zero_copy_only=False)
+    rest = table.filter(pc.not_equal(part, "run")).to_pandas()
+    named = rest[rest["part"] == "step"]
+    return {
+        "run_ids": [str(r) for r in per_run.column("run_id").to_pylist()],
+        "lengths": pc.list_value_length(per_run.column("steps")).to_numpy(zero_copy_only=False),
+        "steps": steps,
+        "named": named.assign(step=[int(s[0]) for s in named["steps"]]),
+        "counts": rest[rest["part"] == "count"],
+        "subjects": rest[rest["part"] == "subject"],
+    }
+
+
+def departure(own: pd.DataFrame, base: dict[str, Any]) -> dict[str, Any]:
     """The first point of departure of a run's steps (``compare_steps.sql`` rows) from the
-    baseline runs (``compare_baseline.sql`` rows) and the closest baseline run: the one that
-    covers the run furthest, of those the nearest in length."""
-    runs = base[base["part"] == "run"].reset_index(drop=True)
-    named = base[base["part"] == "step"]
-    named_hashes = [int(steps[0]) for steps in named["steps"]]
+    baseline runs (``baseline_parts``) and the closest baseline run: the one that covers the
+    run furthest, of those the nearest in length."""
+    run_ids = base["run_ids"]
+    named = base["named"]
+    named_hashes = [int(h) for h in named["step"]]
     own_hashes = [int(h) for h in own["step"]]
     hashes = list(dict.fromkeys(own_hashes + named_hashes))
     codes_of = {h: i for i, h in enumerate(hashes)}
@@ -164,12 +185,12 @@ def departure(own: pd.DataFrame, base: pd.DataFrame) -> dict[str, Any]:
     text = [logic.step_label(*(getattr(labels[h], f) for f in logic.STEP_FIELDS)) for h in hashes]
     own_codes = np.array([codes_of[h] for h in own_hashes], dtype=np.int64)
     target = logic.to_blocks(np.zeros(len(own), dtype=np.int64), own_codes, own["pos"].to_numpy())
-    blocks = logic.blocks_from_lists(list(runs["steps"]), codes_of)
-    stop_pos, stop_block = logic.departures(target, blocks, len(runs))
-    lengths = np.bincount(blocks.run, weights=blocks.count, minlength=len(runs)).astype(np.int64)
+    blocks = logic.blocks_from_lists(base["lengths"], base["steps"], codes_of)
+    stop_pos, stop_block = logic.departures(target, blocks, len(run_ids))
+    lengths = np.asarray(base["lengths"], dtype=np.int64)
     furthest = stop_pos.max() if len(stop_pos) else logic.NO_DEPARTURE
     best = np.flatnonzero(stop_pos == furthest)
-    closest = str(runs["run_id"].iloc[int(best[np.argmin(np.abs(lengths[best] - len(own)))])])
+    closest = run_ids[int(best[np.argmin(np.abs(lengths[best] - len(own)))])]
     if furthest == logic.NO_DEPARTURE or own.empty:
         return {"departure": None, "closest_run": closest}
     row = own.iloc[int(furthest)]
@@ -197,14 +218,11 @@ def departure(own: pd.DataFrame, base: pd.DataFrame) -> dict[str, Any]:
 
 
 def differ(
-    own: pd.DataFrame, base: pd.DataFrame, closest: pd.DataFrame, found: dict | None
+    own: pd.DataFrame, base: dict[str, Any], closest: pd.DataFrame, found: dict | None
 ) -> dict[str, Any]:
     """Differences per agent and tool, the profile beside the run's own counts, and the run
     aligned step by step with the closest baseline run."""
-    runs = int((base["part"] == "run").sum())
-    counts = base[base["part"] == "count"]
-    subjects = base[base["part"] == "subject"]
-    profile = logic.baseline_profile(counts, subjects, runs)
+    profile = logic.baseline_profile(base["counts"], base["subjects"], len(base["run_ids"]))
     targets = {str(t) for ts in profile["delegates_to"] for t in ts}
     diffs = logic.differences(own, profile, closest, targets)
     mine = logic.run_counts(own).rename(

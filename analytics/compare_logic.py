@@ -116,17 +116,20 @@ def expected_steps(
     """What the baseline runs ``runs`` do at ``block``: their step there (with how often they
     repeat it when it is the target's step, repeated fewer times), or the end of the run; the
     commonest first."""
+    chosen = np.zeros(int(baseline.run.max()) + 1 if len(baseline.run) else 0, dtype=bool)
+    chosen[runs] = True
+    rows = (
+        np.flatnonzero((baseline.index == block) & chosen[baseline.run]) if len(chosen) else np.zeros(0, int)
+    )
     seen: dict[str, int] = {}
-    for run in runs:
-        hit = np.flatnonzero((baseline.run == run) & (baseline.index == block))
-        if len(hit) == 0:
-            text = "(run ends)"
-        else:
-            row = hit[0]
-            text = labels[baseline.code[row]]
-            if baseline.code[row] == target_code and baseline.count[row] < target_count:
-                text += f" x{baseline.count[row]} at most"
+    for row in rows:
+        text = labels[baseline.code[row]]
+        if baseline.code[row] == target_code and baseline.count[row] < target_count:
+            text += f" x{baseline.count[row]} at most"
         seen[text] = seen.get(text, 0) + 1
+    ended = len(runs) - len(rows)
+    if ended:
+        seen["(run ends)"] = ended
     return [t for t, _ in sorted(seen.items(), key=lambda kv: -kv[1])][:MAX_EXPECTED]
 
 
@@ -140,20 +143,19 @@ def run_counts(steps: pd.DataFrame) -> pd.DataFrame:
     return grouped.reset_index()
 
 
-def blocks_from_lists(step_lists: list, codes_of: dict) -> Blocks:
-    """Blocks of the baseline runs from each run's step hashes in order (``compare_baseline.sql``
-    part 'run'), the hashes turned into codes by ``codes_of``."""
-    lengths = np.array([len(steps) for steps in step_lists], dtype=np.int64)
+def blocks_from_lists(lengths: np.ndarray, flat: np.ndarray, codes_of: dict) -> Blocks:
+    """Blocks of the baseline runs from their step hashes in order, all runs' concatenated in
+    ``flat`` (``lengths``: how many are each run's; ``compare_baseline.sql`` part 'run'), the
+    hashes turned into codes by ``codes_of``."""
+    lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.sum() == 0:
-        return to_blocks(
-            np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        )
-    flat = np.concatenate([np.asarray(steps, dtype=np.uint64) for steps in step_lists])
-    unique, inverse = np.unique(flat, return_inverse=True)
+        empty = np.zeros(0, dtype=np.int64)
+        return to_blocks(empty, empty, empty)
+    unique, inverse = np.unique(np.asarray(flat, dtype=np.uint64), return_inverse=True)
     lookup = np.array([codes_of[int(h)] for h in unique], dtype=np.int64)
-    runs = np.repeat(np.arange(len(step_lists), dtype=np.int64), lengths)
+    runs = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
     starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return to_blocks(runs, lookup[inverse], np.arange(len(flat), dtype=np.int64) - starts)
+    return to_blocks(runs, lookup[inverse], np.arange(len(runs), dtype=np.int64) - starts)
 
 
 PROFILE_COLUMNS = [

@@ -176,7 +176,7 @@ def run_compare_bench(workdir: Path, spans: int, calls: int, repeats: int) -> di
             str(r) for r in frame.loc[(frame["verdict"] == "healthy") & (frame["run_id"] != run), "run_id"]
         ]
         own, own_s, _ = _timed(lambda: query_df(conn, load_sql("compare_steps"), {"runs": [run]}))
-        base, base_s, base_cpu = _timed(lambda: query_df(conn, load_sql("compare_baseline"), {"runs": ids}))
+        base, base_s, base_cpu = _timed(lambda: compare.baseline_parts(conn, ids))
         found, departure_s, _ = _timed(lambda: compare.departure(own, base))
         closest = query_df(conn, load_sql("compare_steps"), {"runs": [found["closest_run"]]})
         _, differ_s, _ = _timed(lambda: compare.differ(own, base, closest, found["departure"]))
