@@ -20,6 +20,7 @@ import pandas as pd
 import pyarrow.compute as pc
 
 from analytics import compare_logic as logic
+from analytics.engine import is_clickhouse
 from analytics.registry import run_metric
 from analytics.sql_loader import load_sql, query_arrow, query_df
 from analytics.types import Filters, Window
@@ -35,6 +36,10 @@ MAX_CANDIDATES = 20
 
 class RunNotFoundError(LookupError):
     """The run (or the chosen baseline run) has no spans in the store."""
+
+
+class UnsupportedStoreError(NotImplementedError):
+    """The store is ClickHouse: the comparison's SQL is DuckDB's."""
 
 
 def _run_info(conn: duckdb.DuckDBPyConnection, run_id: str, what: str) -> dict[str, Any]:
@@ -84,7 +89,8 @@ def compare_run(
     conn: duckdb.DuckDBPyConnection, run_id: str, baseline: str = AUTO, window: Window = Window()
 ) -> dict[str, Any]:
     """How run ``run_id`` differs from its crew's healthy runs in ``window`` (``baseline="auto"``)
-    or from one chosen run (``baseline=<run id>``). ``RunNotFoundError`` when either has no spans.
+    or from one chosen run (``baseline=<run id>``). ``RunNotFoundError`` when either has no spans,
+    ``UnsupportedStoreError`` on a ClickHouse store.
 
     Keys: ``run`` (id, service, verdict, spans); ``baseline`` (mode, service, runs, run ids up to
     20, closest run, ``note`` when there is none to compare with); ``departure`` (None, or the
@@ -95,6 +101,11 @@ def compare_run(
     ``candidates`` (other runs of the crew with their verdicts, to pick one when there is no
     healthy run).
     """
+    if is_clickhouse(conn):
+        raise UnsupportedStoreError(
+            "run comparison reads a DuckDB store; on a ClickHouse store it is not available yet. Compare "
+            "on a DuckDB copy of the spans (driftscope ingest, or the serve database file)"
+        )
     info = _run_info(conn, run_id, "run")
     service = info["service"]
     verdicts = run_metric(

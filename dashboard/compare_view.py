@@ -14,6 +14,7 @@ import streamlit as st
 from analytics.types import Window
 from dashboard import ui
 from dashboard.compare_render import baseline_sentence, departure_sentence
+from dashboard.datasource import SourceUnavailable
 from dashboard.figures_compare import aligned_waterfalls_figure, difference_table, profile_table
 from dashboard.filters import run_link
 
@@ -66,7 +67,11 @@ def _pick_baseline(answer: dict, baseline: str) -> None:
 def show_comparison(ctx: ui.PageContext, run: str) -> None:
     """The comparison of ``run`` with the baseline the address names."""
     baseline = st.query_params.get(PARAM) or AUTO
-    answer = cached_compare(ctx.source_key, ctx.version, run, baseline, ctx.window)
+    try:
+        answer = cached_compare(ctx.source_key, ctx.version, run, baseline, ctx.window)
+    except (NotImplementedError, SourceUnavailable) as exc:  # a ClickHouse store; a collector away
+        st.warning(str(exc))
+        return
     if answer is None:
         st.info(f"No spans stored for run {run!r} or for run {baseline!r}; pick another run to compare with.")
         if baseline != AUTO and st.button("Compare with the crew's healthy runs", key="compare_reset"):

@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from analytics import read
-from analytics.compare import AUTO, RunNotFoundError
+from analytics.compare import AUTO, RunNotFoundError, UnsupportedStoreError
 from analytics.search import DEFAULT_SEARCH_LIMIT
 from analytics.types import Filters, Window
 from collector.auth import token_matches
@@ -269,6 +269,8 @@ def build_api_routes(
             answer = await run(read.compare_run, run_id, baseline, window_and_filters(params)[0])
         except RunNotFoundError as exc:
             return JSONResponse({"error": str(exc)}, status_code=404)
+        except UnsupportedStoreError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=501)
         return Response(dumps(answer), media_type="application/json")
 
     async def run_totals(request: Request) -> Response:

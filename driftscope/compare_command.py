@@ -54,7 +54,7 @@ def cmd_compare(args: argparse.Namespace, values: dict[str, Any]) -> int:
                 f"No spans of run {missing!r} in {source.description}; nothing to compare. "
                 + (f"Newest runs: {', '.join(newest)}." if newest else "The source holds no run.")
             )
-    except SourceUnavailable as exc:
+    except (SourceUnavailable, NotImplementedError) as exc:
         raise ConfigError(str(exc)) from exc
     text = render_comparison(answer, args.fmt)
     if args.output:
