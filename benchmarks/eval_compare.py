@@ -240,35 +240,33 @@ def _share(part: int, whole: int) -> str:
     return f"{part}/{whole} ({part / whole:.0%})" if whole else "-"
 
 
+def _summary(name: str, cases: list[Case], baseline: Any) -> dict[str, Any]:
+    failed = [c for c in cases if c.failure]
+    healthy = [c for c in cases if not c.failure]
+    return {
+        "run set": name,
+        "failure runs": len(failed),
+        "departure names a true agent": _share(sum(c.agent_hit for c in failed), len(failed)),
+        f"departure within {NEAR} spans": _share(sum(c.step_hit for c in failed), len(failed)),
+        "healthy runs with a departure": _share(
+            sum(c.departure_pos is not None for c in healthy), len(healthy)
+        ),
+        "baseline runs (median)": baseline,
+    }
+
+
 def summary_rows(cases: list[Case]) -> list[dict[str, Any]]:
-    """Per run set: failure runs, agent named, step within NEAR, healthy runs with a departure."""
+    """Per run set, then the framework corpus, the simulator and everything: failure runs, agent
+    named, step within NEAR, healthy runs with a departure."""
     rows = []
     for name in dict.fromkeys(c.run_set for c in cases):
         mine = [c for c in cases if c.run_set == name]
-        failed = [c for c in mine if c.failure]
-        healthy = [c for c in mine if not c.failure]
-        rows.append(
-            {
-                "run set": name,
-                "failure runs": len(failed),
-                "departure names a true agent": _share(sum(c.agent_hit for c in failed), len(failed)),
-                f"departure within {NEAR} spans": _share(sum(c.step_hit for c in failed), len(failed)),
-                "healthy runs with a departure": _share(sum(c.departure_pos is not None for c in healthy), len(healthy)),
-                "baseline runs (median)": sorted(c.baseline_runs for c in mine)[len(mine) // 2] if mine else 0,
-            }
-        )  # fmt: skip
-    failed = [c for c in cases if c.failure]
-    healthy = [c for c in cases if not c.failure]
-    rows.append(
-        {
-            "run set": "**all**",
-            "failure runs": len(failed),
-            "departure names a true agent": _share(sum(c.agent_hit for c in failed), len(failed)),
-            f"departure within {NEAR} spans": _share(sum(c.step_hit for c in failed), len(failed)),
-            "healthy runs with a departure": _share(sum(c.departure_pos is not None for c in healthy), len(healthy)),
-            "baseline runs (median)": "",
-        }
-    )  # fmt: skip
+        rows.append(_summary(name, mine, sorted(c.baseline_runs for c in mine)[len(mine) // 2]))
+    simulator = [c for c in cases if c.run_set.startswith("simulator")]
+    frameworks = [c for c in cases if not c.run_set.startswith("simulator")]
+    rows.append(_summary("**framework corpus**", frameworks, ""))
+    rows.append(_summary("**simulator**", simulator, ""))
+    rows.append(_summary("**all**", cases, ""))
     return rows
 
 
@@ -307,7 +305,7 @@ def render_section(cases: list[Case]) -> str:
     return (
         f"{BEGIN}\n"
         "## What changed: the first point of departure (run comparison)\n\n"
-        f"Measured {today} by `python -m benchmarks.eval_compare`: every run of the framework corpus "
+        f"Measured {today} by `make eval-compare` (`python -m benchmarks.eval_compare`): every run of the framework corpus "
         "and the simulator's scenarios compared with its crew's healthy runs "
         "(`GET /api/v1/runs/{id}/compare`, `baseline=auto`, the run itself left out; docs/compare.md). "
         f"A departure *names a true agent* when its span's agent is one the ground truth says went wrong; "
