@@ -5,7 +5,9 @@ verdict is healthy, in a window), summarises it per agent and tool, and says how
 per agent and tool (``compare_logic.differences``) and where it first departed (the earliest span
 whose step no healthy run takes at that point of its sequence). With ``baseline=<run id>`` it
 compares two runs side by side instead. The verdicts come from the ``run_summary`` metric; the
-steps from ``compare_steps.sql``; the rest is the pure functions of ``analytics.compare_logic``.
+run's steps (and its closest baseline run's) from ``compare_steps.sql``; the baseline in one pass
+over its spans from ``compare_baseline.sql``; the rest is the pure functions of
+``analytics.compare_logic``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """Pure functions behind run comparison (issue 35): step codes, the first point of departure,
 per agent and tool differences, and the step-by-step alignment of two runs.
 
-Inputs are frames of ``compare_steps.sql`` rows (one per span, ``pos`` from 0 in start order);
-nothing here reads a store. A *step* is a span's (agent, operation, tool, argument shape, status:
-failed, refused or neither); runs
-are aligned by the order of their steps, never by time. A run of repeats of one step (a block)
-is compared by its length, so a healthy run that searched twice covers a run that searched twice
-but not one that searched five times.
+Inputs are ``compare_steps.sql`` rows (one per span of a run, ``pos`` from 0 in start order) and
+the parts of ``compare_baseline.sql`` (step hashes per baseline run, counts and statistics per
+agent and tool); nothing here reads a store. A *step* is a span's (agent, operation, tool,
+argument shape, status: failed, refused or neither); runs are aligned by the order of their
+steps, never by time. A run of repeats of one step (a block) is compared by its length, so a
+healthy run that searched twice covers a run that searched twice but not one that searched five
+times.
 """
 
 from __future__ import annotations
@@ -35,14 +36,6 @@ def step_label(agent: str, operation: str, tool: str, arg_shape: str = "", statu
     who = agent or "(no agent)"
     shape = f" {arg_shape}" if arg_shape and arg_shape != "{}" else ""
     return f"{who} · {what}{shape}" + (f" ({status})" if status else "")
-
-
-def step_keys(steps: pd.DataFrame) -> pd.Series:
-    """Each row's step as one text (the fields joined by a separator no id contains)."""
-    if steps.empty:
-        return pd.Series([], dtype=object, index=steps.index)
-    parts = [steps[f].fillna("").astype(str) for f in STEP_FIELDS]
-    return parts[0].str.cat(parts[1:], sep="\x1f")
 
 
 @dataclass(frozen=True)
