@@ -15,7 +15,7 @@ from analytics.types import Window
 from dashboard import ui
 from dashboard.compare_render import baseline_sentence, departure_sentence
 from dashboard.datasource import SourceUnavailable
-from dashboard.figures_compare import aligned_waterfalls_figure, difference_table, profile_table
+from dashboard.figures_compare import LEGEND, aligned_waterfalls_figure, difference_table, profile_table
 from dashboard.filters import run_link
 
 PARAM = "compare"
@@ -103,6 +103,7 @@ def show_comparison(ctx: ui.PageContext, run: str) -> None:
             aligned_waterfalls_figure(pd.DataFrame(answer.get("alignment") or []), run, closest),
             key="aligned",
         )
+        st.caption(LEGEND)
     with right:
         st.markdown("**Differences per agent and tool**")
         table = difference_table(answer)

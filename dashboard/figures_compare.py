@@ -20,7 +20,7 @@ DEPARTURE_COLOR = "#9467bd"
 STATUS_COLOR = {"same": OK_COLOR, "changed": WARN_COLOR, "only_run": WARN_COLOR, "only_baseline": MUTED_COLOR}
 
 
-def _bars(rows: pd.DataFrame, side: str) -> dict:
+def _bars(rows: pd.DataFrame, side: str, run_id: str | None) -> dict:
     """Bar arguments of one side (``run`` or ``baseline``) of the aligned steps."""
     present = rows[f"{side}_span_id"].notna()
     colors = []
@@ -32,7 +32,7 @@ def _bars(rows: pd.DataFrame, side: str) -> dict:
         else:
             colors.append(STATUS_COLOR.get(status, OK_COLOR))
     hover = [
-        f"<b>{esc(label, 80)}</b><br>step {step} · span {esc(span)}<br>{esc(status)}"
+        f"<b>{esc(label, 80)}</b><br>{esc(run_id, 60)} · step {step} · span {esc(span)}<br>{esc(status)}"
         if isinstance(span, str)
         else ""
         for label, step, span, status in zip(
@@ -53,7 +53,7 @@ def _bars(rows: pd.DataFrame, side: str) -> dict:
 
 
 def aligned_waterfalls_figure(alignment: pd.DataFrame, run: str, baseline: str | None) -> go.Figure:
-    """The run (left) and the baseline run (right) step by step: one row per aligned step, each
+    """The run (left) and the baseline run (right) step by step (their ids in the hover): one row per aligned step, each
     side's bar at its time from its own run's start. Purple: the first point of departure; red:
     a failed call; orange: a step only one side takes, or another step in its place."""
     title = "Steps aligned"
@@ -64,21 +64,28 @@ def aligned_waterfalls_figure(alignment: pd.DataFrame, run: str, baseline: str |
         rows=1,
         cols=2,
         shared_yaxes=True,
-        horizontal_spacing=0.02,
-        subplot_titles=(f"run {esc(run, 40)}", f"baseline {esc(baseline, 40)}" if baseline else "baseline"),
+        horizontal_spacing=0.03,
+        subplot_titles=(
+            f"this run: {esc(run, 28)}",
+            f"baseline: {esc(baseline, 28)}" if baseline else "baseline",
+        ),
     )
-    fig.add_trace(go.Bar(**_bars(rows, "run")), row=1, col=1)
-    fig.add_trace(go.Bar(**_bars(rows, "baseline")), row=1, col=2)
+    fig.add_trace(go.Bar(**_bars(rows, "run", run)), row=1, col=1)
+    fig.add_trace(go.Bar(**_bars(rows, "baseline", baseline)), row=1, col=2)
     labels = [
         f"{'▶ ' if marked else ''}{esc(a if isinstance(a, str) else b, 50)}"
         for a, b, marked in zip(rows["run_step"], rows["baseline_step"], rows["departure"], strict=True)
     ]
     fig.update_yaxes(tickmode="array", tickvals=rows["step"].tolist(), ticktext=labels, autorange="reversed")
-    fig.update_xaxes(title="ms since the run's first span")
-    suffix = (
-        " — purple: first departure, red: failed, orange: a step only one side takes or takes differently"
-    )
-    return _layout(fig, title + suffix, height=160 + 22 * len(rows))
+    fig.update_xaxes(title="ms from the run's start")
+    return _layout(fig, title, height=160 + 22 * len(rows))
+
+
+LEGEND = (
+    "Each row is one step of the two runs, aligned by the order of their steps (not by time). "
+    "Purple: the first departure; red: a failed call; orange: a step only one side takes, or "
+    "another step in its place; grey: a step only the baseline run takes."
+)
 
 
 def difference_table(answer: dict) -> pd.DataFrame:
