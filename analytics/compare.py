@@ -1,7 +1,7 @@
 """What changed? A run beside its crew's healthy runs (issue 35).
 
-``compare_run`` builds the crew baseline (the runs of the run's service whose ``run_summary``
-verdict is healthy, in a window), summarises it per agent and tool, and says how the run differs:
+``compare_run`` builds the crew baseline (the runs of the run's service in a window whose
+``run_summary`` verdict, over that window as the Overview shows it, is healthy), summarises it per agent and tool, and says how the run differs:
 per agent and tool (``compare_logic.differences``) and where it first departed (the earliest span
 whose step no healthy run takes at that point of its sequence). With ``baseline=<run id>`` it
 compares two runs side by side instead. The verdicts come from the ``run_summary`` metric; the
@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from analytics import compare_logic as logic
 from analytics.engine import is_clickhouse
 from analytics.registry import run_metric
-from analytics.sql_loader import load_sql, query_arrow, query_df
+from analytics.sql_loader import filter_params, load_sql, query_arrow, query_df
 from analytics.types import Filters, Window
 
 logger = logging.getLogger(__name__)
@@ -110,9 +110,11 @@ def compare_run(
         )
     info = _run_info(conn, run_id, "run")
     service = info["service"]
-    verdicts = run_metric(
-        conn, "run_summary", window, Filters(service=service), ["run_id", "verdict", "last_seen"]
-    )
+    # The verdicts of the scope the Overview shows (the window, no filter: in serve the kept
+    # worker keeps the all-time one fresh), of the crew's runs.
+    verdicts = run_metric(conn, "run_summary", window, Filters(), ["run_id", "verdict", "last_seen"])
+    crew = query_df(conn, load_sql("compare_crew_runs"), filter_params(window, Filters(service=service)))
+    verdicts = verdicts[verdicts["run_id"].isin(set(crew["run_id"]))]
     others = verdicts[verdicts["run_id"] != run_id].sort_values("last_seen", ascending=False, kind="stable")
     result: dict[str, Any] = {
         "run": {"run_id": run_id, "service": service, "verdict": _verdict(conn, run_id, verdicts), "spans": info["spans"]},

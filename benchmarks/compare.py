@@ -170,7 +170,7 @@ def run_compare_bench(workdir: Path, spans: int, calls: int, repeats: int) -> di
             warm.append(wall)
             warm_cpu.append(cpu)
         frame, verdicts_s, _ = _timed(
-            lambda: run_metric(conn, "run_summary", Window(), Filters(service=SERVICE), ["run_id", "verdict"])
+            lambda: run_metric(conn, "run_summary", Window(), Filters(), ["run_id", "verdict"])
         )
         ids = [
             str(r) for r in frame.loc[(frame["verdict"] == "healthy") & (frame["run_id"] != run), "run_id"]
