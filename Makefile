@@ -120,7 +120,7 @@ $(CREWAI_VENV)/.installed: corpus/requirements-crewai.txt
 	$(CREWAI_VENV)/bin/python -m pip install --quiet -r corpus/requirements-crewai.txt
 	@touch $@
 
-.PHONY: framework-corpus eval-frameworks
+.PHONY: framework-corpus eval-frameworks eval-compare
 
 # One process per run set: instrumentors patch frameworks globally.
 framework-corpus: $(FW_VENV)/.installed $(CREWAI_VENV)/.installed
@@ -132,3 +132,8 @@ framework-corpus: $(FW_VENV)/.installed $(CREWAI_VENV)/.installed
 # Ingest the corpus through a real `driftscope serve`, score every detector, write docs/detection-quality.md.
 eval-frameworks: dev
 	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.eval_frameworks --notes corpus/detection-quality-notes.md
+
+# Compare every corpus and simulator run with its crew's healthy runs; score the first departure
+# (issue 35) into its section of docs/detection-quality.md.
+eval-compare: dev
+	HF_HUB_OFFLINE=1 $(PY) -m benchmarks.eval_compare

@@ -16,7 +16,7 @@ import pandas as pd
 import pyarrow as pa
 
 from analytics import alerts as alert_state
-from analytics import browse, kept_store, materialize, registry, search, thresholds
+from analytics import browse, compare, kept_store, materialize, registry, search, thresholds
 from analytics.registry import Metric
 from analytics.types import Filters, Window
 
@@ -146,6 +146,15 @@ def run_spans(
 
 MAX_CONTAINING = 50  # texts in one run_spans(containing=...) call
 MAX_CONTAINING_CHARS = 200
+
+
+def compare_run(
+    conn: duckdb.DuckDBPyConnection, run_id: str, baseline: str = compare.AUTO, window: Window = Window()
+) -> dict[str, Any]:
+    """How a run differs from its crew's healthy runs in ``window`` (``baseline="auto"``) or from
+    one chosen run (``compare.compare_run``; issue 35); ``compare.RunNotFoundError`` when either
+    run has no spans."""
+    return compare.compare_run(conn, run_id, baseline, window)
 
 
 def containing_texts(containing: list[str] | str | None) -> list[str] | None:

@@ -66,6 +66,7 @@ def expand_fragments(text: str) -> str:
         "filtered_spans",
         "span_filter",
         "run_scope",
+        "compare_step_columns",
     ):
         placeholder = "{" + fragment + "}"
         if placeholder in text:

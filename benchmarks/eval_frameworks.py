@@ -731,6 +731,17 @@ def render_report(evaluations: list[Evaluation], notes: str = "") -> str:
     )
 
 
+def kept_sections(report: Path) -> str:
+    """The sections other evaluations wrote into ``report`` between their markers
+    (``benchmarks.eval_compare``'s run comparison), kept when this one rewrites the file."""
+    from benchmarks.eval_compare import BEGIN, END
+
+    text = report.read_text() if report.exists() else ""
+    if BEGIN not in text or END not in text:
+        return ""
+    return "\n" + text[text.index(BEGIN) : text.index(END) + len(END)] + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_sets", nargs="*", help="run sets to evaluate (default: every one in the corpus)")
@@ -780,7 +791,7 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(failing_cases(evaluation)) or "none")
     if str(args.report) != "-":
         notes = args.notes.read_text() if args.notes else ""
-        args.report.write_text(render_report(evaluations, notes))
+        args.report.write_text(render_report(evaluations, notes) + kept_sections(args.report))
         print(f"wrote {args.report}", file=sys.stderr)
     if args.json:
         payload = {

@@ -209,6 +209,21 @@ def _base_targets(document: dict) -> list[dict]:
             f"ingested DB; SQL-grown query DB at its largest size: {at_largest}" if at_largest else "",
         )
     )
+    compare = _get(document, "compare") or {}
+    compare_s = compare.get("median_s")
+    rows.append(
+        _row(
+            f"run comparison (issue 35): a {compare.get('calls_per_run', 1000):,}-call run against "
+            f"{compare.get('baseline_runs', 1000):,} healthy runs at {compare.get('spans', 1_000_000):,} spans",
+            "<= 0.5 s",
+            compare_s,
+            None if compare_s is None else compare_s <= 0.5,
+            f"warm median; cold {compare.get('cold_s')} s, CPU {compare.get('median_cpu_s')} s; "
+            f"parts {compare.get('parts_s')}"
+            if compare
+            else "not measured",
+        )
+    )
     dashboard = _get(document, "dashboard") or {}
     report_s = _get(dashboard, "report_html", "first_s")
     report_cut = _get(dashboard, "report_html", "timed_out_after_s")

@@ -26,7 +26,7 @@ from benchmarks.report import check_targets, detector_table, markdown_table
 logger = logging.getLogger(__name__)
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("ingest", "queries", "shapes", "embeddings", "dashboard", "chdb", "live")
+SECTIONS = ("ingest", "queries", "shapes", "embeddings", "dashboard", "chdb", "live", "compare")
 FULL = {
     "ingest_spans": 200_000,
     # The issue's sizes: peak RSS across a 10M-span ingest (~15-20 min on 2 cores) and every
@@ -62,6 +62,10 @@ FULL = {
     ],
     "live_seconds": 120.0,
     "live_rate": 2000.0,
+    # Issue 35: a 1,000-call run against its crew's 999 healthy runs at 1M stored spans.
+    "compare_spans": 1_000_000,
+    "compare_calls": 1000,
+    "compare_repeats": 3,
 }
 # Smoke: every script runs once at a tiny size (the embedding-worker ingest pair is left out: it
 # loads the model inside serve, which alone takes longer than the whole smoke run should).
@@ -91,6 +95,9 @@ SMOKE = {
     "live": [{"spans": 4096, "shape": None}],
     "live_seconds": 3.0,
     "live_rate": 500.0,
+    "compare_spans": 20_000,
+    "compare_calls": 100,
+    "compare_repeats": 1,
 }
 
 
@@ -226,6 +233,12 @@ def run_sections(sections: list[str], config: dict, workdir: Path) -> dict:
             skip=SLOW_TO_PLAN if config["chdb_skip_slow"] else {},
             copy_above=config["chdb_copy_above"],
         )
+    if "compare" in sections:
+        from benchmarks.compare import run_compare_bench
+
+        out["compare"] = run_compare_bench(
+            workdir, config["compare_spans"], config["compare_calls"], config["compare_repeats"]
+        )
     return out
 
 
@@ -251,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="chdb: leave out the detectors that were slow to plan there (benchmarks.chdb.SLOW_TO_PLAN)",
     )
+    parser.add_argument("--compare-spans", type=int, help="stored spans of the compare section's database")
     parser.add_argument("--out", type=Path, help="results JSON (default benchmarks/results/<date>.json)")
     parser.add_argument("--workdir", type=Path, help="scratch directory for databases")
     args = parser.parse_args(argv)
@@ -279,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
         config["chdb_sizes"] = sorted(args.chdb_sizes)
     if args.chdb_skip_slow:
         config["chdb_skip_slow"] = True
+    if args.compare_spans:
+        config["compare_spans"] = args.compare_spans
     sections = args.only or list(SECTIONS)
     today = datetime.now(UTC).date().isoformat()
     out_path = args.out or (

@@ -24,6 +24,7 @@ import pandas as pd
 import pyarrow as pa
 
 from analytics import read
+from analytics.compare import RunNotFoundError
 from analytics.types import Filters, Window
 
 logger = logging.getLogger(__name__)
@@ -130,6 +131,8 @@ class DataSource(Protocol):
     def search_spans(self, text: str, window: Window, filters: Filters, limit: int = 100) -> pd.DataFrame: ...
 
     def alerts(self, window: Window) -> pd.DataFrame: ...
+
+    def compare(self, run_id: str, baseline: str = "auto", window: Window = Window()) -> dict | None: ...
 
     def alerting_health(self) -> dict | None: ...
 
@@ -303,6 +306,13 @@ class HttpSource:
         response = self._get("/api/v1/alerts", window_params(window, Filters()), ARROW_STREAM)
         return typed_alerts(self._frame(response))
 
+    def compare(self, run_id: str, baseline: str = "auto", window: Window = Window()) -> dict | None:
+        """The run beside its crew's healthy runs or a chosen run (``GET /api/v1/runs/<id>/compare``;
+        issue 35); None when the run (or the chosen run) has no spans."""
+        params = {**window_params(window, Filters()), "baseline": baseline}
+        response = self._get(f"/api/v1/runs/{quote(run_id, safe='')}/compare", params, missing_ok=True)
+        return None if response is None else response.json()
+
     def alerting_health(self) -> dict | None:
         """The collector's evaluator and delivery state (``alerting`` of /api/v1/health)."""
         body = self._get("/api/v1/health").json()
@@ -447,6 +457,14 @@ class DuckDBFileSource:
     def alerts(self, window: Window) -> pd.DataFrame:
         """Alert episodes the file holds (a copy of a serve database that evaluated alerts)."""
         return typed_alerts(self._read(read.alerts, window))
+
+    def compare(self, run_id: str, baseline: str = "auto", window: Window = Window()) -> dict | None:
+        """The run beside its crew's healthy runs or a chosen run (``analytics.read.compare_run``);
+        None when the run (or the chosen run) has no spans."""
+        try:
+            return self._read(read.compare_run, run_id, baseline, window)
+        except RunNotFoundError:
+            return None
 
     def alerting_health(self) -> dict | None:
         """None: delivery state lives in a running serve, not in the file."""

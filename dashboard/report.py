@@ -85,6 +85,7 @@ def gather_report(
         errors["thresholds"] = f"{type(exc).__name__}: {exc}"
         thresholds = pd.DataFrame(columns=["name", "value", "version", "method", "calibrated", "provenance"])
     alerts = gather_alerts(source, window, filters, errors)
+    comparison = gather_comparison(source, run, window, errors) if run else None
     totals = source.run_totals(window, filters)
     newest = [str(r) for r in totals["run_id"].head(RUNS_LISTED)]
     runs = source.run_details(window, filters, newest) if newest else pd.DataFrame()
@@ -104,7 +105,19 @@ def gather_report(
         errors=errors,
         verdicts=verdicts,
         alerts=alerts,
+        comparison=comparison,
     )
+
+
+def gather_comparison(source, run: str, window: Window, errors: dict[str, str]) -> dict | None:
+    """The run beside its crew's healthy runs in the window (issue 35); None (and the reason in
+    ``errors``) when the source cannot answer: the report stands without it."""
+    try:
+        return source.compare(run, "auto", window)
+    except Exception as exc:
+        logger.warning("run comparison unavailable: %s", exc)
+        errors["compare"] = f"{type(exc).__name__}: {exc}"
+        return None
 
 
 def gather_alerts(source, window: Window, filters: Filters, errors: dict[str, str]) -> pd.DataFrame | None:

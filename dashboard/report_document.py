@@ -49,6 +49,8 @@ class ReportData:
     dashboard_url: str | None = None
     # Alert episodes of the window (issue 18); None: the source gave none.
     alerts: pd.DataFrame | None = None
+    # A run report's run beside its crew's healthy runs (issue 35); None for a window report.
+    comparison: dict | None = None
 
     @property
     def findings(self) -> list[Finding]:
@@ -179,6 +181,7 @@ def report_document(data: ReportData) -> dict:
         "findings": findings,
         "blind_spots": blind_spots(data),
         "alerts": alert_items(data),
+        "comparison": data.comparison,
         "thresholds": thresholds,
         "errors": data.errors,
     }

@@ -266,6 +266,7 @@ def render_html(data: ReportData) -> str:
         f"Window: {_e(describe_window(data.window))}; {_e(describe_filters(data.filters))}.</p>",
         "<h2>Runs by verdict</h2>",
         _verdicts_html(data),
+        _comparison_html(data),
         "<h2>Summary</h2>",
         f"<p><b>{summary['findings']:,}</b> findings in <b>{summary['runs_with_findings']:,}</b> of "
         f"<b>{summary['runs']:,}</b> runs.{_listing_note(data)}</p>",
@@ -473,7 +474,7 @@ def render_markdown(data: ReportData) -> str:
         out.append(f"| {md_escape(category)} | {count} | {md_escape(MAST_HELP.get(category, ''))} |")
     out.append("")
     out.extend(_md_table(data.summary))
-    out = out[:4] + _verdicts_md(data) + out[4:]
+    out = out[:4] + _verdicts_md(data) + _comparison_md(data) + out[4:]
     out += ["## Findings", ""]
     if not doc["findings"] and not summary["findings"]:
         out += ["No coordination failures were found in this scope.", ""]
@@ -544,3 +545,29 @@ def _verdicts_md(data: ReportData) -> list[str]:
     columns = ["verdict", "run_id", "worst_failure_mode", "findings", "agents", "last_span"]
     links = {"run_id": lambda r: explorer_url(data.dashboard_url, r.get("run_id"))}
     return ["## Runs by verdict", "", *_md_rows(columns, table.to_dict("records"), links)]
+
+
+COMPARISON_TITLE = "What differs from healthy runs"
+
+
+def _span_url(data: ReportData):
+    return lambda run, span: explorer_url(data.dashboard_url, run, span=span)
+
+
+def _comparison_html(data: ReportData) -> str:
+    """A run report's "What differs from healthy runs" section (issue 35); empty otherwise."""
+    if data.comparison is None:
+        return ""
+    # Imported here: compare_render reads this module's md_escape.
+    from dashboard.compare_render import comparison_html
+
+    return f"<h2>{COMPARISON_TITLE}</h2>\n" + comparison_html(data.comparison, _span_url(data))
+
+
+def _comparison_md(data: ReportData) -> list[str]:
+    """The same section as Markdown lines."""
+    if data.comparison is None:
+        return []
+    from dashboard.compare_render import comparison_markdown
+
+    return [f"## {COMPARISON_TITLE}", "", *comparison_markdown(data.comparison, _span_url(data))]

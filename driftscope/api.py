@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from analytics import read
+from analytics.compare import AUTO, RunNotFoundError, UnsupportedStoreError
 from analytics.search import DEFAULT_SEARCH_LIMIT
 from analytics.types import Filters, Window
 from collector.auth import token_matches
@@ -283,6 +284,19 @@ def build_api_routes(
             return JSONResponse({"error": f"no spans for run {run_id[:80]!r}"}, status_code=404)
         return frame_response(request, frame, {"run": run_id})
 
+    async def run_compare(request: Request) -> Response:
+        # What changed (issue 35): the run beside its crew's healthy runs, or beside ?baseline=RUN.
+        run_id = _text_param("run id", request.path_params["run_id"])
+        params = parse_query(request, ("baseline",) + WINDOW_PARAMS)
+        baseline = params.get("baseline") or AUTO
+        try:
+            answer = await run(read.compare_run, run_id, baseline, window_and_filters(params)[0])
+        except RunNotFoundError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=404)
+        except UnsupportedStoreError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=501)
+        return Response(dumps(answer), media_type="application/json")
+
     async def run_totals(request: Request) -> Response:
         params = parse_query(request, WINDOW_PARAMS + FILTER_PARAMS)
         frame = await run(read.run_totals, *window_and_filters(params))
@@ -346,6 +360,7 @@ def build_api_routes(
         Route("/api/v1/filter-options", guarded(filter_options), methods=["GET"]),
         Route("/api/v1/evidence-spans", guarded(evidence_spans), methods=["POST"]),
         Route("/api/v1/runs/{run_id:path}/spans", guarded(run_spans), methods=["GET"]),
+        Route("/api/v1/runs/{run_id:path}/compare", guarded(run_compare), methods=["GET"]),
         Route("/api/v1/thresholds", guarded(thresholds), methods=["GET"]),
         Route("/api/v1/alerts", guarded(alerts), methods=["GET"]),
         Route("/api/v1/search", guarded(search), methods=["GET"]),

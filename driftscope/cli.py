@@ -26,6 +26,7 @@ COMMANDS = {
     "dashboard": "Open the Streamlit dashboard on a running collector or a DuckDB file.",
     "demo": "Stream the simulator's scripted crews to a running collector.",
     "report": "Write a drift report (html, md or json) for a time window or a run.",
+    "compare": "Compare a run with its crew's healthy runs (or with one chosen run): what changed, where it departed.",
     "calibrate": "Compute and store calibrated detector thresholds.",
     "settings": "Print every setting as a Markdown table (the README's settings section).",
     "alerts": "Check an alert rules file (alerts check FILE) or send a sample alert (alerts test RULE).",
@@ -91,6 +92,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="The dashboard's address (e.g. http://127.0.0.1:8501): run, trace and span ids in the report "
         "link to its run explorer. Without it ids are plain text.",
     )
+    compare = subparsers["compare"]
+    compare.add_argument("run", metavar="RUN", help="The run (conversation id) to compare.")
+    compare.add_argument(
+        "--baseline",
+        default=None,
+        metavar="RUN",
+        help="Compare with this run instead of the crew's healthy runs (any two runs side by side).",
+    )
+    compare.add_argument(
+        "--since", default=None, help="Healthy runs from this time on: a duration ago (7d) or ISO-8601 time."
+    )
+    compare.add_argument("--format", dest="fmt", choices=("md", "json"), default="md")
+    compare.add_argument("-o", "--output", default=None, help="File to write (default: standard output).")
     cal = subparsers["calibrate"]
     cal.add_argument(
         "--db",
@@ -396,6 +410,10 @@ def main(argv: list[str] | None = None) -> int:
             from driftscope.clickhouse_command import cmd_clickhouse
 
             return cmd_clickhouse(args, values)
+        if args.command == "compare":
+            from driftscope.compare_command import cmd_compare
+
+            return cmd_compare(args, values)
         if args.command == "calibrate":
             from driftscope.calibrate import cmd_calibrate
 

@@ -197,7 +197,7 @@ SETTINGS: tuple[Setting, ...] = (
         "token",
         None,
         "Bearer token required on ingest and the read API (Authorization: Bearer ...).",
-        commands=SERVE + ("ingest", "dashboard", "report", "demo", "calibrate"),
+        commands=SERVE + ("ingest", "dashboard", "report", "compare", "demo", "calibrate"),
         metavar="TOKEN",
     ),
     Setting(
@@ -342,7 +342,7 @@ SETTINGS: tuple[Setting, ...] = (
         "(driftscope.side_effect), as an RE2 regex matched against the name and its words "
         "(sendEmail -> send_email); replaces the default verb list (docs/analytics.md).",
         parse_tool_pattern,
-        SERVE + ("dashboard", "report"),
+        SERVE + ("dashboard", "report", "compare"),
         metavar="REGEX",
     ),
     Setting(
@@ -415,7 +415,7 @@ SETTINGS: tuple[Setting, ...] = (
         "http://127.0.0.1:4318",
         "Read API URL of a running serve, a DuckDB file path, or a ClickHouse store: chdb:PATH or "
         "clickhouse://HOST:8123/DB (docs/scale-out.md).",
-        commands=("dashboard", "report"),
+        commands=("dashboard", "report", "compare"),
         metavar="URL|PATH",
     ),
     Setting(
@@ -431,7 +431,7 @@ SETTINGS: tuple[Setting, ...] = (
         "INFO",
         "Log level: debug, info, warning, error.",
         parse_log_level,
-        ("serve", "up", "ingest", "dashboard", "demo", "report", "calibrate"),
+        ("serve", "up", "ingest", "dashboard", "demo", "report", "compare", "calibrate"),
         metavar="LEVEL",
     ),
 )

@@ -58,6 +58,12 @@ else:
                     f"{ui.md_escape(row.worst_failure_mode or 'no finding')}",
                     query_params={"run": row.run_id},
                 )
+                if row.verdict == "failing":  # what differs from the crew's healthy runs (issue 35)
+                    st.page_link(
+                        ui.view("run_explorer"),
+                        label=f"Compare run {ui.md_escape(row.run_id)} with healthy runs",
+                        query_params={"run": row.run_id, "compare": "auto"},
+                    )
             ui.runs_table(incidents, key="incidents")
 
         st.subheader("Failure modes")

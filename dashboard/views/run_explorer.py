@@ -3,7 +3,8 @@ collapsible trace view with its timeline; each span's inputs, outputs and attrib
 
 URL: ``?run=`` the run, ``&span=`` a span to inspect, ``&q=`` a search (trace id, span id or any
 attribute value), ``&finding=`` the finding (1-based, worst first) whose evidence is highlighted;
-``?find=`` a search across every run in the sidebar's window and filters, each result a link here.
+``?find=`` a search across every run in the sidebar's window and filters, each result a link here;
+``&compare=auto|RUN`` the run beside its crew's healthy runs or another run (dashboard/compare_view.py).
 """
 
 from dataclasses import replace
@@ -13,6 +14,7 @@ import streamlit as st
 
 from analytics.search import MIN_SEARCH_CHARS
 from dashboard import ui
+from dashboard.compare_view import comparison_toggle, show_comparison
 from dashboard.figures_run import delegation_graph_figure, waterfall_figure
 from dashboard.filters import dashboard_base, run_link
 from dashboard.findings import findings_frame, order_by_run_and_severity, run_failures
@@ -346,4 +348,7 @@ else:
         st.query_params["run"] = run
         for stale in ("span", "finding"):  # they named spans and findings of the previous run
             st.query_params.pop(stale, None)
-    show_run(ctx, run)
+    if comparison_toggle(run):
+        show_comparison(ctx, run)
+    else:
+        show_run(ctx, run)

@@ -95,7 +95,9 @@ def _combinations(values: dict):
 DETECTOR_SQL = sorted(
     p.stem
     for p in SQL_DIR.glob("*.sql")
-    if not p.stem.startswith("_") and p.stem not in ("run_spans", "list_runs", "evidence_spans")
+    # Browse and comparison reads: named runs, not a filtered window.
+    if not p.stem.startswith("_")
+    and p.stem not in ("run_spans", "list_runs", "evidence_spans", "compare_steps", "compare_baseline")
 )
 
 

@@ -163,6 +163,10 @@ def test_smoke_run_writes_results_for_every_section(tmp_path, capsys):
     assert run_on_chdb and all(chdb["chdb"][name]["median_s"] is not None for name in run_on_chdb)
     assert chdb["same_rows"] == dict.fromkeys(run_on_chdb, True)
 
+    compare = document["compare"]
+    assert compare["spans"] == 20_000 and compare["baseline_runs"] == compare["runs"] - 1 == 199
+    assert compare["departure"] is not None and compare["median_s"] > 0
+
     targets = document["targets"]
     assert targets == check_targets(document)
     assert {"target", "limit", "measured", "met", "note"} <= set(targets[0])

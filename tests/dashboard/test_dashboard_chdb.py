@@ -156,3 +156,17 @@ def test_overview_on_a_chdb_store_counts_the_split_brain_findings(monkeypatch, c
     incidents = at.dataframe[0].value
     assert list(incidents["run_id"]) == [SPLIT_BRAIN_RUN]
     assert incidents["verdict"][0] == "failing"
+
+
+def test_run_comparison_on_a_clickhouse_store_says_it_needs_a_duckdb_copy(tmp_path):
+    from analytics.compare import UnsupportedStoreError
+    from analytics.read import compare_run
+
+    path = tmp_path / "store.chdb"
+    write_chdb_store(path, SAMPLES[:1])
+    store = ChdbStore(str(path))
+    try:
+        with pytest.raises(UnsupportedStoreError, match="DuckDB copy"):
+            compare_run(store, SPLIT_BRAIN_RUN)
+    finally:
+        store.close()
