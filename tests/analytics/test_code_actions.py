@@ -23,7 +23,7 @@ def test_escape_sequences_prose_and_keywords_are_not_calls():
         "<code>\n"
         'text = "line one\\n(two)\\t(three)"\n'
         "if not (len(text) > 3) and True:\n"
-        "    print(f\"{text!r} (done)\")\n"
+        '    print(f"{text!r} (done)")\n'
         "</code>"
     )
     assert code_calls(_message(content)) == []
@@ -56,7 +56,9 @@ def test_a_fenced_block_that_is_prose_gives_no_calls():
 
 
 def test_calls_keep_source_order_and_non_literal_arguments_are_their_source():
-    content = "<code>\nfor q in queries:\n    web_search(q)\nsend_report(to=ADDRESS, body=summary(x))\n</code>"
+    content = (
+        "<code>\nfor q in queries:\n    web_search(q)\nsend_report(to=ADDRESS, body=summary(x))\n</code>"
+    )
     assert code_calls(content) == [
         ("web_search", "q"),
         ("send_report", '{"to":"ADDRESS","body":"summary(x)"}'),
