@@ -19,6 +19,8 @@
 --     escaped text, builtins or names the code binds itself; bound as $code_outputs / $code_tools
 --     / $code_args), only of a tool the run has (a tool name of its tool spans), only for
 --     (run, agent, name) without tool spans of their own, and never a name of an invoked agent.
+-- A call whose arguments were not captured (a tool span without tool_args, a hand-off without
+-- task, arguments or input) is no call here: invisible arguments are not equal arguments.
 -- Outcomes are not part of the group: a retry loop is error, error, ok.
 -- Two calls are linked when their normalized arguments are identical (the same sorted argument
 -- words: whitespace, case and key order free; every such call links to the first of them), or
@@ -44,6 +46,8 @@ WITH RECURSIVE tool_calls AS NOT MATERIALIZED (
     FROM spans
     WHERE {span_filter} AND tool_name IS NOT NULL AND run_id IS NOT NULL
       AND coalesce(op, '') NOT IN ('delegate', 'objective')
+      -- arguments not captured are not equal arguments: such a call matches no other
+      AND tool_args IS NOT NULL
       -- an execution guard's check that let the call through is not the call (the call is its
       -- own span); a refused check is a refused call
       AND NOT (coalesce(guard, '') = 'execution_guard' AND coalesce(outcome, 'ok') <> 'rejected')
@@ -69,6 +73,8 @@ delegations AS NOT MATERIALIZED (
            (d.goal_text IS NOT NULL OR d.input_text IS NULL) AS own_args
     FROM handoffs d LEFT JOIN agent_tasks t ON t.input_text = d.input_text
     WHERE ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
+      -- a hand-off whose task was not captured matches no other
+      AND coalesce(d.goal_text, t.task, d.tool_args, d.input_text, '') <> ''
       AND NOT EXISTS (SELECT 1 FROM handoffs b
                       WHERE b.run_id = d.run_id AND b.agent_id = d.delegate_to AND b.delegate_to = d.agent_id)
 ),

@@ -452,3 +452,18 @@ def test_hand_off_tool_calls_of_a_ping_pong_are_the_ping_pong():
     conn = new_db()  # the same tool calls without the bounce: a loop of the tool
     insert_spans(conn, [span for span in rows if span["tool_name"] == "transfer_to_researcher"])
     assert list(run_metric(conn, "repeated_calls")["tool_name"]) == ["transfer_to_researcher"]
+
+
+def test_calls_whose_arguments_were_not_captured_are_no_loop_on_an_empty_signature():
+    # ADK's and Strands' defaults record no tool arguments: three different searches look alike
+    conn = new_db()
+    insert_spans(conn, [make_span(i, agent_id="researcher", tool_name="web_search") for i in range(3)])
+    insert_spans(conn, [make_span(5 + i, agent_id="manager", op="delegate", delegate_to="researcher")
+                        for i in range(3)])  # fmt: skip
+    assert run_metric(conn, "repeated_calls").empty
+    # the same calls with their arguments captured (identical): a loop
+    conn = new_db()
+    insert_spans(conn, [make_span(i, agent_id="researcher", tool_name="web_search", tool_args={"query": "x"})
+                        for i in range(3)])  # fmt: skip
+    loops = run_metric(conn, "repeated_calls")
+    assert list(loops["kind"]) == ["exact"] and loops.loc[0, "calls"] == 3
