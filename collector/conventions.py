@@ -113,6 +113,19 @@ SCOPE_TRACELOOP_CREWAI = "opentelemetry.instrumentation.crewai"
 CREWAI_DELEGATION_TOOLS = frozenset({"Delegate work to coworker", "Ask question to coworker"})
 # OpenAI Agents names a hand-off span "handoff to <agent>".
 HANDOFF_PREFIX = "handoff to "
+# Tools through which GenAI-native frameworks hand the conversation to another agent, named by
+# the call's `agent_name` argument: Google ADK's `transfer_to_agent`, Strands' Swarm
+# `handoff_to_agent`.
+GENAI_HANDOFF_TOOLS = frozenset({"transfer_to_agent", "handoff_to_agent"})
+GENAI_TOOL_NAME_KEY = "gen_ai.tool.name"
+# Google ADK types an agent called as a tool (`AgentTool`) in `gen_ai.tool.type`; the tool is
+# named after the agent.
+ADK_AGENT_TOOL_TYPE = "AgentTool"
+GENAI_TOOL_TYPE_KEY = "gen_ai.tool.type"
+# Message texts that are a framework's transcript of other agents' turns, not a request: ADK
+# quotes them to the agent a conversation is transferred to ("For context: below is a transcript
+# of what another agent did ...").
+TRANSCRIPT_PREFIXES = ("For context:",)
 # The attributes two readers and a condition look at besides their source's value.
 SMOLAGENTS_TASK_KEY = "input.value"  # a managed agent's prompt, which names it
 CREWAI_TOOL_KEY = "tool.name"  # the tool a CrewAI span calls
@@ -204,6 +217,9 @@ RULES: tuple[Rule, ...] = (
             S("openai-agents", "span:name", when="openai_agents_handoff", read="delegate"),
             S("openllmetry", "langgraph.command.goto_node", read="delegate"),
             S("crewai", "tool.name", when="crewai_delegation", read="delegate"),
+            # ADK's transfer_to_agent, Strands' handoff_to_agent; an ADK AgentTool call
+            S("genai", "gen_ai.tool.name", when="genai_handoff", read="delegate"),
+            S("adk", "gen_ai.tool.type", when="adk_agent_tool", read="delegate"),
         ),
     ),
     Rule(
@@ -213,6 +229,8 @@ RULES: tuple[Rule, ...] = (
             S("openai-agents", "output.value", when="openai_agents_handoff"),  # the target agent
             S("openllmetry", "langgraph.command.goto_node"),
             S("crewai", "input.value", when="crewai_delegation", read="crewai_coworker"),
+            S("genai", "gen_ai.tool.call.arguments", when="genai_handoff", read="handoff_agent"),
+            S("adk", "gen_ai.tool.name", when="adk_agent_tool"),  # the agent the tool is
         ),
     ),
     Rule(
@@ -241,6 +259,9 @@ RULES: tuple[Rule, ...] = (
             # an agent turn's conversation (the request is its first user message)
             S("genai", "gen_ai.input.messages", when="agent"),
             S("pydantic-ai", "pydantic_ai.all_messages", when="agent"),
+            # a model call's request: its last user message with text (not a transcript wrapper);
+            # an agent span without input takes its first model call's (collector.store)
+            S("genai", "gen_ai.input.messages", when="llm", read="genai_user_text"),
         ),
     ),
     Rule(
@@ -363,6 +384,7 @@ _TRACELOOP_FAMILY = {
 _GENAI_FAMILY = {
     "invoke_agent": "agent",
     "create_agent": "agent",
+    "invoke_workflow": "chain",
     "execute_tool": "tool",
     "chat": "llm",
     "text_completion": "llm",
@@ -500,6 +522,42 @@ def _langgraph_metadata_agent(metadata: Any) -> str | None:
     return langgraph_agent(metadata.get("langgraph_checkpoint_ns")) if isinstance(metadata, dict) else None
 
 
+def _handoff_agent(arguments: Any) -> str | None:
+    """The agent a hand-off tool call names (``{"agent_name": ...}``)."""
+    parsed = _parse_json_object(arguments)
+    target = parsed.get("agent_name") if isinstance(parsed, dict) else None
+    return (target.strip() or None) if isinstance(target, str) else None
+
+
+def genai_user_text(messages: Any) -> str | None:
+    """The request of a GenAI ``gen_ai.input.messages`` list: the text parts of its last user
+    message that has any, a framework's transcript of other agents' turns left out."""
+    if isinstance(messages, str):
+        if not messages.startswith("["):
+            return None
+        try:
+            messages = json.loads(messages)
+        except (ValueError, RecursionError):
+            return None
+    if not isinstance(messages, list):
+        return None
+    for message in reversed(messages):
+        if not isinstance(message, dict) or message.get("role") != "user":
+            continue
+        parts = message.get("parts")
+        texts = [
+            part["content"]
+            for part in (parts if isinstance(parts, list) else [])
+            if isinstance(part, dict)
+            and part.get("type") == "text"
+            and isinstance(part.get("content"), str)
+            and not part["content"].startswith(TRANSCRIPT_PREFIXES)
+        ]
+        if texts:
+            return "\n".join(texts)
+    return None
+
+
 def _crewai_coworker(arguments: Any) -> str | None:
     parsed = _parse_json_object(arguments)
     coworker = parsed.get("coworker") if isinstance(parsed, dict) else None
@@ -587,6 +645,8 @@ READERS: dict[str, str] = {
     "langgraph_agent": "langgraph_agent(v)",
     "langgraph_metadata_agent": "langgraph_metadata_agent(v)",
     "crewai_coworker": "crewai_coworker(v)",
+    "handoff_agent": "handoff_agent(v)",
+    "genai_user_text": "genai_user_text(v)",
     "tool": "'tool'",
     "delegate": "'delegate'",
     "attribute": "'attribute'",
@@ -599,6 +659,9 @@ CONDITIONS: dict[str, str] = {
     "smolagents_agent": "scope == SCOPE_SMOLAGENTS and out[COLUMN['span_family']] == 'agent'",
     "openai_agents_handoff": "scope == SCOPE_OPENAI_AGENTS and name.startswith(HANDOFF_PREFIX)",
     "crewai_delegation": "str(get(CREWAI_TOOL_KEY)) in CREWAI_DELEGATION_TOOLS",
+    "llm": "out[COLUMN['span_family']] == 'llm'",
+    "genai_handoff": "get(GENAI_TOOL_NAME_KEY) in GENAI_HANDOFF_TOOLS",
+    "adk_agent_tool": "get(GENAI_TOOL_TYPE_KEY) == ADK_AGENT_TOOL_TYPE",
     "stable_agent_id": "scope != SCOPE_TRACELOOP_LANGCHAIN and scope != SCOPE_TRACELOOP_CREWAI",
 }
 
@@ -669,6 +732,18 @@ def _sql_call_arguments(v: str) -> str:
     )
 
 
+def _sql_genai_user_text(v: str) -> str:
+    wrapper = " OR ".join(
+        f"startsWith(JSONExtractString(p, 'content'), {sql_text(x)})" for x in TRANSCRIPT_PREFIXES
+    )
+    texts = (
+        "arrayMap(p -> JSONExtractString(p, 'content'), arrayFilter(p -> JSONExtractString(p, 'type') = 'text' "
+        f"AND JSONType(p, 'content') = 'String' AND NOT ({wrapper}), JSONExtractArrayRaw(m, 'parts')))"
+    )
+    per_message = f"arrayMap(m -> if(JSONExtractString(m, 'role') = 'user', arrayStringConcat({texts}, '\\n'), ''), JSONExtractArrayRaw({v}))"
+    return f"if(startsWith({v}, '['), nullIf(arrayLast(t -> t != '', {per_message}), ''), NULL)"
+
+
 def _sql_smolagents_agent(v: str, q: SqlContext) -> str:
     name = f"substring({v}, 1, length({v}) - 4)"
     named = f"extract({q.get(SMOLAGENTS_TASK_KEY)}, {sql_text(_SMOLAGENTS_NAMED.pattern)})"
@@ -708,6 +783,8 @@ READERS_SQL: dict[str, Callable[[str, SqlContext], str]] = {
         f"{_sql_langgraph_agent(_sql_json_string(v, 'langgraph_checkpoint_ns'))}, NULL)"
     ),
     "crewai_coworker": lambda v, q: f"nullIf(trimBoth(JSONExtractString({v}, 'coworker')), '')",
+    "handoff_agent": lambda v, q: f"nullIf(trimBoth(JSONExtractString({v}, 'agent_name')), '')",
+    "genai_user_text": lambda v, q: _sql_genai_user_text(v),
     "tool": lambda v, q: "'tool'",
     "delegate": lambda v, q: "'delegate'",
     "attribute": lambda v, q: "'attribute'",
@@ -725,6 +802,9 @@ CONDITIONS_SQL: dict[str, Callable[[SqlContext], str]] = {
         f"{q.scope} = {sql_text(SCOPE_OPENAI_AGENTS)} AND startsWith({q.name}, {sql_text(HANDOFF_PREFIX)})"
     ),
     "crewai_delegation": lambda q: f"{q.get(CREWAI_TOOL_KEY)} IN {_sql_set(CREWAI_DELEGATION_TOOLS)}",
+    "llm": lambda q: f"{q.column('span_family')} = 'llm'",
+    "genai_handoff": lambda q: f"{q.get(GENAI_TOOL_NAME_KEY)} IN {_sql_set(GENAI_HANDOFF_TOOLS)}",
+    "adk_agent_tool": lambda q: f"{q.get(GENAI_TOOL_TYPE_KEY)} = {sql_text(ADK_AGENT_TOOL_TYPE)}",
     "stable_agent_id": lambda q: (
         f"{q.scope} NOT IN {_sql_set((SCOPE_TRACELOOP_LANGCHAIN, SCOPE_TRACELOOP_CREWAI))}"
     ),
@@ -742,6 +822,12 @@ _ENV: dict[str, Any] = {
     "CREWAI_DELEGATION_TOOLS": CREWAI_DELEGATION_TOOLS,
     "CREWAI_TOOL_KEY": CREWAI_TOOL_KEY,
     "HANDOFF_PREFIX": HANDOFF_PREFIX,
+    "GENAI_HANDOFF_TOOLS": GENAI_HANDOFF_TOOLS,
+    "GENAI_TOOL_NAME_KEY": GENAI_TOOL_NAME_KEY,
+    "GENAI_TOOL_TYPE_KEY": GENAI_TOOL_TYPE_KEY,
+    "ADK_AGENT_TOOL_TYPE": ADK_AGENT_TOOL_TYPE,
+    "handoff_agent": _handoff_agent,
+    "genai_user_text": genai_user_text,
     "langgraph_node": _langgraph_node,
     "call_arguments": call_arguments,
     "smolagents_agent": smolagents_agent,

@@ -144,13 +144,15 @@ FROM _tree
 """
 
 # An agent invoked from a span of another run belongs to that run: PydanticAI gives every
-# delegated `agent.run(...)` a generated conversation id of its own. Repeated (in Python) while
-# a nesting level is merged, so chains of delegation end in the outermost run.
+# delegated `agent.run(...)` a generated conversation id of its own, Google ADK every agent called
+# as a tool a nested session (its `invoke_workflow` span, a chain, in the caller's tool span).
+# Repeated (in Python) while a nesting level is merged, so chains of delegation end in the
+# outermost run.
 _MERGE_NESTED_RUNS_SQL = """
 CREATE OR REPLACE TEMP TABLE _run_merge AS
 SELECT DISTINCT c.TraceId, c.run_id AS inner_run, p.run_id AS outer_run
 FROM _tree c JOIN _tree p ON p.TraceId = c.TraceId AND p.SpanId = c.ParentSpanId
-WHERE c.span_family = 'agent' AND NOT c.guarded AND NOT p.guarded
+WHERE c.span_family IN ('agent', 'chain') AND NOT c.guarded AND NOT p.guarded
   AND c.run_id <> c.TraceId AND p.run_id <> p.TraceId AND c.run_id <> p.run_id;
 UPDATE spans SET run_id = m.outer_run
 FROM _tree t, _run_merge m
