@@ -103,6 +103,7 @@ clean:
 # has a venv of its own: it needs openai<3, the OpenAI Agents SDK openai>=3.
 FW_VENV := .venv-frameworks
 CREWAI_VENV := .venv-crewai
+ADK_VENV := .venv-adk
 FW_RUN_SETS := smolagents langgraph-openinference langgraph-openllmetry openai-agents pydantic-ai
 
 $(FW_VENV)/.installed: corpus/requirements-frameworks.txt
@@ -115,14 +116,21 @@ $(CREWAI_VENV)/.installed: corpus/requirements-crewai.txt
 	$(CREWAI_VENV)/bin/python -m pip install --quiet -r corpus/requirements-crewai.txt
 	@touch $@
 
+$(ADK_VENV)/.installed: corpus/requirements-adk.txt
+	$(PYTHON) -m venv $(ADK_VENV)
+	$(ADK_VENV)/bin/python -m pip install --quiet -r corpus/requirements-adk.txt
+	@touch $@
+
 .PHONY: framework-corpus eval-frameworks
 
 # One process per run set: instrumentors patch frameworks globally.
-framework-corpus: $(FW_VENV)/.installed $(CREWAI_VENV)/.installed
+framework-corpus: $(FW_VENV)/.installed $(CREWAI_VENV)/.installed $(ADK_VENV)/.installed
 	@for set in $(FW_RUN_SETS); do \
 		HF_HUB_OFFLINE=1 $(FW_VENV)/bin/python -m corpus.generate $$set || exit 1; \
 	done
 	HF_HUB_OFFLINE=1 $(CREWAI_VENV)/bin/python -m corpus.generate crewai
+	HF_HUB_OFFLINE=1 $(ADK_VENV)/bin/python -m corpus.generate adk
+	HF_HUB_OFFLINE=1 $(ADK_VENV)/bin/python -m corpus.generate adk-content
 
 # Ingest the corpus through a real `driftscope serve`, score every detector, write docs/detection-quality.md.
 eval-frameworks: dev

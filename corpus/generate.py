@@ -21,6 +21,8 @@ GENERATORS = {
     "openai-agents": "openai_agents_crew:generate",
     "pydantic-ai": "pydantic_ai_crew:generate",
     "crewai": "crewai_crew:generate",
+    "adk": "adk_crew:generate",
+    "adk-content": "adk_crew:generate_content",
 }
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "sample_traces" / "frameworks"
 
