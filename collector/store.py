@@ -270,6 +270,12 @@ FROM found WHERE spans.rowid = found.rid
 """
 
 
+# The runs the statement above gave, into the working copy the merge of nested runs reads.
+_TREE_RUNS_FROM_SPANS_SQL = """
+UPDATE _tree SET run_id = s.run_id
+FROM spans s WHERE s.rowid = _tree.rid AND _tree.run_id IS DISTINCT FROM s.run_id
+"""
+
 # A span without a conversation id of its own (its run fell back to its trace id) whose trace
 # names exactly one run belongs to that run, wherever it sits in the tree: the caller's own
 # `invoke_agent` spans around `acting_as("run-42")` (siblings and parents of the run's spans, the
@@ -323,6 +329,10 @@ def insert_batches(
         inserted = conn.execute(_INSERT_NEW_SQL, bound).fetchone()[0]
         conn.execute(_TREE_SQL, bound)
         agentless, runless, agent_runs, agent_spans, joinable = conn.execute(_TREE_NEEDS_WORK_SQL).fetchone()
+        if runless:
+            # first, so a nested run's caller (a tool span naming no run, as ADK's) has its run
+            conn.execute(_INHERIT_RUN_SQL)
+            conn.execute(_TREE_RUNS_FROM_SPANS_SQL)
         if agent_runs:
             for _ in range(8):  # one nesting level per pass
                 conn.execute(_MERGE_NESTED_RUNS_SQL)
@@ -331,8 +341,6 @@ def insert_batches(
             conn.execute("DROP TABLE _run_merge")
         if agentless:
             conn.execute(_INHERIT_AGENT_SQL)
-        if runless:
-            conn.execute(_INHERIT_RUN_SQL)
         if joinable:
             conn.execute(_JOIN_TRACE_RUN_SQL)
         if agent_spans:

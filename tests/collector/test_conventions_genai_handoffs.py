@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import json
 
+import duckdb
+
 from collector.conventions import genai_user_text, map_coordination
+from collector.decode import PROTOBUF, decode_payload
+from collector.migrations_runner import apply_migrations
+from collector.store import insert_batches
+from tests.otlp_builders import make_request
 
 
 def _tool(name: str, **attrs: str) -> dict:
@@ -49,3 +55,34 @@ def test_a_model_calls_request_is_its_last_user_text_without_transcript_wrappers
     assert row["span_family"] == "llm"
     assert row["input_text"] == "What was Northwind's EU revenue in 2024?"
     assert genai_user_text("not json") is None and genai_user_text("[1, 2]") is None
+
+
+def test_an_adk_agent_tool_nested_session_joins_the_invoking_run():
+    trace = bytes(range(16))
+
+    def span(n: int, name: str, parent: int | None, **attrs: str) -> dict:
+        out = {"name": name, "span_id": n.to_bytes(8, "big"), "trace_id": trace, "attrs": attrs}
+        if parent:
+            out["parent"] = parent.to_bytes(8, "big")
+        return out
+
+    spans = [
+        span(1, "invoke_workflow manager", None, **{"gen_ai.operation.name": "invoke_workflow",
+             "gen_ai.conversation.id": "adk-1"}),
+        span(2, "invoke_agent manager", 1, **{"gen_ai.operation.name": "invoke_agent",
+             "gen_ai.agent.name": "manager", "gen_ai.conversation.id": "adk-1"}),
+        # ADK's tool span names no conversation; the agent it calls runs in a nested session
+        span(3, "execute_tool researcher", 2, **{"gen_ai.operation.name": "execute_tool",
+             "gen_ai.tool.name": "researcher", "gen_ai.tool.type": "AgentTool", "gen_ai.agent.name": "manager"}),
+        span(4, "invoke_workflow researcher", 3, **{"gen_ai.operation.name": "invoke_workflow",
+             "gen_ai.conversation.id": "nested-uuid"}),
+        span(5, "invoke_agent researcher", 4, **{"gen_ai.operation.name": "invoke_agent",
+             "gen_ai.agent.name": "researcher", "gen_ai.conversation.id": "nested-uuid"}),
+    ]  # fmt: skip
+    conn = duckdb.connect(":memory:")
+    apply_migrations(conn)
+    conn.execute("BEGIN")
+    insert_batches(conn, [decode_payload(make_request(spans).SerializeToString(), PROTOBUF)])
+    conn.execute("COMMIT")
+    runs = dict(conn.execute("SELECT SpanName, run_id FROM spans").fetchall())
+    assert set(runs.values()) == {"adk-1"}, runs
