@@ -14,6 +14,9 @@ from __future__ import annotations
 CONTENT_SETTINGS = {
     "gcp.vertex.agent": "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY (Google ADK)",
     "strands.telemetry.tracer": "OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental (Strands Agents)",
+    "agent_framework": "enable_instrumentation(enable_sensitive_data=True) or ENABLE_SENSITIVE_DATA=true "
+    "(Microsoft Agent Framework)",
+    "opentelemetry.instrumentation.ag2": "TelemetryMiddleware(capture_content=True) (AG2)",
 }
 GENERIC_SETTING = "your framework's message-content capture (docs/semantic-conventions.md)"
 

@@ -86,3 +86,56 @@ def test_an_adk_agent_tool_nested_session_joins_the_invoking_run():
     conn.execute("COMMIT")
     runs = dict(conn.execute("SELECT SpanName, run_id FROM spans").fetchall())
     assert set(runs.values()) == {"adk-1"}, runs
+
+
+def test_strands_default_content_in_span_events_is_read():
+    tool_events = json.dumps(
+        [
+            {
+                "Timestamp": 1,
+                "Name": "gen_ai.tool.message",
+                "Attributes": {"role": "tool", "content": '{"query": "x"}'},
+            }
+        ]
+    )
+    row = map_coordination(_tool("web_search"), {}, events=tool_events)
+    assert row["tool_args"] == '{"query": "x"}'
+    user = [
+        {
+            "Timestamp": 1,
+            "Name": "gen_ai.system.message",
+            "Attributes": {"content": '[{"text": "You find facts."}]'},
+        },
+        {"Timestamp": 2, "Name": "gen_ai.user.message", "Attributes": {"content": '[{"text": "Find X."}]'}},
+        {
+            "Timestamp": 3,
+            "Name": "gen_ai.user.message",
+            "Attributes": {"content": '[{"toolResult": {"id": "t1"}}]'},
+        },
+    ]
+    agent = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "researcher"}
+    assert map_coordination(agent, {}, events=json.dumps(user))["input_text"] == "Find X."
+    # the GenAI event form (Strands under the latest conventions)
+    details = [
+        {
+            "Timestamp": 1,
+            "Name": "gen_ai.client.inference.operation.details",
+            "Attributes": {"gen_ai.input.messages": json.dumps(
+                [{"role": "user", "parts": [{"type": "text", "content": "Find Y."}]}])},
+        }
+    ]  # fmt: skip
+    assert map_coordination(agent, {}, events=json.dumps(details))["input_text"] == "Find Y."
+    # a tool span's own arguments attribute wins over its event
+    row = map_coordination(
+        _tool("web_search", **{"gen_ai.tool.call.arguments": '{"query": "z"}'}), {}, events=tool_events
+    )
+    assert row["tool_args"] == '{"query": "z"}'
+
+
+def test_agent_framework_agent_ids_are_per_object_uuids_so_the_name_is_the_agent():
+    attrs = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "researcher",
+             "gen_ai.agent.id": "7dce1aab-1820-4987-bb81-4f0bbf90f7a8"}  # fmt: skip
+    assert map_coordination(attrs, {}, scope="agent_framework")["agent_id"] == "researcher"
+    assert (
+        map_coordination(attrs, {}, scope="pydantic-ai")["agent_id"] == "7dce1aab-1820-4987-bb81-4f0bbf90f7a8"
+    )
