@@ -592,12 +592,9 @@ def _last_text_blocks(values: Any) -> str | None:
         texts = [
             block["text"]
             for block in blocks
-            if isinstance(block, dict)
-            and isinstance(block.get("text"), str)
-            and block["text"]
-            and not block["text"].startswith(TRANSCRIPT_PREFIXES)
+            if isinstance(block, dict) and isinstance(block.get("text"), str) and block["text"]
         ]
-        if texts:
+        if texts and not any(text.startswith(TRANSCRIPT_PREFIXES) for text in texts):
             return "\n".join(texts)
     return None
 
@@ -634,12 +631,10 @@ def genai_user_text(messages: Any) -> str | None:
         texts = [
             part["content"]
             for part in (parts if isinstance(parts, list) else [])
-            if isinstance(part, dict)
-            and part.get("type") == "text"
-            and isinstance(part.get("content"), str)
-            and not part["content"].startswith(TRANSCRIPT_PREFIXES)
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("content"), str)
         ]
-        if texts:
+        # a transcript message opens with the framework's note, then quotes other agents' turns
+        if any(texts) and not any(text.startswith(TRANSCRIPT_PREFIXES) for text in texts):
             return "\n".join(texts)
     return None
 
@@ -830,14 +825,19 @@ def _sql_genai_user_text(v: str) -> str:
     )
     texts = (
         "arrayMap(p -> JSONExtractString(p, 'content'), arrayFilter(p -> JSONExtractString(p, 'type') = 'text' "
-        f"AND JSONType(p, 'content') = 'String' AND NOT ({wrapper}), JSONExtractArrayRaw(m, 'parts')))"
+        "AND JSONType(p, 'content') = 'String', JSONExtractArrayRaw(m, 'parts')))"
+    )
+    # a message any of whose text parts is a transcript note is no request
+    parts_text = (
+        f"if(arrayExists(p -> JSONExtractString(p, 'type') = 'text' AND ({wrapper}), JSONExtractArrayRaw(m, 'parts')), "
+        f"'', arrayStringConcat({texts}, '\\n'))"
     )
     own = " OR ".join(
         f"startsWith(JSONExtractString(m, 'content'), {sql_text(x)})" for x in TRANSCRIPT_PREFIXES
     )
     text = (
         f"if(JSONType(m, 'content') = 'String' AND JSONExtractString(m, 'content') != '' AND NOT ({own}), "
-        f"JSONExtractString(m, 'content'), arrayStringConcat({texts}, '\\n'))"
+        f"JSONExtractString(m, 'content'), {parts_text})"
     )
     per_message = (
         f"arrayMap(m -> if(JSONExtractString(m, 'role') = 'user', {text}, ''), JSONExtractArrayRaw({v}))"
@@ -851,9 +851,11 @@ def _sql_last_text_blocks(v: str) -> str:
     )
     texts = (
         "arrayMap(b -> JSONExtractString(b, 'text'), arrayFilter(b -> JSONType(b, 'text') = 'String' "
-        f"AND JSONExtractString(b, 'text') != '' AND NOT ({wrapper}), JSONExtractArrayRaw(c)))"
+        "AND JSONExtractString(b, 'text') != '', JSONExtractArrayRaw(c)))"
     )
-    return f"arrayLast(t -> t != '', arrayMap(c -> arrayStringConcat({texts}, '\\n'), {v}))"
+    # a message any of whose blocks is a transcript note is no request
+    joined = f"if(arrayExists(b -> {wrapper}, JSONExtractArrayRaw(c)), '', arrayStringConcat({texts}, '\\n'))"
+    return f"arrayLast(t -> t != '', arrayMap(c -> {joined}, {v}))"
 
 
 def _sql_smolagents_agent(v: str, q: SqlContext) -> str:

@@ -228,6 +228,41 @@ WHERE spans.rowid = o.agent_rid AND l.rowid = o.llm_rid
   AND spans.input_text IS NULL AND l.input_text IS NOT NULL
 """
 
+# A tool call that runs another agent (an agent called as a tool: a Strands / Agent Framework /
+# AG2 / PydanticAI tool that runs an agent, OpenAI Agents' `as_tool`) is a delegation to that
+# agent: its first agent span directly inside the tool span, of an agent other than the caller's.
+# A tool span a convention already gave an op (a hand-off, a guard's) keeps it.
+_TOOL_RUNS_AGENT_SQL = """
+WITH invoked AS (
+    SELECT t.rid, arg_min(c.agent_id, c.start_ns) AS agent
+    FROM _tree t JOIN _tree c ON c.TraceId = t.TraceId AND c.ParentSpanId = t.SpanId
+    WHERE t.span_family = 'tool' AND NOT t.guarded AND c.span_family = 'agent' AND c.agent_id IS NOT NULL
+    GROUP BY t.rid
+)
+UPDATE spans SET op = 'delegate', delegate_to = invoked.agent
+FROM invoked
+WHERE spans.rowid = invoked.rid AND spans.op IS NULL AND spans.agent_id IS DISTINCT FROM invoked.agent
+"""
+
+# A hand-off whose target was not recorded (ADK's `transfer_to_agent` without captured arguments)
+# hands over to the agent that runs next: the first agent span of another agent in its trace that
+# starts after it.
+_HANDOFF_TARGET_SQL = """
+WITH pending AS (
+    SELECT t.rid, t.TraceId, t.start_ns, s.agent_id
+    FROM _tree t JOIN spans s ON s.rowid = t.rid
+    WHERE s.op = 'delegate' AND s.delegate_to IS NULL AND NOT t.guarded
+),
+next_agent AS (
+    SELECT p.rid, arg_min(a.agent_id, a.start_ns) AS agent
+    FROM pending p JOIN _tree a ON a.TraceId = p.TraceId AND a.start_ns > p.start_ns
+    WHERE a.span_family = 'agent' AND a.agent_id IS NOT NULL AND a.agent_id IS DISTINCT FROM p.agent_id
+    GROUP BY p.rid
+)
+UPDATE spans SET delegate_to = next_agent.agent
+FROM next_agent WHERE spans.rowid = next_agent.rid AND spans.delegate_to IS NULL
+"""
+
 # A span that names no agent takes its nearest ancestor's agent (an agent span or any span with
 # an agent id), however many agentless spans lie between them (up to 256).
 _INHERIT_AGENT_SQL = """
@@ -345,6 +380,8 @@ def insert_batches(
             conn.execute(_JOIN_TRACE_RUN_SQL)
         if agent_spans:
             conn.execute(_AGENT_HOPS_SQL)
+            conn.execute(_TOOL_RUNS_AGENT_SQL)
+            conn.execute(_HANDOFF_TARGET_SQL)
             conn.execute(_AGENT_INPUT_FROM_TOOL_SQL)
             conn.execute(_AGENT_INPUT_FROM_FIRST_LLM_SQL)
         conn.execute("DROP TABLE _tree")

@@ -43,6 +43,17 @@ def test_a_model_calls_request_is_its_last_user_text_without_transcript_wrappers
     messages = [
         {"role": "user", "parts": [{"type": "text", "content": "What was Northwind's EU revenue in 2024?"}]},
         {"role": "user", "parts": [{"type": "text", "content": "For context: below is a transcript of ..."}]},
+        # ADK's quote of another agent's turn: the note, then the quoted turn as a second part
+        {
+            "role": "user",
+            "parts": [
+                {
+                    "type": "text",
+                    "content": "For context: below is a transcript of what another agent did ...",
+                },
+                {"type": "text", "content": "[manager] `transfer_to_agent` tool returned result: ..."},
+            ],
+        },
         {
             "role": "assistant",
             "parts": [{"type": "tool_call", "name": "web_search", "arguments": {"query": "x"}}],
@@ -139,3 +150,35 @@ def test_agent_framework_agent_ids_are_per_object_uuids_so_the_name_is_the_agent
     assert (
         map_coordination(attrs, {}, scope="pydantic-ai")["agent_id"] == "7dce1aab-1820-4987-bb81-4f0bbf90f7a8"
     )
+
+
+def test_a_tool_that_runs_another_agent_is_a_delegation_to_it():
+    trace = bytes(range(1, 17))
+
+    def span(n: int, name: str, parent: int | None, **attrs: str) -> dict:
+        out = {"name": name, "span_id": n.to_bytes(8, "big"), "trace_id": trace, "attrs": attrs}
+        if parent:
+            out["parent"] = parent.to_bytes(8, "big")
+        return out
+
+    agent = {"gen_ai.operation.name": "invoke_agent"}
+    tool = {"gen_ai.operation.name": "execute_tool"}
+    spans = [  # children end (and are exported) first
+        span(3, "invoke_agent researcher", 2, **agent, **{"gen_ai.agent.name": "researcher"}),
+        span(4, "execute_tool web_search", 3, **tool, **{"gen_ai.tool.name": "web_search"}),
+        span(2, "execute_tool ask_researcher", 1, **tool, **{"gen_ai.tool.name": "ask_researcher",
+             "gen_ai.tool.call.arguments": '{"task": "Find X."}'}),
+        span(1, "invoke_agent manager", None, **agent, **{"gen_ai.agent.name": "manager",
+             "gen_ai.conversation.id": "run-7"}),
+    ]  # fmt: skip
+    conn = duckdb.connect(":memory:")
+    apply_migrations(conn)
+    for one in spans:  # one request per span, as a batching exporter may send them
+        conn.execute("BEGIN")
+        insert_batches(conn, [decode_payload(make_request([one]).SerializeToString(), PROTOBUF)])
+        conn.execute("COMMIT")
+    rows = {
+        r[0]: r[1:] for r in conn.execute("SELECT SpanName, agent_id, op, delegate_to FROM spans").fetchall()
+    }
+    assert rows["execute_tool ask_researcher"] == ("manager", "delegate", "researcher")
+    assert rows["execute_tool web_search"] == ("researcher", None, None)  # a tool that runs no agent
