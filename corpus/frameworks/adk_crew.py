@@ -1,6 +1,6 @@
 """Google ADK: a manager agent calling researcher and analyst agents as tools (``AgentTool``, the
 documented way to hand a sub-agent a task of its own), the specialists consulting each other the
-same way, with ADK's native OpenTelemetry GenAI spans and a ``BaseLlm`` subclass answering from a
+same way (the ping-pong run: ADK's peer hand-off, ``transfer_to_agent`` between sub-agents), with ADK's native OpenTelemetry GenAI spans and a ``BaseLlm`` subclass answering from a
 script (no network). Each run is one ``Runner.run_async`` in a session whose id is the run
 (``gen_ai.conversation.id``; an agent called as a tool runs in a nested session of its own).
 
@@ -20,7 +20,7 @@ from typing import Any
 from corpus.capture import start_tracing
 from corpus.frameworks.pydantic_ai_crew import scenarios
 from corpus.frameworks.topics import search_result
-from corpus.truth import RunSet, RunTruth, check_side_effects, package_versions
+from corpus.truth import RunSet, RunTruth, Subtask, check_side_effects, package_versions
 
 FAILING_QUERIES: set[str] = set()
 OUTBOX: list[dict[str, str]] = []
@@ -45,7 +45,28 @@ def adk_script(script: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def build_crew(scripts: dict[str, list[dict[str, Any]]]):
+def transfer(agent: str) -> dict[str, Any]:
+    return {"call": "transfer_to_agent", "args": {"agent_name": agent}}
+
+
+def adk_ping_pong(spec: dict[str, Any]) -> dict[str, Any]:
+    """The ping-pong run as ADK crews bounce: peers handing the conversation to each other with
+    ``transfer_to_agent`` (ADK's own hand-off between sub-agents), 3 times each way. A transferred
+    agent works on the conversation, so each one's task is the user's question."""
+    question = spec["task"]
+    return {
+        **spec,
+        "subtasks": [Subtask("analyst", question), Subtask("researcher", question)] * 3,
+        "manager": [transfer("analyst")],
+        "analyst": [transfer("researcher")] * 3 + [{"text": "Could not determine the growth."}],
+        "researcher": [transfer("analyst")] * 3,
+        "transfers": True,
+        "note": "analyst and researcher transfer the conversation to each other (transfer_to_agent), "
+        "3 times each way, after the manager transferred it to the analyst",
+    }
+
+
+def build_crew(scripts: dict[str, list[dict[str, Any]]], transfers: bool = False):
     from google.adk.agents import LlmAgent
     from google.adk.models.base_llm import BaseLlm
     from google.adk.models.llm_response import LlmResponse
@@ -102,6 +123,14 @@ def build_crew(scripts: dict[str, list[dict[str, Any]]]):
         instruction="You compute growth rates and ratios from the figures you are given.",
         tools=[compute_growth],
     )
+    if transfers:  # sub-agents of the manager, handing the conversation to each other
+        return LlmAgent(
+            name="manager",
+            model=model("manager"),
+            instruction="You answer questions about companies. Transfer to the researcher for facts "
+            "and to the analyst for calculations.",
+            sub_agents=[researcher, analyst],
+        )
     # The specialists may consult each other (ping-pong needs both directions).
     researcher.tools.append(AgentTool(agent=analyst))
     analyst.tools.append(AgentTool(agent=researcher))
@@ -155,10 +184,12 @@ def _generate(out_dir: Path, content: bool) -> Path:
     )
     prefix = "adkc" if content else "adk"
     for spec in scenarios():
+        if spec["failure"] == "ping_pong":
+            spec = adk_ping_pong(spec)
         FAILING_QUERIES.clear()
         FAILING_QUERIES.update(spec.get("failing", ()))
         scripts = {name: adk_script(spec[name]) for name in ("manager", "researcher", "analyst")}
-        manager = build_crew(scripts)
+        manager = build_crew(scripts, transfers=spec.get("transfers", False))
         session = f"{prefix}-{spec['label']}"
         sent_before = len(OUTBOX)
         with tracing.recorder.run(spec["label"]):
