@@ -108,6 +108,10 @@ clean:
 # has a venv of its own: it needs openai<3, the OpenAI Agents SDK openai>=3.
 FW_VENV := .venv-frameworks
 CREWAI_VENV := .venv-crewai
+ADK_VENV := .venv-adk
+STRANDS_VENV := .venv-strands
+AF_VENV := .venv-agent-framework
+AG2_VENV := .venv-ag2
 FW_RUN_SETS := smolagents langgraph-openinference langgraph-openllmetry openai-agents pydantic-ai
 
 $(FW_VENV)/.installed: corpus/requirements-frameworks.txt
@@ -120,14 +124,42 @@ $(CREWAI_VENV)/.installed: corpus/requirements-crewai.txt
 	$(CREWAI_VENV)/bin/python -m pip install --quiet -r corpus/requirements-crewai.txt
 	@touch $@
 
+$(ADK_VENV)/.installed: corpus/requirements-adk.txt
+	$(PYTHON) -m venv $(ADK_VENV)
+	$(ADK_VENV)/bin/python -m pip install --quiet -r corpus/requirements-adk.txt
+	@touch $@
+
+$(STRANDS_VENV)/.installed: corpus/requirements-strands.txt
+	$(PYTHON) -m venv $(STRANDS_VENV)
+	$(STRANDS_VENV)/bin/python -m pip install --quiet -r corpus/requirements-strands.txt
+	@touch $@
+
+$(AF_VENV)/.installed: corpus/requirements-agent-framework.txt
+	$(PYTHON) -m venv $(AF_VENV)
+	$(AF_VENV)/bin/python -m pip install --quiet -r corpus/requirements-agent-framework.txt
+	@touch $@
+
+$(AG2_VENV)/.installed: corpus/requirements-ag2.txt
+	$(PYTHON) -m venv $(AG2_VENV)
+	$(AG2_VENV)/bin/python -m pip install --quiet -r corpus/requirements-ag2.txt
+	@touch $@
+
 .PHONY: framework-corpus eval-frameworks eval-compare
 
 # One process per run set: instrumentors patch frameworks globally.
-framework-corpus: $(FW_VENV)/.installed $(CREWAI_VENV)/.installed
+framework-corpus: $(FW_VENV)/.installed $(CREWAI_VENV)/.installed $(ADK_VENV)/.installed $(STRANDS_VENV)/.installed \
+		$(AF_VENV)/.installed $(AG2_VENV)/.installed
 	@for set in $(FW_RUN_SETS); do \
 		HF_HUB_OFFLINE=1 $(FW_VENV)/bin/python -m corpus.generate $$set || exit 1; \
 	done
 	HF_HUB_OFFLINE=1 $(CREWAI_VENV)/bin/python -m corpus.generate crewai
+	HF_HUB_OFFLINE=1 $(ADK_VENV)/bin/python -m corpus.generate adk
+	HF_HUB_OFFLINE=1 $(ADK_VENV)/bin/python -m corpus.generate adk-content
+	HF_HUB_OFFLINE=1 $(STRANDS_VENV)/bin/python -m corpus.generate strands
+	HF_HUB_OFFLINE=1 $(STRANDS_VENV)/bin/python -m corpus.generate strands-content
+	HF_HUB_OFFLINE=1 $(AF_VENV)/bin/python -m corpus.generate agent-framework
+	HF_HUB_OFFLINE=1 $(AF_VENV)/bin/python -m corpus.generate agent-framework-content
+	HF_HUB_OFFLINE=1 $(AG2_VENV)/bin/python -m corpus.generate ag2
 
 # Ingest the corpus through a real `driftscope serve`, score every detector, write docs/detection-quality.md.
 eval-frameworks: dev

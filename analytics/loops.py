@@ -18,6 +18,7 @@ import pyarrow as pa
 
 import analytics.loop_groups as loop_groups
 from analytics._evidence import EVIDENCE, THRESHOLD, TIMES
+from analytics.code_actions import code_calls
 from analytics.data_version import Scope, Version
 from analytics.embeddings import embed_texts
 from analytics.kept import kept_result, kept_version, merge_rows, refines, stats
@@ -159,6 +160,11 @@ def _task_of(text: str) -> str:
     return extract_task(text) or ""
 
 
+@functools.lru_cache(maxsize=16384)
+def _code_calls_of(text: str) -> tuple[tuple[str, str], ...]:
+    return tuple(code_calls(text))
+
+
 def linked_calls(
     conn: duckdb.DuckDBPyConnection,
     window: Window,
@@ -170,9 +176,12 @@ def linked_calls(
     """Calls of (run, agent, tool) groups linked to another call of their group (repeated_calls.sql).
 
     Agent invocations are compared on their task statements, extracted here from the inputs of
-    agent spans invoked ``min_calls``+ times in a run.
+    agent spans invoked ``min_calls``+ times in a run; code actions are parsed here from the
+    LLM outputs holding code (``analytics.code_actions``).
     """
     inputs = run_sql(conn, "loop_agent_inputs", window, filters, min_calls=min_calls)["input_text"].tolist()
+    outputs = run_sql(conn, "loop_code_outputs", window, filters)["output_text"].tolist()
+    found = [(output, name, args) for output in outputs for name, args in _code_calls_of(output)]
     return run_sql(
         conn,
         "repeated_calls",
@@ -183,6 +192,9 @@ def linked_calls(
         min_calls=min_calls,
         agent_inputs=inputs,
         agent_tasks=[_task_of(text) for text in inputs],
+        code_outputs=[output for output, _, _ in found],
+        code_tools=[name for _, name, _ in found],
+        code_args=[args for _, _, args in found],
         **(_group_limit.get() or _NO_LIMIT),
     )
 

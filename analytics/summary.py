@@ -15,6 +15,7 @@ import pandas as pd
 import pyarrow as pa
 
 import analytics.kept_store as kept_store
+from analytics.coverage import coverage_text
 from analytics.crew_limits import count_limits
 from analytics.data_version import Scope as _Scope
 from analytics.data_version import Version as _Version
@@ -275,6 +276,14 @@ def _assemble(conn: duckdb.DuckDBPyConnection, parts: _Parts, goal_threshold: Th
     drifted = base["drifted_subtasks"] > 0
     review = drifted if not goal_threshold.calibrated else pd.Series(False, index=base.index)
     failing |= drifted & goal_threshold.calibrated
+    base["coverage"] = [
+        coverage_text(*counts)
+        for counts in zip(
+            base["tool_calls"], base["tool_calls_unrecorded"], base["tasks_unrecorded"],
+            base["unrecorded_scope"], strict=True,
+        )
+    ]  # fmt: skip
+    base = base.drop(columns=["tool_calls", "tool_calls_unrecorded", "tasks_unrecorded", "unrecorded_scope"])
     base["verdict"] = "healthy"
     base.loc[degraded, "verdict"] = "degraded"
     base.loc[review, "verdict"] = "to review"
@@ -348,6 +357,9 @@ def _summary_columns() -> dict[str, str]:
         "calibrated goal threshold), "
         "'to review' (otherwise failing only by subtasks over the uncalibrated default goal-divergence "
         f"threshold), 'degraded' (only {'; '.join(warnings)}), or 'healthy'",
+        "coverage": "what the run's telemetry did not record, the detectors that therefore cannot see it "
+        "and the setting that turns content capture on ('repeated calls not measurable: ... tool "
+        "arguments', 'goal drift not measurable: ... task text'); None when nothing is missing",
         "first_seen": "first span (naive UTC)",
         "last_seen": "last span (naive UTC)",
     }  # fmt: skip
@@ -442,7 +454,7 @@ def _goal_rows(
     return goal_run_stats(conn, Window(), Filters(), threshold, runs=keys).reset_index()
 
 
-maintain(Maintained(BASE_PART, "run_id", _base_rows, (("first_seen", False), ("run_id", False)), "1"))
+maintain(Maintained(BASE_PART, "run_id", _base_rows, (("first_seen", False), ("run_id", False)), "2"))
 maintain(Maintained(GOALS_PART, "run_id", _goal_rows, (("run_id", False),), "1"))
 PARTS.update({BASE_PART, GOALS_PART})
 

@@ -51,6 +51,13 @@ EMBEDDING_WAIT_SECONDS = 240.0
 # A finding counts for an injected failure only when its evidence names the tool the failure was
 # injected on (a loop of some other tool in the same run is not that failure being found).
 FAILURE_TOOL = {"retry_loop": "web_search", "duplicate_side_effect": "send_report"}
+# detector -> the words run_summary's coverage uses for a run that detector cannot see
+# (analytics.coverage): a missed failure in such a run is "not measurable", not "missed".
+NOT_MEASURABLE = {
+    "repeated_calls": "repeated calls and duplicate side effects not measurable",
+    "duplicate_side_effects": "repeated calls and duplicate side effects not measurable",
+    "goal_divergence": "goal drift not measurable",
+}
 
 
 def _norm(text: str) -> str:
@@ -73,6 +80,7 @@ class RunResult:
     stored_run_ids: list[str] = field(default_factory=list)
     findings: dict[str, int] = field(default_factory=dict)  # detector -> findings in this run
     verdicts: list[str] = field(default_factory=list)  # run_summary verdict of each stored run id
+    coverage: list[str] = field(default_factory=list)  # run_summary coverage notes of its stored run ids
     spans: int = 0
     matched: int = 0  # findings of the expected detector whose evidence is the injected failure
     flagged_subtasks: list[str] = field(default_factory=list)  # goal_divergence's subtask statements
@@ -105,6 +113,12 @@ class RunResult:
         return self.matched > 0
 
     @property
+    def not_measurable(self) -> bool:
+        """A missed failure whose run says its detector could not see it (run_summary coverage)."""
+        phrase = NOT_MEASURABLE.get(self.expected_detector or "")
+        return not self.found and phrase is not None and any(phrase in note for note in self.coverage)
+
+    @property
     def other_findings(self) -> dict[str, int]:
         return {k: v for k, v in sorted(self.findings.items()) if v and k != self.expected_detector}
 
@@ -125,6 +139,8 @@ class RunResult:
             "failure": self.truth.failure,
             "expected_detector": self.expected_detector,
             "found": self.found,
+            "not_measurable": self.not_measurable,
+            "coverage": sorted(set(self.coverage)),
             "matched_findings": self.matched,
             "findings": dict(sorted(self.findings.items())),
             "verdict": self.verdict,
@@ -497,6 +513,8 @@ def _score(
             continue
         result.stored_run_ids.append(run_id)
         result.verdicts.append(row["verdict"])
+        if row.get("coverage"):
+            result.coverage.append(str(row["coverage"]))
         result.spans += int(row["spans"])
         quoted = quote(run_id, safe="")
         goal_rows = get_json(client, f"{base}/api/v1/metrics/goal_divergence_distribution?run={quoted}")[
@@ -562,6 +580,7 @@ def summary_tables(evaluation: Evaluation, level: str = "##") -> str:
         failures = [r for r in results if r.truth.failure]
         healthy = [r for r in results if not r.truth.failure]
         found = sum(1 for r in failures if r.found)
+        unseen = sum(1 for r in failures if r.not_measurable)
         clean = sum(1 for r in healthy if not any(r.findings.values()))
         healthy_ok = sum(1 for r in healthy if r.verdict == "healthy")
         failing_ok = sum(1 for r in failures if r.verdict == "failing")
@@ -572,16 +591,19 @@ def summary_tables(evaluation: Evaluation, level: str = "##") -> str:
         tasks_total = sum(r.tasks_extracted[1] for r in results)
         totals.update(
             runs=len(results), failures=len(failures), found=found, healthy=len(healthy), clean=clean,
-            healthy_ok=healthy_ok, failing_ok=failing_ok,
+            healthy_ok=healthy_ok, failing_ok=failing_ok, unseen=unseen,
         )  # fmt: skip
         lines.append(
-            f"| {name} | {evaluation.run_sets[name].instrumentation} | {len(results)} | {found}/{len(failures)} | "
+            f"| {name} | {evaluation.run_sets[name].instrumentation} | {len(results)} | {found}/{len(failures)}"
+            f"{f' (+{unseen} not measurable)' if unseen else ''} | "
             f"{clean}/{len(healthy)} | {healthy_ok}/{len(healthy)} | {failing_ok}/{len(failures)} | "
             f"{_fmt_share(cov['with_agent_share'])} ({cov['with_agent']}/{cov['under_agent']}) | "
             f"{_fmt_share(cov['right_agent_share'])} | {tasks_found}/{tasks_total} | {clean_flagged}/{flagged} |"
         )
+    unseen_all = f" (+{totals['unseen']} not measurable)" if totals["unseen"] else ""
     lines.append(
-        f"| **all** | | {totals['runs']} | {totals['found']}/{totals['failures']} | "
+        f"| **all** | | {totals['runs']} | {totals['found']}/{totals['failures']}"
+        f"{unseen_all} | "
         f"{totals['clean']}/{totals['healthy']} | {totals['healthy_ok']}/{totals['healthy']} | "
         f"{totals['failing_ok']}/{totals['failures']} | | | | |"
     )
@@ -598,7 +620,11 @@ def summary_tables(evaluation: Evaluation, level: str = "##") -> str:
             detector = result.expected_detector
             registered = detector in evaluation.detectors
             found = (
-                "found" if result.found else ("missed" if registered else "missed (detector not registered)")
+                "found"
+                if result.found
+                else "not measurable (run coverage)"
+                if result.not_measurable
+                else ("missed" if registered else "missed (detector not registered)")
             )
             lines.append(
                 f"| {failure} | {detector} | {result.run_set} | {result.truth.run} | {found} | "

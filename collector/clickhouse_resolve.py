@@ -34,7 +34,7 @@ _STATE = "driftscope_resolve_state"
 WORK_TABLE = "driftscope_resolve_work"  # trace and span ids of the pass under way (one resolver)
 TRACES_PER_CHUNK = 5_000
 # Columns the tree statements of collector/store.py may change.
-_TREE_COLUMNS = ("run_id", "agent_id", "agent_name", "agent_source", "hop", "input_text")
+_TREE_COLUMNS = ("run_id", "agent_id", "agent_name", "agent_source", "hop", "input_text", "op", "delegate_to")
 
 
 def clickhouse_to_duckdb(rows: pa.Table) -> pa.Table:

@@ -33,6 +33,7 @@ from collector.conventions import (
     Rule,
     Source,
     SqlContext,
+    event_key,
     is_direct,
     sql_text,
 )
@@ -376,6 +377,11 @@ def _source_sql(source: Source) -> str:
         raw = _Q.name
     elif key.startswith("column:"):
         raw = f"ifNull({_Q.column(key[len('column:') :])}, '')"
+    elif key.startswith("event:"):
+        event, attribute = event_key(source)
+        values = _Q.event_values(event, attribute)
+        value = f"if(notEmpty({values}), nullIf({READERS_SQL[source.read](values, _Q)}, ''), NULL)"
+        return f"if({CONDITIONS_SQL[source.when](_Q)}, {value}, NULL)" if source.when else value
     else:
         raw = _Q.get(key)
     if source.read:
@@ -474,7 +480,8 @@ FROM (
     SELECT toUnixTimestamp64Nano(Timestamp) AS _start_ns, TraceId, SpanId, ParentSpanId, TraceState,
            SpanName, toString(SpanKind) AS _kind, toString(ServiceName) AS _service, ResourceAttributes,
            ScopeName, ScopeVersion, SpanAttributes, toInt64(Duration) AS _duration,
-           toString(StatusCode) AS _status, StatusMessage, {events} AS _events, {links} AS _links
+           toString(StatusCode) AS _status, StatusMessage, {events} AS _events, {links} AS _links,
+           `Events.Name` AS _event_names, `Events.Attributes` AS _event_attributes
     FROM {qualified(database, source)}
 )"""
 

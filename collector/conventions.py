@@ -109,10 +109,25 @@ SCOPE_SMOLAGENTS = "openinference.instrumentation.smolagents"
 SCOPE_OPENAI_AGENTS = "openinference.instrumentation.openai_agents"
 SCOPE_TRACELOOP_LANGCHAIN = "opentelemetry.instrumentation.langchain"
 SCOPE_TRACELOOP_CREWAI = "opentelemetry.instrumentation.crewai"
+# Microsoft Agent Framework: its `gen_ai.agent.id` is a new UUID per Agent object by default.
+SCOPE_AGENT_FRAMEWORK = "agent_framework"
 # CrewAI's tools through which a manager hands work to a coworker.
 CREWAI_DELEGATION_TOOLS = frozenset({"Delegate work to coworker", "Ask question to coworker"})
 # OpenAI Agents names a hand-off span "handoff to <agent>".
 HANDOFF_PREFIX = "handoff to "
+# Tools through which GenAI-native frameworks hand the conversation to another agent, named by
+# the call's `agent_name` argument: Google ADK's `transfer_to_agent`, Strands' Swarm
+# `handoff_to_agent`.
+GENAI_HANDOFF_TOOLS = frozenset({"transfer_to_agent", "handoff_to_agent"})
+GENAI_TOOL_NAME_KEY = "gen_ai.tool.name"
+# Google ADK types an agent called as a tool (`AgentTool`) in `gen_ai.tool.type`; the tool is
+# named after the agent.
+ADK_AGENT_TOOL_TYPE = "AgentTool"
+GENAI_TOOL_TYPE_KEY = "gen_ai.tool.type"
+# Message texts that are a framework's transcript of other agents' turns, not a request: ADK
+# quotes them to the agent a conversation is transferred to ("For context: below is a transcript
+# of what another agent did ...").
+TRANSCRIPT_PREFIXES = ("For context:",)
 # The attributes two readers and a condition look at besides their source's value.
 SMOLAGENTS_TASK_KEY = "input.value"  # a managed agent's prompt, which names it
 CREWAI_TOOL_KEY = "tool.name"  # the tool a CrewAI span calls
@@ -127,7 +142,9 @@ class Source:
     """One place a column's value may come from.
 
     ``key`` is a span attribute key, or ``resource:<key>`` (a resource attribute), ``span:name``
-    (the span's name) or ``column:<name>`` (a column mapped earlier in the table). ``when`` names
+    (the span's name), ``column:<name>`` (a column mapped earlier in the table) or
+    ``event:<event name>:<key>`` (the values of that attribute on the span's events of that name,
+    in order: a list, so such a source always has a reader). ``when`` names
     a condition of ``CONDITIONS`` the span must meet (empty: always); ``read`` names a function of
     ``READERS`` that turns the raw value into the column's (empty: the value as it is); a source
     whose value is absent, empty, or read as None gives way to the next one.
@@ -204,6 +221,9 @@ RULES: tuple[Rule, ...] = (
             S("openai-agents", "span:name", when="openai_agents_handoff", read="delegate"),
             S("openllmetry", "langgraph.command.goto_node", read="delegate"),
             S("crewai", "tool.name", when="crewai_delegation", read="delegate"),
+            # ADK's transfer_to_agent, Strands' handoff_to_agent; an ADK AgentTool call
+            S("genai", "gen_ai.tool.name", when="genai_handoff", read="delegate"),
+            S("adk", "gen_ai.tool.type", when="adk_agent_tool", read="delegate"),
         ),
     ),
     Rule(
@@ -213,6 +233,8 @@ RULES: tuple[Rule, ...] = (
             S("openai-agents", "output.value", when="openai_agents_handoff"),  # the target agent
             S("openllmetry", "langgraph.command.goto_node"),
             S("crewai", "input.value", when="crewai_delegation", read="crewai_coworker"),
+            S("genai", "gen_ai.tool.call.arguments", when="genai_handoff", read="handoff_agent"),
+            S("adk", "gen_ai.tool.name", when="adk_agent_tool"),  # the agent the tool is
         ),
     ),
     Rule(
@@ -241,6 +263,18 @@ RULES: tuple[Rule, ...] = (
             # an agent turn's conversation (the request is its first user message)
             S("genai", "gen_ai.input.messages", when="agent"),
             S("pydantic-ai", "pydantic_ai.all_messages", when="agent"),
+            # a model call's request: its last user message with text (not a transcript wrapper);
+            # an agent span without input takes its first model call's (collector.store)
+            S("genai", "gen_ai.input.messages", when="llm", read="genai_user_text"),
+            # the GenAI event form (Strands under the latest conventions)
+            S(
+                "genai",
+                "event:gen_ai.client.inference.operation.details:gen_ai.input.messages",
+                when="agent_or_llm",
+                read="last_genai_user_text",
+            ),
+            # Strands by default: the messages are span events (`content`: a list of blocks)
+            S("strands", "event:gen_ai.user.message:content", when="agent_or_llm", read="last_text_blocks"),
         ),
     ),
     Rule(
@@ -284,8 +318,9 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "agent_id",
         (
-            # OpenLLMetry's LangChain and CrewAI instrumentations put a run / object UUID here,
-            # a new "agent" per call or per process; their agent name is the identity.
+            # OpenLLMetry's LangChain and CrewAI instrumentations and Microsoft Agent Framework put
+            # a run / object UUID here, a new "agent" per call, process or Agent object; their
+            # agent name is the identity.
             S("genai", "gen_ai.agent.id", when="stable_agent_id"),
             S("genai", "column:agent_name"),
         ),
@@ -309,6 +344,8 @@ RULES: tuple[Rule, ...] = (
             S("openllmetry", "traceloop.entity.input", when="tool_call", read="call_arguments"),
             # a CrewAI delegation's arguments are the task handed over ({"task", "context", "coworker"})
             S("crewai", "input.value", when="crewai_delegation"),
+            # Strands by default: the call's input is a `gen_ai.tool.message` event
+            S("strands", "event:gen_ai.tool.message:content", when="tool", read="last_value"),
         ),
     ),
     Rule(
@@ -363,6 +400,7 @@ _TRACELOOP_FAMILY = {
 _GENAI_FAMILY = {
     "invoke_agent": "agent",
     "create_agent": "agent",
+    "invoke_workflow": "chain",
     "execute_tool": "tool",
     "chat": "llm",
     "text_completion": "llm",
@@ -500,6 +538,107 @@ def _langgraph_metadata_agent(metadata: Any) -> str | None:
     return langgraph_agent(metadata.get("langgraph_checkpoint_ns")) if isinstance(metadata, dict) else None
 
 
+def _handoff_agent(arguments: Any) -> str | None:
+    """The agent a hand-off tool call names (``{"agent_name": ...}``)."""
+    parsed = _parse_json_object(arguments)
+    target = parsed.get("agent_name") if isinstance(parsed, dict) else None
+    return (target.strip() or None) if isinstance(target, str) else None
+
+
+def event_values(events: Any, name: str, key: str) -> list[str] | None:
+    """The values of attribute ``key`` on the span's events named ``name``, in order (None when
+    there are none). ``events`` is the decoders' ``Events`` JSON text (or its parsed list)."""
+    if isinstance(events, str):
+        if name not in events:  # most spans: no such event, no JSON parse
+            return None
+        try:
+            events = json.loads(events)
+        except (ValueError, RecursionError):
+            return None
+    if not isinstance(events, list):
+        return None
+    values = [
+        _text(event["Attributes"].get(key))
+        for event in events
+        if isinstance(event, dict)
+        and event.get("Name") == name
+        and isinstance(event.get("Attributes"), dict)
+        and event["Attributes"].get(key) is not None
+    ]
+    return values or None
+
+
+def _last_value(values: Any) -> str | None:
+    found = [v for v in values if isinstance(v, str) and v] if isinstance(values, list) else []
+    return found[-1] if found else None
+
+
+def _last_genai_user_text(values: Any) -> str | None:
+    """``genai_user_text`` of the last of several ``gen_ai.input.messages`` values that has one."""
+    for value in reversed(values) if isinstance(values, list) else ():
+        text = genai_user_text(value)
+        if text:
+            return text
+    return None
+
+
+def _last_text_blocks(values: Any) -> str | None:
+    """The text of the last message (a JSON list of content blocks, ``[{"text": ...}]``) that has
+    any, a framework's transcript of other agents' turns left out."""
+    if not isinstance(values, list):
+        return None
+    for value in reversed(values):
+        blocks = _parse_json_list(value)
+        texts = [
+            block["text"]
+            for block in blocks
+            if isinstance(block, dict) and isinstance(block.get("text"), str) and block["text"]
+        ]
+        if texts and not any(text.startswith(TRANSCRIPT_PREFIXES) for text in texts):
+            return "\n".join(texts)
+    return None
+
+
+def _parse_json_list(value: Any) -> list:
+    if isinstance(value, str) and value.startswith("["):
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError):
+            return []
+    return value if isinstance(value, list) else []
+
+
+def genai_user_text(messages: Any) -> str | None:
+    """The request of a GenAI ``gen_ai.input.messages`` list: the text parts of its last user
+    message that has any (``parts``, or an OpenAI-style ``content`` string as AG2 writes it), a
+    framework's transcript of other agents' turns left out."""
+    if isinstance(messages, str):
+        if not messages.startswith("["):
+            return None
+        try:
+            messages = json.loads(messages)
+        except (ValueError, RecursionError):
+            return None
+    if not isinstance(messages, list):
+        return None
+    for message in reversed(messages):
+        if not isinstance(message, dict) or message.get("role") != "user":
+            continue
+        content = message.get("content")
+        if isinstance(content, str) and content and not content.startswith(TRANSCRIPT_PREFIXES):
+            return content
+        parts = message.get("parts")
+        texts = [
+            part["content"]
+            for part in (parts if isinstance(parts, list) else [])
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("content"), str)
+        ]
+        # a transcript message opens with the framework's note, then quotes other agents' turns
+        if any(texts) and not any(text.startswith(TRANSCRIPT_PREFIXES) for text in texts):
+            return "\n".join(texts)
+    return None
+
+
 def _crewai_coworker(arguments: Any) -> str | None:
     parsed = _parse_json_object(arguments)
     coworker = parsed.get("coworker") if isinstance(parsed, dict) else None
@@ -587,6 +726,11 @@ READERS: dict[str, str] = {
     "langgraph_agent": "langgraph_agent(v)",
     "langgraph_metadata_agent": "langgraph_metadata_agent(v)",
     "crewai_coworker": "crewai_coworker(v)",
+    "handoff_agent": "handoff_agent(v)",
+    "genai_user_text": "genai_user_text(v)",
+    "last_value": "last_value(v)",
+    "last_text_blocks": "last_text_blocks(v)",
+    "last_genai_user_text": "last_genai_user_text(v)",
     "tool": "'tool'",
     "delegate": "'delegate'",
     "attribute": "'attribute'",
@@ -599,7 +743,13 @@ CONDITIONS: dict[str, str] = {
     "smolagents_agent": "scope == SCOPE_SMOLAGENTS and out[COLUMN['span_family']] == 'agent'",
     "openai_agents_handoff": "scope == SCOPE_OPENAI_AGENTS and name.startswith(HANDOFF_PREFIX)",
     "crewai_delegation": "str(get(CREWAI_TOOL_KEY)) in CREWAI_DELEGATION_TOOLS",
-    "stable_agent_id": "scope != SCOPE_TRACELOOP_LANGCHAIN and scope != SCOPE_TRACELOOP_CREWAI",
+    "llm": "out[COLUMN['span_family']] == 'llm'",
+    "agent_or_llm": "out[COLUMN['span_family']] in ('agent', 'llm')",
+    "genai_handoff": "get(GENAI_TOOL_NAME_KEY) in GENAI_HANDOFF_TOOLS",
+    "adk_agent_tool": "get(GENAI_TOOL_TYPE_KEY) == ADK_AGENT_TOOL_TYPE",
+    "stable_agent_id": (
+        "scope != SCOPE_TRACELOOP_LANGCHAIN and scope != SCOPE_TRACELOOP_CREWAI and scope != SCOPE_AGENT_FRAMEWORK"
+    ),
 }
 
 
@@ -669,6 +819,45 @@ def _sql_call_arguments(v: str) -> str:
     )
 
 
+def _sql_genai_user_text(v: str) -> str:
+    wrapper = " OR ".join(
+        f"startsWith(JSONExtractString(p, 'content'), {sql_text(x)})" for x in TRANSCRIPT_PREFIXES
+    )
+    texts = (
+        "arrayMap(p -> JSONExtractString(p, 'content'), arrayFilter(p -> JSONExtractString(p, 'type') = 'text' "
+        "AND JSONType(p, 'content') = 'String', JSONExtractArrayRaw(m, 'parts')))"
+    )
+    # a message any of whose text parts is a transcript note is no request
+    parts_text = (
+        f"if(arrayExists(p -> JSONExtractString(p, 'type') = 'text' AND ({wrapper}), JSONExtractArrayRaw(m, 'parts')), "
+        f"'', arrayStringConcat({texts}, '\\n'))"
+    )
+    own = " OR ".join(
+        f"startsWith(JSONExtractString(m, 'content'), {sql_text(x)})" for x in TRANSCRIPT_PREFIXES
+    )
+    text = (
+        f"if(JSONType(m, 'content') = 'String' AND JSONExtractString(m, 'content') != '' AND NOT ({own}), "
+        f"JSONExtractString(m, 'content'), {parts_text})"
+    )
+    per_message = (
+        f"arrayMap(m -> if(JSONExtractString(m, 'role') = 'user', {text}, ''), JSONExtractArrayRaw({v}))"
+    )
+    return f"if(startsWith({v}, '['), nullIf(arrayLast(t -> t != '', {per_message}), ''), NULL)"
+
+
+def _sql_last_text_blocks(v: str) -> str:
+    wrapper = " OR ".join(
+        f"startsWith(JSONExtractString(b, 'text'), {sql_text(x)})" for x in TRANSCRIPT_PREFIXES
+    )
+    texts = (
+        "arrayMap(b -> JSONExtractString(b, 'text'), arrayFilter(b -> JSONType(b, 'text') = 'String' "
+        "AND JSONExtractString(b, 'text') != '', JSONExtractArrayRaw(c)))"
+    )
+    # a message any of whose blocks is a transcript note is no request
+    joined = f"if(arrayExists(b -> {wrapper}, JSONExtractArrayRaw(c)), '', arrayStringConcat({texts}, '\\n'))"
+    return f"arrayLast(t -> t != '', arrayMap(c -> {joined}, {v}))"
+
+
 def _sql_smolagents_agent(v: str, q: SqlContext) -> str:
     name = f"substring({v}, 1, length({v}) - 4)"
     named = f"extract({q.get(SMOLAGENTS_TASK_KEY)}, {sql_text(_SMOLAGENTS_NAMED.pattern)})"
@@ -677,7 +866,9 @@ def _sql_smolagents_agent(v: str, q: SqlContext) -> str:
 
 
 class SqlContext:
-    """Where the SQL readers and conditions find a span's fields (``otel_traces`` columns)."""
+    """Where the SQL readers and conditions find a span's fields (``otel_traces`` columns; its
+    events' names and attributes as ``_event_names`` / ``_event_attributes``, the view's inner
+    query's names for ``Events.Name`` / ``Events.Attributes``)."""
 
     name = "SpanName"
     scope = "ScopeName"
@@ -690,6 +881,13 @@ class SqlContext:
 
     def column(self, name: str) -> str:
         return name
+
+    def event_values(self, name: str, key: str) -> str:
+        """Array(String): ``key`` of the span's events named ``name``, those that have it, in order."""
+        return (
+            f"arrayMap(a -> a[{sql_text(key)}], arrayFilter((a, n) -> n = {sql_text(name)} "
+            f"AND mapContains(a, {sql_text(key)}), _event_attributes, _event_names))"
+        )
 
 
 READERS_SQL: dict[str, Callable[[str, SqlContext], str]] = {
@@ -708,6 +906,14 @@ READERS_SQL: dict[str, Callable[[str, SqlContext], str]] = {
         f"{_sql_langgraph_agent(_sql_json_string(v, 'langgraph_checkpoint_ns'))}, NULL)"
     ),
     "crewai_coworker": lambda v, q: f"nullIf(trimBoth(JSONExtractString({v}, 'coworker')), '')",
+    "handoff_agent": lambda v, q: f"nullIf(trimBoth(JSONExtractString({v}, 'agent_name')), '')",
+    "genai_user_text": lambda v, q: _sql_genai_user_text(v),
+    # event sources: ``v`` is an Array(String) of the events' values
+    "last_value": lambda v, q: f"arrayLast(x -> x != '', {v})",
+    "last_text_blocks": lambda v, q: _sql_last_text_blocks(v),
+    "last_genai_user_text": lambda v, q: (
+        f"arrayLast(t -> t != '', arrayMap(x0 -> ifNull({_sql_genai_user_text('x0')}, ''), {v}))"
+    ),
     "tool": lambda v, q: "'tool'",
     "delegate": lambda v, q: "'delegate'",
     "attribute": lambda v, q: "'attribute'",
@@ -725,8 +931,12 @@ CONDITIONS_SQL: dict[str, Callable[[SqlContext], str]] = {
         f"{q.scope} = {sql_text(SCOPE_OPENAI_AGENTS)} AND startsWith({q.name}, {sql_text(HANDOFF_PREFIX)})"
     ),
     "crewai_delegation": lambda q: f"{q.get(CREWAI_TOOL_KEY)} IN {_sql_set(CREWAI_DELEGATION_TOOLS)}",
+    "llm": lambda q: f"{q.column('span_family')} = 'llm'",
+    "agent_or_llm": lambda q: f"{q.column('span_family')} IN ('agent', 'llm')",
+    "genai_handoff": lambda q: f"{q.get(GENAI_TOOL_NAME_KEY)} IN {_sql_set(GENAI_HANDOFF_TOOLS)}",
+    "adk_agent_tool": lambda q: f"{q.get(GENAI_TOOL_TYPE_KEY)} = {sql_text(ADK_AGENT_TOOL_TYPE)}",
     "stable_agent_id": lambda q: (
-        f"{q.scope} NOT IN {_sql_set((SCOPE_TRACELOOP_LANGCHAIN, SCOPE_TRACELOOP_CREWAI))}"
+        f"{q.scope} NOT IN {_sql_set((SCOPE_TRACELOOP_LANGCHAIN, SCOPE_TRACELOOP_CREWAI, SCOPE_AGENT_FRAMEWORK))}"
     ),
 }
 _ENV: dict[str, Any] = {
@@ -739,9 +949,20 @@ _ENV: dict[str, Any] = {
     "SCOPE_OPENAI_AGENTS": SCOPE_OPENAI_AGENTS,
     "SCOPE_TRACELOOP_LANGCHAIN": SCOPE_TRACELOOP_LANGCHAIN,
     "SCOPE_TRACELOOP_CREWAI": SCOPE_TRACELOOP_CREWAI,
+    "SCOPE_AGENT_FRAMEWORK": SCOPE_AGENT_FRAMEWORK,
     "CREWAI_DELEGATION_TOOLS": CREWAI_DELEGATION_TOOLS,
     "CREWAI_TOOL_KEY": CREWAI_TOOL_KEY,
     "HANDOFF_PREFIX": HANDOFF_PREFIX,
+    "GENAI_HANDOFF_TOOLS": GENAI_HANDOFF_TOOLS,
+    "GENAI_TOOL_NAME_KEY": GENAI_TOOL_NAME_KEY,
+    "GENAI_TOOL_TYPE_KEY": GENAI_TOOL_TYPE_KEY,
+    "ADK_AGENT_TOOL_TYPE": ADK_AGENT_TOOL_TYPE,
+    "handoff_agent": _handoff_agent,
+    "genai_user_text": genai_user_text,
+    "event_values": event_values,
+    "last_value": _last_value,
+    "last_text_blocks": _last_text_blocks,
+    "last_genai_user_text": _last_genai_user_text,
     "langgraph_node": _langgraph_node,
     "call_arguments": call_arguments,
     "smolagents_agent": smolagents_agent,
@@ -773,7 +994,18 @@ def _expression(source: Source, columns: Sequence[str]) -> str:
         if column not in columns:
             raise ValueError(f"source {key!r} reads a column not mapped before it")
         return f"out[{_INDEX[column]}]"
+    if key.startswith("event:"):
+        event, attribute = event_key(source)
+        return f"event_values(events, {event!r}, {attribute!r})"
     return f"get({key!r})"
+
+
+def event_key(source: Source) -> tuple[str, str]:
+    """(event name, attribute key) of an ``event:<name>:<key>`` source, which needs a reader."""
+    event, _, attribute = source.key[len("event:") :].rpartition(":")
+    if not event or not attribute or not source.read:
+        raise ValueError(f"source {source.key!r}: write event:<event name>:<attribute key>, with a reader")
+    return event, attribute
 
 
 def is_direct(rule: Rule) -> bool:
@@ -783,7 +1015,7 @@ def is_direct(rule: Rule) -> bool:
 
 
 def generate_mapper(rules: Sequence[Rule] = RULES) -> str:
-    """Python source of ``map_span(attrs, resource, name, scope) -> list`` for the table.
+    """Python source of ``map_span(attrs, resource, name, scope, events) -> list`` for the table.
 
     Generated once at import (as a SQL view could be generated from the same table): rules with
     a single plain attribute (the driftscope.* fields) become a key -> column lookup walked over
@@ -828,7 +1060,7 @@ def generate_mapper(rules: Sequence[Rule] = RULES) -> str:
         "}",
         "",
         "",
-        "def map_span(attrs, resource, name, scope):",
+        "def map_span(attrs, resource, name, scope, events='[]'):",
         f"    out = [None] * {len(COORDINATION_COLUMNS)}",
         "    get = attrs.get",
         "    # each direct key has its own column: walk the span's attributes or the keys, the fewer",
@@ -858,21 +1090,22 @@ def generate_mapper(rules: Sequence[Rule] = RULES) -> str:
 MAPPER_SOURCE = generate_mapper()
 _namespace = dict(_ENV)
 exec(compile(MAPPER_SOURCE, "<collector.conventions mapper>", "exec"), _namespace)  # noqa: S102 (our own table)
-_map_span: Callable[[Mapping[str, Any], Any, str, str], list] = _namespace["map_span"]
+_map_span: Callable[..., list] = _namespace["map_span"]
 del _namespace
 
 
 def map_coordination(
-    attrs: Mapping[str, Any], resource: Mapping[str, Any], name: str = "", scope: str = ""
+    attrs: Mapping[str, Any], resource: Mapping[str, Any], name: str = "", scope: str = "", events: Any = "[]"
 ) -> dict[str, Any]:
     """Extract the coordination columns of one span by the convention table.
 
     ``attrs`` and ``resource`` map attribute keys to values (the decoders pass OTLP's string map;
     typed Python values are accepted too), ``name`` is the span's name and ``scope`` its
-    instrumentation scope's. Returns a dict with every name in ``COORDINATION_COLUMNS``; unknown
+    instrumentation scope's, ``events`` its events (the decoders' ``Events`` JSON text, or a
+    list of ``{"Name", "Attributes"}``). Returns a dict with every name in ``COORDINATION_COLUMNS``; unknown
     or absent fields are None. Values of the wrong type are coerced when unambiguous, else None.
     """
-    return dict(zip(COORDINATION_COLUMNS, _map_span(attrs, resource, name, scope), strict=True))
+    return dict(zip(COORDINATION_COLUMNS, _map_span(attrs, resource, name, scope, events), strict=True))
 
 
 class _ResourceSlice:
@@ -899,12 +1132,13 @@ def map_columns(
     names: Sequence[str],
     scopes: Sequence[str],
     trace_ids: Sequence[str],
+    events: Sequence[str] | None = None,
 ) -> dict[str, list]:
     """The coordination columns of a decoded batch, column-wise.
 
     The attribute arguments are ``(offsets, keys, values)`` triples (span i's pairs at
-    ``offsets[i]:offsets[i + 1]``), as both decoders build them. A span with no run takes its
-    trace id as run id.
+    ``offsets[i]:offsets[i + 1]``), as both decoders build them; ``events`` each span's ``Events``
+    JSON text. A span with no run takes its trace id as run id.
     """
     s_off, s_keys, s_vals = span_attributes
     r_off, r_keys, r_vals = resource_attributes
@@ -914,7 +1148,13 @@ def map_columns(
     for i in range(len(names)):
         resource.start, resource.stop = r_off[i], r_off[i + 1]
         s0, s1 = s_off[i], s_off[i + 1]
-        out = _map_span(dict(zip(s_keys[s0:s1], s_vals[s0:s1], strict=True)), resource, names[i], scopes[i])
+        out = _map_span(
+            dict(zip(s_keys[s0:s1], s_vals[s0:s1], strict=True)),
+            resource,
+            names[i],
+            scopes[i],
+            events[i] if events is not None else "[]",
+        )
         if out[run] is None:
             out[run] = trace_ids[i]
         rows.append(out)

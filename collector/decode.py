@@ -643,6 +643,7 @@ def _coordination(columns: dict[str, Any]) -> dict[str, list]:
         columns["SpanName"],
         columns["ScopeName"],
         columns["TraceId"],
+        columns["Events"],
     )
 
 

@@ -146,13 +146,15 @@ FROM _tree
 """
 
 # An agent invoked from a span of another run belongs to that run: PydanticAI gives every
-# delegated `agent.run(...)` a generated conversation id of its own. Repeated (in Python) while
-# a nesting level is merged, so chains of delegation end in the outermost run.
+# delegated `agent.run(...)` a generated conversation id of its own, Google ADK every agent called
+# as a tool a nested session (its `invoke_workflow` span, a chain, in the caller's tool span).
+# Repeated (in Python) while a nesting level is merged, so chains of delegation end in the
+# outermost run.
 _MERGE_NESTED_RUNS_SQL = """
 CREATE OR REPLACE TEMP TABLE _run_merge AS
 SELECT DISTINCT c.TraceId, c.run_id AS inner_run, p.run_id AS outer_run
 FROM _tree c JOIN _tree p ON p.TraceId = c.TraceId AND p.SpanId = c.ParentSpanId
-WHERE c.span_family = 'agent' AND NOT c.guarded AND NOT p.guarded
+WHERE c.span_family IN ('agent', 'chain') AND NOT c.guarded AND NOT p.guarded
   AND c.run_id <> c.TraceId AND p.run_id <> p.TraceId AND c.run_id <> p.run_id;
 UPDATE spans SET run_id = m.outer_run
 FROM _tree t, _run_merge m
@@ -228,6 +230,41 @@ WHERE spans.rowid = o.agent_rid AND l.rowid = o.llm_rid
   AND spans.input_text IS NULL AND l.input_text IS NOT NULL
 """
 
+# A tool call that runs another agent (an agent called as a tool: a Strands / Agent Framework /
+# AG2 / PydanticAI tool that runs an agent, OpenAI Agents' `as_tool`) is a delegation to that
+# agent: its first agent span directly inside the tool span, of an agent other than the caller's.
+# A tool span a convention already gave an op (a hand-off, a guard's) keeps it.
+_TOOL_RUNS_AGENT_SQL = """
+WITH invoked AS (
+    SELECT t.rid, arg_min(c.agent_id, c.start_ns) AS agent
+    FROM _tree t JOIN _tree c ON c.TraceId = t.TraceId AND c.ParentSpanId = t.SpanId
+    WHERE t.span_family = 'tool' AND NOT t.guarded AND c.span_family = 'agent' AND c.agent_id IS NOT NULL
+    GROUP BY t.rid
+)
+UPDATE spans SET op = 'delegate', delegate_to = invoked.agent
+FROM invoked
+WHERE spans.rowid = invoked.rid AND spans.op IS NULL AND spans.agent_id IS DISTINCT FROM invoked.agent
+"""
+
+# A hand-off whose target was not recorded (ADK's `transfer_to_agent` without captured arguments)
+# hands over to the agent that runs next: the first agent span of another agent in its trace that
+# starts after it.
+_HANDOFF_TARGET_SQL = """
+WITH pending AS (
+    SELECT t.rid, t.TraceId, t.start_ns, s.agent_id
+    FROM _tree t JOIN spans s ON s.rowid = t.rid
+    WHERE s.op = 'delegate' AND s.delegate_to IS NULL AND NOT t.guarded
+),
+next_agent AS (
+    SELECT p.rid, arg_min(a.agent_id, a.start_ns) AS agent
+    FROM pending p JOIN _tree a ON a.TraceId = p.TraceId AND a.start_ns > p.start_ns
+    WHERE a.span_family = 'agent' AND a.agent_id IS NOT NULL AND a.agent_id IS DISTINCT FROM p.agent_id
+    GROUP BY p.rid
+)
+UPDATE spans SET delegate_to = next_agent.agent
+FROM next_agent WHERE spans.rowid = next_agent.rid AND spans.delegate_to IS NULL
+"""
+
 # A span that names no agent takes its nearest ancestor's agent (an agent span or any span with
 # an agent id), however many agentless spans lie between them (up to 256).
 _INHERIT_AGENT_SQL = """
@@ -269,6 +306,12 @@ UPDATE spans SET run_id = found.run_id
 FROM found WHERE spans.rowid = found.rid
 """
 
+
+# The runs the statement above gave, into the working copy the merge of nested runs reads.
+_TREE_RUNS_FROM_SPANS_SQL = """
+UPDATE _tree SET run_id = s.run_id
+FROM spans s WHERE s.rowid = _tree.rid AND _tree.run_id IS DISTINCT FROM s.run_id
+"""
 
 # A span without a conversation id of its own (its run fell back to its trace id) whose trace
 # names exactly one run belongs to that run, wherever it sits in the tree: the caller's own
@@ -333,6 +376,10 @@ def insert_batches(
             seq = next_change(conn, "spans", inserted, pc.max(table.column("ingested_at")).as_py())
             record_touched(conn, seq, "_tree")
         agentless, runless, agent_runs, agent_spans, joinable = conn.execute(_TREE_NEEDS_WORK_SQL).fetchone()
+        if runless:
+            # first, so a nested run's caller (a tool span naming no run, as ADK's) has its run
+            conn.execute(_INHERIT_RUN_SQL)
+            conn.execute(_TREE_RUNS_FROM_SPANS_SQL)
         if agent_runs:
             for _ in range(8):  # one nesting level per pass
                 conn.execute(_MERGE_NESTED_RUNS_SQL)
@@ -341,12 +388,12 @@ def insert_batches(
             conn.execute("DROP TABLE _run_merge")
         if agentless:
             conn.execute(_INHERIT_AGENT_SQL)
-        if runless:
-            conn.execute(_INHERIT_RUN_SQL)
         if joinable:
             conn.execute(_JOIN_TRACE_RUN_SQL)
         if agent_spans:
             conn.execute(_AGENT_HOPS_SQL)
+            conn.execute(_TOOL_RUNS_AGENT_SQL)
+            conn.execute(_HANDOFF_TARGET_SQL)
             conn.execute(_AGENT_INPUT_FROM_TOOL_SQL)
             conn.execute(_AGENT_INPUT_FROM_FIRST_LLM_SQL)
         if seq is not None and (agent_runs or runless or joinable):

@@ -21,6 +21,13 @@ GENERATORS = {
     "openai-agents": "openai_agents_crew:generate",
     "pydantic-ai": "pydantic_ai_crew:generate",
     "crewai": "crewai_crew:generate",
+    "adk": "adk_crew:generate",
+    "adk-content": "adk_crew:generate_content",
+    "strands": "strands_crew:generate",
+    "strands-content": "strands_crew:generate_content",
+    "agent-framework": "agent_framework_crew:generate",
+    "agent-framework-content": "agent_framework_crew:generate_content",
+    "ag2": "ag2_crew:generate",
 }
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "sample_traces" / "frameworks"
 

@@ -78,7 +78,7 @@ def tile_for(metric: dict, found: MetricFindings | None) -> Tile:
 
 # The verdicts of run_summary that need a person, in the order the Overview lists them.
 VERDICT_ORDER = {"failing": 0, "to review": 1, "degraded": 2}
-INCIDENT_COLUMNS = ["verdict", "worst_failure_mode", "last_span", "agents", "findings", "run_id"]
+INCIDENT_COLUMNS = ["verdict", "worst_failure_mode", "coverage", "last_span", "agents", "findings", "run_id"]
 REVIEW_NOTE = "to review (threshold not calibrated)"
 
 
@@ -153,8 +153,9 @@ def incident_runs(
     worst = worst_modes(found, runs)
     counts = found.run_counts()
     rows = []
-    for run, verdict, last, agents, rejections, errors in zip(
-        runs, frame["verdict"], frame["last_seen"], frame["agents"], frame["rejections"], frame["errors"],
+    notes = frame["coverage"] if "coverage" in frame else pd.Series(None, index=frame.index, dtype=object)
+    for run, verdict, last, agents, rejections, errors, note in zip(
+        runs, frame["verdict"], frame["last_seen"], frame["agents"], frame["rejections"], frame["errors"], notes,
         strict=True,
     ):  # fmt: skip
         mode = worst.get(run)
@@ -166,6 +167,7 @@ def incident_runs(
             {
                 "verdict": verdict,
                 "worst_failure_mode": mode,
+                "coverage": note if isinstance(note, str) else "",
                 "last_span": last_span_text(last, now),
                 "agents": [str(a) for a in (agents if agents is not None else [])],
                 "findings": int(counts.get(run, 0)),
@@ -173,6 +175,17 @@ def incident_runs(
             }
         )
     return pd.DataFrame(rows, columns=INCIDENT_COLUMNS)
+
+
+def unmeasured_runs(summary: pd.DataFrame) -> pd.DataFrame:
+    """Runs whose telemetry left a detector blind (run_summary's ``coverage``), whatever their
+    verdict: a "healthy" run here is healthy as far as the detectors could see. Columns
+    ``verdict``, ``coverage``, ``run_id``."""
+    columns = ["verdict", "coverage", "run_id"]
+    if summary is None or summary.empty or "coverage" not in summary:
+        return pd.DataFrame(columns=columns)
+    blind = summary[summary["coverage"].notna() & (summary["coverage"] != "")]
+    return blind[columns].reset_index(drop=True)
 
 
 def verdict_counts(summary: pd.DataFrame) -> dict[str, int]:

@@ -241,13 +241,14 @@ def _verdicts_html(data: ReportData) -> str:
         rows.append(
             f"<tr><td class='{klass} nowrap'>{_e(r['verdict'])}</td>"
             f"<td class='nowrap'>{_id_html(r['run_id'], explorer_url(data.dashboard_url, r['run_id']))}</td>"
-            f"<td>{_e(r['worst_failure_mode'])}</td><td>{r['findings']}</td>"
+            f"<td>{_e(r['worst_failure_mode'])}</td><td>{_e(r['coverage'])}</td><td>{r['findings']}</td>"
             f"<td>{_e(', '.join(r['agents']))}</td><td>{_e(r['last_span'])}</td></tr>"
         )
     total = len(data.verdicts)
     note = f"<p class='meta'>The first {len(table)} of {total:,} runs.</p>" if total > len(table) else ""
     return (
-        "<table><thead><tr><th>verdict</th><th>run</th><th>worst failure mode</th><th>findings</th>"
+        "<table><thead><tr><th>verdict</th><th>run</th><th>worst failure mode</th><th>not measurable</th>"
+        "<th>findings</th>"
         f"<th>agents</th><th>last span</th></tr></thead><tbody>{''.join(rows)}</tbody></table>{note}"
     )
 
@@ -542,7 +543,7 @@ def _verdicts_md(data: ReportData) -> list[str]:
     if data.verdicts is None:
         return ["## Runs by verdict", "", "_run verdicts unavailable_", ""]
     table = incident_runs(data.verdicts, data.found, data.generated_at, limit=50, include_healthy=True)
-    columns = ["verdict", "run_id", "worst_failure_mode", "findings", "agents", "last_span"]
+    columns = ["verdict", "run_id", "worst_failure_mode", "coverage", "findings", "agents", "last_span"]
     links = {"run_id": lambda r: explorer_url(data.dashboard_url, r.get("run_id"))}
     return ["## Runs by verdict", "", *_md_rows(columns, table.to_dict("records"), links)]
 

@@ -1,6 +1,7 @@
 -- duplicate_side_effects: a side effect executed more than once in a run, by idempotency key, or
 -- by the same side-effecting tool with the same normalized arguments. Executed = not refused by a
--- guard and not failed. A by-arguments group whose calls all share one idempotency key is the
+-- guard and not failed. Arguments that were not recorded (a framework's default telemetry) are
+-- not equal arguments: such calls are matched by idempotency key only. A by-arguments group whose calls all share one idempotency key is the
 -- same finding as that key's group and is reported once.
 -- Cost: groups that repeat are found first over narrow columns, by a hash of their key (a
 -- collision only keeps a few more groups); only their calls are then read in full and get
@@ -9,7 +10,7 @@
 -- string.
 WITH executed AS NOT MATERIALIZED (
     SELECT TraceId, SpanId, run_id, agent_id, tool_name, idempotency_key, side_effect, op, Timestamp,
-           start_ns, coalesce(tool_args, '') AS raw_args, rowid AS row_id
+           start_ns, coalesce(tool_args, '') AS raw_args, tool_args IS NOT NULL AS args_recorded, rowid AS row_id
     FROM spans
     WHERE {span_filter}
       AND coalesce(outcome, 'ok') = 'ok' AND StatusCode <> 'Error' AND op IS DISTINCT FROM 'read'
@@ -67,9 +68,9 @@ inferred_tools AS MATERIALIZED (
              OR NOT (regexp_matches(tool_name, $side_effect_exclude::VARCHAR)
                      OR regexp_matches(words, $side_effect_exclude::VARCHAR))))
 ),
-effects AS NOT MATERIALIZED (
+effects AS NOT MATERIALIZED (  -- (by arguments: a call whose arguments were not recorded matches none)
     SELECT * FROM executed
-    WHERE tool_name IS NOT NULL
+    WHERE tool_name IS NOT NULL AND args_recorded
       AND coalesce(side_effect, op IS NULL AND tool_name IN (SELECT tool_name FROM inferred_tools))
 ),
 normalized AS MATERIALIZED (

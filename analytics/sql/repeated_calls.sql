@@ -15,8 +15,12 @@
 --     The caller is the agent of the entry's parent ('' at the top), the invoked agent is the
 --     "tool"; an invocation a delegate span of the run already records is counted there.
 --   * a code action: a call `name(...)` in a ```py / <code> block of an LLM output, for agents
---     that act through code (only for (run, agent, name) without tool spans, and never a name
---     of an invoked agent or a Python builtin).
+--     that act through code, as Python's parser finds it (analytics.code_actions: never prose,
+--     escaped text, builtins or names the code binds itself; bound as $code_outputs / $code_tools
+--     / $code_args), only of a tool the run has (a tool name of its tool spans), only for
+--     (run, agent, name) without tool spans of their own, and never a name of an invoked agent.
+-- A call whose arguments were not captured (a tool span without tool_args, a hand-off without
+-- task, arguments or input) is no call here: invisible arguments are not equal arguments.
 -- Outcomes are not part of the group: a retry loop is error, error, ok.
 -- Two calls are linked when their normalized arguments are identical (the same sorted argument
 -- words: whitespace, case and key order free; every such call links to the first of them), or
@@ -42,6 +46,8 @@ WITH RECURSIVE tool_calls AS NOT MATERIALIZED (
     FROM spans
     WHERE {span_filter} AND tool_name IS NOT NULL AND run_id IS NOT NULL
       AND coalesce(op, '') NOT IN ('delegate', 'objective')
+      -- arguments not captured are not equal arguments: such a call matches no other
+      AND tool_args IS NOT NULL
       -- an execution guard's check that let the call through is not the call (the call is its
       -- own span); a refused check is a refused call
       AND NOT (coalesce(guard, '') = 'execution_guard' AND coalesce(outcome, 'ok') <> 'rejected')
@@ -67,6 +73,8 @@ delegations AS NOT MATERIALIZED (
            (d.goal_text IS NOT NULL OR d.input_text IS NULL) AS own_args
     FROM handoffs d LEFT JOIN agent_tasks t ON t.input_text = d.input_text
     WHERE ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
+      -- a hand-off whose task was not captured matches no other
+      AND coalesce(d.goal_text, t.task, d.tool_args, d.input_text, '') <> ''
       AND NOT EXISTS (SELECT 1 FROM handoffs b
                       WHERE b.run_id = d.run_id AND b.agent_id = d.delegate_to AND b.delegate_to = d.agent_id)
 ),
@@ -107,36 +115,27 @@ invocations AS NOT MATERIALIZED (  -- one per entry: its first agent span with a
           NOT IN (SELECT hash(run_id, agent, tool_name) FROM delegations)
     QUALIFY row_number() OVER (PARTITION BY a.TraceId, e.entry ORDER BY a.start_ns, a.SpanId) = 1
 ),
-llm_code AS (  -- code blocks of LLM outputs (the message content when the output is a JSON message)
-    SELECT TraceId, SpanId, run_id, agent, Timestamp, start_ns,
-           list_concat(regexp_extract_all(text, '(?s)<code>(.*?)</code>', 1),
-                       regexp_extract_all(text, '(?s)```(?:py|python)?[ \t]*\n(.*?)```', 1)) AS blocks
-    FROM (
-        SELECT TraceId, SpanId, run_id, coalesce(agent_id, '') AS agent, Timestamp, start_ns,
-               CASE WHEN left(output_text, 1) = '{' AND json_valid(output_text)
-                    THEN coalesce(json_extract_string(output_text, '$.content'), output_text)
-                    ELSE output_text END AS text
-        FROM spans
-        WHERE {span_filter} AND span_family = 'llm' AND run_id IS NOT NULL
-          AND (contains(output_text, '<code>') OR contains(output_text, '```'))
-          AND ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
-    )
+code_found AS (  -- the calls in code blocks of LLM outputs, parsed in Python (analytics.code_actions)
+    SELECT unnest($code_outputs::VARCHAR[]) AS output_text, unnest($code_tools::VARCHAR[]) AS tool_name,
+           unnest($code_args::VARCHAR[]) AS args
+),
+run_tools AS (  -- the tools a run's agents have: every tool name of its tool spans
+    SELECT DISTINCT run_id, tool_name
+    FROM spans
+    WHERE {span_filter} AND tool_name IS NOT NULL AND run_id IS NOT NULL
+      AND coalesce(op, '') NOT IN ('delegate', 'objective')
 ),
 code_calls AS NOT MATERIALIZED (
-    SELECT TraceId, SpanId, run_id, agent, tool_name, Timestamp, start_ns, args,
-           false AS failing, false AS rejected, 'code' AS source, true AS own_args
-    FROM (
-        SELECT TraceId, SpanId, run_id, agent, Timestamp, start_ns,
-               unnest(regexp_extract_all(block, '(^|[^A-Za-z0-9_.])([A-Za-z_][A-Za-z0-9_]*)\s*\(((?:[^()"'']|"[^"]*"|''[^'']*'')*)\)', 2)) AS tool_name,
-               unnest(regexp_extract_all(block, '(^|[^A-Za-z0-9_.])([A-Za-z_][A-Za-z0-9_]*)\s*\(((?:[^()"'']|"[^"]*"|''[^'']*'')*)\)', 3)) AS args
-        FROM (SELECT *, unnest(blocks) AS block FROM llm_code)
-    )
-    WHERE tool_name NOT IN ('print', 'len', 'range', 'str', 'int', 'float', 'bool', 'list', 'dict', 'set',
-                            'tuple', 'sorted', 'reversed', 'enumerate', 'zip', 'map', 'filter', 'max',
-                            'min', 'sum', 'abs', 'round', 'any', 'all', 'isinstance', 'type', 'open',
-                            'format', 'repr', 'hasattr', 'getattr', 'setattr', 'super', 'final_answer')
-      AND hash(run_id, agent, tool_name) NOT IN (SELECT hash(run_id, agent, tool_name) FROM tool_calls)
-      AND hash(run_id, tool_name) NOT IN (SELECT hash(run_id, tool_name) FROM invocations)
+    SELECT s.TraceId, s.SpanId, s.run_id, coalesce(s.agent_id, '') AS agent, f.tool_name, s.Timestamp,
+           s.start_ns, f.args, false AS failing, false AS rejected, 'code' AS source, true AS own_args
+    FROM spans s JOIN code_found f ON f.output_text = s.output_text
+    WHERE {span_filter} AND s.span_family = 'llm' AND s.run_id IS NOT NULL
+      AND ($agent::VARCHAR IS NULL OR s.agent_id = $agent::VARCHAR)
+      -- only a tool the run has; where the agent's own tool spans record it, they are the calls
+      AND hash(s.run_id, f.tool_name) IN (SELECT hash(run_id, tool_name) FROM run_tools)
+      AND hash(s.run_id, coalesce(s.agent_id, ''), f.tool_name)
+          NOT IN (SELECT hash(run_id, agent, tool_name) FROM tool_calls)
+      AND hash(s.run_id, f.tool_name) NOT IN (SELECT hash(run_id, tool_name) FROM invocations)
 ),
 calls AS MATERIALIZED (  -- with its group key's hash. Read twice (keys, candidates): inlined,
                         -- DuckDB scanned and joined every call of the runs twice (for a kept

@@ -1,4 +1,7 @@
--- run_summary (base): per run, its agents, hops, spans, traces, errors and rejections.
+-- run_summary (base): per run, its agents, hops, spans, traces, errors and rejections, and what
+-- its framework did not record (analytics.coverage): tool calls without arguments, sub-agent
+-- invocations (agent spans at hop 1+) without a task, and the instrumentation scope that left
+-- them out.
 -- Distinct agents and traces come from their own narrow DISTINCT scans (a DISTINCT aggregate
 -- next to the others made DuckDB materialize every span of the window first).
 WITH runs AS (
@@ -8,6 +11,15 @@ WITH runs AS (
            count(*) AS spans,
            count(*) FILTER (WHERE outcome = 'error' OR StatusCode = 'Error') AS errors,
            count(*) FILTER (WHERE outcome = 'rejected') AS rejections,
+           count(*) FILTER (WHERE tool_name IS NOT NULL AND coalesce(op, '') NOT IN ('delegate', 'objective'))
+               AS tool_calls,
+           count(*) FILTER (WHERE tool_name IS NOT NULL AND coalesce(op, '') NOT IN ('delegate', 'objective')
+                              AND tool_args IS NULL) AS tool_calls_unrecorded,
+           count(*) FILTER (WHERE span_family = 'agent' AND hop > 0 AND input_text IS NULL) AS tasks_unrecorded,
+           min(ScopeName) FILTER (WHERE (tool_name IS NOT NULL AND tool_args IS NULL
+                                               AND coalesce(op, '') NOT IN ('delegate', 'objective'))
+                                           OR (span_family = 'agent' AND hop > 0 AND input_text IS NULL))
+               AS unrecorded_scope,
            min(Timestamp) AS first_seen,
            max(Timestamp) AS last_seen
     FROM spans
@@ -26,7 +38,8 @@ run_traces AS (
     GROUP BY run_id
 )
 SELECT r.run_id, r.trace_id, coalesce(a.agents, []::VARCHAR[]) AS agents, r.hops, r.spans,
-       t.traces, r.errors, r.rejections, r.first_seen, r.last_seen
+       t.traces, r.errors, r.rejections, r.tool_calls, r.tool_calls_unrecorded, r.tasks_unrecorded,
+       r.unrecorded_scope, r.first_seen, r.last_seen
 FROM runs r
 JOIN run_traces t USING (run_id)
 LEFT JOIN run_agents a USING (run_id)

@@ -6,7 +6,7 @@ import streamlit as st
 from dashboard import ui
 from dashboard.figures import findings_by_mode_figure, rejection_rate_figure
 from dashboard.filters import PAGE_TITLES, utc_now
-from dashboard.overview import TILE_STATES, age_text, incident_runs, verdict_counts
+from dashboard.overview import TILE_STATES, age_text, incident_runs, unmeasured_runs, verdict_counts
 
 # How many incident runs get an "open" link above the table (the table links every run).
 OPEN_LINKS = 3
@@ -42,6 +42,13 @@ else:
             strict=True,
         ):
             column.metric(f"{verdict} runs", counts[verdict], border=True, help=help_text)
+        blind = unmeasured_runs(overview.verdicts)
+        if not blind.empty:
+            st.warning(
+                f"{len(blind):,} runs could not be fully measured: their framework did not record "
+                f"what a detector needs. {blind['coverage'].iloc[0]}"
+            )
+            ui.table(blind, key="unmeasured")
         incidents = incident_runs(overview.verdicts, found, now)
         st.subheader("Runs that need attention")
         if incidents.empty:

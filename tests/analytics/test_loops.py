@@ -211,11 +211,19 @@ def _code_output(query: str) -> str:
     )
 
 
-def test_code_actions_of_llm_outputs_are_calls_where_the_agent_has_no_tool_spans():
+def test_code_actions_are_calls_of_tools_the_run_has_where_the_agent_has_no_tool_spans():
     conn = new_db()
     llm = dict(agent_id="coder", span_family="llm")
     queries = ["EU revenue 2024", "revenue of the EU in 2024", "What was the EU revenue in 2024?"]
-    insert_spans(conn, [make_span(i, output_text=_code_output(q), **llm) for i, q in enumerate(queries)])
+    rows = [make_span(i, output_text=_code_output(q), **llm) for i, q in enumerate(queries)]
+    # no tool of that name in the run: the code is not a call of a tool the agent has
+    insert_spans(conn, rows)
+    assert run_metric(conn, "repeated_calls").empty
+    # another agent of the run has web_search (a tool span): the coder's code calls it
+    conn = new_db()
+    rows = [make_span(i, output_text=_code_output(q), **llm) for i, q in enumerate(queries)]
+    rows.append(make_span(9, agent_id="helper", tool_name="web_search", tool_args={"query": "x"}))
+    insert_spans(conn, rows)
     loops = run_metric(conn, "repeated_calls")
     assert list(loops["call_type"]) == ["code"] and list(loops["tool_name"]) == ["web_search"]
     assert loops.loc[0, "calls"] == 3 and loops.loc[0, "agent"] == "coder"
@@ -227,6 +235,27 @@ def test_code_actions_of_llm_outputs_are_calls_where_the_agent_has_no_tool_spans
     insert_spans(conn, rows)
     loops = run_metric(conn, "repeated_calls")
     assert list(loops["call_type"]) == ["tool"] and loops.loc[0, "calls"] == 3
+
+
+def test_code_actions_as_real_models_write_them_are_no_loop_of_prose_escapes_or_builtins():
+    # GAIA-like outputs: escaped newlines before parentheses, prose in the code, builtins,
+    # keywords and a class the code constructs, each repeated over five steps
+    def content(i: int) -> str:
+        return (
+            "Thought: I will not (yet) answer and the (cached) result is True (see above).\n"
+            "<code>\nclass TrieNode:\n    pass\nnode = TrieNode()\n"
+            'text = "a\\n(b)"\nif not (len(text) > 1) and True:\n    print(f"{text} (x)")\n'
+            f'r = web_search(query="trie topic {i}")\n</code>'
+        )
+
+    conn = new_db()
+    rows = [make_span(i, agent_id="coder", span_family="llm",
+                      output_text=json.dumps({"role": "assistant", "content": content(i)}))
+            for i in range(5)]  # fmt: skip
+    rows.append(make_span(9, agent_id="helper", tool_name="web_search", tool_args={"query": "x"}))
+    insert_spans(conn, rows)
+    loops = run_metric(conn, "repeated_calls")
+    assert set(loops["tool_name"]) <= {"web_search"}, loops[["tool_name", "signature"]]
 
 
 def test_a_manager_re_asking_its_sub_agent_is_a_loop_of_agent_invocations():
@@ -423,3 +452,18 @@ def test_hand_off_tool_calls_of_a_ping_pong_are_the_ping_pong():
     conn = new_db()  # the same tool calls without the bounce: a loop of the tool
     insert_spans(conn, [span for span in rows if span["tool_name"] == "transfer_to_researcher"])
     assert list(run_metric(conn, "repeated_calls")["tool_name"]) == ["transfer_to_researcher"]
+
+
+def test_calls_whose_arguments_were_not_captured_are_no_loop_on_an_empty_signature():
+    # ADK's and Strands' defaults record no tool arguments: three different searches look alike
+    conn = new_db()
+    insert_spans(conn, [make_span(i, agent_id="researcher", tool_name="web_search") for i in range(3)])
+    insert_spans(conn, [make_span(5 + i, agent_id="manager", op="delegate", delegate_to="researcher")
+                        for i in range(3)])  # fmt: skip
+    assert run_metric(conn, "repeated_calls").empty
+    # the same calls with their arguments captured (identical): a loop
+    conn = new_db()
+    insert_spans(conn, [make_span(i, agent_id="researcher", tool_name="web_search", tool_args={"query": "x"})
+                        for i in range(3)])  # fmt: skip
+    loops = run_metric(conn, "repeated_calls")
+    assert list(loops["kind"]) == ["exact"] and loops.loc[0, "calls"] == 3

@@ -205,3 +205,15 @@ def test_serve_applies_its_setting_to_the_read_api(tmp_path):
         assert [(r["run_id"], r["tool_name"]) for r in rows] == [("r-claim", "file_claim")]
     finally:
         serve.stop()
+
+
+def test_side_effects_whose_arguments_were_not_recorded_are_no_duplicate_by_arguments():
+    # a framework's default telemetry (ADK, Agent Framework) records no tool arguments: two sends
+    # are not known to be the same send
+    conn = new_db()
+    insert_spans(conn, [make_span(i, agent_id="mailer", tool_name="send_email") for i in range(2)])
+    assert run_metric(conn, "duplicate_side_effects").empty
+    conn = new_db()
+    insert_spans(conn, [make_span(i, agent_id="mailer", tool_name="send_email", tool_args={"to": "a"})
+                        for i in range(2)])  # fmt: skip
+    assert len(run_metric(conn, "duplicate_side_effects")) == 1

@@ -262,3 +262,25 @@ def test_reads_within_one_version_see_the_data_at_the_first_read(tmp_path):
     assert after.spans == 3 and len(touched_after) == 2
     later, touched_later = data_version.read_version(conn, first)
     assert later.spans == 3 and touched_later == {late["TraceId"]}
+
+
+def test_a_run_whose_framework_recorded_no_arguments_or_tasks_says_so_in_coverage():
+    conn = new_db()
+    insert_spans(
+        conn,
+        [
+            make_span(0, run="blind", agent_id="manager", op="delegate", delegate_to="researcher"),
+            make_span(1, run="blind", agent_id="researcher", span_family="agent", hop=1,
+                      ScopeName="gcp.vertex.agent"),
+            make_span(2, run="blind", agent_id="researcher", tool_name="web_search"),
+            make_span(3, run="blind", agent_id="researcher", tool_name="web_search", tool_args={"query": "x"}),
+            make_span(5, run="seen", agent_id="researcher", tool_name="web_search", tool_args={"query": "x"}),
+        ],
+    )  # fmt: skip
+    summary = run_metric(conn, "run_summary").set_index("run_id")
+    note = summary.loc["blind", "coverage"]
+    assert "repeated calls and duplicate side effects not measurable (1 of 2 calls)" in note
+    assert "goal drift not measurable" in note
+    assert "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY" in note
+    assert summary.loc["blind", "verdict"] == "healthy"  # not a failure: unknown, and said so
+    assert pd.isna(summary.loc["seen", "coverage"])

@@ -229,6 +229,25 @@ def test_incident_runs_list_failing_then_to_review_then_degraded_newest_first():
     ]  # fmt: skip
 
 
+def test_runs_whose_telemetry_left_a_detector_blind_are_listed_with_their_coverage():
+    from dashboard.findings import FindingSet
+    from dashboard.overview import incident_runs, unmeasured_runs
+
+    note = (
+        "goal drift not measurable: ...; enable OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY"
+    )
+    summary = pd.DataFrame(
+        {"run_id": ["seen", "blind"], "verdict": ["healthy", "healthy"], "agents": [["a"], ["b"]],
+         "rejections": 0, "errors": 0, "coverage": [None, note],
+         "last_seen": [T0, T0 + timedelta(seconds=1)]}
+    )  # fmt: skip
+    assert list(unmeasured_runs(summary)["run_id"]) == ["blind"]
+    assert unmeasured_runs(summary)["coverage"][0] == note
+    listed = incident_runs(summary, FindingSet({}, {}), T0, include_healthy=True).set_index("run_id")
+    assert listed.loc["blind", "coverage"] == note and listed.loc["seen", "coverage"] == ""
+    assert unmeasured_runs(summary.drop(columns="coverage")).empty
+
+
 def test_long_tables_are_paginated():
     from streamlit.testing.v1 import AppTest
 
