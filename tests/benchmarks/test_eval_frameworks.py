@@ -24,8 +24,12 @@ from benchmarks.eval_frameworks import (
 pytestmark = pytest.mark.slow
 
 # One run set per convention family: OpenInference (smolagents, OpenAI Agents SDK), OpenLLMetry
-# (LangGraph) and native GenAI (PydanticAI). `make eval-frameworks` runs all of them.
-SUBSET = ["smolagents", "langgraph-openllmetry", "openai-agents", "pydantic-ai"]
+# (LangGraph) and native GenAI (PydanticAI; Strands, whose default puts content in span events;
+# Google ADK by default, which records no content). `make eval-frameworks` runs all of them.
+SUBSET = ["smolagents", "langgraph-openllmetry", "openai-agents", "pydantic-ai", "strands", "adk"]
+# Run sets whose telemetry records no tool arguments or task text: a failure there is found or
+# its run says it could not be measured (run_summary's coverage), never guessed.
+BLIND = {"adk"}
 
 RUN_SETS = load_corpus(CORPUS, SUBSET)
 
@@ -33,6 +37,10 @@ _TO_REVIEW = (
     "by design (issue 16): goal drift over the uncalibrated default threshold makes the verdict "
     "'to review', not 'failing'; calibrated from a healthy window of the crew (the default path) "
     "it is 'failing' (docs/detection-quality.md, calibrated section)"
+)
+_NOT_RECORDED = (
+    "not measurable: ADK's default telemetry records no tool arguments and no task text, so the run "
+    "is not failing but says so in its coverage (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT)"
 )
 
 # case id -> reason it fails today. Case ids: <kind>[<run set>/<run>] or <kind>[<run set>], as
@@ -42,6 +50,12 @@ KNOWN_MISSES: dict[str, str] = {
     "verdict_failing[langgraph-openllmetry/off-topic]": _TO_REVIEW,
     "verdict_failing[openai-agents/off-topic]": _TO_REVIEW,
     "verdict_failing[pydantic-ai/off-topic]": _TO_REVIEW,
+    "verdict_failing[strands/off-topic]": _TO_REVIEW,
+    "verdict_failing[adk/retry-loop]": _NOT_RECORDED,
+    "verdict_failing[adk/redelegation]": _NOT_RECORDED,
+    "verdict_failing[adk/off-topic]": _NOT_RECORDED,
+    "verdict_failing[adk/duplicate-email]": _NOT_RECORDED,
+    "tasks[adk]": _NOT_RECORDED,
 }
 
 
@@ -119,8 +133,10 @@ def test_each_run_is_stored_as_one_run(evaluation, name):
 @pytest.mark.parametrize("case", _cases("found", failing=True))
 def test_injected_failure_is_found_by_its_detector(evaluation, case):
     result = _result(evaluation, case)
-    assert result.found, (
-        f"{result.expected_detector} did not find the {result.truth.failure}; findings: {result.findings}"
+    seen = result.found or (result.run_set in BLIND and result.not_measurable)
+    assert seen, (
+        f"{result.expected_detector} did not find the {result.truth.failure}; findings: {result.findings}; "
+        f"coverage: {result.coverage}"
     )
 
 
@@ -173,12 +189,16 @@ def calibrated(tmp_path_factory) -> Evaluation:
 
 def test_calibrated_off_topic_runs_are_failing_and_held_out_healthy_runs_healthy(calibrated):
     off_topic = {
-        r.run_set: (r.found, r.verdict) for r in calibrated.results if r.truth.failure == "off_topic_task"
+        r.run_set: (r.found, r.verdict)
+        for r in calibrated.results
+        if r.truth.failure == "off_topic_task" and r.run_set not in BLIND
     }
-    assert off_topic == {name: (True, "failing") for name in SUBSET}
+    assert off_topic == {name: (True, "failing") for name in SUBSET if name not in BLIND}
     healthy = {f"{r.run_set}/{r.truth.run}": r.verdict for r in calibrated.results if r.truth.failure is None}
     assert healthy and set(healthy.values()) == {"healthy"}, healthy
-    missed = [f"{r.run_set}/{r.truth.run}" for r in calibrated.results if r.found is False]
+    missed = [
+        f"{r.run_set}/{r.truth.run}" for r in calibrated.results if r.found is False and not r.not_measurable
+    ]
     assert missed == []
 
 
