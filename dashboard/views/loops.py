@@ -13,6 +13,7 @@ SECTIONS = [
     ("ping_pong", "Ping-pong cycles", "ping-pong delegation cycles"),
     ("budget_exhaustion", "Budget exhaustions", "step-budget exhaustions"),
     ("duplicate_side_effects", "Duplicate side effects", "duplicate side effects"),
+    ("no_progress", "No progress: the same result again and again", "calls without progress"),
 ]
 for name, title, what in SECTIONS:
     st.subheader(title)

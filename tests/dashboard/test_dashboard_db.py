@@ -30,6 +30,7 @@ TRUTH_METRICS = {
     "ping_pong": "ping_pong",
     "budget_exhaustion": "budget_exhaustion",
     "duplicate_side_effects": "duplicate_side_effects",
+    "runaway_steps": "no_progress",  # twelve searches, one answer: no run length threshold sees it
 }
 
 

@@ -157,7 +157,7 @@ def test_context_drift_page_names_stale_holders_and_the_stale_send(monkeypatch, 
 
 def test_loops_page_lists_all_four_loop_failures(monkeypatch, db_path):
     at = _run_page(monkeypatch, str(db_path), "loops")
-    repeated, ping_pong, budget, dupes = (df.value for df in at.dataframe)
+    repeated, ping_pong, budget, dupes, _ = (df.value for df in at.dataframe)  # and no progress
     loop = _truth("recursion_loop")["looped_calls"][0]
     row = repeated[repeated["run_id"] == _truth("recursion_loop")["run_id"]].iloc[0]
     assert (row["agent"], row["tool_name"], row["calls"]) == (loop["agent"], loop["tool"], loop["count"])
@@ -277,7 +277,7 @@ def test_empty_database_says_how_to_send_spans(monkeypatch, tmp_path):
     migrate(conn)
     conn.close()
     at = _run_page(monkeypatch, str(path), "loops")
-    assert len(at.info) == 4
+    assert len(at.info) == 5  # one per table of the page
     assert all("OTEL_EXPORTER_OTLP_ENDPOINT" in i.value and "driftscope demo" in i.value for i in at.info)
     # The Overview of an empty store does not show green "clear" tiles: it says where spans go.
     at = _run_page(monkeypatch, str(path), None)
@@ -297,7 +297,7 @@ def test_sidebar_run_filter_scopes_every_table(monkeypatch, db_path):
     assert not at.exception
     repeated = at.dataframe[0].value
     assert list(repeated["run_id"]) == [run]
-    assert len(at.info) == 3  # ping-pong, budget and duplicate tables are empty for this run
+    assert len(at.info) == 4  # ping-pong, budget, duplicate and no-progress tables are empty for this run
     assert all(run in i.value for i in at.info)
 
 
@@ -332,9 +332,9 @@ def test_custom_window_selects_the_sample_day(monkeypatch, db_path):
     at.date_input(key="custom_to").set_value(date(2026, 1, 15)).run()
     at.time_input(key="custom_from_time").set_value(time(10, 30)).run()
     assert not at.exception
-    # 10:30 to the end of January 15: the 10:40 ping-pong and 11:10 budget stops are inside, the
-    # 10:20 query loop and the January 16 XSS run are not.
-    assert [len(df.value) for df in at.dataframe] == [1, 2, 1]
+    # 10:30 to the end of January 15: the 10:40 ping-pong, 11:10 budget stops and the 11:00
+    # searches without progress are inside, the 10:20 query loop and the January 16 XSS run are not.
+    assert [len(df.value) for df in at.dataframe] == [1, 2, 1, 1]
     assert "repeated tool calls" in at.info[0].value
 
 
