@@ -52,6 +52,8 @@ MIN_NO_PROGRESS_CALLS = 4
     failing=True,
     rank_column="calls",
     page="loops",
+    kept="run_id",
+    order=[("first_seen", False), ("run_id", False), ("agent", False), ("tool_name", False)],
 )
 def no_progress(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Groups of one agent's calls of one tool whose executed calls all returned one result."""

@@ -137,6 +137,15 @@ def _runaway_crew(rng: random.Random) -> list[dict]:
     return rows
 
 
+def _no_progress_run(rng: random.Random) -> list[dict]:
+    """An agent searching again and again with other words and getting the same answer."""
+    return [
+        make_span(call + rng.random() * 0.5, run="run-stuck", agent_id="researcher", tool_name="search",
+                  tool_args={"q": f"revenue 2024 attempt {call}"}, tool_result="no results", outcome="ok")
+        for call in range(6)
+    ]  # fmt: skip
+
+
 def _commit_table(conn: duckdb.DuckDBPyConnection, table: pa.Table) -> None:
     conn.execute("BEGIN TRANSACTION")
     insert_batches(conn, [DecodedBatch(table=table, accepted=table.num_rows)])
@@ -181,7 +190,7 @@ def _sample_batches_property(tmp_path, seed: int) -> None:
     spans = spans.take(order)
     cuts = sorted(rng.sample(range(1, spans.num_rows), tiers.batches(full=5, quick=3) - 1))
     pieces = [spans.slice(a, b - a) for a, b in zip([0, *cuts], [*cuts, spans.num_rows], strict=True)]
-    crew = _runaway_crew(rng)
+    crew = _runaway_crew(rng) + _no_progress_run(rng)
     seen: dict[str, int] = {}
     for number, piece in enumerate(pieces):
         _commit_table(conn, piece)
@@ -359,6 +368,9 @@ def test_every_registered_detector_with_a_partition_is_maintained():
     kept_facts = {name for name, metric in METRICS.items() if metric.kept is not None}
     assert kept_facts <= set(materialize.maintained())
     assert {summary.BASE_PART, summary.GOALS_PART} <= set(materialize.maintained())
+    # run_summary is assembled from tables only when every detector it counts has one
+    counted = {metric.name for metric in summary._summed_metrics()}
+    assert counted <= set(materialize.maintained()), counted - set(materialize.maintained())
     assert BASE_TIME  # the fixtures' clock is the one the random batches use
 
 
