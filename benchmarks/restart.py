@@ -1,19 +1,16 @@
-"""A restarted ``driftscope serve`` on a database whose kept results are stored: what a user's
-first requests cost (issue 14's cold call, through the API as the issue measured it).
+"""A restarted ``driftscope serve`` on a database whose findings tables are built: what a user's
+first requests cost (issue 31: every detector's first answer <= 3x its warm one).
 
 ``python -m benchmarks.restart DB --out results.json [--names a b ...] [--workdir DIR]``
 
 ``DB`` is a span database (e.g. built by ``benchmarks.dbbuild``); it is copied into the work
-directory first. If the copy holds no stored results of this code, the pass ``serve``'s
-background refresh makes is run and stored first (``analytics.kept_worker.refresh`` and
-``store``, timed), as a serve stopped cleanly leaves the file. Then, each time a fresh
-``driftscope serve`` on 127.0.0.1 (its own process, nothing of this one's memory):
+directory and its findings tables are built first (``analytics.materialize.bring_up_to_date``,
+timed), as a serve stopped cleanly leaves the file. Then, each time a fresh ``driftscope serve``
+on 127.0.0.1 (its own process, nothing of this one's memory):
 
 - ``at_start``: every detector requested once as soon as ``/api/v1/health`` answers, in the
-  given order, while the kept-results worker's start pass may still be loading (it reads the
-  stored results and brings them up to date before the first refresh ends);
-- ``start_pass_s``: how long after health answered the worker's first pass had ended (its
-  ``passes`` in ``/api/v1/health``);
+  given order (a SELECT over the tables the last process left);
+- ``start_pass_s``: how long after health answered the materializer's first pass had ended;
 - ``after_start``: a second fresh serve, each detector requested once after that pass (the first
   request of this process for it), then three more times (``warm_s``: their median).
 
@@ -53,31 +50,27 @@ def _get(client: httpx.Client, url: str, name: str) -> tuple[float, int]:
 
 
 def _passes(client: httpx.Client, url: str) -> int:
-    return client.get(f"{url}/api/v1/health").json()["kept_results_worker"]["passes"]
+    return client.get(f"{url}/api/v1/health").json()["findings"]["materializer_passes"]
 
 
 def _prepare(db: Path, out: dict) -> None:
-    """Store the default scope's kept results in ``db`` if this code's are not there."""
-    from analytics import kept_store, kept_worker
+    """Build every findings table in ``db`` (what serve's materializer leaves in a file), timed."""
+    from analytics import materialize
     from analytics.types import direct_write
     from driftscope.database import open_database
 
     conn = open_database(db, memory_limit=1024**3)
     try:
-        names = kept_worker.default_names()
         start, start_cpu = time.perf_counter(), time.process_time()
-        failed = kept_worker.refresh(conn, names)
-        stored = kept_worker.store(conn, direct_write(conn))
+        cursor = conn.cursor()
+        report = materialize.bring_up_to_date(cursor, direct_write(conn))
+        cursor.close()
         conn.execute("CHECKPOINT")
-        (size,) = conn.execute(
-            f"SELECT coalesce(sum(octet_length(frame)), 0) FROM {kept_store.TABLE}"
-        ).fetchone()
         out["prepare"] = {
             "s": round(time.perf_counter() - start, 2),
             "cpu_s": round(time.process_time() - start_cpu, 2),
-            "failed": failed,
-            "stored": stored,
-            "stored_bytes": size,
+            "failed": report.failed,
+            "built": sorted(report.recomputed or {}),
         }
     finally:
         conn.close()
@@ -87,19 +80,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.restart", description=__doc__.splitlines()[0])
     parser.add_argument("db", type=Path)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument(
-        "--names", nargs="+", help="detectors, in this order (default: every kept one, then run_summary)"
-    )
+    parser.add_argument("--names", nargs="+", help="detectors, in this order (default: every registered one)")
     parser.add_argument("--workdir", type=Path, help="where the copy goes (default: a temporary directory)")
     parser.add_argument(
         "--timeout", type=float, default=900.0, help="seconds one request or the start pass may take"
     )
     args = parser.parse_args(argv)
 
-    from analytics import kept_worker
+    from analytics import read
     from benchmarks.serve_proc import ServeProcess
 
-    names = args.names or kept_worker.default_names()
+    names = args.names or read.metric_names()
     workdir = Path(tempfile.mkdtemp(prefix="driftscope-restart-", dir=args.workdir))
     copy = workdir / "restart.duckdb"
     shutil.copyfile(args.db, copy)
@@ -125,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                 deadline = healthy + args.timeout
                 while _passes(client, serve.http_url) < 1:
                     if time.perf_counter() > deadline:
-                        raise RuntimeError("the kept-results worker's start pass did not end in time")
+                        raise RuntimeError("the materializer's start pass did not end in time")
                     time.sleep(0.05)
                 out["start_pass_s"] = round(time.perf_counter() - healthy, 3)
                 out["after_start"] = {}
