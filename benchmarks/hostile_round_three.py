@@ -261,6 +261,24 @@ def _read_api_surrogates(server):
     return send
 
 
+def _grpc_gzip(server, body: bytes):
+    """``body`` as one OTLP/gRPC message, gzip-compressed on the wire (grpc-encoding: gzip)."""
+    metadata = [("authorization", f"Bearer {server.token}")] if server.token else []
+
+    def send():
+        with grpc.insecure_channel(
+            f"127.0.0.1:{server.grpc_port}", compression=grpc.Compression.Gzip
+        ) as channel:
+            export = channel.unary_unary(EXPORT_PATH, request_serializer=None, response_deserializer=None)
+            try:
+                export(body, timeout=600, metadata=metadata)
+            except grpc.RpcError as exc:
+                return exc.code().name
+        return "OK"
+
+    return lambda: beside_legit_exports(server, send)
+
+
 def _foreign_host(server):
     """Every kind of endpoint with ``Host: evil.example.com`` (item 4: DNS rebinding)."""
 
@@ -302,6 +320,12 @@ def scenarios() -> dict:
                 lambda: beside_legit_exports(s, _post(s, "/v1/metrics", gz, members))
             ),
             "dns_rebinding_host_evil_example_com": _foreign_host,
+            **{
+                f"grpc_empty_resource_spans_{mib}MiB_gzip": lambda s, mib=mib: _grpc_gzip(
+                    s, gzip.decompress(uncounted_parts(mib)[f"empty_resource_spans_{mib}MiB_gzip"][1])
+                )
+                for mib in (8, 64)
+            },
             "lone_surrogates_and_float_enum": _read_api_surrogates,
             "service_name_double_inf_both_paths": _service_name_on_both_paths,
         }
