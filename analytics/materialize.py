@@ -304,6 +304,9 @@ def _pandas_type(kind: pa.DataType):
 # The table of each run's first and last span start (run_summary's base part): which runs a window
 # holds whole, and which it cuts.
 RANGES = "run_summary_base"
+# The table of each run's services and agents (analytics/sql/run_actors.sql): which runs a service
+# or agent filter names.
+RUN_ACTORS = "run_actors"
 
 
 def read_window(
@@ -314,54 +317,90 @@ def read_window(
     columns: list[str] | None,
     documented: list[str],
 ) -> pd.DataFrame | None:
-    """``name``'s rows over a ``window`` that cuts the store, for a run-partitioned detector with no
-    filter but a run: the table's rows of the runs the window holds whole, plus the runs its edges
-    cut computed for the window (only those). None when the tables cannot answer it."""
+    """``name``'s rows over a ``window`` and ``filters`` the table cannot answer alone, for a
+    run-partitioned detector: the table's rows of the runs the question takes whole, plus the
+    runs it only partly takes computed for the question (only those). None when the tables cannot
+    answer it (not built, or not a run-partitioned detector).
+
+    A run is taken whole when the window holds all its spans and the filters keep all of them: a
+    run filter or an origin-task filter selects whole runs; a service filter keeps a run whole
+    when that service sent all its spans. An agent filter keeps the findings that involve the
+    agent, which each detector decides: the runs the agent acted or was handed a task in are
+    computed with the filter (``RUN_ACTORS``), the others have no such finding."""
     item = maintained().get(name)
-    if item is None or item.partition != "run_id" or item.detector is None or window == Window() or in_full():
+    if item is None or item.partition != "run_id" or item.detector is None or in_full():
         return None
-    if filters.service is not None or filters.agent is not None or filters.origin_task is not None:
-        return None
-    if ready(conn, name) is None or ready(conn, RANGES) is None:
+    if (
+        window == Window()
+        and filters.service is None
+        and filters.agent is None
+        and filters.origin_task is None
+    ):
+        return None  # read_findings answers it
+    if ready(conn, name) is None or ready(conn, RANGES) is None or ready(conn, RUN_ACTORS) is None:
         return None
     ranges = quote_identifier(TABLE_PREFIX + RANGES)
-    table = quote_identifier(item.table)
-    bounds = {"since": window.since, "until": window.until, "run": filters.run}
-    holds = (
-        "($since::TIMESTAMP IS NULL OR r.first_seen >= $since::TIMESTAMP) "
-        "AND ($until::TIMESTAMP IS NULL OR r.last_seen < $until::TIMESTAMP)"
-    )
-    touches = (
-        "($since::TIMESTAMP IS NULL OR last_seen >= $since::TIMESTAMP) "
-        "AND ($until::TIMESTAMP IS NULL OR first_seen < $until::TIMESTAMP) "
-        "AND ($run::VARCHAR IS NULL OR run_id = $run::VARCHAR)"
-    )
-    cut = [
-        row[0]
-        for row in conn.execute(
-            f"SELECT run_id FROM {ranges} r WHERE {touches} AND NOT ({holds})", bounds
-        ).fetchall()
-    ]
+    actors = quote_identifier(TABLE_PREFIX + RUN_ACTORS)
+    params = {
+        "since": window.since,
+        "until": window.until,
+        "run": filters.run,
+        "service": filters.service,
+        "agent": filters.agent,
+        "origin_task": filters.origin_task,
+    }
+    # the runs the question touches (a span in the window, of its service, naming its run and
+    # origin task) and whether it takes each whole
+    plan = conn.execute(
+        f"""
+        WITH touched AS (
+            SELECT r.run_id,
+                   ($since::TIMESTAMP IS NULL OR r.first_seen >= $since::TIMESTAMP)
+                   AND ($until::TIMESTAMP IS NULL OR r.last_seen < $until::TIMESTAMP) AS in_window
+            FROM {ranges} r
+            WHERE ($since::TIMESTAMP IS NULL OR r.last_seen >= $since::TIMESTAMP)
+              AND ($until::TIMESTAMP IS NULL OR r.first_seen < $until::TIMESTAMP)
+              AND ($run::VARCHAR IS NULL OR r.run_id = $run::VARCHAR)
+              AND ($origin_task::VARCHAR IS NULL OR r.run_id IN (
+                   SELECT run_id FROM spans WHERE origin_task_id = $origin_task::VARCHAR))
+              AND ($service::VARCHAR IS NULL OR r.run_id IN (
+                   SELECT run_id FROM {actors} WHERE kind = 'service' AND name = $service::VARCHAR))
+              AND ($agent::VARCHAR IS NULL OR r.run_id IN (
+                   SELECT run_id FROM {actors} WHERE kind = 'agent' AND name = $agent::VARCHAR))
+        ),
+        one_service AS (
+            SELECT run_id FROM {actors} WHERE kind = 'service' GROUP BY run_id HAVING count(*) = 1
+        )
+        SELECT t.run_id,
+               t.in_window AND $agent::VARCHAR IS NULL
+               AND ($service::VARCHAR IS NULL OR t.run_id IN (SELECT run_id FROM one_service)) AS whole
+        FROM touched t
+        """,
+        params,
+    ).fetchall()
+    whole = [run for run, is_whole in plan if is_whole]
+    partial = [run for run, is_whole in plan if not is_whole]
     wanted = list(columns or documented)
+    frames = []
     exists = conn.execute(
         "SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [item.table]
     ).fetchall()
-    if exists[0][0]:
-        select = ", ".join(f"f.{quote_identifier(c)}" for c in wanted)
-        whole = conn.sql(
-            f"SELECT {select} FROM {table} f JOIN {ranges} r USING (run_id) "
-            f"WHERE {holds} AND ($run::VARCHAR IS NULL OR f.run_id = $run::VARCHAR) ORDER BY f._pos",
-            params=bounds,
+    if whole and exists[0][0]:
+        select = ", ".join(quote_identifier(c) for c in wanted)
+        table = conn.sql(
+            f"SELECT {select} FROM {quote_identifier(item.table)} "
+            "WHERE run_id IN (SELECT unnest($runs::VARCHAR[])) ORDER BY _pos",
+            params={"runs": whole},
         ).to_arrow_table()
-        frame = whole.to_pandas(types_mapper=_pandas_type)
-    else:
+        frames.append(table.to_pandas(types_mapper=_pandas_type))
+    if partial:
+        with computed_in_full(), run_scope(runs=partial):
+            frames.append(item.detector(conn, window, filters)[wanted])
+    frames = [f for f in frames if not f.empty] or frames[:1]
+    if not frames:
         frame = pd.DataFrame({column: pd.Series(dtype=object) for column in wanted})
-    if cut:
-        with computed_in_full(), run_scope(runs=cut):
-            edges = item.detector(conn, window, filters)[wanted]
-        frame = (
-            edges if frame.empty else (frame if edges.empty else pd.concat([frame, edges], ignore_index=True))
-        )
+    else:
+        frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
     if item.order and len(frame) > 1 and all(c in frame.columns for c, _ in item.order):
         frame = _ordered(frame, item.order)
     frame.attrs["source"] = "table"

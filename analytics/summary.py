@@ -26,7 +26,7 @@ from analytics.data_version import touched_scope as _touched_scope
 from analytics.engine import is_clickhouse
 from analytics.goals import goal_run_stats
 from analytics.kept import KEPT, PARTITIONS, given_parts, keeps_parts, result_code
-from analytics.materialize import PARTS, Maintained, maintain, read_findings
+from analytics.materialize import PARTS, RUN_ACTORS, Maintained, maintain, read_findings
 from analytics.registry import (
     METRICS,
     counted_metrics,
@@ -447,6 +447,12 @@ def _base_rows(
     return run_sql(conn, "run_summary", Window(), Filters(), runs=keys)
 
 
+def _actor_rows(
+    conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
+) -> pd.DataFrame:
+    return run_sql(conn, "run_actors", Window(), Filters(), runs=keys)
+
+
 def _goal_rows(
     conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
 ) -> pd.DataFrame:
@@ -456,7 +462,10 @@ def _goal_rows(
 
 maintain(Maintained(BASE_PART, "run_id", _base_rows, (("first_seen", False), ("run_id", False)), "2"))
 maintain(Maintained(GOALS_PART, "run_id", _goal_rows, (("run_id", False),), "1"))
-PARTS.update({BASE_PART, GOALS_PART})
+maintain(
+    Maintained(RUN_ACTORS, "run_id", _actor_rows, (("run_id", False), ("kind", False), ("name", False)), "1")
+)
+PARTS.update({BASE_PART, GOALS_PART, RUN_ACTORS})
 
 
 def summary_from_tables(

@@ -42,13 +42,6 @@ else:
             strict=True,
         ):
             column.metric(f"{verdict} runs", counts[verdict], border=True, help=help_text)
-        blind = unmeasured_runs(overview.verdicts)
-        if not blind.empty:
-            st.warning(
-                f"{len(blind):,} runs could not be fully measured: their framework did not record "
-                f"what a detector needs. {blind['coverage'].iloc[0]}"
-            )
-            ui.table(blind, key="unmeasured")
         incidents = incident_runs(overview.verdicts, found, now)
         st.subheader("Runs that need attention")
         if incidents.empty:
@@ -72,6 +65,14 @@ else:
                         query_params={"run": row.run_id, "compare": "auto"},
                     )
             ui.runs_table(incidents, key="incidents")
+        # after the runs that need attention: what the telemetry did not let detectors see
+        blind = unmeasured_runs(overview.verdicts)
+        if not blind.empty:
+            st.warning(
+                f"{len(blind):,} runs could not be fully measured: their framework did not record "
+                f"what a detector needs. {blind['coverage'].iloc[0]}"
+            )
+            ui.table(blind, key="unmeasured")
 
         st.subheader("Failure modes")
         st.caption(

@@ -75,7 +75,7 @@ def _full(conn, name: str) -> pd.DataFrame:
 
 def _assert_tables_equal_full(conn, seen: dict[str, int]) -> None:
     for name in materialize.maintained():
-        if name in (summary.BASE_PART, summary.GOALS_PART):
+        if name in materialize.PARTS:
             continue
         got = run_metric(conn, name)
         assert materialize.ready(conn, name) is not None, name
@@ -374,28 +374,46 @@ def test_every_registered_detector_with_a_partition_is_maintained():
     assert BASE_TIME  # the fixtures' clock is the one the random batches use
 
 
-def test_a_window_cutting_runs_reads_whole_runs_from_tables_and_computes_only_the_cut_ones(tmp_path):
+def test_windows_and_filters_read_whole_runs_from_tables_and_compute_only_the_rest(tmp_path):
     rng = random.Random(5)
     conn = _store(tmp_path)
-    spans = _sample_spans(SCENARIOS)
-    _commit_table(conn, spans)
-    _commit(conn, _runaway_crew(rng))
+    _commit_table(conn, _sample_spans(SCENARIOS))
+    crew = _runaway_crew(rng) + _no_progress_run(rng)
+    for row in crew[::3]:  # a run of two services: a service filter cuts it
+        row["ServiceName"] = "crew-r-sidecar"
+    _commit(conn, crew)
     _pass(conn)
     first, last = conn.execute("SELECT min(Timestamp), max(Timestamp) FROM spans").fetchone()
     cuts = [first + (last - first) * share for share in (0.2, 0.5, 0.8)]
-    windows = [Window(since=cuts[0]), Window(until=cuts[1]), Window(since=cuts[0], until=cuts[2])]
-    some_run = conn.execute("SELECT min(run_id) FROM spans WHERE run_id LIKE 'run-split%'").fetchone()[0]
+    windows = [Window(), Window(since=cuts[0]), Window(until=cuts[1]), Window(since=cuts[0], until=cuts[2])]
+
+    def pick(sql: str) -> str:
+        return conn.execute(sql).fetchone()[0]
+
+    filters = [
+        Filters(),
+        Filters(run=pick("SELECT min(run_id) FROM spans WHERE run_id LIKE 'run-split%'")),
+        Filters(service="crew-r"),
+        Filters(service=pick("SELECT min(ServiceName) FROM spans WHERE ServiceName LIKE '%split%'")),
+        Filters(agent=pick("SELECT min(agent_id) FROM spans WHERE op = 'write'")),
+        Filters(agent=pick("SELECT min(delegate_to) FROM spans WHERE delegate_to IS NOT NULL")),
+        Filters(origin_task=pick("SELECT min(origin_task_id) FROM spans WHERE origin_task_id IS NOT NULL")),
+    ]
     compared = 0
     for window in windows:
-        for filters in (Filters(), Filters(run=some_run)):
+        for scope in filters:
+            if window == Window() and scope in (Filters(), Filters(run=scope.run)):
+                continue  # read_findings' own case
             for name, item in materialize.maintained().items():
-                if item.partition != "run_id" or name in (summary.BASE_PART, summary.GOALS_PART):
+                if item.partition != "run_id" or name in materialize.PARTS:
                     continue
-                got = run_metric(conn, name, window, filters)
-                assert got.attrs.get("source") == "table", (name, window)
+                got = run_metric(conn, name, window, scope)
+                assert got.attrs.get("source") == "table", (name, window, scope)
                 with kept.computed_in_full():
-                    full = run_metric(conn, name, window, filters)
+                    full = run_metric(conn, name, window, scope)
                 assert list(got.columns) == list(full.columns)
-                pd.testing.assert_frame_equal(_canonical(got), _canonical(full), obj=f"{name} {window}")
+                pd.testing.assert_frame_equal(
+                    _canonical(got), _canonical(full), obj=f"{name} {window} {scope}"
+                )
                 compared += len(full)
     assert compared > 0
