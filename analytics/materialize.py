@@ -32,6 +32,7 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 
+from analytics.engine import is_clickhouse
 from analytics.kept import computed_in_full, in_full
 from analytics.side_effects import current_side_effect_tools
 from analytics.sql_loader import memory_cursor, quote_identifier, run_scope
@@ -148,7 +149,10 @@ class State:
 
 
 def read_states(conn: duckdb.DuckDBPyConnection) -> dict[str, State]:
-    """Every ``findings_state`` row by metric (empty when the store has none)."""
+    """Every ``findings_state`` row by metric (empty when the store has none: a ClickHouse store
+    keeps no findings tables yet, every read there computes)."""
+    if is_clickhouse(conn):
+        return {}
     try:
         rows = conn.execute(
             "SELECT metric, version, seq, rows, failed_keys, last_error FROM findings_state"
@@ -162,6 +166,8 @@ def read_states(conn: duckdb.DuckDBPyConnection) -> dict[str, State]:
 
 
 def _has_change_log(conn: duckdb.DuckDBPyConnection) -> bool:
+    if is_clickhouse(conn):
+        return False
     return bool(
         conn.execute(
             "SELECT count(*) FROM duckdb_tables() WHERE table_name IN ('change_log', 'change_partitions')"

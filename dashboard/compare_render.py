@@ -7,7 +7,7 @@ from __future__ import annotations
 import html
 from collections.abc import Callable
 
-from dashboard.report_render import md_escape
+from dashboard.text_cells import md_escape
 
 # Most differences one rendering lists (the dashboard and the JSON answer have all of them).
 MAX_LISTED = 30

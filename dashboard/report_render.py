@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import html
 import json
-import re
-from datetime import datetime
 
 import pandas as pd
 
@@ -19,6 +17,7 @@ from dashboard.filters import describe_filters, describe_window, run_link
 from dashboard.findings import MAST_CATEGORIES
 from dashboard.overview import incident_runs
 from dashboard.report_document import ReportData, provenance_object, report_document
+from dashboard.text_cells import cell_text, md_escape
 
 MAST_HELP = {
     "specification": "the task or role was specified badly or not followed (constraints lost, loops, budgets)",
@@ -131,14 +130,7 @@ def _html_rows(
     return f"<table{klass}><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
 
 
-def _cell(value) -> str:
-    if isinstance(value, list | tuple):
-        return ", ".join(str(v) for v in value)
-    if isinstance(value, pd.Timestamp | datetime):
-        return value.isoformat(sep=" ")
-    if value is None or (isinstance(value, float) and pd.isna(value)):
-        return ""
-    return str(value)
+_cell = cell_text
 
 
 def _figures_html(data: ReportData) -> str:
@@ -409,16 +401,6 @@ def _runs_html(runs: pd.DataFrame, total: int, api_query: str, dashboard_url: st
         )
     links = {"run_id": lambda r: explorer_url(dashboard_url, r.get("run_id"))}
     return "<h2>Runs</h2>" + note + _html_rows(columns, runs[columns].to_dict("records"), links=links)
-
-
-_MD_SPECIALS = re.compile(r"([\\`*_{}\[\]()#+!|~])")
-
-
-def md_escape(value) -> str:
-    """Text safe inside Markdown (and a table cell): HTML-escaped, specials backslashed, one line."""
-    text = html.escape(_cell(value), quote=False)
-    text = _MD_SPECIALS.sub(r"\\\1", text)
-    return re.sub(r"[\r\n]+", " ", text)
 
 
 def _md_table(frame: pd.DataFrame) -> list[str]:

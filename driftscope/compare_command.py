@@ -25,7 +25,7 @@ def render_comparison(answer: dict, fmt: str) -> str:
     if fmt == "json":
         return json.dumps(answer, indent=1, ensure_ascii=False, default=str) + "\n"
     from dashboard.compare_render import comparison_markdown
-    from dashboard.report_render import md_escape
+    from dashboard.text_cells import md_escape
 
     lines = [f"# What differs: run {md_escape(answer['run']['run_id'])}", "", *comparison_markdown(answer)]
     return "\n".join(lines)

@@ -68,7 +68,7 @@ else:
         # after the runs that need attention: what the telemetry did not let detectors see
         blind = unmeasured_runs(overview.verdicts)
         if not blind.empty:
-            st.warning(
+            st.info(  # what the telemetry lacks, not a failure of driftscope's (warnings are)
                 f"{len(blind):,} runs could not be fully measured: their framework did not record "
                 f"what a detector needs. {blind['coverage'].iloc[0]}"
             )

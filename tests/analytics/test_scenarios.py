@@ -21,9 +21,11 @@ TRUTH_FILES = sorted(SAMPLES.glob("*.truth.json"))
 SCENARIOS = [path.name.removesuffix(".truth.json") for path in TRUTH_FILES]
 
 # What a run's truth lists as having happened, by the category the simulator uses.
+# runaway_steps: an agent that keeps calling without converging (no_progress finds it: its
+# calls return the same result) fails its run, as a loop does.
 FAILING_CATEGORIES = (
     "lost_updates", "constraint_drops", "drifted_subtasks", "looped_calls", "ping_pong",
-    "duplicate_side_effects",
+    "duplicate_side_effects", "runaway_steps",
 )  # fmt: skip
 
 

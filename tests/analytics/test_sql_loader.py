@@ -95,9 +95,18 @@ def _combinations(values: dict):
 DETECTOR_SQL = sorted(
     p.stem
     for p in SQL_DIR.glob("*.sql")
-    # Browse and comparison reads: named runs, not a filtered window.
+    # Browse and comparison reads: named runs, not a filtered window. loop_code_outputs: LLM code
+    # blocks, which the simulator's crews do not write (tests/analytics/test_code_actions.py).
     if not p.stem.startswith("_")
-    and p.stem not in ("run_spans", "list_runs", "evidence_spans", "compare_steps", "compare_baseline")
+    and p.stem
+    not in (
+        "run_spans",
+        "list_runs",
+        "evidence_spans",
+        "compare_steps",
+        "compare_baseline",
+        "loop_code_outputs",
+    )
 )
 
 

@@ -158,15 +158,12 @@ def test_overview_on_a_chdb_store_counts_the_split_brain_findings(monkeypatch, c
     assert incidents["verdict"][0] == "failing"
 
 
-def test_run_comparison_on_a_clickhouse_store_says_it_needs_a_duckdb_copy(tmp_path):
+def test_run_comparison_on_a_clickhouse_store_says_it_needs_a_duckdb_copy(chdb_source):
     from analytics.compare import UnsupportedStoreError
     from analytics.read import compare_run
+    from dashboard import ui
 
-    path = tmp_path / "store.chdb"
-    write_chdb_store(path, SAMPLES[:1])
-    store = ChdbStore(str(path))
-    try:
-        with pytest.raises(UnsupportedStoreError, match="DuckDB copy"):
-            compare_run(store, SPLIT_BRAIN_RUN)
-    finally:
-        store.close()
+    # the module's store, as the dashboard opened it: chdb runs one data path per process
+    store = ui.get_source(chdb_source[0])._connection()
+    with pytest.raises(UnsupportedStoreError, match="DuckDB copy"):
+        compare_run(store, SPLIT_BRAIN_RUN)
