@@ -97,7 +97,8 @@ DETECTOR_SQL = sorted(
     for p in SQL_DIR.glob("*.sql")
     # Browse and comparison reads: named runs, not a filtered window.
     if not p.stem.startswith("_")
-    and p.stem not in ("run_spans", "list_runs", "evidence_spans", "compare_steps", "compare_baseline")
+    and p.stem not in ("run_spans", "list_runs", "evidence_spans")
+    and not p.stem.startswith("compare_baseline")
 )
 
 
