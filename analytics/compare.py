@@ -21,10 +21,11 @@ import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 
+from analytics import compare_kept
 from analytics import compare_logic as logic
 from analytics.engine import is_clickhouse
 from analytics.registry import run_metric
-from analytics.sql_loader import filter_params, load_sql, query_arrow, query_df
+from analytics.sql_loader import filter_params, load_sql, query_df, run_sql
 from analytics.types import Filters, Window
 
 logger = logging.getLogger(__name__)
@@ -34,6 +35,9 @@ AUTO = "auto"
 MAX_BASELINE_RUNS = 2000
 # Other runs of the crew offered to compare with when it has no healthy run.
 MAX_CANDIDATES = 20
+# A healthy run of the service is in the run's crew when their agent sets overlap this much
+# (Jaccard: shared agents over all agents of the two); none does: every healthy run of the service.
+CREW_OVERLAP = 0.5
 
 
 class RunNotFoundError(LookupError):
@@ -63,12 +67,60 @@ def _verdict(conn: duckdb.DuckDBPyConnection, run_id: str, verdicts: pd.DataFram
     return str(found.iloc[0]) if len(found) else None
 
 
+def _agents(conn: duckdb.DuckDBPyConnection, run_id: str, verdicts: pd.DataFrame) -> set[str]:
+    """The run's agents from the crew's run_summary, else from run_summary of that run alone."""
+    found = verdicts.loc[verdicts["run_id"] == run_id, "agents"]
+    if len(found) == 0:
+        found = run_metric(conn, "run_summary", Window(), Filters(run=run_id), ["run_id", "agents"])["agents"]
+    return _agent_set(found.iloc[0]) if len(found) else set()
+
+
+def _agent_set(value: Any) -> set[str]:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return set()
+    return {str(a) for a in value if a is not None and str(a) != ""}
+
+
+def same_crew(healthy: pd.DataFrame, agents: set[str]) -> tuple[pd.DataFrame, str | None]:
+    """The healthy runs (run_summary rows with ``agents``) of the run's crew: those whose agent
+    set overlaps the run's ``agents`` by at least ``CREW_OVERLAP`` (Jaccard), since a service
+    may host several crews; every one of them when none does (or the run names no agent), with
+    a note saying so."""
+    if healthy.empty or not agents:
+        return healthy, None
+    overlap = [
+        len(agents & theirs) / len(agents | theirs) if theirs else 0.0
+        for theirs in (_agent_set(v) for v in healthy["agents"])
+    ]
+    close = healthy[np.asarray(overlap) >= CREW_OVERLAP]
+    if close.empty:
+        return healthy, (
+            f"no healthy run shares at least {CREW_OVERLAP:.0%} of its agents with this run: "
+            "compared with every healthy run of the service"
+        )
+    if len(close) == len(healthy):
+        return healthy, None
+    return close, (
+        f"the {len(close)} of {len(healthy)} healthy runs of the service whose agents overlap "
+        f"this run's by at least {CREW_OVERLAP:.0%}"
+    )
+
+
 def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """Rows as plain values (NaN -> None, numpy scalars -> Python), ready for JSON."""
-    out = []
-    for row in frame.to_dict(orient="records"):
-        out.append({k: _plain(v) for k, v in row.items()})
-    return out
+    """Rows as plain values (NaN -> None, numpy scalars -> Python), ready for JSON. Numpy
+    columns convert whole (``tolist``); only the others value by value."""
+    columns: dict[str, list[Any]] = {}
+    for name in frame.columns:
+        column = frame[name]
+        kind = column.dtype.kind if isinstance(column.dtype, np.dtype) else "O"
+        values = column.tolist()
+        if kind in "iub":
+            columns[name] = values
+        elif kind == "f":
+            columns[name] = [None if v != v else v for v in values]
+        else:
+            columns[name] = [_plain(v) for v in values]
+    return [dict(zip(columns, row, strict=True)) for row in zip(*columns.values(), strict=True)]
 
 
 def _plain(value: Any) -> Any:
@@ -112,7 +164,9 @@ def compare_run(
     service = info["service"]
     # The verdicts of the scope the Overview shows (the window, no filter: in serve the kept
     # worker keeps the all-time one fresh), of the crew's runs.
-    verdicts = run_metric(conn, "run_summary", window, Filters(), ["run_id", "verdict", "last_seen"])
+    verdicts = run_metric(
+        conn, "run_summary", window, Filters(), ["run_id", "verdict", "last_seen", "agents"]
+    )
     crew = query_df(conn, load_sql("compare_crew_runs"), filter_params(window, Filters(service=service)))
     verdicts = verdicts[verdicts["run_id"].isin(set(crew["run_id"]))]
     others = verdicts[verdicts["run_id"] != run_id].sort_values("last_seen", ascending=False, kind="stable")
@@ -124,10 +178,11 @@ def compare_run(
         "alignment": [],
         "candidates": _records(others[["run_id", "verdict"]].head(MAX_CANDIDATES)),
     }  # fmt: skip
+    crew_note = None
     if baseline == AUTO:
-        healthy = (
-            others.loc[others["verdict"] == "healthy", "run_id"].head(MAX_BASELINE_RUNS).astype(str).tolist()
-        )
+        healthy_runs = others[others["verdict"] == "healthy"]
+        healthy_runs, crew_note = same_crew(healthy_runs, _agents(conn, run_id, verdicts))
+        healthy = healthy_runs["run_id"].head(MAX_BASELINE_RUNS).astype(str).tolist()
         mode = "healthy runs"
     else:
         other = _run_info(conn, baseline, "baseline run")
@@ -135,6 +190,8 @@ def compare_run(
         mode = "chosen run"
         service = other["service"]
     result["baseline"] = {"mode": mode, "service": service, "runs": len(healthy), "run_ids": healthy[:20], "closest_run": None}  # fmt: skip
+    if crew_note:
+        result["baseline"]["crew"] = crew_note
     if not healthy:
         result["baseline"]["note"] = (
             f"no baseline: crew {service!r} has no healthy run "
@@ -142,41 +199,39 @@ def compare_run(
             + " besides this one; compare with a run you pick (baseline=<run id>)"
         )
         return result
-    own = query_df(conn, load_sql("compare_steps"), {"runs": [run_id]})
+    own = run_steps(conn, run_id)
     base = baseline_parts(conn, healthy)
     found = departure(own, base)
     closest = found.pop("closest_run")
-    closest_steps = (
-        own if closest == run_id else query_df(conn, load_sql("compare_steps"), {"runs": [closest]})
-    )
+    closest_steps = own if closest == run_id else run_steps(conn, closest)
     result.update(found)
     result.update(differ(own, base, closest_steps, found["departure"]))
     result["baseline"]["closest_run"] = closest
     return result
 
 
-def _steps(conn: duckdb.DuckDBPyConnection, runs: list[str]) -> pd.DataFrame:
-    """``compare_steps.sql`` rows of ``runs``, text columns as Python strings (the per-subject
-    grouping and lookups below are several times faster on them than on Arrow strings)."""
-    frame = query_df(conn, load_sql("compare_steps"), {"runs": runs})
-    for column in frame.columns:
-        if isinstance(frame[column].dtype, pd.ArrowDtype) or frame[column].dtype == "string":
-            frame[column] = frame[column].astype(object)
-    return frame
+def run_steps(conn: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
+    """``compare_steps.sql`` rows of one run, from its spans (the run may be live: the steps
+    table can be a pass behind)."""
+    return run_sql(conn, "compare_steps", Window(), Filters(), runs=[run_id])
 
 
 def baseline_parts(conn: duckdb.DuckDBPyConnection, runs: list[str]) -> dict[str, Any]:
-    """``compare_baseline.sql`` over ``runs``: its 'run' part as run ids, step counts and every
-    run's step hashes concatenated (numpy, from Arrow lists without Python objects); its other
-    parts as frames."""
-    table = query_arrow(conn, load_sql("compare_baseline"), {"runs": runs})
+    """The crew baseline over ``runs`` (``compare_kept.baseline_table``): its 'run' part as one
+    entry per distinct step sequence (the newest run that took it, how many did, its length) and
+    every sequence's step hashes concatenated (numpy, from Arrow lists without Python objects);
+    its other parts as frames; ``runs``, how many runs it summarises."""
+    table = compare_kept.baseline_table(conn, runs)
     part = table.column("part")
     per_run = table.filter(pc.equal(part, "run"))
     steps = pc.list_flatten(per_run.column("steps")).to_numpy(zero_copy_only=False)
     rest = table.filter(pc.not_equal(part, "run")).to_pandas()
     named = rest[rest["part"] == "step"]
+    weights = per_run.column("run_count").to_numpy(zero_copy_only=False).astype(np.int64)
     return {
         "run_ids": [str(r) for r in per_run.column("run_id").to_pylist()],
+        "weights": weights,
+        "runs": int(weights.sum()),
         "lengths": pc.list_value_length(per_run.column("steps")).to_numpy(zero_copy_only=False),
         "steps": steps,
         "named": named.assign(step=[int(s[0]) for s in named["steps"]]),
@@ -203,6 +258,7 @@ def departure(own: pd.DataFrame, base: dict[str, Any]) -> dict[str, Any]:
     blocks = logic.blocks_from_lists(base["lengths"], base["steps"], codes_of)
     stop_pos, stop_block = logic.departures(target, blocks, len(run_ids))
     lengths = np.asarray(base["lengths"], dtype=np.int64)
+    weights = np.asarray(base["weights"], dtype=np.int64)
     furthest = stop_pos.max() if len(stop_pos) else logic.NO_DEPARTURE
     best = np.flatnonzero(stop_pos == furthest)
     closest = run_ids[int(best[np.argmin(np.abs(lengths[best] - len(own)))])]
@@ -211,7 +267,7 @@ def departure(own: pd.DataFrame, base: dict[str, Any]) -> dict[str, Any]:
     row = own.iloc[int(furthest)]
     block = int(stop_block[best[0]])
     expected = logic.expected_steps(
-        blocks, best, block, int(target.code[block]), int(target.count[block]), text
+        blocks, best, block, int(target.code[block]), int(target.count[block]), text, weights
     )
     repeats = block < len(target.code) and int(furthest) > int(target.start[block])
     found = {
@@ -227,7 +283,7 @@ def departure(own: pd.DataFrame, base: dict[str, Any]) -> dict[str, Any]:
         "reason": "more repeats of this step than any baseline run makes here" if repeats
         else "no baseline run takes this step at this point",
         "expected": expected,
-        "covered_by": int(len(best)),
+        "covered_by": int(weights[best].sum()),
     }  # fmt: skip
     return {"departure": found, "closest_run": closest}
 
@@ -237,7 +293,7 @@ def differ(
 ) -> dict[str, Any]:
     """Differences per agent and tool, the profile beside the run's own counts, and the run
     aligned step by step with the closest baseline run."""
-    profile = logic.baseline_profile(base["counts"], base["subjects"], len(base["run_ids"]))
+    profile = logic.baseline_profile(base["counts"], base["subjects"], base["runs"])
     targets = {str(t) for ts in profile["delegates_to"] for t in ts}
     diffs = logic.differences(own, profile, closest, targets)
     mine = logic.run_counts(own).rename(

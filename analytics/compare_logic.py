@@ -104,11 +104,21 @@ def departures(target: Blocks, baseline: Blocks, baseline_runs: int) -> tuple[np
 
 
 def expected_steps(
-    baseline: Blocks, runs: np.ndarray, block: int, target_code: int, target_count: int, labels: list[str]
+    baseline: Blocks,
+    runs: np.ndarray,
+    block: int,
+    target_code: int,
+    target_count: int,
+    labels: list[str],
+    weights: np.ndarray | None = None,
 ) -> list[str]:
     """What the baseline runs ``runs`` do at ``block``: their step there (with how often they
     repeat it when it is the target's step, repeated fewer times), or the end of the run; the
-    commonest first."""
+    commonest first. ``weights``: how many runs each baseline entry stands for (one each when
+    None)."""
+    weight = np.ones(int(baseline.run.max()) + 1 if len(baseline.run) else 0, dtype=np.int64)
+    if weights is not None:
+        weight = np.asarray(weights, dtype=np.int64)
     chosen = np.zeros(int(baseline.run.max()) + 1 if len(baseline.run) else 0, dtype=bool)
     chosen[runs] = True
     rows = (
@@ -119,8 +129,8 @@ def expected_steps(
         text = labels[baseline.code[row]]
         if baseline.code[row] == target_code and baseline.count[row] < target_count:
             text += f" x{baseline.count[row]} at most"
-        seen[text] = seen.get(text, 0) + 1
-    ended = len(runs) - len(rows)
+        seen[text] = seen.get(text, 0) + int(weight[baseline.run[row]])
+    ended = int(weight[runs].sum()) - sum(int(weight[baseline.run[row]]) for row in rows)
     if ended:
         seen["(run ends)"] = ended
     return [t for t, _ in sorted(seen.items(), key=lambda kv: -kv[1])][:MAX_EXPECTED]

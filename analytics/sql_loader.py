@@ -59,6 +59,11 @@ def expand_fragments(text: str) -> str:
     """``text`` with the shared fragments (``{filtered_spans}``, ``{span_filter}``, ...) expanded."""
     # Fragments may include fragments; expand until none is left (fragments never recurse).
     for fragment in (
+        "compare_baseline_parts",
+        "compare_sequences_of",
+        "compare_run_steps_of",
+        "compare_subjects_of",
+        "compare_spans",
         "goal_subtasks",
         "rejection_trend",
         "constraint_cells",

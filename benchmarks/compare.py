@@ -6,6 +6,8 @@ manager hands work to four agents in turn; each call a distinct question, so no 
 anything) decoded and stored by the collector, then copied in SQL to ``spans`` stored spans, each
 copy its own run, trace and time. The newest run gets one failing call and one call to a tool
 the crew never uses, mid-run. With 1,000-call runs at 1M spans the baseline is 999 healthy runs.
+The materializer's comparison tables (``analytics.compare_kept``) are then built as serve keeps
+them (``tables_s``; ``kept=False`` leaves them out: the baseline is read from the spans).
 ``analytics.read.compare_run`` is timed on a read-only connection: its cold call (run_summary's
 verdicts computed for the crew, then kept), the median of ``repeats`` further calls, and the
 parts of a warm call (the verdicts, the steps query, the pure post-processing) once each.
@@ -22,10 +24,9 @@ from pathlib import Path
 
 import duckdb
 
-from analytics import compare, read
+from analytics import compare, compare_kept, materialize, read
 from analytics.registry import run_metric
-from analytics.sql_loader import load_sql, query_df
-from analytics.types import Filters, Window
+from analytics.types import Filters, Window, direct_write
 from collector.decode import JSON, SPAN_COLUMNS, decode_payload
 from collector.store import insert_batches
 from driftscope.database import open_database
@@ -148,18 +149,37 @@ def build_crew_database(path: Path, spans: int, calls: int) -> tuple[int, str]:
     return runs, newest
 
 
+def keep_tables(path: Path) -> float:
+    """Build the comparison's maintained tables (``analytics.compare_kept``) as serve's
+    materializer does after the spans commit; return the seconds it took."""
+    conn = duckdb.connect(str(path))
+    started = time.perf_counter()
+    try:
+        cursor = conn.cursor()
+        report = materialize.bring_up_to_date(cursor, direct_write(conn), list(compare_kept.TABLES))
+        cursor.close()
+        if report.failed:
+            raise RuntimeError(f"comparison tables not built: {report.failed}")
+        conn.execute("CHECKPOINT")
+    finally:
+        conn.close()
+    return time.perf_counter() - started
+
+
 def _timed(call):
     start, cpu = time.perf_counter(), time.process_time()
     value = call()
     return value, time.perf_counter() - start, time.process_time() - cpu
 
 
-def run_compare_bench(workdir: Path, spans: int, calls: int, repeats: int) -> dict:
-    """Build the crew's database, time compare_run cold and warm; return the figures."""
+def run_compare_bench(workdir: Path, spans: int, calls: int, repeats: int, kept: bool = True) -> dict:
+    """Build the crew's database (and, with ``kept``, the comparison's maintained tables), time
+    compare_run cold and warm; return the figures."""
     path = workdir / f"compare-{spans}.duckdb"
     started = time.perf_counter()
     runs, run = build_crew_database(path, spans, calls)
     build_s = time.perf_counter() - started
+    tables_s = keep_tables(path) if kept else None
     conn = duckdb.connect(str(path), read_only=True)
     try:
         (stored,) = conn.execute("SELECT count(*) FROM spans").fetchone()
@@ -175,10 +195,10 @@ def run_compare_bench(workdir: Path, spans: int, calls: int, repeats: int) -> di
         ids = [
             str(r) for r in frame.loc[(frame["verdict"] == "healthy") & (frame["run_id"] != run), "run_id"]
         ]
-        own, own_s, _ = _timed(lambda: query_df(conn, load_sql("compare_steps"), {"runs": [run]}))
+        own, own_s, _ = _timed(lambda: compare.run_steps(conn, run))
         base, base_s, base_cpu = _timed(lambda: compare.baseline_parts(conn, ids))
         found, departure_s, _ = _timed(lambda: compare.departure(own, base))
-        closest = query_df(conn, load_sql("compare_steps"), {"runs": [found["closest_run"]]})
+        closest = compare.run_steps(conn, found["closest_run"])
         _, differ_s, _ = _timed(lambda: compare.differ(own, base, closest, found["departure"]))
     finally:
         conn.close()
@@ -189,6 +209,8 @@ def run_compare_bench(workdir: Path, spans: int, calls: int, repeats: int) -> di
         "runs": runs,
         "calls_per_run": calls,
         "build_s": round(build_s, 1),
+        "baseline_from": "tables" if kept else "spans",
+        "tables_s": None if tables_s is None else round(tables_s, 1),
         "baseline_runs": answer["baseline"]["runs"],
         "departure": {k: first[k] for k in ("pos", "step")} if first else None,
         "differences": [f"{d['kind']} {d['agent']} {d['tool']}" for d in answer["differences"]],

@@ -325,10 +325,14 @@ def render_section(cases: list[Case]) -> str:
         "most a healthy run makes, which in frameworks that wrap each search in LLM and chain spans "
         "is more than 3 spans after the first search the ground truth starts the failure at.\n"
         "- The simulator: its nine scenarios are nine different scripted crews under one service "
-        "name (`crew-sim`), and the runs with a healthy verdict are the `healthy` script's two and the "
-        "unguarded `step_budget` run (nothing flags it before a crew limit is calibrated): other crews; every failure run departs from that script within its first steps, which is "
-        "near the injected failure only where the failure comes early. The simulator scores measure "
-        "the comparison against another crew, not against the crew's own healthy runs.\n"
+        "name (`crew-sim`), each failing crew with one unguarded and one guarded run and no healthy "
+        "run of its own; the runs with a healthy verdict are the `healthy` script's two. The baseline "
+        "keeps the healthy runs whose agents overlap the run's by half or more (Jaccard), else every "
+        "healthy run of the service: either way the `healthy` script's runs (its agents overlap four "
+        "of the crews by half or more; the other four by less, so the whole service). Every "
+        "failure run departs from that script within its first steps, which is near the injected "
+        "failure only where the failure comes early. The simulator scores measure the comparison "
+        "against another crew, not against the crew's own healthy runs; `baseline.crew` says so.\n"
         + "\n### Healthy runs with a departure\n\n"
         + _table(
             [

@@ -66,7 +66,8 @@ def _live_targets(document: dict) -> list[dict]:
                 f"<= {int(limit_s * 1000)} ms",
                 None if worst[1] is None else round(worst[1], 3),
                 None if worst[1] is None else worst[1] <= limit_s,
-                f"worst {worst[0]}; {live.get('spans_per_s')} spans/s streamed; load {live.get('load_after')}",
+                f"worst {worst[0]}; {live.get('spans_per_s')} spans/s streamed; load "
+                + "/".join(f"{x:.1f}" for x in live.get("load_after") or ()),
             )
         )
         lag = (live.get("lag_s") or {}).get("p95")

@@ -36,9 +36,10 @@ def baseline_sentence(answer: dict) -> str:
         return base.get("note", "no baseline")
     if base["mode"] == "chosen run":
         return f"compared with run {base['run_ids'][0]}"
+    crew = f"; {base['crew']}" if base.get("crew") else ""
     return (
         f"compared with {base['runs']} healthy run(s) of crew {base['service']} "
-        f"(closest: {base.get('closest_run')})"
+        f"(closest: {base.get('closest_run')}{crew})"
     )
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analytics import compare_logic
+from analytics import compare, compare_logic
 from analytics.compare import RunNotFoundError, compare_run
 from tests.compare_crews import crew_rows, crew_steps
 from tests.fixtures_analytics import insert_spans, make_span, new_db
@@ -196,3 +196,43 @@ def test_blocks_and_departures_on_codes():
     stop_pos, _ = compare_logic.departures(target, blocks, 2)
     # Run 0 covers the two 7s and stops at the 9; run 1 took one 7 only: it stops at the second.
     assert stop_pos.tolist() == [2, 1]
+
+
+def _other_crew(run: str, t0: float) -> list[dict]:
+    """A run of another crew of the same service: a triage agent hands a ticket to billing."""
+    steps = [
+        ("triage", "agent", None, None, None, False),
+        ("triage", "tool", "delegate", {"ticket": "t"}, "billing", False),
+        ("billing", "agent", None, None, None, False),
+        ("billing", "tool", "refund", {"order": "o"}, None, False),
+    ]
+    return crew_rows(run, steps, t0=t0)
+
+
+def test_the_baseline_is_the_healthy_runs_whose_agents_overlap_the_runs():
+    conn = new_db()
+    rows = []
+    for i in range(3):
+        rows += crew_rows(f"h{i}", crew_steps(query=f"h{i}"), t0=100 * i)
+        rows += _other_crew(f"o{i}", t0=500 + 100 * i)
+    rows += crew_rows("bad", crew_steps(searches=3, failing=2), t0=1000)
+    insert_spans(conn, rows)
+    answer = compare_run(conn, "bad")
+    assert sorted(answer["baseline"]["run_ids"]) == ["h0", "h1", "h2"]  # not the triage crew's
+    assert "3 of 6 healthy runs" in answer["baseline"]["crew"]
+    assert answer["departure"]["agent"] == "researcher"
+    other = compare_run(conn, "o0")  # the triage crew's run: its crew's two other runs
+    assert sorted(other["baseline"]["run_ids"]) == ["o1", "o2"] and other["departure"] is None
+    # a crew with no healthy run of its own: every healthy run of the service, said so
+    insert_spans(conn, crew_rows("solo", [("auditor", "agent", None, None, None, False)], t0=2000))
+    solo = compare_run(conn, "solo")
+    # (run_summary finds nothing in run bad's two failed searches: it is healthy too)
+    assert solo["baseline"]["runs"] == 7 and "every healthy run of the service" in solo["baseline"]["crew"]
+
+
+def test_crew_overlap_is_jaccard_of_the_agent_sets():
+    healthy = pd.DataFrame({"run_id": ["a", "b", "c"], "agents": [["x", "y"], ["x", "z", "w"], ["q"]]})
+    close, note = compare.same_crew(healthy, {"x", "y", "z"})
+    assert list(close["run_id"]) == ["a", "b"]  # 2/3 and 2/4; q shares nothing
+    assert "2 of 3" in note
+    assert compare.same_crew(healthy, set())[0] is healthy

@@ -98,15 +98,8 @@ DETECTOR_SQL = sorted(
     # Browse and comparison reads: named runs, not a filtered window. loop_code_outputs: LLM code
     # blocks, which the simulator's crews do not write (tests/analytics/test_code_actions.py).
     if not p.stem.startswith("_")
-    and p.stem
-    not in (
-        "run_spans",
-        "list_runs",
-        "evidence_spans",
-        "compare_steps",
-        "compare_baseline",
-        "loop_code_outputs",
-    )
+    and p.stem not in ("run_spans", "list_runs", "evidence_spans", "compare_steps", "loop_code_outputs")
+    and not p.stem.startswith("compare_baseline")
 )
 
 
