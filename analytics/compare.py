@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 
-from analytics import compare_kept
+import analytics.compare_kept as compare_kept
 from analytics import compare_logic as logic
 from analytics.engine import is_clickhouse
 from analytics.registry import run_metric

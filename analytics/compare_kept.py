@@ -29,7 +29,7 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 
-from analytics import materialize
+import analytics.materialize as materialize
 from analytics.materialize import PARTS, Maintained, maintain
 from analytics.sql_loader import load_sql, query_arrow, run_sql
 from analytics.types import Filters, Window
