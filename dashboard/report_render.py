@@ -226,21 +226,25 @@ def _verdicts_html(data: ReportData) -> str:
     if table.empty:
         return "<p class='meta'>No runs in this scope.</p>"
     rows = []
+    # "not measurable" only when some run's telemetry lacked what a detector needs
+    blind = any(_cell(r["coverage"]) for r in table.to_dict("records"))
     for r in table.to_dict("records"):
         klass = {"failing": "v-failing", "to review": "v-review", "degraded": "v-degraded"}.get(
             r["verdict"], ""
         )
+        coverage = f"<td>{_e(r['coverage'])}</td>" if blind else ""
         rows.append(
             f"<tr><td class='{klass} nowrap'>{_e(r['verdict'])}</td>"
             f"<td class='nowrap'>{_id_html(r['run_id'], explorer_url(data.dashboard_url, r['run_id']))}</td>"
-            f"<td>{_e(r['worst_failure_mode'])}</td><td>{_e(r['coverage'])}</td><td>{r['findings']}</td>"
+            f"<td>{_e(r['worst_failure_mode'])}</td>{coverage}<td>{r['findings']}</td>"
             f"<td>{_e(', '.join(r['agents']))}</td><td>{_e(r['last_span'])}</td></tr>"
         )
     total = len(data.verdicts)
     note = f"<p class='meta'>The first {len(table)} of {total:,} runs.</p>" if total > len(table) else ""
     return (
-        "<table><thead><tr><th>verdict</th><th>run</th><th>worst failure mode</th><th>not measurable</th>"
-        "<th>findings</th>"
+        "<table><thead><tr><th>verdict</th><th>run</th><th>worst failure mode</th>"
+        + ("<th>not measurable</th>" if blind else "")
+        + "<th>findings</th>"
         f"<th>agents</th><th>last span</th></tr></thead><tbody>{''.join(rows)}</tbody></table>{note}"
     )
 

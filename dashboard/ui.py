@@ -455,7 +455,8 @@ def runs_table(frame: pd.DataFrame, key: str) -> None:
     """Runs (a ``run_id`` column) as a table drawn whole, the run first, long text wrapped; one
     click on a row opens that run in the run explorer in this tab."""
     shown = _plain_cells(frame)
-    shown = shown[["run_id", *[c for c in shown.columns if c != "run_id"]]]
+    # a column with nothing in any row (coverage when every run recorded everything) is noise
+    shown = shown[["run_id", *[c for c in shown.columns if c != "run_id" and _has_value(shown[c])]]]
     for column in shown.columns:
         if shown[column].map(lambda v: isinstance(v, list | tuple)).any():
             shown[column] = shown[column].map(
@@ -479,6 +480,21 @@ def runs_table(frame: pd.DataFrame, key: str) -> None:
         st.switch_page(
             view("run_explorer"), query_params={**scope_params(), "run": str(frame["run_id"].iloc[position])}
         )
+
+
+def _has_value(column: pd.Series) -> bool:
+    """Whether any cell of ``column`` holds something (not missing, not empty text)."""
+
+    def held(value) -> bool:
+        if value is None or value is pd.NA or value is pd.NaT:
+            return False
+        if isinstance(value, float):
+            return value == value
+        if isinstance(value, str):
+            return value != ""
+        return not hasattr(value, "__len__") or len(value) > 0
+
+    return bool(column.map(held).any())
 
 
 def selected_row(picked) -> int | None:

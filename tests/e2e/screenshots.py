@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-import socket
 import sys
 import tempfile
-import time
 from pathlib import Path
-
-import httpx
 
 from analytics.types import Filters, Window
 from dashboard.datasource import open_source
 from dashboard.launch import run_dashboard
 from dashboard.report import build_report
+from tests.e2e.test_browser import _wait_healthy
+from tests.serve_helpers import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -51,28 +49,6 @@ FULL_HEIGHT = """() => {
   return Math.max(main ? main.scrollHeight : 0, document.documentElement.scrollHeight);
 }"""
 SCRIPT_DONE = "[data-testid='stApp'][data-test-script-state='notRunning']"
-
-
-def free_port() -> int:
-    """A free loopback port."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_healthy(base: str, process, timeout: float = 90.0) -> None:
-    """Wait until the dashboard at ``base`` answers its health check."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"streamlit exited early with code {process.returncode}")
-        try:
-            if httpx.get(f"{base}/_stcore/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"dashboard at {base} not healthy after {timeout} s")
 
 
 def settle(page, title: str) -> None:
@@ -107,7 +83,7 @@ def take(db: Path, out: Path) -> list[Path]:
     process = run_dashboard(str(db), port, "127.0.0.1")
     saved = []
     try:
-        wait_healthy(base, process)
+        _wait_healthy(base, process)
         report = out / "report.html"
         report.write_text(
             build_report(open_source(str(db)), Window(), Filters(), None, "html", dashboard_url=base),
@@ -120,7 +96,7 @@ def take(db: Path, out: Path) -> list[Path]:
                 page.goto(f"{base}/{path}", wait_until="domcontentloaded")
                 settle(page, title)
                 saved.extend(shoot(page, out / f"dashboard-{path or 'overview'}"))
-            page.goto(report.as_uri())
+            page.goto(report.resolve().as_uri())
             page.wait_for_timeout(1000)
             saved.extend(shoot(page, out / "report"))
             browser.close()

@@ -17,7 +17,6 @@ import html
 import json
 import os
 import re
-import socket
 import time
 from pathlib import Path
 from urllib.parse import quote, urlsplit
@@ -31,6 +30,7 @@ from dashboard.findings import as_list, finding_metrics, finding_rows
 from dashboard.launch import run_dashboard
 from dashboard.tables import evidence_text, finding_key
 from tests.dashboard.test_dashboard_db import XSS_RUN, build_dashboard_db, truths, xss_request
+from tests.serve_helpers import free_port
 
 CHROMIUM = "/usr/bin/chromium"
 TOKEN = "browser-test-token"
@@ -75,12 +75,6 @@ def _page_id(path: str) -> str:
     return f"{page}-{query}" if query.startswith("run-xss") else page
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _wait_healthy(base: str, process, timeout: float = 90.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -99,7 +93,7 @@ def _launch_dashboard(source: str, token: str | None = None):
     """Start a dashboard on a free port; return (URL, process). The caller waits for it with
     ``_wait_healthy`` (meanwhile it can load the data: the dashboard reads its source only when a
     page is first viewed) and stops it with ``_stop``."""
-    port = _free_port()
+    port = free_port()
     return f"http://127.0.0.1:{port}", run_dashboard(source, port, "127.0.0.1", token=token)
 
 
