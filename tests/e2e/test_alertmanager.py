@@ -150,8 +150,10 @@ def alertmanager_binary():
 
 def _serve(tmp_path: Path, am: Alertmanager, sink: Sink, db: Path | None = None) -> ServeProcess:
     rules = tmp_path / "rules.toml"
-    # Short windows so findings age out and their alerts resolve within the test.
-    rules.write_text('window = "6s"\n')
+    # Short windows so findings age out and their alerts resolve within the test, but not before
+    # the outage below starts: the alerts fire once serve's findings tables have the demo's spans
+    # (a second or two after the last span), and the firing phase takes several seconds more.
+    rules.write_text('window = "20s"\n')
     return ServeProcess(
         db=db or tmp_path / "alerts.duckdb",
         http_port=free_port(),
@@ -279,7 +281,7 @@ def test_failing_crew_pages_once_per_finding_group_through_alertmanager_across_r
         am.stop()
         assert serve.stop() == 0
         serve.start()
-        # The findings age out of the 6s window: resolved in the store, undeliverable.
+        # The findings age out of the 20s window: resolved in the store, undeliverable.
         source = HttpSource(serve.http_url)
 
         def resolved_in_the_store() -> bool:
