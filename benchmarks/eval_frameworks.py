@@ -324,6 +324,22 @@ def wait_for_embeddings(client: httpx.Client, base_url: str) -> int:
     return health.get("embeddings", 0)
 
 
+def wait_for_findings(client: httpx.Client, base_url: str) -> None:
+    """Wait until serve's findings tables reflect every committed change (reads are SELECTs over
+    them: scored before that, the newest runs' findings would be missing). Two answers in a row,
+    as for the embeddings."""
+    deadline = time.monotonic() + EMBEDDING_WAIT_SECONDS
+    in_a_row = 0
+    while time.monotonic() < deadline:
+        findings = get_json(client, f"{base_url}/api/v1/health").get("findings") or {}
+        current = findings.get("behind_changes") == 0 and findings.get("findings_as_of") is not None
+        in_a_row = in_a_row + 1 if current else 0
+        if in_a_row == 2:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"the findings tables had not caught up after {EMBEDDING_WAIT_SECONDS}s")
+
+
 SETUP = "__setup__"
 
 
@@ -442,6 +458,7 @@ def evaluate(
                 requests += post_records(client, serve.http_url, first, "baseline")
                 if embeddings:
                     wait_for_embeddings(client, serve.http_url)
+                wait_for_findings(client, serve.http_url)  # the file calibrate reads holds them
             calibration = calibrate_offline(db)
         with ServeProcess(db, embeddings=embeddings) as serve, httpx.Client(timeout=300) as client:
             base = serve.http_url
@@ -451,6 +468,7 @@ def evaluate(
                 requests += sum(post_captured(client, base, root / name / "otlp.jsonl") for name in run_sets)
             if embeddings:
                 wait_for_embeddings(client, base)
+            wait_for_findings(client, base)
             evaluation = _score(client, base, run_sets, requests, embeddings, skip=baseline)
         evaluation.calibration = calibration
         evaluation.baseline = sorted(f"{name}/{run}" for name, run in baseline)
