@@ -172,8 +172,10 @@ def linked_calls(
     similarity: float,
     neighbour_window: int = NEIGHBOUR_WINDOW,
     min_calls: int = MIN_REPEATS,
+    groups: dict | None = None,
 ) -> pd.DataFrame:
     """Calls of (run, agent, tool) groups linked to another call of their group (repeated_calls.sql).
+    ``groups`` (``group_params``): only those (run, tool) groups and every group of its whole runs.
 
     Agent invocations are compared on their task statements, extracted here from the inputs of
     agent spans invoked ``min_calls``+ times in a run; code actions are parsed here from the
@@ -195,8 +197,19 @@ def linked_calls(
         code_outputs=[output for output, _, _ in found],
         code_tools=[name for _, name, _ in found],
         code_args=[args for _, _, args in found],
-        **(_group_limit.get() or _NO_LIMIT),
+        **(groups or _group_limit.get() or _NO_LIMIT),
     )
+
+
+def group_params(pairs: list[tuple[str, str]], whole_runs: list[str]) -> dict:
+    """repeated_calls.sql's group limit: the (run, tool) ``pairs`` and every group of ``whole_runs``."""
+    ordered = sorted(set(pairs))
+    return {
+        **_NO_LIMIT,
+        "loop_runs": [run for run, _ in ordered],
+        "loop_tools": [tool for _, tool in ordered],
+        "loop_whole_runs": sorted(set(whole_runs)),
+    }
 
 
 # Internal (update_repeated_calls): while set, repeated_calls computes only these (run, tool)

@@ -54,7 +54,11 @@ MANY_SHARE = 0.5
 UNSCOPED_MAX_SPANS = 2_000_000
 # A detector whose answer depends on every run is recomputed at most this often under ingest.
 WHOLE_INTERVAL_S = 5.0
-PARTITIONS = ("run_id", "origin_task_id")
+PARTITIONS = ("run_id", "origin_task_id", "run_tool")
+# A 'run_tool' key (collector.changes): "<run>\x1f<tool>" names one (run, tool) group of a
+# result with run_id and tool_name columns; "<run>\x1f*" every group of the run.
+RUN_TOOL_SEP = "\x1f"
+RUN_TOOL_COLUMNS = ("run_id", "tool_name")
 # Passes that recomputed something between two prunes of the consumed change log.
 PRUNE_EVERY = 20
 
@@ -68,7 +72,9 @@ class Maintained:
     ``partition``: the column its rows are partitioned by (None: recomputed whole); ``compute``:
     ``(conn, partition, keys)`` -> its rows for those partitions (all when ``keys`` is None);
     ``order``: the read order, (column, descending) pairs; ``version``: its definition's version;
-    ``detector``: the registered detector (``(conn, window, filters)``), for the runs a window cuts.
+    ``detector``: the registered detector (``(conn, window, filters)``), for the runs a window cuts;
+    ``depends``: results brought up to date before this one in a pass (its ``compute`` reads
+    their tables).
     """
 
     name: str
@@ -77,6 +83,7 @@ class Maintained:
     order: tuple[tuple[str, bool], ...]
     version: str
     detector: Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame] | None = None
+    depends: tuple[str, ...] = ()
 
     @property
     def table(self) -> str:
@@ -91,9 +98,22 @@ _items: dict[str, Maintained] = {}
 PARTS: set[str] = set()
 
 
+# How a registered detector is maintained when not by its own full computation scoped to the
+# touched partitions: name -> (compute, depends), set by the detector's module.
+_overrides: dict[str, tuple[Compute, tuple[str, ...]]] = {}
+
+
 def maintain(item: Maintained) -> None:
     """Keep ``item`` (replacing an earlier one of its name)."""
     _items[item.name] = item
+
+
+def maintain_with(name: str, compute: Compute, depends: tuple[str, ...] = ()) -> None:
+    """Maintain the detector ``name`` with ``compute`` (reading the tables of ``depends``, which
+    are brought up to date first) instead of its full computation scoped to the touched
+    partitions. Its full computation stays what reads of cut runs use and what tests hold the
+    table to."""
+    _overrides[name] = (compute, tuple(depends))
 
 
 def forget(name: str) -> None:
@@ -124,14 +144,28 @@ def detector_compute(func: Callable[[duckdb.DuckDBPyConnection, Window, Filters]
 
 
 def maintained() -> dict[str, Maintained]:
-    """Everything the materializer keeps, by name, each version naming the settings in force."""
+    """Everything the materializer keeps, by name, each version naming the settings in force;
+    a result after every result it depends on."""
     settings = _settings_version()
-    return {
-        name: Maintained(
-            item.name, item.partition, item.compute, item.order, f"{item.version}|{settings}", item.detector
-        )
-        for name, item in _items.items()
-    }
+    out: dict[str, Maintained] = {}
+    for name, item in _items.items():
+        compute, depends = _overrides.get(name, (item.compute, item.depends))
+        out[name] = Maintained(
+            item.name, item.partition, compute, item.order, f"{item.version}|{settings}", item.detector,
+            tuple(d for d in depends if d in _items),
+        )  # fmt: skip
+    ordered: dict[str, Maintained] = {}
+
+    def place(name: str, seen: tuple[str, ...] = ()) -> None:
+        if name in ordered or name in seen:
+            return
+        for first in out[name].depends:
+            place(first, (*seen, name))
+        ordered[name] = out[name]
+
+    for name in out:
+        place(name)
+    return ordered
 
 
 # ---------------------------------------------------------------------------------------- state
@@ -479,7 +513,14 @@ def _write_rows(
                         "detector's version so its table is rebuilt"
                     )
                 conn.execute(f"ALTER TABLE {table} ALTER {quote_identifier(column)} TYPE {kind}")
-        if item.partition is not None:
+        if item.partition == "run_tool":
+            runs, groups = split_run_tools(keys)
+            conn.execute(
+                f"DELETE FROM {table} WHERE run_id IN (SELECT unnest($runs::VARCHAR[])) "
+                "OR run_id || chr(31) || tool_name IN (SELECT unnest($groups::VARCHAR[]))",
+                {"runs": runs, "groups": groups},
+            )
+        elif item.partition is not None:
             conn.execute(
                 f"DELETE FROM {table} WHERE {quote_identifier(item.partition)} IN (SELECT unnest($keys::VARCHAR[]))",
                 {"keys": keys},
@@ -488,6 +529,21 @@ def _write_rows(
         conn.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM _findings_rows")
     finally:
         conn.unregister("_findings_rows")
+
+
+def split_run_tools(keys: list[str]) -> tuple[list[str], list[str]]:
+    """'run_tool' keys as (runs whose every group is meant, "<run>\x1f<tool>" group keys of the
+    other runs)."""
+    runs = sorted({key[: -len(RUN_TOOL_SEP) - 1] for key in keys if key.endswith(RUN_TOOL_SEP + "*")})
+    whole = set(runs)
+    groups = sorted(
+        {
+            key
+            for key in keys
+            if key.split(RUN_TOOL_SEP, 1)[0] not in whole and not key.endswith(RUN_TOOL_SEP + "*")
+        }
+    )
+    return runs, groups
 
 
 def _write_state(
@@ -532,6 +588,9 @@ class PassReport:
 
 
 def _partitions_of(conn: duckdb.DuckDBPyConnection, partition: str) -> list[str]:
+    if partition == "run_tool":  # every group of every run
+        return [row[0] + RUN_TOOL_SEP + "*" for row in conn.execute(
+            "SELECT DISTINCT run_id FROM spans WHERE run_id IS NOT NULL").fetchall()]  # fmt: skip
     column = quote_identifier(partition)
     return [
         row[0]
@@ -547,6 +606,9 @@ def _unscoped(conn: duckdb.DuckDBPyConnection, keys: list[str], partition: str, 
         totals["spans"] = conn.execute("SELECT count(*) FROM spans").fetchall()[0][0]
     if totals["spans"] > UNSCOPED_MAX_SPANS:
         return False  # chunks of partitions bound the memory of one computation
+    if partition == "run_tool":  # only every group of most runs is a computation of most of it
+        keys = [key for key in keys if key.endswith(RUN_TOOL_SEP + "*")]
+        partition = "run_id"
     if partition not in totals:
         column = quote_identifier(partition)
         totals[partition] = conn.execute(f"SELECT count(DISTINCT {column}) FROM spans").fetchall()[0][0]

@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import duckdb
 
-# Partition kinds the log records: the partition keys detectors register.
-PARTITIONS = ("run_id", "origin_task_id")
+# Partition kinds the log records: the partition keys detectors register. 'run_tool' is finer
+# than a run: "<run>\x1f<name>" for every name a new or changed span is, or can change, a call
+# of (its tool, the agent it delegates to, its own agent, the agent an agent span is), and
+# "<run>\x1f*" for an LLM output holding code (its calls are of any tool of the run). It lets a
+# loop detector recompute the few (run, tool) groups a commit changed, not the whole run.
+PARTITIONS = ("run_id", "origin_task_id", "run_tool")
+RUN_TOOL_SEP = "\x1f"
 
 _TOUCHED_SQL = """
 INSERT INTO change_partitions
@@ -22,6 +27,32 @@ SELECT DISTINCT $seq, partition, key FROM (
 )
 EXCEPT SELECT seq, partition, key FROM change_partitions WHERE seq = $seq
 """
+
+
+# The (run, tool) keys of the spans of {source} (rows of `spans`, joined by the caller).
+_RUN_TOOL_SQL = """
+INSERT INTO change_partitions
+SELECT DISTINCT $seq, 'run_tool', run_id || chr(31) || tool FROM (
+    SELECT s.run_id,
+           unnest([s.tool_name, s.delegate_to, s.agent_id,
+                   CASE WHEN s.span_family = 'agent' THEN coalesce(s.agent_id, s.agent_name, s.SpanName) END,
+                   CASE WHEN s.span_family = 'llm'
+                             AND (contains(s.output_text, '<code>') OR contains(s.output_text, '```'))
+                        THEN '*' END]) AS tool
+    FROM {source}
+    WHERE s.run_id IS NOT NULL
+)
+WHERE tool IS NOT NULL
+EXCEPT SELECT seq, partition, key FROM change_partitions WHERE seq = $seq
+"""
+
+
+def record_run_tools(
+    conn: duckdb.DuckDBPyConnection, seq: int, source: str, params: dict | None = None
+) -> None:
+    """Log the (run, tool) keys of the spans ``source`` selects as ``s`` (a FROM clause over
+    `spans` aliased ``s``, bound with ``params``) as touched by ``seq``."""
+    conn.execute(_RUN_TOOL_SQL.replace("{source}", source), {"seq": seq, **(params or {})})
 
 
 def next_change(

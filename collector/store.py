@@ -15,7 +15,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collector.changes import next_change, record_touched
+from collector.changes import next_change, record_run_tools, record_touched
 from collector.decode import SPAN_SCHEMA, DecodedBatch
 from collector.migrations_runner import apply_migrations
 
@@ -332,6 +332,26 @@ WHERE spans.rowid = s.rid AND s.TraceId = r.TraceId AND s.run_id = s.TraceId
 _TOUCHED_TRACES = "WHERE ingested_at >= $since AND TraceId IN (SELECT DISTINCT TraceId FROM _tree)"
 
 
+# The columns of the touched traces' spans that the walks may change and that name a (run, tool)
+# key (collector.changes.record_run_tools), before the walks: a span whose run, agent, hand-off
+# or task changed leaves its old keys as well as taking new ones.
+_BEFORE_WALKS_SQL = """
+CREATE OR REPLACE TEMP TABLE _before_walks AS
+SELECT t.rid, s.run_id, s.tool_name, s.delegate_to, s.agent_id, s.agent_name, s.SpanName, s.span_family,
+       s.op, hash(s.input_text) AS input_hash,
+       CASE WHEN contains(s.output_text, '<code>') OR contains(s.output_text, '```') THEN '```' END AS output_text
+FROM _tree t JOIN spans s ON s.rowid = t.rid
+"""
+_CHANGED = """_before_walks b JOIN spans n ON n.rowid = b.rid
+    WHERE b.run_id IS DISTINCT FROM n.run_id OR b.agent_id IS DISTINCT FROM n.agent_id
+       OR b.op IS DISTINCT FROM n.op OR b.delegate_to IS DISTINCT FROM n.delegate_to
+       OR b.input_hash IS DISTINCT FROM hash(n.input_text)"""
+_CHANGED_BEFORE = f"(SELECT b.* FROM {_CHANGED}) s"
+_CHANGED_AFTER = f"(SELECT n.* FROM {_CHANGED}) s"
+# The spans this commit stored (a resend of a stored span only adds keys already logged once).
+_NEW_SPANS = "_tree t JOIN _incoming i ON i.TraceId = t.TraceId AND i.SpanId = t.SpanId JOIN spans s ON s.rowid = t.rid"
+
+
 def _first_copies(batches: list[DecodedBatch], table: pa.Table) -> pa.Table:
     """``table`` without repeated TraceId + SpanId rows (the first copy wins)."""
     joined = pc.binary_join_element_wise(table.column("TraceId"), table.column("SpanId"), "")
@@ -376,6 +396,9 @@ def insert_batches(
             seq = next_change(conn, "spans", inserted, pc.max(table.column("ingested_at")).as_py())
             record_touched(conn, seq, "_tree")
         agentless, runless, agent_runs, agent_spans, joinable = conn.execute(_TREE_NEEDS_WORK_SQL).fetchone()
+        walks = bool(agentless or runless or agent_runs or agent_spans or joinable)
+        if seq is not None and walks:
+            conn.execute(_BEFORE_WALKS_SQL)  # what the walks may change, to log what they did
         if runless:
             # first, so a nested run's caller (a tool span naming no run, as ADK's) has its run
             conn.execute(_INHERIT_RUN_SQL)
@@ -399,6 +422,14 @@ def insert_batches(
         if seq is not None and (agent_runs or runless or joinable):
             touched = f"(SELECT run_id, NULL AS origin_task_id FROM spans {_TOUCHED_TRACES})"
             record_touched(conn, seq, touched, bound)
+        if seq is not None:
+            # the (run, tool) keys of the new spans, as resolved, and of the spans the walks
+            # changed, before and after
+            record_run_tools(conn, seq, _NEW_SPANS)
+            if walks:
+                record_run_tools(conn, seq, _CHANGED_BEFORE)
+                record_run_tools(conn, seq, _CHANGED_AFTER)
+                conn.execute("DROP TABLE _before_walks")
         conn.execute("DROP TABLE _tree")
     finally:
         conn.unregister("_incoming")
@@ -425,7 +456,14 @@ def delete_expired(conn: duckdb.DuckDBPyConnection, cutoff_ns: int, limit: int) 
     try:
         deleted = conn.execute("DELETE FROM spans WHERE rowid IN (SELECT rid FROM _expired)").fetchall()[0][0]
         if deleted:
-            record_touched(conn, next_change(conn, "delete", deleted), "_expired")
+            seq = next_change(conn, "delete", deleted)
+            record_touched(conn, seq, "_expired")
+            # every (run, tool) group of a run that lost spans: "<run>\x1f*"
+            conn.execute(
+                "INSERT INTO change_partitions SELECT DISTINCT $seq, 'run_tool', run_id || chr(31) || '*' "
+                "FROM _expired WHERE run_id IS NOT NULL",
+                {"seq": seq},
+            )
     finally:
         conn.execute("DROP TABLE _expired")
     return deleted

@@ -38,7 +38,15 @@
 -- A 64-bit hash collision of two group keys (~n^2/2^64) could only merge two groups;
 -- analytics.loops splits a loop by key (a collision of two (run, tool) keys in the internal
 -- $loop_runs/$loop_tools limit could only add a group to the ones recomputed).
-WITH RECURSIVE tool_calls AS NOT MATERIALIZED (
+WITH RECURSIVE group_scope AS (  -- internal ($loop_runs set: serve's materializer recomputing the
+                                -- (run, tool) groups a commit changed): those groups' key hashes
+    SELECT hash(r, t) AS rt
+    FROM (SELECT unnest($loop_runs::VARCHAR[]) AS r, unnest($loop_tools::VARCHAR[]) AS t)
+    UNION ALL
+    SELECT hash(r, t)
+    FROM (SELECT unnest($loop_tail_runs::VARCHAR[]) AS r, unnest($loop_tail_tools::VARCHAR[]) AS t)
+),
+tool_calls AS NOT MATERIALIZED (
     SELECT TraceId, SpanId, run_id, coalesce(agent_id, '') AS agent, tool_name, Timestamp, start_ns,
            coalesce(tool_args, '') AS args,
            coalesce(outcome IN ('error', 'rejected') OR StatusCode = 'Error', false) AS failing,
@@ -52,6 +60,9 @@ WITH RECURSIVE tool_calls AS NOT MATERIALIZED (
       -- own span); a refused check is a refused call
       AND NOT (coalesce(guard, '') = 'execution_guard' AND coalesce(outcome, 'ok') <> 'rejected')
       AND ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
+      -- (each source limited to the groups asked for, before any call is formed)
+      AND ($loop_runs::VARCHAR[] IS NULL OR run_id = ANY($loop_whole_runs::VARCHAR[])
+           OR hash(run_id, tool_name) IN (SELECT rt FROM group_scope))
 ),
 agent_tasks AS (
     SELECT unnest($agent_inputs::VARCHAR[]) AS input_text, unnest($agent_tasks::VARCHAR[]) AS task
@@ -73,6 +84,8 @@ delegations AS NOT MATERIALIZED (
            (d.goal_text IS NOT NULL OR d.input_text IS NULL) AS own_args
     FROM handoffs d LEFT JOIN agent_tasks t ON t.input_text = d.input_text
     WHERE ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
+      AND ($loop_runs::VARCHAR[] IS NULL OR d.run_id = ANY($loop_whole_runs::VARCHAR[])
+           OR hash(d.run_id, d.delegate_to) IN (SELECT rt FROM group_scope))
       -- a hand-off whose task was not captured matches no other
       AND coalesce(d.goal_text, t.task, d.tool_args, d.input_text, '') <> ''
       AND NOT EXISTS (SELECT 1 FROM handoffs b
@@ -110,6 +123,8 @@ invocations AS NOT MATERIALIZED (  -- one per entry: its first agent span with a
     JOIN entries e ON e.TraceId = a.TraceId AND e.origin = a.SpanId
     LEFT JOIN lineage p ON p.TraceId = a.TraceId AND p.SpanId = e.entry_parent
     WHERE ($agent::VARCHAR IS NULL OR p.agent_id = $agent::VARCHAR)
+      AND ($loop_runs::VARCHAR[] IS NULL OR a.run_id = ANY($loop_whole_runs::VARCHAR[])
+           OR hash(a.run_id, a.invoked) IN (SELECT rt FROM group_scope))
       -- an invocation that a delegate span of the run already records is counted there
       AND hash(a.run_id, coalesce(p.agent_id, ''), a.invoked)
           NOT IN (SELECT hash(run_id, agent, tool_name) FROM delegations)
@@ -131,6 +146,8 @@ code_calls AS NOT MATERIALIZED (
     FROM spans s JOIN code_found f ON f.output_text = s.output_text
     WHERE {span_filter} AND s.span_family = 'llm' AND s.run_id IS NOT NULL
       AND ($agent::VARCHAR IS NULL OR s.agent_id = $agent::VARCHAR)
+      AND ($loop_runs::VARCHAR[] IS NULL OR s.run_id = ANY($loop_whole_runs::VARCHAR[])
+           OR hash(s.run_id, f.tool_name) IN (SELECT rt FROM group_scope))
       -- only a tool the run has; where the agent's own tool spans record it, they are the calls
       AND hash(s.run_id, f.tool_name) IN (SELECT hash(run_id, tool_name) FROM run_tools)
       AND hash(s.run_id, coalesce(s.agent_id, ''), f.tool_name)

@@ -11,7 +11,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from analytics import METRICS, Filters, Window, compare_kept, kept, materialize, run_metric, summary
+from analytics import METRICS, Filters, Window, compare_kept, kept, loops_live, materialize, run_metric, summary
 from analytics.registry import register, scratch_registry
 from analytics.sql_loader import filter_params
 from analytics.thresholds import store_threshold
@@ -227,6 +227,68 @@ def test_the_change_log_lists_every_run_a_commit_touched_and_the_run_a_span_left
     assert conn.execute("SELECT DISTINCT run_id FROM spans").fetchall() == [("run-42",)]
     kinds = conn.execute("SELECT kind, spans FROM change_log ORDER BY seq").fetchall()
     assert kinds == [("spans", 1), ("spans", 1)]
+
+
+def _run_tools(conn, seq: int) -> list[str]:
+    return sorted(
+        key.replace("\x1f", "/")
+        for (key,) in conn.execute(
+            "SELECT key FROM change_partitions WHERE partition = 'run_tool' AND seq = ?", [seq]
+        ).fetchall()
+    )
+
+
+def test_the_change_log_lists_the_run_tool_groups_of_new_and_changed_spans(tmp_path):
+    conn = _store(tmp_path)
+    trace = trace_id("t")
+    child = make_span(1, run="x", TraceId=trace, agent_id="a", SpanId="c" * 16, ParentSpanId="p" * 16,
+                      tool_name="search", tool_args={"q": "x"})  # fmt: skip
+    child["run_id"] = trace  # no conversation id yet: its run is its trace id
+    _commit(conn, [child])
+    first = conn.execute("SELECT max(seq) FROM change_log").fetchone()[0]
+    assert _run_tools(conn, first) == [f"{trace}/a", f"{trace}/search"]
+    other = make_span(2, run="run-7", agent_id="b", tool_name="fetch", tool_args={"u": 1})
+    root = make_span(0, run="run-42", TraceId=trace, agent_id="a", SpanId="p" * 16)
+    _commit(conn, [root, other])
+    second = conn.execute("SELECT max(seq) FROM change_log").fetchone()[0]
+    # the new spans' groups; the child's groups in the run it left and in the run it joined; no
+    # group of a span nothing changed
+    assert _run_tools(conn, second) == sorted(
+        ["run-42/a", "run-7/b", "run-7/fetch", f"{trace}/a", f"{trace}/search", "run-42/search"]
+    )
+    _commit(conn, [make_span(3, run="run-7", agent_id="b", tool_name="fetch", tool_args={"u": 2})])
+    third = conn.execute("SELECT max(seq) FROM change_log").fetchone()[0]
+    assert _run_tools(conn, third) == ["run-7/b", "run-7/fetch"]
+
+
+def test_repeated_calls_recomputes_only_the_groups_a_commit_changed(tmp_path):
+    conn = _store(tmp_path)
+    calls = lambda run, tool, n, at=0: [  # noqa: E731
+        make_span(at + i, run=run, agent_id="worker", tool_name=tool, tool_args={"q": f"{tool} same"})
+        for i in range(n)
+    ]
+    _commit(conn, calls("run-1", "search", 3) + calls("run-1", "fetch", 2) + calls("run-2", "search", 3))
+    _pass(conn)
+    assert sorted(run_metric(conn, "repeated_calls")["run_id"]) == ["run-1", "run-2"]
+    # a third fetch in run-1: only (run-1, fetch) and (run-1, worker) are recomputed
+    _commit(conn, calls("run-1", "fetch", 1, at=10))
+    report = _pass(conn)
+    assert report.recomputed[loops_live.GROUPS] == 2
+    assert report.recomputed["repeated_calls"] == 1  # run-1's rows, from the groups' table
+    got = run_metric(conn, "repeated_calls")
+    assert sorted(zip(got["run_id"], got["tool_name"], got["calls"], strict=True)) == [
+        ("run-1", "fetch", 3), ("run-1", "search", 3), ("run-2", "search", 3)
+    ]  # fmt: skip
+    pd.testing.assert_frame_equal(_canonical(got), _canonical(_full(conn, "repeated_calls")))
+    # a retention delete recomputes every group of the runs it changed
+    first_end = conn.execute("SELECT min(end_ns) FROM spans WHERE run_id = 'run-2'").fetchone()[0]
+    conn.execute("BEGIN TRANSACTION")
+    delete_expired(conn, first_end + 1, 10)
+    conn.execute("COMMIT")
+    _pass(conn)
+    got = run_metric(conn, "repeated_calls")
+    assert "run-2" not in set(got["run_id"])
+    pd.testing.assert_frame_equal(_canonical(got), _canonical(_full(conn, "repeated_calls")))
 
 
 def test_a_delete_is_logged_with_the_runs_it_changed_and_their_findings_follow(tmp_path):
