@@ -11,7 +11,17 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from analytics import METRICS, Filters, Window, compare_kept, kept, loops_live, materialize, run_metric, summary
+from analytics import (
+    METRICS,
+    Filters,
+    Window,
+    compare_kept,
+    kept,
+    loops_live,
+    materialize,
+    run_metric,
+    summary,
+)
 from analytics.registry import register, scratch_registry
 from analytics.sql_loader import filter_params
 from analytics.thresholds import store_threshold
