@@ -54,11 +54,31 @@ MANY_SHARE = 0.5
 UNSCOPED_MAX_SPANS = 2_000_000
 # A detector whose answer depends on every run is recomputed at most this often under ingest.
 WHOLE_INTERVAL_S = 5.0
-PARTITIONS = ("run_id", "origin_task_id", "run_tool")
+PARTITIONS = ("run_id", "origin_task_id", "run_tool", "span")
 # A 'run_tool' key (collector.changes): "<run>\x1f<tool>" names one (run, tool) group of a
 # result with run_id and tool_name columns; "<run>\x1f*" every group of the run.
 RUN_TOOL_SEP = "\x1f"
 RUN_TOOL_COLUMNS = ("run_id", "tool_name")
+# A 'span' result holds a row per span (TraceId, SpanId): per-span state a pass folds the spans
+# of ``span_changes`` into (SpanChanges) instead of reading every span of a touched run.
+
+
+@dataclass(frozen=True)
+class SpanChanges:
+    """The spans committed (stored, changed or deleted) after change ``after`` up to ``upto``,
+    as a 'span' result's ``compute`` is given them: its rows for those of them still stored."""
+
+    after: int
+    upto: int
+
+    def sql(self) -> str:
+        """A relation of their (TraceId, SpanId), bound with ``params``."""
+        return "(SELECT DISTINCT TraceId, SpanId FROM span_changes WHERE seq > $after AND seq <= $upto)"
+
+    def params(self) -> dict[str, int]:
+        return {"after": self.after, "upto": self.upto}
+
+
 # Passes that recomputed something between two prunes of the consumed change log.
 PRUNE_EVERY = 20
 
@@ -513,7 +533,12 @@ def _write_rows(
                         "detector's version so its table is rebuilt"
                     )
                 conn.execute(f"ALTER TABLE {table} ALTER {quote_identifier(column)} TYPE {kind}")
-        if item.partition == "run_tool":
+        if item.partition == "span":
+            conn.execute(
+                f"DELETE FROM {table} t USING {keys.sql()} c WHERE t.TraceId = c.TraceId AND t.SpanId = c.SpanId",
+                keys.params(),
+            )
+        elif item.partition == "run_tool":
             runs, groups = split_run_tools(keys)
             conn.execute(
                 f"DELETE FROM {table} WHERE run_id IN (SELECT unnest($runs::VARCHAR[])) "
@@ -675,13 +700,25 @@ def bring_up_to_date(
     report.target = target
     states = read_states(read)
     totals: dict[str, int] = {}
-    for name, item in maintained().items():
+    items = maintained()
+    if names is not None:  # and what they read, first
+        wanted, names = list(names), set()
+        while wanted:
+            name = wanted.pop()
+            if name not in names:
+                names.add(name)
+                wanted += list(items[name].depends) if name in items else []
+    current: set[str] = set()  # results at ``target`` or later: what a dependent result may read
+    for name, item in items.items():
         if names is not None and name not in names:
             continue
         state = states.get(name)
         fresh = state is not None and state.version == item.version and state.seq is not None
         if fresh and state.seq >= target:
+            current.add(name)
             continue
+        if any(first not in current for first in item.depends):
+            continue  # what it reads is behind: next pass
         full = not fresh or _rebuild_logged(read, state.seq, target)
         try:
             if item.partition is None:
@@ -690,7 +727,20 @@ def bring_up_to_date(
                 frame = item.compute(read, None, None)
                 rows = _arrow(frame)
                 write(lambda c, i=item, r=rows: (_write_rows(c, i, r, None), _write_state(c, i, target)))
+                current.add(name)
                 report.recomputed[name] = -1
+                continue
+            if item.partition == "span":
+                span_keys = None if full else SpanChanges(state.seq, target)
+                rows = _arrow(item.compute(read, "span", span_keys))
+                write(
+                    lambda c, i=item, r=rows, k=span_keys: (
+                        _write_rows(c, i, r, k),
+                        _write_state(c, i, target),
+                    )
+                )
+                current.add(name)
+                report.recomputed[name] = -1 if full else int(target - state.seq)
                 continue
             keys = (
                 _partitions_of(read, item.partition)
@@ -701,6 +751,7 @@ def bring_up_to_date(
                 # most partitions touched: one unscoped computation replaces the table
                 rows = _arrow(item.compute(read, item.partition, None))
                 write(lambda c, i=item, r=rows: (_write_rows(c, i, r, None), _write_state(c, i, target)))
+                current.add(name)
                 report.recomputed[name] = len(keys)
                 continue
             if full:
@@ -719,6 +770,7 @@ def bring_up_to_date(
 
                 done = (target, tuple(failed), error) if last else None
                 write(functools.partial(_apply_chunk, item=item, rows=rows, keys=good, state=done))
+            current.add(name)
             report.recomputed[name] = len(keys)
             if error:
                 report.failed[name] = error
@@ -769,6 +821,7 @@ def prune_change_log(conn: duckdb.DuckDBPyConnection) -> int:
     floor = min(min(seqs), newest_change(conn) - 1)
     ((deleted,),) = conn.execute("DELETE FROM change_log WHERE seq <= ?", [floor]).fetchall()
     conn.execute("DELETE FROM change_partitions WHERE seq <= ?", [floor])
+    conn.execute("DELETE FROM span_changes WHERE seq <= ?", [floor])
     return deleted
 
 

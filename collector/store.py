@@ -338,16 +338,20 @@ _TOUCHED_TRACES = "WHERE ingested_at >= $since AND TraceId IN (SELECT DISTINCT T
 _BEFORE_WALKS_SQL = """
 CREATE OR REPLACE TEMP TABLE _before_walks AS
 SELECT t.rid, s.run_id, s.tool_name, s.delegate_to, s.agent_id, s.agent_name, s.SpanName, s.span_family,
-       s.op, hash(s.input_text) AS input_hash,
+       s.op, s.hop, hash(s.input_text) AS input_hash,
        CASE WHEN contains(s.output_text, '<code>') OR contains(s.output_text, '```') THEN '```' END AS output_text
 FROM _tree t JOIN spans s ON s.rowid = t.rid
 """
 _CHANGED = """_before_walks b JOIN spans n ON n.rowid = b.rid
     WHERE b.run_id IS DISTINCT FROM n.run_id OR b.agent_id IS DISTINCT FROM n.agent_id
        OR b.op IS DISTINCT FROM n.op OR b.delegate_to IS DISTINCT FROM n.delegate_to
+       OR b.hop IS DISTINCT FROM n.hop
        OR b.input_hash IS DISTINCT FROM hash(n.input_text)"""
 _CHANGED_BEFORE = f"(SELECT b.* FROM {_CHANGED}) s"
 _CHANGED_AFTER = f"(SELECT n.* FROM {_CHANGED}) s"
+# The spans this commit stored, for span-level state (a resend of a stored span is listed too:
+# folding it again changes nothing).
+_NEW_SPAN_CHANGES_SQL = "INSERT INTO span_changes SELECT DISTINCT $seq, TraceId, SpanId FROM _incoming"
 # The spans this commit stored (a resend of a stored span only adds keys already logged once).
 _NEW_SPANS = "_tree t JOIN _incoming i ON i.TraceId = t.TraceId AND i.SpanId = t.SpanId JOIN spans s ON s.rowid = t.rid"
 
@@ -395,6 +399,7 @@ def insert_batches(
             # below move spans between runs (the run a span leaves is touched too), then after.
             seq = next_change(conn, "spans", inserted, pc.max(table.column("ingested_at")).as_py())
             record_touched(conn, seq, "_tree")
+            conn.execute(_NEW_SPAN_CHANGES_SQL, {"seq": seq})
         agentless, runless, agent_runs, agent_spans, joinable = conn.execute(_TREE_NEEDS_WORK_SQL).fetchone()
         walks = bool(agentless or runless or agent_runs or agent_spans or joinable)
         if seq is not None and walks:
@@ -429,6 +434,11 @@ def insert_batches(
             if walks:
                 record_run_tools(conn, seq, _CHANGED_BEFORE)
                 record_run_tools(conn, seq, _CHANGED_AFTER)
+                conn.execute(
+                    f"INSERT INTO span_changes SELECT $seq, n.TraceId, n.SpanId FROM {_CHANGED} "
+                    "EXCEPT SELECT seq, TraceId, SpanId FROM span_changes WHERE seq = $seq",
+                    {"seq": seq},
+                )
                 conn.execute("DROP TABLE _before_walks")
         conn.execute("DROP TABLE _tree")
     finally:
@@ -450,7 +460,7 @@ def delete_expired(conn: duckdb.DuckDBPyConnection, cutoff_ns: int, limit: int) 
     logging their runs and origin tasks as touched (a deleted span changes their findings)."""
     conn.execute(
         "CREATE OR REPLACE TEMP TABLE _expired AS "
-        "SELECT rowid AS rid, run_id, origin_task_id FROM spans WHERE end_ns < $cutoff LIMIT $limit",
+        "SELECT rowid AS rid, run_id, origin_task_id, TraceId, SpanId FROM spans WHERE end_ns < $cutoff LIMIT $limit",
         {"cutoff": cutoff_ns, "limit": limit},
     )
     try:
@@ -458,6 +468,7 @@ def delete_expired(conn: duckdb.DuckDBPyConnection, cutoff_ns: int, limit: int) 
         if deleted:
             seq = next_change(conn, "delete", deleted)
             record_touched(conn, seq, "_expired")
+            conn.execute("INSERT INTO span_changes SELECT $seq, TraceId, SpanId FROM _expired", {"seq": seq})
             # every (run, tool) group of a run that lost spans: "<run>\x1f*"
             conn.execute(
                 "INSERT INTO change_partitions SELECT DISTINCT $seq, 'run_tool', run_id || chr(31) || '*' "

@@ -271,6 +271,40 @@ def test_the_change_log_lists_the_run_tool_groups_of_new_and_changed_spans(tmp_p
     assert _run_tools(conn, third) == ["run-7/b", "run-7/fetch"]
 
 
+def test_span_changes_list_stored_changed_and_deleted_spans_and_per_span_state_follows(tmp_path):
+    conn = _store(tmp_path)
+    trace = trace_id("t")
+    child = make_span(1, run="x", TraceId=trace, agent_id="a", SpanId="c" * 16, ParentSpanId="p" * 16,
+                      tool_name="search", tool_args={"q": "x"})  # fmt: skip
+    child["run_id"] = trace
+    _commit(conn, [child])
+    _pass(conn)
+    steps = "findings__" + compare_kept.SPAN_STEPS
+    assert conn.execute(f"SELECT SpanId, run_id FROM {steps}").fetchall() == [("c" * 16, trace)]
+    other = make_span(2, run="run-7", agent_id="b", tool_name="fetch", tool_args={"u": 1})
+    root = make_span(0, run="run-42", TraceId=trace, agent_id="a", SpanId="p" * 16)
+    _commit(conn, [root, other])
+    second = conn.execute("SELECT max(seq) FROM change_log").fetchone()[0]
+    listed = conn.execute(
+        "SELECT SpanId FROM span_changes WHERE seq = ? ORDER BY SpanId", [second]
+    ).fetchall()
+    # the two stored spans and the child its run changed under
+    assert sorted(span for (span,) in listed) == sorted(["c" * 16, "p" * 16, other["SpanId"]])
+    report = _pass(conn)
+    assert report.recomputed[compare_kept.SPAN_STEPS] == 1  # one change folded, not a rebuild
+    rows = dict(conn.execute(f"SELECT SpanId, run_id FROM {steps}").fetchall())
+    assert rows == {"c" * 16: "run-42", "p" * 16: "run-42", other["SpanId"]: "run-7"}
+    first_end = conn.execute("SELECT min(end_ns) FROM spans").fetchone()[0]
+    conn.execute("BEGIN TRANSACTION")
+    assert delete_expired(conn, first_end + 1, 10) == 1
+    conn.execute("COMMIT")
+    _pass(conn)
+    assert sorted(r[0] for r in conn.execute(f"SELECT SpanId FROM {steps}").fetchall()) == sorted(
+        r[0] for r in conn.execute("SELECT SpanId FROM spans").fetchall()
+    )
+    _assert_tables_equal_full(conn, {})
+
+
 def test_repeated_calls_recomputes_only_the_groups_a_commit_changed(tmp_path):
     conn = _store(tmp_path)
     calls = lambda run, tool, n, at=0: [  # noqa: E731
