@@ -37,6 +37,7 @@ from analytics.kept import computed_in_full, in_full
 from analytics.side_effects import current_side_effect_tools
 from analytics.sql_loader import memory_cursor, quote_identifier, run_scope
 from analytics.types import Filters, Window, WriteFn
+from collector.changes import RUN_TOOL_KEYS_SQL
 
 logger = logging.getLogger(__name__)
 
@@ -641,7 +642,12 @@ def _unscoped(conn: duckdb.DuckDBPyConnection, keys: list[str], partition: str, 
 
 
 def _touched(conn: duckdb.DuckDBPyConnection, partition: str, after: int, upto: int) -> list[str]:
-    return [
+    derived: list[str] = []
+    if partition == "run_tool":  # the keys the committed spans have now (collector.changes)
+        derived = [
+            row[0] for row in conn.execute(RUN_TOOL_KEYS_SQL, {"after": after, "upto": upto}).fetchall()
+        ]
+    return derived + [
         row[0]
         for row in conn.execute(
             "SELECT DISTINCT key FROM change_partitions WHERE seq > $after AND seq <= $upto "

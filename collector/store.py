@@ -81,7 +81,11 @@ CREATE OR REPLACE TEMP TABLE _tree AS
 SELECT rowid AS rid, TraceId, SpanId, ParentSpanId, agent_id, agent_name, run_id, origin_task_id, span_family,
        start_ns,
        -- spans of driftscope's guards state their own delegation hops and runs
-       (task_id IS NOT NULL OR guard IS NOT NULL OR scenario IS NOT NULL) AS guarded
+       (task_id IS NOT NULL OR guard IS NOT NULL OR scenario IS NOT NULL) AS guarded,
+       -- what the walks below may change and what names a (run, tool) key, as it was before them
+       -- (the walks update run_id above; _CHANGED_SQL compares), for the change log
+       run_id AS run_before, tool_name, delegate_to, SpanName, op, hop, hash(input_text) AS input_hash,
+       span_family = 'llm' AND (contains(output_text, '<code>') OR contains(output_text, '```')) AS has_code
 FROM spans WHERE ingested_at >= $since AND TraceId IN (SELECT TraceId FROM _incoming)
 """
 
@@ -332,28 +336,23 @@ WHERE spans.rowid = s.rid AND s.TraceId = r.TraceId AND s.run_id = s.TraceId
 _TOUCHED_TRACES = "WHERE ingested_at >= $since AND TraceId IN (SELECT DISTINCT TraceId FROM _tree)"
 
 
-# The columns of the touched traces' spans that the walks may change and that name a (run, tool)
-# key (collector.changes.record_run_tools), before the walks: a span whose run, agent, hand-off
-# or task changed leaves its old keys as well as taking new ones.
-_BEFORE_WALKS_SQL = """
-CREATE OR REPLACE TEMP TABLE _before_walks AS
-SELECT t.rid, s.run_id, s.tool_name, s.delegate_to, s.agent_id, s.agent_name, s.SpanName, s.span_family,
-       s.op, s.hop, hash(s.input_text) AS input_hash,
-       CASE WHEN contains(s.output_text, '<code>') OR contains(s.output_text, '```') THEN '```' END AS output_text
-FROM _tree t JOIN spans s ON s.rowid = t.rid
+# The spans stored before this commit that the walks changed (a span whose run, agent, hop,
+# hand-off or task changed; the new spans are listed anyway), with the
+# (run, tool) key columns they had before (collector.changes.record_run_tools: the keys a span
+# leaves; the keys it has now are read from the spans `span_changes` lists).
+_CHANGED_SQL = """
+CREATE OR REPLACE TEMP TABLE _changed AS
+SELECT b.TraceId, b.SpanId, b.has_code, b.run_before AS run_id, b.tool_name, b.delegate_to, b.agent_id,
+       b.agent_name, b.SpanName, b.span_family
+FROM (SELECT * FROM _tree ANTI JOIN _incoming i ON i.TraceId = _tree.TraceId AND i.SpanId = _tree.SpanId) b
+JOIN spans n ON n.rowid = b.rid
+WHERE b.run_before IS DISTINCT FROM n.run_id OR b.agent_id IS DISTINCT FROM n.agent_id
+   OR b.op IS DISTINCT FROM n.op OR b.delegate_to IS DISTINCT FROM n.delegate_to
+   OR b.hop IS DISTINCT FROM n.hop OR b.input_hash IS DISTINCT FROM hash(n.input_text)
 """
-_CHANGED = """_before_walks b JOIN spans n ON n.rowid = b.rid
-    WHERE b.run_id IS DISTINCT FROM n.run_id OR b.agent_id IS DISTINCT FROM n.agent_id
-       OR b.op IS DISTINCT FROM n.op OR b.delegate_to IS DISTINCT FROM n.delegate_to
-       OR b.hop IS DISTINCT FROM n.hop
-       OR b.input_hash IS DISTINCT FROM hash(n.input_text)"""
-_CHANGED_BEFORE = f"(SELECT b.* FROM {_CHANGED}) s"
-_CHANGED_AFTER = f"(SELECT n.* FROM {_CHANGED}) s"
-# The spans this commit stored, for span-level state (a resend of a stored span is listed too:
-# folding it again changes nothing).
-_NEW_SPAN_CHANGES_SQL = "INSERT INTO span_changes SELECT DISTINCT $seq, TraceId, SpanId FROM _incoming"
-# The spans this commit stored (a resend of a stored span only adds keys already logged once).
-_NEW_SPANS = "_tree t JOIN _incoming i ON i.TraceId = t.TraceId AND i.SpanId = t.SpanId JOIN spans s ON s.rowid = t.rid"
+# The spans this commit stored (a resend of a stored span is listed too: folding it again changes
+# nothing).
+_NEW_SPAN_CHANGES_SQL = "INSERT INTO span_changes SELECT $seq, TraceId, SpanId FROM _incoming"
 
 
 def _first_copies(batches: list[DecodedBatch], table: pa.Table) -> pa.Table:
@@ -402,8 +401,6 @@ def insert_batches(
             conn.execute(_NEW_SPAN_CHANGES_SQL, {"seq": seq})
         agentless, runless, agent_runs, agent_spans, joinable = conn.execute(_TREE_NEEDS_WORK_SQL).fetchone()
         walks = bool(agentless or runless or agent_runs or agent_spans or joinable)
-        if seq is not None and walks:
-            conn.execute(_BEFORE_WALKS_SQL)  # what the walks may change, to log what they did
         if runless:
             # first, so a nested run's caller (a tool span naming no run, as ADK's) has its run
             conn.execute(_INHERIT_RUN_SQL)
@@ -427,19 +424,13 @@ def insert_batches(
         if seq is not None and (agent_runs or runless or joinable):
             touched = f"(SELECT run_id, NULL AS origin_task_id FROM spans {_TOUCHED_TRACES})"
             record_touched(conn, seq, touched, bound)
-        if seq is not None:
-            # the (run, tool) keys of the new spans, as resolved, and of the spans the walks
-            # changed, before and after
-            record_run_tools(conn, seq, _NEW_SPANS)
-            if walks:
-                record_run_tools(conn, seq, _CHANGED_BEFORE)
-                record_run_tools(conn, seq, _CHANGED_AFTER)
-                conn.execute(
-                    f"INSERT INTO span_changes SELECT $seq, n.TraceId, n.SpanId FROM {_CHANGED} "
-                    "EXCEPT SELECT seq, TraceId, SpanId FROM span_changes WHERE seq = $seq",
-                    {"seq": seq},
-                )
-                conn.execute("DROP TABLE _before_walks")
+        if seq is not None and walks:
+            # the spans the walks changed, and the (run, tool) keys they had before (the keys
+            # they have now the materializer reads from the spans span_changes lists)
+            conn.execute(_CHANGED_SQL)
+            record_run_tools(conn, seq, ["_changed"])
+            conn.execute("INSERT INTO span_changes SELECT $seq, TraceId, SpanId FROM _changed", {"seq": seq})
+            conn.execute("DROP TABLE _changed")
         conn.execute("DROP TABLE _tree")
     finally:
         conn.unregister("_incoming")
