@@ -240,11 +240,10 @@ def test_the_change_log_lists_every_run_a_commit_touched_and_the_run_a_span_left
 
 
 def _run_tools(conn, seq: int) -> list[str]:
+    """The (run, tool) keys change ``seq`` touched: logged by the writer (what changed spans had
+    before) and read from the spans it lists (what they have now), as the materializer reads them."""
     return sorted(
-        key.replace("\x1f", "/")
-        for (key,) in conn.execute(
-            "SELECT key FROM change_partitions WHERE partition = 'run_tool' AND seq = ?", [seq]
-        ).fetchall()
+        key.replace("\x1f", "/") for key in set(materialize._touched(conn, "run_tool", seq - 1, seq))
     )
 
 
@@ -261,11 +260,15 @@ def test_the_change_log_lists_the_run_tool_groups_of_new_and_changed_spans(tmp_p
     root = make_span(0, run="run-42", TraceId=trace, agent_id="a", SpanId="p" * 16)
     _commit(conn, [root, other])
     second = conn.execute("SELECT max(seq) FROM change_log").fetchone()[0]
-    # the new spans' groups; the child's groups in the run it left and in the run it joined; no
-    # group of a span nothing changed
+    # the new spans' groups; the child's groups in the run it left (logged by the writer: the
+    # spans no longer say it) and in the run it joined; no group of a span nothing changed
     assert _run_tools(conn, second) == sorted(
         ["run-42/a", "run-7/b", "run-7/fetch", f"{trace}/a", f"{trace}/search", "run-42/search"]
     )
+    logged = conn.execute(
+        "SELECT key FROM change_partitions WHERE partition = 'run_tool' AND seq = ?", [second]
+    ).fetchall()
+    assert sorted(key.replace("\x1f", "/") for (key,) in logged) == [f"{trace}/a", f"{trace}/search"]
     _commit(conn, [make_span(3, run="run-7", agent_id="b", tool_name="fetch", tool_args={"u": 2})])
     third = conn.execute("SELECT max(seq) FROM change_log").fetchone()[0]
     assert _run_tools(conn, third) == ["run-7/b", "run-7/fetch"]
