@@ -64,13 +64,24 @@ def matrix(dimensions: dict[str, list]) -> dict[str, Shape]:
 
 
 def _canonical(frame):
-    """``frame`` with every cell as text and rows sorted: equal frames up to the order of ties."""
-    out = frame.copy()
-    for column in out.columns:
-        out[column] = [
-            repr(list(v)) if hasattr(v, "__len__") and not isinstance(v, str) else repr(v)
-            for v in out[column]
-        ]
+    """``frame`` with every cell as text and rows sorted: equal frames up to the order of ties and
+    of the column types (a findings table gives nullable integers and booleans where a
+    computation gives numpy ones, and every missing value alike)."""
+    import pandas as pd
+
+    def cell(value) -> str:
+        if hasattr(value, "__len__") and not isinstance(value, str):
+            return repr([cell(item) for item in value])
+        if (
+            value is None
+            or value is pd.NA
+            or value is pd.NaT
+            or (isinstance(value, float) and value != value)
+        ):
+            return "None"
+        return repr(value.item() if hasattr(value, "item") else value)
+
+    out = pd.DataFrame({column: [cell(v) for v in frame[column]] for column in frame.columns})
     return out.sort_values(list(out.columns)).reset_index(drop=True)
 
 
