@@ -162,8 +162,8 @@ def compare_run(
         )
     info = _run_info(conn, run_id, "run")
     service = info["service"]
-    # The verdicts of the scope the Overview shows (the window, no filter: in serve the kept
-    # worker keeps the all-time one fresh), of the crew's runs.
+    # The verdicts of the scope the Overview shows (the window, no filter: in serve the all-time
+    # one is assembled from the findings tables), of the crew's runs.
     verdicts = run_metric(
         conn, "run_summary", window, Filters(), ["run_id", "verdict", "last_seen", "agents"]
     )

@@ -30,7 +30,7 @@ from analytics.materialize import (
     ready,
     split_run_tools,
 )
-from analytics.sql_loader import quote_identifier, run_scope
+from analytics.sql_loader import quote_identifier
 from analytics.thresholds import current_threshold
 from analytics.types import Filters, Window
 
@@ -46,15 +46,14 @@ def _group_loops(
     info = current_threshold(conn, "near_duplicate_similarity")
     tasks = current_threshold(conn, "near_duplicate_task_similarity")
     if keys is None:
-        calls = loops.linked_calls(conn, Window(), Filters(), info.value)
+        calls = loops.linked_calls(conn, Window(), Filters(from_spans=True), info.value)
     else:
         whole, groups = split_run_tools(keys)
         pairs = [tuple(key.split(RUN_TOOL_SEP, 1)) for key in groups]
         runs = sorted({*whole, *(run for run, _ in pairs)})
-        with run_scope(runs=runs):  # the agent task and code output lookups: those runs only
-            calls = loops.linked_calls(
-                conn, Window(), Filters(), info.value, groups=loops.group_params(pairs, whole)
-            )
+        # those runs' spans only (each group is within one), and of them only the groups
+        scope = Filters(runs=tuple(runs))
+        calls = loops.linked_calls(conn, Window(), scope, info.value, groups=loops.group_params(pairs, whole))
     return loops.group_loops(loops.link_tasks(conn, calls, tasks.value))
 
 
@@ -65,11 +64,8 @@ def _run_loops(
     computation when that table cannot say (not built, or a group failed)."""
     state = ready(conn, GROUPS)
     if state is None or state.failed_keys:
-        detector = loops.repeated_calls
-        if runs is None:
-            return detector(conn, Window(), Filters())
-        with run_scope(runs=runs):
-            return detector(conn, Window(), Filters())
+        scope = Filters(from_spans=True) if runs is None else Filters(runs=tuple(runs))
+        return loops.repeated_calls(conn, Window(), scope)
     table = quote_identifier(TABLE_PREFIX + GROUPS)
     exists = conn.execute(
         "SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [TABLE_PREFIX + GROUPS]
@@ -86,11 +82,8 @@ def _run_loops(
             .to_arrow_table()
             .to_pandas(types_mapper=_types)
         )
-    if runs is None:
-        bounces = loops.ping_pong(conn, Window(), Filters())
-    else:
-        with run_scope(runs=runs):
-            bounces = loops.ping_pong(conn, Window(), Filters())
+    scope = Filters(from_spans=True) if runs is None else Filters(runs=tuple(runs))
+    bounces = loops.ping_pong(conn, Window(), scope)
     info = current_threshold(conn, "near_duplicate_similarity")
     return loops._with_threshold(loops.drop_bounced(found.reset_index(drop=True), bounces), info)
 

@@ -18,6 +18,7 @@ registry: a detector's ``kept`` fact names its partition, its ``version`` rebuil
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -33,9 +34,8 @@ import pandas as pd
 import pyarrow as pa
 
 from analytics.engine import is_clickhouse
-from analytics.kept import computed_in_full, in_full
 from analytics.side_effects import current_side_effect_tools
-from analytics.sql_loader import memory_cursor, quote_identifier, run_scope
+from analytics.sql_loader import memory_cursor, quote_identifier
 from analytics.types import Filters, Window, WriteFn
 from collector.changes import RUN_TOOL_KEYS_SQL
 
@@ -154,12 +154,10 @@ def detector_compute(func: Callable[[duckdb.DuckDBPyConnection, Window, Filters]
     def compute(
         conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
     ) -> pd.DataFrame:
-        with computed_in_full():
-            if keys is None:
-                return func(conn, Window(), Filters())
-            scope = {"runs": keys} if partition == "run_id" else {"origin_tasks": keys}
-            with run_scope(**scope):
-                return func(conn, Window(), Filters())
+        if keys is None:
+            return func(conn, Window(), Filters(from_spans=True))
+        scope = Filters(runs=tuple(keys)) if partition == "run_id" else Filters(origin_tasks=tuple(keys))
+        return func(conn, Window(), scope)
 
     return compute
 
@@ -313,7 +311,7 @@ def read_findings(
     caller passes ``Window()`` when it holds every stored span), or a filter other than a run
     on a run-partitioned detector."""
     item = maintained().get(name)
-    if item is None or window != Window() or in_full():
+    if item is None or window != Window() or filters.reads_spans():
         return None
     if filters.service is not None or filters.agent is not None or filters.origin_task is not None:
         return None
@@ -389,7 +387,7 @@ def read_window(
     agent, which each detector decides: the runs the agent acted or was handed a task in are
     computed with the filter (``RUN_ACTORS``), the others have no such finding."""
     item = maintained().get(name)
-    if item is None or item.partition != "run_id" or item.detector is None or in_full():
+    if item is None or item.partition != "run_id" or item.detector is None or filters.reads_spans():
         return None
     if (
         window == Window()
@@ -455,8 +453,7 @@ def read_window(
         ).to_arrow_table()
         frames.append(table.to_pandas(types_mapper=_pandas_type))
     if partial:
-        with computed_in_full(), run_scope(runs=partial):
-            frames.append(item.detector(conn, window, filters)[wanted])
+        frames.append(item.detector(conn, window, dataclasses.replace(filters, runs=tuple(partial)))[wanted])
     frames = [f for f in frames if not f.empty] or frames[:1]
     if not frames:
         frame = pd.DataFrame({column: pd.Series(dtype=object) for column in wanted})

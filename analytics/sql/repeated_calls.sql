@@ -37,20 +37,21 @@
 -- within their first n - ceil(t * n) + 1) drop most neighbour pairs before the exact Jaccard.
 -- A 64-bit hash collision of two group keys (~n^2/2^64) could only merge two groups;
 -- analytics.loops splits a loop by key (a collision of two (run, tool) keys in the internal
--- $loop_runs/$loop_tools limit could only add a group to the ones recomputed).
-WITH RECURSIVE group_scope AS (  -- internal ($loop_runs set: serve's materializer recomputing the
-                                -- (run, tool) groups a commit changed): those groups' key hashes
+-- $group_runs/$group_tools limit could only add a group to the ones computed).
+-- Internal ($loop_runs set: serve's materializer recomputing the (run, tool) groups a commit
+-- changed, analytics.loops_live): every call source is limited to the ($group_runs[i],
+-- $group_tools[i]) groups and every group of $loop_whole_runs before any call is formed; a group
+-- is wholly in or out, so its loops are the ones the full statement finds. (The pairs are lists,
+-- empty when unset: ClickHouse cannot bind a NULL array.)
+WITH RECURSIVE group_scope AS (
     SELECT hash(r, t) AS rt
-    FROM (SELECT unnest($loop_runs::VARCHAR[]) AS r, unnest($loop_tools::VARCHAR[]) AS t)
-    UNION ALL
-    SELECT hash(r, t)
-    FROM (SELECT unnest($loop_tail_runs::VARCHAR[]) AS r, unnest($loop_tail_tools::VARCHAR[]) AS t)
+    FROM (SELECT unnest($group_runs::VARCHAR[]) AS r, unnest($group_tools::VARCHAR[]) AS t)
 ),
 tool_calls AS NOT MATERIALIZED (
     SELECT TraceId, SpanId, run_id, coalesce(agent_id, '') AS agent, tool_name, Timestamp, start_ns,
            coalesce(tool_args, '') AS args,
            coalesce(outcome IN ('error', 'rejected') OR StatusCode = 'Error', false) AS failing,
-           coalesce(outcome = 'rejected', false) AS rejected, 'tool' AS source, true AS own_args
+           coalesce(outcome = 'rejected', false) AS rejected, 'tool' AS source
     FROM spans
     WHERE {span_filter} AND tool_name IS NOT NULL AND run_id IS NOT NULL
       AND coalesce(op, '') NOT IN ('delegate', 'objective')
@@ -60,7 +61,6 @@ tool_calls AS NOT MATERIALIZED (
       -- own span); a refused check is a refused call
       AND NOT (coalesce(guard, '') = 'execution_guard' AND coalesce(outcome, 'ok') <> 'rejected')
       AND ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
-      -- (each source limited to the groups asked for, before any call is formed)
       AND ($loop_runs::VARCHAR[] IS NULL OR run_id = ANY($loop_whole_runs::VARCHAR[])
            OR hash(run_id, tool_name) IN (SELECT rt FROM group_scope))
 ),
@@ -78,10 +78,7 @@ delegations AS NOT MATERIALIZED (
     SELECT TraceId, SpanId, run_id, agent_id AS agent, delegate_to AS tool_name, Timestamp, start_ns,
            coalesce(d.goal_text, t.task, d.tool_args, d.input_text, '') AS args,
            coalesce(outcome IN ('error', 'rejected') OR StatusCode = 'Error', false) AS failing,
-           coalesce(outcome = 'rejected', false) AS rejected, 'delegation' AS source,
-           -- its arguments come from its own span alone (else from $agent_tasks, which other
-           -- spans of the run decide: analytics.loops keeps only groups whose calls all own theirs)
-           (d.goal_text IS NOT NULL OR d.input_text IS NULL) AS own_args
+           coalesce(outcome = 'rejected', false) AS rejected, 'delegation' AS source
     FROM handoffs d LEFT JOIN agent_tasks t ON t.input_text = d.input_text
     WHERE ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
       AND ($loop_runs::VARCHAR[] IS NULL OR d.run_id = ANY($loop_whole_runs::VARCHAR[])
@@ -118,7 +115,7 @@ entries AS (  -- each agent span's entry (topmost span of its chain) and the ent
 invocations AS NOT MATERIALIZED (  -- one per entry: its first agent span with a task
     SELECT a.TraceId, a.SpanId, a.run_id, coalesce(p.agent_id, '') AS agent, a.invoked AS tool_name,
            a.Timestamp, a.start_ns, a.task AS args, coalesce(a.StatusCode = 'Error', false) AS failing,
-           false AS rejected, 'agent' AS source, false AS own_args
+           false AS rejected, 'agent' AS source
     FROM agent_spans a
     JOIN entries e ON e.TraceId = a.TraceId AND e.origin = a.SpanId
     LEFT JOIN lineage p ON p.TraceId = a.TraceId AND p.SpanId = e.entry_parent
@@ -142,7 +139,7 @@ run_tools AS (  -- the tools a run's agents have: every tool name of its tool sp
 ),
 code_calls AS NOT MATERIALIZED (
     SELECT s.TraceId, s.SpanId, s.run_id, coalesce(s.agent_id, '') AS agent, f.tool_name, s.Timestamp,
-           s.start_ns, f.args, false AS failing, false AS rejected, 'code' AS source, true AS own_args
+           s.start_ns, f.args, false AS failing, false AS rejected, 'code' AS source
     FROM spans s JOIN code_found f ON f.output_text = s.output_text
     WHERE {span_filter} AND s.span_family = 'llm' AND s.run_id IS NOT NULL
       AND ($agent::VARCHAR IS NULL OR s.agent_id = $agent::VARCHAR)
@@ -155,48 +152,23 @@ code_calls AS NOT MATERIALIZED (
       AND hash(s.run_id, f.tool_name) NOT IN (SELECT hash(run_id, tool_name) FROM invocations)
 ),
 calls AS MATERIALIZED (  -- with its group key's hash. Read twice (keys, candidates): inlined,
-                        -- DuckDB scanned and joined every call of the runs twice (for a kept
-                        -- group's tail read after a batch, most of the statement's cost)
+                        -- DuckDB scanned and joined every call of the runs twice
     SELECT *, hash(run_id, agent, tool_name) AS h
     FROM (SELECT * FROM tool_calls
           UNION ALL SELECT * FROM delegations
           UNION ALL SELECT * FROM invocations
           UNION ALL SELECT * FROM code_calls)
 ),
-keys AS (  -- (run, agent, tool) groups with enough calls for a loop; their calls' count and a
-           -- sum of a hash of their span ids (analytics.loops' kept groups check their members)
-    SELECT h, count(*) AS group_calls,
-           sum(hash(SpanId) // 4294967296)::BIGINT AS group_sum  -- the top 32 bits (ClickHouse has no >>)
+keys AS (  -- (run, agent, tool) groups with enough calls for a loop
+    SELECT h
     FROM calls
     GROUP BY h
     HAVING count(*) >= $min_calls
 ),
-tails AS (  -- internal (analytics.loops' kept groups): (run, agent, tool) groups read from a cut on
-           -- (start_ns, SpanId); the other groups of their (run, tool) groups whole
-    SELECT hash(r, a, t) AS h, hash(r, t) AS rt, ns, sid
-    FROM (SELECT unnest($loop_tail_runs::VARCHAR[]) AS r, unnest($loop_tail_agents::VARCHAR[]) AS a,
-                 unnest($loop_tail_tools::VARCHAR[]) AS t, unnest($loop_tail_ns::BIGINT[]) AS ns,
-                 unnest($loop_tail_spans::VARCHAR[]) AS sid)
-),
 candidates AS MATERIALIZED (
-    SELECT row_number() OVER () AS call_idx, *
-    FROM (SELECT c.*, k.group_calls, k.group_sum
-          FROM calls c
-          JOIN keys k ON k.h = c.h
-          LEFT JOIN tails ON tails.h = c.h
-          -- internal (analytics.loops.update_repeated_calls): only the (run, tool) groups new spans
-          -- may have changed, or every group of $loop_whole_runs, and of the groups kept there
-          -- ($loop_tail_*) only their calls from the cut on
-          -- (one `($loop_runs IS NULL OR ...)` group: dropped whole when unset, as ClickHouse
-          -- cannot bind a NULL array)
-          WHERE ($loop_runs::VARCHAR[] IS NULL
-                 OR c.run_id = ANY($loop_whole_runs::VARCHAR[])
-                 OR hash(c.run_id, c.tool_name) IN (SELECT hash(r, t)
-                                                    FROM (SELECT unnest($loop_runs::VARCHAR[]) AS r,
-                                                                 unnest($loop_tools::VARCHAR[]) AS t))
-                 OR (hash(c.run_id, c.tool_name) IN (SELECT rt FROM tails)
-                     AND (tails.h IS NULL OR c.start_ns > tails.ns
-                          OR (c.start_ns = tails.ns AND c.SpanId >= tails.sid)))))
+    SELECT row_number() OVER () AS call_idx, c.*
+    FROM calls c
+    JOIN keys k ON k.h = c.h
 ),
 words AS MATERIALIZED (  -- per distinct argument string: its signature (the argument words, lower case,
             -- sorted: whitespace/case/key order free) and its similarity tokens
@@ -338,11 +310,9 @@ linked AS (
 )
 SELECT c.call_idx, c.TraceId, c.SpanId, c.run_id, c.agent, c.tool_name, c.Timestamp, c.start_ns,
        c.failing, c.rejected, c.source, c.args, w.norm_args, coalesce(l.linked, []::BIGINT[]) AS linked,
-       l.min_similarity, c.group_calls, c.group_sum, (hash(c.SpanId) // 4294967296)::BIGINT AS span_hash,
-       c.own_args
+       l.min_similarity
 FROM candidates c
 JOIN words w USING (args)
 LEFT JOIN linked l USING (call_idx)
--- internal ($all_calls, analytics.loops' kept groups): every candidate call, linked or not
-WHERE $all_calls::BOOLEAN OR l.call_idx IS NOT NULL OR c.source IN ('agent', 'delegation')
+WHERE l.call_idx IS NOT NULL OR c.source IN ('agent', 'delegation')
 

@@ -187,7 +187,7 @@ def show_run(ctx: ui.PageContext, run: str) -> None:
         st.info(f"No spans stored for run {run!r}. It may be outside the data this source holds.")
         return
     # The run's own findings, as its report lists them (a run filter: a run-partitioned detector
-    # answers it from the whole store's kept or stored rows of that run).
+    # answers it from its findings table's rows of that run).
     found = ui.load_findings(replace(ctx, filters=replace(ctx.filters, run=run)))
     findings = found.findings(run=run) if found is not None else []
     findings = [findings[i] for i in order_by_run_and_severity(findings)]
