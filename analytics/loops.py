@@ -51,6 +51,10 @@ NEIGHBOUR_WINDOW = 4
 # for a second round is normal too.
 MIN_PING_PONG_DELEGATIONS = 4
 MIN_PING_PONG_INFERRED = 6
+# A tool call whose arguments were not captured is matched on its error text, else on its result
+# when that has this many distinct words: "ok", "sent" or {"status": "success"} are what different
+# successful calls all return (repeated_calls.sql's header).
+MIN_OUTPUT_WORDS = 5
 
 
 def component_labels(calls: pd.DataFrame) -> np.ndarray:
@@ -102,18 +106,41 @@ def loop_rows(calls: pd.DataFrame, labels: np.ndarray, min_repeats: int = MIN_RE
             "tool_name": grouped["tool_name"].first(),
             "call_type": grouped["source"].first(),
             "kind": np.where(grouped["norm_args"].nunique() == 1, "exact", "near_duplicate"),
+            "matched_on": _matched_on(grouped),
             "failing": grouped["failing"].all(),
             "calls": grouped.size(),
             "failed": (grouped["failing"].sum() - grouped["rejected"].sum()).astype(int),
             "refused": grouped["rejected"].sum().astype(int),
             "distinct_arguments": grouped["norm_args"].nunique(),
             "min_similarity": grouped["min_similarity"].min().astype(float),
-            "signature": grouped["norm_args"].first(),
+            "signature": _signature(grouped),
             "first_seen": grouped["Timestamp"].min(),
             "last_seen": grouped["Timestamp"].max(),
         }
     )
     return out.sort_values(["first_seen", "run_id", "tool_name"]).reset_index(drop=True)
+
+
+def _matched_on(grouped) -> np.ndarray:
+    """What a loop's calls matched on: 'arguments' (one normalized signature), 'similar
+    arguments', or, for calls whose arguments were not captured, 'error' or 'output' (identical
+    text only). A loop's calls share one basis (repeated_calls.sql links only within a basis); the
+    kept groups' members (analytics.loop_groups) carry none: they are all matched on arguments."""
+    exact = np.where(grouped["norm_args"].nunique() == 1, "arguments", "similar arguments")
+    if "basis" not in grouped.obj.columns:
+        return exact
+    basis = grouped["basis"].first().to_numpy(dtype=object)
+    return np.where(basis == "arguments", exact, basis)
+
+
+def _signature(grouped) -> pd.Series:
+    """The normalized arguments of a loop's first call; its error or output text as recorded
+    (200 characters at most) for a loop matched on those."""
+    signature = grouped["norm_args"].first()
+    if "basis" not in grouped.obj.columns:
+        return signature
+    text = grouped["args"].first().str.slice(0, 200)
+    return signature.where(grouped["basis"].first() == "arguments", text)
 
 
 # Member span ids are Arrow lists (a pandas ArrowDtype column), not Python lists: a stored result
@@ -143,13 +170,13 @@ def _member_lists(loops: np.ndarray, span_ids: pd.Series) -> pd.Series:
 
 
 _LOOP_COLUMNS = [
-    "trace_id", "span_ids", "run_id", "agent", "tool_name", "call_type", "kind", "failing", "calls",
-    "failed", "refused", "distinct_arguments", "min_similarity", "signature", "first_seen", "last_seen",
+    "trace_id", "span_ids", "run_id", "agent", "tool_name", "call_type", "kind", "matched_on", "failing",
+    "calls", "failed", "refused", "distinct_arguments", "min_similarity", "signature", "first_seen", "last_seen",
 ]  # fmt: skip
 # The types a full computation gives each column (loop_rows when no call repeats returns them).
 _EMPTY_LOOP_TYPES = {
     "trace_id": "str", "span_ids": pd.ArrowDtype(pa.list_(pa.string())), "run_id": "str", "agent": "str",
-    "tool_name": "str", "call_type": "str", "kind": "str", "failing": "bool", "calls": "int64",
+    "tool_name": "str", "call_type": "str", "kind": "str", "matched_on": "str", "failing": "bool", "calls": "int64",
     "failed": "int64", "refused": "int64", "distinct_arguments": "int64", "min_similarity": "float64",
     "signature": "str", "first_seen": "datetime64[us]", "last_seen": "datetime64[us]",
 }  # fmt: skip
@@ -190,6 +217,7 @@ def linked_calls(
         similarity=similarity,
         neighbours=neighbour_window,
         min_calls=min_calls,
+        min_output_words=MIN_OUTPUT_WORDS,
         agent_inputs=inputs,
         agent_tasks=[_task_of(text) for text in inputs],
         code_outputs=[output for output, _, _ in found],
@@ -615,6 +643,11 @@ def _extended_rows(
     rows["kind"] = pd.array(
         np.where(rows["distinct_arguments"] == 1, "exact", "near_duplicate"), dtype=rows["kind"].dtype
     )
+    # kept groups are matched on arguments only (repeated_calls.sql: own_args)
+    rows["matched_on"] = pd.array(
+        np.where(rows["distinct_arguments"] == 1, "arguments", "similar arguments"),
+        dtype=rows["matched_on"].dtype,
+    )
     rows["first_seen"] = np.minimum(
         rows["first_seen"].to_numpy(), np.asarray(first, dtype=rows["first_seen"].dtype)
     )
@@ -817,7 +850,8 @@ def drop_bounced(loops: pd.DataFrame, bounces: pd.DataFrame) -> pd.DataFrame:
 @register(
     "repeated_calls",
     description="Loops of repeated calls (tool calls, delegations, agent invocations, code actions): "
-    "identical or re-worded arguments, whatever their outcome.",
+    "identical or re-worded arguments, whatever their outcome; calls whose arguments were not captured: "
+    "identical errors or outputs.",
     columns={
         **EVIDENCE,
         "agent": "agent that repeated the call (for agent invocations: the caller, None at the top)",
@@ -825,6 +859,9 @@ def drop_bounced(loops: pd.DataFrame, bounces: pd.DataFrame) -> pd.DataFrame:
         "call_type": "'tool' (tool span), 'delegation' (driftscope delegate span), 'agent' (agent span "
         "invoked with a task) or 'code' (a call in a code block of an LLM output)",
         "kind": "'exact' (one normalized signature) or 'near_duplicate' (similar arguments)",
+        "matched_on": "what the calls matched on: 'arguments' (identical normalized arguments), 'similar "
+        "arguments', or, for tool calls whose arguments were not captured, 'error' (the same error "
+        "text: error.type and status message) or 'output' (the same result of 5+ distinct words)",
         "failing": "True when every call in the loop failed (error, rejected or status Error)",
         "calls": "number of calls in the loop (executed and refused)",
         "failed": "executed calls of the loop that failed (error or status Error)",
@@ -834,7 +871,8 @@ def drop_bounced(loops: pd.DataFrame, bounces: pd.DataFrame) -> pd.DataFrame:
         "argument words, stop words dropped; for delegations and agent invocations the task similarity: "
         "embedding cosine x share of numbers and names both task statements name; 1 for identical "
         "arguments), 0..1",
-        "signature": "normalized arguments of the first call: its argument words, lower case, sorted",
+        "signature": "normalized arguments of the first call: its argument words, lower case, sorted "
+        "(matched on an error or output: that text, 200 characters at most)",
         **TIMES,
         **THRESHOLD,
     },
@@ -845,7 +883,7 @@ def drop_bounced(loops: pd.DataFrame, bounces: pd.DataFrame) -> pd.DataFrame:
     findings=True,
     needs=(
         "tool calls (`gen_ai.tool.name`, or the span name) one agent repeats with the same or near-"
-        "same arguments within a run"
+        "same arguments within a run (without arguments: the same error or result)"
     ),
     counted=True,
     failing=True,
@@ -853,6 +891,7 @@ def drop_bounced(loops: pd.DataFrame, bounces: pd.DataFrame) -> pd.DataFrame:
     page="loops",
     kept="run_id",
     order=[("first_seen", False), ("run_id", False), ("tool_name", False)],  # fmt: skip
+    version=2,  # 2: matched_on; calls without arguments matched on errors/outputs
 )
 def repeated_calls(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Exact and re-worded repeated calls, each loop reported once with its members.
