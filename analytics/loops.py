@@ -18,7 +18,7 @@ import pyarrow as pa
 
 import analytics.loop_groups as loop_groups
 from analytics._evidence import EVIDENCE, THRESHOLD, TIMES
-from analytics.code_actions import code_calls
+from analytics.code_actions import code_calls, declared_tool_names
 from analytics.data_version import Scope, Version
 from analytics.embeddings import embed_texts
 from analytics.kept import kept_result, kept_version, merge_rows, refines, stats
@@ -209,6 +209,7 @@ def linked_calls(
     inputs = run_sql(conn, "loop_agent_inputs", window, filters, min_calls=min_calls)["input_text"].tolist()
     outputs = run_sql(conn, "loop_code_outputs", window, filters)["output_text"].tolist()
     found = [(output, name, args) for output in outputs for name, args in _code_calls_of(output)]
+    declared = _declared_tools(conn, window, filters) if found else set()
     return run_sql(
         conn,
         "repeated_calls",
@@ -223,8 +224,25 @@ def linked_calls(
         code_outputs=[output for output, _, _ in found],
         code_tools=[name for _, name, _ in found],
         code_args=[args for _, _, args in found],
+        declared_runs=[run for run, _, _ in declared],
+        declared_agents=[agent for _, agent, _ in declared],
+        declared_tools=[tool for _, _, tool in declared],
         **(_group_limit.get() or _NO_LIMIT),
     )
+
+
+def _declared_tools(
+    conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters
+) -> set[tuple[str, str, str]]:
+    """(run, agent, tool) of every tool an agent declares (loop_declared_tools.sql) in the runs
+    whose LLM outputs hold code."""
+    rows = run_sql(conn, "loop_declared_tools", window, filters)
+    return {
+        (run, agent, name)
+        for run, agent, values in zip(rows["run_id"], rows["agent"], rows["declared"], strict=True)
+        for value in values
+        for name in declared_tool_names(value)
+    }
 
 
 # Internal (update_repeated_calls): while set, repeated_calls computes only these (run, tool)

@@ -17,8 +17,10 @@
 --   * a code action: a call `name(...)` in a ```py / <code> block of an LLM output, for agents
 --     that act through code, as Python's parser finds it (analytics.code_actions: never prose,
 --     escaped text, builtins or names the code binds itself; bound as $code_outputs / $code_tools
---     / $code_args), only of a tool the run has (a tool name of its tool spans), only for
---     (run, agent, name) without tool spans of their own, and never a name of an invoked agent.
+--     / $code_args), only of a tool the agent has: one of its declared tool list where it declares
+--     one (analytics/sql/loop_declared_tools.sql, bound as $declared_runs / $declared_agents /
+--     $declared_tools), else a tool name of the run's tool spans; only for (run, agent, name)
+--     without tool spans of their own, and never a name of an invoked agent.
 -- A call whose arguments were not captured (a tool span without tool_args, a hand-off without
 -- task, arguments or input) never matches another on its (empty) arguments: invisible arguments
 -- are not equal arguments. A tool call without arguments is matched on what it did show instead
@@ -150,6 +152,10 @@ code_found AS (  -- the calls in code blocks of LLM outputs, parsed in Python (a
     SELECT unnest($code_outputs::VARCHAR[]) AS output_text, unnest($code_tools::VARCHAR[]) AS tool_name,
            unnest($code_args::VARCHAR[]) AS args
 ),
+declared AS (  -- the tools agents declare (loop_declared_tools.sql, names read in Python)
+    SELECT unnest($declared_runs::VARCHAR[]) AS run_id, unnest($declared_agents::VARCHAR[]) AS agent,
+           unnest($declared_tools::VARCHAR[]) AS tool_name
+),
 run_tools AS (  -- the tools a run's agents have: every tool name of its tool spans
     SELECT DISTINCT run_id, tool_name
     FROM spans
@@ -163,8 +169,12 @@ code_calls AS NOT MATERIALIZED (
     FROM spans s JOIN code_found f ON f.output_text = s.output_text
     WHERE {span_filter} AND s.span_family = 'llm' AND s.run_id IS NOT NULL
       AND ($agent::VARCHAR IS NULL OR s.agent_id = $agent::VARCHAR)
-      -- only a tool the run has; where the agent's own tool spans record it, they are the calls
-      AND hash(s.run_id, f.tool_name) IN (SELECT hash(run_id, tool_name) FROM run_tools)
+      -- only a tool the agent has: its declared tools, else (it declares none) the run's tool
+      -- spans' tools; where the agent's own tool spans record it, they are the calls
+      AND (hash(s.run_id, coalesce(s.agent_id, ''), f.tool_name) IN (SELECT hash(run_id, agent, tool_name)
+                                                                     FROM declared)
+           OR (hash(s.run_id, coalesce(s.agent_id, '')) NOT IN (SELECT hash(run_id, agent) FROM declared)
+               AND hash(s.run_id, f.tool_name) IN (SELECT hash(run_id, tool_name) FROM run_tools)))
       AND hash(s.run_id, coalesce(s.agent_id, ''), f.tool_name)
           NOT IN (SELECT hash(run_id, agent, tool_name) FROM tool_calls)
       AND hash(s.run_id, f.tool_name) NOT IN (SELECT hash(run_id, tool_name) FROM invocations)

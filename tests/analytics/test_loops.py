@@ -237,6 +237,36 @@ def test_code_actions_are_calls_of_tools_the_run_has_where_the_agent_has_no_tool
     assert list(loops["call_type"]) == ["tool"] and loops.loc[0, "calls"] == 3
 
 
+def test_code_actions_count_only_tools_the_agent_declares():
+    queries = ["EU revenue 2024", "revenue of the EU in 2024", "What was the EU revenue in 2024?"]
+
+    def run_with(declaration: dict, on_agent_span: bool, helper_tool: bool):
+        conn = new_db()
+        rows = [make_span(i, agent_id="coder", span_family="llm", output_text=_code_output(q),
+                          attrs={} if on_agent_span else declaration) for i, q in enumerate(queries)]  # fmt: skip
+        if on_agent_span:
+            rows.append(make_span(0, agent_id="coder", span_family="agent", attrs=declaration))
+        if helper_tool:  # another agent of the run has web_search
+            rows.append(make_span(9, agent_id="helper", tool_name="web_search", tool_args={"query": "x"}))
+        insert_spans(conn, rows)
+        return run_metric(conn, "repeated_calls")
+
+    # smolagents' CodeAgent (OpenInference): its tools on its agent span, not web_search: the code
+    # calling web_search is no call of a tool the coder has, though the run has one
+    loops = run_with({"smolagents.tools_names": '["send_report", "final_answer"]'}, True, True)
+    assert loops.empty
+    # declared, with no tool span in the run at all: a loop of code actions
+    loops = run_with({"smolagents.tools_names": '["web_search", "final_answer"]'}, True, False)
+    assert list(loops["call_type"]) == ["code"] and loops.loc[0, "calls"] == 3
+    # OpenTelemetry GenAI definitions and OpenInference llm.tools on the model calls
+    definitions = json.dumps([{"type": "function", "name": "web_search", "description": "Search."}])
+    loops = run_with({"gen_ai.tool.definitions": definitions}, False, False)
+    assert list(loops["tool_name"]) == ["web_search"]
+    schema = json.dumps({"type": "function", "function": {"name": "web_search", "parameters": {}}})
+    loops = run_with({"llm.tools.0.tool.json_schema": schema}, False, False)
+    assert list(loops["tool_name"]) == ["web_search"]
+
+
 def test_code_actions_as_real_models_write_them_are_no_loop_of_prose_escapes_or_builtins():
     # GAIA-like outputs: escaped newlines before parentheses, prose in the code, builtins,
     # keywords and a class the code constructs, each repeated over five steps
