@@ -62,16 +62,21 @@ WITH RECURSIVE tool_calls AS NOT MATERIALIZED (
            CASE WHEN tool_args IS NOT NULL THEN 'arguments' WHEN error_text <> '' THEN 'error'
                 ELSE 'output' END AS basis
     FROM (
-        SELECT *, CASE WHEN tool_args IS NOT NULL OR NOT failing THEN ''
-                       WHEN error_type <> '' AND error_message <> '' THEN error_type || ': ' || error_message
+        SELECT *, CASE WHEN error_type <> '' AND error_message <> '' THEN error_type || ': ' || error_message
                        ELSE error_type || error_message END AS error_text
         FROM (
             SELECT TraceId, SpanId, run_id, coalesce(agent_id, '') AS agent, tool_name, Timestamp, start_ns,
                    tool_args, tool_result,
                    coalesce(outcome IN ('error', 'rejected') OR StatusCode = 'Error', false) AS failing,
                    coalesce(outcome = 'rejected', false) AS rejected,
-                   coalesce(list_filter(SpanAttributes, lambda a: a.key = 'error.type')[1].value, '') AS error_type,
-                   coalesce(nullif(StatusMessage, ''), reject_reason, '') AS error_message
+                   -- the error text only of failing calls without arguments (the attribute list is
+                   -- read for those alone)
+                   CASE WHEN tool_args IS NULL AND (outcome IN ('error', 'rejected') OR StatusCode = 'Error')
+                        THEN coalesce(list_filter(SpanAttributes, lambda a: a.key = 'error.type')[1].value, '')
+                        ELSE '' END AS error_type,
+                   CASE WHEN tool_args IS NULL AND (outcome IN ('error', 'rejected') OR StatusCode = 'Error')
+                        THEN coalesce(nullif(StatusMessage, ''), reject_reason, '')
+                        ELSE '' END AS error_message
             FROM spans
             WHERE {span_filter} AND tool_name IS NOT NULL AND run_id IS NOT NULL
               AND coalesce(op, '') NOT IN ('delegate', 'objective')
