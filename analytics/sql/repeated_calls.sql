@@ -24,7 +24,8 @@
 -- A call whose arguments were not captured (a tool span without tool_args, a hand-off without
 -- task, arguments or input) never matches another on its (empty) arguments: invisible arguments
 -- are not equal arguments. A tool call without arguments is matched on what it did show instead
--- (its `basis`; every other call's basis is 'arguments'), and only on identical text:
+-- (its `basis`; every other call's basis is 'arguments'), and only on the same text
+-- (normalized as arguments are: case, white space and word order free; never on similarity):
 --   * 'error': a failing call (outcome error/rejected or status Error) with an error text: its
 --     `error.type` attribute and status message (or reject reason), e.g. "TimeoutError: search
 --     backend timed out" (Microsoft Agent Framework's default records only error.type): the same
