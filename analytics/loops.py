@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 
 from analytics._evidence import EVIDENCE, THRESHOLD, TIMES
-from analytics.code_actions import code_calls
+from analytics.code_actions import code_calls, declared_tool_names
 from analytics.embeddings import embed_texts
 from analytics.loop_similarity import task_similarity
 from analytics.registry import register
@@ -42,6 +42,10 @@ NEIGHBOUR_WINDOW = 4
 # for a second round is normal too.
 MIN_PING_PONG_DELEGATIONS = 4
 MIN_PING_PONG_INFERRED = 6
+# A tool call whose arguments were not captured is matched on its error text, else on its result
+# when that has this many distinct words: "ok", "sent" or {"status": "success"} are what different
+# successful calls all return (repeated_calls.sql's header).
+MIN_OUTPUT_WORDS = 5
 
 
 def connected_components(n: int, left: np.ndarray, right: np.ndarray) -> np.ndarray:
@@ -111,18 +115,40 @@ def loop_rows(calls: pd.DataFrame, labels: np.ndarray, min_repeats: int = MIN_RE
             "tool_name": grouped["tool_name"].first(),
             "call_type": grouped["source"].first(),
             "kind": np.where(grouped["norm_args"].nunique() == 1, "exact", "near_duplicate"),
+            "matched_on": _matched_on(grouped),
             "failing": grouped["failing"].all(),
             "calls": grouped.size(),
             "failed": (grouped["failing"].sum() - grouped["rejected"].sum()).astype(int),
             "refused": grouped["rejected"].sum().astype(int),
             "distinct_arguments": grouped["norm_args"].nunique(),
             "min_similarity": grouped["min_similarity"].min().astype(float),
-            "signature": grouped["norm_args"].first(),
+            "signature": _signature(grouped),
             "first_seen": grouped["Timestamp"].min(),
             "last_seen": grouped["Timestamp"].max(),
         }
     )
     return out.sort_values(["first_seen", "run_id", "tool_name"]).reset_index(drop=True)
+
+
+def _matched_on(grouped) -> np.ndarray:
+    """What a loop's calls matched on: 'arguments' (one normalized signature), 'similar
+    arguments', or, for calls whose arguments were not captured, 'error' or 'output' (identical
+    text only). A loop's calls share one basis (repeated_calls.sql links only within a basis)."""
+    exact = np.where(grouped["norm_args"].nunique() == 1, "arguments", "similar arguments")
+    if "basis" not in grouped.obj.columns:
+        return exact
+    basis = grouped["basis"].first().to_numpy(dtype=object)
+    return np.where(basis == "arguments", exact, basis)
+
+
+def _signature(grouped) -> pd.Series:
+    """The normalized arguments of a loop's first call; its error or output text as recorded
+    (200 characters at most) for a loop matched on those."""
+    signature = grouped["norm_args"].first()
+    if "basis" not in grouped.obj.columns:
+        return signature
+    text = grouped["args"].first().str.slice(0, 200)
+    return signature.where(grouped["basis"].first() == "arguments", text)
 
 
 # Member span ids are Arrow lists (a pandas ArrowDtype column), not Python lists, as a findings
@@ -149,7 +175,7 @@ def _member_lists(loops: np.ndarray, span_ids: pd.Series) -> pd.Series:
 # The types a full computation gives each column (loop_rows when no call repeats returns them).
 _EMPTY_LOOP_TYPES = {
     "trace_id": "str", "span_ids": pd.ArrowDtype(pa.list_(pa.string())), "run_id": "str", "agent": "str",
-    "tool_name": "str", "call_type": "str", "kind": "str", "failing": "bool", "calls": "int64",
+    "tool_name": "str", "call_type": "str", "kind": "str", "matched_on": "str", "failing": "bool", "calls": "int64",
     "failed": "int64", "refused": "int64", "distinct_arguments": "int64", "min_similarity": "float64",
     "signature": "str", "first_seen": "datetime64[us]", "last_seen": "datetime64[us]",
 }  # fmt: skip
@@ -184,6 +210,7 @@ def linked_calls(
     inputs = run_sql(conn, "loop_agent_inputs", window, filters, min_calls=min_calls)["input_text"].tolist()
     outputs = run_sql(conn, "loop_code_outputs", window, filters)["output_text"].tolist()
     found = [(output, name, args) for output in outputs for name, args in _code_calls_of(output)]
+    declared = _declared_tools(conn, window, filters) if found else set()
     return run_sql(
         conn,
         "repeated_calls",
@@ -192,11 +219,15 @@ def linked_calls(
         similarity=similarity,
         neighbours=neighbour_window,
         min_calls=min_calls,
+        min_output_words=MIN_OUTPUT_WORDS,
         agent_inputs=inputs,
         agent_tasks=[_task_of(text) for text in inputs],
         code_outputs=[output for output, _, _ in found],
         code_tools=[name for _, name, _ in found],
         code_args=[args for _, _, args in found],
+        declared_runs=[run for run, _, _ in declared],
+        declared_agents=[agent for _, agent, _ in declared],
+        declared_tools=[tool for _, _, tool in declared],
         **(groups or _ALL_GROUPS),
     )
 
@@ -213,6 +244,20 @@ def group_params(pairs: list[tuple[str, str]], whole_runs: list[str]) -> dict:
         "group_runs": [run for run, _ in ordered],
         "group_tools": [tool for _, tool in ordered],
         "loop_whole_runs": sorted(set(whole_runs)),
+    }
+
+
+def _declared_tools(
+    conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters
+) -> set[tuple[str, str, str]]:
+    """(run, agent, tool) of every tool an agent declares (loop_declared_tools.sql) in the runs
+    whose LLM outputs hold code."""
+    rows = run_sql(conn, "loop_declared_tools", window, filters)
+    return {
+        (run, agent, name)
+        for run, agent, values in zip(rows["run_id"], rows["agent"], rows["declared"], strict=True)
+        for value in values
+        for name in declared_tool_names(value)
     }
 
 
@@ -353,7 +398,8 @@ def drop_bounced(loops: pd.DataFrame, bounces: pd.DataFrame) -> pd.DataFrame:
 @register(
     "repeated_calls",
     description="Loops of repeated calls (tool calls, delegations, agent invocations, code actions): "
-    "identical or re-worded arguments, whatever their outcome.",
+    "identical or re-worded arguments, whatever their outcome; calls whose arguments were not captured: "
+    "identical errors or outputs.",
     columns={
         **EVIDENCE,
         "agent": "agent that repeated the call (for agent invocations: the caller, None at the top)",
@@ -361,6 +407,9 @@ def drop_bounced(loops: pd.DataFrame, bounces: pd.DataFrame) -> pd.DataFrame:
         "call_type": "'tool' (tool span), 'delegation' (driftscope delegate span), 'agent' (agent span "
         "invoked with a task) or 'code' (a call in a code block of an LLM output)",
         "kind": "'exact' (one normalized signature) or 'near_duplicate' (similar arguments)",
+        "matched_on": "what the calls matched on: 'arguments' (identical normalized arguments), 'similar "
+        "arguments', or, for tool calls whose arguments were not captured, 'error' (the same error "
+        "text: error.type and status message) or 'output' (the same result of 5+ distinct words)",
         "failing": "True when every call in the loop failed (error, rejected or status Error)",
         "calls": "number of calls in the loop (executed and refused)",
         "failed": "executed calls of the loop that failed (error or status Error)",
@@ -370,7 +419,8 @@ def drop_bounced(loops: pd.DataFrame, bounces: pd.DataFrame) -> pd.DataFrame:
         "argument words, stop words dropped; for delegations and agent invocations the task similarity: "
         "embedding cosine x share of numbers and names both task statements name; 1 for identical "
         "arguments), 0..1",
-        "signature": "normalized arguments of the first call: its argument words, lower case, sorted",
+        "signature": "normalized arguments of the first call: its argument words, lower case, sorted "
+        "(matched on an error or output: that text, 200 characters at most)",
         **TIMES,
         **THRESHOLD,
     },
@@ -381,7 +431,7 @@ def drop_bounced(loops: pd.DataFrame, bounces: pd.DataFrame) -> pd.DataFrame:
     findings=True,
     needs=(
         "tool calls (`gen_ai.tool.name`, or the span name) one agent repeats with the same or near-"
-        "same arguments within a run"
+        "same arguments within a run (without arguments: the same error or result)"
     ),
     counted=True,
     failing=True,
@@ -389,6 +439,7 @@ def drop_bounced(loops: pd.DataFrame, bounces: pd.DataFrame) -> pd.DataFrame:
     page="loops",
     kept="run_id",
     order=[("first_seen", False), ("run_id", False), ("tool_name", False)],  # fmt: skip
+    version=2,  # 2: matched_on; calls without arguments matched on errors/outputs
 )
 def repeated_calls(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Exact and re-worded repeated calls, each loop reported once with its members.

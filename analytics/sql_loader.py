@@ -4,7 +4,8 @@ A detector file may contain the placeholder ``{filtered_spans}``; it is replaced
 fragment ``_filtered_spans.sql`` (every column of the spans passing the window/service/run/
 origin-task filter), so every detector filters the same way. ``{span_filter}`` expands to that
 filter's WHERE condition alone (``_span_filter.sql``), for detectors that select only the columns
-they need; ``{constraint_cells}`` and ``{held_versions}`` expand their fragments likewise.
+they need; ``{constraint_cells}``, ``{held_versions}`` and ``{declared_tool_key}`` (the attributes
+that declare an agent's tool list) expand their fragments likewise.
 
 Values never enter SQL text: they are bound as DuckDB named parameters (``$since``, ``$agent``,
 ...), and only the parameters a statement mentions are passed. Optional filters are written as
@@ -70,11 +71,13 @@ def expand_fragments(text: str) -> str:
         "span_filter",
         "run_scope",
         "compare_step_columns",
+        "declared_tool_key",
     ):
         placeholder = "{" + fragment + "}"
         if placeholder in text:
             body = _read("_" + fragment)
-            if fragment in ("span_filter", "run_scope"):  # a condition: parenthesised, on its own lines
+            # a condition: parenthesised, on its own lines
+            if fragment in ("span_filter", "run_scope", "declared_tool_key"):
                 body = "(\n" + body.strip() + "\n)"
             text = text.replace(placeholder, body)
     return text

@@ -408,3 +408,29 @@ def test_ping_pong_bounces_of_both_shapes_equal_duckdb(chdb_store):
     assert set(want["via"].isna()) == {True, False}  # direct bounces and bounces through a manager
     assert _rows(got) == _rows(want)
     duck.close()
+
+
+def _captured(run_set: str) -> list[tuple[bytes, str]]:
+    """The requests a framework's own exporter sent (sample_traces/frameworks), as received."""
+    from corpus.dump import read_requests
+
+    payloads = []
+    for record in read_requests(SAMPLES / "frameworks" / run_set / "otlp.jsonl"):
+        body = record["body"]
+        if record.get("content_encoding") == "gzip":
+            body = __import__("gzip").decompress(body)
+        payloads.append((body, PROTOBUF))
+    return payloads
+
+
+def test_loops_on_errors_and_declared_tool_lists_equal_duckdb(chdb_store):
+    # Agent Framework's default: calls without arguments matched on error.type; smolagents: a
+    # CodeAgent's code actions against the tool lists its agents declare (smolagents.tools_names)
+    store = _on_database(chdb_store, "frameworks")
+    duck = _load_both(store, _captured("agent-framework") + _captured("smolagents"))
+    with kept.computed_in_full():
+        want = registry.run_metric(duck, "repeated_calls")
+    got = registry.run_metric(store, "repeated_calls")
+    assert "error" in set(want["matched_on"])
+    assert _rows(got) == _rows(want)
+    duck.close()
