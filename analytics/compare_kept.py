@@ -18,7 +18,7 @@ The three are computed from ``compare_span_steps``, a row of step columns per sp
 materializer folds each commit's new and changed spans into (``compare_span_steps.sql``): a
 span's JSON arguments and attributes are read once, when it arrives, not each time its run is
 touched again; a run's three rows are then group-bys over its narrow step rows
-(``compare_from_steps.sql``), or over its spans when that table is not built.
+(``_compare_from_steps.sql``), or over its spans when that table is not built.
 
 ``baseline_table`` reads the baseline from those tables when all are built
 (``materialize.ready``; ``compare_baseline_kept.sql``) and from the spans otherwise
@@ -67,7 +67,7 @@ def _from_steps(
     """Table ``name``'s rows of the runs ``keys`` from the per-span steps the materializer keeps
     (from the spans when that table is not built). The materializer brings this table up to date
     only after the steps table reached the same change (``depends``)."""
-    sql = expand_fragments(_read("compare_from_steps").replace("{part}", "{" + name + "_of}"))
+    sql = expand_fragments(_read("_compare_from_steps").replace("{part}", "{" + name + "_of}"))
     from_spans = _rows(name)
 
     def compute(
