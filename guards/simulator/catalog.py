@@ -20,9 +20,10 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from guards.embedding import Embedder, SentenceTransformerEmbedder
 from guards.simulator.otlp_json import spans_to_otlp_json, write_otlp_json
 from guards.simulator.runtime import FakeClock, SimRun
+from guards.simulator.scenarios_context import context_drift
 from guards.simulator.scenarios_delegation import constraint_drop, goal_drift, ping_pong
 from guards.simulator.scenarios_execution import healthy, recursion_loop, step_budget
-from guards.simulator.scenarios_state import context_drift, duplicate_side_effect, split_brain
+from guards.simulator.scenarios_state import duplicate_side_effect, split_brain
 
 logger = logging.getLogger(__name__)
 
