@@ -82,6 +82,13 @@ class SpanChanges:
 
 # Passes that recomputed something between two prunes of the consumed change log.
 PRUNE_EVERY = 20
+# Ingest first: while the writer spends more than INGEST_BUSY of its time committing spans (a
+# burst at the store's capacity), the materializer waits between results (INGEST_POLL_S at a
+# time) instead of taking the cores ingest needs, but never more than INGEST_MAX_DEFER_S in one
+# pass: under sustained saturation the findings still move, only later (the lag says so).
+INGEST_BUSY = 0.5
+INGEST_POLL_S = 0.25
+INGEST_MAX_DEFER_S = 10.0
 
 Compute = Callable[[duckdb.DuckDBPyConnection, str | None, list[str] | None], pd.DataFrame]
 
@@ -690,12 +697,14 @@ def bring_up_to_date(
     write: WriteFn,
     names: list[str] | None = None,
     whole_due: Callable[[str], bool] | None = None,
+    between: Callable[[], None] | None = None,
 ) -> PassReport:
     """One pass: bring every maintained result (of ``names``) up to the newest logged change.
 
     ``read`` is a connection (cursor) of this process for the computations; every write goes
     through ``write`` (the single writer). ``whole_due(name)`` says whether a result kept whole
-    may be recomputed now (serve limits how often); None: always."""
+    may be recomputed now (serve limits how often); None: always. ``between()`` is called before
+    each result (serve's materializer yields to ingest there)."""
     report = PassReport(recomputed={}, failed={})
     if not _has_change_log(read):
         return report
@@ -722,6 +731,8 @@ def bring_up_to_date(
             continue
         if any(first not in current for first in item.depends):
             continue  # what it reads is behind: next pass
+        if between is not None:
+            between()
         full = not fresh or _rebuild_logged(read, state.seq, target)
         try:
             if item.partition is None:
@@ -836,7 +847,11 @@ class Materializer(threading.Thread):
     span commits like any other write."""
 
     def __init__(
-        self, cursor: Callable[[], duckdb.DuckDBPyConnection], write: WriteFn, interval: float = 0.5
+        self,
+        cursor: Callable[[], duckdb.DuckDBPyConnection],
+        write: WriteFn,
+        interval: float = 0.5,
+        ingest_seconds: Callable[[], float] | None = None,
     ):
         super().__init__(name="driftscope-materializer", daemon=True)
         self._cursor = cursor
@@ -850,6 +865,11 @@ class Materializer(threading.Thread):
         self.last_pass_seconds = 0.0
         self._whole_at: dict[str, float] = {}
         self._since_prune = 0
+        # the writer's cumulative seconds committing spans (``SpanWriter.span_commit_seconds``)
+        self._ingest_seconds = ingest_seconds
+        self._ingest_sample: tuple[float, float] | None = None
+        self._deferred = 0.0  # seconds this pass waited for ingest
+        self.deferred_seconds = 0.0  # in all passes (health)
 
     def notify(self) -> None:
         """New spans were committed (serve's on_commit)."""
@@ -862,9 +882,35 @@ class Materializer(threading.Thread):
         self._whole_at[name] = now
         return True
 
+    def _ingest_busy(self) -> float:
+        """The share of the time since the last sample the writer spent committing spans."""
+        now, busy = time.monotonic(), self._ingest_seconds()
+        last, self._ingest_sample = self._ingest_sample, (now, busy)
+        if last is None or now - last[0] <= 0:
+            return 0.0
+        return (busy - last[1]) / (now - last[0])
+
+    def _yield_to_ingest(self) -> None:
+        """Before each result: while ingest kept the writer busy since the previous one (a
+        burst), wait, up to ``INGEST_MAX_DEFER_S`` a pass."""
+        if self._ingest_seconds is None:
+            return
+        busy = self._ingest_busy()
+        while busy >= INGEST_BUSY and self._deferred < INGEST_MAX_DEFER_S:
+            if self._stop_event.wait(INGEST_POLL_S):
+                return
+            self._deferred += INGEST_POLL_S
+            self.deferred_seconds += INGEST_POLL_S
+            busy = self._ingest_busy()
+
     def run_once(self, cursor: duckdb.DuckDBPyConnection) -> PassReport:
         started = time.perf_counter()
-        report = bring_up_to_date(cursor, self._write, whole_due=self._whole_due)
+        self._deferred = 0.0
+        if self._ingest_seconds is not None:
+            self._ingest_busy()  # the first result's sample starts here
+        report = bring_up_to_date(
+            cursor, self._write, whole_due=self._whole_due, between=self._yield_to_ingest
+        )
         if report.recomputed:
             self._since_prune += 1
         if self._since_prune >= PRUNE_EVERY:  # idle, it writes nothing at all
