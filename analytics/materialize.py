@@ -82,11 +82,13 @@ class SpanChanges:
 
 # Passes that recomputed something between two prunes of the consumed change log.
 PRUNE_EVERY = 20
-# Ingest first: while the writer spends more than INGEST_BUSY of its time committing spans (a
-# burst at the store's capacity), the materializer waits between results (INGEST_POLL_S at a
-# time) instead of taking the cores ingest needs, but never more than INGEST_MAX_DEFER_S in one
-# pass: under sustained saturation the findings still move, only later (the lag says so).
-INGEST_BUSY = 0.5
+# Ingest first: while INGEST_BACKLOG or more requests wait for the writer (a burst at the store's
+# capacity: senders pacing below it find the queue empty almost always), the materializer waits
+# between results (INGEST_POLL_S at a time) instead of taking the cores ingest needs, but never
+# more than INGEST_MAX_DEFER_S in one pass: under sustained saturation the findings still move,
+# only later (the lag says so). The writer's busy share does not tell the two apart: it was
+# over 0.5 both in a 200k-span burst and at 2,000 spans/s into 1M stored spans.
+INGEST_BACKLOG = 2
 INGEST_POLL_S = 0.25
 INGEST_MAX_DEFER_S = 10.0
 
@@ -851,7 +853,7 @@ class Materializer(threading.Thread):
         cursor: Callable[[], duckdb.DuckDBPyConnection],
         write: WriteFn,
         interval: float = 0.5,
-        ingest_seconds: Callable[[], float] | None = None,
+        ingest_backlog: Callable[[], int] | None = None,
     ):
         super().__init__(name="driftscope-materializer", daemon=True)
         self._cursor = cursor
@@ -865,9 +867,8 @@ class Materializer(threading.Thread):
         self.last_pass_seconds = 0.0
         self._whole_at: dict[str, float] = {}
         self._since_prune = 0
-        # the writer's cumulative seconds committing spans (``SpanWriter.span_commit_seconds``)
-        self._ingest_seconds = ingest_seconds
-        self._ingest_sample: tuple[float, float] | None = None
+        # requests waiting for the writer (``len(IngestQueue)``)
+        self._ingest_backlog = ingest_backlog
         self._deferred = 0.0  # seconds this pass waited for ingest
         self.deferred_seconds = 0.0  # in all passes (health)
 
@@ -882,32 +883,20 @@ class Materializer(threading.Thread):
         self._whole_at[name] = now
         return True
 
-    def _ingest_busy(self) -> float:
-        """The share of the time since the last sample the writer spent committing spans."""
-        now, busy = time.monotonic(), self._ingest_seconds()
-        last, self._ingest_sample = self._ingest_sample, (now, busy)
-        if last is None or now - last[0] <= 0:
-            return 0.0
-        return (busy - last[1]) / (now - last[0])
-
     def _yield_to_ingest(self) -> None:
-        """Before each result: while ingest kept the writer busy since the previous one (a
-        burst), wait, up to ``INGEST_MAX_DEFER_S`` a pass."""
-        if self._ingest_seconds is None:
+        """Before each result: while requests queue for the writer (a burst), wait, up to
+        ``INGEST_MAX_DEFER_S`` a pass."""
+        if self._ingest_backlog is None:
             return
-        busy = self._ingest_busy()
-        while busy >= INGEST_BUSY and self._deferred < INGEST_MAX_DEFER_S:
+        while self._ingest_backlog() >= INGEST_BACKLOG and self._deferred < INGEST_MAX_DEFER_S:
             if self._stop_event.wait(INGEST_POLL_S):
                 return
             self._deferred += INGEST_POLL_S
             self.deferred_seconds += INGEST_POLL_S
-            busy = self._ingest_busy()
 
     def run_once(self, cursor: duckdb.DuckDBPyConnection) -> PassReport:
         started = time.perf_counter()
         self._deferred = 0.0
-        if self._ingest_seconds is not None:
-            self._ingest_busy()  # the first result's sample starts here
         report = bring_up_to_date(
             cursor, self._write, whole_due=self._whole_due, between=self._yield_to_ingest
         )

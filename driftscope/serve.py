@@ -202,9 +202,7 @@ def build_service(config: ServeConfig) -> Service:
         worker = _start_embedding_worker(conn, writer.execute_write_fn)
     # Every maintained detector's findings table brought up to date from the change log the
     # writer keeps, through the writer; reads are SELECTs over them (analytics.materialize).
-    materializer = Materializer(
-        conn.cursor, writer.execute_write_fn, ingest_seconds=lambda: writer.span_commit_seconds
-    )
+    materializer = Materializer(conn.cursor, writer.execute_write_fn, ingest_backlog=lambda: len(queue))
     materializer.start()
     alerting = start_alerting(config, alert_rules, conn.cursor, writer.execute_write_fn)
     retention = None
