@@ -6,7 +6,18 @@ state, constraints, goals, context, loops and budgets, then the tables built on 
 """
 
 # isort: off
-from analytics import state, constraints, goals, context, loops, progress, runaway, summary, compare_kept  # noqa: F401  (registers)
+from analytics import (  # noqa: F401  (registers)
+    state,
+    constraints,
+    goals,
+    context,
+    loops,
+    loops_live,
+    progress,
+    runaway,
+    summary,
+    compare_kept,
+)
 
 # isort: on
 from analytics.registry import METRICS, Metric, list_metrics, register, run_metric

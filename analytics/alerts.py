@@ -1,8 +1,8 @@
 """Alert evaluation: rules over detector findings, and the state of every alert in the store.
 
 ``evaluate`` reads: each rule's detector runs over a fixed window (``since`` the evaluator's
-anchor), so ``analytics.kept`` brings the kept result up to date with only the runs new spans
-touched; the finding rows are filtered (rule filters, run pattern, the rule's time ``window``),
+anchor; ``registry.run_metric``: from the findings tables, plus the runs that window cuts
+computed alone); the finding rows are filtered (rule filters, run pattern, the rule's time ``window``),
 grouped (by run, or by agent for rejection rates) and compared with the threshold. Against the
 alert episodes stored in ``alerts`` that gives the changes: a group over its threshold starts a
 ``pending`` episode, firing once it stayed over for the rule's ``for``; a group back under it
@@ -352,8 +352,8 @@ def evaluate(
 ) -> Evaluation:
     """Evaluate every rule on ``conn`` (read only) and plan the state changes.
 
-    ``since`` bounds the spans the detectors read (a fixed anchor keeps their results kept and
-    brought up to date incrementally); a rule whose detector fails is reported in ``errors`` and
+    ``since`` bounds the spans the detectors read (``registry.run_metric``: the runs it holds
+    whole read from the findings tables, the runs it cuts computed); a rule whose detector fails is reported in ``errors`` and
     its alerts are left as they are. ``state`` is where the alert tables are when they are not
     in ``conn``'s database (``serve --store``: the detectors read ClickHouse, the episodes live
     in a DuckDB file beside the serve). ``turn``, when given, is held around each rule's reads

@@ -11,7 +11,7 @@ from __future__ import annotations
 import duckdb
 import pandas as pd
 
-from analytics.engine import fetch_rows, is_clickhouse
+from analytics.engine import is_clickhouse
 from analytics.sql_loader import filter_params, load_sql, query_df
 from analytics.types import Filters, Window
 
@@ -81,12 +81,6 @@ def evidence_spans(conn: duckdb.DuckDBPyConnection, keys: pd.DataFrame) -> pd.Da
         return conn.execute(load_sql("evidence_spans")).df()
     finally:
         conn.unregister("_evidence_keys")
-
-
-def data_version(conn: duckdb.DuckDBPyConnection) -> str:
-    """Changes whenever spans are added: span count and newest ``ingested_at`` (metadata-cheap)."""
-    ((count, newest),) = fetch_rows(conn, "SELECT count(*), max(ingested_at) FROM spans")
-    return f"{count}:{newest}"
 
 
 def run_spans(

@@ -5,8 +5,9 @@ fenced block of its model output. Real outputs mix that code with prose, escaped
 builtins, keywords and classes the code defines itself, so a call is only what Python's own
 parser (``ast``) finds in a block that parses: ``name(...)`` where ``name`` is a plain name the
 code does not bind itself (no ``def``/``class``/assignment/import/loop target of that name) and
-not a Python builtin. Whether the name is a tool the agent has is decided against the run's tool
-spans (analytics/sql/repeated_calls.sql), not here.
+not a Python builtin. Whether the name is a tool the agent has is decided against its declared
+tool list (``declared_tool_names`` reads one), else the run's tool spans
+(analytics/sql/repeated_calls.sql), not here.
 """
 
 from __future__ import annotations
@@ -108,3 +109,22 @@ def code_calls(output: str) -> list[tuple[str, str]]:
         calls.sort(key=lambda node: (node.lineno, node.col_offset))
         found.extend((node.func.id, _arguments(node, block)) for node in calls)
     return found
+
+
+def declared_tool_names(value: str) -> list[str]:
+    """The tool names in one declared tool list attribute (analytics/sql/_declared_tool_key.sql):
+    a JSON list of names (``["web_search", "final_answer"]``) or of definitions (``{"name": ...}``
+    or ``{"type": "function", "function": {"name": ...}}``), or one definition. Anything else
+    declares nothing."""
+    try:
+        found = json.loads(value) if isinstance(value, str) else None
+    except ValueError:
+        return []
+    names = []
+    for item in found if isinstance(found, list) else [found]:
+        if isinstance(item, dict):
+            function = item.get("function")
+            item = function.get("name") if isinstance(function, dict) else item.get("name")
+        if isinstance(item, str) and item:
+            names.append(item)
+    return names

@@ -162,8 +162,8 @@ def compare_run(
         )
     info = _run_info(conn, run_id, "run")
     service = info["service"]
-    # The verdicts of the scope the Overview shows (the window, no filter: in serve the kept
-    # worker keeps the all-time one fresh), of the crew's runs.
+    # The verdicts of the scope the Overview shows (the window, no filter: in serve the all-time
+    # one is assembled from the findings tables), of the crew's runs.
     verdicts = run_metric(
         conn, "run_summary", window, Filters(), ["run_id", "verdict", "last_seen", "agents"]
     )
@@ -242,8 +242,8 @@ def baseline_parts(conn: duckdb.DuckDBPyConnection, runs: list[str]) -> dict[str
 
 def departure(own: pd.DataFrame, base: dict[str, Any]) -> dict[str, Any]:
     """The first point of departure of a run's steps (``compare_steps.sql`` rows) from the
-    baseline runs (``baseline_parts``) and the closest baseline run: the one that covers the
-    run furthest, of those the nearest in length."""
+    baseline runs (``baseline_parts``) and the closest baseline run: of those that cover the
+    run furthest, the one most like it (``compare_logic.closest_run``)."""
     run_ids = base["run_ids"]
     named = base["named"]
     named_hashes = [int(h) for h in named["step"]]
@@ -261,7 +261,12 @@ def departure(own: pd.DataFrame, base: dict[str, Any]) -> dict[str, Any]:
     weights = np.asarray(base["weights"], dtype=np.int64)
     furthest = stop_pos.max() if len(stop_pos) else logic.NO_DEPARTURE
     best = np.flatnonzero(stop_pos == furthest)
-    closest = run_ids[int(best[np.argmin(np.abs(lengths[best] - len(own)))])]
+    subject_index: dict[tuple, int] = {}
+    subject_of = np.array(
+        [subject_index.setdefault(tuple(getattr(labels[h], f) for f in logic.SUBJECT_FIELDS), len(subject_index)) for h in hashes],
+        dtype=np.int64,
+    )  # fmt: skip
+    closest = run_ids[logic.closest_run(blocks, best, subject_of, own_codes, lengths, len(own))]
     if furthest == logic.NO_DEPARTURE or own.empty:
         return {"departure": None, "closest_run": closest}
     row = own.iloc[int(furthest)]

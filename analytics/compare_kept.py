@@ -14,6 +14,12 @@ run instead, each table partitioned by ``run_id``:
   durations, hops, delegation targets, argument shapes and lengths, tokens, cost
   (``compare_subjects.sql``).
 
+The three are computed from ``compare_span_steps``, a row of step columns per span that the
+materializer folds each commit's new and changed spans into (``compare_span_steps.sql``): a
+span's JSON arguments and attributes are read once, when it arrives, not each time its run is
+touched again; a run's three rows are then group-bys over its narrow step rows
+(``_compare_from_steps.sql``), or over its spans when that table is not built.
+
 ``baseline_table`` reads the baseline from those tables when all are built
 (``materialize.ready``; ``compare_baseline_kept.sql``) and from the spans otherwise
 (``compare_baseline.sql``, the same per-run fragments): the same rows either way
@@ -30,14 +36,15 @@ import pandas as pd
 import pyarrow as pa
 
 import analytics.materialize as materialize
-from analytics.materialize import PARTS, Maintained, maintain
-from analytics.sql_loader import load_sql, query_arrow, run_sql
+from analytics.materialize import PARTS, Maintained, SpanChanges, maintain
+from analytics.sql_loader import _read, expand_fragments, load_sql, query_arrow, query_df, run_sql
 from analytics.types import Filters, Window
 
 SEQUENCES = "compare_sequences"
 RUN_STEPS = "compare_run_steps"
 SUBJECTS = "compare_subjects"
 TABLES = (SEQUENCES, RUN_STEPS, SUBJECTS)
+SPAN_STEPS = "compare_span_steps"
 _ORDER = {
     SEQUENCES: (("run_id", False),),
     RUN_STEPS: (("run_id", False), ("step", False)),
@@ -54,9 +61,39 @@ def _rows(name: str) -> Callable[[duckdb.DuckDBPyConnection, str | None, list[st
     return compute
 
 
+def _from_steps(
+    name: str,
+) -> Callable[[duckdb.DuckDBPyConnection, str | None, list[str] | None], pd.DataFrame]:
+    """Table ``name``'s rows of the runs ``keys`` from the per-span steps the materializer keeps
+    (from the spans when that table is not built). The materializer brings this table up to date
+    only after the steps table reached the same change (``depends``)."""
+    sql = expand_fragments(_read("_compare_from_steps").replace("{part}", "{" + name + "_of}"))
+    from_spans = _rows(name)
+
+    def compute(
+        conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
+    ) -> pd.DataFrame:
+        if materialize.ready(conn, SPAN_STEPS) is None:
+            return from_spans(conn, partition, keys)
+        return query_df(conn, sql, {"runs": keys})
+
+    return compute
+
+
+def _span_steps(
+    conn: duckdb.DuckDBPyConnection, partition: str | None, changes: SpanChanges | None
+) -> pd.DataFrame:
+    """Step columns of every span (``changes`` None) or of the spans committed in ``changes``."""
+    bounds = (
+        {"after": None, "upto": None} if changes is None else {"after": changes.after, "upto": changes.upto}
+    )
+    return query_df(conn, load_sql(SPAN_STEPS), bounds)
+
+
+maintain(Maintained(SPAN_STEPS, "span", _span_steps, (("TraceId", False), ("SpanId", False)), "1"))
 for _name in TABLES:
-    maintain(Maintained(_name, "run_id", _rows(_name), _ORDER[_name], "1"))
-PARTS.update(TABLES)
+    maintain(Maintained(_name, "run_id", _from_steps(_name), _ORDER[_name], "1", depends=(SPAN_STEPS,)))
+PARTS.update((*TABLES, SPAN_STEPS))
 
 
 def per_run_rows(conn: duckdb.DuckDBPyConnection, name: str, runs: list[str] | None = None) -> pd.DataFrame:

@@ -103,6 +103,35 @@ def departures(target: Blocks, baseline: Blocks, baseline_runs: int) -> tuple[np
     return stop_pos, stop_block
 
 
+def closest_run(
+    baseline: Blocks,
+    candidates: np.ndarray,
+    subject_of: np.ndarray,
+    target_codes: np.ndarray,
+    lengths: np.ndarray,
+    target_length: int,
+) -> int:
+    """Of the baseline runs ``candidates`` (those that cover the target furthest), the one to show
+    beside it: the one whose subjects (agent, operation, tool: ``subject_of`` a step code's) are
+    most like the target's (Jaccard of the two sets, so a run doing other things besides is
+    further), then the nearest in length (``lengths``, in steps), then the first."""
+    candidates = np.asarray(candidates, dtype=np.int64)
+    runs = len(lengths)
+    subjects = int(subject_of.max()) + 1 if len(subject_of) else 1
+    chosen = np.zeros(runs, dtype=bool)
+    chosen[candidates] = True
+    rows = chosen[baseline.run]
+    pairs = np.unique(baseline.run[rows] * subjects + subject_of[baseline.code[rows]])
+    run_of, subject = pairs // subjects, pairs % subjects
+    mine = np.zeros(subjects, dtype=bool)
+    mine[subject_of[target_codes]] = True
+    shared = np.bincount(run_of[mine[subject]], minlength=runs)
+    union = np.bincount(run_of, minlength=runs) + int(mine.sum()) - shared
+    likeness = shared / np.maximum(union, 1)
+    distance = np.abs(np.asarray(lengths, dtype=np.int64)[candidates] - target_length)
+    return int(candidates[np.lexsort((distance, -likeness[candidates]))[0]])
+
+
 def expected_steps(
     baseline: Blocks,
     runs: np.ndarray,

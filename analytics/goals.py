@@ -29,14 +29,12 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from analytics._evidence import EVIDENCE, THRESHOLD, TIMES
 from analytics.embeddings import BATCH_SIZE, MODEL_NAME, embed_counting, text_hash
 from analytics.engine import is_clickhouse
-from analytics.kept import given_parts, keeps_parts
 from analytics.registry import register
-from analytics.sql_loader import filter_params, load_sql, query_arrow, query_df, query_tables
+from analytics.sql_loader import filter_params, load_sql, query_df
 from analytics.tasks import EXTRACTION_VERSION, extract_task
 from analytics.thresholds import current_threshold
 from analytics.types import Filters, Window, WriteFn
@@ -311,17 +309,12 @@ def goal_run_stats(
     window: Window,
     filters: Filters,
     threshold: float,
-    runs: list[str] | None = None,
-    runs_since: datetime | None = None,
 ) -> pd.DataFrame:
     """Per run (index ``run_id``): ``drifted_subtasks`` (subtasks whose divergence, rounded to
     4 decimals, is above ``threshold``) and ``worst_divergence`` (the highest divergence of its
     subtasks, rounded). Runs without a scored subtask are absent. Computed in SQL, no row per
-    subtask; pairs without a stored score are scored first. ``runs`` limits it to those runs
-    (``runs_since``: no span of theirs starts earlier)."""
-    frame = _scored_query(
-        conn, "goal_run_stats", window, filters, threshold=threshold, runs=runs, runs_since=runs_since
-    )
+    subtask; pairs without a stored score are scored first."""
+    frame = _scored_query(conn, "goal_run_stats", window, filters, threshold=threshold)
     frame = frame[frame["run_id"].notna()]
     return frame.set_index("run_id")[["drifted_subtasks", "worst_divergence"]]
 
@@ -427,45 +420,10 @@ def goal_divergence_distribution(
     """Subtask counts per (hop, divergence): the goal-drift chart and the divergence histogram
     without a row per subtask. Its ``subtasks`` summed over ``drifted`` rows equal the rows of
     ``goal_divergence``."""
-    parts = given_parts("goal_divergence_distribution")  # after a batch: counts per run
-    if parts is None:
-        frame = _scored_query(
-            conn, "goal_divergence_distribution", window, filters, max_chains=MAX_CHART_CHAINS
-        )
-    else:
-        frame = query_tables("_goal_divergence_spread", {"parts": parts}, {"max_chains": MAX_CHART_CHAINS})
-        frame = frame.drop(columns="pending")
+    frame = _scored_query(conn, "goal_divergence_distribution", window, filters, max_chains=MAX_CHART_CHAINS)
     frame = frame[frame["subtasks"].notna()].reset_index(drop=True)
     frame["subtasks"] = frame["subtasks"].astype("int64")
     frame["chains"] = frame["chains"].astype("int64")
     frame, threshold = _with_threshold(conn, frame)
     frame["drifted"] = frame["divergence"].to_numpy(dtype=np.float64) > threshold
     return frame
-
-
-def _distribution_parts(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pa.Table:
-    """Per run, chain, hop, divergence and subtask statement: how many subtasks
-    (``goal_divergence_distribution_runs.sql``); pairs without a stored score are scored first."""
-    ensure_scores_table(conn)
-    params = filter_params(window, filters)
-    params.update(ingested_after=None, scorer=SCORER)
-    sql = load_sql("goal_divergence_distribution_runs")
-    table = query_arrow(conn, sql, params)
-    if table.num_rows and table.column("pending")[0].as_py() > 0:
-        score_raw_pairs(conn, _goal_query(conn, "goal_pending", window, filters, pending_limit=None))
-        table = query_arrow(conn, sql, params)
-    return table.filter(pc.is_valid(table.column("subtasks"))).drop_columns(["pending"])
-
-
-# At 1M spans of 10-call runs 226,000 rows (the subtasks of 52,700 runs; a full computation
-# costs ~2 CPU-s there, summing the rows ~0.2); at 10M 2.25M rows, 376 MB as plain text, and a
-# full computation 27.6 CPU-s (14.3 s) after every batch while they were past the 1M rows kept.
-# Kept compact (text columns dictionary-encoded), up to DISTRIBUTION_PART_BYTES.
-DISTRIBUTION_PART_ROWS = 10_000_000
-DISTRIBUTION_PART_BYTES = 384 * 2**20
-keeps_parts(
-    "goal_divergence_distribution",
-    _distribution_parts,
-    max_rows=DISTRIBUTION_PART_ROWS,
-    max_bytes=DISTRIBUTION_PART_BYTES,
-)

@@ -18,6 +18,7 @@ registry: a detector's ``kept`` fact names its partition, its ``version`` rebuil
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -33,10 +34,10 @@ import pandas as pd
 import pyarrow as pa
 
 from analytics.engine import is_clickhouse
-from analytics.kept import computed_in_full, in_full
 from analytics.side_effects import current_side_effect_tools
-from analytics.sql_loader import memory_cursor, quote_identifier, run_scope
+from analytics.sql_loader import memory_cursor, quote_identifier
 from analytics.types import Filters, Window, WriteFn
+from collector.changes import RUN_TOOL_KEYS_SQL
 
 logger = logging.getLogger(__name__)
 
@@ -54,9 +55,42 @@ MANY_SHARE = 0.5
 UNSCOPED_MAX_SPANS = 2_000_000
 # A detector whose answer depends on every run is recomputed at most this often under ingest.
 WHOLE_INTERVAL_S = 5.0
-PARTITIONS = ("run_id", "origin_task_id")
+PARTITIONS = ("run_id", "origin_task_id", "run_tool", "span")
+# A 'run_tool' key (collector.changes): "<run>\x1f<tool>" names one (run, tool) group of a
+# result with run_id and tool_name columns; "<run>\x1f*" every group of the run.
+RUN_TOOL_SEP = "\x1f"
+RUN_TOOL_COLUMNS = ("run_id", "tool_name")
+# A 'span' result holds a row per span (TraceId, SpanId): per-span state a pass folds the spans
+# of ``span_changes`` into (SpanChanges) instead of reading every span of a touched run.
+
+
+@dataclass(frozen=True)
+class SpanChanges:
+    """The spans committed (stored, changed or deleted) after change ``after`` up to ``upto``,
+    as a 'span' result's ``compute`` is given them: its rows for those of them still stored."""
+
+    after: int
+    upto: int
+
+    def sql(self) -> str:
+        """A relation of their (TraceId, SpanId), bound with ``params``."""
+        return "(SELECT DISTINCT TraceId, SpanId FROM span_changes WHERE seq > $after AND seq <= $upto)"
+
+    def params(self) -> dict[str, int]:
+        return {"after": self.after, "upto": self.upto}
+
+
 # Passes that recomputed something between two prunes of the consumed change log.
 PRUNE_EVERY = 20
+# Ingest first: while INGEST_BACKLOG or more requests wait for the writer (a burst at the store's
+# capacity: senders pacing below it find the queue empty almost always), the materializer waits
+# between results (INGEST_POLL_S at a time) instead of taking the cores ingest needs, but never
+# more than INGEST_MAX_DEFER_S in one pass: under sustained saturation the findings still move,
+# only later (the lag says so). The writer's busy share does not tell the two apart: it was
+# over 0.5 both in a 200k-span burst and at 2,000 spans/s into 1M stored spans.
+INGEST_BACKLOG = 2
+INGEST_POLL_S = 0.25
+INGEST_MAX_DEFER_S = 10.0
 
 Compute = Callable[[duckdb.DuckDBPyConnection, str | None, list[str] | None], pd.DataFrame]
 
@@ -68,7 +102,9 @@ class Maintained:
     ``partition``: the column its rows are partitioned by (None: recomputed whole); ``compute``:
     ``(conn, partition, keys)`` -> its rows for those partitions (all when ``keys`` is None);
     ``order``: the read order, (column, descending) pairs; ``version``: its definition's version;
-    ``detector``: the registered detector (``(conn, window, filters)``), for the runs a window cuts.
+    ``detector``: the registered detector (``(conn, window, filters)``), for the runs a window cuts;
+    ``depends``: results brought up to date before this one in a pass (its ``compute`` reads
+    their tables).
     """
 
     name: str
@@ -77,6 +113,7 @@ class Maintained:
     order: tuple[tuple[str, bool], ...]
     version: str
     detector: Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame] | None = None
+    depends: tuple[str, ...] = ()
 
     @property
     def table(self) -> str:
@@ -91,9 +128,22 @@ _items: dict[str, Maintained] = {}
 PARTS: set[str] = set()
 
 
+# How a registered detector is maintained when not by its own full computation scoped to the
+# touched partitions: name -> (compute, depends), set by the detector's module.
+_overrides: dict[str, tuple[Compute, tuple[str, ...]]] = {}
+
+
 def maintain(item: Maintained) -> None:
     """Keep ``item`` (replacing an earlier one of its name)."""
     _items[item.name] = item
+
+
+def maintain_with(name: str, compute: Compute, depends: tuple[str, ...] = ()) -> None:
+    """Maintain the detector ``name`` with ``compute`` (reading the tables of ``depends``, which
+    are brought up to date first) instead of its full computation scoped to the touched
+    partitions. Its full computation stays what reads of cut runs use and what tests hold the
+    table to."""
+    _overrides[name] = (compute, tuple(depends))
 
 
 def forget(name: str) -> None:
@@ -113,25 +163,37 @@ def detector_compute(func: Callable[[duckdb.DuckDBPyConnection, Window, Filters]
     def compute(
         conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
     ) -> pd.DataFrame:
-        with computed_in_full():
-            if keys is None:
-                return func(conn, Window(), Filters())
-            scope = {"runs": keys} if partition == "run_id" else {"origin_tasks": keys}
-            with run_scope(**scope):
-                return func(conn, Window(), Filters())
+        if keys is None:
+            return func(conn, Window(), Filters(from_spans=True))
+        scope = Filters(runs=tuple(keys)) if partition == "run_id" else Filters(origin_tasks=tuple(keys))
+        return func(conn, Window(), scope)
 
     return compute
 
 
 def maintained() -> dict[str, Maintained]:
-    """Everything the materializer keeps, by name, each version naming the settings in force."""
+    """Everything the materializer keeps, by name, each version naming the settings in force;
+    a result after every result it depends on."""
     settings = _settings_version()
-    return {
-        name: Maintained(
-            item.name, item.partition, item.compute, item.order, f"{item.version}|{settings}", item.detector
-        )
-        for name, item in _items.items()
-    }
+    out: dict[str, Maintained] = {}
+    for name, item in _items.items():
+        compute, depends = _overrides.get(name, (item.compute, item.depends))
+        out[name] = Maintained(
+            item.name, item.partition, compute, item.order, f"{item.version}|{settings}", item.detector,
+            tuple(d for d in depends if d in _items),
+        )  # fmt: skip
+    ordered: dict[str, Maintained] = {}
+
+    def place(name: str, seen: tuple[str, ...] = ()) -> None:
+        if name in ordered or name in seen:
+            return
+        for first in out[name].depends:
+            place(first, (*seen, name))
+        ordered[name] = out[name]
+
+    for name in out:
+        place(name)
+    return ordered
 
 
 # ---------------------------------------------------------------------------------------- state
@@ -258,7 +320,7 @@ def read_findings(
     caller passes ``Window()`` when it holds every stored span), or a filter other than a run
     on a run-partitioned detector."""
     item = maintained().get(name)
-    if item is None or window != Window() or in_full():
+    if item is None or window != Window() or filters.reads_spans():
         return None
     if filters.service is not None or filters.agent is not None or filters.origin_task is not None:
         return None
@@ -334,7 +396,7 @@ def read_window(
     agent, which each detector decides: the runs the agent acted or was handed a task in are
     computed with the filter (``RUN_ACTORS``), the others have no such finding."""
     item = maintained().get(name)
-    if item is None or item.partition != "run_id" or item.detector is None or in_full():
+    if item is None or item.partition != "run_id" or item.detector is None or filters.reads_spans():
         return None
     if (
         window == Window()
@@ -400,8 +462,7 @@ def read_window(
         ).to_arrow_table()
         frames.append(table.to_pandas(types_mapper=_pandas_type))
     if partial:
-        with computed_in_full(), run_scope(runs=partial):
-            frames.append(item.detector(conn, window, filters)[wanted])
+        frames.append(item.detector(conn, window, dataclasses.replace(filters, runs=tuple(partial)))[wanted])
     frames = [f for f in frames if not f.empty] or frames[:1]
     if not frames:
         frame = pd.DataFrame({column: pd.Series(dtype=object) for column in wanted})
@@ -479,7 +540,19 @@ def _write_rows(
                         "detector's version so its table is rebuilt"
                     )
                 conn.execute(f"ALTER TABLE {table} ALTER {quote_identifier(column)} TYPE {kind}")
-        if item.partition is not None:
+        if item.partition == "span":
+            conn.execute(
+                f"DELETE FROM {table} t USING {keys.sql()} c WHERE t.TraceId = c.TraceId AND t.SpanId = c.SpanId",
+                keys.params(),
+            )
+        elif item.partition == "run_tool":
+            runs, groups = split_run_tools(keys)
+            conn.execute(
+                f"DELETE FROM {table} WHERE run_id IN (SELECT unnest($runs::VARCHAR[])) "
+                "OR run_id || chr(31) || tool_name IN (SELECT unnest($groups::VARCHAR[]))",
+                {"runs": runs, "groups": groups},
+            )
+        elif item.partition is not None:
             conn.execute(
                 f"DELETE FROM {table} WHERE {quote_identifier(item.partition)} IN (SELECT unnest($keys::VARCHAR[]))",
                 {"keys": keys},
@@ -488,6 +561,21 @@ def _write_rows(
         conn.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM _findings_rows")
     finally:
         conn.unregister("_findings_rows")
+
+
+def split_run_tools(keys: list[str]) -> tuple[list[str], list[str]]:
+    """'run_tool' keys as (runs whose every group is meant, "<run>\x1f<tool>" group keys of the
+    other runs)."""
+    runs = sorted({key[: -len(RUN_TOOL_SEP) - 1] for key in keys if key.endswith(RUN_TOOL_SEP + "*")})
+    whole = set(runs)
+    groups = sorted(
+        {
+            key
+            for key in keys
+            if key.split(RUN_TOOL_SEP, 1)[0] not in whole and not key.endswith(RUN_TOOL_SEP + "*")
+        }
+    )
+    return runs, groups
 
 
 def _write_state(
@@ -532,6 +620,9 @@ class PassReport:
 
 
 def _partitions_of(conn: duckdb.DuckDBPyConnection, partition: str) -> list[str]:
+    if partition == "run_tool":  # every group of every run
+        return [row[0] + RUN_TOOL_SEP + "*" for row in conn.execute(
+            "SELECT DISTINCT run_id FROM spans WHERE run_id IS NOT NULL").fetchall()]  # fmt: skip
     column = quote_identifier(partition)
     return [
         row[0]
@@ -547,6 +638,9 @@ def _unscoped(conn: duckdb.DuckDBPyConnection, keys: list[str], partition: str, 
         totals["spans"] = conn.execute("SELECT count(*) FROM spans").fetchall()[0][0]
     if totals["spans"] > UNSCOPED_MAX_SPANS:
         return False  # chunks of partitions bound the memory of one computation
+    if partition == "run_tool":  # only every group of most runs is a computation of most of it
+        keys = [key for key in keys if key.endswith(RUN_TOOL_SEP + "*")]
+        partition = "run_id"
     if partition not in totals:
         column = quote_identifier(partition)
         totals[partition] = conn.execute(f"SELECT count(DISTINCT {column}) FROM spans").fetchall()[0][0]
@@ -554,7 +648,12 @@ def _unscoped(conn: duckdb.DuckDBPyConnection, keys: list[str], partition: str, 
 
 
 def _touched(conn: duckdb.DuckDBPyConnection, partition: str, after: int, upto: int) -> list[str]:
-    return [
+    derived: list[str] = []
+    if partition == "run_tool":  # the keys the committed spans have now (collector.changes)
+        derived = [
+            row[0] for row in conn.execute(RUN_TOOL_KEYS_SQL, {"after": after, "upto": upto}).fetchall()
+        ]
+    return derived + [
         row[0]
         for row in conn.execute(
             "SELECT DISTINCT key FROM change_partitions WHERE seq > $after AND seq <= $upto "
@@ -600,12 +699,14 @@ def bring_up_to_date(
     write: WriteFn,
     names: list[str] | None = None,
     whole_due: Callable[[str], bool] | None = None,
+    between: Callable[[], None] | None = None,
 ) -> PassReport:
     """One pass: bring every maintained result (of ``names``) up to the newest logged change.
 
     ``read`` is a connection (cursor) of this process for the computations; every write goes
     through ``write`` (the single writer). ``whole_due(name)`` says whether a result kept whole
-    may be recomputed now (serve limits how often); None: always."""
+    may be recomputed now (serve limits how often); None: always. ``between()`` is called before
+    each result (serve's materializer yields to ingest there)."""
     report = PassReport(recomputed={}, failed={})
     if not _has_change_log(read):
         return report
@@ -613,13 +714,27 @@ def bring_up_to_date(
     report.target = target
     states = read_states(read)
     totals: dict[str, int] = {}
-    for name, item in maintained().items():
+    items = maintained()
+    if names is not None:  # and what they read, first
+        wanted, names = list(names), set()
+        while wanted:
+            name = wanted.pop()
+            if name not in names:
+                names.add(name)
+                wanted += list(items[name].depends) if name in items else []
+    current: set[str] = set()  # results at ``target`` or later: what a dependent result may read
+    for name, item in items.items():
         if names is not None and name not in names:
             continue
         state = states.get(name)
         fresh = state is not None and state.version == item.version and state.seq is not None
         if fresh and state.seq >= target:
+            current.add(name)
             continue
+        if any(first not in current for first in item.depends):
+            continue  # what it reads is behind: next pass
+        if between is not None:
+            between()
         full = not fresh or _rebuild_logged(read, state.seq, target)
         try:
             if item.partition is None:
@@ -628,7 +743,20 @@ def bring_up_to_date(
                 frame = item.compute(read, None, None)
                 rows = _arrow(frame)
                 write(lambda c, i=item, r=rows: (_write_rows(c, i, r, None), _write_state(c, i, target)))
+                current.add(name)
                 report.recomputed[name] = -1
+                continue
+            if item.partition == "span":
+                span_keys = None if full else SpanChanges(state.seq, target)
+                rows = _arrow(item.compute(read, "span", span_keys))
+                write(
+                    lambda c, i=item, r=rows, k=span_keys: (
+                        _write_rows(c, i, r, k),
+                        _write_state(c, i, target),
+                    )
+                )
+                current.add(name)
+                report.recomputed[name] = -1 if full else int(target - state.seq)
                 continue
             keys = (
                 _partitions_of(read, item.partition)
@@ -639,6 +767,7 @@ def bring_up_to_date(
                 # most partitions touched: one unscoped computation replaces the table
                 rows = _arrow(item.compute(read, item.partition, None))
                 write(lambda c, i=item, r=rows: (_write_rows(c, i, r, None), _write_state(c, i, target)))
+                current.add(name)
                 report.recomputed[name] = len(keys)
                 continue
             if full:
@@ -657,6 +786,7 @@ def bring_up_to_date(
 
                 done = (target, tuple(failed), error) if last else None
                 write(functools.partial(_apply_chunk, item=item, rows=rows, keys=good, state=done))
+            current.add(name)
             report.recomputed[name] = len(keys)
             if error:
                 report.failed[name] = error
@@ -707,6 +837,7 @@ def prune_change_log(conn: duckdb.DuckDBPyConnection) -> int:
     floor = min(min(seqs), newest_change(conn) - 1)
     ((deleted,),) = conn.execute("DELETE FROM change_log WHERE seq <= ?", [floor]).fetchall()
     conn.execute("DELETE FROM change_partitions WHERE seq <= ?", [floor])
+    conn.execute("DELETE FROM span_changes WHERE seq <= ?", [floor])
     return deleted
 
 
@@ -718,7 +849,11 @@ class Materializer(threading.Thread):
     span commits like any other write."""
 
     def __init__(
-        self, cursor: Callable[[], duckdb.DuckDBPyConnection], write: WriteFn, interval: float = 0.5
+        self,
+        cursor: Callable[[], duckdb.DuckDBPyConnection],
+        write: WriteFn,
+        interval: float = 0.5,
+        ingest_backlog: Callable[[], int] | None = None,
     ):
         super().__init__(name="driftscope-materializer", daemon=True)
         self._cursor = cursor
@@ -732,6 +867,10 @@ class Materializer(threading.Thread):
         self.last_pass_seconds = 0.0
         self._whole_at: dict[str, float] = {}
         self._since_prune = 0
+        # requests waiting for the writer (``len(IngestQueue)``)
+        self._ingest_backlog = ingest_backlog
+        self._deferred = 0.0  # seconds this pass waited for ingest
+        self.deferred_seconds = 0.0  # in all passes (health)
 
     def notify(self) -> None:
         """New spans were committed (serve's on_commit)."""
@@ -744,9 +883,23 @@ class Materializer(threading.Thread):
         self._whole_at[name] = now
         return True
 
+    def _yield_to_ingest(self) -> None:
+        """Before each result: while requests queue for the writer (a burst), wait, up to
+        ``INGEST_MAX_DEFER_S`` a pass."""
+        if self._ingest_backlog is None:
+            return
+        while self._ingest_backlog() >= INGEST_BACKLOG and self._deferred < INGEST_MAX_DEFER_S:
+            if self._stop_event.wait(INGEST_POLL_S):
+                return
+            self._deferred += INGEST_POLL_S
+            self.deferred_seconds += INGEST_POLL_S
+
     def run_once(self, cursor: duckdb.DuckDBPyConnection) -> PassReport:
         started = time.perf_counter()
-        report = bring_up_to_date(cursor, self._write, whole_due=self._whole_due)
+        self._deferred = 0.0
+        report = bring_up_to_date(
+            cursor, self._write, whole_due=self._whole_due, between=self._yield_to_ingest
+        )
         if report.recomputed:
             self._since_prune += 1
         if self._since_prune >= PRUNE_EVERY:  # idle, it writes nothing at all

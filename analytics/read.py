@@ -16,7 +16,8 @@ import pandas as pd
 import pyarrow as pa
 
 from analytics import alerts as alert_state
-from analytics import browse, compare, kept_store, materialize, registry, search, thresholds
+from analytics import browse, compare, materialize, registry, search, thresholds
+from analytics.engine import fetch_rows
 from analytics.registry import Metric
 from analytics.types import Filters, Window
 
@@ -107,10 +108,28 @@ def findings_freshness(conn: duckdb.DuckDBPyConnection, frame: pd.DataFrame, nam
 
 
 def arrow_table(frame: pd.DataFrame) -> pa.Table:
-    """``frame`` (an answer of this interface) as an Arrow table for the read API's Arrow answer.
-    A column of Arrow lists (``repeated_calls``' member span ids, ``pd.ArrowDtype``) reads back
-    with a plain ``to_pandas``, as a column of Python lists does (``kept_store.arrow_table``)."""
-    return kept_store.arrow_table(frame)
+    """``frame`` (an answer of this interface) as an Arrow table for the read API's Arrow answer,
+    which any pandas reader reads back with a plain ``to_pandas``.
+
+    A column of Arrow lists (``pd.ArrowDtype``, e.g. ``repeated_calls``' member span ids) is
+    described in pandas' metadata by a type name pandas cannot parse back
+    (``list<item: string>[pyarrow]``: ``to_pandas`` raises); it is described as a column of
+    objects instead, which is what a column of Python lists gives, so a client (the dashboard's
+    HTTP source, another version's) reads either as before."""
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    arrow = {
+        str(column)
+        for column, dtype in frame.dtypes.items()
+        if isinstance(dtype, pd.ArrowDtype)
+        and (pa.types.is_list(dtype.pyarrow_dtype) or pa.types.is_large_list(dtype.pyarrow_dtype))
+    }
+    metadata = table.schema.pandas_metadata
+    if not arrow or metadata is None:
+        return table
+    for column in metadata.get("columns", []):
+        if column.get("name") in arrow:
+            column["numpy_type"] = "object"
+    return table.replace_schema_metadata({**table.schema.metadata, b"pandas": json.dumps(metadata).encode()})
 
 
 def runs(
@@ -225,11 +244,14 @@ def alerts(conn: duckdb.DuckDBPyConnection, window: Window = Window(), limit: in
 
 
 def data_version(conn: duckdb.DuckDBPyConnection) -> str:
-    """A string that changes whenever spans are added or the findings tables move on (cache keys
-    include it: a page showing findings as of one change must read again once they catch up)."""
+    """A string that changes whenever spans are committed or the findings tables move on (cache
+    keys include it: a page showing findings as of one change must read again once they catch
+    up): the newest change log seq, each findings table's seq, and the span count (a store
+    without a change log, or a delete the log does not name)."""
     states = materialize.read_states(conn)
     seqs = sorted((name, state.seq) for name, state in states.items())
-    return f"{browse.data_version(conn)}|{hash(tuple(seqs))}"
+    ((spans,),) = fetch_rows(conn, "SELECT count(*) FROM spans")
+    return f"{materialize.newest_change(conn)}:{spans}|{hash(tuple(seqs))}"
 
 
 def findings_status(conn: duckdb.DuckDBPyConnection) -> dict[str, Any]:

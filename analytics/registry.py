@@ -13,6 +13,7 @@ in (``analytics/__init__`` imports the detector modules in that order).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -20,11 +21,8 @@ from dataclasses import dataclass, field
 import duckdb
 import pandas as pd
 
-import analytics.kept as _kept
 import analytics.materialize as materialize
-import analytics.window_scope as window_scope
 from analytics.engine import is_clickhouse
-from analytics.kept import kept_result
 from analytics.materialize import read_findings, read_window
 from analytics.schema import ensure_readable
 from analytics.types import Filters, Window
@@ -85,9 +83,10 @@ class Metric:
     """What the detector needs to see in the spans to find anything, in plain words (an empty
     table says it, rather than blaming ingest when spans did arrive). Every findings metric has it."""
     kept: str | None = None
-    """How its results are kept between calls per data version (``analytics.kept``): "whole"
-    (recomputed after any change), or the column its findings are partitioned by ("run_id",
-    "origin_task_id": only the partitions new spans touched are recomputed); None: not kept."""
+    """How the materializer keeps its findings table (``analytics.materialize``): "whole"
+    (recomputed whole after changes), or the column its findings are partitioned by ("run_id",
+    "origin_task_id": only the partitions new spans touched are recomputed); None: not kept
+    (computed on each read)."""
     order: tuple[tuple[str, bool], ...] = ()
     """A partitioned result's row order, as its SQL sorts it: (column, descending) pairs."""
     version: int = 1
@@ -95,7 +94,7 @@ class Metric:
     window_bounds: bool = False
     """Its result uses the window's bounds themselves (time buckets laid over the window), not
     only which spans start inside it; otherwise a window holding every stored span is answered as
-    the whole store (``run_metric``), from the same kept result."""
+    the whole store (``run_metric``), from its findings table."""
 
     @property
     def columns(self) -> dict[str, str]:
@@ -131,6 +130,10 @@ def _check_facts(name: str, columns: dict[str, str], facts: dict) -> None:
         if column is not None and column not in columns:
             raise ValueError(f"metric {name!r}: {key} {column!r} is not one of its documented columns")
     kept, order = facts["kept"], facts["order"]
+    if kept not in (None, "whole", *materialize.PARTITIONS):
+        raise ValueError(
+            f"metric {name!r}: kept must be 'whole' or one of {', '.join(materialize.PARTITIONS)}, got {kept!r}"
+        )
     if kept not in (None, "whole") and kept not in columns:
         raise ValueError(f"metric {name!r}: kept by {kept!r}, which is not one of its documented columns")
     if kept not in (None, "whole") and not order:
@@ -195,7 +198,7 @@ def register(
 
         checked.__name__ = func.__name__
         checked.__doc__ = func.__doc__
-        checked.__wrapped__ = func  # inspect.unwrap: its module (analytics.kept_store's code hash)
+        checked.__wrapped__ = func
         METRICS[name] = Metric(
             name=name,
             func=checked,
@@ -204,7 +207,6 @@ def register(
             row=row,
             **facts,
         )
-        _kept.declare(name, kept, list(facts["order"]))
         _maintain(METRICS[name])
         return checked
 
@@ -245,10 +247,7 @@ def scratch_registry() -> Iterator[dict[str, Metric]]:
         METRICS.clear()
         METRICS.update(saved)
         for metric in METRICS.values():  # a scratch registration may have replaced a kept fact
-            _kept.declare(metric.name, metric.kept, list(metric.order))
             _maintain(metric)
-        for name in set(_kept.KEPT) - set(METRICS):
-            _kept.declare(name, None)
         for name in set(materialize.maintained()) - set(METRICS) - set(materialize.PARTS):
             materialize.forget(name)
 
@@ -280,6 +279,12 @@ def run_metric(
     """Run the metric ``name`` over ``window`` and ``filters``; only ``columns`` of its result
     when given (in that order; the caller checks them against the documented columns).
 
+    A maintained detector is read from its findings table (``materialize.read_findings``), or
+    for a window that cuts runs from the table plus the cut runs computed alone
+    (``materialize.read_window``). Anything else (a detector kept whole or by origin task under
+    a window or filter, ClickHouse, a store whose tables are not built, ``Filters.from_spans``)
+    is the detector computed over the spans the window and filters select.
+
     Raises ``KeyError`` naming the known metrics when ``name`` is not registered.
     """
     try:
@@ -289,7 +294,7 @@ def run_metric(
         raise KeyError(f"Unknown metric {name!r}; known metrics: {known}") from None
     logger.debug("running metric %s window=%s filters=%s", name, window, filters)
     ensure_readable(conn)
-    if not is_clickhouse(conn):
+    if not is_clickhouse(conn) and not filters.reads_spans():
         # a result laid over the window's own bounds (time buckets) only for the unbounded window
         scope = window if metric.window_bounds else whole_if_covering(conn, window)
         tabled = read_findings(conn, name, scope, filters, columns, list(metric.columns))
@@ -297,25 +302,33 @@ def run_metric(
             tabled = read_window(conn, name, scope, filters, columns, list(metric.columns))
         if tabled is not None:  # maintained as spans commit: a SELECT (analytics.materialize)
             return tabled
-    if metric.kept is not None and not metric.window_bounds:
-        window = whole_if_covering(conn, window)
-        # A run-partitioned result, from the whole store's kept or stored one (unless this window's
-        # result is kept already: then it is brought up to date below).
-        part = (
-            None
-            if _kept.is_kept(conn, name, window, filters)
-            else window_scope.derived(conn, name, metric.func, window, filters)
-        )
-        if part is not None:
-            return _kept.project(part, columns)
-    return kept_result(conn, name, metric.func, window, filters, columns)  # up to date by data version
+    return _project(metric.func(conn, window, filters), columns)
+
+
+def compute_metric(
+    conn: duckdb.DuckDBPyConnection,
+    name: str,
+    window: Window = Window(),
+    filters: Filters = Filters(),
+    columns: list[str] | None = None,
+) -> pd.DataFrame:
+    """``run_metric`` computed from the spans, never read from a findings table (the reference
+    the tables are held equal to; a calibration's dry run under thresholds not committed)."""
+    return run_metric(conn, name, window, dataclasses.replace(filters, from_spans=True), columns)
+
+
+def _project(frame: pd.DataFrame, columns: list[str] | None) -> pd.DataFrame:
+    """``frame``'s ``columns`` (in that order, those it has; all when None)."""
+    if columns is None:
+        return frame
+    return frame[[c for c in dict.fromkeys(columns) if c in frame.columns]]
 
 
 def whole_if_covering(conn: duckdb.DuckDBPyConnection, window: Window) -> Window:
     """``Window()`` when ``window`` holds the start of every stored span (a report or page over
     "the last 2 hours" of a store that has nothing older): the same spans, so the same result, and
-    it is the scope serve keeps up to date and stores. Otherwise ``window`` itself."""
-    if window == Window() or is_clickhouse(conn):  # no kept results on ClickHouse
+    it is the scope the findings tables answer. Otherwise ``window`` itself."""
+    if window == Window() or is_clickhouse(conn):  # no findings tables on ClickHouse
         return window
     first, last = conn.execute("SELECT min(Timestamp), max(Timestamp) FROM spans").fetchone()
     if first is None:

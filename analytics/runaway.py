@@ -13,6 +13,7 @@ traces the span count of a run separates resource-abuse runs from the rest.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import duckdb
@@ -21,7 +22,6 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-import analytics.kept as kept
 from analytics._evidence import EVIDENCE, TIMES
 from analytics.engine import fetch_rows
 from analytics.registry import register
@@ -180,10 +180,7 @@ def runaway_runs(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filte
     Counts always come from the whole window of the crew (the run and agent filters only select
     the findings), so a filter never changes what counts as usual.
     """
-    # after a batch, the counts kept with the result before, with the touched runs counted again
-    counts = kept.given_parts("runaway_runs")
-    if counts is None:
-        counts = _counts(conn, window, filters)
+    counts = _counts(conn, window, filters)
     if counts.num_rows == 0:
         return pd.DataFrame(columns=_COLUMNS)
     spans = counts.column("spans").to_numpy()
@@ -201,8 +198,7 @@ def runaway_runs(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filte
             chosen &= pc.fill_null(pc.equal(counts.column(column), value), False).to_numpy()
     if not chosen.any():
         return pd.DataFrame(columns=_COLUMNS)
-    # the types DuckDB's frame gives them (kept counts hold their text columns dictionary-encoded)
-    over = kept.plain_columns(counts.filter(pa.array(chosen))).to_pandas()
+    over = counts.filter(pa.array(chosen)).to_pandas()
     over["limit"] = limits[chosen].tolist()
     over["baseline"] = BASELINES[baselines[chosen]].tolist()
     over["threshold_version"] = versions[chosen].tolist()
@@ -233,19 +229,8 @@ def runaway_runs(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filte
 
 def _counts(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pa.Table:
     """Spans and calls per run and per agent in a run (``runaway_runs.sql``), in the crew's whole
-    window: only the service and origin-task filters apply. An Arrow table: after a batch the
-    kept one drops the touched runs' rows and takes their new ones without a pandas copy of
-    every row (``kept.replace_runs``: 0.11 CPU-s at 1M spans of 10-call runs, 475,000 rows)."""
-    params = filter_params(window, Filters(service=filters.service, origin_task=filters.origin_task))
+    window: only the service and origin-task filters apply (and the internal scopes: a run's
+    counts come from its own spans). An Arrow table: only the rows over their limit become a
+    frame."""
+    params = filter_params(window, dataclasses.replace(filters, run=None, agent=None))
     return query_arrow(conn, load_sql("runaway_runs"), params)
-
-
-# The counts a result was computed from are kept with it, so that the next batch recounts only
-# the runs it touched (analytics.kept.keeps_parts): at 1M spans of 10-call runs counting every
-# run took 0.5 of runaway_runs' ~1.3 CPU-s after a batch; at 10M of 10-call runs 8.7 CPU-s
-# (4.5 s), every batch, while its 5.3M count rows (a run's row and one per agent in it) were
-# past the 2M rows kept. Kept compact (text columns dictionary-encoded: 276 MB there, 632 MB as
-# plain text), up to RUNAWAY_PART_BYTES; a store with more is counted in full after each batch.
-RUNAWAY_PART_ROWS = 20_000_000
-RUNAWAY_PART_BYTES = 512 * 2**20
-kept.keeps_parts("runaway_runs", _counts, max_rows=RUNAWAY_PART_ROWS, max_bytes=RUNAWAY_PART_BYTES)

@@ -4,7 +4,8 @@ A detector file may contain the placeholder ``{filtered_spans}``; it is replaced
 fragment ``_filtered_spans.sql`` (every column of the spans passing the window/service/run/
 origin-task filter), so every detector filters the same way. ``{span_filter}`` expands to that
 filter's WHERE condition alone (``_span_filter.sql``), for detectors that select only the columns
-they need; ``{constraint_cells}`` and ``{held_versions}`` expand their fragments likewise.
+they need; ``{constraint_cells}``, ``{held_versions}`` and ``{declared_tool_key}`` (the attributes
+that declare an agent's tool list) expand their fragments likewise.
 
 Values never enter SQL text: they are bound as DuckDB named parameters (``$since``, ``$agent``,
 ...), and only the parameters a statement mentions are passed. Optional filters are written as
@@ -17,7 +18,6 @@ plain predicate it can push into the scan (row-group pruning) instead of an OR i
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import importlib.resources
 import re
@@ -65,18 +65,19 @@ def expand_fragments(text: str) -> str:
         "compare_subjects_of",
         "compare_spans",
         "goal_subtasks",
-        "rejection_trend",
         "constraint_cells",
         "held_versions",
         "filtered_spans",
         "span_filter",
         "run_scope",
         "compare_step_columns",
+        "declared_tool_key",
     ):
         placeholder = "{" + fragment + "}"
         if placeholder in text:
             body = _read("_" + fragment)
-            if fragment in ("span_filter", "run_scope"):  # a condition: parenthesised, on its own lines
+            # a condition: parenthesised, on its own lines
+            if fragment in ("span_filter", "run_scope", "declared_tool_key"):
                 body = "(\n" + body.strip() + "\n)"
             text = text.replace(placeholder, body)
     return text
@@ -87,27 +88,9 @@ def quote_identifier(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-# Internal run scope (analytics.kept): while set, every detector's shared filter is limited to
-# these runs (and origin tasks), so a kept result can recompute only what new spans touched.
-_run_scope: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("run_scope", default=None)
-
-
-@contextlib.contextmanager
-def run_scope(
-    runs: list[str] | None = None, runs_since: Any = None, origin_tasks: list[str] | None = None
-) -> Iterator[None]:
-    """Within the block, ``filter_params`` limits every detector to ``runs`` (first span no earlier
-    than ``runs_since``) or to ``origin_tasks``."""
-    token = _run_scope.set({"runs": runs, "runs_since": runs_since, "origin_tasks": origin_tasks})
-    try:
-        yield
-    finally:
-        _run_scope.reset(token)
-
-
 def filter_params(window: Window, filters: Filters) -> dict[str, Any]:
     """Named parameters every detector understands."""
-    params = {
+    return {
         "since": window.since,
         "until": window.until,
         "service": filters.service,
@@ -115,15 +98,11 @@ def filter_params(window: Window, filters: Filters) -> dict[str, Any]:
         "run": filters.run,
         "origin_task": filters.origin_task,
         "ingested_after": None,
-        # Internal: run_summary recomputes only the runs (origin tasks) new spans touched.
-        "runs": None,
-        "runs_since": None,
-        "origin_tasks": None,
+        # Internal (``Filters.runs`` / ``origin_tasks``): the materializer recomputes only the
+        # partitions new spans touched, a read only the runs its window cuts.
+        "runs": None if filters.runs is None else list(filters.runs),
+        "origin_tasks": None if filters.origin_tasks is None else list(filters.origin_tasks),
     }
-    scope = _run_scope.get()
-    if scope is not None:
-        params.update(scope)
-    return params
 
 
 def _code_mask(sql: str) -> str:
@@ -247,7 +226,7 @@ def _bound(sql: str, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 def query_arrow(conn: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any]) -> pa.Table:
     """``query_df``'s rows as an Arrow table: each column has the statement's SQL type whatever
     its values (a column all NULL is still text), so answers over different runs concatenate
-    into what one statement over all of them gives (``analytics.kept.keeps_parts``)."""
+    into what one statement over all of them gives."""
     sql, bound = _bound(sql, params)
     if is_clickhouse(conn):
         return clickhouse_table(conn, sql, bound)

@@ -2,30 +2,18 @@
 
 from __future__ import annotations
 
-import collections
-import inspect
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import duckdb
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
-import analytics.kept_store as kept_store
 from analytics.coverage import coverage_text
 from analytics.crew_limits import count_limits
-from analytics.data_version import Scope as _Scope
-from analytics.data_version import Version as _Version
-from analytics.data_version import database_identity as _database_identity
-from analytics.data_version import one_version
-from analytics.data_version import read_version as _read_version
-from analytics.data_version import touched_scope as _touched_scope
 from analytics.engine import is_clickhouse
 from analytics.goals import goal_run_stats
-from analytics.kept import KEPT, PARTITIONS, given_parts, keeps_parts, result_code
 from analytics.materialize import PARTS, RUN_ACTORS, Maintained, maintain, read_findings
 from analytics.registry import (
     METRICS,
@@ -35,8 +23,7 @@ from analytics.registry import (
     run_metric,
     whole_if_covering,
 )
-from analytics.side_effects import current_side_effect_tools
-from analytics.sql_loader import filter_params, load_sql, query_arrow, query_tables, run_sql
+from analytics.sql_loader import run_sql
 from analytics.thresholds import ThresholdInfo, current_threshold
 from analytics.types import Filters, Window
 
@@ -87,27 +74,8 @@ def failing_detectors() -> list[str]:
     kept="whole",
 )
 def enforcement_coverage(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
-    """Which tools are enforced by guards and which can only be watched.
-
-    After a batch, summed from the counts per run kept with the result (``_coverage_parts``), the
-    touched runs counted again (``analytics.kept.keeps_parts``)."""
-    parts = given_parts("enforcement_coverage")
-    if parts is None:
-        return run_sql(conn, "enforcement_coverage", window, filters)
-    return query_tables("_enforcement_coverage_tools", {"parts": parts}, {})
-
-
-def _coverage_parts(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pa.Table:
-    """Per run, service and tool: enforcement_coverage's counts (``enforcement_coverage_runs.sql``)."""
-    return query_arrow(conn, load_sql("enforcement_coverage_runs"), filter_params(window, filters))
-
-
-# At 1M spans of 10-call runs (52,700 runs) there are 333,000 rows (0.19 CPU-s to sum, about what
-# computing the result costs; counting them 2-3 CPU-s): such results are computed in full. At 1M
-# of 100,000-call runs a few hundred.
-COVERAGE_PART_ROWS = 100_000
-COVERAGE_PART_RUNS = 10_000
-keeps_parts("enforcement_coverage", _coverage_parts, max_rows=COVERAGE_PART_ROWS, max_runs=COVERAGE_PART_RUNS)
+    """Which tools are enforced by guards and which can only be watched."""
+    return run_sql(conn, "enforcement_coverage", window, filters)
 
 
 def _summed_metrics() -> list:
@@ -144,19 +112,13 @@ _COUNTED_BY = {"constraint_drops": "origin_task_id"}
 
 
 def _findings_per_run(
-    conn: duckdb.DuckDBPyConnection, name: str, window: Window, filters: Filters, scope: _Scope | None = None
+    conn: duckdb.DuckDBPyConnection, name: str, window: Window, filters: Filters
 ) -> pd.DataFrame:
-    """Findings of detector ``name`` per run: ``n`` plus its extra counts, from its result kept by
-    data version (``analytics.kept``: after new spans only the touched runs were recomputed).
+    """Findings of detector ``name`` per run: ``n`` plus its extra counts (``run_metric``: from
+    its findings table where that answers, else computed).
 
-    Indexed by run_id; for detectors in ``_COUNTED_BY`` a plain frame with that key and run_id.
-    With ``scope`` only the scope's runs (origin tasks) are counted, except for a detector kept
-    whole (its findings depend on every run: all are counted)."""
-    frame = run_metric(conn, name, window, filters)
-    if scope is not None and name in PARTITIONS:
-        column = PARTITIONS[name]
-        frame = frame[frame[column].isin(scope.origin_tasks if column == "origin_task_id" else scope.runs)]
-    return _counts_per_run(name, frame)
+    Indexed by run_id; for detectors in ``_COUNTED_BY`` a plain frame with that key and run_id."""
+    return _counts_per_run(name, run_metric(conn, name, window, filters))
 
 
 def _counts_per_run(name: str, frame: pd.DataFrame) -> pd.DataFrame:
@@ -172,7 +134,7 @@ def _counts_per_run(name: str, frame: pd.DataFrame) -> pd.DataFrame:
 
 @dataclass
 class _Parts:
-    """The per-run pieces run_summary is assembled from, kept between calls.
+    """The per-run pieces run_summary is assembled from.
 
     ``base``: run_summary.sql rows indexed by run_id; ``found``: each counted detector's finding
     counts (indexed by run_id, or keyed as ``_COUNTED_BY`` says); ``goals``: goal_run_stats."""
@@ -183,50 +145,15 @@ class _Parts:
 
 
 def _compute_parts(
-    conn: duckdb.DuckDBPyConnection,
-    window: Window,
-    filters: Filters,
-    goal_threshold: float,
-    scope: _Scope | None = None,
+    conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters, goal_threshold: float
 ) -> _Parts:
-    """Every piece, for all runs in scope, or only for the touched runs of ``scope``."""
-    runs = scope.runs if scope is not None else None
-    since = scope.since if scope is not None else None
-    base = run_sql(conn, "run_summary", window, filters, runs=runs, runs_since=since)
+    """Every piece, for all runs the window and filters select."""
+    base = run_sql(conn, "run_summary", window, filters)
     base = base.set_index("run_id", drop=False)
     found: dict[str, pd.DataFrame] = {}
     for name in (m.name for m in _summed_metrics()):
-        found[name] = _findings_per_run(conn, name, window, filters, scope)
-    goals = goal_run_stats(conn, window, filters, goal_threshold, runs=runs, runs_since=since)
-    return _Parts(base, found, goals)
-
-
-def _replace_rows(old: pd.DataFrame, new: pd.DataFrame, drop: pd.Series) -> pd.DataFrame:
-    """``old`` without the rows where ``drop`` holds, plus ``new`` (dtypes of the non-empty)."""
-    kept = old[~drop]
-    if new.empty:
-        return kept
-    if kept.empty:
-        return new
-    return pd.concat([kept, new])
-
-
-def _merge_parts(old: _Parts, new: _Parts, scope: _Scope) -> _Parts:
-    """``old`` with the pieces of the scope's runs / origin tasks replaced by ``new``'s."""
-    runs, origin_tasks = scope.runs, scope.origin_tasks
-    base = _replace_rows(old.base, new.base, old.base.index.isin(runs))
-    base = base.reset_index(drop=True).sort_values(["first_seen", "run_id"], kind="stable")
-    base = base.set_index("run_id", drop=False)
-    found = {}
-    for name, frame in old.found.items():
-        if name not in PARTITIONS:  # kept whole: counted for every run every time
-            drop = pd.Series(True, index=frame.index)
-        elif name in _COUNTED_BY:
-            drop = frame[_COUNTED_BY[name]].isin(origin_tasks)
-        else:
-            drop = frame.index.isin(runs)
-        found[name] = _replace_rows(frame, new.found[name], drop)
-    goals = _replace_rows(old.goals, new.goals, old.goals.index.isin(runs))
+        found[name] = _findings_per_run(conn, name, window, filters)
+    goals = goal_run_stats(conn, window, filters, goal_threshold)
     return _Parts(base, found, goals)
 
 
@@ -291,36 +218,6 @@ def _assemble(conn: duckdb.DuckDBPyConnection, parts: _Parts, goal_threshold: Th
     return base.reset_index(drop=True)
 
 
-# run_summary is kept per database file, window and filters, and brought up to date on each
-# call: the runs that new spans touched (analytics.data_version) are recomputed and merged with
-# the kept pieces of the others, so a call after an ingest costs the touched runs, not every
-# detector over every run. In-memory databases are not cached (they have no stable identity).
-_CACHE_SIZE = 32
-# Past this share of the kept runs (or this many runs), one full recomputation is cheaper than
-# filtered ones (each filtered scan compares every span's run with the list).
-_MAX_TOUCHED_SHARE = 0.25
-_MAX_TOUCHED = 200
-
-
-@dataclass
-class _Kept:
-    version: _Version
-    parts: _Parts | None  # None: the summary was read from the store (analytics.kept_store)
-    summary: pd.DataFrame
-    stored: bool = False  # the store holds this summary at this version
-
-
-_cache: collections.OrderedDict[tuple, _Kept] = collections.OrderedDict()
-_cache_lock = threading.Lock()
-
-
-def clear_cache() -> None:
-    """Forget every kept run summary."""
-    with _cache_lock:
-        _cache.clear()
-    kept_store.forget_fetched()
-
-
 def _summary_columns() -> dict[str, str]:
     """run_summary's columns: the counts of each summed detector, so they follow the registry."""
     counts: dict[str, str] = {}
@@ -377,61 +274,15 @@ def run_summary(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filter
     """Health of every run, combining every detector's findings.
 
     A count above its crew's baseline-calibrated ``count_per_run:<detector>:<service>`` threshold
-    (0 until calibrated; ``analytics.crew_limits``) makes the run fail. Results are kept per
-    database file, window and filters; after new spans only the runs they touched are recomputed
-    (see ``_read_version``); the detectors it counts are read at the data version it reads
-    (``one_version``: one read of it, not one per detector).
+    (0 until calibrated; ``analytics.crew_limits``) makes the run fail. Assembled from the findings
+    tables (``summary_from_tables``) when they answer, else from the pieces computed for this
+    window and filters.
     """
-    with one_version():
-        return _run_summary(conn, window, filters)
-
-
-def _run_summary(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     tabled = summary_from_tables(conn, window, filters)
     if tabled is not None:
         return tabled
-    identity = _database_identity(conn)
     goal_threshold = current_threshold(conn, "goal_divergence")
-    if identity is None:
-        return _assemble(conn, _compute_parts(conn, window, filters, goal_threshold.value), goal_threshold)
-    # A changed pattern or set of counted detectors: other findings.
-    key = (
-        identity,
-        window,
-        filters,
-        current_side_effect_tools(),
-        tuple(counted_detectors()),
-        tuple(failing_detectors()),
-        tuple(m.name for m in _summed_metrics()),
-    )
-    with _cache_lock:
-        kept = _cache.get(key)
-    if kept is None:  # not kept in this process: the stored summary, if any (used while unchanged)
-        stored_scope = kept_store.scope_text(window, filters, key[3])
-        loaded = kept_store.load(conn, "run_summary", stored_scope, result_codes()["run_summary"])
-        if loaded is not None:
-            kept = _Kept(loaded[0], None, loaded[1], stored=True)
-    version, touched = _read_version(conn, kept.version if kept is not None else None)
-    if kept is not None and touched is not None and not touched and version.spans == kept.version.spans:
-        with _cache_lock:
-            _cache[key] = _Kept(version, kept.parts, kept.summary, kept.stored)
-            _cache.move_to_end(key)
-        return kept.summary.copy()
-    parts = None
-    if kept is not None and kept.parts is not None and touched is not None:
-        scope = _touched_scope(conn, touched, kept.parts.base.index)
-        if len(scope.runs) <= min(_MAX_TOUCHED, max(8, _MAX_TOUCHED_SHARE * len(kept.parts.base))):
-            fresh = _compute_parts(conn, window, filters, goal_threshold.value, scope)
-            parts = _merge_parts(kept.parts, fresh, scope)
-    if parts is None:
-        parts = _compute_parts(conn, window, filters, goal_threshold.value)
-    summary = _assemble(conn, parts, goal_threshold)
-    with _cache_lock:
-        _cache[key] = _Kept(version, parts, summary.copy())
-        _cache.move_to_end(key)
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
-    return summary
+    return _assemble(conn, _compute_parts(conn, window, filters, goal_threshold.value), goal_threshold)
 
 
 # run_summary's per-run parts, maintained as spans commit (analytics.materialize): the
@@ -441,23 +292,28 @@ BASE_PART = "run_summary_base"
 GOALS_PART = "run_summary_goals"
 
 
+def _runs(keys: list[str] | None) -> Filters:
+    """The filters of a part's computation: the runs ``keys`` (every run when None)."""
+    return Filters(from_spans=True) if keys is None else Filters(runs=tuple(keys))
+
+
 def _base_rows(
     conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
 ) -> pd.DataFrame:
-    return run_sql(conn, "run_summary", Window(), Filters(), runs=keys)
+    return run_sql(conn, "run_summary", Window(), _runs(keys))
 
 
 def _actor_rows(
     conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
 ) -> pd.DataFrame:
-    return run_sql(conn, "run_actors", Window(), Filters(), runs=keys)
+    return run_sql(conn, "run_actors", Window(), _runs(keys))
 
 
 def _goal_rows(
     conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
 ) -> pd.DataFrame:
     threshold = current_threshold(conn, "goal_divergence").value
-    return goal_run_stats(conn, Window(), Filters(), threshold, runs=keys).reset_index()
+    return goal_run_stats(conn, Window(), _runs(keys), threshold).reset_index()
 
 
 maintain(Maintained(BASE_PART, "run_id", _base_rows, (("first_seen", False), ("run_id", False)), "2"))
@@ -495,33 +351,3 @@ def summary_from_tables(
     frame = _assemble(conn, _Parts(base, found, goals), current_threshold(conn, "goal_divergence"))
     frame.attrs["source"] = "table"
     return frame
-
-
-def result_codes() -> dict[str, str]:
-    """The code hash of every registered metric's stored results (``analytics.kept.result_code``);
-    run_summary's covers every kept detector's sources too (it is assembled from their results)."""
-    codes = {name: result_code(metric.func) for name, metric in METRICS.items()}
-    modules = {inspect.unwrap(METRICS[name].func).__module__ for name in KEPT} | {__name__}
-    codes["run_summary"] = kept_store.code_fingerprint(frozenset(modules))
-    return codes
-
-
-def unstored(identity: tuple, window: Window, filters: Filters) -> list[tuple[str, _Version, pd.DataFrame]]:
-    """("run_summary", version, summary) kept for the database ``identity`` and this scope (under
-    the side-effect tool pattern in force) when the store does not hold it at its version."""
-    tools = current_side_effect_tools()
-    with _cache_lock:
-        return [
-            ("run_summary", entry.version, entry.summary)
-            for key, entry in _cache.items()
-            if key[:4] == (identity, window, filters, tools) and not entry.stored
-        ]
-
-
-def mark_stored(identity: tuple, window: Window, filters: Filters, version: _Version) -> None:
-    """Record that the store now holds the summary kept at ``version`` (unless it moved on)."""
-    tools = current_side_effect_tools()
-    with _cache_lock:
-        for key, entry in _cache.items():
-            if key[:4] == (identity, window, filters, tools) and entry.version is version:
-                entry.stored = True

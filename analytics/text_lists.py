@@ -1,17 +1,14 @@
 """Result columns of text lists (evidence span ids, agents) held as Arrow lists.
 
 DuckDB (and the ClickHouse path, ``analytics.engine``) gives a LIST column as a column of
-objects, each cell a numpy array of Python strings. A stored result (``analytics.kept_store``)
-read back that way builds those arrays and strings again, one per row and id: at 10M spans of
-100,000-call runs ``constraint_ledger``'s 400 rows hold ~5M span ids and
-``duplicate_side_effects``' ~200,000 rows ~1M, most of a cold read's time. As a
-``pd.ArrowDtype`` list column the stored values are wrapped without a copy
-(``kept_store._frame``), as ``repeated_calls``' member span ids are (``analytics.loops``).
+objects, each cell a numpy array of Python strings. A findings table read back
+(``analytics.materialize``) gives Arrow lists; detectors give them too, so a result's types do
+not depend on where it came from, as ``repeated_calls``' member span ids are (``analytics.loops``).
 
 Readers see what they saw: ``Series.tolist()``, iteration, ``.loc`` / ``.iloc`` and
 ``to_dict`` give Python lists (as before: numpy arrays); ``Series.map`` and ``to_numpy`` give
 numpy arrays. The read API's Arrow answer describes the column as objects
-(``kept_store.arrow_table``), so an HTTP client gets the cells it got before.
+(``analytics.read.arrow_table``), so an HTTP client gets the cells it got before.
 """
 
 from __future__ import annotations

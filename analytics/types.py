@@ -53,9 +53,30 @@ class Window:
 
 @dataclass(frozen=True)
 class Filters:
-    """Optional equality filters; ``None`` means no filter on that field."""
+    """Optional equality filters; ``None`` means no filter on that field.
+
+    ``runs``, ``origin_tasks`` and ``from_spans`` are internal (neither the read API nor the CLI
+    takes them): the materializer limits a detector to the partitions new spans touched, and a
+    read limits it to the runs a window cuts, through ``runs`` / ``origin_tasks`` (the shared
+    span filter, ``analytics/sql/_span_filter.sql``); ``from_spans`` computes the answer from
+    the spans even where a findings table could give it (a reference for differential tests, a
+    dry-run calibration under thresholds the tables were not built with)."""
 
     service: str | None = None
     agent: str | None = None
     run: str | None = None
     origin_task: str | None = None
+    runs: tuple[str, ...] | None = None
+    origin_tasks: tuple[str, ...] | None = None
+    from_spans: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("runs", "origin_tasks"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, tuple):
+                object.__setattr__(self, name, tuple(value))
+
+    def reads_spans(self) -> bool:
+        """Whether the answer must be computed from the spans: an internal run or origin-task
+        scope, or ``from_spans`` (no findings table answers it)."""
+        return self.from_spans or self.runs is not None or self.origin_tasks is not None

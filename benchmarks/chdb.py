@@ -12,8 +12,8 @@ Insert (view included) and the resolve pass are timed apart.
 
 Per size the DuckDB file of the same spans is grown (``SpanDatabase``) and every detector is timed
 on both engines: the cold call (the first in this process), then the median of warm calls. DuckDB
-runs in full (``analytics.kept.computed_in_full``) so both engines compute every call (chdb keeps
-no results; on DuckDB a warm kept call is a lookup, see the queries and shapes sections). Goal
+computes from the spans (``Filters.from_spans``) so both engines compute every call (chdb keeps
+no findings tables; on DuckDB a read of a built table is a SELECT, see the live section). Goal
 pairs are scored once on DuckDB and the analytics tables copied into chdb, so both read the same
 scores. As a check that both engines hold the same data, a few aggregates of `spans` and the rows
 each detector returns are compared.
@@ -340,7 +340,6 @@ def run_chdb(
     inside ClickHouse from resolved rows (``ChdbSpanStore.copy_to``) instead of inserted through
     the exporter's layout and resolved."""
     from analytics.goals import score_pending_pairs
-    from analytics.kept import computed_in_full
     from analytics.types import direct_write
     from benchmarks.queries import time_detectors
 
@@ -365,8 +364,9 @@ def run_chdb(
                 chdb.copy_analytics_tables(duck.conn)
             load_before = [round(x, 2) for x in os.getloadavg()]
             chdb_times = time_store_detectors(chdb.store, repeats, names=names, skip=skip)
-            with computed_in_full():
-                duck_times = time_detectors(duck.conn, repeats, names=names, limit_s=duckdb_limit_s)
+            duck_times = time_detectors(
+                duck.conn, repeats, names=names, limit_s=duckdb_limit_s, from_spans=True
+            )
             same_rows = {
                 name: t.get("rows") == duck_times.get(name, {}).get("rows")
                 for name, t in chdb_times.items()

@@ -9,8 +9,9 @@ the crew never uses, mid-run. With 1,000-call runs at 1M spans the baseline is 9
 The materializer's comparison tables (``analytics.compare_kept``) are then built as serve keeps
 them (``tables_s``; ``kept=False`` leaves them out: the baseline is read from the spans).
 ``analytics.read.compare_run`` is timed on a read-only connection: its cold call (run_summary's
-verdicts computed for the crew, then kept), the median of ``repeats`` further calls, and the
-parts of a warm call (the verdicts, the steps query, the pure post-processing) once each.
+verdicts for the crew: computed, or read from the findings tables when built), the median of
+``repeats`` further calls, and the parts of a warm call (the verdicts, the steps query, the pure
+post-processing) once each.
 """
 
 from __future__ import annotations

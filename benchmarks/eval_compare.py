@@ -1,9 +1,9 @@
 """How well run comparison points at what went wrong: ``python -m benchmarks.eval_compare``.
 
 Loads the framework corpus (``sample_traces/frameworks/*/otlp.jsonl``, through the collector's
-decoder and store) and the simulator's scenarios (``sample_traces/*.json``, through its file
-ingest) into one in-memory store, compares every run of a ground truth with its crew's healthy
-runs (``analytics.read.compare_run``, ``baseline=auto``: the run itself is never in its own
+decoder and store) and the simulator's scenarios (``sample_traces/*.json``, the failure runs, and
+``sample_traces/crews/*.jsonl``, each scenario crew's healthy runs, through its file ingest) into
+one in-memory store, compares every run of a ground truth with its crew's healthy runs (``analytics.read.compare_run``, ``baseline=auto``: the run itself is never in its own
 baseline) and scores the first point of departure:
 
 - failure runs: does the departure name an agent the ground truth says went wrong, and is it
@@ -12,7 +12,8 @@ baseline) and scores the first point of departure:
   runs).
 
 Ground truth. Simulator (``*.truth.json``): the failure's spans are every span id its failure
-records list (``prevented`` too in guarded runs), its agents every agent they name. Framework
+records list (``prevented`` too in guarded runs), its agents every agent they name; a run of
+``crews/`` (``failure_injected: false``) and the ``healthy`` scenario's runs are healthy. Framework
 corpus (``truth.json``): a tool failure (``retry_loop``, ``runaway``: ``web_search``;
 ``duplicate_side_effect``: ``send_report``) starts at the first call of that tool, made by the
 agent that went wrong; a delegation failure starts at the hand-off the truth describes (a *turn*
@@ -54,6 +55,7 @@ logger = logging.getLogger(__name__)
 
 CORPUS = REPO / "sample_traces" / "frameworks"
 SAMPLES = REPO / "sample_traces"
+CREWS = SAMPLES / "crews"
 REPORT = REPO / "docs" / "detection-quality.md"
 BEGIN, END = "<!-- compare: written by benchmarks/eval_compare.py -->", "<!-- end compare -->"
 NEAR = 3  # spans: "the step within 3 spans of the injected failure's first span"
@@ -119,6 +121,7 @@ def load_store() -> tuple[duckdb.DuckDBPyConnection, dict[str, RunSet]]:
         insert_batches(conn, batches)
         conn.execute("COMMIT")
     samples = sorted(p for p in SAMPLES.glob("*.json") if not p.name.endswith(".truth.json"))
+    samples += sorted(CREWS.glob("*.jsonl"))
     result = ingest_files(None, samples, conn=conn)
     if result.errors or result.rejected:
         raise RuntimeError(f"sample traces not stored: {result.errors} ({result.rejected} rejected)")
@@ -175,9 +178,12 @@ def framework_truth(truth: RunTruth, spans: list[dict], agents_of: list[str]) ->
 
 
 def simulator_truth(truth: dict, spans: list[dict]) -> tuple[int | None, list[str]]:
-    """The first span (pos) of every failure record of a simulator truth and the agents named."""
+    """The first span (pos) of every failure record of a simulator truth and the agents named. A
+    record that names no span but an agent and a tool (``runaway_steps``) starts, as the
+    framework corpus's tool failures do, at that agent's first call of that tool."""
     ids: set[str] = set()
     agents: set[str] = set()
+    calls: set[tuple[str, str]] = set()
     for key, records in truth.items():
         if key in NOT_FAILURES or not isinstance(records, list):
             continue
@@ -190,7 +196,13 @@ def simulator_truth(truth: dict, spans: list[dict]) -> tuple[int | None, list[st
             for name in AGENT_KEYS:
                 value = record.get(name)
                 agents |= set(value) if isinstance(value, list) else ({value} if value else set())
-    positions = [pos for pos, span in enumerate(spans) if span["span_id"] in ids]
+            if not any(record.get(name) for name in SPAN_KEYS) and record.get("agent") and record.get("tool"):
+                calls.add((record["agent"], record["tool"]))
+    positions = [
+        pos
+        for pos, span in enumerate(spans)
+        if span["span_id"] in ids or (span.get("agent_id"), span.get("tool_name")) in calls
+    ]
     return (min(positions) if positions else None), sorted(agents)
 
 
@@ -223,17 +235,27 @@ def evaluate(conn: duckdb.DuckDBPyConnection, run_sets: dict[str, RunSet]) -> li
             failure_pos, agents = framework_truth(truth, spans, crew) if truth.failure else (None, [])
             case = Case(name, truth.run, run_id, truth.failure, agents, failure_pos)
             cases.append(score(conn, case, spans))
-    for path in sorted(SAMPLES.glob("*.truth.json")):
-        truth = json.loads(path.read_text())
+    for truth in simulator_truths():
         spans = read.run_spans(conn, truth["run_id"]).to_dict("records")
-        failure = None if truth["scenario"] == "healthy" else truth["scenario"]
+        healthy = truth["scenario"] == "healthy" or truth.get("failure_injected") is False
+        failure = None if healthy else truth["scenario"]
         failure_pos, agents = simulator_truth(truth, spans) if failure else (None, [])
         run_set = f"simulator ({truth['variant']})"
-        case = Case(
-            run_set, f"{truth['scenario']}_{truth['variant']}", truth["run_id"], failure, agents, failure_pos
+        name = f"{truth['scenario']}_{truth['variant']}" + (
+            "" if truth.get("failure_injected", True) else " (healthy)"
         )
+        case = Case(run_set, name, truth["run_id"], failure, agents, failure_pos)
         cases.append(score(conn, case, spans))
     return cases
+
+
+def simulator_truths() -> list[dict]:
+    """Every simulator run's ground truth: the scenarios' (one run a file) and their crews'
+    healthy runs (a list a file)."""
+    truths = [json.loads(p.read_text()) for p in sorted(SAMPLES.glob("*.truth.json"))]
+    for path in sorted(CREWS.glob("*.truth.json")):
+        truths += json.loads(path.read_text())
+    return truths
 
 
 def _share(part: int, whole: int) -> str:
@@ -324,15 +346,22 @@ def render_section(cases: list[Case]) -> str:
         "search a few times, so the earliest span no healthy run takes is the first search past the "
         "most a healthy run makes, which in frameworks that wrap each search in LLM and chain spans "
         "is more than 3 spans after the first search the ground truth starts the failure at.\n"
-        "- The simulator: its nine scenarios are nine different scripted crews under one service "
-        "name (`crew-sim`), each failing crew with one unguarded and one guarded run and no healthy "
-        "run of its own; the runs with a healthy verdict are the `healthy` script's two. The baseline "
-        "keeps the healthy runs whose agents overlap the run's by half or more (Jaccard), else every "
-        "healthy run of the service: either way the `healthy` script's runs (its agents overlap four "
-        "of the crews by half or more; the other four by less, so the whole service). Every "
-        "failure run departs from that script within its first steps, which is near the injected "
-        "failure only where the failure comes early. The simulator scores measure the comparison "
-        "against another crew, not against the crew's own healthy runs; `baseline.crew` says so.\n"
+        "- The simulator: each scenario is one crew (all under the service `crew-sim`), its two failure "
+        "runs (unguarded, guarded) beside 8 healthy runs of that crew per variant (`sample_traces/crews/`: the same "
+        "agents and tools, the failure not injected). The baseline is the service's healthy runs "
+        "whose agents overlap the run's by half or more: the crew's own runs of both variants, and "
+        "crews with the same agents (split_brain's and constraint_drop's are the same four). "
+        "`constraint_drop` and `goal_drift` unguarded: the dropped constraint and the drifted "
+        "subtask are in the hand-off's text, the same step as a healthy hand-off (as "
+        "`off_topic_task`; `constraint_drops` and `goal_divergence` are the detectors for them); "
+        "guarded, the guard's refusal is the departure. `context_drift`: the first departure is the "
+        "manager publishing a new policy mid-run, which no healthy run does, within 3 spans of the "
+        "stale read, but the ground truth names the agents that acted on the stale policy "
+        "(responder, kb_writer), not the one that changed it. `duplicate_side_effect` guarded: "
+        "the departure is the ledger call that failed before the resume; the ground truth's span "
+        "is the refused second send after it. `step_budget` unguarded (a runaway; its truth names "
+        "no span, so it starts at the researcher's first search, as the corpus's runaways do): "
+        "the departure is the first search past the most a healthy run makes (5).\n"
         + "\n### Healthy runs with a departure\n\n"
         + _table(
             [

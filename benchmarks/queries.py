@@ -43,9 +43,15 @@ def warm_calls(call, repeats: int, cold: float, cold_cpu: float) -> dict:
 
 
 def time_detectors(
-    conn, repeats: int, names: list[str] | None = None, limit_s: float = 300.0, skip: set[str] | None = None
+    conn,
+    repeats: int,
+    names: list[str] | None = None,
+    limit_s: float = 300.0,
+    skip: set[str] | None = None,
+    from_spans: bool = False,
 ) -> dict[str, dict]:
-    """Cold and median seconds of each registered metric on ``conn`` (all spans, no filters).
+    """Cold and median seconds of each registered metric on ``conn`` (all spans, no filters);
+    ``from_spans``: computed from the spans even where findings tables are built.
 
     A detector whose query runs past ``limit_s`` is interrupted and reported as timed out; names
     in ``skip`` are not run.
@@ -54,6 +60,7 @@ def time_detectors(
     from analytics.registry import METRICS, run_metric
     from analytics.types import Filters, Window
 
+    scope = Filters(from_spans=from_spans)
     results: dict[str, dict] = {}
     for name in names or sorted(METRICS):
         if name in (skip or ()):
@@ -64,7 +71,7 @@ def time_detectors(
         timer.start()
         start, start_cpu = time.perf_counter(), time.process_time()
         try:
-            frame = run_metric(conn, name, Window(), Filters())
+            frame = run_metric(conn, name, Window(), scope)
         except duckdb.InterruptException:
             results[name] = {"timed_out_after_s": limit_s, "median_s": None}
             logger.warning("%s interrupted after %ss", name, limit_s)
@@ -74,7 +81,7 @@ def time_detectors(
         cold, cold_cpu = time.perf_counter() - start, time.process_time() - start_cpu
         # Detectors slower than a tenth of the limit are timed once more, not ``repeats`` times.
         results[name] = warm_calls(
-            lambda: run_metric(conn, name, Window(), Filters()),  # noqa: B023 - called in this turn
+            lambda: run_metric(conn, name, Window(), scope),  # noqa: B023 - called in this turn
             repeats if cold < limit_s / 10 else 1, cold, cold_cpu,
         )  # fmt: skip
         logger.info("%s: median %.3fs (%d rows)", name, results[name]["median_s"], len(frame))

@@ -59,8 +59,15 @@ class _PortTaken(RuntimeError):
 class ServeProcess:
     """`python -m driftscope serve` on 127.0.0.1 with its own database; use as a context manager."""
 
-    def __init__(self, db: Path, embeddings: bool = False, extra_args: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        db: Path,
+        embeddings: bool = False,
+        extra_args: list[str] | None = None,
+        repo: Path | None = None,
+    ) -> None:
         self.db = Path(db)
+        self.repo = Path(repo) if repo is not None else REPO  # the tree whose serve runs (A/B runs)
         self.embeddings = embeddings
         self.extra_args = extra_args or []
         self.http_port, self.grpc_port = free_ports(2)
@@ -102,9 +109,11 @@ class ServeProcess:
             *self.extra_args,
         ]  # fmt: skip
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        if self.repo != REPO:
+            env["PYTHONPATH"] = str(self.repo)
         log = self.log_path.open("ab")
         log_start = log.tell()
-        self.process = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.process = subprocess.Popen(args, cwd=self.repo, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout
         # One client for the polls: each httpx.get() builds an SSL context (loads the CA bundle,
         # ~30 ms of CPU) even for http:// URLs.

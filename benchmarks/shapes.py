@@ -2,12 +2,13 @@
 
 One dimension of ``benchmarks.generator.Shape`` is varied at a time around a base shape (runs of
 1,000 tool calls by 8 agents, as issue 14 measured), each shape grown to the same number of
-stored spans (``benchmarks.dbbuild``). Per detector: cold call, then the median of warm calls.
-Detector results are kept by data version (``analytics.kept``), so a warm call with nothing new
-is a lookup; every kept detector and ``run_summary`` are also timed as a live server sees them: a
-batch of new spans is ingested into the newest runs (the real decoder and ``insert_batches``)
-before each round of calls, so every call follows a data change (``live.after_batch``), and each
-result is then checked against a full recomputation (``live.identical_to_full``).
+stored spans (``benchmarks.dbbuild``). Per detector: cold call, then the median of warm calls,
+both computed from the spans (no findings table built yet). Then as a live server sees them:
+the materializer builds every findings table (``live.build``), and before each round of calls a
+batch of new spans is ingested into the newest runs (the real decoder and ``insert_batches``,
+change log included) and the materializer's pass brings the tables up to date (``live.passes``);
+every maintained detector and ``run_summary`` are read after it (``live.after_batch``), and each
+table is then checked against a full recomputation (``live.identical_to_full``).
 
 The growth table gives, along each dimension, the ratio of a detector's median time at each
 value to its time at the dimension's smallest value, next to the ratio of the values: a detector
@@ -63,77 +64,75 @@ def matrix(dimensions: dict[str, list]) -> dict[str, Shape]:
 
 
 def _canonical(frame):
-    """``frame`` with every cell as text and rows sorted: equal frames up to the order of ties."""
-    out = frame.copy()
-    for column in out.columns:
-        out[column] = [
-            repr(list(v)) if hasattr(v, "__len__") and not isinstance(v, str) else repr(v)
-            for v in out[column]
-        ]
+    """``frame`` with every cell as text and rows sorted: equal frames up to the order of ties and
+    of the column types (a findings table gives nullable integers and booleans where a
+    computation gives numpy ones, and every missing value alike)."""
+    import pandas as pd
+
+    def cell(value) -> str:
+        if hasattr(value, "__len__") and not isinstance(value, str):
+            return repr([cell(item) for item in value])
+        if (
+            value is None
+            or value is pd.NA
+            or value is pd.NaT
+            or (isinstance(value, float) and value != value)
+        ):
+            return "None"
+        return repr(value.item() if hasattr(value, "item") else value)
+
+    out = pd.DataFrame({column: [cell(v) for v in frame[column]] for column in frame.columns})
     return out.sort_values(list(out.columns)).reset_index(drop=True)
 
 
-def _same(kept, full) -> bool:
-    """Kept result equal to the full one (rows tied on the detector's order may differ in order)."""
+def _same(got, full) -> bool:
+    """A table's result equal to the full one (rows tied on the detector's order may differ in
+    order)."""
     import pandas as pd
 
     try:
-        pd.testing.assert_frame_equal(kept, full)
+        pd.testing.assert_frame_equal(got, full)
         return True
     except AssertionError:
         pass
     try:
-        pd.testing.assert_frame_equal(_canonical(kept), _canonical(full), check_dtype=True)
+        pd.testing.assert_frame_equal(_canonical(got), _canonical(full), check_dtype=True)
         return True
     except AssertionError as exc:
-        logger.error("kept result differs from a full recomputation: %s", exc)
+        logger.error("a findings table differs from a full recomputation: %s", exc)
         return False
 
 
 def time_live(db: SpanDatabase, appends: int, batch: int) -> dict:
-    """Every kept detector and ``run_summary`` right after each of ``appends`` ingested batches of
-    ``batch`` new spans (into the newest runs, the real decoder and ``insert_batches``), as a live
-    server sees them: each call brings its kept result up to date.
+    """Every maintained detector and ``run_summary`` read right after each of ``appends``
+    ingested batches of ``batch`` new spans (into the newest runs, the real decoder and
+    ``insert_batches``) and the materializer's pass that follows it, as a live server sees them.
 
-    After the timed calls every result is compared with a full recomputation (the detector's own
-    function, nothing kept); ``run_summary`` then runs once from nothing (both caches cleared).
-    """
-    from analytics import kept
-    from analytics.registry import METRICS, run_metric
-    from analytics.summary import clear_cache
+    After the timed calls every table is compared with a full recomputation
+    (``registry.compute_metric``); ``run_summary`` is then computed once from the spans."""
+    from analytics.registry import METRICS, compute_metric, run_metric
+    from benchmarks.live_db import materializer_pass
 
-    names = [*sorted(kept.KEPT), "run_summary"]
-    for name in names:  # the kept state a live dashboard would have
-        run_metric(db.conn, name)
+    names = [*sorted(n for n, m in METRICS.items() if m.kept), "run_summary"]
+    build = materializer_pass(db.conn)  # the tables a serve running all along would have
     times: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
+    passes = []
     for i in range(appends):
         db.append_batch(batch, seed=2000 + i)
+        passes.append(materializer_pass(db.conn))
         for name in names:
             start, start_cpu = time.perf_counter(), time.process_time()
             run_metric(db.conn, name)
             times[name].append(time.perf_counter() - start)
             cpu[name].append(time.process_time() - start_cpu)
-    # run_summary alone after a batch: it brings the detectors it counts up to date itself.
-    db.append_batch(batch, seed=2000 + appends)
+    identical = {name: _same(run_metric(db.conn, name), compute_metric(db.conn, name)) for name in names}
     start, start_cpu = time.perf_counter(), time.process_time()
-    run_metric(db.conn, "run_summary")
-    alone_s, alone_cpu = time.perf_counter() - start, time.process_time() - start_cpu
-    identical = {}
-    for name in names:
-        got = run_metric(db.conn, name)
-        if name == "run_summary":  # from the detectors' kept results, each just compared in full
-            full = METRICS[name].func(db.conn, _window(), _filters())
-        else:  # in full, nothing kept; repeated_calls in chunks of runs (one pass: 23 GB at 10M)
-            with kept.computed_in_full():
-                full = run_metric(db.conn, name)
-        identical[name] = _same(got, full)
-    clear_cache()
-    kept.clear_cache()
-    start, start_cpu = time.perf_counter(), time.process_time()
-    run_metric(db.conn, "run_summary")
+    compute_metric(db.conn, "run_summary")
     full_s, full_cpu = time.perf_counter() - start, time.process_time() - start_cpu
     return {
+        "build": build,
+        "passes": passes,
         "after_batch": {
             name: {
                 "median_s": round(statistics.median(times[name]), 4),
@@ -143,25 +142,10 @@ def time_live(db: SpanDatabase, appends: int, batch: int) -> dict:
             for name in names
         },
         "identical_to_full": identical,
-        "run_summary_alone_after_batch_s": round(alone_s, 4),
-        "run_summary_alone_after_batch_cpu_s": round(alone_cpu, 4),
-        "run_summary_from_nothing_s": round(full_s, 3),
-        "run_summary_from_nothing_cpu_s": round(full_cpu, 3),
+        "run_summary_from_spans_s": round(full_s, 3),
+        "run_summary_from_spans_cpu_s": round(full_cpu, 3),
         "batch_spans": batch,
-        "stats": dict(kept.stats),
     }
-
-
-def _window():
-    from analytics.types import Window
-
-    return Window()
-
-
-def _filters():
-    from analytics.types import Filters
-
-    return Filters()
 
 
 def run_shapes(
@@ -190,11 +174,6 @@ def run_shapes(
         build_s = time.perf_counter() - start
         try:
             db.conn.execute("SET threads = 2")
-            from analytics import kept
-            from analytics.summary import clear_cache
-
-            clear_cache()
-            kept.clear_cache()
             timings = time_detectors(db.conn, repeats, limit_s=limit_s, skip=skip)
             if timings.get("run_summary", {}).get("median_s") is None:
                 summary = {"skipped": "the full run_summary timed out"}

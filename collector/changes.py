@@ -10,8 +10,16 @@ from __future__ import annotations
 
 import duckdb
 
-# Partition kinds the log records: the partition keys detectors register.
-PARTITIONS = ("run_id", "origin_task_id")
+# Partition kinds the log records: the partition keys detectors register. 'run_tool' is finer
+# than a run: "<run>\x1f<name>" for every name a span is, or can change, a call of (its tool, the
+# agent it delegates to, its own agent, the agent an agent span is), and "<run>\x1f*" for an LLM
+# output holding code (its calls are of any tool of the run) or a run a delete changed. The
+# writer logs only what the spans no longer say (the keys a span had before a walk changed it,
+# deleted runs); the materializer derives the rest from the spans ``span_changes`` lists
+# (``RUN_TOOL_KEYS_SQL``). It lets a loop detector recompute the few (run, tool) groups a commit
+# changed, not the whole run.
+PARTITIONS = ("run_id", "origin_task_id", "run_tool")
+RUN_TOOL_SEP = "\x1f"
 
 _TOUCHED_SQL = """
 INSERT INTO change_partitions
@@ -22,6 +30,41 @@ SELECT DISTINCT $seq, partition, key FROM (
 )
 EXCEPT SELECT seq, partition, key FROM change_partitions WHERE seq = $seq
 """
+
+
+# The (run, tool) keys of span rows: every name a span is, or can change, a call of. {rows} is a
+# UNION ALL of the sources' rows (record_run_tools).
+_KEYS_SQL = """
+SELECT DISTINCT run_id || chr(31) || tool AS key FROM (
+    SELECT run_id,
+           unnest([tool_name, delegate_to, agent_id,
+                   CASE WHEN span_family = 'agent' THEN coalesce(agent_id, agent_name, SpanName) END,
+                   CASE WHEN span_family = 'llm' AND has_code THEN '*' END]) AS tool
+    FROM ({rows})
+    WHERE run_id IS NOT NULL
+)
+WHERE tool IS NOT NULL
+"""
+_RUN_TOOL_SQL = "INSERT INTO change_partitions SELECT $seq, 'run_tool', key FROM (" + _KEYS_SQL + ")"
+# The (run, tool) keys of the spans committed after change $after up to $upto, as they are now.
+RUN_TOOL_KEYS_SQL = _KEYS_SQL.replace(
+    "{rows}",
+    "SELECT run_id, tool_name, delegate_to, agent_id, agent_name, SpanName, span_family, "
+    "span_family = 'llm' AND (contains(output_text, '<code>') OR contains(output_text, '```')) AS has_code "
+    "FROM spans s WHERE EXISTS (SELECT 1 FROM span_changes c WHERE c.seq > $after AND c.seq <= $upto "
+    "AND c.TraceId = s.TraceId AND c.SpanId = s.SpanId)",
+)
+
+
+def record_run_tools(conn: duckdb.DuckDBPyConnection, seq: int, sources: list[str]) -> None:
+    """Log the (run, tool) keys of the rows of ``sources`` (relations with run_id, tool_name,
+    delegate_to, agent_id, agent_name, SpanName, span_family and has_code: an LLM output holding
+    code) as touched by ``seq``, in one statement."""
+    rows = " UNION ALL ".join(
+        f"SELECT run_id, tool_name, delegate_to, agent_id, agent_name, SpanName, span_family, has_code FROM {source}"
+        for source in sources
+    )
+    conn.execute(_RUN_TOOL_SQL.replace("{rows}", rows), {"seq": seq})
 
 
 def next_change(

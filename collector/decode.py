@@ -297,7 +297,8 @@ def parse_json(
             continue
         resource = rs.get("resource")
         items += _json_attribute_items(resource.get("attributes")) if isinstance(resource, dict) else 0
-        for s_index, ss in enumerate(rs.get("scopeSpans", rs.get("scope_spans")) or []):
+        scope_spans = rs.get("scopeSpans", rs.get("scope_spans"))
+        for s_index, ss in enumerate(scope_spans if isinstance(scope_spans, list) else ()):
             items += 1
             if not isinstance(ss, dict):
                 continue
@@ -306,7 +307,8 @@ def parse_json(
             spans += _json_len(ss.get("spans"))
             if spans > limits.max_spans_per_request:
                 raise RequestTooLargeError("spans", limits)
-            for p_index, span in enumerate(ss.get("spans") or []):
+            listed = ss.get("spans")
+            for p_index, span in enumerate(listed if isinstance(listed, list) else ()):
                 if not isinstance(span, dict):
                     continue
                 items += 1 + _json_attribute_items(span.get("attributes"))

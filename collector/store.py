@@ -15,7 +15,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collector.changes import next_change, record_touched
+from collector.changes import next_change, record_run_tools, record_touched
 from collector.decode import SPAN_SCHEMA, DecodedBatch
 from collector.migrations_runner import apply_migrations
 
@@ -81,7 +81,11 @@ CREATE OR REPLACE TEMP TABLE _tree AS
 SELECT rowid AS rid, TraceId, SpanId, ParentSpanId, agent_id, agent_name, run_id, origin_task_id, span_family,
        start_ns,
        -- spans of driftscope's guards state their own delegation hops and runs
-       (task_id IS NOT NULL OR guard IS NOT NULL OR scenario IS NOT NULL) AS guarded
+       (task_id IS NOT NULL OR guard IS NOT NULL OR scenario IS NOT NULL) AS guarded,
+       -- what the walks below may change and what names a (run, tool) key, as it was before them
+       -- (the walks update run_id above; _CHANGED_SQL compares), for the change log
+       run_id AS run_before, tool_name, delegate_to, SpanName, op, hop, hash(input_text) AS input_hash,
+       span_family = 'llm' AND (contains(output_text, '<code>') OR contains(output_text, '```')) AS has_code
 FROM spans WHERE ingested_at >= $since AND TraceId IN (SELECT TraceId FROM _incoming)
 """
 
@@ -332,6 +336,25 @@ WHERE spans.rowid = s.rid AND s.TraceId = r.TraceId AND s.run_id = s.TraceId
 _TOUCHED_TRACES = "WHERE ingested_at >= $since AND TraceId IN (SELECT DISTINCT TraceId FROM _tree)"
 
 
+# The spans stored before this commit that the walks changed (a span whose run, agent, hop,
+# hand-off or task changed; the new spans are listed anyway), with the
+# (run, tool) key columns they had before (collector.changes.record_run_tools: the keys a span
+# leaves; the keys it has now are read from the spans `span_changes` lists).
+_CHANGED_SQL = """
+CREATE OR REPLACE TEMP TABLE _changed AS
+SELECT b.TraceId, b.SpanId, b.has_code, b.run_before AS run_id, b.tool_name, b.delegate_to, b.agent_id,
+       b.agent_name, b.SpanName, b.span_family
+FROM (SELECT * FROM _tree ANTI JOIN _incoming i ON i.TraceId = _tree.TraceId AND i.SpanId = _tree.SpanId) b
+JOIN spans n ON n.rowid = b.rid
+WHERE b.run_before IS DISTINCT FROM n.run_id OR b.agent_id IS DISTINCT FROM n.agent_id
+   OR b.op IS DISTINCT FROM n.op OR b.delegate_to IS DISTINCT FROM n.delegate_to
+   OR b.hop IS DISTINCT FROM n.hop OR b.input_hash IS DISTINCT FROM hash(n.input_text)
+"""
+# The spans this commit stored (a resend of a stored span is listed too: folding it again changes
+# nothing).
+_NEW_SPAN_CHANGES_SQL = "INSERT INTO span_changes SELECT $seq, TraceId, SpanId FROM _incoming"
+
+
 def _first_copies(batches: list[DecodedBatch], table: pa.Table) -> pa.Table:
     """``table`` without repeated TraceId + SpanId rows (the first copy wins)."""
     joined = pc.binary_join_element_wise(table.column("TraceId"), table.column("SpanId"), "")
@@ -375,7 +398,9 @@ def insert_batches(
             # below move spans between runs (the run a span leaves is touched too), then after.
             seq = next_change(conn, "spans", inserted, pc.max(table.column("ingested_at")).as_py())
             record_touched(conn, seq, "_tree")
+            conn.execute(_NEW_SPAN_CHANGES_SQL, {"seq": seq})
         agentless, runless, agent_runs, agent_spans, joinable = conn.execute(_TREE_NEEDS_WORK_SQL).fetchone()
+        walks = bool(agentless or runless or agent_runs or agent_spans or joinable)
         if runless:
             # first, so a nested run's caller (a tool span naming no run, as ADK's) has its run
             conn.execute(_INHERIT_RUN_SQL)
@@ -399,6 +424,13 @@ def insert_batches(
         if seq is not None and (agent_runs or runless or joinable):
             touched = f"(SELECT run_id, NULL AS origin_task_id FROM spans {_TOUCHED_TRACES})"
             record_touched(conn, seq, touched, bound)
+        if seq is not None and walks:
+            # the spans the walks changed, and the (run, tool) keys they had before (the keys
+            # they have now the materializer reads from the spans span_changes lists)
+            conn.execute(_CHANGED_SQL)
+            record_run_tools(conn, seq, ["_changed"])
+            conn.execute("INSERT INTO span_changes SELECT $seq, TraceId, SpanId FROM _changed", {"seq": seq})
+            conn.execute("DROP TABLE _changed")
         conn.execute("DROP TABLE _tree")
     finally:
         conn.unregister("_incoming")
@@ -419,13 +451,21 @@ def delete_expired(conn: duckdb.DuckDBPyConnection, cutoff_ns: int, limit: int) 
     logging their runs and origin tasks as touched (a deleted span changes their findings)."""
     conn.execute(
         "CREATE OR REPLACE TEMP TABLE _expired AS "
-        "SELECT rowid AS rid, run_id, origin_task_id FROM spans WHERE end_ns < $cutoff LIMIT $limit",
+        "SELECT rowid AS rid, run_id, origin_task_id, TraceId, SpanId FROM spans WHERE end_ns < $cutoff LIMIT $limit",
         {"cutoff": cutoff_ns, "limit": limit},
     )
     try:
         deleted = conn.execute("DELETE FROM spans WHERE rowid IN (SELECT rid FROM _expired)").fetchall()[0][0]
         if deleted:
-            record_touched(conn, next_change(conn, "delete", deleted), "_expired")
+            seq = next_change(conn, "delete", deleted)
+            record_touched(conn, seq, "_expired")
+            conn.execute("INSERT INTO span_changes SELECT $seq, TraceId, SpanId FROM _expired", {"seq": seq})
+            # every (run, tool) group of a run that lost spans: "<run>\x1f*"
+            conn.execute(
+                "INSERT INTO change_partitions SELECT DISTINCT $seq, 'run_tool', run_id || chr(31) || '*' "
+                "FROM _expired WHERE run_id IS NOT NULL",
+                {"seq": seq},
+            )
     finally:
         conn.execute("DROP TABLE _expired")
     return deleted

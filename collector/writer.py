@@ -169,6 +169,7 @@ class SpanWriter(threading.Thread):
         self.healthy = True
         self.checkpoints = 0
         self.busy_seconds = 0.0  # time spent in successful commits (insert + COMMIT) and writes
+        self.span_commit_seconds = 0.0  # of it, committing spans (what ingest waits for)
         self.writes = 0  # write functions committed (execute_write_fn)
         self.failed_writes = 0
         self.traces = TraceIndex(conn)
@@ -207,6 +208,7 @@ class SpanWriter(threading.Thread):
                 backoff = min(backoff * 2, 2.0)
                 continue
             self.busy_seconds += time.perf_counter() - started
+            self.span_commit_seconds += time.perf_counter() - started
             backoff = 0.05
             self.healthy = True
             self.last_error = None

@@ -97,7 +97,7 @@ class DataSource(Protocol):
     """What every page and the report builder read through.
 
     Besides the contract's six reads: ``data_version`` (a string that changes when spans are
-    added; cache keys include it), ``filter_options`` (sidebar choices), ``run_totals`` (every run
+    added or the findings tables move on; cache keys include it), ``filter_options`` (sidebar choices), ``run_totals`` (every run
     in scope with its counts, no lists), ``run_details`` (``runs`` columns for a few runs) and
     ``evidence_spans`` (the spans named by (run_id, span_id) pairs, ``SPAN_COLUMNS``).
     """

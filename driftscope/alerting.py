@@ -220,9 +220,8 @@ class AlertService:
         self.interval = timedelta(seconds=interval_s)
         self.dashboard_url = dashboard_url
         self.channels = [_Channel(receiver) for receiver in receivers]
-        # Detectors run over the default scope (every span): the results the kept-results worker
-        # keeps up to date (and stores) after each commit, so a rule without filters costs no
-        # detector run of its own; the rule's window is applied to the finding rows.
+        # Detectors run over the evaluator's anchor window: the findings tables answer the runs
+        # it holds whole (``registry.run_metric``); the rule's window is applied to the rows.
         self.since: datetime | None = None
         self.evaluations = 0
         self.skipped = 0

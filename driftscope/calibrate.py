@@ -28,7 +28,6 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from analytics.kept import computed_in_full
 from analytics.types import Window, WriteFn
 from collector.auth import token_matches
 from driftscope.api import is_unicode_text
@@ -112,11 +111,15 @@ class CalibrationRequest:
             raise CalibrationInputError(str(exc)) from exc
 
 
-def finding_counts(conn: duckdb.DuckDBPyConnection, window: Window) -> dict[str, int]:
-    """Findings per finding detector in ``window`` under the thresholds in force (zeros left out)."""
+def finding_counts(
+    conn: duckdb.DuckDBPyConnection, window: Window, from_spans: bool = False
+) -> dict[str, int]:
+    """Findings per finding detector in ``window`` under the thresholds in force (zeros left
+    out); ``from_spans``: computed from the spans, not read from the findings tables (which hold
+    the committed thresholds' findings, not a dry run's)."""
     from driftscope.commands import finding_counts as count_findings
 
-    return count_findings(conn, window)
+    return count_findings(conn, window, from_spans)
 
 
 def thresholds_in_force(conn: duckdb.DuckDBPyConnection) -> dict[str, dict]:
@@ -198,17 +201,14 @@ def run_calibration(
         # file as it was.
         conn.execute("BEGIN TRANSACTION")
         try:
-            # computed under each version, not read from the findings tables (which hold the
-            # committed thresholds' findings)
-            with computed_in_full():
-                findings_before = finding_counts(conn, Window())
+            # computed under each version, not read from the findings tables
+            findings_before = finding_counts(conn, Window(), from_spans=True)
             _calibrate(conn, request, window, pairs_path, lambda fn: fn(conn), results)
             results["changed"] = threshold_diff(before, thresholds_in_force(conn))
-            with computed_in_full():
-                results["findings_all_time"] = {
-                    "before": findings_before,
-                    "after": finding_counts(conn, Window()),
-                }
+            results["findings_all_time"] = {
+                "before": findings_before,
+                "after": finding_counts(conn, Window(), from_spans=True),
+            }
         finally:
             conn.execute("ROLLBACK")
     results["dry_run"] = "nothing was stored"

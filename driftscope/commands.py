@@ -211,15 +211,16 @@ def cmd_report(args: argparse.Namespace, values: dict[str, Any]) -> int:
     return 0
 
 
-def finding_counts(conn, window) -> dict[str, int]:
-    """Findings per finding detector in ``window`` under the thresholds in force (zeros left out)."""
+def finding_counts(conn, window, from_spans: bool = False) -> dict[str, int]:
+    """Findings per finding detector in ``window`` under the thresholds in force (zeros left
+    out); with ``from_spans`` computed from the spans, not read from the findings tables."""
     from analytics import read
     from analytics.types import Filters
     from dashboard.findings import finding_metrics, finding_rows
 
     counts = {}
     for metric in finding_metrics(read.describe_metrics()):
-        rows = finding_rows(read.metric(conn, metric["name"], window, Filters()), metric)
+        rows = finding_rows(read.metric(conn, metric["name"], window, Filters(from_spans=from_spans)), metric)
         if len(rows):
             counts[metric["name"]] = len(rows)
     return counts

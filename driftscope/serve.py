@@ -202,7 +202,7 @@ def build_service(config: ServeConfig) -> Service:
         worker = _start_embedding_worker(conn, writer.execute_write_fn)
     # Every maintained detector's findings table brought up to date from the change log the
     # writer keeps, through the writer; reads are SELECTs over them (analytics.materialize).
-    materializer = Materializer(conn.cursor, writer.execute_write_fn)
+    materializer = Materializer(conn.cursor, writer.execute_write_fn, ingest_backlog=lambda: len(queue))
     materializer.start()
     alerting = start_alerting(config, alert_rules, conn.cursor, writer.execute_write_fn)
     retention = None
@@ -378,6 +378,7 @@ def _findings_health(conn, materializer: Materializer) -> dict:
         "behind_changes": fresh["behind_changes"],
         "materializer_passes": materializer.passes,
         "last_pass_seconds": round(materializer.last_pass_seconds, 3),
+        "deferred_to_ingest_seconds": round(materializer.deferred_seconds, 2),
         "last_error": materializer.last_error,
         "failed": materializer.last_failed,
     }

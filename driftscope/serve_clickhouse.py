@@ -10,7 +10,8 @@ The read API (``driftscope.api``) answers over the store: the same read interfac
 temporary table per session). On a server the reads use a session of their own, so inserts do not
 wait behind them; chdb has one connection per process, so there a long detector statement
 delays the writer's next insert. Not here yet: calibration (``/api/v1/calibrate`` is a 501), the
-embedding and kept-results workers (they run on the DuckDB store).
+embedding worker and the materializer (they run on the DuckDB store: every detector read here is
+computed from the spans).
 
 Alerts (``driftscope.alerting``) run as on DuckDB: the same rules, episodes and receivers, the
 detectors reading the store, one read turn per rule (requests go in between). The alert state

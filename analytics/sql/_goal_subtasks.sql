@@ -94,7 +94,7 @@ statement_rows AS (
 ),
 pairs AS (
     SELECT row_number() OVER () AS pair_id, p.root_raw, p.subtask_raw, g.root_goal, g.subtask,
-           round_even(g.divergence * 10000, 0) / 10000 AS divergence, g.divergence AS score,
+           round_even(g.divergence * 10000, 0) / 10000 + 0.0 AS divergence, g.divergence AS score,  -- + 0.0: never -0.0
            g.root_hash IS NOT NULL AS scored
     FROM (SELECT DISTINCT root_raw, subtask_raw FROM statement_rows) p
     LEFT JOIN (SELECT root_hash, subtask_hash, root_goal, subtask, divergence FROM goal_scores

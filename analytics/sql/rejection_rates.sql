@@ -12,10 +12,6 @@ WITH calls AS NOT MATERIALIZED (
     WHERE {span_filter}
       AND outcome IS NOT NULL
       AND ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
-      -- internal (None for the detector): only these buckets, after a batch (analytics.state)
-      AND ($buckets_from::TIMESTAMP IS NULL OR Timestamp >= $buckets_from::TIMESTAMP)
-      AND ($buckets_until::TIMESTAMP IS NULL OR Timestamp < $buckets_until::TIMESTAMP)
-      AND ($buckets::BIGINT[] IS NULL OR list_contains($buckets::BIGINT[], bucket))
 ),
 counts AS (
     SELECT bucket, tool_name, state_key, agent_id AS agent,
@@ -47,4 +43,13 @@ buckets AS (
       ON c.bucket = r.bucket AND c.tool_name IS NOT DISTINCT FROM r.tool_name
      AND c.state_key IS NOT DISTINCT FROM r.state_key AND c.agent IS NOT DISTINCT FROM r.agent
 )
-{rejection_trend}
+-- the rates, and the trend of each tool x key x agent over its buckets, in the detector's order
+SELECT *,
+       rejections / attempts AS rejection_rate,
+       errors / attempts AS error_rate,
+       CASE WHEN count(*) OVER g > 1
+            THEN coalesce(regr_slope(rejections / attempts, epoch(bucket_start)) OVER g * 3600, 0.0)
+            ELSE 0.0 END AS trend_per_hour
+FROM buckets
+WINDOW g AS (PARTITION BY tool_name, state_key, agent)
+ORDER BY tool_name, state_key NULLS FIRST, agent NULLS FIRST, bucket_start

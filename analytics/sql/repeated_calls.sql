@@ -17,10 +17,24 @@
 --   * a code action: a call `name(...)` in a ```py / <code> block of an LLM output, for agents
 --     that act through code, as Python's parser finds it (analytics.code_actions: never prose,
 --     escaped text, builtins or names the code binds itself; bound as $code_outputs / $code_tools
---     / $code_args), only of a tool the run has (a tool name of its tool spans), only for
---     (run, agent, name) without tool spans of their own, and never a name of an invoked agent.
+--     / $code_args), only of a tool the agent has: one of its declared tool list where it declares
+--     one (analytics/sql/loop_declared_tools.sql, bound as $declared_runs / $declared_agents /
+--     $declared_tools), else a tool name of the run's tool spans; only for (run, agent, name)
+--     without tool spans of their own, and never a name of an invoked agent.
 -- A call whose arguments were not captured (a tool span without tool_args, a hand-off without
--- task, arguments or input) is no call here: invisible arguments are not equal arguments.
+-- task, arguments or input) never matches another on its (empty) arguments: invisible arguments
+-- are not equal arguments. A tool call without arguments is matched on what it did show instead
+-- (its `basis`; every other call's basis is 'arguments'), and only on the same text
+-- (normalized as arguments are: case, white space and word order free; never on similarity):
+--   * 'error': a failing call (outcome error/rejected or status Error) with an error text: its
+--     `error.type` attribute and status message (or reject reason), e.g. "TimeoutError: search
+--     backend timed out" (Microsoft Agent Framework's default records only error.type): the same
+--     failure, call after call, is a retry loop whatever the arguments were;
+--   * 'output': else a call whose result (tool_result) has $min_output_words+ distinct words: a
+--     trivial acknowledgement ("ok", {"status": "sent"}) is what different successful calls all
+--     return, a substantial result repeated verbatim is the same call repeated (or a search that
+--     makes no progress).
+-- Either needs $min_calls+ such calls, like any loop; a call with neither is no call here.
 -- Outcomes are not part of the group: a retry loop is error, error, ok.
 -- Two calls are linked when their normalized arguments are identical (the same sorted argument
 -- words: whitespace, case and key order free; every such call links to the first of them), or
@@ -37,21 +51,54 @@
 -- within their first n - ceil(t * n) + 1) drop most neighbour pairs before the exact Jaccard.
 -- A 64-bit hash collision of two group keys (~n^2/2^64) could only merge two groups;
 -- analytics.loops splits a loop by key (a collision of two (run, tool) keys in the internal
--- $loop_runs/$loop_tools limit could only add a group to the ones recomputed).
-WITH RECURSIVE tool_calls AS NOT MATERIALIZED (
-    SELECT TraceId, SpanId, run_id, coalesce(agent_id, '') AS agent, tool_name, Timestamp, start_ns,
-           coalesce(tool_args, '') AS args,
-           coalesce(outcome IN ('error', 'rejected') OR StatusCode = 'Error', false) AS failing,
-           coalesce(outcome = 'rejected', false) AS rejected, 'tool' AS source, true AS own_args
-    FROM spans
-    WHERE {span_filter} AND tool_name IS NOT NULL AND run_id IS NOT NULL
-      AND coalesce(op, '') NOT IN ('delegate', 'objective')
-      -- arguments not captured are not equal arguments: such a call matches no other
-      AND tool_args IS NOT NULL
-      -- an execution guard's check that let the call through is not the call (the call is its
-      -- own span); a refused check is a refused call
-      AND NOT (coalesce(guard, '') = 'execution_guard' AND coalesce(outcome, 'ok') <> 'rejected')
-      AND ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
+-- $group_runs/$group_tools limit could only add a group to the ones computed).
+-- Internal ($loop_runs set: serve's materializer recomputing the (run, tool) groups a commit
+-- changed, analytics.loops_live): every call source is limited to the ($group_runs[i],
+-- $group_tools[i]) groups and every group of $loop_whole_runs before any call is formed; a group
+-- is wholly in or out, so its loops are the ones the full statement finds. (The pairs are lists,
+-- empty when unset: ClickHouse cannot bind a NULL array.)
+WITH RECURSIVE group_scope AS (
+    SELECT hash(r, t) AS rt
+    FROM (SELECT unnest($group_runs::VARCHAR[]) AS r, unnest($group_tools::VARCHAR[]) AS t)
+),
+tool_calls AS NOT MATERIALIZED (
+    SELECT TraceId, SpanId, run_id, agent, tool_name, Timestamp, start_ns,
+           CASE WHEN tool_args IS NOT NULL THEN tool_args WHEN error_text <> '' THEN error_text
+                ELSE tool_result END AS args,
+           failing, rejected, 'tool' AS source,
+           CASE WHEN tool_args IS NOT NULL THEN 'arguments' WHEN error_text <> '' THEN 'error'
+                ELSE 'output' END AS basis
+    FROM (
+        SELECT *, CASE WHEN error_type <> '' AND error_message <> '' THEN error_type || ': ' || error_message
+                       ELSE error_type || error_message END AS error_text
+        FROM (
+            SELECT TraceId, SpanId, run_id, coalesce(agent_id, '') AS agent, tool_name, Timestamp, start_ns,
+                   tool_args, tool_result,
+                   coalesce(outcome IN ('error', 'rejected') OR StatusCode = 'Error', false) AS failing,
+                   coalesce(outcome = 'rejected', false) AS rejected,
+                   -- the error text only of failing calls without arguments (the attribute list is
+                   -- read for those alone)
+                   CASE WHEN tool_args IS NULL AND (outcome IN ('error', 'rejected') OR StatusCode = 'Error')
+                        THEN coalesce(list_filter(SpanAttributes, lambda a: a.key = 'error.type')[1].value, '')
+                        ELSE '' END AS error_type,
+                   CASE WHEN tool_args IS NULL AND (outcome IN ('error', 'rejected') OR StatusCode = 'Error')
+                        THEN coalesce(nullif(StatusMessage, ''), reject_reason, '')
+                        ELSE '' END AS error_message
+            FROM spans
+            WHERE {span_filter} AND tool_name IS NOT NULL AND run_id IS NOT NULL
+              AND coalesce(op, '') NOT IN ('delegate', 'objective')
+              -- an execution guard's check that let the call through is not the call (the call is
+              -- its own span); a refused check is a refused call
+              AND NOT (coalesce(guard, '') = 'execution_guard' AND coalesce(outcome, 'ok') <> 'rejected')
+              AND ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
+              AND ($loop_runs::VARCHAR[] IS NULL OR run_id = ANY($loop_whole_runs::VARCHAR[])
+                   OR hash(run_id, tool_name) IN (SELECT rt FROM group_scope))
+        )
+    )
+    -- arguments not captured: a call only with an error text or a non-trivial output
+    WHERE tool_args IS NOT NULL OR error_text <> ''
+       OR len(list_distinct(list_filter(string_split_regex(lower(coalesce(tool_result, '')), '[^a-z0-9]+'),
+                                        lambda x: x <> ''))) >= $min_output_words
 ),
 agent_tasks AS (
     SELECT unnest($agent_inputs::VARCHAR[]) AS input_text, unnest($agent_tasks::VARCHAR[]) AS task
@@ -67,12 +114,11 @@ delegations AS NOT MATERIALIZED (
     SELECT TraceId, SpanId, run_id, agent_id AS agent, delegate_to AS tool_name, Timestamp, start_ns,
            coalesce(d.goal_text, t.task, d.tool_args, d.input_text, '') AS args,
            coalesce(outcome IN ('error', 'rejected') OR StatusCode = 'Error', false) AS failing,
-           coalesce(outcome = 'rejected', false) AS rejected, 'delegation' AS source,
-           -- its arguments come from its own span alone (else from $agent_tasks, which other
-           -- spans of the run decide: analytics.loops keeps only groups whose calls all own theirs)
-           (d.goal_text IS NOT NULL OR d.input_text IS NULL) AS own_args
+           coalesce(outcome = 'rejected', false) AS rejected, 'delegation' AS source, 'arguments' AS basis
     FROM handoffs d LEFT JOIN agent_tasks t ON t.input_text = d.input_text
     WHERE ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
+      AND ($loop_runs::VARCHAR[] IS NULL OR d.run_id = ANY($loop_whole_runs::VARCHAR[])
+           OR hash(d.run_id, d.delegate_to) IN (SELECT rt FROM group_scope))
       -- a hand-off whose task was not captured matches no other
       AND coalesce(d.goal_text, t.task, d.tool_args, d.input_text, '') <> ''
       AND NOT EXISTS (SELECT 1 FROM handoffs b
@@ -105,11 +151,13 @@ entries AS (  -- each agent span's entry (topmost span of its chain) and the ent
 invocations AS NOT MATERIALIZED (  -- one per entry: its first agent span with a task
     SELECT a.TraceId, a.SpanId, a.run_id, coalesce(p.agent_id, '') AS agent, a.invoked AS tool_name,
            a.Timestamp, a.start_ns, a.task AS args, coalesce(a.StatusCode = 'Error', false) AS failing,
-           false AS rejected, 'agent' AS source, false AS own_args
+           false AS rejected, 'agent' AS source, 'arguments' AS basis
     FROM agent_spans a
     JOIN entries e ON e.TraceId = a.TraceId AND e.origin = a.SpanId
     LEFT JOIN lineage p ON p.TraceId = a.TraceId AND p.SpanId = e.entry_parent
     WHERE ($agent::VARCHAR IS NULL OR p.agent_id = $agent::VARCHAR)
+      AND ($loop_runs::VARCHAR[] IS NULL OR a.run_id = ANY($loop_whole_runs::VARCHAR[])
+           OR hash(a.run_id, a.invoked) IN (SELECT rt FROM group_scope))
       -- an invocation that a delegate span of the run already records is counted there
       AND hash(a.run_id, coalesce(p.agent_id, ''), a.invoked)
           NOT IN (SELECT hash(run_id, agent, tool_name) FROM delegations)
@@ -119,6 +167,10 @@ code_found AS (  -- the calls in code blocks of LLM outputs, parsed in Python (a
     SELECT unnest($code_outputs::VARCHAR[]) AS output_text, unnest($code_tools::VARCHAR[]) AS tool_name,
            unnest($code_args::VARCHAR[]) AS args
 ),
+declared AS (  -- the tools agents declare (loop_declared_tools.sql, names read in Python)
+    SELECT unnest($declared_runs::VARCHAR[]) AS run_id, unnest($declared_agents::VARCHAR[]) AS agent,
+           unnest($declared_tools::VARCHAR[]) AS tool_name
+),
 run_tools AS (  -- the tools a run's agents have: every tool name of its tool spans
     SELECT DISTINCT run_id, tool_name
     FROM spans
@@ -127,59 +179,40 @@ run_tools AS (  -- the tools a run's agents have: every tool name of its tool sp
 ),
 code_calls AS NOT MATERIALIZED (
     SELECT s.TraceId, s.SpanId, s.run_id, coalesce(s.agent_id, '') AS agent, f.tool_name, s.Timestamp,
-           s.start_ns, f.args, false AS failing, false AS rejected, 'code' AS source, true AS own_args
+           s.start_ns, f.args, false AS failing, false AS rejected, 'code' AS source, 'arguments' AS basis
     FROM spans s JOIN code_found f ON f.output_text = s.output_text
     WHERE {span_filter} AND s.span_family = 'llm' AND s.run_id IS NOT NULL
       AND ($agent::VARCHAR IS NULL OR s.agent_id = $agent::VARCHAR)
-      -- only a tool the run has; where the agent's own tool spans record it, they are the calls
-      AND hash(s.run_id, f.tool_name) IN (SELECT hash(run_id, tool_name) FROM run_tools)
+      AND ($loop_runs::VARCHAR[] IS NULL OR s.run_id = ANY($loop_whole_runs::VARCHAR[])
+           OR hash(s.run_id, f.tool_name) IN (SELECT rt FROM group_scope))
+      -- only a tool the agent has: its declared tools, else (it declares none) the run's tool
+      -- spans' tools; where the agent's own tool spans record it, they are the calls
+      AND (hash(s.run_id, coalesce(s.agent_id, ''), f.tool_name) IN (SELECT hash(run_id, agent, tool_name)
+                                                                     FROM declared)
+           OR (hash(s.run_id, coalesce(s.agent_id, '')) NOT IN (SELECT hash(run_id, agent) FROM declared)
+               AND hash(s.run_id, f.tool_name) IN (SELECT hash(run_id, tool_name) FROM run_tools)))
       AND hash(s.run_id, coalesce(s.agent_id, ''), f.tool_name)
           NOT IN (SELECT hash(run_id, agent, tool_name) FROM tool_calls)
       AND hash(s.run_id, f.tool_name) NOT IN (SELECT hash(run_id, tool_name) FROM invocations)
 ),
 calls AS MATERIALIZED (  -- with its group key's hash. Read twice (keys, candidates): inlined,
-                        -- DuckDB scanned and joined every call of the runs twice (for a kept
-                        -- group's tail read after a batch, most of the statement's cost)
+                        -- DuckDB scanned and joined every call of the runs twice
     SELECT *, hash(run_id, agent, tool_name) AS h
     FROM (SELECT * FROM tool_calls
           UNION ALL SELECT * FROM delegations
           UNION ALL SELECT * FROM invocations
           UNION ALL SELECT * FROM code_calls)
 ),
-keys AS (  -- (run, agent, tool) groups with enough calls for a loop; their calls' count and a
-           -- sum of a hash of their span ids (analytics.loops' kept groups check their members)
-    SELECT h, count(*) AS group_calls,
-           sum(hash(SpanId) // 4294967296)::BIGINT AS group_sum  -- the top 32 bits (ClickHouse has no >>)
+keys AS (  -- (run, agent, tool) groups with enough calls for a loop
+    SELECT h
     FROM calls
     GROUP BY h
     HAVING count(*) >= $min_calls
 ),
-tails AS (  -- internal (analytics.loops' kept groups): (run, agent, tool) groups read from a cut on
-           -- (start_ns, SpanId); the other groups of their (run, tool) groups whole
-    SELECT hash(r, a, t) AS h, hash(r, t) AS rt, ns, sid
-    FROM (SELECT unnest($loop_tail_runs::VARCHAR[]) AS r, unnest($loop_tail_agents::VARCHAR[]) AS a,
-                 unnest($loop_tail_tools::VARCHAR[]) AS t, unnest($loop_tail_ns::BIGINT[]) AS ns,
-                 unnest($loop_tail_spans::VARCHAR[]) AS sid)
-),
 candidates AS MATERIALIZED (
-    SELECT row_number() OVER () AS call_idx, *
-    FROM (SELECT c.*, k.group_calls, k.group_sum
-          FROM calls c
-          JOIN keys k ON k.h = c.h
-          LEFT JOIN tails ON tails.h = c.h
-          -- internal (analytics.loops.update_repeated_calls): only the (run, tool) groups new spans
-          -- may have changed, or every group of $loop_whole_runs, and of the groups kept there
-          -- ($loop_tail_*) only their calls from the cut on
-          -- (one `($loop_runs IS NULL OR ...)` group: dropped whole when unset, as ClickHouse
-          -- cannot bind a NULL array)
-          WHERE ($loop_runs::VARCHAR[] IS NULL
-                 OR c.run_id = ANY($loop_whole_runs::VARCHAR[])
-                 OR hash(c.run_id, c.tool_name) IN (SELECT hash(r, t)
-                                                    FROM (SELECT unnest($loop_runs::VARCHAR[]) AS r,
-                                                                 unnest($loop_tools::VARCHAR[]) AS t))
-                 OR (hash(c.run_id, c.tool_name) IN (SELECT rt FROM tails)
-                     AND (tails.h IS NULL OR c.start_ns > tails.ns
-                          OR (c.start_ns = tails.ns AND c.SpanId >= tails.sid)))))
+    SELECT row_number() OVER () AS call_idx, c.*
+    FROM calls c
+    JOIN keys k ON k.h = c.h
 ),
 words AS MATERIALIZED (  -- per distinct argument string: its signature (the argument words, lower case,
             -- sorted: whitespace/case/key order free) and its similarity tokens
@@ -246,21 +279,23 @@ sigs AS MATERIALIZED (  -- per distinct argument string: a number, its signature
 ),
 calls_sig AS MATERIALIZED (  -- narrow: each candidate call with its argument string's number
     SELECT c.call_idx, c.h, c.start_ns, c.SpanId, s.aid, s.sig, s.nt, s.plen, s.p1, s.p2, s.p3,
-           c.source IN ('agent', 'delegation') AS handoff
+           c.source IN ('agent', 'delegation') AS handoff, c.basis
     FROM candidates c JOIN sigs s USING (args)
 ),
-firsts AS (  -- the first call of each (group, signature): identical calls link to it
-    SELECT h, sig, min(call_idx) AS first_idx FROM calls_sig GROUP BY h, sig
+firsts AS (  -- the first call of each (group, basis, signature): identical calls link to it (an
+             -- error text links only to the same error text, never to arguments that read alike)
+    SELECT h, basis, sig, min(call_idx) AS first_idx FROM calls_sig GROUP BY h, basis, sig
 ),
 neighbours AS MATERIALIZED (  -- each call with the (up to) 4 calls before it in its group, one sort
-                              -- (delegations and invocations: by their task similarity, in Python)
+                              -- (delegations and invocations: by their task similarity, in Python;
+                              -- errors and outputs: only identical ones link)
     SELECT call_idx, aid,
            lag(call_idx, 1) OVER w AS call_idx_1, lag(aid, 1) OVER w AS aid_1,
            lag(call_idx, 2) OVER w AS call_idx_2, lag(aid, 2) OVER w AS aid_2,
            lag(call_idx, 3) OVER w AS call_idx_3, lag(aid, 3) OVER w AS aid_3,
            lag(call_idx, 4) OVER w AS call_idx_4, lag(aid, 4) OVER w AS aid_4
     FROM calls_sig
-    WHERE NOT handoff
+    WHERE NOT handoff AND basis = 'arguments'
     WINDOW w AS (PARTITION BY h ORDER BY start_ns, SpanId)
 ),
 neighbour_pairs AS (
@@ -310,7 +345,7 @@ links AS (
     SELECT i, j, similarity FROM near WHERE similarity >= $similarity
     UNION ALL
     SELECT c.call_idx AS i, f.first_idx AS j, 1.0 AS similarity
-    FROM calls_sig c JOIN firsts f ON f.h = c.h AND f.sig = c.sig
+    FROM calls_sig c JOIN firsts f ON f.h = c.h AND f.basis = c.basis AND f.sig = c.sig
     WHERE c.call_idx <> f.first_idx
 ),
 linked AS (
@@ -321,11 +356,9 @@ linked AS (
 )
 SELECT c.call_idx, c.TraceId, c.SpanId, c.run_id, c.agent, c.tool_name, c.Timestamp, c.start_ns,
        c.failing, c.rejected, c.source, c.args, w.norm_args, coalesce(l.linked, []::BIGINT[]) AS linked,
-       l.min_similarity, c.group_calls, c.group_sum, (hash(c.SpanId) // 4294967296)::BIGINT AS span_hash,
-       c.own_args
+       l.min_similarity, c.basis
 FROM candidates c
 JOIN words w USING (args)
 LEFT JOIN linked l USING (call_idx)
--- internal ($all_calls, analytics.loops' kept groups): every candidate call, linked or not
-WHERE $all_calls::BOOLEAN OR l.call_idx IS NOT NULL OR c.source IN ('agent', 'delegation')
+WHERE l.call_idx IS NOT NULL OR c.source IN ('agent', 'delegation')
 

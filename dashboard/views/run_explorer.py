@@ -180,6 +180,18 @@ def explorer_findings_frame(page: list, first: int) -> pd.DataFrame:
     )
 
 
+def run_coverage(ctx: ui.PageContext, run: str) -> str | None:
+    """run_summary's ``coverage`` of ``run``: which detectors its telemetry leaves blind and the
+    setting that turns content capture on; None when nothing is missing."""
+    summary = ui.load_metric(
+        replace(ctx, filters=replace(ctx.filters, run=run)), "run_summary", ("run_id", "coverage")
+    )
+    if summary is None or summary.empty:
+        return None
+    notes = summary.loc[summary["run_id"].astype(str) == run, "coverage"].dropna()
+    return next((note for note in notes if isinstance(note, str) and note), None)
+
+
 def show_run(ctx: ui.PageContext, run: str) -> None:
     """Findings, trace tree with timeline, delegation graph and span attributes of one run."""
     spans = ui.cached_run_spans(ctx.source_key, ctx.version, run)
@@ -187,11 +199,17 @@ def show_run(ctx: ui.PageContext, run: str) -> None:
         st.info(f"No spans stored for run {run!r}. It may be outside the data this source holds.")
         return
     # The run's own findings, as its report lists them (a run filter: a run-partitioned detector
-    # answers it from the whole store's kept or stored rows of that run).
+    # answers it from its findings table's rows of that run).
     found = ui.load_findings(replace(ctx, filters=replace(ctx.filters, run=run)))
     findings = found.findings(run=run) if found is not None else []
     findings = [findings[i] for i in order_by_run_and_severity(findings)]
     all_evidence, failed_agents = run_failures(findings)
+    note = run_coverage(ctx, run)
+    if note:  # what the telemetry lacks, not a failure of driftscope's (as on the Overview)
+        st.info(
+            "This run could not be fully measured: its framework did not record what a detector "
+            f"needs. {note}"
+        )
     top = st.columns(4)
     top[0].metric("Spans", len(spans), border=True)
     top[1].metric("Agents", spans["agent_id"].nunique(), border=True)

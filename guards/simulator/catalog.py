@@ -1,4 +1,9 @@
-"""The scenario catalogue, running one scenario, and regenerating ``sample_traces/``."""
+"""The scenario catalogue, running one scenario, and regenerating ``sample_traces/``.
+
+Each scenario is a crew; its failure run is one of many runs of that crew. ``crew_runs`` gives
+the crew's healthy runs (the same agents and tools, the failure not injected), as a deployment
+would have before the failing one; ``regenerate`` writes them to ``crews/``.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +18,12 @@ from typing import Any
 from opentelemetry.sdk.trace.export import SpanExporter
 
 from guards.embedding import Embedder, SentenceTransformerEmbedder
-from guards.simulator.otlp_json import write_otlp_json
+from guards.simulator.otlp_json import spans_to_otlp_json, write_otlp_json
 from guards.simulator.runtime import FakeClock, SimRun
+from guards.simulator.scenarios_context import context_drift
 from guards.simulator.scenarios_delegation import constraint_drop, goal_drift, ping_pong
 from guards.simulator.scenarios_execution import healthy, recursion_loop, step_budget
-from guards.simulator.scenarios_state import context_drift, duplicate_side_effect, split_brain
+from guards.simulator.scenarios_state import duplicate_side_effect, split_brain
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +31,11 @@ VARIANTS = ("unguarded", "guarded")
 BASE_SEED = 20260115
 BASE_TIME = datetime(2026, 1, 15, 9, 0, tzinfo=UTC)
 RUN_SPACING_NS = 10 * 60 * 1_000_000_000
+# Healthy runs of each scenario's crew and variant in sample_traces/crews/; they start a day
+# before the failure runs, one round of every crew's runs every three hours.
+HEALTHY_RUNS = 8
+CREW_ROUND_NS = 3 * 60 * 60 * 1_000_000_000
+CREWS_DIR = "crews"
 
 
 @dataclass(frozen=True)
@@ -71,10 +82,12 @@ def run_scenario(
     clock: Any = None,
     exporters: Sequence[SpanExporter] = (),
     embedder: Embedder | None = None,
+    inject: bool = True,
 ) -> tuple[SimRun, list[Any]]:
     """Run one scenario variant; returns the finished run (with ``truth``) and its spans.
 
-    Without ``clock`` the run uses the fixed timestamps of the sample traces.
+    Without ``clock`` the run uses the fixed timestamps of the sample traces. ``inject=False``:
+    one of the scenario crew's healthy runs (the failure not injected; its truth lists none).
     """
     if name not in SCENARIOS:
         raise KeyError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
@@ -90,16 +103,35 @@ def run_scenario(
         clock=clock,
         exporters=exporters,
         embedder=embedder,
+        inject=inject,
     )
-    run.truth["failure_mode"] = SCENARIOS[name].failure_mode
+    run.truth["failure_mode"] = SCENARIOS[name].failure_mode if inject else "none"
     run.truth["description"] = SCENARIOS[name].description
     SCENARIOS[name].script(run)
     spans = run.finish()
     return run, spans
 
 
+def crew_runs(
+    name: str, variant: str, count: int = HEALTHY_RUNS, *, embedder: Embedder | None = None
+) -> list[tuple[SimRun, list[Any]]]:
+    """``count`` healthy runs of scenario ``name``'s crew (``run_scenario(..., inject=False)``),
+    each with its own seed, at the fixed timestamps of ``sample_traces/crews/``: every run
+    before the scenario's failure run."""
+    index = list(SCENARIOS).index(name) * len(VARIANTS) + VARIANTS.index(variant)
+    start = int(BASE_TIME.timestamp()) * 1_000_000_000 + index * RUN_SPACING_NS
+    runs = []
+    for k in range(count):
+        clock = FakeClock(start - (count - k) * CREW_ROUND_NS)
+        seed = scenario_seed(name, variant) * 100 + k + 1
+        runs.append(run_scenario(name, variant, seed=seed, clock=clock, embedder=embedder, inject=False))
+    return runs
+
+
 def regenerate(out_dir: Path | str, embedder: Embedder | None = None) -> list[Path]:
-    """Write ``<scenario>_<variant>.json`` (OTLP JSON) and ``.truth.json`` for every scenario."""
+    """Write ``<scenario>_<variant>.json`` (OTLP JSON) and ``.truth.json`` for every scenario, and
+    its crew's healthy runs to ``crews/<scenario>_<variant>.jsonl`` (one OTLP JSON request a line,
+    a run each) with their truths, a list, in ``crews/<scenario>_<variant>.truth.json``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     embedder = embedder or SentenceTransformerEmbedder()
@@ -113,4 +145,20 @@ def regenerate(out_dir: Path | str, embedder: Embedder | None = None) -> list[Pa
             truth_path.write_text(json.dumps(run.truth, indent=2, sort_keys=True) + "\n", encoding="utf-8")
             written += [trace_path, truth_path]
             logger.info("wrote %s (%d spans)", trace_path, len(spans))
+    crews = out / CREWS_DIR
+    crews.mkdir(exist_ok=True)
+    for name in SCENARIOS:
+        for variant in VARIANTS:
+            runs = crew_runs(name, variant, embedder=embedder)
+            trace_path = crews / f"{name}_{variant}.jsonl"
+            truth_path = crews / f"{name}_{variant}.truth.json"
+            lines = [
+                json.dumps(spans_to_otlp_json(spans), separators=(",", ":"), ensure_ascii=False)
+                for _, spans in runs
+            ]
+            trace_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+            truths = [run.truth for run, _ in runs]
+            truth_path.write_text(json.dumps(truths, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+            written += [trace_path, truth_path]
+            logger.info("wrote %s (%d healthy runs)", trace_path, len(runs))
     return written

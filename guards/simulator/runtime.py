@@ -2,7 +2,8 @@
 
 One :class:`SimRun` is one crew execution (one ``gen_ai.conversation.id``). It owns a
 ``TracerProvider`` whose id generator is seeded and whose guard spans carry timestamps from a
-clock the run controls, so the same seed gives byte-identical OTLP output.
+clock the run controls, so the same seed gives byte-identical OTLP output. ``inject=False`` runs
+the scenario's crew without its failure: one of the crew's ordinary, healthy runs.
 """
 
 from __future__ import annotations
@@ -116,12 +117,16 @@ class SimRun:
         clock: Any,
         exporters: Sequence[SpanExporter] = (),
         embedder: Embedder | None = None,
+        inject: bool = True,
     ):
         self.scenario = scenario
         self.variant = variant
         self.guarded = variant == "guarded"
+        # False: the crew runs without the scenario's failure (a healthy run of the same crew).
+        self.inject = inject
         self.rng = random.Random(seed)
-        self.run_id = f"run-{scenario}-{variant}-{self.rng.getrandbits(32):08x}"
+        marker = "" if inject else "-ok"
+        self.run_id = f"run-{scenario}-{variant}{marker}-{self.rng.getrandbits(32):08x}"
         self.embedder = embedder
         self.memory = InMemorySpanExporter()
         self.provider = TracerProvider(
@@ -140,6 +145,7 @@ class SimRun:
             "run_id": self.run_id,
             "service_name": SERVICE_NAME,
             "seed": seed,
+            **({} if inject else {"failure_injected": False}),
             **{category: [] for category in TRUTH_CATEGORIES},
         }
 

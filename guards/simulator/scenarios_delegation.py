@@ -33,7 +33,8 @@ def constraint_drop(run: SimRun) -> None:
     Unguarded: the free-text context simply stops mentioning C2 and the critic approves an
     inaccessible venue. Guarded: the ledger rejects the hop-2 delegation naming C2 (and, earlier,
     an acceptance criterion citing nothing); the researcher carries C2 and the writer waives C3 for
-    the critic with a reason.
+    the critic with a reason. Not injected: every hop carries every constraint (guarded: no
+    delegation is rejected; the writer still waives C3 for the critic).
     """
     with run.crew("Events crew: plan the customer advisory board offsite"):
         if run.guarded:
@@ -46,7 +47,7 @@ def _constraint_drop_unguarded(run: SimRun) -> None:
     origin = run.scoped(OFFSITE)
     handoff = FreeTextDelegation(run.telemetry)
     handoff.open_task(origin, OFFSITE_GOAL)
-    kept = [c for c in OFFSITE_CONSTRAINTS if c["id"] != "C2"]
+    kept = [c for c in OFFSITE_CONSTRAINTS if c["id"] != "C2" or not run.inject]
     with run.agent("planner", origin):
         t1 = handoff.delegate(
             "Research venues and costs for the Q3 customer advisory board offsite",
@@ -76,6 +77,8 @@ def _constraint_drop_unguarded(run: SimRun) -> None:
         traced_call(
             run.telemetry, "approve_proposal", {"task_id": t3, "venue": "Palacio Azul"}, lambda: "approved"
         )
+    if not run.inject:
+        return
     run.record(
         "constraint_drops",
         origin_task_id=origin,
@@ -94,24 +97,25 @@ def _constraint_drop_guarded(run: SimRun) -> None:
     ledger = ConstraintLedger(run.telemetry)
     with run.agent("planner", origin):
         ledger.open_task(origin, OFFSITE_GOAL, OFFSITE_CONSTRAINTS, to_agent="planner")
-        try:
-            ledger.delegate(
-                "Research venues and costs for the Q3 customer advisory board offsite",
-                origin,
-                OFFSITE_CONSTRAINTS,
-                [{"text": "Looks good to the planner", "constraint_ids": []}],
-                {},
-                to_agent="researcher",
-            )
-        except DelegationRejected as rejection:
-            run.record(
-                "prevented",
-                reason=rejection.reason,
-                agent="planner",
-                hop=rejection.hop,
-                task_id=rejection.task_id,
-                span_id=run.last_span,
-            )
+        if run.inject:
+            try:
+                ledger.delegate(
+                    "Research venues and costs for the Q3 customer advisory board offsite",
+                    origin,
+                    OFFSITE_CONSTRAINTS,
+                    [{"text": "Looks good to the planner", "constraint_ids": []}],
+                    {},
+                    to_agent="researcher",
+                )
+            except DelegationRejected as rejection:
+                run.record(
+                    "prevented",
+                    reason=rejection.reason,
+                    agent="planner",
+                    hop=rejection.hop,
+                    task_id=rejection.task_id,
+                    span_id=run.last_span,
+                )
         t1 = ledger.delegate(
             "Research venues and costs for the Q3 customer advisory board offsite",
             origin,
@@ -124,28 +128,29 @@ def _constraint_drop_guarded(run: SimRun) -> None:
         traced_call(
             run.telemetry, "search_venues", {"city": "Lisbon", "capacity": 40}, lambda: ["Casa Verde"]
         )
-        kept = [c for c in OFFSITE_CONSTRAINTS if c["id"] != "C2"]
-        try:
-            ledger.delegate(
-                "Draft the venue proposal for the Q3 customer advisory board offsite",
-                origin,
-                kept,
-                CRITERIA[::2],
-                {},
-                to_agent="writer",
-                parent_task_id=t1,
-            )
-        except DelegationRejected as rejection:
-            run.record(
-                "prevented",
-                reason=rejection.reason,
-                agent="researcher",
-                hop=rejection.hop,
-                task_id=rejection.task_id,
-                missing_constraints=rejection.missing_constraints,
-                message=str(rejection),
-                span_id=run.last_span,
-            )
+        if run.inject:
+            kept = [c for c in OFFSITE_CONSTRAINTS if c["id"] != "C2"]
+            try:
+                ledger.delegate(
+                    "Draft the venue proposal for the Q3 customer advisory board offsite",
+                    origin,
+                    kept,
+                    CRITERIA[::2],
+                    {},
+                    to_agent="writer",
+                    parent_task_id=t1,
+                )
+            except DelegationRejected as rejection:
+                run.record(
+                    "prevented",
+                    reason=rejection.reason,
+                    agent="researcher",
+                    hop=rejection.hop,
+                    task_id=rejection.task_id,
+                    missing_constraints=rejection.missing_constraints,
+                    message=str(rejection),
+                    span_id=run.last_span,
+                )
         t2 = ledger.delegate(
             "Draft the venue proposal for the Q3 customer advisory board offsite",
             origin,
@@ -196,6 +201,12 @@ DRIFT_CHAIN = [
     ("historian", "writer", "Write a history of foreign exchange markets since the Bretton Woods agreement"),
 ]
 DRIFTED_HOPS = {3, 4}
+# The same hand-offs when the crew stays on the goal (the failure not injected).
+ON_GOAL_CHAIN = [
+    *DRIFT_CHAIN[:2],
+    ("analyst", "historian", "Compare Q3 revenue with the same quarter of the previous three years"),
+    ("historian", "writer", "Write the Q3 revenue trends report with the year-over-year comparison"),
+]
 RESCOPED = "Summarize the Q3 revenue impact of exchange rate movements"
 AUDITED = [{"id": "C1", "text": "Use only audited Q3 figures"}]
 AUDITED_CRITERIA = [{"text": "Every figure traces to the audited Q3 ledger", "constraint_ids": ["C1"]}]
@@ -205,8 +216,10 @@ def goal_drift(run: SimRun) -> None:
     """Handoffs drift from "Analyze Q3 revenue trends" towards foreign-exchange history.
 
     Unguarded: every drifting subtask is delegated. Guarded: the execution guard refuses the first
-    subtask past the divergence threshold and the analyst re-scopes it to the root goal.
+    subtask past the divergence threshold and the analyst re-scopes it to the root goal. Not
+    injected: the same hand-offs stay on the goal (``ON_GOAL_CHAIN``).
     """
+    chain = DRIFT_CHAIN if run.inject else ON_GOAL_CHAIN
     origin = run.scoped(REVENUE)
     embedder = run.embedder or SentenceTransformerEmbedder()
     root_vector = embedder([ROOT_GOAL])[0]
@@ -219,12 +232,12 @@ def goal_drift(run: SimRun) -> None:
             handoff = FreeTextDelegation(run.telemetry)
             handoff.open_task(origin, ROOT_GOAL)
             parent = origin
-            for hop, (sender, receiver, subtask) in enumerate(DRIFT_CHAIN, start=1):
+            for hop, (sender, receiver, subtask) in enumerate(chain, start=1):
                 with run.agent(sender, parent):
                     parent = handoff.delegate(
                         subtask, f"Root goal: {ROOT_GOAL}", to_agent=receiver, parent_task_id=parent
                     )
-                if hop in DRIFTED_HOPS:
+                if hop in DRIFTED_HOPS and run.inject:
                     run.record(
                         "drifted_subtasks",
                         task_id=parent,
@@ -243,7 +256,7 @@ def goal_drift(run: SimRun) -> None:
         with run.agent("planner", origin):
             ledger.open_task(origin, ROOT_GOAL, AUDITED, to_agent="planner")
         parent = origin
-        for hop, (sender, receiver, subtask) in enumerate(DRIFT_CHAIN, start=1):
+        for hop, (sender, receiver, subtask) in enumerate(chain, start=1):
             with run.agent(sender, parent):
                 decision = guard.check(
                     sender, "delegate", {"subtask": subtask, "to": receiver}, subtask_text=subtask
@@ -280,13 +293,44 @@ def ping_pong(run: SimRun) -> None:
     """Planner and worker hand the same task back and forth (A->B->A->B...).
 
     Unguarded: three full round trips before the planner gives up. Guarded: the execution guard
-    refuses the planner's second identical delegation and the planner escalates instead.
+    refuses the planner's second identical delegation and the planner escalates instead. Not
+    injected: the worker compiles the numbers and the planner reports the task done.
     """
     with run.crew("Analytics crew: churn numbers"):
-        if run.guarded:
+        if not run.inject:
+            _churn_compiled(run)
+        elif run.guarded:
             _ping_pong_guarded(run)
         else:
             _ping_pong_unguarded(run)
+
+
+def _churn_compiled(run: SimRun) -> None:
+    """The ping-pong crew when the worker does the task it is handed."""
+    origin = run.scoped(CHURN)
+    if run.guarded:
+        ledger = ConstraintLedger(run.telemetry)
+        guard = ExecutionGuard(run.telemetry, max_identical_calls=1)
+        constraints = [{"id": "C1", "text": "Churn as defined in the Q3 metrics glossary"}]
+        criteria = [{"text": "Numbers reconcile with the glossary definition", "constraint_ids": ["C1"]}]
+        with run.agent("planner", origin):
+            ledger.open_task(origin, CHURN_TASK, constraints, to_agent="planner")
+        with run.agent("planner", origin):
+            guard.check("planner", "delegate", {"subtask": CHURN_TASK, "to": "worker"})
+            task = ledger.delegate(
+                CHURN_TASK, origin, constraints, criteria, {}, to_agent="worker", parent_task_id=origin
+            )["task_id"]
+    else:
+        handoff = FreeTextDelegation(run.telemetry)
+        handoff.open_task(origin, CHURN_TASK)
+        with run.agent("planner", origin):
+            task = handoff.delegate(
+                CHURN_TASK, "Use the usual definition", to_agent="worker", parent_task_id=origin
+            )
+    with run.agent("worker", task):
+        traced_call(run.telemetry, "compile_churn", {"quarter": "Q3", "by": "segment"}, lambda: "churn.csv")
+    with run.agent("planner", origin):
+        traced_call(run.telemetry, "report_status", {"task_id": origin, "status": "done"}, lambda: "noted")
 
 
 def _ping_pong_unguarded(run: SimRun) -> None:

@@ -33,9 +33,16 @@ def recursion_loop(run: SimRun) -> None:
     """An analyst retries the same failing SQL call, re-typed each time.
 
     Unguarded: five identical (after normalisation) failing calls. Guarded: the execution guard
-    allows two and refuses the third as ``repeated_call``; the analyst degrades gracefully.
+    allows two and refuses the third as ``repeated_call``; the analyst degrades gracefully. Not
+    injected: the table exists and the first call answers.
     """
     guard = ExecutionGuard(run.telemetry, max_identical_calls=2) if run.guarded else None
+    if not run.inject:
+        with run.crew("Finance crew: EU revenue query"), run.agent("analyst", run.scoped("T-sql")):
+            if guard is not None:
+                guard.check("analyst", LOOP_TOOL, LOOP_VARIANTS[0])
+            traced_call(run.telemetry, LOOP_TOOL, LOOP_VARIANTS[0], lambda: [{"revenue": 1_250_000}])
+        return
     tool_spans: list[str] = []
     check_spans: list[str] = []
     with run.crew("Finance crew: EU revenue query"), run.agent("analyst", run.scoped("T-sql")):
@@ -85,15 +92,22 @@ SEARCH_TOPICS = [
 ]
 MAX_STEPS_PER_AGENT = 6
 MAX_TOTAL_STEPS = 8
+# How many searches the researcher makes when it concludes (a healthy run), inclusive.
+HEALTHY_SEARCHES = (3, 5)
 
 
 def step_budget(run: SimRun) -> None:
     """A researcher keeps searching (all different queries) and never concludes.
 
     Unguarded: twelve searches until the script stops it. Guarded: a 6-step per-agent budget stops
-    the researcher with a degraded result, and an 8-step crew budget stops the writer.
+    the researcher with a degraded result, and an 8-step crew budget stops the writer. Not
+    injected: the researcher concludes after a few searches (how many varies by run, within the
+    budget) and the writer writes.
     """
     with run.crew("Research crew: Q3 revenue background"):
+        if not run.inject:
+            _research_concluded(run, run.rng.randint(*HEALTHY_SEARCHES))
+            return
         if not run.guarded:
             with run.agent("researcher", run.scoped("T-bg")):
                 for topic in SEARCH_TOPICS:
@@ -130,6 +144,27 @@ def step_budget(run: SimRun) -> None:
                         )
                         break
                     traced_call(run.telemetry, tool, {"query": topic}, lambda: ["result"])
+
+
+def _research_concluded(run: SimRun, searches: int) -> None:
+    """The step-budget crew when the researcher concludes after ``searches`` searches, each of
+    which finds something new (the failure's searches all return the same result)."""
+    topics = SEARCH_TOPICS[:searches]
+    if not run.guarded:
+        with run.agent("researcher", run.scoped("T-bg")):
+            for topic in topics:
+                traced_call(run.telemetry, "search_web", {"query": topic}, lambda t=topic: [f"notes on {t}"])
+        with run.agent("writer", run.scoped("T-bg")):
+            traced_call(run.telemetry, "write_summary", {"sources": len(topics)}, lambda: "summary.md")
+        return
+    guard = ExecutionGuard(
+        run.telemetry, max_steps_per_agent=MAX_STEPS_PER_AGENT, max_total_steps=MAX_TOTAL_STEPS
+    )
+    for agent, tool, todo in [("researcher", "search_web", topics), ("writer", "draft_section", topics[:2])]:
+        with run.agent(agent, run.scoped("T-bg")):
+            for topic in todo:
+                guard.check(agent, tool, {"query": topic})
+                traced_call(run.telemetry, tool, {"query": topic}, lambda t=topic: [f"notes on {t}"])
 
 
 def _scope(message: str) -> str:

@@ -1,15 +1,14 @@
-"""Scripted crews for shared state, stale context and repeated side effects."""
+"""Scripted crews for shared state and repeated side effects."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from guards.objectives import ObjectiveRegistry, PolicyGate
 from guards.side_effects import IdempotentTool, traced_call
 from guards.simulator.runtime import SimRun
 from guards.state import VersionedStore
 from guards.telemetry import content_hash
-from guards.unguarded import ForceStore, PlainStore, UnguardedOutbox
+from guards.unguarded import ForceStore, PlainStore
 
 DRAFT_KEY = "report/q3/draft"
 STATUS_KEY = "report/q3/status"
@@ -20,13 +19,56 @@ def split_brain(run: SimRun) -> None:
 
     Unguarded: the second write silently clobbers the first (a plain set on the draft, the
     ``force=True`` escape hatch on the status). Guarded: the stale write is rejected with the
-    current value and version, and the agent merges and retries.
+    current value and version, and the agent merges and retries. Not injected: the writer starts
+    after the researcher has written, so every read is of the current version.
     """
     with run.crew("Q3 report crew: researcher and writer edit the shared draft"):
-        if run.guarded:
+        if not run.inject:
+            _split_brain_sequential(run)
+        elif run.guarded:
             _split_brain_guarded(run)
         else:
             _split_brain_unguarded(run)
+
+
+def _split_brain_sequential(run: SimRun) -> None:
+    """The same crew and tools, one agent after another: no stale read, no clobbered write."""
+    if run.guarded:
+        store = VersionedStore(run.telemetry, salt=run.salt())
+        with run.agent("planner"):
+            store.write_state(DRAFT_KEY, {"sections": ["outline"]}, None)
+            store.write_state(STATUS_KEY, "drafting", None)
+        for agent, section, status in (
+            ("researcher", "findings", None),
+            ("writer", "intro", "ready_for_review"),
+        ):
+            with run.agent(agent):
+                draft = store.read_state(DRAFT_KEY)
+                current = store.read_state(STATUS_KEY)
+                store.write_state(
+                    DRAFT_KEY, {"sections": [*draft["value"]["sections"], section]}, draft["version"]
+                )
+                if status is not None:
+                    store.write_state(STATUS_KEY, status, current["version"])
+        with run.agent("critic"):
+            store.read_state(DRAFT_KEY)
+            store.read_state(STATUS_KEY)
+        return
+    plain = PlainStore(run.telemetry)
+    forced = ForceStore(run.telemetry, salt=run.salt())
+    with run.agent("planner"):
+        plain.set(DRAFT_KEY, {"sections": ["outline"]})
+        forced.write(STATUS_KEY, "drafting", None)
+    for agent, section, status in (("researcher", "findings", None), ("writer", "intro", "ready_for_review")):
+        with run.agent(agent):
+            draft = plain.get(DRAFT_KEY)
+            _, seen = forced.read(STATUS_KEY)
+            plain.set(DRAFT_KEY, {"sections": [*draft["sections"], section]})
+            if status is not None:
+                forced.write(STATUS_KEY, status, seen)
+    with run.agent("critic"):
+        plain.get(DRAFT_KEY)
+        forced.read(STATUS_KEY)
 
 
 def _split_brain_unguarded(run: SimRun) -> None:
@@ -177,131 +219,6 @@ def _split_brain_guarded(run: SimRun) -> None:
     )
 
 
-POLICY_V1 = "Refunds are accepted within 30 days of purchase, for any amount."
-POLICY_V2 = "Refunds are accepted within 14 days of purchase; refunds over $200 need a manager's approval."
-TICKET = "T-4411"
-
-
-def context_drift(run: SimRun) -> None:
-    """A responder drafts a refund reply, the policy changes, and the reply goes out anyway.
-
-    Unguarded: the send carries the superseded policy version and goes through. Guarded: the
-    policy gate refuses it with the current policy; the holders were marked stale and the
-    responder re-reads and redrafts.
-    """
-    with run.crew("Support crew: refund request on ticket T-4411"):
-        if run.guarded:
-            _context_drift_guarded(run)
-        else:
-            _context_drift_unguarded(run)
-
-
-def _reply(policy: str) -> str:
-    return f"Hello, about order 7731: per our policy ({policy}) we have approved your refund of $340."
-
-
-def _context_drift_unguarded(run: SimRun) -> None:
-    plain = PlainStore(run.telemetry)
-    outbox = UnguardedOutbox(run.telemetry)
-    with run.agent("manager"):
-        plain.set("policy/refunds", POLICY_V1)
-        plain.set(f"objective/{TICKET}", "Resolve the refund request for order 7731")
-    holders: dict[str, str] = {}
-    with run.agent("responder"):
-        plain.get(f"objective/{TICKET}")
-        policy = plain.get("policy/refunds")
-        holders["responder"] = run.last_span
-    with run.agent("kb_writer"):
-        plain.get("policy/refunds")
-        holders["kb_writer"] = run.last_span
-    with run.agent("manager"):
-        plain.set("policy/refunds", POLICY_V2)
-        supersede_span = run.last_span
-    with run.agent("responder"):
-        outbox.send_customer_message(TICKET, _reply(policy), policy_version=content_hash(policy))
-        send_span = run.last_span
-    with run.agent("kb_writer"):
-        traced_call(
-            run.telemetry, "publish_kb_article", {"title": "Refunds", "body": POLICY_V1}, lambda: "kb-12"
-        )
-    for agent, span_id in holders.items():
-        run.record(
-            "stale_holders",
-            agent=agent,
-            objective_id="policy/refunds",
-            held_version=content_hash(POLICY_V1),
-            read_span_id=span_id,
-            current_version=content_hash(POLICY_V2),
-            supersede_span_id=supersede_span,
-            refreshed=False,
-        )
-    run.record(
-        "stale_policy_sends",
-        agent="responder",
-        ticket_id=TICKET,
-        span_id=send_span,
-        policy_version=content_hash(POLICY_V1),
-        current_version=content_hash(POLICY_V2),
-    )
-
-
-def _context_drift_guarded(run: SimRun) -> None:
-    registry = ObjectiveRegistry(run.telemetry, salt=run.salt())
-    gate = PolicyGate(registry, "policy/refunds")
-    with run.agent("manager"):
-        gate.publish_policy(POLICY_V1)
-        registry.set_objective(TICKET, "Resolve the refund request for order 7731")
-    holders: dict[str, str] = {}
-    with run.agent("responder"):
-        registry.get_objective(TICKET, "responder")
-        policy = gate.read_policy("responder")
-        holders["responder"] = run.last_span
-    with run.agent("kb_writer"):
-        kb_policy = gate.read_policy("kb_writer")
-        holders["kb_writer"] = run.last_span
-    with run.agent("manager"):
-        superseded = gate.publish_policy(POLICY_V2, reason="finance update: shorter refund window")
-        supersede_span = run.last_span
-    refreshed: dict[str, str] = {}
-    with run.agent("responder"):
-        refusal = gate.send_customer_message(TICKET, _reply(policy["objective"]), policy["version"])
-        run.record(
-            "prevented",
-            reason="superseded_policy",
-            agent="responder",
-            ticket_id=TICKET,
-            span_id=run.last_span,
-            policy_version=policy["version"],
-            current_version=refusal["current_policy"]["version"],
-        )
-        fresh = gate.read_policy("responder")
-        refreshed["responder"] = run.last_span
-        gate.send_customer_message(TICKET, _reply(fresh["objective"]), fresh["version"])
-    with run.agent("kb_writer"):
-        check = registry.get_objective("policy/refunds", "kb_writer", version=kb_policy["version"])
-        if check["refresh_required"]:
-            fresh = gate.read_policy("kb_writer")
-            refreshed["kb_writer"] = run.last_span
-        traced_call(
-            run.telemetry,
-            "publish_kb_article",
-            {"title": "Refunds", "body": fresh["objective"]},
-            lambda: "kb-12",
-        )
-    for agent, span_id in holders.items():
-        run.record(
-            "stale_holders",
-            agent=agent,
-            objective_id="policy/refunds",
-            held_version=policy["version"],
-            read_span_id=span_id,
-            current_version=superseded["version"],
-            supersede_span_id=supersede_span,
-            refreshed=True,
-            refresh_span_id=refreshed[agent],
-        )
-
-
 INVOICE = {"order_id": "7731", "amount": "412.50", "currency": "USD", "email": "buyer@example.com"}
 
 
@@ -309,7 +226,7 @@ def duplicate_side_effect(run: SimRun) -> None:
     """A billing run sends an invoice, crashes, and is resumed from an old checkpoint.
 
     Unguarded: the resumed run sends the invoice again. Guarded: the idempotency key refuses the
-    duplicate and returns the first call's result.
+    duplicate and returns the first call's result. Not injected: the ledger answers, no resume.
     """
     seen: dict[str, Any] = {}
     send = IdempotentTool(
@@ -333,6 +250,11 @@ def duplicate_side_effect(run: SimRun) -> None:
         with run.agent("billing"):
             traced_call(run.telemetry, "load_order", {"order_id": "7731"}, lambda: INVOICE)
             send_invoice()
+            if not run.inject:
+                traced_call(
+                    run.telemetry, "update_ledger", {"order_id": "7731", "status": "invoiced"}, lambda: "ok"
+                )
+                return
             try:
                 traced_call(run.telemetry, "update_ledger", {"order_id": "7731", "status": "invoiced"}, crash)
             except ConnectionError:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from analytics import alerts, kept, registry
+from analytics import alerts, registry
 from analytics.alert_rules import RuleError, default_rules, parse_rules
 from analytics.types import Window, direct_write
 from collector.files import ingest_files
@@ -173,7 +173,6 @@ def test_pending_for_the_rules_duration_then_firing_then_resolved_then_a_new_epi
     # The same run failing again later is a second episode of the alert.
     _ingest(conn, "split_brain_unguarded")
     conn.execute("UPDATE spans SET Timestamp = Timestamp + INTERVAL 1 HOUR")  # fresh findings
-    kept.clear_cache()
     _evaluate(conn, rules, now + timedelta(hours=1, seconds=5))
     states = _stored(conn)
     assert states[alert_id] == "resolved" and states[alert_id[:-1] + "2"] == "pending"
@@ -201,20 +200,6 @@ def test_rejection_rates_alert_per_agent_over_a_rate(tmp_path):
     agents = set(frame.loc[frame["rejection_rate"] >= top, "agent"])
     assert {c.row["group_key"] for c in evaluation.changes} == agents
     assert all(json.loads(c.row["labels"])["agent"] in agents for c in evaluation.changes)
-
-
-def test_evaluation_after_new_spans_recomputes_only_the_touched_runs(tmp_path):
-    conn = _db(tmp_path, "split_brain_unguarded")
-    since = _newest(conn) - timedelta(hours=1)
-    rules = default_rules()
-    alerts.evaluate(conn, rules, _newest(conn), since=since)
-    kept.stats.clear()
-    _ingest(conn, "healthy_unguarded")
-    alerts.evaluate(conn, rules, _newest(conn), since=since)
-    assert kept.stats["partial"] > 0  # partitioned detectors ran on the new run only
-    kept.stats.clear()
-    alerts.evaluate(conn, rules, _newest(conn), since=since)
-    assert kept.stats["full"] == 0 and kept.stats["partial"] == 0
 
 
 def test_notifications_are_due_until_a_receiver_acknowledges_each_state(tmp_path):

@@ -26,7 +26,7 @@ import pytest
 pytest.importorskip("chdb", reason="chdb is in the dev extra (pip install 'driftscope[clickhouse]')")
 pytest.importorskip("sqlglot", reason="sqlglot is in the clickhouse extra")
 
-from analytics import Filters, Window, kept, registry  # noqa: E402
+from analytics import Filters, Window, registry  # noqa: E402
 from analytics.dialect import STAGE_PREFIX, format_param, to_clickhouse, to_clickhouse_staged  # noqa: E402
 from analytics.goals import score_pending_pairs  # noqa: E402
 from analytics.sql_loader import query_df  # noqa: E402
@@ -132,8 +132,7 @@ def _compare_all(duck, store, window=Window(), filters=Filters()) -> dict[str, s
     """name -> how the ClickHouse answer differs (empty when every metric is equal)."""
     differences = {}
     for metric in registry.catalogue():
-        with kept.computed_in_full():
-            want = registry.run_metric(duck, metric.name, window, filters)
+        want = registry.compute_metric(duck, metric.name, window, filters)
         try:
             got = registry.run_metric(store, metric.name, window, filters)
         except Exception as error:  # noqa: BLE001  (reported per metric)
@@ -190,8 +189,7 @@ def random_span_set(chdb_store):
 def test_every_detector_equals_duckdb_on_the_sample_traces(sample_traces):
     duck, store = sample_traces
     assert duck.execute("SELECT count(*) FROM spans").fetchone()[0] > 200
-    with kept.computed_in_full():
-        found = {m.name: len(registry.run_metric(duck, m.name)) for m in registry.finding_metrics()}
+    found = {m.name: len(registry.compute_metric(duck, m.name)) for m in registry.finding_metrics()}
     assert sum(1 for n in found.values() if n) >= 8  # the samples hold findings of most detectors
     assert _unexpected(_compare_all(duck, store)) == {}
 
@@ -278,8 +276,7 @@ def test_a_statement_gives_the_same_answer_when_run_again(random_span_set):
     # chdb 26.9's query condition cache answered constraint_ledger's second run with no rows
     # (analytics.dialect.SETTINGS turns it off)
     duck, store = random_span_set(0)
-    with kept.computed_in_full():
-        want = _rows(registry.run_metric(duck, "constraint_ledger"))
+    want = _rows(registry.compute_metric(duck, "constraint_ledger"))
     assert want
     for _ in range(3):
         assert _rows(registry.run_metric(store, "constraint_ledger")) == want
@@ -335,8 +332,7 @@ def test_an_overwrite_of_an_agentless_write_that_another_agent_read_is_no_lost_u
     ]
     store = _on_database(chdb_store, "agentless")
     duck = _load_both(store, [(make_request(spans).SerializeToString(), PROTOBUF)])
-    with kept.computed_in_full():
-        assert registry.run_metric(duck, "lost_updates").empty  # b read v1 before c replaced it
+    assert registry.compute_metric(duck, "lost_updates").empty  # b read v1 before c replaced it
     assert registry.run_metric(store, "lost_updates").empty
 
 
@@ -407,9 +403,33 @@ def test_ping_pong_bounces_of_both_shapes_equal_duckdb(chdb_store):
     rng = random.Random(5)
     store = _on_database(chdb_store, "handoffs")
     duck = _load_both(store, [_hand_off_payload(rng, i) for i in range(4)])
-    with kept.computed_in_full():
-        want = registry.run_metric(duck, "ping_pong")
+    want = registry.compute_metric(duck, "ping_pong")
     got = registry.run_metric(store, "ping_pong")
     assert set(want["via"].isna()) == {True, False}  # direct bounces and bounces through a manager
+    assert _rows(got) == _rows(want)
+    duck.close()
+
+
+def _captured(run_set: str) -> list[tuple[bytes, str]]:
+    """The requests a framework's own exporter sent (sample_traces/frameworks), as received."""
+    from corpus.dump import read_requests
+
+    payloads = []
+    for record in read_requests(SAMPLES / "frameworks" / run_set / "otlp.jsonl"):
+        body = record["body"]
+        if record.get("content_encoding") == "gzip":
+            body = __import__("gzip").decompress(body)
+        payloads.append((body, PROTOBUF))
+    return payloads
+
+
+def test_loops_on_errors_and_declared_tool_lists_equal_duckdb(chdb_store):
+    # Agent Framework's default: calls without arguments matched on error.type; smolagents: a
+    # CodeAgent's code actions against the tool lists its agents declare (smolagents.tools_names)
+    store = _on_database(chdb_store, "frameworks")
+    duck = _load_both(store, _captured("agent-framework") + _captured("smolagents"))
+    want = registry.compute_metric(duck, "repeated_calls")
+    got = registry.run_metric(store, "repeated_calls")
+    assert "error" in set(want["matched_on"])
     assert _rows(got) == _rows(want)
     duck.close()

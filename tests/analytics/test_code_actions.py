@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from analytics.code_actions import code_blocks, code_calls
+from analytics.code_actions import code_blocks, code_calls, declared_tool_names
 
 
 def _message(content: str) -> str:
@@ -69,3 +69,13 @@ def test_calls_keep_source_order_and_non_literal_arguments_are_their_source():
 def test_output_without_code_or_not_text_gives_nothing():
     assert code_calls("I will call web_search(query='x') next.") == []
     assert code_calls(None) == []  # type: ignore[arg-type]
+
+
+def test_declared_tool_names_read_names_and_definitions_of_every_convention():
+    assert declared_tool_names('["web_search", "final_answer"]') == ["web_search", "final_answer"]
+    genai = '[{"type": "function", "name": "web_search", "parameters": null}, {"name": "send_report"}]'
+    assert declared_tool_names(genai) == ["web_search", "send_report"]
+    openinference = '{"type": "function", "function": {"name": "web_search", "parameters": {}}}'
+    assert declared_tool_names(openinference) == ["web_search"]
+    for nothing in ("", "not json", "42", '{"type": "function"}', '[null, 3, {"function": "x"}]'):
+        assert declared_tool_names(nothing) == []

@@ -198,6 +198,24 @@ def test_blocks_and_departures_on_codes():
     assert stop_pos.tolist() == [2, 1]
 
 
+def test_the_closest_run_is_the_one_doing_the_same_things_not_the_nearest_in_length():
+    # Codes 0 crew, 1 agent, 2 call (ok), 3 call (error: the same subject as 2), 4 a guard check.
+    subject_of = pd.Series([0, 1, 2, 2, 3]).to_numpy()
+    target = pd.Series([0, 1, 3, 3, 3, 3]).to_numpy()
+    plain = [0, 1, 2]  # the same calls, succeeding
+    checked = [0, 1, 4, 2]  # a check before the call: a step the target never takes
+    runs = pd.Series([0] * 3 + [1] * 4).to_numpy()
+    codes = pd.Series(plain + checked).to_numpy()
+    blocks = compare_logic.to_blocks(runs, codes, pd.Series([0, 1, 2, 0, 1, 2, 3]).to_numpy())
+    lengths = pd.Series([3, 4]).to_numpy()
+    both = pd.Series([0, 1]).to_numpy()
+    # Both stop covering the target at its third step; the checked run is nearer in length.
+    assert compare_logic.closest_run(blocks, both, subject_of, target, lengths, 6) == 0
+    assert compare_logic.closest_run(blocks, both[1:], subject_of, target, lengths, 6) == 1
+    # Alike in subjects (every code one subject): the nearest in length.
+    assert compare_logic.closest_run(blocks, both, pd.Series([0] * 5).to_numpy(), target, lengths, 6) == 1
+
+
 def _other_crew(run: str, t0: float) -> list[dict]:
     """A run of another crew of the same service: a triage agent hands a ticket to billing."""
     steps = [

@@ -12,9 +12,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analytics import Filters, Window, goals, kept, kept_store, run_metric
+from analytics import Filters, Window, goals, run_metric
 from analytics.embeddings import embed_texts, text_hash
 from analytics.goals import MAX_CHART_CHAINS, cosine_divergence, goal_pairs, goal_run_stats
+from analytics.registry import compute_metric
 from analytics.thresholds import DEFAULTS, store_threshold
 from analytics.types import direct_write
 from analytics.worker import EmbeddingWorker, embed_pending
@@ -208,33 +209,30 @@ def test_goal_divergence_same_before_and_after_the_worker_stored_scores():
     assert len(cold) == 1 and np.allclose(cold, warm, atol=1e-6)
 
 
-def test_a_cold_result_is_the_frame_stored_scores_give_and_can_be_stored():
+def test_a_cold_result_is_the_frame_stored_scores_give():
     """Scored in Python on a cold call (the texts were NULL in DuckDB's answer) or read from
-    stored scores: the same frame, text columns typed alike, so the kept-results worker can store
-    it (a frame of objects had no exact Arrow form and was computed again after every restart),
-    and one row a subtask once the worker stored a pair the read had scored for itself (the
-    read's own scores and the stored ones both matched: every subtask came twice)."""
+    stored scores: the same frame, text columns typed alike (a findings table is made from the
+    first frame and takes the next ones), and one row a subtask once the worker stored a pair
+    the read had scored for itself (the read's own scores and the stored ones both matched:
+    every subtask came twice)."""
     conn = new_db()
     insert_spans(conn, _delegations())
-    with kept.computed_in_full():
-        cold = run_metric(conn, "goal_divergence")
-        embed_pending(conn.cursor())
-        warm = run_metric(conn, "goal_divergence")
+    cold = compute_metric(conn, "goal_divergence")
+    embed_pending(conn.cursor())
+    warm = compute_metric(conn, "goal_divergence")
     assert len(cold) == 1 and cold["root_goal"].notna().all()
     pd.testing.assert_frame_equal(cold, warm, check_exact=False, atol=1e-6)
-    assert kept_store.encode(cold) is not None
 
 
 def test_a_cold_call_that_finds_nothing_drifted_is_typed_as_a_warm_one():
     """Every pair scored on a cold call lands under the threshold: the empty answer has the
     types a warm call's (DuckDB's empty answer) has (found on the framework corpus, ingested
-    batch by batch: the kept result and a full computation differed in type)."""
+    batch by batch: a table's rows and a full computation differed in type)."""
     conn = new_db()
     insert_spans(conn, _delegations()[:2])  # the on-topic delegation only
-    with kept.computed_in_full():
-        cold = run_metric(conn, "goal_divergence")
-        embed_pending(conn.cursor())
-        warm = run_metric(conn, "goal_divergence")
+    cold = compute_metric(conn, "goal_divergence")
+    embed_pending(conn.cursor())
+    warm = compute_metric(conn, "goal_divergence")
     assert cold.empty and warm.empty
     pd.testing.assert_frame_equal(cold, warm)
 
@@ -362,16 +360,14 @@ def _aggregated_rows(profile: dict) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize(
-    "statement", ["goal_divergence", "goal_divergence_distribution_runs", "goal_pending"]
-)
+@pytest.mark.parametrize("statement", ["goal_divergence", "goal_run_stats", "goal_pending"])
 def test_a_statement_scoped_to_a_few_runs_looks_up_the_roots_of_their_traces_only(tmp_path, statement):
-    """After a batch the goal statements run over the touched runs (``sql_loader.run_scope``);
+    """After a batch the goal statements run over the touched runs (``Filters.runs``);
     their roots (a statement without ``goal.root`` takes its trace's or origin task's) are
     grouped over those runs' traces and tasks only, not over every trace of the store (at 1M
     spans of 10-call runs that grouping was half of the statement's time). Same rows either way."""
     from analytics.goals import SCORER, ensure_scores_table
-    from analytics.sql_loader import filter_params, load_sql, query_df, run_scope
+    from analytics.sql_loader import filter_params, load_sql, query_df
 
     conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
     migrate(conn)
@@ -391,8 +387,7 @@ def test_a_statement_scoped_to_a_few_runs_looks_up_the_roots_of_their_traces_onl
         "threshold": None,
         "pending_limit": None,
     }
-    with run_scope(runs=["run-7"]):
-        scoped = {**params, **filter_params(Window(), Filters())}
+    scoped = {**params, **filter_params(Window(), Filters(runs=("run-7",)))}
     profile_path = tmp_path / "profile.json"
     conn.execute("PRAGMA enable_profiling = 'json'")
     conn.execute(f"SET profiling_output = '{profile_path}'")

@@ -237,6 +237,36 @@ def test_code_actions_are_calls_of_tools_the_run_has_where_the_agent_has_no_tool
     assert list(loops["call_type"]) == ["tool"] and loops.loc[0, "calls"] == 3
 
 
+def test_code_actions_count_only_tools_the_agent_declares():
+    queries = ["EU revenue 2024", "revenue of the EU in 2024", "What was the EU revenue in 2024?"]
+
+    def run_with(declaration: dict, on_agent_span: bool, helper_tool: bool):
+        conn = new_db()
+        rows = [make_span(i, agent_id="coder", span_family="llm", output_text=_code_output(q),
+                          attrs={} if on_agent_span else declaration) for i, q in enumerate(queries)]  # fmt: skip
+        if on_agent_span:
+            rows.append(make_span(0, agent_id="coder", span_family="agent", attrs=declaration))
+        if helper_tool:  # another agent of the run has web_search
+            rows.append(make_span(9, agent_id="helper", tool_name="web_search", tool_args={"query": "x"}))
+        insert_spans(conn, rows)
+        return run_metric(conn, "repeated_calls")
+
+    # smolagents' CodeAgent (OpenInference): its tools on its agent span, not web_search: the code
+    # calling web_search is no call of a tool the coder has, though the run has one
+    loops = run_with({"smolagents.tools_names": '["send_report", "final_answer"]'}, True, True)
+    assert loops.empty
+    # declared, with no tool span in the run at all: a loop of code actions
+    loops = run_with({"smolagents.tools_names": '["web_search", "final_answer"]'}, True, False)
+    assert list(loops["call_type"]) == ["code"] and loops.loc[0, "calls"] == 3
+    # OpenTelemetry GenAI definitions and OpenInference llm.tools on the model calls
+    definitions = json.dumps([{"type": "function", "name": "web_search", "description": "Search."}])
+    loops = run_with({"gen_ai.tool.definitions": definitions}, False, False)
+    assert list(loops["tool_name"]) == ["web_search"]
+    schema = json.dumps({"type": "function", "function": {"name": "web_search", "parameters": {}}})
+    loops = run_with({"llm.tools.0.tool.json_schema": schema}, False, False)
+    assert list(loops["tool_name"]) == ["web_search"]
+
+
 def test_code_actions_as_real_models_write_them_are_no_loop_of_prose_escapes_or_builtins():
     # GAIA-like outputs: escaped newlines before parentheses, prose in the code, builtins,
     # keywords and a class the code constructs, each repeated over five steps
@@ -467,3 +497,67 @@ def test_calls_whose_arguments_were_not_captured_are_no_loop_on_an_empty_signatu
                         for i in range(3)])  # fmt: skip
     loops = run_metric(conn, "repeated_calls")
     assert list(loops["kind"]) == ["exact"] and loops.loc[0, "calls"] == 3
+
+
+def test_calls_without_arguments_that_fail_with_the_same_error_are_a_loop_matched_on_it():
+    # Microsoft Agent Framework's default: no arguments, status Error and error.type on a failure
+    conn = new_db()
+    search = dict(agent_id="researcher", tool_name="web_search")
+    failed = dict(StatusCode="Error", attrs={"error.type": "TimeoutError"}, **search)
+    insert_spans(conn, [make_span(0, **failed), make_span(1, **search), make_span(2, **failed),
+                        make_span(3, **search), make_span(4, **failed)])  # fmt: skip
+    loops = run_metric(conn, "repeated_calls")
+    assert len(loops) == 1
+    loop = loops.iloc[0]
+    assert (loop.matched_on, loop.kind, loop.calls, loop.failed, bool(loop.failing)) == (
+        "error", "exact", 3, 3, True,
+    )  # fmt: skip
+    assert loop.signature == "TimeoutError"
+    # Strands: the exception's message as the status message, with error.type when both are set
+    conn = new_db()
+    insert_spans(conn, [make_span(i, StatusCode="Error", StatusMessage="backend timed out (HTTP 504)",
+                                  attrs={"error.type": "TimeoutError"}, **search) for i in range(3)])  # fmt: skip
+    assert list(run_metric(conn, "repeated_calls")["signature"]) == [
+        "TimeoutError: backend timed out (HTTP 504)"
+    ]
+
+
+def test_calls_without_arguments_that_fail_differently_or_succeed_quietly_are_no_loop():
+    search = dict(agent_id="researcher", tool_name="web_search")
+    conn = new_db()  # three failures, three different errors
+    insert_spans(conn, [make_span(i, StatusCode="Error", StatusMessage=message, **search)
+                        for i, message in enumerate(["HTTP 504", "HTTP 429", "no such index"])])  # fmt: skip
+    assert run_metric(conn, "repeated_calls").empty
+    conn = new_db()  # a failure without any error text: nothing to compare
+    insert_spans(conn, [make_span(i, StatusCode="Error", **search) for i in range(3)])
+    assert run_metric(conn, "repeated_calls").empty
+    conn = new_db()  # a healthy run: different calls all acknowledged alike
+    insert_spans(conn, [make_span(i, tool_result=result, **search)
+                        for i, result in enumerate(["ok", "ok", "ok", '{"status": "success"}'] * 2)])  # fmt: skip
+    assert run_metric(conn, "repeated_calls").empty
+    conn = new_db()  # different substantial results: progress
+    insert_spans(conn, [make_span(i, tool_result=f"Northwind annual report {year}: EU revenue up", **search)
+                        for i, year in enumerate([2022, 2023, 2024])])  # fmt: skip
+    assert run_metric(conn, "repeated_calls").empty
+
+
+def test_calls_without_arguments_with_the_same_substantial_result_are_a_loop_matched_on_it():
+    conn = new_db()
+    result = "Northwind Traders annual report 2024: EU revenue EUR 412 million (up 6%)."
+    insert_spans(conn, [make_span(i, agent_id="researcher", tool_name="web_search", tool_result=result)
+                        for i in range(3)])  # fmt: skip
+    loop = run_metric(conn, "repeated_calls").iloc[0]
+    assert (loop.matched_on, loop.calls, bool(loop.failing), loop.signature) == ("output", 3, False, result)
+
+
+def test_a_loop_says_it_matched_on_arguments_or_similar_arguments():
+    conn = new_db()
+    search = dict(agent_id="a", tool_name="search", outcome="error")
+    insert_spans(conn, [make_span(i, tool_args={"q": "current weather in Paris France" + " today" * (i == 2)},
+                                  **search) for i in range(3)])  # fmt: skip
+    insert_spans(
+        conn, [make_span(10 + i, agent_id="a", tool_name="fetch", tool_args={"url": "x"}) for i in range(3)]
+    )
+    loops = run_metric(conn, "repeated_calls").set_index("tool_name")
+    assert loops.loc["search", "matched_on"] == "similar arguments"
+    assert loops.loc["fetch", "matched_on"] == "arguments"

@@ -3,7 +3,9 @@ findings table equal to a full recomputation, and reads are SELECTs over those t
 
 from __future__ import annotations
 
+import json
 import random
+from datetime import timedelta
 from pathlib import Path
 
 import duckdb
@@ -11,8 +13,8 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from analytics import METRICS, Filters, Window, compare_kept, kept, materialize, run_metric, summary
-from analytics.registry import register, scratch_registry
+from analytics import METRICS, Filters, Window, compare_kept, loops_live, materialize, run_metric, summary
+from analytics.registry import compute_metric, register, scratch_registry
 from analytics.sql_loader import filter_params
 from analytics.thresholds import store_threshold
 from analytics.types import direct_write
@@ -21,9 +23,49 @@ from collector.files import iter_file_requests
 from collector.store import delete_expired, insert_batches
 from driftscope.database import migrate
 from tests import tiers
-from tests.analytics.test_kept import _loop_batch
 from tests.analytics.test_summary import _random_batch
 from tests.fixtures_analytics import BASE_TIME, insert_spans, make_span, trace_id
+
+
+def _loop_batch(rng: random.Random, batch: int, runs: list[str]) -> list[dict]:
+    """Repeated tool calls, delegations bouncing between two agents and goal statements."""
+    rows = []
+    for _ in range(rng.randint(0, 6)):
+        run = rng.choice(runs)
+        t = batch * 5 + rng.random() * 20
+        fields = dict(run=run, TraceId=trace_id(f"{run}/{rng.randint(0, 2)}"),
+                      ingested_at=BASE_TIME + timedelta(seconds=batch))  # fmt: skip
+        kind = rng.choice(["loop", "loop", "pingpong", "goal", "invoke", "code", "handoff"])
+        if kind == "invoke":  # a manager invoking its sub-agent with a (re-worded) task
+            manager = make_span(t, agent_id="m", span_family="agent", SpanName="m.run", **fields)
+            task = rng.choice(["Find the Contoso employee count for 2023", "Contoso employee count 2023",
+                               "Summarise the Fabrikam annual report"])  # fmt: skip
+            sub = make_span(t + 0.1, agent_id=rng.choice(["s", None]), agent_name="s", span_family="agent",
+                            SpanName="s.run", ParentSpanId=manager["SpanId"],
+                            input_text=json.dumps({"task": task}), **fields)  # fmt: skip
+            rows += [manager, sub] if rng.random() < 0.8 else [sub]  # sometimes the parent never comes
+        elif kind == "code":  # code actions, or the same agent's tool spans of that name
+            query = rng.choice(["EU revenue 2024", "revenue of the EU in 2024"])
+            if rng.random() < 0.8:
+                output = f'<code>\nr = web_search(query="{query}")\n</code>'
+                rows.append(make_span(t, agent_id="c", span_family="llm", output_text=output, **fields))
+            else:
+                rows.append(
+                    make_span(t, agent_id="c", tool_name="web_search", tool_args={"query": query}, **fields)
+                )
+        elif kind == "handoff":
+            rows.append(make_span(t, agent_id=rng.choice(["a", "m"]), tool_name=rng.choice(["transfer_to_b", "transfer_to_a"]),
+                                  tool_args={"reason": "next"}, **fields))  # fmt: skip
+        elif kind == "loop":
+            rows.append(make_span(t, agent_id=rng.choice(["a", "b"]), tool_name="search",
+                                  tool_args={"q": rng.choice(["alpha beta", "alpha  beta", "gamma"])},
+                                  outcome=rng.choice(["ok", "error"]), **fields))  # fmt: skip
+        elif kind == "pingpong":
+            src = rng.choice(["a", "b"])
+            rows.append(make_span(t, agent_id=src, op="delegate", delegate_to="b" if src == "a" else "a",
+                                  origin_task_id=f"t-{run}", hop=1, goal_text="compile the report",
+                                  **fields))  # fmt: skip
+    return rows
 
 
 def _cell(value) -> str:
@@ -69,14 +111,13 @@ def _pass(conn: duckdb.DuckDBPyConnection, names: list[str] | None = None) -> ma
 
 
 def _full(conn, name: str) -> pd.DataFrame:
-    with kept.computed_in_full():
-        return run_metric(conn, name)
+    return compute_metric(conn, name)
 
 
 def _assert_tables_equal_full(conn, seen: dict[str, int]) -> None:
     for name in materialize.maintained():
-        if name in materialize.PARTS:
-            continue
+        if name in materialize.PARTS and name not in compare_kept.TABLES:
+            continue  # run_summary's parts (held below) and the state tables others read
         assert materialize.ready(conn, name) is not None, name
         if name in compare_kept.TABLES:  # the comparison's per-run tables: not detectors
             full = compare_kept.per_run_rows(conn, name)
@@ -227,6 +268,105 @@ def test_the_change_log_lists_every_run_a_commit_touched_and_the_run_a_span_left
     assert conn.execute("SELECT DISTINCT run_id FROM spans").fetchall() == [("run-42",)]
     kinds = conn.execute("SELECT kind, spans FROM change_log ORDER BY seq").fetchall()
     assert kinds == [("spans", 1), ("spans", 1)]
+
+
+def _run_tools(conn, seq: int) -> list[str]:
+    """The (run, tool) keys change ``seq`` touched: logged by the writer (what changed spans had
+    before) and read from the spans it lists (what they have now), as the materializer reads them."""
+    return sorted(
+        key.replace("\x1f", "/") for key in set(materialize._touched(conn, "run_tool", seq - 1, seq))
+    )
+
+
+def test_the_change_log_lists_the_run_tool_groups_of_new_and_changed_spans(tmp_path):
+    conn = _store(tmp_path)
+    trace = trace_id("t")
+    child = make_span(1, run="x", TraceId=trace, agent_id="a", SpanId="c" * 16, ParentSpanId="p" * 16,
+                      tool_name="search", tool_args={"q": "x"})  # fmt: skip
+    child["run_id"] = trace  # no conversation id yet: its run is its trace id
+    _commit(conn, [child])
+    first = conn.execute("SELECT max(seq) FROM change_log").fetchone()[0]
+    assert _run_tools(conn, first) == [f"{trace}/a", f"{trace}/search"]
+    other = make_span(2, run="run-7", agent_id="b", tool_name="fetch", tool_args={"u": 1})
+    root = make_span(0, run="run-42", TraceId=trace, agent_id="a", SpanId="p" * 16)
+    _commit(conn, [root, other])
+    second = conn.execute("SELECT max(seq) FROM change_log").fetchone()[0]
+    # the new spans' groups; the child's groups in the run it left (logged by the writer: the
+    # spans no longer say it) and in the run it joined; no group of a span nothing changed
+    assert _run_tools(conn, second) == sorted(
+        ["run-42/a", "run-7/b", "run-7/fetch", f"{trace}/a", f"{trace}/search", "run-42/search"]
+    )
+    logged = conn.execute(
+        "SELECT key FROM change_partitions WHERE partition = 'run_tool' AND seq = ?", [second]
+    ).fetchall()
+    assert sorted(key.replace("\x1f", "/") for (key,) in logged) == [f"{trace}/a", f"{trace}/search"]
+    _commit(conn, [make_span(3, run="run-7", agent_id="b", tool_name="fetch", tool_args={"u": 2})])
+    third = conn.execute("SELECT max(seq) FROM change_log").fetchone()[0]
+    assert _run_tools(conn, third) == ["run-7/b", "run-7/fetch"]
+
+
+def test_span_changes_list_stored_changed_and_deleted_spans_and_per_span_state_follows(tmp_path):
+    conn = _store(tmp_path)
+    trace = trace_id("t")
+    child = make_span(1, run="x", TraceId=trace, agent_id="a", SpanId="c" * 16, ParentSpanId="p" * 16,
+                      tool_name="search", tool_args={"q": "x"})  # fmt: skip
+    child["run_id"] = trace
+    _commit(conn, [child])
+    _pass(conn)
+    steps = "findings__" + compare_kept.SPAN_STEPS
+    assert conn.execute(f"SELECT SpanId, run_id FROM {steps}").fetchall() == [("c" * 16, trace)]
+    other = make_span(2, run="run-7", agent_id="b", tool_name="fetch", tool_args={"u": 1})
+    root = make_span(0, run="run-42", TraceId=trace, agent_id="a", SpanId="p" * 16)
+    _commit(conn, [root, other])
+    second = conn.execute("SELECT max(seq) FROM change_log").fetchone()[0]
+    listed = conn.execute(
+        "SELECT SpanId FROM span_changes WHERE seq = ? ORDER BY SpanId", [second]
+    ).fetchall()
+    # the two stored spans and the child its run changed under
+    assert sorted(span for (span,) in listed) == sorted(["c" * 16, "p" * 16, other["SpanId"]])
+    report = _pass(conn)
+    assert report.recomputed[compare_kept.SPAN_STEPS] == 1  # one change folded, not a rebuild
+    rows = dict(conn.execute(f"SELECT SpanId, run_id FROM {steps}").fetchall())
+    assert rows == {"c" * 16: "run-42", "p" * 16: "run-42", other["SpanId"]: "run-7"}
+    first_end = conn.execute("SELECT min(end_ns) FROM spans").fetchone()[0]
+    conn.execute("BEGIN TRANSACTION")
+    assert delete_expired(conn, first_end + 1, 10) == 1
+    conn.execute("COMMIT")
+    _pass(conn)
+    assert sorted(r[0] for r in conn.execute(f"SELECT SpanId FROM {steps}").fetchall()) == sorted(
+        r[0] for r in conn.execute("SELECT SpanId FROM spans").fetchall()
+    )
+    _assert_tables_equal_full(conn, {})
+
+
+def test_repeated_calls_recomputes_only_the_groups_a_commit_changed(tmp_path):
+    conn = _store(tmp_path)
+    calls = lambda run, tool, n, at=0: [  # noqa: E731
+        make_span(at + i, run=run, agent_id="worker", tool_name=tool, tool_args={"q": f"{tool} same"})
+        for i in range(n)
+    ]
+    _commit(conn, calls("run-1", "search", 3) + calls("run-1", "fetch", 2) + calls("run-2", "search", 3))
+    _pass(conn)
+    assert sorted(run_metric(conn, "repeated_calls")["run_id"]) == ["run-1", "run-2"]
+    # a third fetch in run-1: only (run-1, fetch) and (run-1, worker) are recomputed
+    _commit(conn, calls("run-1", "fetch", 1, at=10))
+    report = _pass(conn)
+    assert report.recomputed[loops_live.GROUPS] == 2
+    assert report.recomputed["repeated_calls"] == 1  # run-1's rows, from the groups' table
+    got = run_metric(conn, "repeated_calls")
+    assert sorted(zip(got["run_id"], got["tool_name"], got["calls"], strict=True)) == [
+        ("run-1", "fetch", 3), ("run-1", "search", 3), ("run-2", "search", 3)
+    ]  # fmt: skip
+    pd.testing.assert_frame_equal(_canonical(got), _canonical(_full(conn, "repeated_calls")))
+    # a retention delete recomputes every group of the runs it changed
+    first_end = conn.execute("SELECT min(end_ns) FROM spans WHERE run_id = 'run-2'").fetchone()[0]
+    conn.execute("BEGIN TRANSACTION")
+    delete_expired(conn, first_end + 1, 10)
+    conn.execute("COMMIT")
+    _pass(conn)
+    got = run_metric(conn, "repeated_calls")
+    assert "run-2" not in set(got["run_id"])
+    pd.testing.assert_frame_equal(_canonical(got), _canonical(_full(conn, "repeated_calls")))
 
 
 def test_a_delete_is_logged_with_the_runs_it_changed_and_their_findings_follow(tmp_path):
@@ -416,11 +556,17 @@ def test_windows_and_filters_read_whole_runs_from_tables_and_compute_only_the_re
                     continue
                 got = run_metric(conn, name, window, scope)
                 assert got.attrs.get("source") == "table", (name, window, scope)
-                with kept.computed_in_full():
-                    full = run_metric(conn, name, window, scope)
+                full = compute_metric(conn, name, window, scope)
                 assert list(got.columns) == list(full.columns)
                 pd.testing.assert_frame_equal(
                     _canonical(got), _canonical(full), obj=f"{name} {window} {scope}"
                 )
                 compared += len(full)
+            # run_summary over the window and filters: its counts read from the tables where
+            # they answer (run_metric), equal to counting every detector computed from the spans
+            got = run_metric(conn, "run_summary", window, scope)
+            full = compute_metric(conn, "run_summary", window, scope)
+            pd.testing.assert_frame_equal(
+                _canonical(got), _canonical(full), obj=f"run_summary {window} {scope}"
+            )
     assert compared > 0

@@ -254,39 +254,51 @@ def test_a_detector_whose_rows_can_recover_gets_its_own_summary_counts(tmp_path)
 
 
 def test_what_is_kept_is_stated_at_registration_and_forgotten_with_it():
-    from analytics import kept
+    from analytics import materialize
 
-    assert kept.KEPT == {m.name for m in METRICS.values() if m.kept}
-    assert kept.PARTITIONS == {m.name: m.kept for m in METRICS.values() if m.kept not in (None, "whole")}
+    maintained = materialize.maintained()
+    kept = {m.name: m for m in METRICS.values() if m.kept}
+    assert set(kept) <= set(maintained)
+    for name, metric in kept.items():
+        item = maintained[name]
+        assert item.partition == (None if metric.kept == "whole" else metric.kept), name
+        assert item.order == metric.order, name
     columns = {**EVIDENCE, "agent": "a", **TIMES}
     with scratch_registry():
         register(
             TOY, description="d", columns=columns, row="r", kept="run_id", order=[("first_seen", False)]
         )(lambda *a: None)
-        assert kept.PARTITIONS[TOY] == "run_id" and kept.ORDER[TOY] == [("first_seen", False)]
+        toy = materialize.maintained()[TOY]
+        assert toy.partition == "run_id" and toy.order == (("first_seen", False),)
         with pytest.raises(ValueError, match="kept by 'origin_task_id'"):
             register(TOY, description="d", columns=columns, row="r", kept="origin_task_id")(lambda *a: None)
+        with pytest.raises(ValueError, match="kept must be 'whole' or one of run_id, origin_task_id"):
+            register(TOY, description="d", columns=columns, row="r", kept="agent")(lambda *a: None)
         with pytest.raises(ValueError, match="order column 'nope'"):
             register(TOY, description="d", columns=columns, row="r", kept="run_id", order=[("nope", False)])(
                 lambda *a: None
             )
         with pytest.raises(ValueError, match="needs its row order"):
             register(TOY, description="d", columns=columns, row="r", kept="run_id")(lambda *a: None)
-    assert TOY not in kept.KEPT and TOY not in kept.PARTITIONS and TOY not in kept.ORDER
+    assert TOY not in materialize.maintained()
 
 
 def test_a_window_holding_every_span_is_answered_as_the_whole_store_except_by_window_shaped_metrics(tmp_path):
-    """A page or report over "the last N hours" of a store with nothing older reads the scope serve
-    keeps and stores; a window that leaves one span out, and a metric whose result uses the
-    window's bounds (rejection_rates' buckets), are computed for that window."""
+    """A page or report over "the last N hours" of a store with nothing older reads the findings
+    tables; a window that leaves one span out, and a metric whose result uses the window's bounds
+    (rejection_rates' buckets), are computed for that window (or, for a run-partitioned
+    detector, the runs it cuts)."""
     from datetime import timedelta
     from pathlib import Path
 
     import pandas as pd
 
-    from analytics import kept
+    from analytics import materialize
+    from analytics.registry import compute_metric
+    from analytics.types import direct_write
     from collector.files import ingest_files
     from driftscope.database import migrate
+    from tests.analytics.test_materialize import _canonical
 
     conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
     migrate(conn)
@@ -294,29 +306,28 @@ def test_a_window_holding_every_span_is_answered_as_the_whole_store_except_by_wi
     ingest_files(
         None, sorted(p for p in samples.glob("*.json") if not p.name.endswith(".truth.json")), conn=conn
     )
+    cursor = conn.cursor()
+    materialize.bring_up_to_date(cursor, direct_write(conn))
+    cursor.close()
     first, last = conn.execute("SELECT min(Timestamp), max(Timestamp) FROM spans").fetchone()
     covering = Window(since=first, until=last + timedelta(microseconds=1))
     short = Window(since=first, until=last)  # the last span starts at `until`: outside
-    for name in kept.KEPT:  # goal scores stored first: frames computed before they are hold object
-        run_metric(conn, name)  # columns where frames read after hold strings (same values)
-    kept.clear_cache()
     shaped = [name for name, m in METRICS.items() if m.window_bounds]
     assert shaped == ["rejection_rates"]
-    for name in sorted(kept.KEPT):
-        whole = run_metric(conn, name)
-        before = kept.stats.copy()
+    kept = sorted(name for name, m in METRICS.items() if m.kept)
+    assert kept
+    for name in kept:
         got = run_metric(conn, name, covering)
-        with kept.computed_in_full():
-            expected = run_metric(conn, name, covering)
-        pd.testing.assert_frame_equal(got, expected, obj=name)
+        expected = compute_metric(conn, name, covering)
+        pd.testing.assert_frame_equal(_canonical(got), _canonical(expected), obj=name)
         if name in shaped:
+            assert got.attrs.get("source") != "table", name
             continue
-        pd.testing.assert_frame_equal(got, whole, obj=name)
-        assert kept.stats["full"] == before["full"] and kept.stats["unchanged"] == before["unchanged"] + 1, (
-            name
+        assert got.attrs.get("source") == "table", name  # the whole store's table, a SELECT
+        pd.testing.assert_frame_equal(got, run_metric(conn, name), obj=name)
+        cut = run_metric(conn, name, short)
+        pd.testing.assert_frame_equal(
+            _canonical(cut), _canonical(compute_metric(conn, name, short)), obj=name
         )
-        before = kept.stats.copy()
-        run_metric(conn, name, short)  # another scope: computed, or derived from the kept one
-        assert (
-            kept.stats["full"] + kept.stats["window_derived"] > before["full"] + before["window_derived"]
-        ), name
+        if materialize.maintained()[name].partition != "run_id":
+            assert cut.attrs.get("source") != "table", name  # computed for that window

@@ -95,10 +95,19 @@ def _combinations(values: dict):
 DETECTOR_SQL = sorted(
     p.stem
     for p in SQL_DIR.glob("*.sql")
-    # Browse and comparison reads: named runs, not a filtered window. loop_code_outputs: LLM code
-    # blocks, which the simulator's crews do not write (tests/analytics/test_code_actions.py).
+    # Browse and comparison reads: named runs, not a filtered window. loop_code_outputs and
+    # loop_declared_tools: LLM code blocks, which the simulator's crews do not write
+    # (tests/analytics/test_loops.py, test_code_actions.py).
     if not p.stem.startswith("_")
-    and p.stem not in ("run_spans", "list_runs", "evidence_spans", "compare_steps", "loop_code_outputs")
+    and p.stem
+    not in (
+        "run_spans",
+        "list_runs",
+        "evidence_spans",
+        "compare_steps",
+        "loop_code_outputs",
+        "loop_declared_tools",
+    )
     and not p.stem.startswith("compare_baseline")
 )
 

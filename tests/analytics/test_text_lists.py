@@ -1,11 +1,12 @@
 """constraint_ledger's and duplicate_side_effects' lists are Arrow lists (``analytics.text_lists``) on
-every path: a full computation, a stored result read back, a result brought up to date after a
-batch, a window derived from the whole result; their readers see the cells as Python lists."""
+every path: a full computation, a findings table read back, a window whose cut runs are computed
+beside the table's rows; their readers see the cells as Python lists."""
 
 from __future__ import annotations
 
 import io
 import json
+import random
 from datetime import timedelta
 
 import duckdb
@@ -13,12 +14,14 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from analytics import Filters, Window, kept, kept_store, read, run_metric, summary
+from analytics import Window, materialize, read, run_metric
+from analytics.registry import compute_metric
 from analytics.text_lists import TEXT_LISTS, as_text_lists
+from analytics.types import direct_write
 from driftscope.database import migrate
-from tests.analytics.test_kept import _assert_same, _full, _stored_conn
+from tests.analytics.test_materialize import _canonical, _commit, _loop_batch
 from tests.analytics.test_summary import _random_batch
-from tests.fixtures_analytics import BASE_TIME, insert_spans
+from tests.fixtures_analytics import BASE_TIME
 
 LISTS = {
     "constraint_ledger": ("span_ids", "agents", "delegate_to"),
@@ -31,35 +34,57 @@ def _assert_lists(frame: pd.DataFrame, name: str) -> None:
         assert frame[column].dtype == TEXT_LISTS, (name, column)
 
 
-def test_a_stored_result_reads_back_as_arrow_lists_equal_to_a_full_computation(tmp_path):
-    conn, rng, runs = _stored_conn(tmp_path, 1)
+def _tabled_conn(tmp_path, seed: int) -> tuple[duckdb.DuckDBPyConnection, random.Random, list[str]]:
+    """A file database of random batches (committed as the writer does) with every findings
+    table brought up to date (as serve's materializer does)."""
+    rng = random.Random(seed)
+    conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
+    migrate(conn)
+    runs = [f"run-{i}" for i in range(rng.randint(2, 6))]
+    for batch in range(3):
+        _commit(conn, _random_batch(rng, batch, runs) + _loop_batch(rng, batch, runs))
+    _pass(conn)
+    return conn, rng, runs
+
+
+def _pass(conn: duckdb.DuckDBPyConnection) -> None:
+    cursor = conn.cursor()
+    try:
+        materialize.bring_up_to_date(cursor, direct_write(conn))
+    finally:
+        cursor.close()
+
+
+def _assert_same(got: pd.DataFrame, full: pd.DataFrame, name: str) -> None:
+    assert list(got.columns) == list(full.columns), name
+    pd.testing.assert_frame_equal(_canonical(got), _canonical(full), obj=name)
+
+
+def test_a_findings_table_reads_back_as_arrow_lists_equal_to_a_full_computation(tmp_path):
+    conn, rng, runs = _tabled_conn(tmp_path, 1)
     for name in LISTS:
-        full = _full(conn, name, Window(), Filters())
+        full = compute_metric(conn, name)
         assert len(full) > 0, name  # the random spans found something to read back
         _assert_lists(full, name)
-        before = kept.stats["loaded"]
-        cold = run_metric(conn, name)  # read from the store, decoded
-        assert kept.stats["loaded"] == before + 1
-        _assert_lists(cold, name)
-        _assert_same(cold, full, name)
-        assert all(type(ids) is list and ids for ids in cold["span_ids"])  # iteration: Python lists
-    # the kept rows merged with the rows of the runs (origin tasks) a batch touched
-    before = kept.stats.copy()
-    insert_spans(conn, _random_batch(rng, 3, runs))
+        tabled = run_metric(conn, name)
+        assert tabled.attrs.get("source") == "table", name
+        _assert_lists(tabled, name)
+        _assert_same(tabled, full, name)
+        assert all(type(ids) is list and ids for ids in tabled["span_ids"])  # iteration: Python lists
+    # the table's rows after a batch touched some runs (origin tasks)
+    _commit(conn, _random_batch(rng, 3, runs))
+    _pass(conn)
     for name in LISTS:
-        merged = run_metric(conn, name)
-        _assert_lists(merged, name)
-        _assert_same(merged, _full(conn, name, Window(), Filters()), name)
-    assert kept.stats["partial"] > before["partial"]
-    # a window derived from the whole result (duplicate_side_effects is partitioned by run)
+        updated = run_metric(conn, name)
+        _assert_lists(updated, name)
+        _assert_same(updated, compute_metric(conn, name), name)
+    # a window: the table's rows of the runs it holds whole, the cut runs computed
+    # (duplicate_side_effects is partitioned by run)
     window = Window(since=BASE_TIME + timedelta(seconds=8))
-    derived_before = kept.stats["window_derived"]
     windowed = run_metric(conn, "duplicate_side_effects", window)
-    assert kept.stats["window_derived"] == derived_before + 1
-    _assert_same(windowed, _full(conn, "duplicate_side_effects", window, Filters()), "duplicate_side_effects")
+    assert windowed.attrs.get("source") == "table"
+    _assert_same(windowed, compute_metric(conn, "duplicate_side_effects", window), "duplicate_side_effects")
     _assert_lists(windowed, "duplicate_side_effects")
-    kept.clear_cache()
-    summary.clear_cache()
 
 
 def test_an_empty_result_has_the_same_list_type():
@@ -69,8 +94,6 @@ def test_an_empty_result_has_the_same_list_type():
         frame = run_metric(conn, name)
         assert frame.empty
         _assert_lists(frame, name)
-        back = kept_store.decode(kept_store.encode(frame))
-        pd.testing.assert_frame_equal(back, frame)
 
 
 def test_as_text_lists_keeps_cells_order_and_missing_lists():
@@ -93,8 +116,8 @@ def test_readers_of_the_read_interface_see_python_lists(tmp_path):
     from dashboard.findings import findings_from_frame
     from driftscope.api import dumps, frame_payload
 
-    conn, _, _ = _stored_conn(tmp_path, 1)
-    frame = run_metric(conn, "duplicate_side_effects")  # read from the store
+    conn, _, _ = _tabled_conn(tmp_path, 1)
+    frame = run_metric(conn, "duplicate_side_effects")  # read from its findings table
     _assert_lists(frame, "duplicate_side_effects")
     rows = json.loads(dumps(frame_payload(frame)))["rows"]
     assert [row["span_ids"] for row in rows] == frame["span_ids"].tolist()
@@ -110,5 +133,3 @@ def test_readers_of_the_read_interface_see_python_lists(tmp_path):
     found = findings_from_frame(metric, frame)
     assert [f.span_ids for f in found] == frame["span_ids"].tolist()
     assert [f.agents for f in found] == frame["agents"].tolist()
-    kept.clear_cache()
-    summary.clear_cache()

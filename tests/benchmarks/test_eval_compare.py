@@ -14,6 +14,7 @@ from benchmarks.eval_compare import (
     framework_truth,
     render_section,
     simulator_truth,
+    simulator_truths,
     write_section,
 )
 from benchmarks.eval_frameworks import kept_sections
@@ -31,6 +32,27 @@ def test_simulator_truth_is_the_first_failure_span_and_the_agents_it_names():
     first = truth["ping_pong"][0]["span_ids"]
     assert spans[pos]["span_id"] in first and all(s["span_id"] not in first for s in spans[:pos])
     assert agents == ["planner", "worker"]
+
+
+def test_a_record_naming_no_span_starts_at_its_agents_first_call_of_its_tool():
+    truth = {"runaway_steps": [{"agent": "researcher", "tool": "search_web", "steps": 12}], "waivers": []}
+    spans = [
+        {"span_id": "a", "agent_id": None, "tool_name": None},
+        {"span_id": "b", "agent_id": "researcher", "tool_name": None},
+        {"span_id": "c", "agent_id": "writer", "tool_name": "search_web"},
+        {"span_id": "d", "agent_id": "researcher", "tool_name": "search_web"},
+    ]
+    assert simulator_truth(truth, spans) == (3, ["researcher"])
+
+
+def test_the_simulator_runs_are_the_scenarios_and_their_crews_healthy_runs():
+    truths = simulator_truths()
+    scenarios = [t for t in truths if "failure_injected" not in t]
+    crews = [t for t in truths if t.get("failure_injected") is False]
+    assert len(scenarios) == 18 and len(crews) == 8 * 18 and len(truths) == len(scenarios) + len(crews)
+    assert {(t["scenario"], t["variant"]) for t in crews} == {
+        (t["scenario"], t["variant"]) for t in scenarios
+    }
 
 
 def test_framework_truth_by_failure():

@@ -13,7 +13,7 @@ import os
 import httpx
 import pytest
 from google.protobuf import json_format
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -158,6 +158,9 @@ otlp_like = st.recursive(
 
 @fuzz(8_000)
 @given(st.one_of(json_values, otlp_like))
+# found by this test: a non-list scopeSpans / spans crashed the size pre-count with a TypeError
+@example({"resourceSpans": [{"scopeSpans": True}]})
+@example({"resourceSpans": [{"scopeSpans": [{"spans": 5}]}]})
 def test_random_json_documents_never_crash(document):
     _check(json.dumps(document).encode(), JSON)
 

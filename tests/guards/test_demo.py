@@ -87,7 +87,7 @@ def test_traces_url_appends_the_otlp_path():
 
 def test_demo_sends_both_variants_with_fresh_ids_and_current_time(receiver):
     started = time.time_ns()
-    assert run_demo(receiver.url, "split_brain", live=False, token="s3cret") == 0
+    assert run_demo(receiver.url, "split_brain", live=False, token="s3cret", healthy_runs=0) == 0
     assert len(receiver.requests) == 2  # one request per run
     assert {path for path, _, _ in receiver.requests} == {"/v1/traces"}
     assert [h.get("Authorization", h.get("authorization")) for _, h, _ in receiver.requests] == [
@@ -109,13 +109,36 @@ def test_demo_sends_both_variants_with_fresh_ids_and_current_time(receiver):
 
 def test_live_demo_streams_span_by_span(receiver):
     started = time.time_ns()
-    assert run_demo(receiver.url, "recursion_loop", live=True, pace_s=0.01) == 0
+    assert run_demo(receiver.url, "recursion_loop", live=True, pace_s=0.01, healthy_runs=0) == 0
     spans = receiver.spans()
     assert len(spans) == truth_total("recursion_loop")
     assert len(receiver.requests) == len(spans)  # exported as each span ends
     ends = [span.end_time_unix_nano for _, _, request in receiver.requests for span in _all(request)]
     assert ends == sorted(ends) and ends[0] >= started
     assert ends[-1] - ends[0] > 10 * 10_000_000  # paced: at least ten 10 ms ticks apart
+
+
+def test_each_scenario_goes_out_after_healthy_runs_of_its_crew(receiver):
+    started = time.time_ns()
+    assert run_demo(receiver.url, "ping_pong", live=False, healthy_runs=3) == 0
+    assert len(receiver.requests) == 4  # per variant: the crew's history, then the scenario's run
+    runs: dict[str, list] = {}
+    for span, _ in receiver.spans():
+        runs.setdefault(attrs(span)["gen_ai.conversation.id"], []).append(span)
+    history = {run: spans for run, spans in runs.items() if "-ok-" in run}
+    failing = {run: spans for run, spans in runs.items() if "-ok-" not in run}
+    assert len(history) == 6 and len(failing) == 2
+    assert sum(len(spans) for spans in failing.values()) == truth_total("ping_pong")
+    for spans in history.values():
+        assert {attrs(s)["driftscope.scenario"] for s in spans} == {"ping_pong"}
+        assert max(s.end_time_unix_nano for s in spans) < started  # earlier runs of the crew
+        assert not any(attrs(s).get("driftscope.outcome") in ("rejected", "error") for s in spans)
+        bounced = [
+            s
+            for s in spans
+            if attrs(s).get("driftscope.delegate.to") and attrs(s).get("gen_ai.agent.id") == "worker"
+        ]
+        assert bounced == []  # the worker does the task instead of handing it back
 
 
 def _all(request):

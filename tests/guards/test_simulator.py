@@ -16,9 +16,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from guards import call_signature
 from guards.simulator import SCENARIOS, VARIANTS, regenerate, run_scenario
+from guards.simulator.catalog import HEALTHY_RUNS, crew_runs
 from guards.simulator.otlp_json import spans_to_otlp_json
+from guards.simulator.runtime import TRUTH_CATEGORIES
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
+CREWS = SAMPLES / "crews"
 PAIRS = [(s, v) for s in SCENARIOS for v in VARIANTS]
 
 
@@ -59,13 +62,13 @@ def test_regeneration_is_byte_identical_to_the_committed_files(tmp_path):
         capture_output=True,
         timeout=300,
     )
-    generated = {p.name for p in tmp_path.iterdir()}
-    assert len(generated) == 2 * len(PAIRS)
+    generated = {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()}
+    assert len(generated) == 2 * len(PAIRS) * 2  # the failure runs, and each crew's healthy runs
     for name in sorted(generated):
         committed = SAMPLES / name
         assert committed.exists(), f"{name} is generated but not committed"
         assert (tmp_path / name).read_bytes() == committed.read_bytes(), f"{name} differs from sample_traces/"
-    committed_names = {p.name for p in SAMPLES.glob("*.json")}
+    committed_names = {p.name for p in SAMPLES.glob("*.json")} | {f"crews/{p.name}" for p in CREWS.iterdir()}
     assert committed_names == generated, f"stale files in sample_traces/: {committed_names - generated}"
 
 
@@ -77,9 +80,9 @@ def test_regenerate_writes_every_scenario_and_leaves_other_files_alone(tmp_path)
         return [[1.0, 0.0] for _ in texts]
 
     written = regenerate(tmp_path, embedder=embed)
-    assert {p.name for p in written} == {
+    assert {str(p.relative_to(tmp_path)) for p in written} == {
         f"{s}_{v}{ext}" for s, v in PAIRS for ext in (".json", ".truth.json")
-    }
+    } | {f"crews/{s}_{v}{ext}" for s, v in PAIRS for ext in (".jsonl", ".truth.json")}
     assert keep.read_text() == "hand-written"
 
 
@@ -293,3 +296,50 @@ def test_only_the_subtasks_the_truth_calls_drifted_are_past_the_threshold():
                 variant,
                 a["driftscope.goal.text"],
             )
+
+
+def load_crew(scenario: str, variant: str) -> list[tuple[list[dict], dict]]:
+    """The committed healthy runs of a scenario's crew: (spans, truth) per run."""
+    lines = (CREWS / f"{scenario}_{variant}.jsonl").read_text().splitlines()
+    truths = json.loads((CREWS / f"{scenario}_{variant}.truth.json").read_text())
+    assert len(lines) == len(truths) == HEALTHY_RUNS
+    return [(flat_spans(json.loads(line)), truth) for line, truth in zip(lines, truths, strict=True)]
+
+
+@pytest.mark.parametrize(("scenario", "variant"), PAIRS)
+def test_each_scenario_crew_has_healthy_runs_of_its_own(scenario, variant):
+    """The crew's other runs: the same service and agents, before the failure run, none with a
+    failure in its truth; the failure run's own files are unchanged by them."""
+    failure_trace, failure_truth = load(scenario, variant)
+    failure_spans = flat_spans(failure_trace)
+    failure_start = min(int(s["startTimeUnixNano"]) for s in failure_spans)
+    failure_agents = {s["attrs"]["gen_ai.agent.id"] for s in failure_spans if "gen_ai.agent.id" in s["attrs"]}
+    crew_agents: set[str] = set()
+    run_ids = set()
+    for spans, truth in load_crew(scenario, variant):
+        assert truth["scenario"] == scenario and truth["variant"] == variant
+        assert truth["failure_injected"] is False and "-ok-" in truth["run_id"]
+        assert truth["span_counts"]["total"] == len(spans)
+        # a waiver is a reasoned choice the crew makes in every run, not a failure
+        assert {k: truth[k] for k in TRUTH_CATEGORIES if truth[k] and k != "waivers"} == {}
+        assert not any(s["attrs"].get("driftscope.outcome") in ("rejected", "error") for s in spans)
+        for span in spans:
+            assert span["resource"] == {"service.name": "crew-sim"}
+            assert span["attrs"]["gen_ai.conversation.id"] == truth["run_id"]
+            assert int(span["startTimeUnixNano"]) < failure_start
+        crew_agents |= {s["attrs"]["gen_ai.agent.id"] for s in spans if "gen_ai.agent.id" in s["attrs"]}
+        run_ids.add(truth["run_id"])
+    assert failure_agents <= crew_agents
+    assert len(run_ids) == HEALTHY_RUNS and failure_truth["run_id"] not in run_ids
+
+
+def test_crew_runs_leave_the_failure_run_as_it_was():
+    def embed(texts):
+        return [[1.0, 0.0] for _ in texts]
+
+    before = json.dumps(spans_to_otlp_json(run_scenario("ping_pong", "unguarded", embedder=embed)[1]))
+    runs = crew_runs("ping_pong", "unguarded", 2, embedder=embed)
+    after = json.dumps(spans_to_otlp_json(run_scenario("ping_pong", "unguarded", embedder=embed)[1]))
+    assert before == after
+    assert [run.truth["ping_pong"] for run, _ in runs] == [[], []]
+    assert len({run.run_id for run, _ in runs}) == 2
