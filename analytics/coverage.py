@@ -34,7 +34,8 @@ def coverage_text(
         )
         gaps.append(
             f"repeated calls and duplicate side effects not measurable{share}: "
-            "this framework did not record tool arguments"
+            "this framework did not record tool arguments (loops of calls failing with the same "
+            "error, or returning the same substantial output, are still found)"
         )
     if tasks_unrecorded:
         gaps.append(

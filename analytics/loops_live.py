@@ -18,7 +18,7 @@ from __future__ import annotations
 import duckdb
 import pandas as pd
 
-from analytics import loops
+import analytics.loops as loops
 from analytics.materialize import (
     PARTS,
     RUN_TOOL_SEP,

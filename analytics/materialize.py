@@ -37,7 +37,6 @@ from analytics.engine import is_clickhouse
 from analytics.side_effects import current_side_effect_tools
 from analytics.sql_loader import memory_cursor, quote_identifier
 from analytics.types import Filters, Window, WriteFn
-from collector.changes import RUN_TOOL_KEYS_SQL
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +59,24 @@ PARTITIONS = ("run_id", "origin_task_id", "run_tool", "span")
 # result with run_id and tool_name columns; "<run>\x1f*" every group of the run.
 RUN_TOOL_SEP = "\x1f"
 RUN_TOOL_COLUMNS = ("run_id", "tool_name")
+# The (run, tool) keys the spans committed after change $after up to $upto have now: every name a
+# span is, or can change, a call of. The writer logs the keys a changed span had before
+# (collector.changes, the same expression: analytics does not import the collector;
+# tests/analytics/test_materialize.py holds the two together).
+RUN_TOOL_KEYS_SQL = """
+SELECT DISTINCT run_id || chr(31) || tool AS key FROM (
+    SELECT run_id,
+           unnest([tool_name, delegate_to, agent_id,
+                   CASE WHEN span_family = 'agent' THEN coalesce(agent_id, agent_name, SpanName) END,
+                   CASE WHEN span_family = 'llm'
+                             AND (contains(output_text, '<code>') OR contains(output_text, '```')) THEN '*' END]) AS tool
+    FROM spans s
+    WHERE run_id IS NOT NULL
+      AND EXISTS (SELECT 1 FROM span_changes c WHERE c.seq > $after AND c.seq <= $upto
+                  AND c.TraceId = s.TraceId AND c.SpanId = s.SpanId)
+)
+WHERE tool IS NOT NULL
+"""
 # A 'span' result holds a row per span (TraceId, SpanId): per-span state a pass folds the spans
 # of ``span_changes`` into (SpanChanges) instead of reading every span of a touched run.
 

@@ -64,9 +64,11 @@ def matrix(dimensions: dict[str, list]) -> dict[str, Shape]:
 
 
 def _canonical(frame):
-    """``frame`` with every cell as text and rows sorted: equal frames up to the order of ties and
-    of the column types (a findings table gives nullable integers and booleans where a
-    computation gives numpy ones, and every missing value alike)."""
+    """``frame`` with every cell as text and rows sorted: equal frames up to the order of ties, of
+    the column types (a findings table gives nullable integers and booleans where a computation
+    gives numpy ones, and every missing value alike) and of a float's last bits (9 significant
+    digits: rejection_rates' trend, a regression over every run, differed at the 12th between
+    two computations of the same spans)."""
     import pandas as pd
 
     def cell(value) -> str:
@@ -79,7 +81,10 @@ def _canonical(frame):
             or (isinstance(value, float) and value != value)
         ):
             return "None"
-        return repr(value.item() if hasattr(value, "item") else value)
+        value = value.item() if hasattr(value, "item") else value
+        if isinstance(value, float):  # a float aggregate's last bits follow DuckDB's parallel order
+            return repr(float(f"{value:.9g}"))
+        return repr(value)
 
     out = pd.DataFrame({column: [cell(v) for v in frame[column]] for column in frame.columns})
     return out.sort_values(list(out.columns)).reset_index(drop=True)

@@ -16,8 +16,8 @@ import duckdb
 # output holding code (its calls are of any tool of the run) or a run a delete changed. The
 # writer logs only what the spans no longer say (the keys a span had before a walk changed it,
 # deleted runs); the materializer derives the rest from the spans ``span_changes`` lists
-# (``RUN_TOOL_KEYS_SQL``). It lets a loop detector recompute the few (run, tool) groups a commit
-# changed, not the whole run.
+# (``analytics.materialize.RUN_TOOL_KEYS_SQL``, the same key expression). It lets a loop
+# detector recompute the few (run, tool) groups a commit changed, not the whole run.
 PARTITIONS = ("run_id", "origin_task_id", "run_tool")
 RUN_TOOL_SEP = "\x1f"
 
@@ -46,14 +46,6 @@ SELECT DISTINCT run_id || chr(31) || tool AS key FROM (
 WHERE tool IS NOT NULL
 """
 _RUN_TOOL_SQL = "INSERT INTO change_partitions SELECT $seq, 'run_tool', key FROM (" + _KEYS_SQL + ")"
-# The (run, tool) keys of the spans committed after change $after up to $upto, as they are now.
-RUN_TOOL_KEYS_SQL = _KEYS_SQL.replace(
-    "{rows}",
-    "SELECT run_id, tool_name, delegate_to, agent_id, agent_name, SpanName, span_family, "
-    "span_family = 'llm' AND (contains(output_text, '<code>') OR contains(output_text, '```')) AS has_code "
-    "FROM spans s WHERE EXISTS (SELECT 1 FROM span_changes c WHERE c.seq > $after AND c.seq <= $upto "
-    "AND c.TraceId = s.TraceId AND c.SpanId = s.SpanId)",
-)
 
 
 def record_run_tools(conn: duckdb.DuckDBPyConnection, seq: int, sources: list[str]) -> None:
