@@ -382,7 +382,8 @@ def drop_bounced(loops: pd.DataFrame, bounces: pd.DataFrame) -> pd.DataFrame:
     between = np.array(
         [
             tool.removeprefix(HANDOFF_TOOL_PREFIX) in set(agents)
-            and (caller is None or caller in set(agents) or caller == via)
+            # no caller: None, or NaN where a findings table's NULL came back so
+            and (caller is None or caller != caller or caller in set(agents) or caller == via)
             for tool, caller, agents, via in zip(
                 matched["tool_name"], matched["agent"], matched["agents"], matched["via"], strict=True
             )
