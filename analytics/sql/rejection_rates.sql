@@ -51,5 +51,8 @@ SELECT *,
             THEN coalesce(regr_slope(rejections / attempts, epoch(bucket_start)) OVER g * 3600, 0.0)
             ELSE 0.0 END AS trend_per_hour
 FROM buckets
-WINDOW g AS (PARTITION BY tool_name, state_key, agent)
+-- (the buckets in time order, the frame all of them: the slope's floating-point sums then follow
+-- one order; without it two computations of the same spans differed in the 11th digit)
+WINDOW g AS (PARTITION BY tool_name, state_key, agent ORDER BY bucket_start
+             ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
 ORDER BY tool_name, state_key NULLS FIRST, agent NULLS FIRST, bucket_start
