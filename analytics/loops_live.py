@@ -24,9 +24,9 @@ from analytics.materialize import (
     RUN_TOOL_SEP,
     TABLE_PREFIX,
     Maintained,
-    _pandas_type,
     maintain,
     maintain_with,
+    pandas_type,
     ready,
     split_run_tools,
 )
@@ -80,7 +80,7 @@ def _run_loops(
                 params={} if runs is None else {"runs": runs},
             )
             .to_arrow_table()
-            .to_pandas(types_mapper=_types)
+            .to_pandas(types_mapper=pandas_type)
         )
     scope = Filters(from_spans=True) if runs is None else Filters(runs=tuple(runs))
     bounces = loops.ping_pong(conn, Window(), scope)
@@ -90,10 +90,6 @@ def _run_loops(
 
 def _empty() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=t) for c, t in loops._EMPTY_LOOP_TYPES.items()})
-
-
-def _types(kind):
-    return _pandas_type(kind)
 
 
 maintain(Maintained(GROUPS, "run_tool", _group_loops, _ORDER, "1"))

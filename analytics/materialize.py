@@ -364,7 +364,7 @@ def read_findings(
         where, params = "WHERE run_id = $run", {"run": filters.run}
     sql = f"SELECT {select} FROM {quote_identifier(item.table)} {where} ORDER BY {', '.join(order)}"
     table = conn.sql(sql, params=params).to_arrow_table()
-    frame = table.to_pandas(types_mapper=_pandas_type)
+    frame = table.to_pandas(types_mapper=pandas_type)
     frame.attrs["source"] = "table"
     return frame
 
@@ -380,7 +380,8 @@ _NULLABLE = {
 }
 
 
-def _pandas_type(kind: pa.DataType):
+def pandas_type(kind: pa.DataType):
+    """The pandas type a findings table's Arrow column reads back as (``to_pandas(types_mapper=)``)."""
     if pa.types.is_list(kind):
         return pd.ArrowDtype(kind)
     return _NULLABLE.get(kind)
@@ -477,7 +478,7 @@ def read_window(
             "WHERE run_id IN (SELECT unnest($runs::VARCHAR[])) ORDER BY _pos",
             params={"runs": whole},
         ).to_arrow_table()
-        frames.append(table.to_pandas(types_mapper=_pandas_type))
+        frames.append(table.to_pandas(types_mapper=pandas_type))
     if partial:
         frames.append(item.detector(conn, window, dataclasses.replace(filters, runs=tuple(partial)))[wanted])
     frames = [f for f in frames if not f.empty] or frames[:1]
