@@ -635,6 +635,10 @@ class PassReport:
     target: int = 0
     recomputed: dict[str, int] | None = None  # partitions (or -1: whole) per result
     failed: dict[str, str] | None = None
+    # seconds per result: computing it (this thread) and its writes (queued behind span
+    # commits in the writer, then run there)
+    compute_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    write_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def _partitions_of(conn: duckdb.DuckDBPyConnection, partition: str) -> list[str]:
@@ -726,6 +730,16 @@ def bring_up_to_date(
     may be recomputed now (serve limits how often); None: always. ``between()`` is called before
     each result (serve's materializer yields to ingest there)."""
     report = PassReport(recomputed={}, failed={})
+    timed = {"write": 0.0}
+
+    def write_timed(fn: Callable[[duckdb.DuckDBPyConnection], Any]) -> Any:
+        started = time.perf_counter()
+        try:
+            return write_fn(fn)
+        finally:
+            timed["write"] += time.perf_counter() - started
+
+    write_fn, write = write, write_timed
     if not _has_change_log(read):
         return report
     target = newest_change(read)  # read before any computation: they see at least this much
@@ -753,6 +767,7 @@ def bring_up_to_date(
             continue  # what it reads is behind: next pass
         if between is not None:
             between()
+        started, timed["write"] = time.perf_counter(), 0.0
         full = not fresh or _rebuild_logged(read, state.seq, target)
         try:
             if item.partition is None:
@@ -816,6 +831,10 @@ def bring_up_to_date(
                 write(lambda c, i=item, m=message: _record_error(c, i, m))
             except Exception:  # noqa: BLE001 - the store itself is failing: health says so
                 logger.debug("materializer: could not record the failure of %s", name, exc_info=True)
+        finally:
+            if name in report.recomputed or name in report.failed:
+                report.write_seconds[name] = timed["write"]
+                report.compute_seconds[name] = time.perf_counter() - started - timed["write"]
     return report
 
 
@@ -889,6 +908,9 @@ class Materializer(threading.Thread):
         self._ingest_backlog = ingest_backlog
         self._deferred = 0.0  # seconds this pass waited for ingest
         self.deferred_seconds = 0.0  # in all passes (health)
+        # since start, per result: [seconds computing, seconds in its writes]; and all passes'
+        self.seconds_by_result: dict[str, list[float]] = {}
+        self.pass_seconds_total = 0.0
 
     def notify(self) -> None:
         """New spans were committed (serve's on_commit)."""
@@ -926,6 +948,11 @@ class Materializer(threading.Thread):
         self.passes += 1
         self.last_failed = dict(report.failed or {})
         self.last_pass_seconds = time.perf_counter() - started
+        self.pass_seconds_total += self.last_pass_seconds
+        for name, seconds in report.compute_seconds.items():
+            spent = self.seconds_by_result.setdefault(name, [0.0, 0.0])
+            spent[0] += seconds
+            spent[1] += report.write_seconds.get(name, 0.0)
         return report
 
     def run(self) -> None:

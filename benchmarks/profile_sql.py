@@ -15,7 +15,10 @@ import duckdb
 # scorer whose stored scores it joins, the default threshold and listing limits).
 EXTRA_PARAMS = {"similarity": 0.8, "threshold": 0.45, "max_chains": 40, "pending_limit": 100_000,
                 # repeated_calls: its neighbour window, minimum calls and (no) agent task statements
-                "neighbours": 4, "min_calls": 3, "agent_inputs": [], "agent_tasks": []}  # fmt: skip
+                "neighbours": 4, "min_calls": 3, "agent_inputs": [], "agent_tasks": [],
+                "min_output_words": 5, "code_outputs": [], "code_tools": [], "code_args": [],
+                "declared_runs": [], "declared_agents": [], "declared_tools": [],
+                "loop_runs": None, "group_runs": [], "group_tools": [], "loop_whole_runs": []}  # fmt: skip
 
 
 def operator_times(conn: duckdb.DuckDBPyConnection, name: str, top: int = 8) -> dict:

@@ -226,6 +226,7 @@ def build_service(config: ServeConfig) -> Service:
             "commits": writer.commits,
             "checkpoints": writer.checkpoints,
             "writer_busy_seconds": round(writer.busy_seconds, 3),
+            "writer_span_commit_seconds": round(writer.span_commit_seconds, 3),
             "writer_writes": writer.writes,
             "writer_failed_writes": writer.failed_writes,
             "fast_decoder": fastdecode.AVAILABLE,
@@ -379,6 +380,15 @@ def _findings_health(conn, materializer: Materializer) -> dict:
         "materializer_passes": materializer.passes,
         "last_pass_seconds": round(materializer.last_pass_seconds, 3),
         "deferred_to_ingest_seconds": round(materializer.deferred_seconds, 2),
+        "pass_seconds_total": round(materializer.pass_seconds_total, 2),
+        # where the passes' time went, per result since start: computing it, and its writes
+        # (waiting behind span commits in the writer, then running there)
+        "seconds_by_result": {
+            name: {"compute": round(spent[0], 2), "write": round(spent[1], 2)}
+            for name, spent in sorted(
+                materializer.seconds_by_result.items(), key=lambda kv: -(kv[1][0] + kv[1][1])
+            )
+        },
         "last_error": materializer.last_error,
         "failed": materializer.last_failed,
     }

@@ -85,6 +85,11 @@ def test_a_restarted_serve_answers_every_detector_from_its_tables(serve_factory)
     demo = _demo(server.http_url)
     assert demo.wait(180) == 0
     wait_until(lambda: _caught_up(server), "the findings tables to catch up", 180)
+    # where the passes' time went: every result built, its computation and writes timed
+    spent = server.health()["findings"]["seconds_by_result"]
+    assert set(spent) == set(materialize.maintained()), set(materialize.maintained()) ^ set(spent)
+    assert all(s["compute"] >= 0 and s["write"] > 0 for s in spent.values()), spent
+    assert server.health()["findings"]["pass_seconds_total"] >= max(s["compute"] for s in spent.values())
     assert server.stop() == 0
     server.start()
     with httpx.Client(timeout=60) as client:
