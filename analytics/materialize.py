@@ -110,6 +110,8 @@ INGEST_POLL_S = 0.25
 INGEST_MAX_DEFER_S = 10.0
 
 Compute = Callable[[duckdb.DuckDBPyConnection, str | None, list[str] | None], pd.DataFrame]
+ExtraKeys = Callable[[duckdb.DuckDBPyConnection], list[str]]
+Depends = tuple[str, ...] | Callable[[], tuple[str, ...]]
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,8 @@ class Maintained:
     ``order``: the read order, (column, descending) pairs; ``version``: its definition's version;
     ``detector``: the registered detector (``(conn, window, filters)``), for the runs a window cuts;
     ``depends``: results brought up to date before this one in a pass (its ``compute`` reads
-    their tables).
+    their tables); ``extra_keys(conn)``: partitions to recompute besides the ones the change log
+    names (a result assembled from other tables: the partitions whose inputs those changed).
     """
 
     name: str
@@ -131,6 +134,7 @@ class Maintained:
     version: str
     detector: Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame] | None = None
     depends: tuple[str, ...] = ()
+    extra_keys: ExtraKeys | None = None
 
     @property
     def table(self) -> str:
@@ -147,7 +151,7 @@ PARTS: set[str] = set()
 
 # How a registered detector is maintained when not by its own full computation scoped to the
 # touched partitions: name -> (compute, depends), set by the detector's module.
-_overrides: dict[str, tuple[Compute, tuple[str, ...]]] = {}
+_overrides: dict[str, tuple[Compute, Depends, ExtraKeys | None]] = {}
 
 
 def maintain(item: Maintained) -> None:
@@ -155,12 +159,14 @@ def maintain(item: Maintained) -> None:
     _items[item.name] = item
 
 
-def maintain_with(name: str, compute: Compute, depends: tuple[str, ...] = ()) -> None:
+def maintain_with(
+    name: str, compute: Compute, depends: Depends = (), extra_keys: ExtraKeys | None = None
+) -> None:
     """Maintain the detector ``name`` with ``compute`` (reading the tables of ``depends``, which
-    are brought up to date first) instead of its full computation scoped to the touched
-    partitions. Its full computation stays what reads of cut runs use and what tests hold the
-    table to."""
-    _overrides[name] = (compute, tuple(depends))
+    are brought up to date first; a function when they follow other registrations) instead of
+    its full computation scoped to the touched partitions; ``extra_keys`` as in ``Maintained``.
+    Its full computation stays what reads of cut runs use and what tests hold the table to."""
+    _overrides[name] = (compute, depends if callable(depends) else tuple(depends), extra_keys)
 
 
 def forget(name: str) -> None:
@@ -194,11 +200,13 @@ def maintained() -> dict[str, Maintained]:
     settings = _settings_version()
     out: dict[str, Maintained] = {}
     for name, item in _items.items():
-        compute, depends = _overrides.get(name, (item.compute, item.depends))
+        compute, depends, extra = _overrides.get(name, (item.compute, item.depends, item.extra_keys))
+        depends = tuple(d for d in (depends() if callable(depends) else depends) if d in _items)
+        # what a result reads is part of its definition: another set of inputs rebuilds it
+        version = f"{item.version}|{settings}" + (f"|{','.join(depends)}" if depends else "")
         out[name] = Maintained(
-            item.name, item.partition, compute, item.order, f"{item.version}|{settings}", item.detector,
-            tuple(d for d in depends if d in _items),
-        )  # fmt: skip
+            item.name, item.partition, compute, item.order, version, item.detector, depends, extra
+        )
     ordered: dict[str, Maintained] = {}
 
     def place(name: str, seen: tuple[str, ...] = ()) -> None:
@@ -331,11 +339,12 @@ def read_findings(
     filters: Filters = Filters(),
     columns: list[str] | None = None,
     documented: list[str] | None = None,
+    runs: list[str] | None = None,
 ) -> pd.DataFrame | None:
-    """``name``'s rows from its findings table (only ``columns`` when given), or None when the
-    table cannot answer this read: not built (or built by another definition), a window (the
-    caller passes ``Window()`` when it holds every stored span), or a filter other than a run
-    on a run-partitioned detector."""
+    """``name``'s rows from its findings table (only ``columns`` when given; only the rows of
+    ``runs`` when given), or None when the table cannot answer this read: not built (or built by
+    another definition), a window (the caller passes ``Window()`` when it holds every stored
+    span), or a filter other than a run on a run-partitioned detector."""
     item = maintained().get(name)
     if item is None or window != Window() or filters.reads_spans():
         return None
@@ -362,6 +371,9 @@ def read_findings(
     where, params = "", {}
     if filters.run is not None:
         where, params = "WHERE run_id = $run", {"run": filters.run}
+    if runs is not None:
+        where = f"{where} {'AND' if where else 'WHERE'} run_id IN (SELECT unnest($runs::VARCHAR[]))"
+        params["runs"] = list(runs)
     sql = f"SELECT {select} FROM {quote_identifier(item.table)} {where} ORDER BY {', '.join(order)}"
     table = conn.sql(sql, params=params).to_arrow_table()
     frame = table.to_pandas(types_mapper=pandas_type)
@@ -796,6 +808,8 @@ def bring_up_to_date(
                 if full
                 else _touched(read, item.partition, state.seq, target)
             )
+            if not full and item.extra_keys is not None:
+                keys = list(dict.fromkeys([*keys, *item.extra_keys(read)]))
             if _unscoped(read, keys, item.partition, totals):
                 # most partitions touched: one unscoped computation replaces the table
                 rows = _arrow(item.compute(read, item.partition, None))

@@ -14,7 +14,16 @@ from analytics.coverage import coverage_text
 from analytics.crew_limits import count_limits
 from analytics.engine import is_clickhouse
 from analytics.goals import goal_run_stats
-from analytics.materialize import PARTS, RUN_ACTORS, Maintained, maintain, read_findings
+from analytics.materialize import (
+    PARTS,
+    RUN_ACTORS,
+    TABLE_PREFIX,
+    Maintained,
+    maintain,
+    maintain_with,
+    read_findings,
+    ready,
+)
 from analytics.registry import (
     METRICS,
     counted_metrics,
@@ -23,7 +32,7 @@ from analytics.registry import (
     run_metric,
     whole_if_covering,
 )
-from analytics.sql_loader import run_sql
+from analytics.sql_loader import quote_identifier, run_sql
 from analytics.thresholds import ThresholdInfo, current_threshold
 from analytics.types import Filters, Window
 
@@ -269,14 +278,17 @@ def _summary_columns() -> dict[str, str]:
     row="one run (conversation id)",
     failure_mode=None,
     mast_category=None,
+    kept="run_id",
+    order=(("first_seen", False), ("run_id", False)),
 )
 def run_summary(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -> pd.DataFrame:
     """Health of every run, combining every detector's findings.
 
     A count above its crew's baseline-calibrated ``count_per_run:<detector>:<service>`` threshold
-    (0 until calibrated; ``analytics.crew_limits``) makes the run fail. Assembled from the findings
-    tables (``summary_from_tables``) when they answer, else from the pieces computed for this
-    window and filters.
+    (0 until calibrated; ``analytics.crew_limits``) makes the run fail. Kept as a table of its own
+    (``_summary_rows``, per touched run); computed, it is assembled from the findings tables
+    (``summary_from_tables``) when they answer, else from the pieces computed for this window and
+    filters.
     """
     tabled = summary_from_tables(conn, window, filters)
     if tabled is not None:
@@ -351,3 +363,123 @@ def summary_from_tables(
     frame = _assemble(conn, _Parts(base, found, goals), current_threshold(conn, "goal_divergence"))
     frame.attrs["source"] = "table"
     return frame
+
+
+# run_summary itself is a table (partitioned by run): each pass assembles the touched runs' rows
+# from the tables above and the summed detectors' tables, so a read is a SELECT. A run's row
+# changes when its spans do (the change log names it) and when a detector's table changes its
+# findings of the run without the run being touched (a constraint drop is kept by origin task,
+# shared by runs; a detector kept whole, such as runaway_runs, is recomputed from every run):
+# those runs are found by comparing each detector's per-run counts with the counts in the table
+# (``_changed_counts``), a group-by over the findings tables, not over the spans.
+SUMMARY = "run_summary"
+
+
+def _summary_depends() -> tuple[str, ...]:
+    return (BASE_PART, GOALS_PART, *(m.name for m in _summed_metrics()))
+
+
+def _rows_of_runs(
+    conn: duckdb.DuckDBPyConnection, name: str, columns: list[str], runs: list[str]
+) -> pd.DataFrame | None:
+    """``columns`` of ``name``'s findings table rows of ``runs``, in its read order; None when
+    its table cannot answer (not built)."""
+    return read_findings(conn, name, columns=columns, runs=runs)
+
+
+def _summary_rows(
+    conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
+) -> pd.DataFrame:
+    """run_summary's rows of runs ``keys`` (every run when None), assembled from the tables; the
+    runs computed from their spans when a table cannot answer."""
+    threshold = current_threshold(conn, "goal_divergence")
+    if keys is None:
+        tabled = summary_from_tables(conn, Window(), Filters())
+        if tabled is not None:
+            return tabled
+        return _assemble(
+            conn, _compute_parts(conn, Window(), Filters(from_spans=True), threshold.value), threshold
+        )
+    parts = _parts_of_runs(conn, keys)
+    if parts is None:
+        parts = _compute_parts(conn, Window(), Filters(runs=tuple(keys)), threshold.value)
+    return _assemble(conn, parts, threshold)
+
+
+def _parts_of_runs(conn: duckdb.DuckDBPyConnection, runs: list[str]) -> _Parts | None:
+    base = _rows_of_runs(conn, BASE_PART, [], runs)
+    goals = _rows_of_runs(conn, GOALS_PART, [], runs)
+    if base is None or goals is None:
+        return None
+    found: dict[str, pd.DataFrame] = {}
+    for metric in _summed_metrics():
+        frame = _rows_of_runs(conn, metric.name, _counted_columns(metric), runs)
+        if frame is None:
+            return None
+        found[metric.name] = _counts_per_run(metric.name, frame)
+    base = base.set_index("run_id", drop=False)
+    goals = goals.set_index("run_id")[["drifted_subtasks", "worst_divergence"]]
+    return _Parts(base, found, goals)
+
+
+def _counted_columns(metric) -> list[str]:
+    """The columns of ``metric``'s findings run_summary reads: the run, its key when counted by
+    another (``_COUNTED_BY``), and the columns of its per-row counts."""
+    needed = ["run_id", *([_COUNTED_BY[metric.name]] if metric.name in _COUNTED_BY else [])]
+    return needed + [c for c in (metric.failing_unless, metric.flag_column) if c and c not in needed]
+
+
+def _changed_counts(conn: duckdb.DuckDBPyConnection) -> list[str]:
+    """Runs whose counts in the run_summary table differ from the summed detectors' tables now
+    (every run when a detector has no table to compare with)."""
+    if ready(conn, SUMMARY) is None:
+        return []  # built from nothing this pass
+    summary = TABLE_PREFIX + SUMMARY
+    if not conn.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [summary]).fetchall()[0][
+        0
+    ]:
+        return []  # no run yet: every run there is will be a touched one
+    tables = {
+        row[0]
+        for row in conn.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE table_name LIKE 'findings__%'"
+        ).fetchall()
+    }
+    selects = []
+    for metric in _summed_metrics():
+        if ready(conn, metric.name) is None:
+            return [
+                row[0] for row in conn.execute(f"SELECT run_id FROM {quote_identifier(summary)}").fetchall()
+            ]
+        counts = {f"{metric.name}_count": "count(*)"}
+        if metric.failing_unless:
+            counts[f"{metric.name}_unrecovered"] = (
+                f"count(*) FILTER (WHERE {quote_identifier(metric.failing_unless)} IS NOT TRUE)"
+            )
+        if metric.failing and metric.flag_column:
+            counts[f"{metric.name}_flagged"] = (
+                f"count(*) FILTER (WHERE {quote_identifier(metric.flag_column)} IS TRUE)"
+            )
+        table = TABLE_PREFIX + metric.name
+        if table in tables:
+            found = (
+                f"SELECT run_id, {', '.join(f'{expr} AS {quote_identifier(col)}' for col, expr in counts.items())} "
+                f"FROM {quote_identifier(table)} WHERE run_id IS NOT NULL GROUP BY run_id"
+            )
+        else:  # built, no finding
+            found = f"SELECT NULL::VARCHAR AS run_id, {', '.join(f'0 AS {quote_identifier(col)}' for col in counts)} WHERE false"
+        differs = " OR ".join(
+            f"coalesce(f.{quote_identifier(col)}, 0) <> coalesce(s.{quote_identifier(col)}, 0)"
+            for col in counts
+        )
+        selects.append(
+            f"SELECT coalesce(f.run_id, s.run_id) AS run_id FROM ({found}) f "
+            f"FULL OUTER JOIN (SELECT run_id, {', '.join(quote_identifier(c) for c in counts)} "
+            f"FROM {quote_identifier(summary)}) s ON s.run_id = f.run_id WHERE {differs}"
+        )
+    if not selects:
+        return []
+    return [row[0] for row in conn.execute(" UNION ".join(selects)).fetchall() if row[0] is not None]
+
+
+maintain_with(SUMMARY, _summary_rows, depends=_summary_depends, extra_keys=_changed_counts)

@@ -251,9 +251,12 @@ def fill_embedding_cache(db: Path) -> float:
     return time.perf_counter() - start
 
 
-def in_subprocess(function: str, db: Path, window, timeout: float, warm_cache: bool = True, **kwargs) -> dict:
+def in_subprocess(
+    function: str, db: Path | str, window, timeout: float, warm_cache: bool = True, **kwargs
+) -> dict:
     """Run ``report_build``, ``overview_render`` or ``page_render`` in a fresh Python process,
     killed at ``timeout``; ``kwargs`` (JSON values) go to the function (``page``, ``query``).
+    ``db``: a database file, or (pages) the URL of a running serve, read through its API.
 
     A fresh process also means cold imports and caches, as a user opening the dashboard has. With
     ``warm_cache`` the embedding cache is filled first (``fill_embedding_cache``, not timed).
@@ -276,7 +279,9 @@ def in_subprocess(function: str, db: Path, window, timeout: float, warm_cache: b
         f"from benchmarks.dashboard import {function}\n"
         f"w = Window(*(datetime.fromisoformat(v) if v else None for v in ({since!r}, {until!r})))\n"
         f"kwargs = json.loads({json.dumps(kwargs)!r})\n"
-        f"result = {function}(__import__('pathlib').Path({str(db)!r}), w, **kwargs)\n"
+        f"source = {str(db)!r}\n"  # a database file, or a serve's URL (the HTTP source)
+        "source = source if '://' in source else __import__('pathlib').Path(source)\n"
+        f"result = {function}(source, w, **kwargs)\n"
         "print('RESULT ' + json.dumps(result))\n"
     )
     repo = Path(__file__).resolve().parents[1]

@@ -175,11 +175,27 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
                         pass
                     stop.wait(1.0)
 
+        overview: dict = {}
+
+        def render_overview() -> None:
+            # the Overview page opened during the incident, through the serve's API (the
+            # dashboard's HTTP source), in a fresh process, a third of the way into the stream
+            from analytics.types import Window
+            from benchmarks.dashboard import in_subprocess
+
+            if not stop.wait(args.seconds / 3):
+                overview.update(
+                    in_subprocess("overview_render", serve.http_url, Window(), 300, warm_cache=False)
+                )
+
         lag_thread = threading.Thread(target=sample_lag, daemon=True)
+        overview_thread = threading.Thread(target=render_overview, daemon=True)
         load_before = os.getloadavg()
         for sender in senders:
             sender.start()
         lag_thread.start()
+        if args.overview:
+            overview_thread.start()
         started = time.perf_counter()
         while time.perf_counter() - started < args.seconds:
             for name in names:
@@ -192,6 +208,8 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
         elapsed = time.perf_counter() - started
         for sender in senders:
             sender.stop()
+        if args.overview:
+            overview_thread.join(300)  # the render may end after the stream: wait for it
         stop.set()
         lag_thread.join(5)
         out["live"] = {
@@ -206,6 +224,8 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
             "load_before": load_before,
             "load_after": os.getloadavg(),
             "serve_peak_rss_bytes": serve.peak_rss_bytes(),
+            # benchmarks.dashboard.page_render's record (cold_s: first render, warm_s: a rerun)
+            "overview": {k: v for k, v in overview.items() if k not in ("detector_seconds", "read_seconds")},
         }
         out["health"] = serve.health()
     out_path.write_text(json.dumps(out, indent=2, default=str))
@@ -224,6 +244,7 @@ def run_live(
     args = argparse.Namespace(
         spans=spans, shape=shape, rate=rate, seconds=seconds, per_run=20, runs_per_request=10,
         senders=senders, template_spans=40_000, build_timeout=3600.0,
+        overview=seconds >= 30,  # the page's render takes seconds: not in a smoke run
     )  # fmt: skip
     db = workdir / f"live-{spans}.duckdb"
     out: dict = {"args": {k: v for k, v in vars(args).items()}}
@@ -250,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--template-spans", type=int, default=40_000)
     parser.add_argument("--build-timeout", type=float, default=3600.0)
     parser.add_argument("--db", type=Path, help="a database built before (copied; else built)")
+    parser.add_argument("--no-overview", dest="overview", action="store_false",
+                        help="do not render the Overview page during the stream")  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="driftscope-live-"))

@@ -393,6 +393,34 @@ def test_repeated_calls_recomputes_only_the_groups_a_commit_changed(tmp_path):
     pd.testing.assert_frame_equal(_canonical(got), _canonical(_full(conn, "repeated_calls")))
 
 
+def test_run_summary_is_a_table_following_findings_its_run_did_not_change(tmp_path):
+    """run_summary is kept per run; a run whose own spans did not change is recomputed when a
+    detector's table changes its findings: runaway_runs is computed from every run of the crew,
+    so other runs growing make the runaway run usual."""
+    conn = _store(tmp_path)
+    _commit(conn, _runaway_crew(random.Random(3)))
+    _pass(conn)
+    got = run_metric(conn, "run_summary")
+    assert got.attrs["source"] == "table"
+    runaway = dict(zip(got["run_id"], got["runaway_runs_count"], strict=True))
+    assert runaway["crew-r-5"] >= 1 and got.set_index("run_id").loc["crew-r-5", "verdict"] == "failing"
+    # the five usual runs grow to the runaway run's size: crew-r-5's spans do not change
+    more = [
+        make_span(10 + call * 0.5, run=f"crew-r-{run}", ServiceName="crew-r", agent_id="worker",
+                  tool_name="search", tool_args={"q": f"{run}-more-{call}"})
+        for run in range(5) for call in range(31)
+    ]  # fmt: skip
+    _commit(conn, more)
+    report = _pass(conn)
+    assert report.recomputed["run_summary"] == 6  # the five touched runs and crew-r-5
+    got = run_metric(conn, "run_summary")
+    assert got.attrs["source"] == "table"
+    assert got.set_index("run_id").loc["crew-r-5", "runaway_runs_count"] == 0
+    pd.testing.assert_frame_equal(_canonical(got), _canonical(_full(conn, "run_summary")))
+    # nothing new: nothing recomputed
+    assert "run_summary" not in _pass(conn).recomputed
+
+
 def test_a_delete_is_logged_with_the_runs_it_changed_and_their_findings_follow(tmp_path):
     conn = _store(tmp_path)
     write = dict(op="write", state_key="k", outcome="ok", tool_name="state_write")
