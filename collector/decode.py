@@ -22,10 +22,11 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError as _ProtoDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from collector.conventions import ATTRIBUTE_COLUMNS, COORDINATION_COLUMNS, OTEL_COLUMNS, map_columns
+from collector.conventions import ATTRIBUTE_COLUMNS, COORDINATION_COLUMNS, OTEL_COLUMNS
 from collector.fastdecode import FastResult, LimitExceededError, check_counts, decode_fast
 from collector.json_salvage import PARSE_ERRORS, SURROGATE_ESCAPE, replace_lone_surrogates, salvage_spans
 from collector.limits import DecodeLimits
+from collector.mapping_plans import map_columns
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
