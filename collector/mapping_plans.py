@@ -29,6 +29,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from collector import conventions as conv
+from collector.fastdecode import _otlpfast
+
+# The compiled loops (collector/_otlpfast.c); a build without them maps in Python alone.
+_group_rows_c = getattr(_otlpfast, "group_rows", None)
+_copy_columns_c = getattr(_otlpfast, "copy_columns", None)
 
 MIN_PLAN_SPANS = 8
 MAX_PLANS = 256
@@ -63,6 +68,13 @@ def read_keys(rules: Sequence[conv.Rule] = conv.RULES) -> frozenset[str]:
 
 
 READ_KEYS = read_keys()
+# Rules that copy one attribute as it is into a text column: key -> column index. Copied for
+# every span before the plans run, which then leave them alone.
+DIRECT_TEXT = {
+    rule.sources[0].key: _INDEX[rule.column]
+    for rule in conv.RULES
+    if conv.is_direct(rule) and rule.kind == "text"
+}
 
 
 class ResourceSlice:
@@ -178,6 +190,8 @@ class _Plan:
             index = _INDEX[key[len("column:") :]]
             if index in self.constant:  # a column no source of which applies to these spans
                 return None if self.constant[index] in (None, "") else repr(self.constant[index])
+            if index in DIRECT_TEXT.values():
+                return f"c{index}[i]"
             return f"x{index}"
         if key.startswith("event:"):
             event, attribute = conv.event_key(source)
@@ -211,6 +225,10 @@ class _Plan:
         index, emit = _INDEX[rule.column], self.lines.append
         if conv.is_direct(rule):
             key = rule.sources[0].key
+            if rule.kind == "text":  # copied before the plans run (copy_columns), for every span
+                if key not in self.present:
+                    self.constant[index] = None
+                return
             if key in self.present:  # kept as it is, even ''
                 emit(f"        c{index}[i] = {_DIRECT[rule.kind].format(self.get(key))}")
             else:
@@ -239,10 +257,8 @@ _DIRECT = {
     "text": "{}",
     "int": "(int(v) if (v := {}).isdigit() and v.isascii() and len(v) < 10 else int_(v))",
     "bool": "bool_({})",
-    "list": (
-        "(w.split('\",\"') if (v := {}).startswith('[\"') and v.endswith('\"]') and '\\\\' not in v "
-        "and (w := v[2:-2]).count('\"') == 2 * w.count('\",\"') else str_list(v))"
-    ),
+    # a batch repeats few lists (constraint ids): each text is read once, each row gets a copy
+    "list": "(list(t) if (t := lists.get(v := {})) is not None else list_once(v, lists))",
 }
 _COERCER = {"int": "int_", "bool": "bool_", "list": "str_list"}
 
@@ -251,7 +267,7 @@ def generate_plan(
     present: Mapping[str, int], scope: str = _OTHER_SCOPE, rules: Sequence[conv.Rule] = conv.RULES
 ) -> str:
     """Python source of ``plan(G, s_off, s_keys, s_vals, names, events, trace_ids,
-    resource_value, cols, P)``, which writes the coordination columns of the spans ``G`` (row
+    resource_value, lists, cols, P)``, which writes the coordination columns of the spans ``G`` (row
     indices, all with the read keys ``present`` and the scope ``scope``) into ``cols`` (one list
     per column, preset to None)."""
     plan = _Plan(present, scope)
@@ -264,7 +280,7 @@ def generate_plan(
             lines[n] = "        " + line[len(local.group(0)) :]
     body = "\n".join(lines)
     used = sorted({int(c) for c in re.findall(r"\bc(\d+)\[i\]", body)})
-    head = ["def plan(G, s_off, s_keys, s_vals, names, events, trace_ids, resource_value, cols, P):"]
+    head = ["def plan(G, s_off, s_keys, s_vals, names, events, trace_ids, resource_value, lists, cols, P):"]
     if present:
         head.append(f"    {', '.join(f'p{n}' for n in range(len(present)))}, = P")
     head += [f"    c{c} = cols[{c}]" for c in used]
@@ -287,9 +303,17 @@ def _signature(keys: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[int, ...]]
     return signature, tuple(where[key] for key in signature)
 
 
+def list_once(text: str, seen: dict[str, tuple[str, ...]]) -> list[str] | None:
+    """``str_list(text)``, remembered in ``seen`` (as a tuple, so no two rows share a list)."""
+    out = conv._str_list(text)
+    if out is not None:
+        seen[text] = tuple(out)
+    return out
+
+
 def _compile(scope: str, signature: tuple[str, ...]) -> Callable[..., None]:
     source = generate_plan({key: n for n, key in enumerate(signature)}, scope)
-    namespace = dict(conv._ENV)
+    namespace = dict(conv._ENV, list_once=list_once)
     exec(compile(source, "<collector.mapping_plans plan>", "exec"), namespace)  # noqa: S102 (our own table)
     return namespace["plan"]
 
@@ -336,15 +360,15 @@ def map_columns(
     s_off, s_keys, s_vals = span_attributes
     if events is None:
         events = ["[]"] * n
-    groups: dict[tuple[str, tuple[str, ...]], list[int]] = {}
-    for i in range(n):
-        keys = (scopes[i], tuple(s_keys[s_off[i] : s_off[i + 1]]))
-        group = groups.get(keys)
-        if group is None:
-            groups[keys] = [i]
-        else:
-            group.append(i)
+    # one scope for the whole batch (the usual request): grouped by the keys alone
+    scope = scopes[0] if n and scopes.count(scopes[0]) == n else None
     cols: list[list[Any]] = [[None] * n for _ in _COLUMNS]
+    if _copy_columns_c is not None and type(s_off) is list and type(s_keys) is list and type(s_vals) is list:
+        groups = _group_rows_c(s_off, s_keys, None if scope is not None or not n else list(scopes))
+        _copy_columns_c(s_off, s_keys, s_vals, DIRECT_TEXT, cols)
+    else:
+        groups = _group_rows(s_off, s_keys, None if scope is not None else scopes, n)
+        _copy_columns(s_off, s_keys, s_vals, cols, n)
     resource = ResourceSlice(resource_attributes[1], resource_attributes[2])
     r_off = resource_attributes[0]
 
@@ -352,18 +376,48 @@ def map_columns(
         resource.start, resource.stop = r_off[i], r_off[i + 1]
         return resource.get(key)
 
+    lists: dict[str, tuple[str, ...]] = {}
     rest: list[int] = []
-    for (scope, keys), group in groups.items():
-        found = _plan_for(scope, keys, len(group))
+    for keys, group in groups.items():
+        found = _plan_for(scope, keys, len(group)) if scope is not None else _plan_for(*keys, len(group))
         if found is None:
             rest.extend(group)
             continue
         plan, positions = found
-        plan(group, s_off, s_keys, s_vals, names, events, trace_ids, resource_value, cols, positions)
+        plan(group, s_off, s_keys, s_vals, names, events, trace_ids, resource_value, lists, cols, positions)
     if rest:
         rest.sort()
         _map_per_span(rest, span_attributes, resource, r_off, names, scopes, trace_ids, events, cols)
     return dict(zip(_COLUMNS, cols, strict=True))
+
+
+def _group_rows(
+    s_off: Sequence[int], s_keys: Sequence[str], scopes: Sequence[str] | None, n: int
+) -> dict[Any, list[int]]:
+    """``_otlpfast.group_rows`` in Python: rows by their key tuple, or by (scope, key tuple)."""
+    groups: dict[Any, list[int]] = {}
+    for i in range(n):
+        keys = tuple(s_keys[s_off[i] : s_off[i + 1]])
+        if scopes is not None:
+            keys = (scopes[i], keys)
+        group = groups.get(keys)
+        if group is None:
+            groups[keys] = [i]
+        else:
+            group.append(i)
+    return groups
+
+
+def _copy_columns(
+    s_off: Sequence[int], s_keys: Sequence[str], s_vals: Sequence[str], cols: list[list[Any]], n: int
+) -> None:
+    """``_otlpfast.copy_columns`` in Python: the direct text columns, the last of repeated keys
+    winning."""
+    for i in range(n):
+        for j in range(s_off[i], s_off[i + 1]):
+            index = DIRECT_TEXT.get(s_keys[j])
+            if index is not None:
+                cols[index][i] = s_vals[j]
 
 
 def _map_per_span(

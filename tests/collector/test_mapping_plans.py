@@ -239,3 +239,32 @@ _SPAN = st.fixed_dictionaries(
 def test_random_attribute_sets_equal_the_reference(spans):
     plans, reference = _map_both(spans)
     _assert_same_columns(plans, reference, "random spans")
+
+
+@pytest.mark.usefixtures("plans_for_every_group")
+def test_without_the_compiled_loops_the_rows_are_the_same(monkeypatch):
+    """A build without ``group_rows`` / ``copy_columns`` groups and copies in Python."""
+    monkeypatch.setattr(mapping_plans, "_copy_columns_c", None)
+    monkeypatch.setattr(mapping_plans, "_group_rows_c", None)
+    for name, body, kind in REQUESTS[::5]:
+        fast = decode_payload(body, kind, now=NOW)
+        with monkeypatch.context() as patch:
+            patch.setattr(decode, "map_columns", map_columns_per_span)
+            reference = decode_payload(body, kind, now=NOW)
+        assert fast.table.equals(reference.table), name
+
+
+@pytest.mark.skipif(mapping_plans._group_rows_c is None, reason="the compiled decoder is not built")
+def test_the_compiled_loops_refuse_offsets_outside_the_lists():
+    group_rows, copy_columns = mapping_plans._group_rows_c, mapping_plans._copy_columns_c
+    assert group_rows([0, 2, 2], ["a", "b"], ["s", "t"]) == {("s", ("a", "b")): [0], ("t", ()): [1]}
+    for offsets in ([0, 3], [2, 1], [-1, 0]):
+        with pytest.raises(ValueError):
+            group_rows(offsets, ["a", "b"], None)
+        with pytest.raises(ValueError):
+            copy_columns(offsets, ["a", "b"], ["1", "2"], {"a": 0}, [[None]])
+    with pytest.raises(ValueError):
+        copy_columns([0, 1], ["a"], ["1"], {"a": 5}, [[None]])
+    cols = [[None, None]]
+    copy_columns([0, 2, 3], ["a", "a", "a"], ["1", "2", "3"], {"a": 0}, cols)
+    assert cols == [["2", "3"]]
