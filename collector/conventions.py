@@ -4,9 +4,10 @@ it drives.
 ``RULES`` is the one place where the precedence of driftscope / OpenTelemetry GenAI /
 OpenInference / OpenLLMetry / framework keys is stated: per column, the places its value may
 come from, in order (the first non-empty one wins), each with the condition under which it
-applies and how its value is read. ``map_coordination`` (one span) and ``map_columns`` (a decoded
-batch, both decoders) apply it; docs/semantic-conventions.md documents it per framework and a
-test holds the two equal. Decoders hand attributes over as OTLP's string map (the
+applies and how its value is read. ``map_coordination`` (one span, the reference) and
+``collector.mapping_plans.map_columns`` (a decoded batch, both decoders; the table specialised on
+the keys a span has) apply it; docs/semantic-conventions.md documents it per framework and
+tests/collector/test_mapping_plans.py holds the two equal. Decoders hand attributes over as OTLP's string map (the
 ``SpanAttributes`` values, non-strings JSON-encoded), which is also what a ClickHouse
 ``otel_traces`` row holds, so a view generated from this table would read the same values.
 
