@@ -2319,6 +2319,65 @@ static PyObject *copy_columns(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* utf8_column(items: list | tuple) -> (offsets: bytes, data: bytes, validity: bytes | None, nulls: int)
+   The buffers of an Arrow string array of items (each an exact str or None): int32 offsets, the
+   UTF-8 text, a validity bitmap when any item is None. None when pa.array must build it: an item
+   of another type, a text that is not encodable (lone surrogates), or 2 GiB of text and more. */
+static PyObject *utf8_column(PyObject *self, PyObject *items) {
+    if (!PyList_CheckExact(items) && !PyTuple_CheckExact(items)) Py_RETURN_NONE;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
+    PyObject **item = PySequence_Fast_ITEMS(items);
+    Py_ssize_t total = 0, nulls = 0, len;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (item[i] == Py_None) {
+            nulls++;
+            continue;
+        }
+        if (!PyUnicode_CheckExact(item[i])) Py_RETURN_NONE;
+        if (!PyUnicode_AsUTF8AndSize(item[i], &len)) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        total += len;
+        if (total > INT32_MAX) Py_RETURN_NONE;
+    }
+    PyObject *offsets = PyBytes_FromStringAndSize(NULL, (n + 1) * (Py_ssize_t)sizeof(int32_t));
+    PyObject *data = PyBytes_FromStringAndSize(NULL, total);
+    PyObject *validity = nulls ? PyBytes_FromStringAndSize(NULL, (n + 7) / 8) : Py_None;
+    if (!offsets || !data || !validity) goto fail;
+    if (nulls) memset(PyBytes_AS_STRING(validity), 0, (size_t)((n + 7) / 8));
+    int32_t *off = (int32_t *)PyBytes_AS_STRING(offsets);
+    uint8_t *bits = nulls ? (uint8_t *)PyBytes_AS_STRING(validity) : NULL;
+    char *out = PyBytes_AS_STRING(data);
+    Py_ssize_t at = 0;
+    off[0] = 0;
+    /* the items are the ones measured above: nothing ran Python code since (no item's text can change) */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (item[i] != Py_None) {
+            const char *text = PyUnicode_AsUTF8AndSize(item[i], &len); /* cached by the first pass */
+            if (!text || at + len > total) {
+                PyErr_Clear();
+                Py_DECREF(offsets);
+                Py_DECREF(data);
+                if (nulls) Py_DECREF(validity);
+                Py_RETURN_NONE;
+            }
+            memcpy(out + at, text, (size_t)len);
+            at += len;
+            if (bits) bits[i >> 3] |= (uint8_t)(1u << (i & 7));
+        }
+        off[i + 1] = (int32_t)at;
+    }
+    PyObject *result = Py_BuildValue("(NNNn)", offsets, data, validity, nulls);
+    if (!nulls) Py_INCREF(Py_None); /* "N" stole the reference we did not own */
+    return result;
+fail:
+    Py_XDECREF(offsets);
+    Py_XDECREF(data);
+    if (nulls) Py_XDECREF(validity);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"decode", decode, METH_VARARGS,
      "decode(payload: bytes, max_attribute_bytes: int, max_array_items: int, max_depth: int, max_spans: int,\n"
@@ -2333,6 +2392,10 @@ static PyMethodDef methods[] = {
     {"copy_columns", copy_columns, METH_VARARGS,
      "copy_columns(offsets: list, keys: list, values: list, direct: dict, cols: list) -> None\n"
      "cols[direct[key]][row] = value for each row's attributes whose key direct maps, in order."},
+    {"utf8_column", utf8_column, METH_O,
+     "utf8_column(items: list | tuple) -> tuple | None\n"
+     "(offsets, data, validity or None, null count): an Arrow string array's buffers for items that are\n"
+     "str or None; None when pa.array must convert them."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -24,7 +24,7 @@ from google.protobuf.message import DecodeError as _ProtoDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from collector.conventions import ATTRIBUTE_COLUMNS, COORDINATION_COLUMNS, OTEL_COLUMNS
-from collector.fastdecode import FastResult, LimitExceededError, check_counts, decode_fast
+from collector.fastdecode import FastResult, LimitExceededError, _otlpfast, check_counts, decode_fast
 from collector.json_salvage import PARSE_ERRORS, SURROGATE_ESCAPE, replace_lone_surrogates, salvage_spans
 from collector.limits import DecodeLimits
 from collector.mapping_plans import map_columns
@@ -632,7 +632,7 @@ def build_table(columns: dict[str, Any], rows: int, ingested_at: datetime) -> pa
         elif name in ATTRIBUTE_COLUMNS:
             offsets, keys, values = columns[name]
             entries = pa.StructArray.from_arrays(
-                [pa.array(keys, type=pa.string()), pa.array(values, type=pa.string())], fields=list(KEY_VALUE)
+                [string_array(keys), string_array(values)], fields=list(KEY_VALUE)
             )
             arrays.append(pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), entries, type=f.type))
         else:
@@ -654,10 +654,27 @@ def _column_array(values: Any, rows: int, kind: pa.DataType) -> pa.Array:
         elif first.__class__ is str and (last is first or last == first) and kind.id == _STRING_ID:
             if values.count(first) == rows:
                 return _repeated_string(first, values, rows, kind)
+    if kind.id == _STRING_ID:
+        return string_array(values)
     return pa.array(values, type=kind)
 
 
 _STRING_ID = pa.string().id
+_utf8_column = getattr(_otlpfast, "utf8_column", None)
+
+
+def string_array(values: Any) -> pa.Array:
+    """``pa.array(values, type=pa.string())`` for str / None values, its buffers laid out by the
+    compiled decoder's ``utf8_column`` (3-4x faster than pyarrow's per-item conversion) when it is
+    built and takes them (exact str and None only; anything else goes to pa.array as before)."""
+    buffers = _utf8_column(values) if _utf8_column is not None else None
+    if buffers is None:
+        return pa.array(values, type=pa.string())
+    offsets, data, validity, nulls = buffers
+    validity = None if validity is None else pa.py_buffer(validity)
+    return pa.Array.from_buffers(
+        pa.string(), len(values), [validity, pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls
+    )
 
 
 def _repeated_string(text: str, values: Any, rows: int, kind: pa.DataType) -> pa.Array:
