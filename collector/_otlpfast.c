@@ -2211,6 +2211,7 @@ static int offset_at(PyObject *offsets, Py_ssize_t i, Py_ssize_t limit, Py_ssize
 /* group_rows(offsets, keys, scopes) -> {(scope, key tuple) or key tuple: [row, ...]}: the rows
    (spans) by their attribute keys in order, with their scope unless scopes is None. */
 static PyObject *group_rows(PyObject *self, PyObject *args) {
+    (void)self;
     PyObject *offsets, *keys, *scopes;
     if (!PyArg_ParseTuple(args, "O!O!O", &PyList_Type, &offsets, &PyList_Type, &keys, &scopes)) return NULL;
     if (scopes != Py_None && !PyList_Check(scopes)) {
@@ -2277,6 +2278,7 @@ fail:
 /* copy_columns(offsets, keys, values, direct, cols) -> None: for row i's attributes in order,
    cols[direct[key]][i] = value for every key direct maps (the last of repeated keys wins). */
 static PyObject *copy_columns(PyObject *self, PyObject *args) {
+    (void)self;
     PyObject *offsets, *keys, *values, *direct, *cols;
     if (!PyArg_ParseTuple(args, "O!O!O!O!O!", &PyList_Type, &offsets, &PyList_Type, &keys, &PyList_Type, &values,
                           &PyDict_Type, &direct, &PyList_Type, &cols))
@@ -2324,6 +2326,7 @@ static PyObject *copy_columns(PyObject *self, PyObject *args) {
    UTF-8 text, a validity bitmap when any item is None. None when pa.array must build it: an item
    of another type, a text that is not encodable (lone surrogates), or 2 GiB of text and more. */
 static PyObject *utf8_column(PyObject *self, PyObject *items) {
+    (void)self;
     if (!PyList_CheckExact(items) && !PyTuple_CheckExact(items)) Py_RETURN_NONE;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
     PyObject **item = PySequence_Fast_ITEMS(items);
