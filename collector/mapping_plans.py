@@ -37,7 +37,9 @@ _copy_columns_c = getattr(_otlpfast, "copy_columns", None)
 
 MIN_PLAN_SPANS = 8
 MAX_PLANS = 256
-_MAX_KEY_TUPLES = 4096
+_MAX_SIGNATURES_SEEN = 4096
+_MAX_KEY_TUPLES = 1024
+_MAX_TUPLE_CHARS = 4096
 
 AttributeTriple = tuple[Sequence[int], Sequence[str], Sequence[str]]
 
@@ -321,6 +323,8 @@ def _compile(scope: str, signature: tuple[str, ...]) -> Callable[..., None]:
 def _plan_for(
     scope: str, keys: tuple[str, ...], spans: int
 ) -> tuple[Callable[..., None], tuple[int, ...]] | None:
+    """The plan for ``spans`` spans with these keys and scope, and the positions to give it; None
+    while their signature has no plan."""
     found = _by_keys.get((scope, keys))
     if found is not None:
         return found
@@ -330,15 +334,18 @@ def _plan_for(
     if plan is None:
         seen = _seen.get(plan_key, 0) + spans
         if seen < MIN_PLAN_SPANS or len(_compiled) >= MAX_PLANS:
-            if len(_seen) < _MAX_KEY_TUPLES:
+            if len(_seen) < _MAX_SIGNATURES_SEEN:
                 _seen[plan_key] = seen
             return None
         plan = _compiled[plan_key] = _compile(*plan_key)
         _seen.pop(plan_key, None)
-    if len(_by_keys) >= _MAX_KEY_TUPLES:
-        _by_keys.clear()
-    found = _by_keys[(scope, keys)] = (plan, positions)
-    return found
+    # Remembered per key tuple only while small, so what senders invent cannot fill memory:
+    # at most _MAX_KEY_TUPLES tuples of at most _MAX_TUPLE_CHARS characters of keys.
+    if sum(map(len, keys)) + len(scope) <= _MAX_TUPLE_CHARS:
+        if len(_by_keys) >= _MAX_KEY_TUPLES:
+            _by_keys.clear()
+        _by_keys[(scope, keys)] = (plan, positions)
+    return plan, positions
 
 
 def map_columns(

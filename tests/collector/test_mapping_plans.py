@@ -268,3 +268,12 @@ def test_the_compiled_loops_refuse_offsets_outside_the_lists():
     cols = [[None, None]]
     copy_columns([0, 2, 3], ["a", "a", "a"], ["1", "2", "3"], {"a": 0}, cols)
     assert cols == [["2", "3"]]
+
+
+def test_only_small_key_tuples_are_remembered(monkeypatch):
+    monkeypatch.setattr(mapping_plans, "_by_keys", {})
+    small = [{"attrs": {"driftscope.op": "read", "k": "1"}}] * 8
+    large = [{"attrs": {"driftscope.op": "read", "k" * 5000: "1"}}] * 8
+    plans, reference = _map_both(small + large)
+    _assert_same_columns(plans, reference, "small and large key tuples")
+    assert [len(keys) for _, keys in mapping_plans._by_keys] == [2]
