@@ -277,3 +277,38 @@ def test_only_small_key_tuples_are_remembered(monkeypatch):
     plans, reference = _map_both(small + large)
     _assert_same_columns(plans, reference, "small and large key tuples")
     assert [len(keys) for _, keys in mapping_plans._by_keys] == [2]
+
+
+def test_a_rule_added_to_the_table_reaches_the_plans():
+    """Plans are generated from the rules like the reference mapper: a new source is all it takes."""
+    rules = tuple(
+        conventions.Rule(
+            rule.column, (conventions.Source("example", "example.agent"), *rule.sources), rule.kind
+        )
+        if rule.column == "agent_name"
+        else rule
+        for rule in conventions.RULES
+    )
+    namespace = dict(conventions._ENV, list_once=mapping_plans.list_once)
+    exec(mapping_plans.generate_plan({"example.agent": 0}, rules=rules), namespace)  # noqa: S102
+    cols = [[None] for _ in conventions.COORDINATION_COLUMNS]
+    names, events, trace_ids = ["span"], ["[]"], ["t"]
+    namespace["plan"](
+        [0],
+        [0, 1],
+        ["example.agent"],
+        ["scout"],
+        names,
+        events,
+        trace_ids,
+        lambda i, key: None,
+        {},
+        cols,
+        (0,),
+    )
+    index = conventions._INDEX
+    assert (cols[index["agent_name"]], cols[index["agent_id"]], cols[index["run_id"]]) == (
+        ["scout"],
+        ["scout"],
+        ["t"],
+    )
