@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.generator import Shape, template_payloads
-from collector import conventions, decode, mapping_plans
+from collector import conventions, decode, mapping_plans, plan_source
 from collector.decode import JSON, PROTOBUF, decode_payload
 from collector.files import iter_file_requests
 from collector.mapping_plans import map_columns, map_columns_per_span
@@ -191,16 +191,16 @@ def test_a_signature_is_compiled_once_seen_on_enough_spans(monkeypatch):
 
 def test_a_condition_on_the_scope_other_than_equality_is_refused():
     with pytest.raises(ValueError, match="compare scope only"):
-        mapping_plans._scopes_compared({"odd": "scope.startswith(SCOPE_SMOLAGENTS)"})
+        plan_source._scopes_compared({"odd": "scope.startswith(SCOPE_SMOLAGENTS)"})
     with pytest.raises(ValueError, match="compare scope only"):
-        mapping_plans._scopes_compared({"odd": "scope == 'literal'"})
+        plan_source._scopes_compared({"odd": "scope == 'literal'"})
 
 
 def test_a_decoded_request_is_mapped_by_its_plans():
     request = make_request([{"attrs": {"driftscope.op": "read", "driftscope.state.key": "k"}}] * 32)
     batch = decode_payload(request.SerializeToString(), PROTOBUF, now=NOW)
     signature = ("driftscope.op", "driftscope.state.key")
-    assert (mapping_plans._OTHER_SCOPE, signature) in mapping_plans._compiled
+    assert (mapping_plans.OTHER_SCOPE, signature) in mapping_plans._compiled
     assert batch.columns["state_key"] == ["k"] * 32
 
 
@@ -290,7 +290,7 @@ def test_a_rule_added_to_the_table_reaches_the_plans():
         for rule in conventions.RULES
     )
     namespace = dict(conventions._ENV, list_once=mapping_plans.list_once)
-    exec(mapping_plans.generate_plan({"example.agent": 0}, rules=rules), namespace)  # noqa: S102
+    exec(plan_source.generate_plan({"example.agent": 0}, rules=rules), namespace)  # noqa: S102
     cols = [[None] for _ in conventions.COORDINATION_COLUMNS]
     names, events, trace_ids = ["span"], ["[]"], ["t"]
     namespace["plan"](
