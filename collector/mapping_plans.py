@@ -133,8 +133,10 @@ def map_columns(
     ``map_columns_per_span`` (the reference).
 
     The attribute arguments are ``(offsets, keys, values)`` triples (span i's pairs at
-    ``offsets[i]:offsets[i + 1]``), as both decoders build them; ``events`` each span's ``Events``
-    JSON text. A span with no run takes its trace id as run id.
+    ``offsets[i]:offsets[i + 1]``), as both decoders build them: values are str (OTLP's string
+    map; plans read "" and None as the reference does only for str values, and
+    test_decoders_hand_the_mapping_strings holds the decoders to it). ``events`` is each span's
+    ``Events`` JSON text. A span with no run takes its trace id as run id.
     """
     n = len(names)
     s_off, s_keys, s_vals = span_attributes
