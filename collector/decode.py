@@ -628,7 +628,10 @@ def build_table(columns: dict[str, Any], rows: int, ingested_at: datetime) -> pa
     for f in SPAN_SCHEMA:
         name = f.name
         if name == "ingested_at":
-            arrays.append(pa.array([ingested_at], type=f.type).take(pa.array([0] * rows, type=pa.int32())))
+            micros = pa.scalar(ingested_at, type=f.type).value  # one value on every row
+            arrays.append(
+                pa.Array.from_buffers(f.type, rows, [None, pa.py_buffer(np.full(rows, micros, np.int64))])
+            )
         elif name in ATTRIBUTE_COLUMNS:
             offsets, keys, values = columns[name]
             entries = pa.StructArray.from_arrays(

@@ -55,3 +55,15 @@ def test_values_pyarrow_refuses_are_refused_the_same_way(values):
 def test_without_the_compiled_helper_pyarrow_converts(monkeypatch):
     monkeypatch.setattr(decode, "_utf8_column", None)
     assert string_array(["a", None]).equals(pa.array(["a", None], type=pa.string()))
+
+
+def test_every_row_gets_the_batch_ingest_time():
+    from datetime import datetime
+
+    from collector.decode import SPAN_COLUMNS, build_table
+
+    columns = {name: [None] * 3 for name in SPAN_COLUMNS}
+    columns["SpanAttributes"] = columns["ResourceAttributes"] = ([0, 0, 0, 0], [], [])
+    now = datetime(2026, 12, 5, 12, 0, 0, 123456)
+    table = build_table(columns, 3, now)
+    assert table.column("ingested_at").to_pylist() == [now] * 3
