@@ -2190,6 +2190,197 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* ---- two loops of the batch mapping (collector.mapping_plans), for any decoder's triple ---- */
+
+/* offsets[i] as an index into a list of `limit` items (-1 with an exception set when it is not). */
+static int offset_at(PyObject *offsets, Py_ssize_t i, Py_ssize_t limit, Py_ssize_t *out) {
+    if (i >= PyList_GET_SIZE(offsets)) {
+        PyErr_SetString(PyExc_ValueError, "attribute offsets changed size");
+        return -1;
+    }
+    Py_ssize_t v = PyLong_AsSsize_t(PyList_GET_ITEM(offsets, i));
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v < 0 || v > limit) {
+        PyErr_SetString(PyExc_ValueError, "attribute offsets out of range");
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* group_rows(offsets, keys, scopes) -> {(scope, key tuple) or key tuple: [row, ...]}: the rows
+   (spans) by their attribute keys in order, with their scope unless scopes is None. */
+static PyObject *group_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *offsets, *keys, *scopes;
+    if (!PyArg_ParseTuple(args, "O!O!O", &PyList_Type, &offsets, &PyList_Type, &keys, &scopes)) return NULL;
+    if (scopes != Py_None && !PyList_Check(scopes)) {
+        PyErr_SetString(PyExc_TypeError, "scopes must be a list or None");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(offsets) - 1;
+    if (scopes != Py_None && PyList_GET_SIZE(scopes) < n) {
+        PyErr_SetString(PyExc_ValueError, "fewer scopes than rows");
+        return NULL;
+    }
+    PyObject *groups = PyDict_New();
+    if (!groups) return NULL;
+    Py_ssize_t a = 0, b;
+    if (n > 0 && offset_at(offsets, 0, PyList_GET_SIZE(keys), &a) < 0) goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (offset_at(offsets, i + 1, PyList_GET_SIZE(keys), &b) < 0) goto fail;
+        if (b < a) {
+            PyErr_SetString(PyExc_ValueError, "attribute offsets decrease");
+            goto fail;
+        }
+        PyObject *key = PyTuple_New(b - a);
+        if (!key) goto fail;
+        for (Py_ssize_t j = a; j < b; j++) {
+            PyObject *k = PyList_GET_ITEM(keys, j);
+            Py_INCREF(k);
+            PyTuple_SET_ITEM(key, j - a, k);
+        }
+        if (scopes != Py_None) {
+            if (i >= PyList_GET_SIZE(scopes)) {
+                Py_DECREF(key);
+                PyErr_SetString(PyExc_ValueError, "scopes changed size");
+                goto fail;
+            }
+            PyObject *pair = PyTuple_Pack(2, PyList_GET_ITEM(scopes, i), key);
+            Py_DECREF(key);
+            if (!pair) goto fail;
+            key = pair;
+        }
+        PyObject *rows = PyDict_GetItemWithError(groups, key);
+        if (rows) {
+            Py_INCREF(rows);
+        } else {
+            if (PyErr_Occurred() || !(rows = PyList_New(0)) || PyDict_SetItem(groups, key, rows) < 0) {
+                Py_XDECREF(rows);
+                Py_DECREF(key);
+                goto fail;
+            }
+        }
+        Py_DECREF(key);
+        PyObject *row = PyLong_FromSsize_t(i);
+        int bad = !row || PyList_Append(rows, row) < 0;
+        Py_XDECREF(row);
+        Py_DECREF(rows);
+        if (bad) goto fail;
+        a = b;
+    }
+    return groups;
+fail:
+    Py_DECREF(groups);
+    return NULL;
+}
+
+/* copy_columns(offsets, keys, values, direct, cols) -> None: for row i's attributes in order,
+   cols[direct[key]][i] = value for every key direct maps (the last of repeated keys wins). */
+static PyObject *copy_columns(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *offsets, *keys, *values, *direct, *cols;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!", &PyList_Type, &offsets, &PyList_Type, &keys, &PyList_Type, &values,
+                          &PyDict_Type, &direct, &PyList_Type, &cols))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(offsets) - 1;
+    Py_ssize_t a = 0, b;
+    if (n > 0 && offset_at(offsets, 0, PyList_GET_SIZE(keys), &a) < 0) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (offset_at(offsets, i + 1, PyList_GET_SIZE(keys), &b) < 0) return NULL;
+        for (Py_ssize_t j = a; j < b; j++) {
+            if (j >= PyList_GET_SIZE(keys)) {
+                PyErr_SetString(PyExc_ValueError, "attribute keys changed size");
+                return NULL;
+            }
+            PyObject *k = PyList_GET_ITEM(keys, j);
+            Py_INCREF(k);
+            PyObject *slot = PyDict_GetItemWithError(direct, k);
+            Py_DECREF(k);
+            if (!slot) {
+                if (PyErr_Occurred()) return NULL;
+                continue;
+            }
+            Py_ssize_t c = PyLong_AsSsize_t(slot);
+            if (c == -1 && PyErr_Occurred()) return NULL;
+            if (c < 0 || c >= PyList_GET_SIZE(cols) || !PyList_Check(PyList_GET_ITEM(cols, c)) ||
+                i >= PyList_GET_SIZE(PyList_GET_ITEM(cols, c)) || j >= PyList_GET_SIZE(values)) {
+                PyErr_SetString(PyExc_ValueError, "copy_columns: a column or value out of range");
+                return NULL;
+            }
+            PyObject *value = PyList_GET_ITEM(values, j);
+            Py_INCREF(value);
+            PyList_SetItem(PyList_GET_ITEM(cols, c), i, value); /* steals value, drops the old item */
+        }
+        if (b < a) {
+            PyErr_SetString(PyExc_ValueError, "attribute offsets decrease");
+            return NULL;
+        }
+        a = b;
+    }
+    Py_RETURN_NONE;
+}
+
+/* utf8_column(items: list | tuple) -> (offsets: bytes, data: bytes, validity: bytes | None, nulls: int)
+   The buffers of an Arrow string array of items (each an exact str or None): int32 offsets, the
+   UTF-8 text, a validity bitmap when any item is None. None when pa.array must build it: an item
+   of another type, a text that is not encodable (lone surrogates), or 2 GiB of text and more. */
+static PyObject *utf8_column(PyObject *self, PyObject *items) {
+    (void)self;
+    if (!PyList_CheckExact(items) && !PyTuple_CheckExact(items)) Py_RETURN_NONE;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
+    PyObject **item = PySequence_Fast_ITEMS(items);
+    Py_ssize_t total = 0, nulls = 0, len;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (item[i] == Py_None) {
+            nulls++;
+            continue;
+        }
+        if (!PyUnicode_CheckExact(item[i])) Py_RETURN_NONE;
+        if (!PyUnicode_AsUTF8AndSize(item[i], &len)) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        total += len;
+        if (total > INT32_MAX) Py_RETURN_NONE;
+    }
+    PyObject *offsets = PyBytes_FromStringAndSize(NULL, (n + 1) * (Py_ssize_t)sizeof(int32_t));
+    PyObject *data = PyBytes_FromStringAndSize(NULL, total);
+    PyObject *validity = nulls ? PyBytes_FromStringAndSize(NULL, (n + 7) / 8) : Py_None;
+    if (!offsets || !data || !validity) goto fail;
+    if (nulls) memset(PyBytes_AS_STRING(validity), 0, (size_t)((n + 7) / 8));
+    int32_t *off = (int32_t *)PyBytes_AS_STRING(offsets);
+    uint8_t *bits = nulls ? (uint8_t *)PyBytes_AS_STRING(validity) : NULL;
+    char *out = PyBytes_AS_STRING(data);
+    Py_ssize_t at = 0;
+    off[0] = 0;
+    /* the items are the ones measured above: nothing ran Python code since (no item's text can change) */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (item[i] != Py_None) {
+            const char *text = PyUnicode_AsUTF8AndSize(item[i], &len); /* cached by the first pass */
+            if (!text || at + len > total) {
+                PyErr_Clear();
+                Py_DECREF(offsets);
+                Py_DECREF(data);
+                if (nulls) Py_DECREF(validity);
+                Py_RETURN_NONE;
+            }
+            memcpy(out + at, text, (size_t)len);
+            at += len;
+            if (bits) bits[i >> 3] |= (uint8_t)(1u << (i & 7));
+        }
+        off[i + 1] = (int32_t)at;
+    }
+    PyObject *result = Py_BuildValue("(NNNn)", offsets, data, validity, nulls);
+    if (!nulls) Py_INCREF(Py_None); /* "N" stole the reference we did not own */
+    return result;
+fail:
+    Py_XDECREF(offsets);
+    Py_XDECREF(data);
+    if (nulls) Py_XDECREF(validity);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"decode", decode, METH_VARARGS,
      "decode(payload: bytes, max_attribute_bytes: int, max_array_items: int, max_depth: int, max_spans: int,\n"
@@ -2198,6 +2389,16 @@ static PyMethodDef methods[] = {
     {"count", count, METH_VARARGS,
      "count(payload: bytes, max_spans: int, max_items: int) -> str | None\n"
      "'spans' or 'items' when the request passes that count (counted without keeping anything), else None."},
+    {"group_rows", group_rows, METH_VARARGS,
+     "group_rows(offsets: list, keys: list, scopes: list | None) -> dict\n"
+     "Rows by their attribute keys (and scope): {(scope, keys) or keys: [row, ...]}, keys a tuple."},
+    {"copy_columns", copy_columns, METH_VARARGS,
+     "copy_columns(offsets: list, keys: list, values: list, direct: dict, cols: list) -> None\n"
+     "cols[direct[key]][row] = value for each row's attributes whose key direct maps, in order."},
+    {"utf8_column", utf8_column, METH_O,
+     "utf8_column(items: list | tuple) -> tuple | None\n"
+     "(offsets, data, validity or None, null count): an Arrow string array's buffers for items that are\n"
+     "str or None; None when pa.array must convert them."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -421,7 +421,7 @@ def coordination_sql(rules: tuple[Rule, ...] = RULES) -> dict[str, str]:
         if rule.default is not None:
             value = f"ifNull({value}, {sql_text(rule.default)})"
         if column == "run_id":
-            value = f"ifNull({value}, TraceId)"  # as collector.conventions.map_columns
+            value = f"ifNull({value}, TraceId)"  # as collector.mapping_plans.map_columns
         out[column] = value
     return out
 

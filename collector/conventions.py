@@ -4,9 +4,10 @@ it drives.
 ``RULES`` is the one place where the precedence of driftscope / OpenTelemetry GenAI /
 OpenInference / OpenLLMetry / framework keys is stated: per column, the places its value may
 come from, in order (the first non-empty one wins), each with the condition under which it
-applies and how its value is read. ``map_coordination`` (one span) and ``map_columns`` (a decoded
-batch, both decoders) apply it; docs/semantic-conventions.md documents it per framework and a
-test holds the two equal. Decoders hand attributes over as OTLP's string map (the
+applies and how its value is read. ``map_coordination`` (one span, the reference) and
+``collector.mapping_plans.map_columns`` (a decoded batch, both decoders; the table specialised on
+the keys a span has) apply it; docs/semantic-conventions.md documents it per framework and
+tests/collector/test_mapping_plans.py holds the two equal. Decoders hand attributes over as OTLP's string map (the
 ``SpanAttributes`` values, non-strings JSON-encoded), which is also what a ClickHouse
 ``otel_traces`` row holds, so a view generated from this table would read the same values.
 
@@ -468,11 +469,12 @@ def _str_list(value: Any) -> list[str] | None:
     if isinstance(value, (list, tuple)):
         return [_text(item) or "" for item in value]
     if isinstance(value, str):
-        # What the decoders write for an array of plain strings: split it without a JSON parse.
+        # What the decoders write for an array of plain strings: split it without a JSON parse
+        # (no item holds a quote when every quote inside is one of a separator's two).
         if value.startswith('["') and value.endswith('"]') and "\\" not in value:
-            items = value[2:-2].split('","')
-            if not any('"' in item for item in items):
-                return items
+            inner = value[2:-2]
+            if inner.count('"') == 2 * inner.count('","'):
+                return inner.split('","')
         # Some SDKs flatten arrays into JSON strings; accept those, else a single id.
         stripped = value.strip()
         if stripped.startswith("["):
@@ -659,8 +661,12 @@ def call_arguments(value: Any) -> Any:
     per-call ids, so no two calls would look alike). Both become the arguments alone, as compact
     JSON; anything else is kept as it is.
     """
-    if isinstance(value, str) and not any(marker in value for marker in _WRAPPER_MARKERS):
-        return value  # no wrapper key in the text: no JSON parse needed
+    if isinstance(value, str):
+        for marker in _WRAPPER_MARKERS:
+            if marker in value:
+                break
+        else:
+            return value  # no wrapper key in the text: no JSON parse needed
     parsed = _parse_json_object(value)
     if not isinstance(parsed, dict) or not parsed:
         return value
@@ -721,7 +727,12 @@ READERS: dict[str, str] = {
     "traceloop_family": "TRACELOOP_FAMILY.get(str(v).lower())",
     "family_operation": "FAMILY_OPERATION.get(v)",
     "langgraph_node": "langgraph_node(v)",
-    "call_arguments": "call_arguments(v)",
+    # most arguments name no wrapper key: kept as they are without a call
+    "call_arguments": (
+        "(v if v.__class__ is str and "
+        + " and ".join(f"{marker!r} not in v" for marker in _WRAPPER_MARKERS)
+        + " else call_arguments(v))"
+    ),
     "smolagents_agent": "smolagents_agent(v, get)",
     "langgraph_agent": "langgraph_agent(v)",
     "langgraph_metadata_agent": "langgraph_metadata_agent(v)",
@@ -1106,61 +1117,3 @@ def map_coordination(
     or absent fields are None. Values of the wrong type are coerced when unambiguous, else None.
     """
     return dict(zip(COORDINATION_COLUMNS, _map_span(attrs, resource, name, scope, events), strict=True))
-
-
-class _ResourceSlice:
-    """One span's resource attributes inside a batch's triple, read only when a rule needs one
-    (rarely: the run when a span names none), so no dict is built per span."""
-
-    __slots__ = ("keys", "values", "start", "stop")
-
-    def __init__(self, keys: Sequence[str], values: Sequence[str]) -> None:
-        self.keys, self.values, self.start, self.stop = keys, values, 0, 0
-
-    def get(self, key: str) -> Any:
-        found = None
-        keys = self.keys
-        for index in range(self.start, self.stop):
-            if keys[index] == key:
-                found = self.values[index]  # the last duplicate wins, as in a dict
-        return found
-
-
-def map_columns(
-    span_attributes: tuple[Sequence[int], Sequence[str], Sequence[str]],
-    resource_attributes: tuple[Sequence[int], Sequence[str], Sequence[str]],
-    names: Sequence[str],
-    scopes: Sequence[str],
-    trace_ids: Sequence[str],
-    events: Sequence[str] | None = None,
-) -> dict[str, list]:
-    """The coordination columns of a decoded batch, column-wise.
-
-    The attribute arguments are ``(offsets, keys, values)`` triples (span i's pairs at
-    ``offsets[i]:offsets[i + 1]``), as both decoders build them; ``events`` each span's ``Events``
-    JSON text. A span with no run takes its trace id as run id.
-    """
-    s_off, s_keys, s_vals = span_attributes
-    r_off, r_keys, r_vals = resource_attributes
-    rows = []
-    run = _INDEX["run_id"]
-    resource = _ResourceSlice(r_keys, r_vals)
-    for i in range(len(names)):
-        resource.start, resource.stop = r_off[i], r_off[i + 1]
-        s0, s1 = s_off[i], s_off[i + 1]
-        out = _map_span(
-            dict(zip(s_keys[s0:s1], s_vals[s0:s1], strict=True)),
-            resource,
-            names[i],
-            scopes[i],
-            events[i] if events is not None else "[]",
-        )
-        if out[run] is None:
-            out[run] = trace_ids[i]
-        rows.append(out)
-    if not rows:
-        return {column: [] for column in COORDINATION_COLUMNS}
-    return {
-        column: list(values)
-        for column, values in zip(COORDINATION_COLUMNS, zip(*rows, strict=True), strict=True)
-    }

@@ -17,15 +17,17 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError as _ProtoDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from collector.conventions import ATTRIBUTE_COLUMNS, COORDINATION_COLUMNS, OTEL_COLUMNS, map_columns
-from collector.fastdecode import FastResult, LimitExceededError, check_counts, decode_fast
+from collector.conventions import ATTRIBUTE_COLUMNS, COORDINATION_COLUMNS, OTEL_COLUMNS
+from collector.fastdecode import FastResult, LimitExceededError, _otlpfast, check_counts, decode_fast
 from collector.json_salvage import PARSE_ERRORS, SURROGATE_ESCAPE, replace_lone_surrogates, salvage_spans
 from collector.limits import DecodeLimits
+from collector.mapping_plans import map_columns
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -161,7 +163,9 @@ class DecodedBatch:
     and why. The table is built by the decoder (on the receiving thread), so the writer thread
     only concatenates and inserts."""
 
-    table: pa.Table = field(default_factory=SPAN_SCHEMA.empty_table)
+    # Arrow tables are immutable: every batch without rows shares one (building an empty table
+    # of the 62 columns costs more than decoding a few hundred spans).
+    table: pa.Table = field(default_factory=lambda: EMPTY_TABLE)
     accepted: int = 0
     rejected: int = 0
     errors: list[str] = field(default_factory=list)
@@ -624,16 +628,71 @@ def build_table(columns: dict[str, Any], rows: int, ingested_at: datetime) -> pa
     for f in SPAN_SCHEMA:
         name = f.name
         if name == "ingested_at":
-            arrays.append(pa.array([ingested_at], type=f.type).take(pa.array([0] * rows, type=pa.int32())))
+            micros = pa.scalar(ingested_at, type=f.type).value  # one value on every row
+            arrays.append(
+                pa.Array.from_buffers(f.type, rows, [None, pa.py_buffer(np.full(rows, micros, np.int64))])
+            )
         elif name in ATTRIBUTE_COLUMNS:
             offsets, keys, values = columns[name]
             entries = pa.StructArray.from_arrays(
-                [pa.array(keys, type=pa.string()), pa.array(values, type=pa.string())], fields=list(KEY_VALUE)
+                [string_array(keys), string_array(values)], fields=list(KEY_VALUE)
             )
             arrays.append(pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), entries, type=f.type))
         else:
-            arrays.append(pa.array(columns[name], type=f.type))
+            arrays.append(_column_array(columns[name], rows, f.type))
     return pa.Table.from_arrays(arrays, schema=SPAN_SCHEMA)
+
+
+def _column_array(values: Any, rows: int, kind: pa.DataType) -> pa.Array:
+    """``pa.array(values, type=kind)``, cheaper for a column that holds one value on every row:
+    a batch's scope, service, status and empty events, and the coordination columns its spans'
+    conventions never fill, are such columns (a str column is laid out from its one value's bytes
+    instead of converting each row's)."""
+    if rows:
+        first = values[0]
+        last = values[-1]
+        if first is None:
+            if last is None and values.count(None) == rows:
+                return pa.nulls(rows, kind)
+        elif first.__class__ is str and (last is first or last == first) and kind.id == _STRING_ID:
+            if values.count(first) == rows:
+                return _repeated_string(first, values, rows, kind)
+    if kind.id == _STRING_ID:
+        return string_array(values)
+    return pa.array(values, type=kind)
+
+
+_STRING_ID = pa.string().id
+_utf8_column = getattr(_otlpfast, "utf8_column", None)
+
+
+def string_array(values: Any) -> pa.Array:
+    """``pa.array(values, type=pa.string())`` for str / None values, its buffers laid out by the
+    compiled decoder's ``utf8_column`` (3-4x faster than pyarrow's per-item conversion) when it is
+    built and takes them (exact str and None only; anything else goes to pa.array as before)."""
+    buffers = _utf8_column(values) if _utf8_column is not None else None
+    if buffers is None:
+        return pa.array(values, type=pa.string())
+    offsets, data, validity, nulls = buffers
+    validity = None if validity is None else pa.py_buffer(validity)
+    return pa.Array.from_buffers(
+        pa.string(), len(values), [validity, pa.py_buffer(offsets), pa.py_buffer(data)], null_count=nulls
+    )
+
+
+def _repeated_string(text: str, values: Any, rows: int, kind: pa.DataType) -> pa.Array:
+    try:
+        data = text.encode()
+    except UnicodeEncodeError:  # a lone surrogate: let pa.array say so, as for any row
+        return pa.array(values, type=kind)
+    if len(data) * rows >= 2**31:
+        return pa.array(values, type=kind)
+    offsets = (
+        np.arange(0, (rows + 1) * len(data), len(data), dtype=np.int32)
+        if data
+        else np.zeros(rows + 1, np.int32)
+    )
+    return pa.Array.from_buffers(kind, rows, [None, pa.py_buffer(offsets), pa.py_buffer(data * rows)])
 
 
 def _coordination(columns: dict[str, Any]) -> dict[str, list]:

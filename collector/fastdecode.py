@@ -6,7 +6,9 @@
 columns and the attribute (key, value) lists), or ``None`` when the request must go through the
 Python path (the caller then decodes the *whole* request there). It knows no attribute
 convention: ``collector.decode`` maps the coordination columns afterwards, for both paths, with
-``collector.conventions.map_columns`` (driven by the convention table).
+``collector.mapping_plans.map_columns`` (driven by the convention table), whose two inner loops
+(``_otlpfast.group_rows``, ``_otlpfast.copy_columns``) are also compiled here, the key table
+handed in by that module.
 
 What it handles: every field of the OTLP trace protos (unknown fields of any wire type, groups
 included, are skipped as upb skips them; repeated occurrences of a message field merge as upb

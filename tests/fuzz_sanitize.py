@@ -3,8 +3,8 @@
 ``make fuzz-sanitize`` (or ``python -m tests.fuzz_sanitize [pytest args]``): compiles the decoder
 with ``gcc -fsanitize=address,undefined -fno-sanitize-recover=undefined`` into a temporary copy
 of the collector package (the checkout's own build is left alone), then runs
-tests/collector/test_fastdecode_differential.py and tests/collector/test_decode_fuzz.py there with the ASan runtime
-preloaded into Python. Any sanitizer report aborts the run with a non-zero exit.
+``TESTS`` (the decoder's differential and fuzz tests, the batch mapping's and the Arrow columns')
+there with the ASan runtime preloaded into Python. Any sanitizer report aborts the run with a non-zero exit.
 ``DRIFTSCOPE_FUZZ_SCALE`` (default 1, the full count; `make test` runs 0.2 unsanitized) scales the examples.
 """
 
@@ -19,7 +19,12 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TESTS = ("tests/collector/test_fastdecode_differential.py", "tests/collector/test_decode_fuzz.py")
+TESTS = (
+    "tests/collector/test_fastdecode_differential.py",
+    "tests/collector/test_decode_fuzz.py",
+    "tests/collector/test_mapping_plans.py",  # the mapping's compiled loops (group_rows, copy_columns)
+    "tests/collector/test_arrow_columns.py",  # utf8_column
+)
 
 
 def _runtime(name: str) -> str:
@@ -39,7 +44,7 @@ def main(argv: list[str]) -> int:
         )
         shutil.copytree(REPO / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copy(REPO / "pyproject.toml", work / "pyproject.toml")  # pytest's markers and options
-        for name in ("driftscope", "analytics", "dashboard", "guards"):
+        for name in ("driftscope", "analytics", "dashboard", "guards", "benchmarks", "sample_traces"):
             if (REPO / name).is_dir():
                 (work / name).symlink_to(REPO / name)
         target = work / "collector" / ("_otlpfast" + sysconfig.get_config_var("EXT_SUFFIX"))
