@@ -22,9 +22,10 @@ import pandas as pd
 import pyarrow.compute as pc
 
 import analytics.compare_kept as compare_kept
+from analytics import compare_findings
 from analytics import compare_logic as logic
 from analytics.engine import is_clickhouse
-from analytics.registry import run_metric
+from analytics.registry import METRICS, run_metric
 from analytics.sql_loader import filter_params, load_sql, query_df, run_sql
 from analytics.types import Filters, Window
 
@@ -148,10 +149,12 @@ def compare_run(
 
     Keys: ``run`` (id, service, verdict, spans); ``baseline`` (mode, service, runs, run ids up to
     20, closest run, ``note`` when there is none to compare with); ``departure`` (None, or the
-    first span whose step no baseline run takes at that point: pos, span, agent, operation, tool,
-    argument shape, reason, the steps the closest runs take there); ``differences`` (per agent
-    and tool, each with its span ids); ``profile`` (the baseline per agent and tool beside the
-    run's own counts); ``alignment`` (the run and the closest baseline run step by step);
+    first span whose step no baseline run takes at that point, or earlier a span a detector's
+    finding names that no baseline run has (``compare_findings``): pos, span, agent, operation,
+    tool, argument shape, reason, the steps the closest runs take there, ``evidence`` 'step' or
+    'finding'); ``differences`` (per agent and tool, each with its span ids; the run's findings
+    the baseline never has first, kind ``finding``); ``profile`` (the baseline per agent and
+    tool beside the run's own counts); ``alignment`` (the run and the closest baseline run step by step);
     ``candidates`` (other runs of the crew with their verdicts, to pick one when there is no
     healthy run).
     """
@@ -164,8 +167,9 @@ def compare_run(
     service = info["service"]
     # The verdicts of the scope the Overview shows (the window, no filter: in serve the all-time
     # one is assembled from the findings tables), of the crew's runs.
+    counted = list(compare_findings.count_columns(list(METRICS["run_summary"].columns)).values())
     verdicts = run_metric(
-        conn, "run_summary", window, Filters(), ["run_id", "verdict", "last_seen", "agents"]
+        conn, "run_summary", window, Filters(), ["run_id", "verdict", "last_seen", "agents", *counted]
     )
     crew = query_df(conn, load_sql("compare_crew_runs"), filter_params(window, Filters(service=service)))
     verdicts = verdicts[verdicts["run_id"].isin(set(crew["run_id"]))]
@@ -184,11 +188,13 @@ def compare_run(
         healthy_runs, crew_note = same_crew(healthy_runs, _agents(conn, run_id, verdicts))
         healthy = healthy_runs["run_id"].head(MAX_BASELINE_RUNS).astype(str).tolist()
         mode = "healthy runs"
+        known = compare_findings.baseline_detectors(healthy_runs.head(MAX_BASELINE_RUNS))
     else:
         other = _run_info(conn, baseline, "baseline run")
         healthy = [baseline]
         mode = "chosen run"
         service = other["service"]
+        known = None  # the chosen run's own findings, read below
     result["baseline"] = {"mode": mode, "service": service, "runs": len(healthy), "run_ids": healthy[:20], "closest_run": None}  # fmt: skip
     if crew_note:
         result["baseline"]["crew"] = crew_note
@@ -204,8 +210,17 @@ def compare_run(
     found = departure(own, base)
     closest = found.pop("closest_run")
     closest_steps = own if closest == run_id else run_steps(conn, closest)
+    # A healthy verdict: no finding took effect (past the crew's calibrated count), none to read.
+    findings = compare_findings.run_findings(conn, run_id, own, result["run"]["verdict"])
+    if known is None and len(findings):
+        known = set(compare_findings.run_findings(conn, baseline, closest_steps)["metric"])
+    findings = findings[~findings["metric"].isin(known or set())]
+    found["departure"] = compare_findings.earliest(found["departure"], findings, own, base["runs"])
     result.update(found)
     result.update(differ(own, base, closest_steps, found["departure"]))
+    result["differences"] = [
+        {k: _plain(v) for k, v in d.items()} for d in compare_findings.finding_differences(findings, own)
+    ] + result["differences"]
     result["baseline"]["closest_run"] = closest
     return result
 
