@@ -6,7 +6,7 @@ manager hands work to four agents in turn; each call a distinct question, so no 
 anything) decoded and stored by the collector, then copied in SQL to ``spans`` stored spans, each
 copy its own run, trace and time. The newest run gets one failing call and one call to a tool
 the crew never uses, mid-run. With 1,000-call runs at 1M spans the baseline is 999 healthy runs.
-The materializer's comparison tables (``analytics.compare_kept``) are then built as serve keeps
+The findings tables (the comparison's, ``analytics.compare_kept``, and the rest) are then built as serve keeps
 them (``tables_s``; ``kept=False`` leaves them out: the baseline is read from the spans).
 ``analytics.read.compare_run`` is timed on a read-only connection: its cold call (run_summary's
 verdicts for the crew: computed, or read from the findings tables when built), the median of
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import duckdb
 
-from analytics import compare, compare_kept, materialize, read
+from analytics import compare, materialize, read
 from analytics.registry import run_metric
 from analytics.types import Filters, Window, direct_write
 from collector.decode import JSON, SPAN_COLUMNS, decode_payload
@@ -151,13 +151,14 @@ def build_crew_database(path: Path, spans: int, calls: int) -> tuple[int, str]:
 
 
 def keep_tables(path: Path) -> float:
-    """Build the comparison's maintained tables (``analytics.compare_kept``) as serve's
-    materializer does after the spans commit; return the seconds it took."""
+    """Build the findings tables as serve's materializer does after the spans commit (every
+    maintained result: the comparison's own (``analytics.compare_kept``) and the run summary
+    whose verdicts pick the healthy runs); return the seconds it took."""
     conn = duckdb.connect(str(path))
     started = time.perf_counter()
     try:
         cursor = conn.cursor()
-        report = materialize.bring_up_to_date(cursor, direct_write(conn), list(compare_kept.TABLES))
+        report = materialize.bring_up_to_date(cursor, direct_write(conn))
         cursor.close()
         if report.failed:
             raise RuntimeError(f"comparison tables not built: {report.failed}")

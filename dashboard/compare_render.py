@@ -20,6 +20,7 @@ KIND_TEXT = {
     "refusals": "refusals",
     "new_delegation": "new delegation target",
     "argument_shape": "new argument shape",
+    "finding": "finding healthy runs never have",
 }
 
 
