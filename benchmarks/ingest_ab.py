@@ -46,6 +46,7 @@ def ingest_once(repo: Path, workdir: Path, templates: list[bytes], spans: int, b
         client = LoadClient(serve, "http", templates, -(-spans // batch))
         elapsed = client.run(4, [batch] * len(templates))
         peak = serve.peak_rss_bytes()
+        health = serve.health()
     finally:
         code = serve.stop()
         for path in (db, Path(f"{db}.wal")):
@@ -57,6 +58,12 @@ def ingest_once(repo: Path, workdir: Path, templates: list[bytes], spans: int, b
         "elapsed_s": round(elapsed, 2),
         "serve_peak_rss_bytes": peak,
         "load": [round(x, 2) for x in os.getloadavg()],
+        # where serve's time went, as far as its health says (older trees say less)
+        "writer_busy_s": health.get("writer_busy_seconds"),
+        "writer_span_commit_s": health.get("writer_span_commit_seconds"),
+        "commits": health.get("commits"),
+        "materializer_pass_s": health.get("findings", {}).get("pass_seconds_total"),
+        "deferred_to_ingest_s": health.get("findings", {}).get("deferred_to_ingest_seconds"),
     }
 
 

@@ -161,6 +161,7 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
             for number in range(args.senders)
         ]  # fmt: skip
         lags: list[float] = []
+        duckdb_peak = [0]  # the most DuckDB's buffer manager held at a health sample
         timings = {name: [] for name in names}
         stop = threading.Event()
 
@@ -168,9 +169,12 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
             with httpx.Client(timeout=30) as probe:
                 while not stop.is_set():
                     try:
-                        lag = probe.get(f"{serve.http_url}/api/v1/health").json()["findings"]["lag_seconds"]
+                        health = probe.get(f"{serve.http_url}/api/v1/health").json()
+                        lag = health["findings"]["lag_seconds"]
                         if lag is not None:
                             lags.append(lag)
+                        held = health.get("duckdb_memory", {}).get("total_bytes", 0)
+                        duckdb_peak[0] = max(duckdb_peak[0], held)
                     except (httpx.HTTPError, KeyError):
                         pass
                     stop.wait(1.0)
@@ -224,6 +228,7 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
             "load_before": load_before,
             "load_after": os.getloadavg(),
             "serve_peak_rss_bytes": serve.peak_rss_bytes(),
+            "duckdb_peak_bytes": duckdb_peak[0],
             # benchmarks.dashboard.page_render's record (cold_s: first render, warm_s: a rerun)
             "overview": {k: v for k, v in overview.items() if k not in ("detector_seconds", "read_seconds")},
         }

@@ -216,6 +216,18 @@ def build_service(config: ServeConfig) -> Service:
             "~10x slower Python path. Reinstall with `make install` (needs a C compiler)."
         )
 
+    def duckdb_memory() -> dict:
+        """What DuckDB's buffer manager holds now (of the process's memory), by largest use."""
+        cursor = conn.cursor()
+        try:
+            rows = cursor.execute(
+                "SELECT tag, memory_usage_bytes FROM duckdb_memory() WHERE memory_usage_bytes > 0 "
+                "ORDER BY memory_usage_bytes DESC"
+            ).fetchall()
+        finally:
+            cursor.close()
+        return {"total_bytes": sum(r[1] for r in rows), "by_tag": {r[0]: r[1] for r in rows}}
+
     def health_extra() -> dict:
         return {
             "status": "ok" if writer.healthy else "store_unavailable",
@@ -227,6 +239,7 @@ def build_service(config: ServeConfig) -> Service:
             "checkpoints": writer.checkpoints,
             "writer_busy_seconds": round(writer.busy_seconds, 3),
             "writer_span_commit_seconds": round(writer.span_commit_seconds, 3),
+            "duckdb_memory": duckdb_memory(),
             "writer_writes": writer.writes,
             "writer_failed_writes": writer.failed_writes,
             "fast_decoder": fastdecode.AVAILABLE,
