@@ -733,14 +733,14 @@ def bring_up_to_date(
     write: WriteFn,
     names: list[str] | None = None,
     whole_due: Callable[[str], bool] | None = None,
-    between: Callable[[], None] | None = None,
+    between: Callable[[str], None] | None = None,
 ) -> PassReport:
     """One pass: bring every maintained result (of ``names``) up to the newest logged change.
 
     ``read`` is a connection (cursor) of this process for the computations; every write goes
     through ``write`` (the single writer). ``whole_due(name)`` says whether a result kept whole
-    may be recomputed now (serve limits how often); None: always. ``between()`` is called before
-    each result (serve's materializer yields to ingest there)."""
+    may be recomputed now (serve limits how often); None: always. ``between(name)`` is called
+    before each result (serve's materializer yields to ingest there and says what it works on)."""
     report = PassReport(recomputed={}, failed={})
     timed = {"write": 0.0}
 
@@ -778,7 +778,7 @@ def bring_up_to_date(
         if any(first not in current for first in item.depends):
             continue  # what it reads is behind: next pass
         if between is not None:
-            between()
+            between(name)
         started, timed["write"] = time.perf_counter(), 0.0
         full = not fresh or _rebuild_logged(read, state.seq, target)
         try:
@@ -925,6 +925,7 @@ class Materializer(threading.Thread):
         # since start, per result: [seconds computing, seconds in its writes]; and all passes'
         self.seconds_by_result: dict[str, list[float]] = {}
         self.pass_seconds_total = 0.0
+        self.working_on: tuple[str, float] | None = None  # (result, since: monotonic) in a pass
 
     def notify(self) -> None:
         """New spans were committed (serve's on_commit)."""
@@ -937,9 +938,10 @@ class Materializer(threading.Thread):
         self._whole_at[name] = now
         return True
 
-    def _yield_to_ingest(self) -> None:
-        """Before each result: while requests queue for the writer (a burst), wait, up to
-        ``INGEST_MAX_DEFER_S`` a pass."""
+    def _yield_to_ingest(self, name: str) -> None:
+        """Before each result (``name``): while requests queue for the writer (a burst), wait, up
+        to ``INGEST_MAX_DEFER_S`` a pass."""
+        self.working_on = (name, time.monotonic())
         if self._ingest_backlog is None:
             return
         while self._ingest_backlog() >= INGEST_BACKLOG and self._deferred < INGEST_MAX_DEFER_S:
@@ -959,6 +961,7 @@ class Materializer(threading.Thread):
         if self._since_prune >= PRUNE_EVERY:  # idle, it writes nothing at all
             self._write(prune_change_log)
             self._since_prune = 0
+        self.working_on = None
         self.passes += 1
         self.last_failed = dict(report.failed or {})
         self.last_pass_seconds = time.perf_counter() - started

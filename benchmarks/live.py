@@ -162,6 +162,7 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
         ]  # fmt: skip
         lags: list[float] = []
         duckdb_peak = [0]  # the most DuckDB's buffer manager held at a health sample
+        working: dict[str, float] = {}
         timings = {name: [] for name in names}
         stop = threading.Event()
 
@@ -173,6 +174,10 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
                         lag = health["findings"]["lag_seconds"]
                         if lag is not None:
                             lags.append(lag)
+                        current = health["findings"].get("working_on")
+                        if current:  # the longest a sample found the materializer on a result
+                            name, spent = current["result"], current["seconds"]
+                            working[name] = max(working.get(name, 0.0), spent)
                         held = health.get("duckdb_memory", {}).get("total_bytes", 0)
                         duckdb_peak[0] = max(duckdb_peak[0], held)
                     except (httpx.HTTPError, KeyError):
@@ -229,6 +234,8 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
             "load_after": os.getloadavg(),
             "serve_peak_rss_bytes": serve.peak_rss_bytes(),
             "duckdb_peak_bytes": duckdb_peak[0],
+            # per result, the longest one pass was seen working on it (health samples, 1 s apart)
+            "materializer_longest_s": dict(sorted(working.items(), key=lambda kv: -kv[1])),
             # benchmarks.dashboard.page_render's record (cold_s: first render, warm_s: a rerun)
             "overview": {k: v for k, v in overview.items() if k not in ("detector_seconds", "read_seconds")},
         }

@@ -394,6 +394,8 @@ def _findings_health(conn, materializer: Materializer) -> dict:
         "last_pass_seconds": round(materializer.last_pass_seconds, 3),
         "deferred_to_ingest_seconds": round(materializer.deferred_seconds, 2),
         "pass_seconds_total": round(materializer.pass_seconds_total, 2),
+        # the result the pass in progress is on, and for how long (None between passes)
+        "working_on": _working_on(materializer.working_on),
         # where the passes' time went, per result since start: computing it, and its writes
         # (waiting behind span commits in the writer, then running there)
         "seconds_by_result": {
@@ -405,6 +407,12 @@ def _findings_health(conn, materializer: Materializer) -> dict:
         "last_error": materializer.last_error,
         "failed": materializer.last_failed,
     }
+
+
+def _working_on(current: tuple[str, float] | None) -> dict | None:
+    if current is None:
+        return None
+    return {"result": current[0], "seconds": round(time.monotonic() - current[1], 2)}
 
 
 def _start_embedding_worker(conn, write):

@@ -92,6 +92,7 @@ def test_a_restarted_serve_answers_every_detector_from_its_tables(serve_factory)
     health = server.health()
     assert health["findings"]["pass_seconds_total"] >= max(s["compute"] for s in spent.values())
     # what DuckDB's buffer manager holds, by tag (the rest of serve's memory is Python's)
+    assert "working_on" in health["findings"]  # the result a pass is on (None between passes)
     held = health["duckdb_memory"]
     assert held["total_bytes"] == sum(held["by_tag"].values()) > 0, held
     assert server.stop() == 0
