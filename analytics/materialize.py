@@ -332,6 +332,21 @@ def ready(conn: duckdb.DuckDBPyConnection, name: str) -> State | None:
     return state
 
 
+def run_behind(conn: duckdb.DuckDBPyConnection, state: State, run: str) -> bool:
+    """Whether a change the table of ``state`` does not reflect yet touched ``run``: a question
+    about that one run is then computed from its spans (the run explorer of a run still
+    streaming shows it as committed), not answered from rows a pass or more old."""
+    if state.seq is None or not _has_change_log(conn):
+        return False
+    return bool(
+        conn.execute(
+            "SELECT count(*) FROM change_partitions WHERE partition = 'run_id' AND key = $run "
+            "AND seq > $seq",
+            {"run": run, "seq": state.seq},
+        ).fetchall()[0][0]
+    )
+
+
 def read_findings(
     conn: duckdb.DuckDBPyConnection,
     name: str,
@@ -355,6 +370,8 @@ def read_findings(
     state = ready(conn, name)
     if state is None:
         return None
+    if filters.run is not None and run_behind(conn, state, filters.run):
+        return None  # one run the table does not hold as committed yet: computed, it is current
     wanted = list(columns or documented or [])
     exists = conn.execute(
         "SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [item.table]
@@ -435,7 +452,10 @@ def read_window(
         and filters.origin_task is None
     ):
         return None  # read_findings answers it
-    if ready(conn, name) is None or ready(conn, RANGES) is None or ready(conn, RUN_ACTORS) is None:
+    state = ready(conn, name)
+    if state is None or ready(conn, RANGES) is None or ready(conn, RUN_ACTORS) is None:
+        return None
+    if filters.run is not None and run_behind(conn, state, filters.run):
         return None
     ranges = quote_identifier(TABLE_PREFIX + RANGES)
     actors = quote_identifier(TABLE_PREFIX + RUN_ACTORS)

@@ -550,6 +550,25 @@ def test_reads_wait_for_nothing_and_say_how_far_behind_they_are(tmp_path):
     assert len(run_metric(conn, "lost_updates")) == 1
 
 
+def test_a_question_about_one_run_the_tables_are_behind_on_is_computed(tmp_path):
+    """The run explorer of a run still streaming shows it as committed: a one-run read of a run
+    changed after a table's last pass is computed from its spans; other runs read the table."""
+    conn = _store(tmp_path)
+    write = dict(op="write", state_key="k", outcome="ok")
+    _commit(conn, [make_span(0, run="run-1", agent_id="a", **write)])
+    _pass(conn)
+    _commit(conn, [make_span(1, run="run-1", agent_id="b", **write), make_span(2, run="run-2", agent_id="a")])
+    got = run_metric(conn, "lost_updates", filters=Filters(run="run-1"))
+    assert got.attrs.get("source") != "table" and len(got) == 1  # b's clobbering write is in
+    summary = run_metric(conn, "run_summary", filters=Filters(run="run-2"))  # a run no pass saw
+    assert list(summary["run_id"]) == ["run-2"] and summary.attrs.get("source") != "table"
+    _commit(conn, [make_span(3, run="run-3", agent_id="a")])
+    _pass(conn, ["run_summary"])
+    _commit(conn, [make_span(4, run="run-2", agent_id="a")])
+    assert run_metric(conn, "run_summary", filters=Filters(run="run-3")).attrs["source"] == "table"
+    assert run_metric(conn, "run_summary", filters=Filters(run="run-2")).attrs.get("source") != "table"
+
+
 def test_consumed_change_log_entries_are_pruned(tmp_path):
     conn = _store(tmp_path)
     for t in range(3):
