@@ -291,15 +291,7 @@ def departure(own: pd.DataFrame, base: dict[str, Any]) -> dict[str, Any]:
     )
     repeats = block < len(target.code) and int(furthest) > int(target.start[block])
     found = {
-        "pos": int(row["pos"]),
-        "span_id": str(row["span_id"]),
-        "trace_id": str(row["trace_id"]),
-        "agent": row["agent"],
-        "operation": row["operation"],
-        "tool": row["tool"],
-        "arg_shape": row["arg_shape"],
-        "status": row["status"],
-        "step": logic.step_label(row["agent"], row["operation"], row["tool"], row["arg_shape"], row["status"]),
+        **logic.step_fields(row),
         "reason": "more repeats of this step than any baseline run makes here" if repeats
         else "no baseline run takes this step at this point",
         "expected": expected,

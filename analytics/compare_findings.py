@@ -131,17 +131,10 @@ def earliest(
         return found
     first = single.iloc[0]
     row = steps[steps["pos"] == int(first["pos"])].iloc[0]
-    step = logic.step_label(row["agent"], row["operation"], row["tool"], row["arg_shape"], row["status"])
+    fields = logic.step_fields(row)
+    step = fields["step"]
     return {
-        "pos": int(row["pos"]),
-        "span_id": str(row["span_id"]),
-        "trace_id": str(row["trace_id"]),
-        "agent": row["agent"],
-        "operation": row["operation"],
-        "tool": row["tool"],
-        "arg_shape": row["arg_shape"],
-        "status": row["status"],
-        "step": step,
+        **fields,
         # Before the step departure, the runs that cover the run furthest take this same step
         # here: what differs is in its contents, which the detector reads.
         "reason": f"the {first['metric']} detector finds {first['title'].lower()} here"

@@ -38,6 +38,22 @@ def step_label(agent: str, operation: str, tool: str, arg_shape: str = "", statu
     return f"{who} · {what}{shape}" + (f" ({status})" if status else "")
 
 
+def step_fields(row) -> dict:
+    """A departure's span and step, from a row of a run's steps (``pos``, ``span_id``,
+    ``trace_id``, ``agent``, ``operation``, ``tool``, ``arg_shape``, ``status``)."""
+    return {
+        "pos": int(row["pos"]),
+        "span_id": str(row["span_id"]),
+        "trace_id": str(row["trace_id"]),
+        "agent": row["agent"],
+        "operation": row["operation"],
+        "tool": row["tool"],
+        "arg_shape": row["arg_shape"],
+        "status": row["status"],
+        "step": step_label(row["agent"], row["operation"], row["tool"], row["arg_shape"], row["status"]),
+    }
+
+
 @dataclass(frozen=True)
 class Blocks:
     """Consecutive repeats of one step, per run: ``run`` (index into the runs), ``index`` (the
