@@ -340,8 +340,7 @@ def run_behind(conn: duckdb.DuckDBPyConnection, state: State, run: str) -> bool:
         return False
     return bool(
         conn.execute(
-            "SELECT count(*) FROM change_partitions WHERE partition = 'run_id' AND key = $run "
-            "AND seq > $seq",
+            "SELECT count(*) FROM change_partitions WHERE partition = 'run_id' AND key = $run AND seq > $seq",
             {"run": run, "seq": state.seq},
         ).fetchall()[0][0]
     )
