@@ -24,8 +24,9 @@ import pyarrow.compute as pc
 
 from analytics._evidence import EVIDENCE, TIMES
 from analytics.engine import fetch_rows
+from analytics.materialize import PARTS, TABLE_PREFIX, Maintained, maintain, maintain_with, ready
 from analytics.registry import register
-from analytics.sql_loader import filter_params, load_sql, query_arrow, run_sql
+from analytics.sql_loader import filter_params, load_sql, query_arrow, quote_identifier, run_sql
 from analytics.types import Filters, Window
 
 logger = logging.getLogger(__name__)
@@ -178,9 +179,17 @@ def runaway_runs(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filte
     """Runs and agents whose span count exceeds their crew's limit (runs with a budget excluded).
 
     Counts always come from the whole window of the crew (the run and agent filters only select
-    the findings), so a filter never changes what counts as usual.
+    the findings), so a filter never changes what counts as usual. Kept whole, from the per-run
+    counts table the materializer keeps (``_from_counts``).
     """
-    counts = _counts(conn, window, filters)
+    return _over_limits(conn, _counts(conn, window, filters), window, filters)
+
+
+def _over_limits(
+    conn: duckdb.DuckDBPyConnection, counts: pa.Table, window: Window, filters: Filters
+) -> pd.DataFrame:
+    """runaway_runs' rows from ``counts`` (``runaway_runs.sql``'s rows: per run and per agent in
+    a run): each row's crew limit, the rows over it, their evidence spans."""
     if counts.num_rows == 0:
         return pd.DataFrame(columns=_COLUMNS)
     spans = counts.column("spans").to_numpy()
@@ -234,3 +243,41 @@ def _counts(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -
     frame."""
     params = filter_params(window, dataclasses.replace(filters, run=None, agent=None))
     return query_arrow(conn, load_sql("runaway_runs"), params)
+
+
+# runaway_runs depends on every run of a crew (its median), so it is kept whole; the counts it is
+# computed from are per run, so they are kept per run (``COUNTS``: ``runaway_runs.sql``'s rows of
+# the touched runs) and a pass finishes with the small aggregate over them (crew medians and
+# limits over one row per run and agent) plus the evidence of the runs over their limit, instead
+# of counting every stored span again.
+COUNTS = "runaway_counts"
+
+
+def _count_rows(
+    conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
+) -> pd.DataFrame:
+    scope = Filters(from_spans=True) if keys is None else Filters(runs=tuple(keys))
+    return _counts(conn, Window(), scope).to_pandas()
+
+
+def _from_counts(
+    conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
+) -> pd.DataFrame:
+    """runaway_runs over every stored span, from ``COUNTS``' table (computed from the spans
+    when that table cannot answer)."""
+    if ready(conn, COUNTS) is None:
+        return runaway_runs(conn, Window(), Filters(from_spans=True))
+    table = TABLE_PREFIX + COUNTS
+    if not conn.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [table]).fetchall()[0][
+        0
+    ]:
+        return pd.DataFrame(columns=_COLUMNS)  # built, no run counted
+    counts = conn.sql(
+        f"SELECT * EXCLUDE (_pos) FROM {quote_identifier(table)} ORDER BY _pos"
+    ).to_arrow_table()
+    return _over_limits(conn, counts, Window(), Filters())
+
+
+maintain(Maintained(COUNTS, "run_id", _count_rows, (("run_id", False), ("agent", False)), "1"))
+PARTS.add(COUNTS)
+maintain_with("runaway_runs", _from_counts, depends=(COUNTS,))
