@@ -29,6 +29,7 @@ from analytics.materialize import (
     pandas_type,
     ready,
     split_run_tools,
+    table_exists,
 )
 from analytics.sql_loader import quote_identifier
 from analytics.thresholds import current_threshold
@@ -67,10 +68,7 @@ def _run_loops(
         scope = Filters(from_spans=True) if runs is None else Filters(runs=tuple(runs))
         return loops.repeated_calls(conn, Window(), scope)
     table = quote_identifier(TABLE_PREFIX + GROUPS)
-    exists = conn.execute(
-        "SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [TABLE_PREFIX + GROUPS]
-    )
-    if not exists.fetchall()[0][0]:
+    if not table_exists(conn, TABLE_PREFIX + GROUPS):
         found = _empty()
     else:
         where = "" if runs is None else "WHERE run_id IN (SELECT unnest($runs::VARCHAR[]))"

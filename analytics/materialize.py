@@ -332,6 +332,13 @@ def ready(conn: duckdb.DuckDBPyConnection, name: str) -> State | None:
     return state
 
 
+def table_exists(conn: duckdb.DuckDBPyConnection, table: str) -> bool:
+    """Whether ``table`` exists (a findings table is created by its first rows)."""
+    return bool(
+        conn.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [table]).fetchall()[0][0]
+    )
+
+
 def run_behind(conn: duckdb.DuckDBPyConnection, state: State, run: str) -> bool:
     """Whether a change the table of ``state`` does not reflect yet touched ``run``: a question
     about that one run is then computed from its spans (the run explorer of a run still
@@ -372,10 +379,7 @@ def read_findings(
     if filters.run is not None and run_behind(conn, state, filters.run):
         return None  # one run the table does not hold as committed yet: computed, it is current
     wanted = list(columns or documented or [])
-    exists = conn.execute(
-        "SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [item.table]
-    ).fetchall()[0][0]
-    if not exists:
+    if not table_exists(conn, item.table):
         frame = pd.DataFrame({column: pd.Series(dtype=object) for column in wanted})
         frame.attrs["source"] = "table"
         return frame
@@ -499,10 +503,7 @@ def read_window(
     partial = [run for run, is_whole in plan if not is_whole]
     wanted = list(columns or documented)
     frames = []
-    exists = conn.execute(
-        "SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [item.table]
-    ).fetchall()
-    if whole and exists[0][0]:
+    if whole and table_exists(conn, item.table):
         select = ", ".join(quote_identifier(c) for c in wanted)
         table = conn.sql(
             f"SELECT {select} FROM {quote_identifier(item.table)} "
@@ -566,9 +567,7 @@ def _write_rows(
     rows when ``keys`` is None). The table is made from the first rows; a column that held no
     value yet takes the type of the first value it is given."""
     table = quote_identifier(item.table)
-    exists = conn.execute(
-        "SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [item.table]
-    ).fetchall()[0][0]
+    exists = table_exists(conn, item.table)
     conn.register("_findings_rows", rows)
     try:
         if keys is None and exists:
@@ -634,9 +633,7 @@ def _write_state(
     failed: list[str] | None = None,
     error: str | None = None,
 ) -> None:
-    exists = conn.execute(
-        "SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [item.table]
-    ).fetchall()[0][0]
+    exists = table_exists(conn, item.table)
     rows = (
         conn.execute(f"SELECT count(*) FROM {quote_identifier(item.table)}").fetchall()[0][0] if exists else 0
     )

@@ -24,7 +24,15 @@ import pyarrow.compute as pc
 
 from analytics._evidence import EVIDENCE, TIMES
 from analytics.engine import fetch_rows
-from analytics.materialize import PARTS, TABLE_PREFIX, Maintained, maintain, maintain_with, ready
+from analytics.materialize import (
+    PARTS,
+    TABLE_PREFIX,
+    Maintained,
+    maintain,
+    maintain_with,
+    ready,
+    table_exists,
+)
 from analytics.registry import register
 from analytics.sql_loader import filter_params, load_sql, query_arrow, quote_identifier, run_sql
 from analytics.types import Filters, Window
@@ -268,9 +276,7 @@ def _from_counts(
     if ready(conn, COUNTS) is None:
         return runaway_runs(conn, Window(), Filters(from_spans=True))
     table = TABLE_PREFIX + COUNTS
-    if not conn.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [table]).fetchall()[0][
-        0
-    ]:
+    if not table_exists(conn, table):
         return pd.DataFrame(columns=_COLUMNS)  # built, no run counted
     counts = conn.sql(
         f"SELECT * EXCLUDE (_pos) FROM {quote_identifier(table)} ORDER BY _pos"

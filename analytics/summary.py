@@ -23,6 +23,7 @@ from analytics.materialize import (
     maintain_with,
     read_findings,
     ready,
+    table_exists,
 )
 from analytics.registry import (
     METRICS,
@@ -435,9 +436,7 @@ def _changed_counts(conn: duckdb.DuckDBPyConnection) -> list[str]:
     if ready(conn, SUMMARY) is None:
         return []  # built from nothing this pass
     summary = TABLE_PREFIX + SUMMARY
-    if not conn.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [summary]).fetchall()[0][
-        0
-    ]:
+    if not table_exists(conn, summary):
         return []  # no run yet: every run there is will be a touched one
     tables = {
         row[0]
