@@ -214,6 +214,8 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
                 )
                 timings[name].append(time.perf_counter() - start)
                 response.raise_for_status()
+                if args.read_pause:
+                    time.sleep(args.read_pause)
         elapsed = time.perf_counter() - started
         for sender in senders:
             sender.stop()
@@ -257,6 +259,7 @@ def run_live(
         spans=spans, shape=shape, rate=rate, seconds=seconds, per_run=20, runs_per_request=10,
         senders=senders, template_spans=40_000, build_timeout=3600.0,
         overview=seconds >= 30,  # the page's render takes seconds: not in a smoke run
+        read_pause=0.0,
     )  # fmt: skip
     db = workdir / f"live-{spans}.duckdb"
     out: dict = {"args": {k: v for k, v in vars(args).items()}}
@@ -283,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--template-spans", type=int, default=40_000)
     parser.add_argument("--build-timeout", type=float, default=3600.0)
     parser.add_argument("--db", type=Path, help="a database built before (copied; else built)")
+    parser.add_argument("--read-pause", type=float, default=0.0,
+                        help="seconds the reading client waits between reads (0: reads back to back)")  # fmt: skip
     parser.add_argument("--no-overview", dest="overview", action="store_false",
                         help="do not render the Overview page during the stream")  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
