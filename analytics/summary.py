@@ -347,21 +347,10 @@ def summary_from_tables(
     window = whole_if_covering(conn, window)
     if window != Window() or filters != Filters():
         return None
-    base = read_findings(conn, BASE_PART)
-    goals = read_findings(conn, GOALS_PART)
-    if base is None or goals is None:
+    parts = _tabled_parts(conn, None)
+    if parts is None:
         return None
-    found: dict[str, pd.DataFrame] = {}
-    for metric in _summed_metrics():
-        needed = ["run_id", *([_COUNTED_BY[metric.name]] if metric.name in _COUNTED_BY else [])]
-        needed += [c for c in (metric.failing_unless, metric.flag_column) if c and c not in needed]
-        frame = read_findings(conn, metric.name, columns=needed)
-        if frame is None:
-            return None
-        found[metric.name] = _counts_per_run(metric.name, frame)
-    base = base.set_index("run_id", drop=False)
-    goals = goals.set_index("run_id")[["drifted_subtasks", "worst_divergence"]]
-    frame = _assemble(conn, _Parts(base, found, goals), current_threshold(conn, "goal_divergence"))
+    frame = _assemble(conn, parts, current_threshold(conn, "goal_divergence"))
     frame.attrs["source"] = "table"
     return frame
 
@@ -380,41 +369,29 @@ def _summary_depends() -> tuple[str, ...]:
     return (BASE_PART, GOALS_PART, *(m.name for m in _summed_metrics()))
 
 
-def _rows_of_runs(
-    conn: duckdb.DuckDBPyConnection, name: str, columns: list[str], runs: list[str]
-) -> pd.DataFrame | None:
-    """``columns`` of ``name``'s findings table rows of ``runs``, in its read order; None when
-    its table cannot answer (not built)."""
-    return read_findings(conn, name, columns=columns, runs=runs)
-
-
 def _summary_rows(
     conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
 ) -> pd.DataFrame:
     """run_summary's rows of runs ``keys`` (every run when None), assembled from the tables; the
     runs computed from their spans when a table cannot answer."""
     threshold = current_threshold(conn, "goal_divergence")
-    if keys is None:
-        tabled = summary_from_tables(conn, Window(), Filters())
-        if tabled is not None:
-            return tabled
-        return _assemble(
-            conn, _compute_parts(conn, Window(), Filters(from_spans=True), threshold.value), threshold
-        )
-    parts = _parts_of_runs(conn, keys)
+    parts = _tabled_parts(conn, keys)
     if parts is None:
-        parts = _compute_parts(conn, Window(), Filters(runs=tuple(keys)), threshold.value)
+        scope = Filters(from_spans=True) if keys is None else Filters(runs=tuple(keys))
+        parts = _compute_parts(conn, Window(), scope, threshold.value)
     return _assemble(conn, parts, threshold)
 
 
-def _parts_of_runs(conn: duckdb.DuckDBPyConnection, runs: list[str]) -> _Parts | None:
-    base = _rows_of_runs(conn, BASE_PART, [], runs)
-    goals = _rows_of_runs(conn, GOALS_PART, [], runs)
+def _tabled_parts(conn: duckdb.DuckDBPyConnection, runs: list[str] | None) -> _Parts | None:
+    """run_summary's pieces of ``runs`` (every run when None) read from the findings tables;
+    None when one of them is not built."""
+    base = read_findings(conn, BASE_PART, runs=runs)
+    goals = read_findings(conn, GOALS_PART, runs=runs)
     if base is None or goals is None:
         return None
     found: dict[str, pd.DataFrame] = {}
     for metric in _summed_metrics():
-        frame = _rows_of_runs(conn, metric.name, _counted_columns(metric), runs)
+        frame = read_findings(conn, metric.name, columns=_counted_columns(metric), runs=runs)
         if frame is None:
             return None
         found[metric.name] = _counts_per_run(metric.name, frame)

@@ -17,8 +17,6 @@ there, removed afterwards, or an existing checkout given with ``--base-tree``.
 from __future__ import annotations
 
 import argparse
-import base64
-import gzip
 import json
 import logging
 import os
@@ -33,6 +31,7 @@ from benchmarks.generator import stamp, template_payloads
 from benchmarks.ingest import TEMPLATES
 from benchmarks.ingest_ab import base_tree
 from benchmarks.serve_proc import REPO
+from corpus.dump import request_bodies
 
 logger = logging.getLogger(__name__)
 
@@ -61,17 +60,12 @@ def generator_payloads(spans: int = 200_000, batch: int = 512) -> list[bytes]:
 
 def framework_payloads() -> list[bytes]:
     """Every captured protobuf request of ``sample_traces/frameworks/*/otlp.jsonl``."""
-    out = []
-    for path in sorted((REPO / "sample_traces" / "frameworks").glob("*/otlp.jsonl")):
-        for line in path.read_text().splitlines():
-            if line.strip():
-                record = json.loads(line)
-                body = base64.b64decode(record["body_b64"])
-                if record.get("content_encoding") == "gzip":
-                    body = gzip.decompress(body)
-                if "protobuf" in record["content_type"]:
-                    out.append(body)
-    return out
+    return [
+        body
+        for path in sorted((REPO / "sample_traces" / "frameworks").glob("*/otlp.jsonl"))
+        for body, content_type in request_bodies(path)
+        if "protobuf" in content_type
+    ]
 
 
 def decode_once(tree: Path, payload_file: Path, passes: int) -> dict:

@@ -29,6 +29,16 @@ def read_requests(path: Path) -> Iterator[dict[str, Any]]:
             yield record
 
 
+def request_bodies(path: Path) -> Iterator[tuple[bytes, str]]:
+    """Each captured request of ``path`` as it reached the collector's decoder: its body (gzip
+    undone) and its content type."""
+    for record in read_requests(path):
+        body = record["body"]
+        if record.get("content_encoding") == "gzip":
+            body = gzip.decompress(body)
+        yield body, record["content_type"]
+
+
 def decode_spans(path: Path) -> list[dict[str, Any]]:
     """Every span of the captured protobuf requests as a flat dict (ids hex, attributes as values)."""
     from google.protobuf.json_format import MessageToDict

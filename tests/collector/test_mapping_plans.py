@@ -9,8 +9,6 @@ attribute sets over every key the table reads. Plans are forced for every group 
 
 from __future__ import annotations
 
-import base64
-import gzip
 import json
 from datetime import datetime
 from pathlib import Path
@@ -24,6 +22,7 @@ from collector import conventions, decode, mapping_plans, plan_source
 from collector.decode import JSON, PROTOBUF, decode_payload
 from collector.files import iter_file_requests
 from collector.mapping_plans import map_columns, map_columns_per_span
+from corpus.dump import request_bodies
 from tests.otlp_builders import make_request
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,13 +31,8 @@ NOW = datetime(2026, 12, 5, 12, 0, 0)
 
 
 def _captured(path: Path):
-    for line in path.read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            body = base64.b64decode(record["body_b64"])
-            if record.get("content_encoding") == "gzip":
-                body = gzip.decompress(body)
-            yield body, PROTOBUF if "protobuf" in record["content_type"] else JSON
+    for body, content_type in request_bodies(path):
+        yield body, PROTOBUF if "protobuf" in content_type else JSON
 
 
 def _requests() -> list[tuple[str, bytes, str]]:
