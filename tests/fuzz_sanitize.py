@@ -44,9 +44,11 @@ def main(argv: list[str]) -> int:
         )
         shutil.copytree(REPO / "tests", work / "tests", ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copy(REPO / "pyproject.toml", work / "pyproject.toml")  # pytest's markers and options
-        for name in ("driftscope", "analytics", "dashboard", "guards", "benchmarks", "sample_traces"):
-            if (REPO / name).is_dir():
-                (work / name).symlink_to(REPO / name)
+        # Every other top-level package and data directory, as the checkout has them (a fixed list
+        # went stale when a test began importing corpus.dump).
+        for path in sorted(REPO.iterdir()):
+            if path.is_dir() and not path.name.startswith((".", "_")) and not (work / path.name).exists():
+                (work / path.name).symlink_to(path)
         target = work / "collector" / ("_otlpfast" + sysconfig.get_config_var("EXT_SUFFIX"))
         subprocess.run(
             ["gcc", "-shared", "-fPIC", "-O1", "-g", "-fno-omit-frame-pointer",
