@@ -199,9 +199,11 @@ def linked_calls(
     neighbour_window: int = NEIGHBOUR_WINDOW,
     min_calls: int = MIN_REPEATS,
     groups: dict | None = None,
+    all_calls: bool = False,
 ) -> pd.DataFrame:
     """Calls of (run, agent, tool) groups linked to another call of their group (repeated_calls.sql).
-    ``groups`` (``group_params``): only those (run, tool) groups and every group of its whole runs.
+    ``groups`` (``group_params``): only those (run, tool) groups and every group of its whole runs;
+    ``all_calls``: every call of every group, linked or not (``analytics.loops_fold``'s state).
 
     Agent invocations are compared on their task statements, extracted here from the inputs of
     agent spans invoked ``min_calls``+ times in a run; code actions are parsed here from the
@@ -228,6 +230,7 @@ def linked_calls(
         declared_runs=[run for run, _, _ in declared],
         declared_agents=[agent for _, agent, _ in declared],
         declared_tools=[tool for _, _, tool in declared],
+        all_calls=all_calls,
         **(groups or _ALL_GROUPS),
     )
 

@@ -3,9 +3,8 @@
 A loop is one (run, agent, tool) group's linked calls, so a commit changes the loops of the
 groups its spans are (or can change) calls of, and no other. The collector logs those groups as
 'run_tool' keys (collector.changes); ``GROUPS`` keeps every group's loops (before ping-pongs
-drop any) and serve's materializer recomputes only the logged groups: with a fleet of crews
-streaming, a pass reads the few calls of a few hundred groups instead of every call of every
-run (at 1M spans of 1,000-call runs: 0.3 s for 10 groups, 4.2 s for the whole store).
+drop any), formed from the group's kept calls (``analytics.loops_fold``, which folds each
+commit's calls into them): a pass reads only the calls of components big enough to be a loop.
 
 repeated_calls' own table is then, per touched run, the run's loops from ``GROUPS`` without the
 ones a ping-pong of the run reports (``drop_bounced``), with the threshold they were linked at:
@@ -16,19 +15,19 @@ window that cuts runs computes and what the tests hold both tables to.
 from __future__ import annotations
 
 import duckdb
+import numpy as np
 import pandas as pd
 
 import analytics.loops as loops
+import analytics.loops_fold as loops_fold
 from analytics.materialize import (
     PARTS,
-    RUN_TOOL_SEP,
     TABLE_PREFIX,
     Maintained,
     maintain,
     maintain_with,
     pandas_type,
     ready,
-    split_run_tools,
     table_exists,
 )
 from analytics.sql_loader import quote_identifier
@@ -43,19 +42,9 @@ def _group_loops(
     conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
 ) -> pd.DataFrame:
     """The loops of the (run, tool) groups ``keys`` name (every group when None), before
-    ping-pongs drop any."""
-    info = current_threshold(conn, "near_duplicate_similarity")
-    tasks = current_threshold(conn, "near_duplicate_task_similarity")
-    if keys is None:
-        calls = loops.linked_calls(conn, Window(), Filters(from_spans=True), info.value)
-    else:
-        whole, groups = split_run_tools(keys)
-        pairs = [tuple(key.split(RUN_TOOL_SEP, 1)) for key in groups]
-        runs = sorted({*whole, *(run for run, _ in pairs)})
-        # those runs' spans only (each group is within one), and of them only the groups
-        scope = Filters(runs=tuple(runs))
-        calls = loops.linked_calls(conn, Window(), scope, info.value, groups=loops.group_params(pairs, whole))
-    return loops.group_loops(loops.link_tasks(conn, calls, tasks.value))
+    ping-pongs drop any: the components of their kept calls (``analytics.loops_fold``)."""
+    calls = loops_fold.kept_calls(conn, keys)
+    return loops.loop_rows(calls, calls["comp"].to_numpy(dtype=np.int64))
 
 
 def _run_loops(
@@ -90,6 +79,6 @@ def _empty() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=t) for c, t in loops._EMPTY_LOOP_TYPES.items()})
 
 
-maintain(Maintained(GROUPS, "run_tool", _group_loops, _ORDER, "1"))
+maintain(Maintained(GROUPS, "run_tool", _group_loops, _ORDER, "2", depends=(loops_fold.CALLS,)))
 PARTS.add(GROUPS)
 maintain_with("repeated_calls", _run_loops, depends=(GROUPS,))

@@ -135,6 +135,9 @@ class Maintained:
     detector: Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame] | None = None
     depends: tuple[str, ...] = ()
     extra_keys: ExtraKeys | None = None
+    # A 'span' result that folds changes into its table itself: ``compute`` returns what changes
+    # and ``apply(conn, that)`` writes it in the writer's transaction (analytics.loops_fold).
+    apply: Callable[[duckdb.DuckDBPyConnection, Any], None] | None = None
 
     @property
     def table(self) -> str:
@@ -204,8 +207,8 @@ def maintained() -> dict[str, Maintained]:
         depends = tuple(d for d in (depends() if callable(depends) else depends) if d in _items)
         # what a result reads is part of its definition: another set of inputs rebuilds it
         version = f"{item.version}|{settings}" + (f"|{','.join(depends)}" if depends else "")
-        out[name] = Maintained(
-            item.name, item.partition, compute, item.order, version, item.detector, depends, extra
+        out[name] = dataclasses.replace(
+            item, compute=compute, version=version, depends=depends, extra_keys=extra
         )
     ordered: dict[str, Maintained] = {}
 
@@ -809,13 +812,17 @@ def bring_up_to_date(
                 continue
             if item.partition == "span":
                 span_keys = None if full else SpanChanges(state.seq, target)
-                rows = _arrow(item.compute(read, "span", span_keys))
-                write(
-                    lambda c, i=item, r=rows, k=span_keys: (
-                        _write_rows(c, i, r, k),
-                        _write_state(c, i, target),
+                if item.apply is not None:
+                    change = item.compute(read, "span", span_keys)
+                    write(lambda c, i=item, f=change: (i.apply(c, f), _write_state(c, i, target)))
+                else:
+                    rows = _arrow(item.compute(read, "span", span_keys))
+                    write(
+                        lambda c, i=item, r=rows, k=span_keys: (
+                            _write_rows(c, i, r, k),
+                            _write_state(c, i, target),
+                        )
                     )
-                )
                 current.add(name)
                 report.recomputed[name] = -1 if full else int(target - state.seq)
                 continue

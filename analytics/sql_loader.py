@@ -72,6 +72,7 @@ def expand_fragments(text: str) -> str:
         "run_scope",
         "compare_step_columns",
         "declared_tool_key",
+        "loop_tool_calls",
     ):
         placeholder = "{" + fragment + "}"
         if placeholder in text:

@@ -18,7 +18,8 @@ EXTRA_PARAMS = {"similarity": 0.8, "threshold": 0.45, "max_chains": 40, "pending
                 "neighbours": 4, "min_calls": 3, "agent_inputs": [], "agent_tasks": [],
                 "min_output_words": 5, "code_outputs": [], "code_tools": [], "code_args": [],
                 "declared_runs": [], "declared_agents": [], "declared_tools": [],
-                "loop_runs": None, "group_runs": [], "group_tools": [], "loop_whole_runs": []}  # fmt: skip
+                "loop_runs": None, "group_runs": [], "group_tools": [], "loop_whole_runs": [],
+                "all_calls": False}  # fmt: skip
 
 
 def operator_times(conn: duckdb.DuckDBPyConnection, name: str, top: int = 8) -> dict:

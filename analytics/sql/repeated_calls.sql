@@ -52,6 +52,9 @@
 -- A 64-bit hash collision of two group keys (~n^2/2^64) could only merge two groups;
 -- analytics.loops splits a loop by key (a collision of two (run, tool) keys in the internal
 -- $group_runs/$group_tools limit could only add a group to the ones computed).
+-- Internal ($all_calls: analytics.loops_fold's state): every call of every group, linked or not,
+-- and links in groups of any size (a group's links do not depend on its size: below $min_calls
+-- calls it only cannot hold a loop).
 -- Internal ($loop_runs set: serve's materializer recomputing the (run, tool) groups a commit
 -- changed, analytics.loops_live): every call source is limited to the ($group_runs[i],
 -- $group_tools[i]) groups and every group of $loop_whole_runs before any call is formed; a group
@@ -61,45 +64,13 @@ WITH RECURSIVE group_scope AS (
     SELECT hash(r, t) AS rt
     FROM (SELECT unnest($group_runs::VARCHAR[]) AS r, unnest($group_tools::VARCHAR[]) AS t)
 ),
-tool_calls AS NOT MATERIALIZED (
-    SELECT TraceId, SpanId, run_id, agent, tool_name, Timestamp, start_ns,
-           CASE WHEN tool_args IS NOT NULL THEN tool_args WHEN error_text <> '' THEN error_text
-                ELSE tool_result END AS args,
-           failing, rejected, 'tool' AS source,
-           CASE WHEN tool_args IS NOT NULL THEN 'arguments' WHEN error_text <> '' THEN 'error'
-                ELSE 'output' END AS basis
-    FROM (
-        SELECT *, CASE WHEN error_type <> '' AND error_message <> '' THEN error_type || ': ' || error_message
-                       ELSE error_type || error_message END AS error_text
-        FROM (
-            SELECT TraceId, SpanId, run_id, coalesce(agent_id, '') AS agent, tool_name, Timestamp, start_ns,
-                   tool_args, tool_result,
-                   coalesce(outcome IN ('error', 'rejected') OR StatusCode = 'Error', false) AS failing,
-                   coalesce(outcome = 'rejected', false) AS rejected,
-                   -- the error text only of failing calls without arguments (the attribute list is
-                   -- read for those alone)
-                   CASE WHEN tool_args IS NULL AND (outcome IN ('error', 'rejected') OR StatusCode = 'Error')
-                        THEN coalesce(list_filter(SpanAttributes, lambda a: a.key = 'error.type')[1].value, '')
-                        ELSE '' END AS error_type,
-                   CASE WHEN tool_args IS NULL AND (outcome IN ('error', 'rejected') OR StatusCode = 'Error')
-                        THEN coalesce(nullif(StatusMessage, ''), reject_reason, '')
-                        ELSE '' END AS error_message
-            FROM spans
-            WHERE {span_filter} AND tool_name IS NOT NULL AND run_id IS NOT NULL
-              AND coalesce(op, '') NOT IN ('delegate', 'objective')
-              -- an execution guard's check that let the call through is not the call (the call is
-              -- its own span); a refused check is a refused call
-              AND NOT (coalesce(guard, '') = 'execution_guard' AND coalesce(outcome, 'ok') <> 'rejected')
-              AND ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
-              AND ($loop_runs::VARCHAR[] IS NULL OR run_id = ANY($loop_whole_runs::VARCHAR[])
-                   OR hash(run_id, tool_name) IN (SELECT rt FROM group_scope))
-        )
-    )
-    -- arguments not captured: a call only with an error text or a non-trivial output
-    WHERE tool_args IS NOT NULL OR error_text <> ''
-       OR len(list_distinct(list_filter(string_split_regex(lower(coalesce(tool_result, '')), '[^a-z0-9]+'),
-                                        lambda x: x <> ''))) >= $min_output_words
+loop_spans AS NOT MATERIALIZED (  -- the spans tool calls are read from (_loop_tool_calls.sql)
+    SELECT * FROM spans
+    WHERE {span_filter}
+      AND ($loop_runs::VARCHAR[] IS NULL OR run_id = ANY($loop_whole_runs::VARCHAR[])
+           OR hash(run_id, tool_name) IN (SELECT rt FROM group_scope))
 ),
+tool_calls AS NOT MATERIALIZED ({loop_tool_calls}),
 agent_tasks AS (
     SELECT unnest($agent_inputs::VARCHAR[]) AS input_text, unnest($agent_tasks::VARCHAR[]) AS task
 ),
@@ -203,11 +174,11 @@ calls AS MATERIALIZED (  -- with its group key's hash. Read twice (keys, candida
           UNION ALL SELECT * FROM invocations
           UNION ALL SELECT * FROM code_calls)
 ),
-keys AS (  -- (run, agent, tool) groups with enough calls for a loop
+keys AS (  -- (run, agent, tool) groups with enough calls for a loop (every group: $all_calls)
     SELECT h
     FROM calls
     GROUP BY h
-    HAVING count(*) >= $min_calls
+    HAVING count(*) >= $min_calls OR $all_calls::BOOLEAN
 ),
 candidates AS MATERIALIZED (
     SELECT row_number() OVER () AS call_idx, c.*
@@ -360,5 +331,5 @@ SELECT c.call_idx, c.TraceId, c.SpanId, c.run_id, c.agent, c.tool_name, c.Timest
 FROM candidates c
 JOIN words w USING (args)
 LEFT JOIN linked l USING (call_idx)
-WHERE l.call_idx IS NOT NULL OR c.source IN ('agent', 'delegation')
+WHERE l.call_idx IS NOT NULL OR c.source IN ('agent', 'delegation') OR $all_calls::BOOLEAN
 

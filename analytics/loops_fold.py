@@ -1,0 +1,337 @@
+"""repeated_calls' calls as state, folded from the spans each commit stored.
+
+A loop is a linked component of one (run, agent, tool) group's calls (``analytics.loops``). This
+keeps every call of every group (``findings__repeated_calls_calls``: the call, its normalized
+arguments, the lowest similarity of its links and its component's id), so a pass appends the new
+calls of a group to it instead of recomputing the group: a tool call that arrives after the
+group's calls is linked to the calls of its signature (one lookup) and to the last
+``NEIGHBOUR_WINDOW`` calls of the group (their similarity tokens, in Python:
+``analytics.loop_similarity`` is repeated_calls.sql's tested twin), and the components it joins
+are merged. With a fleet of crews streaming, every group is touched every few seconds: appending
+costs the new calls, recomputing cost every call of every touched group (2.6 s of a 6 s pass at
+1M stored spans).
+
+What a fold cannot append is recomputed per (run, tool) group, exactly as before
+(``calls_of``: repeated_calls.sql over the group's spans, every call kept): groups a delegation,
+an agent span or an LLM output with code touched (their calls depend on other spans: reverse
+hand-offs, agent chains, the run's tools), groups of spans stored before a parent that arrived
+later, of spans that were calls already (changed or deleted), of runs whose LLM outputs hold code,
+groups holding other than tool calls, and calls that do not come after their group's calls.
+
+``analytics.loops_live`` forms the loops from this table. The tests hold the loops to a full
+recomputation after every batch (tests/analytics/test_materialize.py) and the fold to its
+appending (tests/analytics/test_loops_fold.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+import analytics.loops as loops
+from analytics.embeddings import embed_texts
+from analytics.loop_similarity import signature, similarity_tokens, task_similarity
+from analytics.materialize import (
+    CHUNK_KEYS,
+    PARTS,
+    RUN_TOOL_SEP,
+    TABLE_PREFIX,
+    Maintained,
+    SpanChanges,
+    _arrow,
+    _write_rows,
+    maintain,
+    split_run_tools,
+    table_exists,
+)
+from analytics.sql_loader import query_df, quote_identifier, run_sql
+from analytics.thresholds import current_threshold
+from analytics.types import Filters, Window
+
+CALLS = "repeated_calls_calls"
+TABLE = quote_identifier(TABLE_PREFIX + CALLS)
+COLUMNS = [
+    "TraceId", "SpanId", "run_id", "agent", "tool_name", "Timestamp", "start_ns", "failing", "rejected",
+    "source", "args", "norm_args", "basis", "min_similarity", "comp",
+]  # fmt: skip
+_GROUP = ["run_id", "agent", "tool_name"]
+
+
+@dataclasses.dataclass
+class Fold:
+    """What a pass changes in the state: ``rows`` inserted; before them, the rows of the (run,
+    tool) groups ``replace`` names removed ('run_tool' keys; None: every row) and components
+    ``merged`` (old id -> new id) relabelled. ``appended``: groups new calls were appended to."""
+
+    rows: pd.DataFrame
+    replace: list[str] | None
+    merged: dict[int, int] = dataclasses.field(default_factory=dict)
+    appended: int = 0
+    next_id: int = 0  # the lowest component id no row has
+
+
+def calls_of(conn: duckdb.DuckDBPyConnection, keys: list[str] | None, first_id: int) -> pd.DataFrame:
+    """Every call of the (run, tool) groups ``keys`` ('run_tool' keys; None: every group), linked
+    as repeated_calls links them, with its component's id (numbered from ``first_id``)."""
+    info = current_threshold(conn, "near_duplicate_similarity")
+    tasks = current_threshold(conn, "near_duplicate_task_similarity")
+    if keys is None:
+        calls = loops.linked_calls(conn, Window(), Filters(from_spans=True), info.value, all_calls=True)
+    else:
+        whole, groups = split_run_tools(keys)
+        pairs = [tuple(key.split(RUN_TOOL_SEP, 1)) for key in groups]
+        runs = sorted({*whole, *(run for run, _ in pairs)})
+        groups_of = loops.group_params(pairs, whole)
+        calls = loops.linked_calls(
+            conn, Window(), Filters(runs=tuple(runs)), info.value, groups=groups_of, all_calls=True
+        )
+    calls = loops.task_links(conn, calls, tasks.value, min_calls=1).reset_index(drop=True)
+    comp = loops.component_labels(calls).astype(np.int64) + first_id
+    return calls.assign(comp=comp, min_similarity=calls["min_similarity"].astype(float))[COLUMNS]
+
+
+def compute(conn: duckdb.DuckDBPyConnection, partition: str | None, changes: SpanChanges | None) -> Fold:
+    """The state's change for the spans ``changes`` lists (every call when None)."""
+    if changes is None or not table_exists(conn, TABLE_PREFIX + CALLS):
+        return Fold(calls_of(conn, None, 0), None)
+    params = changes.params()
+    replace = {
+        row[0]
+        for row in conn.execute(
+            "SELECT DISTINCT key FROM change_partitions WHERE seq > $after AND seq <= $upto "
+            "AND partition = 'run_tool'",
+            params,
+        ).fetchall()
+    }
+    others = run_sql(conn, "loop_changed_spans", Window(), Filters(), **params)
+    replace |= {run + RUN_TOOL_SEP + tool for run, tool in zip(others["run_id"], others["tool"], strict=True)}
+    new = run_sql(
+        conn, "loop_new_calls", Window(), Filters(), min_output_words=loops.MIN_OUTPUT_WORDS, **params
+    )
+    # calls already kept that changed or went: their groups (the groups they have now are
+    # recomputed because they are among the kept: below)
+    kept = conn.execute(
+        f"SELECT k.TraceId, k.SpanId, k.run_id, k.tool_name FROM {TABLE} k "
+        "SEMI JOIN (SELECT DISTINCT TraceId, SpanId FROM span_changes WHERE seq > $after AND seq <= $upto) c "
+        "ON c.TraceId = k.TraceId AND c.SpanId = k.SpanId",
+        params,
+    ).fetchall()
+    replace |= {run + RUN_TOOL_SEP + tool for _, _, run, tool in kept}
+    again = {(trace, span) for trace, span, _, _ in kept}
+    if again:
+        calls_again = [(t, s) in again for t, s in zip(new["TraceId"], new["SpanId"], strict=True)]
+        replace |= set((new["run_id"] + RUN_TOOL_SEP + new["tool_name"])[calls_again])
+    whole = {key.split(RUN_TOOL_SEP, 1)[0] for key in replace if key.endswith(RUN_TOOL_SEP + "*")}
+    key = new["run_id"] + RUN_TOOL_SEP + new["tool_name"]
+    new = new[~key.isin(replace) & ~new["run_id"].isin(whole)]
+    if not new.empty:  # runs whose LLM outputs hold code: a new tool of the run is a code call's too
+        coded = _runs_with_code(conn, sorted(set(new["run_id"])))
+        replace |= {k for k, run in zip(key[new.index], new["run_id"], strict=True) if run in coded}
+        new = new[~new["run_id"].isin(coded)]
+    fold = _append(conn, new.reset_index(drop=True), replace)
+    keys = sorted(fold.replace)
+    first = fold.next_id
+    frames = [fold.rows]
+    for start in range(0, len(keys), CHUNK_KEYS):
+        chunk = calls_of(conn, keys[start : start + CHUNK_KEYS], int(first))
+        first = int(chunk["comp"].max()) + 1 if len(chunk) else first
+        frames.append(chunk)
+    frames = [f for f in frames if len(f)] or frames[:1]
+    fold.rows = pd.concat(frames, ignore_index=True)
+    return fold
+
+
+def _runs_with_code(conn: duckdb.DuckDBPyConnection, runs: list[str]) -> set[str]:
+    rows = conn.execute(
+        "SELECT DISTINCT run_id FROM spans WHERE run_id IN (SELECT unnest($runs::VARCHAR[])) "
+        "AND span_family = 'llm' AND (contains(output_text, '<code>') OR contains(output_text, '```'))",
+        {"runs": runs},
+    ).fetchall()
+    return {row[0] for row in rows}
+
+
+def _next_id(conn: duckdb.DuckDBPyConnection) -> int:
+    ((top,),) = conn.execute(f"SELECT max(comp) FROM {TABLE}").fetchall()
+    return 0 if top is None else int(top) + 1
+
+
+def _append(conn: duckdb.DuckDBPyConnection, new: pd.DataFrame, replace: set[str]) -> Fold:
+    """Append the calls ``new`` (tool calls and delegations) to their groups' kept calls; a
+    group that cannot take them (its calls, kept and new, are not all tool calls or all
+    delegations, or a kept call is at or after a new one) joins ``replace``."""
+    if new.empty:
+        return Fold(pd.DataFrame(columns=COLUMNS), replace, next_id=_next_id(conn))
+    new = new.sort_values(["start_ns", "SpanId"], kind="stable").reset_index(drop=True)
+    signatures = {args: signature(args) for args in set(new["args"].tolist())}
+    new["norm_args"] = new["args"].map(signatures)
+    groups = new[_GROUP].drop_duplicates()
+    conn.register("_fold_groups", groups)
+    conn.register("_fold_sigs", new[[*_GROUP, "basis", "norm_args"]].drop_duplicates())
+    try:
+        stats = conn.execute(
+            f"SELECT run_id, agent, tool_name, list_distinct(list(source)) AS sources, "
+            "max({'n': start_ns, 's': SpanId}) AS last, "
+            "max_by({'comp': comp, 'args': args, 'norm_args': norm_args}, {'n': start_ns, 's': SpanId}, $window) "
+            "FILTER (WHERE basis = 'arguments') AS tail "
+            f"FROM {TABLE} SEMI JOIN _fold_groups USING (run_id, agent, tool_name) GROUP BY ALL",
+            {"window": loops.NEIGHBOUR_WINDOW},
+        ).fetchall()
+        same = conn.execute(
+            f"SELECT run_id, agent, tool_name, basis, norm_args, min(comp) FROM {TABLE} "
+            "SEMI JOIN _fold_sigs USING (run_id, agent, tool_name, basis, norm_args) GROUP BY ALL"
+        ).fetchall()
+        next_id = _next_id(conn)
+    finally:
+        conn.unregister("_fold_groups")
+        conn.unregister("_fold_sigs")
+    by_group = {
+        (run, agent, tool): (set(kinds), last, tail or []) for run, agent, tool, kinds, last, tail in stats
+    }
+    firsts = {(run, agent, tool, basis, sig): comp for run, agent, tool, basis, sig, comp in same}
+    new_kinds: dict[tuple, set[str]] = {}
+    for run, agent, tool, source in zip(*(new[c].tolist() for c in [*_GROUP, "source"]), strict=True):
+        new_kinds.setdefault((run, agent, tool), set()).add(source)
+    starts = new.drop_duplicates(_GROUP)  # each group's earliest new call
+    columns = (starts[c].tolist() for c in [*_GROUP, "start_ns", "SpanId"])
+    for run, agent, tool, start, span in zip(*columns, strict=True):
+        kinds, last, _ = by_group.get((run, agent, tool), (set(), None, []))
+        if len(kinds | new_kinds[(run, agent, tool)]) > 1 or (
+            last is not None and (last["n"], last["s"]) >= (start, span)
+        ):
+            replace.add(run + RUN_TOOL_SEP + tool)
+    new = new[~(new["run_id"] + RUN_TOOL_SEP + new["tool_name"]).isin(replace)].reset_index(drop=True)
+    links = _Links(next_id)
+    tokens_of: dict[str, frozenset[str]] = {}
+
+    def tokens(args: str) -> frozenset[str]:
+        if args not in tokens_of:
+            tokens_of[args] = similarity_tokens(args)
+        return tokens_of[args]
+
+    tails = {
+        group: [(t["comp"], t["norm_args"], t["args"]) for t in reversed(tail)]
+        for group, (_, _, tail) in by_group.items()
+    }
+    threshold = current_threshold(conn, "near_duplicate_similarity").value
+    asks: list[tuple[int, int, str, str]] = []  # (new call, other's comp, its task, the other's)
+    rows = zip(*(new[c].tolist() for c in [*_GROUP, "basis", "norm_args", "args", "source"]), strict=True)
+    for run, agent, tool, basis, sig, args, source in rows:
+        group = (run, agent, tool)
+        mine = links.add()
+        same_key = (*group, basis, sig)
+        if same_key in firsts:  # identical calls link (repeated_calls.sql's `firsts`)
+            links.join(mine, firsts[same_key], 1.0)
+        else:
+            firsts[same_key] = mine
+        if basis != "arguments":
+            continue  # errors and outputs link only when identical
+        tail = tails.setdefault(group, [])
+        for comp, their_sig, their_args in tail[-loops.NEIGHBOUR_WINDOW :]:
+            if their_sig == sig:
+                continue
+            if source == "delegation":  # re-worded hand-offs: on their task similarity, below
+                asks.append((mine, comp, args, their_args))
+                continue
+            mine_tokens, theirs = tokens(args), tokens(their_args)
+            if mine_tokens and theirs:  # repeated_calls.sql's `near`: the token-set Jaccard
+                common = len(mine_tokens & theirs)
+                score = common / (len(mine_tokens) + len(theirs) - common)
+                if score >= threshold:
+                    links.join(mine, comp, score)
+        tail.append((mine, sig, args))
+    if asks:  # as loops.task_links scores them
+        task_threshold = current_threshold(conn, "near_duplicate_task_similarity").value
+        texts = list(dict.fromkeys(text for _, _, a, b in asks for text in (a, b)))
+        vectors = dict(zip(texts, embed_texts(texts, conn), strict=True))
+        for mine, comp, mine_text, their_text in asks:
+            cosine = float(np.dot(vectors[mine_text], vectors[their_text]))
+            score = task_similarity(mine_text, their_text, cosine)
+            if score >= task_threshold:
+                links.join(mine, comp, score)
+    mine_ids = range(links.first, links.next)
+    out = new.assign(comp=[links.find(c) for c in mine_ids], min_similarity=[links.low(c) for c in mine_ids])
+    return Fold(
+        out[COLUMNS], replace, links.merged(), appended=len(new.drop_duplicates(_GROUP)), next_id=links.next
+    )
+
+
+class _Links:
+    """Union-find over component ids: kept components (ids below ``first``) and new calls (one id
+    each from ``first``); a merge keeps the lowest id, so a kept component keeps its own."""
+
+    def __init__(self, first: int):
+        self.first = self.next = first
+        self.parent: dict[int, int] = {}
+        self.lows: dict[int, float] = {}
+
+    def add(self) -> int:
+        self.next += 1
+        return self.next - 1
+
+    def find(self, x: int) -> int:
+        while self.parent.get(x, x) != x:
+            self.parent[x] = self.parent.get(self.parent[x], self.parent[x])
+            x = self.parent[x]
+        return x
+
+    def join(self, call: int, other: int, similarity: float) -> None:
+        """Link new call ``call`` to ``other`` (a component or a new call) at ``similarity``."""
+        self.lows[call] = min(self.lows.get(call, similarity), similarity)
+        a, b = self.find(call), self.find(other)
+        if a != b:
+            self.parent[max(a, b)] = min(a, b)
+
+    def low(self, call: int) -> float:
+        """The lowest similarity of ``call``'s links (NaN: none): its component's lowest is the
+        lowest of its members'."""
+        return self.lows.get(call, np.nan)
+
+    def merged(self) -> dict[int, int]:
+        """Kept components merged into another: old id -> new id."""
+        return {old: self.find(old) for old in self.parent if old < self.first and self.find(old) != old}
+
+
+def apply(conn: duckdb.DuckDBPyConnection, fold: Fold) -> None:
+    """In the writer's transaction: ``fold``'s rows replace the groups it names, after its
+    merged components are relabelled."""
+    item = Maintained(
+        CALLS, "run_tool", compute, (), ""
+    )  # the rows of groups, as a run_tool table writes them
+    rows = _arrow(fold.rows)
+    if fold.replace is None or not table_exists(conn, TABLE_PREFIX + CALLS):
+        _write_rows(conn, item, rows, None)
+        return
+    if fold.merged:
+        conn.register("_merged", pa.table({"old": list(fold.merged), "new": list(fold.merged.values())}))
+        try:
+            conn.execute(f"UPDATE {TABLE} t SET comp = m.new FROM _merged m WHERE t.comp = m.old")
+        finally:
+            conn.unregister("_merged")
+    _write_rows(conn, item, rows, sorted(fold.replace))
+
+
+def kept_calls(conn: duckdb.DuckDBPyConnection, keys: list[str] | None) -> pd.DataFrame:
+    """The kept calls of the groups ``keys`` names (every group when None) in components with
+    enough calls to be a loop."""
+    where, params = "", {}
+    if keys is not None:
+        runs, groups = split_run_tools(keys)
+        where = (
+            "WHERE run_id IN (SELECT unnest($runs::VARCHAR[])) "
+            "OR run_id || chr(31) || tool_name IN (SELECT unnest($groups::VARCHAR[]))"
+        )
+        params = {"runs": runs, "groups": groups}
+    return query_df(
+        conn,
+        f"WITH g AS (SELECT * EXCLUDE (_pos) FROM {TABLE} {where}) "
+        "SELECT * FROM g WHERE comp IN (SELECT comp FROM g GROUP BY comp HAVING count(*) >= $min_calls)",
+        {**params, "min_calls": loops.MIN_REPEATS},
+    )
+
+
+maintain(Maintained(CALLS, "span", compute, (), "1", apply=apply))
+PARTS.add(CALLS)

@@ -1,0 +1,157 @@
+"""repeated_calls' calls kept as state: a commit's tool calls are appended to their groups (not
+the groups recomputed), and the state's components always equal a full recomputation's."""
+
+from __future__ import annotations
+
+import math
+import random
+from datetime import timedelta
+
+import pandas as pd
+import pytest
+
+from analytics import loops_fold, materialize, run_metric
+from analytics.registry import compute_metric
+from tests import tiers
+from tests.analytics.test_materialize import _canonical, _commit, _loop_batch, _pass, _store
+from tests.analytics.test_summary import _random_batch
+from tests.fixtures_analytics import BASE_TIME, make_span, trace_id
+
+TASKS = ["Find the Contoso employee count for 2023", "Contoso employee count 2023",
+         "Summarise the Fabrikam annual report"]  # fmt: skip
+QUERIES = ["alpha beta gamma", "alpha  beta gamma", "alpha beta gamma delta", "weather in paris", "zeta"]
+
+
+def _tool_calls(rng: random.Random, start: float, runs: list[str], count: int) -> list[dict]:
+    """``count`` tool calls after ``start`` (seconds), repeated and re-worded, in ``runs``."""
+    rows = []
+    for number in range(count):
+        run = rng.choice(runs)
+        if rng.random() < 0.3:  # a manager handing (re-worded) tasks to a worker
+            rows.append(
+                make_span(
+                    start + number * 0.5,
+                    run=run,
+                    TraceId=trace_id(f"{run}/m"),
+                    agent_id="m",
+                    op="delegate",
+                    delegate_to="w",
+                    goal_text=rng.choice(TASKS),
+                    ingested_at=BASE_TIME + timedelta(seconds=start),
+                )  # fmt: skip
+            )
+            continue
+        rows.append(
+            make_span(
+                start + number * 0.5 + rng.random() * 0.1,
+                run=run,
+                TraceId=trace_id(f"{run}/{rng.randint(0, 2)}"),
+                agent_id=rng.choice(["a", "b"]),
+                tool_name=rng.choice(["search", "fetch"]),
+                tool_args={"q": rng.choice(QUERIES)},
+                outcome=rng.choice(["ok", "error"]),
+                ingested_at=BASE_TIME + timedelta(seconds=start),
+            )
+        )
+    return rows
+
+
+def _components(frame: pd.DataFrame) -> dict[frozenset, float | None]:
+    """The state's components as sets of calls, each with the lowest similarity of its links."""
+    members: dict[int, set] = {}
+    lows: dict[int, float] = {}
+    for comp, trace, span, tool, args, low in zip(
+        frame["comp"], frame["TraceId"], frame["SpanId"], frame["tool_name"], frame["args"],
+        frame["min_similarity"], strict=True,
+    ):  # fmt: skip
+        members.setdefault(int(comp), set()).add((trace, span, tool, args))
+        if low is not None and not (isinstance(low, float) and math.isnan(low)):
+            lows[int(comp)] = min(lows.get(int(comp), 1.0), round(float(low), 9))
+    return {frozenset(calls): lows.get(comp) for comp, calls in members.items()}
+
+
+def _assert_state_equals_full(conn) -> None:
+    kept = conn.sql(f"SELECT * FROM {loops_fold.TABLE}").df()
+    full = loops_fold.calls_of(conn, None, 0)
+    assert _components(kept) == _components(full)
+    by_call = dict(zip(full["SpanId"] + full["args"], full["norm_args"], strict=True))
+    assert dict(zip(kept["SpanId"] + kept["args"], kept["norm_args"], strict=True)) == by_call
+    pd.testing.assert_frame_equal(
+        _canonical(run_metric(conn, "repeated_calls")), _canonical(compute_metric(conn, "repeated_calls"))
+    )
+
+
+def _fold_now(conn) -> loops_fold.Fold:
+    """What the next pass would fold (computed, not written)."""
+    state = materialize.ready(conn, loops_fold.CALLS)
+    cursor = conn.cursor()
+    try:
+        return loops_fold.compute(
+            cursor, "span", materialize.SpanChanges(state.seq, materialize.newest_change(conn))
+        )
+    finally:
+        cursor.close()
+
+
+def test_tool_calls_after_their_groups_are_appended_not_recomputed(tmp_path):
+    rng = random.Random(3)
+    conn = _store(tmp_path)
+    runs = ["run-1", "run-2", "run-3"]
+    _commit(conn, _tool_calls(rng, 0, runs, 40))
+    assert not _pass(conn).failed
+    _assert_state_equals_full(conn)
+    loops_before = len(run_metric(conn, "repeated_calls"))
+    for round_ in range(1, 4):
+        _commit(conn, _tool_calls(rng, 100 * round_, runs, 30))
+        fold = _fold_now(conn)
+        assert fold.replace == set(), "every group took its new calls: none is recomputed"
+        assert fold.appended > 0 and len(fold.rows) == 30
+        assert "delegation" in set(fold.rows["source"])
+        assert not _pass(conn).failed
+        _assert_state_equals_full(conn)
+    assert len(run_metric(conn, "repeated_calls")) > loops_before  # the appended calls made loops
+
+
+def test_calls_that_cannot_be_appended_recompute_only_their_groups(tmp_path):
+    rng = random.Random(4)
+    conn = _store(tmp_path)
+    there = make_span(90, run="run-3", TraceId=trace_id("run-3/0"), agent_id="a", op="delegate",
+                      delegate_to="b", goal_text="compile the report")  # fmt: skip
+    _commit(conn, _tool_calls(rng, 100, ["run-1", "run-2"], 30) + [there])
+    assert not _pass(conn).failed
+    # a call before its group's last one; a hand-off back (a ping-pong: neither is a call now)
+    late = make_span(50, run="run-1", TraceId=trace_id("run-1/0"), agent_id="a", tool_name="search",
+                     tool_args={"q": "alpha beta gamma"})  # fmt: skip
+    back = make_span(200, run="run-3", TraceId=trace_id("run-3/0"), agent_id="b", op="delegate",
+                     delegate_to="a", goal_text="compile the report again")  # fmt: skip
+    # appended: a delegation with its own task, a tool call after its group's calls
+    handoff = make_span(200, run="run-2", TraceId=trace_id("run-2/0"), agent_id="a", op="delegate",
+                        delegate_to="b", goal_text="compile the report")  # fmt: skip
+    after = make_span(300, run="run-2", TraceId=trace_id("run-2/1"), agent_id="b", tool_name="fetch",
+                      tool_args={"q": "zeta"})  # fmt: skip
+    _commit(conn, [late, back, handoff, after])
+    fold = _fold_now(conn)
+    sep = materialize.RUN_TOOL_SEP
+    assert fold.replace == {f"run-1{sep}search", f"run-3{sep}a", f"run-3{sep}b"}
+    assert fold.appended == 2 and {handoff["SpanId"], after["SpanId"]} <= set(fold.rows["SpanId"])
+    assert not _pass(conn).failed
+    _assert_state_equals_full(conn)
+
+
+@pytest.mark.parametrize("seed", [0, 1, pytest.param(2, marks=pytest.mark.slow)])
+def test_the_kept_calls_equal_a_full_recomputation_after_every_batch(tmp_path, seed):
+    """Tool calls in and out of time order, delegations, agent invocations, code actions and
+    the detectors' other spans, in random batches: after each pass the components are a full
+    recomputation's, and some passes appended."""
+    rng = random.Random(seed)
+    conn = _store(tmp_path)
+    runs = [f"run-{i}" for i in range(3)]
+    appended = 0
+    for batch in range(tiers.batches(full=8, quick=4)):
+        rows = _tool_calls(rng, 60 * batch + rng.choice([0, 0, -90]), runs, rng.randint(5, 25))
+        _commit(conn, rows + _loop_batch(rng, batch, runs) + _random_batch(rng, batch, runs))
+        if materialize.ready(conn, loops_fold.CALLS) is not None:
+            appended += _fold_now(conn).appended
+        assert not _pass(conn).failed
+        _assert_state_equals_full(conn)
+    assert appended > 0
