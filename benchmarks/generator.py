@@ -486,6 +486,23 @@ def stamp(payload: bytes, namespace: int) -> bytes:
     )
 
 
+def shift_to(payload: bytes, start_ns: int) -> bytes:
+    """``payload`` with every span (and event) moved in time so its earliest span starts at
+    ``start_ns``: what crews still running send (``benchmarks.live --times now``), later than
+    every stored span, instead of the template's own times."""
+    request = ExportTraceServiceRequest.FromString(payload)
+    spans = [span for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans]
+    if not spans:
+        return payload
+    offset = start_ns - min(span.start_time_unix_nano for span in spans)
+    for span in spans:
+        span.start_time_unix_nano += offset
+        span.end_time_unix_nano += offset
+        for event in span.events:
+            event.time_unix_nano += offset
+    return request.SerializeToString()
+
+
 def template_payloads(
     spans_per_template: int, seed: int = 7, batch_size: int = 512, shape: Shape | None = None
 ) -> list[bytes]:

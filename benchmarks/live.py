@@ -8,7 +8,10 @@ its materializer has built every findings table (``build_s``), a sender thread s
 protobuf requests at ``--rate`` spans/s into the stored runs (each request carries spans of
 ``--runs-per-request`` runs, so every run is touched every few seconds), while a client asks every
 detector and run_summary in turn (``GET /api/v1/metrics/{name}``, Arrow, as the dashboard asks)
-for ``--seconds``. Reported: p50/p95/max per detector, the findings lag (``/api/v1/health``,
+for ``--seconds``. ``--times now`` (default) moves each request's spans to the moment it is sent
+(crews still running: every new call comes after its group's stored ones); ``--times template``
+keeps the template's times (old spans arriving late, within the stored runs' time range).
+Reported: p50/p95/max per detector, the findings lag (``/api/v1/health``,
 sampled every second) p50/p95/max, spans/s actually accepted, serve's peak RSS, and the load.
 The JSON file is rewritten at the end of each phase.
 """
@@ -83,9 +86,10 @@ class Sender(threading.Thread):
         copies: int,
         rate: float,
         seed: int = 0,
+        now: bool = True,
     ):
         super().__init__(daemon=True)
-        self.seed = seed
+        self.seed, self.now = seed, now
         self.url, self.payloads, self.per_run, self.runs = url, payloads, per_run, runs
         self.copies, self.rate = copies, rate
         self.sent = self.refused = 0
@@ -93,7 +97,7 @@ class Sender(threading.Thread):
         self._halt = threading.Event()
 
     def run(self) -> None:
-        from benchmarks.generator import stamp
+        from benchmarks.generator import shift_to, stamp
 
         rng = random.Random(11 + self.seed)
         interval = self.per_run * self.runs / self.rate
@@ -103,6 +107,8 @@ class Sender(threading.Thread):
                 body = b"".join(
                     stamp(rng.choice(self.payloads), rng.randint(1, self.copies)) for _ in range(self.runs)
                 )
+                if self.now:
+                    body = shift_to(body, time.time_ns())
                 start = time.perf_counter()
                 try:
                     response = client.post(
@@ -157,7 +163,7 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
         # Several senders, as a fleet's exporters send at once (one waits for each answer)
         senders = [
             Sender(serve.http_url, payloads, args.per_run, args.runs_per_request, info["copies"],
-                   args.rate / args.senders, seed=number)
+                   args.rate / args.senders, seed=number, now=args.times == "now")
             for number in range(args.senders)
         ]  # fmt: skip
         lags: list[float] = []
@@ -259,7 +265,7 @@ def run_live(
         spans=spans, shape=shape, rate=rate, seconds=seconds, per_run=20, runs_per_request=10,
         senders=senders, template_spans=40_000, build_timeout=3600.0,
         overview=seconds >= 30,  # the page's render takes seconds: not in a smoke run
-        read_pause=0.0,
+        read_pause=0.0, times="now",
     )  # fmt: skip
     db = workdir / f"live-{spans}.duckdb"
     out: dict = {"args": {k: v for k, v in vars(args).items()}}
@@ -290,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds the reading client waits between reads (0: reads back to back)")  # fmt: skip
     parser.add_argument("--no-overview", dest="overview", action="store_false",
                         help="do not render the Overview page during the stream")  # fmt: skip
+    parser.add_argument("--times", choices=["now", "template"], default="now",
+                        help="spans sent now (crews running) or at the template's times (late, old spans)")  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="driftscope-live-"))

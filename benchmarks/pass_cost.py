@@ -1,11 +1,11 @@
 """What one materializer pass costs after a stream of new spans into stored runs.
 
-`python -m benchmarks.pass_cost DB.duckdb [SECONDS ...]`
+`python -m benchmarks.pass_cost DB.duckdb [--times now|template] [SECONDS ...]`
 
 Works on a copy of DB (built by ``benchmarks.live``'s ``build``, or any span database): builds
 every findings table, then for each SECONDS (default 1 and 5) commits what ``benchmarks.live``'s
 senders would stream in that time at 2,000 spans/s (requests of 10 runs x 20 spans, stamped into
-the stored runs) through ``insert_batches``, and brings each maintained result up to date on its
+the stored runs; ``--times``: as ``benchmarks.live`` sends them) through ``insert_batches``, and brings each maintained result up to date on its
 own, timing each. In process, one thread: what a pass costs without serve's other work.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from analytics import materialize
 from analytics.types import direct_write
-from benchmarks.generator import stamp
+from benchmarks.generator import shift_to, stamp
 from benchmarks.live import _payloads
 from collector.decode import PROTOBUF, decode_payload
 from collector.store import insert_batches
@@ -33,6 +33,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args:
         print(__doc__)
         return 2
+    now = True
+    if "--times" in args:
+        at = args.index("--times")
+        now = args[at + 1] == "now"
+        args = args[:at] + args[at + 2 :]
     seconds_list = [float(x) for x in args[1:]] or [1.0, 5.0]
     with tempfile.TemporaryDirectory(prefix="driftscope-pass-") as tmp:
         db = Path(tmp) / "pass.duckdb"
@@ -51,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             requests = int(2000 * seconds) // 200
             for _ in range(requests):
                 body = b"".join(stamp(rng.choice(payloads), rng.randint(1, copies)) for _ in range(10))
+                body = shift_to(body, time.time_ns()) if now else body
                 conn.execute("BEGIN TRANSACTION")
                 insert_batches(conn, [decode_payload(body, PROTOBUF)])
                 conn.execute("COMMIT")
