@@ -116,3 +116,10 @@ def task_similarity(first: str, second: str, cosine: float) -> float:
     if signature(first) == signature(second):
         return 1.0
     return max(0.0, float(cosine)) * specifics_overlap(first, second)
+
+
+def could_link(first: str, second: str, threshold: float) -> bool:
+    """Whether two task statements' ``task_similarity`` can reach ``threshold`` whatever their
+    embeddings: it is at most their specifics overlap (the cosine of normalised vectors is at
+    most 1; a margin for its rounding), so pairs below need no embedding."""
+    return specifics_overlap(first, second) * (1 + 1e-6) >= threshold

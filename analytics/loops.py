@@ -14,7 +14,7 @@ import pyarrow as pa
 from analytics._evidence import EVIDENCE, THRESHOLD, TIMES
 from analytics.code_actions import code_calls, declared_tool_names
 from analytics.embeddings import embed_texts
-from analytics.loop_similarity import task_similarity
+from analytics.loop_similarity import could_link, task_similarity
 from analytics.registry import register
 from analytics.side_effects import HANDOFF_TOOL_PREFIX, current_side_effect_tools
 from analytics.sql_loader import run_sql
@@ -332,14 +332,19 @@ def task_links(
     i, j = np.concatenate(later), np.concatenate(earlier)
     if not len(i):
         return calls
-    # each distinct pair of task statements is scored once
+    # each distinct pair of task statements is scored once; only pairs whose specifics allow a
+    # link are embedded (the score is at most their overlap)
     pairs = pd.DataFrame({"first": args[i], "second": args[j]})
     distinct = pairs.drop_duplicates(ignore_index=True)
-    texts = list(dict.fromkeys([*distinct["first"], *distinct["second"]]))
-    vectors = dict(zip(texts, embed_texts(texts, conn), strict=True))
+    possible = [
+        could_link(a, b, threshold) for a, b in zip(distinct["first"], distinct["second"], strict=True)
+    ]
+    wanted = distinct[possible]
+    texts = list(dict.fromkeys([*wanted["first"], *wanted["second"]]))
+    vectors = dict(zip(texts, embed_texts(texts, conn), strict=True)) if texts else {}
     distinct["score"] = [
-        task_similarity(a, b, float(np.dot(vectors[a], vectors[b])))
-        for a, b in zip(distinct["first"], distinct["second"], strict=True)
+        task_similarity(a, b, float(np.dot(vectors[a], vectors[b]))) if ok else 0.0
+        for a, b, ok in zip(distinct["first"], distinct["second"], possible, strict=True)
     ]
     score = pairs.merge(distinct, on=["first", "second"], how="left")["score"].to_numpy()
     linked = score >= threshold

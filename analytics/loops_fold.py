@@ -34,7 +34,7 @@ import pyarrow as pa
 
 import analytics.loops as loops
 from analytics.embeddings import embed_texts
-from analytics.loop_similarity import signature, similarity_tokens, task_similarity
+from analytics.loop_similarity import could_link, signature, similarity_tokens, task_similarity
 from analytics.materialize import (
     CHUNK_KEYS,
     PARTS,
@@ -243,8 +243,9 @@ def _append(conn: duckdb.DuckDBPyConnection, new: pd.DataFrame, replace: set[str
                 if score >= threshold:
                     links.join(mine, comp, score)
         tail.append((mine, sig, args))
+    task_threshold = current_threshold(conn, "near_duplicate_task_similarity").value
+    asks = [ask for ask in asks if could_link(ask[2], ask[3], task_threshold)]
     if asks:  # as loops.task_links scores them
-        task_threshold = current_threshold(conn, "near_duplicate_task_similarity").value
         texts = list(dict.fromkeys(text for _, _, a, b in asks for text in (a, b)))
         vectors = dict(zip(texts, embed_texts(texts, conn), strict=True))
         for mine, comp, mine_text, their_text in asks:

@@ -6,11 +6,14 @@ import json
 import pathlib
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from analytics import run_metric
 from analytics.calibration import TASK_PAIR_COLUMNS, calibrate_from_pairs, read_loop_pairs
 from analytics.loop_similarity import (
     argument_similarity,
+    could_link,
     specifics_overlap,
     task_similarity,
     task_specifics,
@@ -87,3 +90,29 @@ def test_the_detector_links_tasks_at_the_calibrated_threshold():
     calibrate_from_pairs(conn, CALIBRATION / "task_pairs.csv", target_fpr=0.0)
     assert current_threshold(conn, "near_duplicate_task_similarity").value > 0.9
     assert run_metric(conn, "repeated_calls").empty
+
+
+_TASK_WORDS = [
+    "Find",
+    "the",
+    "Contoso",
+    "employee",
+    "count",
+    "for",
+    "2023",
+    "2024",
+    "Fabrikam",
+    "report",
+    "of",
+]
+
+
+@given(
+    st.lists(st.sampled_from(_TASK_WORDS), min_size=1, max_size=8),
+    st.lists(st.sampled_from(_TASK_WORDS), min_size=1, max_size=8),
+    st.floats(0.05, 1.0),
+)
+def test_a_pair_could_link_rules_out_is_below_the_threshold_whatever_its_embeddings(first, second, threshold):
+    a, b = " ".join(first), " ".join(second)
+    if not could_link(a, b, threshold):
+        assert task_similarity(a, b, 1.0) < threshold
