@@ -11,6 +11,7 @@ tests/analytics/test_loops_differential.py holds the SQL equal to it on random s
 
 from __future__ import annotations
 
+import functools
 import re
 
 SIGNATURE_STOP_WORDS = frozenset(
@@ -37,8 +38,10 @@ def signature(args: str) -> str:
     return " ".join(sorted(argument_words(args)))
 
 
+@functools.lru_cache(maxsize=65536)
 def stem(word: str) -> str:
-    """Light suffix stripping: plural -ies/-s, then -ing/-ed, then a final -e."""
+    """Light suffix stripping: plural -ies/-s, then -ing/-ed, then a final -e (cached: a fold
+    stems the words of every new call, and the same words recur)."""
     if len(word) > 4 and word.endswith("ies"):
         word = word[:-3] + "y"
     elif len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us", "is")):
