@@ -24,7 +24,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -666,10 +667,11 @@ class PassReport:
     target: int = 0
     recomputed: dict[str, int] | None = None  # partitions (or -1: whole) per result
     failed: dict[str, str] | None = None
-    # seconds per result: computing it (this thread) and its writes (queued behind span
-    # commits in the writer, then run there)
+    # seconds per result: computing it (this thread, without waiting for writes) and running
+    # its writes (in the writer); and all the pass waited for writes (queued behind span commits)
     compute_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     write_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    waited_seconds: float = 0.0
 
 
 def _partitions_of(conn: duckdb.DuckDBPyConnection, partition: str) -> list[str]:
@@ -747,30 +749,99 @@ def _compute_keys(
     return (pd.concat(frames, ignore_index=True) if frames else None), failed, error
 
 
+class _PassWrites:
+    """A pass's writes, by result. With ``submit`` (the writer's queue) they are queued without
+    waiting: the next result is computed while the writer runs them (in serve, each write waited
+    behind span commits: a third of a pass's time at 1M stored spans under live ingest). A
+    result's writes are awaited before a result that reads its table is computed, and every write
+    at the end of the pass. Without ``submit``, each write runs at once through ``write``."""
+
+    def __init__(self, write: WriteFn, submit: Callable[[Callable], Future] | None):
+        self.write, self.submit = write, submit
+        self.pending: dict[str, list[Future]] = {}
+        self.waited = 0.0  # seconds spent waiting for writes
+        self.spent: dict[str, float] = {}  # seconds the writer ran each result's writes
+
+    def __call__(self, name: str, fn: Callable[[duckdb.DuckDBPyConnection], Any]) -> None:
+        def timed(conn: duckdb.DuckDBPyConnection) -> Any:
+            started = time.perf_counter()
+            try:
+                return fn(conn)
+            finally:
+                self.spent[name] = self.spent.get(name, 0.0) + time.perf_counter() - started
+
+        if self.submit is not None:
+            self.pending.setdefault(name, []).append(self.submit(timed))
+            return
+        started = time.perf_counter()
+        try:
+            self.write(timed)
+        finally:
+            self.waited += time.perf_counter() - started
+
+    def wait(self, names: Iterable[str]) -> dict[str, str]:
+        """Wait for the writes of ``names``; the message of each one's first failed write."""
+        failed: dict[str, str] = {}
+        started = time.perf_counter()
+        for name in names:
+            for future in self.pending.pop(name, []):
+                try:
+                    future.result()
+                except Exception as exc:  # noqa: BLE001 - reported as the result's failure
+                    failed.setdefault(name, f"{type(exc).__name__}: {exc}")
+        self.waited += time.perf_counter() - started
+        return failed
+
+
 def bring_up_to_date(
     read: duckdb.DuckDBPyConnection,
     write: WriteFn,
     names: list[str] | None = None,
     whole_due: Callable[[str], bool] | None = None,
     between: Callable[[str], None] | None = None,
+    submit: Callable[[Callable], Future] | None = None,
 ) -> PassReport:
     """One pass: bring every maintained result (of ``names``) up to the newest logged change.
 
     ``read`` is a connection (cursor) of this process for the computations; every write goes
-    through ``write`` (the single writer). ``whole_due(name)`` says whether a result kept whole
-    may be recomputed now (serve limits how often); None: always. ``between(name)`` is called
-    before each result (serve's materializer yields to ingest there and says what it works on)."""
+    through ``write`` (the single writer), or is queued to it with ``submit`` (``_PassWrites``).
+    ``whole_due(name)`` says whether a result kept whole may be recomputed now (serve limits how
+    often); None: always. ``between(name)`` is called before each result (serve's materializer
+    yields to ingest there and says what it works on)."""
     report = PassReport(recomputed={}, failed={})
-    timed = {"write": 0.0}
+    writes = _PassWrites(write, submit)
+    write_fn = write
+    try:
+        return _bring_up_to_date(read, write_fn, writes, report, names, whole_due, between)
+    finally:
+        for name, message in writes.wait(list(writes.pending)).items():
+            _write_failed(write_fn, report, name, message)
+        report.write_seconds = {name: writes.spent.get(name, 0.0) for name in report.compute_seconds}
+        report.waited_seconds = writes.waited
 
-    def write_timed(fn: Callable[[duckdb.DuckDBPyConnection], Any]) -> Any:
-        started = time.perf_counter()
+
+def _write_failed(write: WriteFn, report: PassReport, name: str, message: str) -> None:
+    """Report and record that ``name``'s writes failed (its table stays where it was)."""
+    logger.warning("materializer: %s not brought up to date: %s", name, message)
+    report.failed[name] = message
+    item = _items.get(name)
+    if item is not None:
         try:
-            return write_fn(fn)
-        finally:
-            timed["write"] += time.perf_counter() - started
+            write(lambda c, i=item, m=message: _record_error(c, i, m))
+        except Exception:  # noqa: BLE001 - the store itself is failing: health says so
+            logger.debug("materializer: could not record the failure of %s", name, exc_info=True)
 
-    write_fn, write = write, write_timed
+
+def _bring_up_to_date(
+    read: duckdb.DuckDBPyConnection,
+    write_fn: WriteFn,
+    writes: _PassWrites,
+    report: PassReport,
+    names: list[str] | None,
+    whole_due: Callable[[str], bool] | None,
+    between: Callable[[str], None] | None,
+) -> PassReport:
+    timed = {"write": 0.0}
     if not _has_change_log(read):
         return report
     target = newest_change(read)  # read before any computation: they see at least this much
@@ -798,7 +869,19 @@ def bring_up_to_date(
             continue  # what it reads is behind: next pass
         if between is not None:
             between(name)
-        started, timed["write"] = time.perf_counter(), 0.0
+        started, waited = time.perf_counter(), writes.waited
+        for first, message in writes.wait(item.depends).items():  # its table, written
+            _write_failed(write_fn, report, first, message)
+            current.discard(first)
+        if any(first not in current for first in item.depends):
+            continue
+        timed["write"] = writes.waited - waited
+
+        def write(fn: Callable[[duckdb.DuckDBPyConnection], Any], name: str = name) -> None:
+            before = writes.waited
+            writes(name, fn)
+            timed["write"] += writes.waited - before
+
         full = not fresh or _rebuild_logged(read, state.seq, target)
         try:
             if item.partition is None:
@@ -861,16 +944,10 @@ def bring_up_to_date(
             if error:
                 report.failed[name] = error
         except Exception as exc:  # noqa: BLE001 - one detector's failure must not stop the others
-            message = f"{type(exc).__name__}: {exc}"
-            logger.warning("materializer: %s not brought up to date: %s", name, message)
-            report.failed[name] = message
-            try:
-                write(lambda c, i=item, m=message: _record_error(c, i, m))
-            except Exception:  # noqa: BLE001 - the store itself is failing: health says so
-                logger.debug("materializer: could not record the failure of %s", name, exc_info=True)
+            _write_failed(write_fn, report, name, f"{type(exc).__name__}: {exc}")
+            current.discard(name)
         finally:
             if name in report.recomputed or name in report.failed:
-                report.write_seconds[name] = timed["write"]
                 report.compute_seconds[name] = time.perf_counter() - started - timed["write"]
     return report
 
@@ -928,10 +1005,12 @@ class Materializer(threading.Thread):
         write: WriteFn,
         interval: float = 0.5,
         ingest_backlog: Callable[[], int] | None = None,
+        submit: Callable[[Callable], Future] | None = None,
     ):
         super().__init__(name="driftscope-materializer", daemon=True)
         self._cursor = cursor
         self._write = write
+        self._submit = submit  # the writer's queue: a pass's writes queued, not awaited one by one
         self.interval = interval
         self._wake = threading.Event()
         self._stop_event = threading.Event()
@@ -948,6 +1027,7 @@ class Materializer(threading.Thread):
         # since start, per result: [seconds computing, seconds in its writes]; and all passes'
         self.seconds_by_result: dict[str, list[float]] = {}
         self.pass_seconds_total = 0.0
+        self.write_wait_seconds = 0.0  # of all passes' time, waiting for their writes
         self.working_on: tuple[str, float] | None = None  # (result, since: monotonic) in a pass
 
     def notify(self) -> None:
@@ -977,7 +1057,7 @@ class Materializer(threading.Thread):
         started = time.perf_counter()
         self._deferred = 0.0
         report = bring_up_to_date(
-            cursor, self._write, whole_due=self._whole_due, between=self._yield_to_ingest
+            cursor, self._write, whole_due=self._whole_due, between=self._yield_to_ingest, submit=self._submit
         )
         if report.recomputed:
             self._since_prune += 1
@@ -989,6 +1069,7 @@ class Materializer(threading.Thread):
         self.last_failed = dict(report.failed or {})
         self.last_pass_seconds = time.perf_counter() - started
         self.pass_seconds_total += self.last_pass_seconds
+        self.write_wait_seconds += report.waited_seconds
         for name, seconds in report.compute_seconds.items():
             spent = self.seconds_by_result.setdefault(name, [0.0, 0.0])
             spent[0] += seconds

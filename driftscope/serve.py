@@ -202,7 +202,9 @@ def build_service(config: ServeConfig) -> Service:
         worker = _start_embedding_worker(conn, writer.execute_write_fn)
     # Every maintained detector's findings table brought up to date from the change log the
     # writer keeps, through the writer; reads are SELECTs over them (analytics.materialize).
-    materializer = Materializer(conn.cursor, writer.execute_write_fn, ingest_backlog=lambda: len(queue))
+    materializer = Materializer(
+        conn.cursor, writer.execute_write_fn, ingest_backlog=lambda: len(queue), submit=queue.submit_write
+    )
     materializer.start()
     alerting = start_alerting(config, alert_rules, conn.cursor, writer.execute_write_fn)
     retention = None
@@ -394,10 +396,12 @@ def _findings_health(conn, materializer: Materializer) -> dict:
         "last_pass_seconds": round(materializer.last_pass_seconds, 3),
         "deferred_to_ingest_seconds": round(materializer.deferred_seconds, 2),
         "pass_seconds_total": round(materializer.pass_seconds_total, 2),
+        # of which waiting for writes (queued behind span commits in the writer)
+        "write_wait_seconds": round(materializer.write_wait_seconds, 2),
         # the result the pass in progress is on, and for how long (None between passes)
         "working_on": _working_on(materializer.working_on),
-        # where the passes' time went, per result since start: computing it, and its writes
-        # (waiting behind span commits in the writer, then running there)
+        # where the passes' time went, per result since start: computing it, and the writer
+        # running its writes (queued, so mostly beside the next computations)
         "seconds_by_result": {
             name: {"compute": round(spent[0], 2), "write": round(spent[1], 2)}
             for name, spent in sorted(

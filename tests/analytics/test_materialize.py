@@ -641,3 +641,63 @@ def test_windows_and_filters_read_whole_runs_from_tables_and_compute_only_the_re
                 _canonical(got), _canonical(full), obj=f"run_summary {window} {scope}"
             )
     assert compared > 0
+
+
+def _queued_pass(conn: duckdb.DuckDBPyConnection, names: list[str] | None = None) -> materialize.PassReport:
+    """A pass whose writes are queued to another thread (serve's writer) without waiting."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    write = direct_write(conn)
+    cursor = conn.cursor()
+    try:
+        with ThreadPoolExecutor(max_workers=1) as writer:
+            return materialize.bring_up_to_date(
+                cursor, write, names, submit=lambda fn: writer.submit(write, fn)
+            )
+    finally:
+        cursor.close()
+
+
+def test_queued_writes_keep_every_table_equal_to_a_full_recomputation(tmp_path):
+    """The writes of a pass queued, not awaited one by one (results that read others' tables
+    wait for them): the same tables as writing each at once."""
+    rng = random.Random(6)
+    conn = _store(tmp_path)
+    runs = ["run-1", "run-2", "run-3"]
+    seen: dict[str, int] = {}
+    for batch in range(tiers.batches(full=4, quick=2)):
+        _commit(conn, _random_batch(rng, batch, runs) + _loop_batch(rng, batch, runs))
+        report = _queued_pass(conn)
+        assert not report.failed
+        _assert_tables_equal_full(conn, seen)
+
+
+def test_a_queued_write_that_fails_is_reported_and_the_others_land(tmp_path):
+    conn = _store(tmp_path)
+    _commit(conn, [make_span(0, run="run-1", agent_id="a")])
+    assert not _queued_pass(conn).failed
+    with scratch_registry():
+
+        @register(
+            "toy_retyped",
+            description="Its column changes type without a version bump.",
+            columns={"run_id": "run", "value": "a value"},
+            row="one run",
+            kept="run_id",
+            order=[("run_id", False)],
+        )
+        def toy_retyped(conn, window: Window, filters: Filters) -> pd.DataFrame:
+            typed = "1" if materialize.table_exists(conn, "findings__toy_retyped") else "1::BIGINT"
+            return conn.execute(f"SELECT run_id, {typed} AS value FROM spans GROUP BY ALL").df()
+
+        assert not _queued_pass(conn).failed
+        _commit(conn, [make_span(1, run="run-1", agent_id="a")])
+        conn.execute("UPDATE findings__toy_retyped SET value = 2")
+        conn.execute("ALTER TABLE findings__toy_retyped ALTER value TYPE VARCHAR")
+        report = _queued_pass(conn)
+        assert (
+            "toy_retyped" in report.failed and "bump the detector's version" in report.failed["toy_retyped"]
+        )
+        assert "bump the detector's version" in materialize.read_states(conn)["toy_retyped"].last_error
+        assert "lost_updates" not in report.failed
+        assert materialize.ready(conn, "lost_updates").seq == materialize.newest_change(conn)
