@@ -10,7 +10,8 @@ protobuf requests at ``--rate`` spans/s into the stored runs (each request carri
 detector and run_summary in turn (``GET /api/v1/metrics/{name}``, Arrow, as the dashboard asks)
 for ``--seconds``. ``--times now`` (default) moves each request's spans to the moment it is sent
 (crews still running: every new call comes after its group's stored ones); ``--times template``
-keeps the template's times (old spans arriving late, within the stored runs' time range).
+keeps the template's times (old spans arriving late, within the stored runs' time range). Serve
+runs with its embedding worker, as by default (``--no-embeddings``: without).
 Reported: p50/p95/max per detector, the findings lag (``/api/v1/health``,
 sampled every second) p50/p95/max, spans/s actually accepted, serve's peak RSS, and the load.
 The JSON file is rewritten at the end of each phase.
@@ -150,7 +151,7 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
 
     names = read.metric_names()
     payloads = _payloads(args.template_spans, args.shape, args.per_run)
-    with ServeProcess(db) as serve, httpx.Client(timeout=300) as client:
+    with ServeProcess(db, embeddings=args.embeddings) as serve, httpx.Client(timeout=300) as client:
         out["build_s"] = round(_wait_built(client, serve.http_url, args.build_timeout), 1)
         out_path.write_text(json.dumps(out, indent=2, default=str))
         warm = {name: [] for name in names}
@@ -265,7 +266,7 @@ def run_live(
         spans=spans, shape=shape, rate=rate, seconds=seconds, per_run=20, runs_per_request=10,
         senders=senders, template_spans=40_000, build_timeout=3600.0,
         overview=seconds >= 30,  # the page's render takes seconds: not in a smoke run
-        read_pause=0.0, times="now",
+        read_pause=0.0, times="now", embeddings=True,
     )  # fmt: skip
     db = workdir / f"live-{spans}.duckdb"
     out: dict = {"args": {k: v for k, v in vars(args).items()}}
@@ -296,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds the reading client waits between reads (0: reads back to back)")  # fmt: skip
     parser.add_argument("--no-overview", dest="overview", action="store_false",
                         help="do not render the Overview page during the stream")  # fmt: skip
+    parser.add_argument("--no-embeddings", dest="embeddings", action="store_false",
+                        help="serve without its embedding worker (goal results then score new task "
+                             "statements themselves in every pass, unstored)")  # fmt: skip
     parser.add_argument("--times", choices=["now", "template"], default="now",
                         help="spans sent now (crews running) or at the template's times (late, old spans)")  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
