@@ -41,16 +41,18 @@ def _tool_calls(rng: random.Random, start: float, runs: list[str], count: int) -
                 )  # fmt: skip
             )
             continue
+        call = {"tool_name": rng.choice(["search", "fetch"]), "tool_args": {"q": rng.choice(QUERIES)},
+                "outcome": rng.choice(["ok", "error"])}  # fmt: skip
+        if rng.random() < 0.15:  # arguments not captured: matched on the error (a group without a tail)
+            call = {"tool_name": "probe", "outcome": "error", "StatusMessage": "TimeoutError: timed out"}
         rows.append(
             make_span(
                 start + number * 0.5 + rng.random() * 0.1,
                 run=run,
                 TraceId=trace_id(f"{run}/{rng.randint(0, 2)}"),
                 agent_id=rng.choice(["a", "b"]),
-                tool_name=rng.choice(["search", "fetch"]),
-                tool_args={"q": rng.choice(QUERIES)},
-                outcome=rng.choice(["ok", "error"]),
                 ingested_at=BASE_TIME + timedelta(seconds=start),
+                **call,
             )
         )
     return rows
