@@ -55,8 +55,10 @@ def stem(word: str) -> str:
     return word
 
 
+@functools.lru_cache(maxsize=32768)
 def similarity_tokens(args: str) -> frozenset[str]:
-    """The token set two calls' arguments are compared on."""
+    """The token set two calls' arguments are compared on (cached: a fold compares each new call
+    with its group's last calls, tokenized when they were new)."""
     trimmed = (word.strip(".") for word in argument_words(args))
     return frozenset(stem(word) for word in trimmed if word and word not in SIMILARITY_STOP_WORDS)
 

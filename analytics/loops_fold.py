@@ -235,13 +235,7 @@ def _append(conn: duckdb.DuckDBPyConnection, new: pd.DataFrame, replace: set[str
             replace.add(run + RUN_TOOL_SEP + tool)
     new = new[~(new["run_id"] + RUN_TOOL_SEP + new["tool_name"]).isin(replace)].reset_index(drop=True)
     links = _Links(next_id)
-    tokens_of: dict[str, frozenset[str]] = {}
-
-    def tokens(args: str) -> frozenset[str]:
-        if args not in tokens_of:
-            tokens_of[args] = similarity_tokens(args)
-        return tokens_of[args]
-
+    tokens = similarity_tokens
     tails = {
         group: [(t["comp"], t["norm_args"], t["args"]) for t in reversed(tail)]
         for group, (_, _, tail) in by_group.items()
