@@ -5,9 +5,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
-import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -206,10 +204,6 @@ def build_service(config: ServeConfig) -> Service:
     # writer keeps, through the writer; reads are SELECTs over them (analytics.materialize).
     materializer = Materializer(conn.cursor, writer.execute_write_fn, ingest_backlog=lambda: len(queue))
     materializer.start()
-    # Ingest first: a pass (and the model its goal results run, on threads it starts) takes the
-    # CPU the receivers, decoders and writer leave, as the embedding worker and alerting do.
-    # Between results it waits out a queued burst; this covers the result it is in.
-    _lower_priority(materializer, MATERIALIZER_NICENESS)
     alerting = start_alerting(config, alert_rules, conn.cursor, writer.execute_write_fn)
     retention = None
     if config.retention:
@@ -382,22 +376,6 @@ class _QuietServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self):
         yield
-
-
-# How far below serve's other threads the materializer runs (nice steps; at most nice 19).
-MATERIALIZER_NICENESS = 10
-
-
-def _lower_priority(thread: threading.Thread, steps: int) -> None:
-    """Run a started thread ``steps`` nice levels below the calling one (Linux only, where a
-    thread id names that thread alone; the threads it starts inherit it)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        niceness = min(19, os.getpriority(os.PRIO_PROCESS, 0) + steps)  # 0: the calling thread
-        os.setpriority(os.PRIO_PROCESS, thread.native_id, niceness)
-    except OSError as error:
-        logger.debug("could not lower %s's priority: %s", thread.name, error)
 
 
 def _findings_health(conn, materializer: Materializer) -> dict:

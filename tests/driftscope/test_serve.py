@@ -4,9 +4,6 @@ What needs the process: the SDK exporters over HTTP and gRPC, gRPC itself, SIGTE
 embedding worker, ports. Request/response behaviour of the receiver and the read API runs in
 process (tests/collector/test_http_receiver.py, tests/driftscope/test_api.py)."""
 
-import os
-import sys
-import threading
 import time
 
 import duckdb
@@ -208,14 +205,3 @@ def test_serve_evaluates_the_default_rules_without_any_alert_setting(serve_facto
     assert any("No receiver is configured" in w.value for w in at.warning)
     rules = next(df.value for df in at.dataframe if "rule" in df.value.columns)
     assert list(rules["rule"]) == detectors and set(rules["state"]) == {"not firing"}
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priorities are Linux's")
-def test_the_materializer_runs_below_the_priority_of_ingest(in_process):
-    here = os.getpriority(os.PRIO_PROCESS, 0)
-    if here >= 19:
-        pytest.skip("the tests already run at the lowest priority")
-    (materializer,) = [t for t in threading.enumerate() if t.name == "driftscope-materializer"]
-    (writer,) = [t for t in threading.enumerate() if t.name == "driftscope-writer"]
-    assert os.getpriority(os.PRIO_PROCESS, writer.native_id) == here
-    assert os.getpriority(os.PRIO_PROCESS, materializer.native_id) == min(19, here + 10)
