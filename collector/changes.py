@@ -63,12 +63,11 @@ def next_change(
     conn: duckdb.DuckDBPyConnection, kind: str, spans: int = 0, newest_ingested: object = None
 ) -> int:
     """Log a change of ``kind`` in the caller's transaction; return its sequence number."""
-    seq = conn.execute("SELECT nextval('change_seq')").fetchall()[0][0]
-    conn.execute(
-        "INSERT INTO change_log VALUES ($seq, now()::TIMESTAMP, $kind, $spans, $newest)",
-        {"seq": seq, "kind": kind, "spans": int(spans), "newest": newest_ingested},
-    )
-    return seq
+    # one statement, not two: the writer pays a fixed cost per statement, whatever its size
+    return conn.execute(
+        "INSERT INTO change_log SELECT nextval('change_seq'), now()::TIMESTAMP, $kind, $spans, $newest RETURNING seq",
+        {"kind": kind, "spans": int(spans), "newest": newest_ingested},
+    ).fetchall()[0][0]
 
 
 def record_touched(

@@ -391,7 +391,7 @@ def insert_batches(
         since = traces.since([batch.table for batch in batches]) if traces is not None else None
         bound = {"since": since if since is not None else datetime.min}
         inserted = conn.execute(_INSERT_NEW_SQL, bound).fetchone()[0]
-        conn.execute(_TREE_SQL, bound)
+        tree_rows = conn.execute(_TREE_SQL, bound).fetchone()[0]
         seq = None
         if inserted:
             # The runs and origin tasks of every span of the touched traces, before the walks
@@ -424,12 +424,17 @@ def insert_batches(
         if seq is not None and (agent_runs or runless or joinable):
             touched = f"(SELECT run_id, NULL AS origin_task_id FROM spans {_TOUCHED_TRACES})"
             record_touched(conn, seq, touched, bound)
-        if seq is not None and walks:
+        if seq is not None and walks and tree_rows > inserted:
             # the spans the walks changed, and the (run, tool) keys they had before (the keys
-            # they have now the materializer reads from the spans span_changes lists)
-            conn.execute(_CHANGED_SQL)
-            record_run_tools(conn, seq, ["_changed"])
-            conn.execute("INSERT INTO span_changes SELECT $seq, TraceId, SpanId FROM _changed", {"seq": seq})
+            # they have now the materializer reads from the spans span_changes lists); only
+            # spans stored before this commit can have changed (`_tree` holds every span of the
+            # touched traces, the ones just inserted among them, so without more rows than were
+            # inserted there are none)
+            if conn.execute(_CHANGED_SQL).fetchone()[0]:
+                record_run_tools(conn, seq, ["_changed"])
+                conn.execute(
+                    "INSERT INTO span_changes SELECT $seq, TraceId, SpanId FROM _changed", {"seq": seq}
+                )
             conn.execute("DROP TABLE _changed")
         conn.execute("DROP TABLE _tree")
     finally:

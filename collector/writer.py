@@ -115,18 +115,34 @@ class IngestQueue:
             self._overloaded_since = now
         return int(min(30, max(1, math.ceil(now - self._overloaded_since))))
 
-    def take(self, max_rows: int, timeout: float) -> list[tuple[DecodedBatch, Future, int]]:
-        """Block up to ``timeout`` for work, then take queued items up to ``max_rows`` rows."""
+    def take(
+        self, max_rows: int, timeout: float, expect: int = 0, linger: float = 0.0
+    ) -> list[tuple[DecodedBatch, Future, int]]:
+        """Block up to ``timeout`` for work, then take queued items up to ``max_rows`` rows.
+
+        With ``expect``, keep taking for up to ``linger`` seconds until ``expect`` items more than
+        were queued at the call have arrived (the writer passes the requests its last commit
+        answered: their clients usually send again at once), so a few busy connections share
+        one commit instead of taking turns.
+        """
         with self._cond:
+            wanted = len(self._items) + expect  # counted before waiting: arrivals are the expected
             if not self._items and not self._writes:
                 self._cond.wait(timeout)
             taken: list[tuple[DecodedBatch, Future, int]] = []
             rows = 0
-            while self._items and (not taken or rows + self._items[0][0].accepted <= max_rows):
-                item = self._items.popleft()
-                taken.append(item)
-                rows += item[0].accepted
-            return taken
+            deadline = time.monotonic() + linger
+            while True:
+                while self._items and (not taken or rows + self._items[0][0].accepted <= max_rows):
+                    item = self._items.popleft()
+                    taken.append(item)
+                    rows += item[0].accepted
+                if not taken or len(taken) >= wanted or self._items or self._closed:
+                    return taken  # nothing to wait with, all expected, full, or stopping
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return taken
+                self._cond.wait(left)
 
     def release(self, items: list[tuple[DecodedBatch, Future, int]]) -> None:
         """Give back the bytes of items that were committed or failed."""
@@ -146,6 +162,12 @@ class IngestQueue:
 
 class SpanWriter(threading.Thread):
     """The one thread that owns the write connection and group-commits queued batches."""
+
+    # A commit costs a large fixed part (its statements, the WAL's sync) besides its rows, so a
+    # writer kept busy by a few connections gathers the requests its last commit answered
+    # before committing again: at most this share of that commit's time, and this long.
+    LINGER_SHARE = 0.25
+    LINGER_MAX_S = 0.02
 
     def __init__(
         self,
@@ -173,19 +195,25 @@ class SpanWriter(threading.Thread):
         self.writes = 0  # write functions committed (execute_write_fn)
         self.failed_writes = 0
         self.traces = TraceIndex(conn)
+        self._answered = 0  # requests the last span commit answered (0 once the queue idled)
+        self._last_commit_s = 0.0
 
     def run(self) -> None:
         backoff = 0.05
         dirty = False  # committed since the last checkpoint
         idle_since = time.monotonic()
         while True:
-            items = self.queue.take(self.max_rows_per_commit, timeout=0.2)
+            linger = min(self.LINGER_MAX_S, self.LINGER_SHARE * self._last_commit_s)
+            items = self.queue.take(
+                self.max_rows_per_commit, timeout=0.2, expect=self._answered, linger=linger
+            )
             jobs = self.queue.take_writes()
             if jobs:
                 dirty = True
                 self._run_writes(jobs)
                 idle_since = time.monotonic()
             if not items:
+                self._answered = 0  # idle: the clients answered last are not sending at once
                 if self._stop_requested.is_set() and len(self.queue) == 0 and not self.queue.pending_writes:
                     return
                 if dirty and time.monotonic() - idle_since >= self.IDLE_CHECKPOINT_S:
@@ -207,8 +235,10 @@ class SpanWriter(threading.Thread):
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
-            self.busy_seconds += time.perf_counter() - started
-            self.span_commit_seconds += time.perf_counter() - started
+            self._last_commit_s = time.perf_counter() - started
+            self._answered = len(items)
+            self.busy_seconds += self._last_commit_s
+            self.span_commit_seconds += self._last_commit_s
             backoff = 0.05
             self.healthy = True
             self.last_error = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import duckdb
 import pytest
@@ -109,3 +110,52 @@ def _nested(writer):
     except RuntimeError as exc:
         return exc
     return None
+
+
+def test_take_waits_a_bounded_time_for_the_requests_the_last_commit_answered():
+    queue = IngestQueue(64 * 1024 * 1024)
+    queue.submit(_batch(2))  # queued before the call: taken, not waited for
+    later = threading.Timer(0.05, lambda: queue.submit(_batch(3)))
+    later.start()
+    taken = queue.take(max_rows=1_000, timeout=1.0, expect=1, linger=5.0)
+    later.join()
+    assert [batch.accepted for batch, _, _ in taken] == [2, 3]
+
+    queue.submit(_batch(4))
+    started = time.monotonic()
+    taken = queue.take(max_rows=1_000, timeout=1.0, expect=1, linger=0.1)  # nobody comes back
+    assert [batch.accepted for batch, _, _ in taken] == [4]
+    assert 0.1 <= time.monotonic() - started < 2.0
+
+    later = threading.Timer(0.05, lambda: queue.submit(_batch(5)))
+    later.start()
+    taken = queue.take(max_rows=1_000, timeout=1.0, expect=1, linger=5.0)  # the expected one
+    later.join()
+    assert [batch.accepted for batch, _, _ in taken] == [5]  # ... is not waited for twice
+
+
+def test_a_busy_writer_gathers_the_requests_of_a_few_connections_into_one_commit(tmp_path):
+    conn = open_store(tmp_path / "w.duckdb")
+    queue = IngestQueue(64 * 1024 * 1024)
+    writer = SpanWriter(conn.cursor(), queue)
+    writer.LINGER_SHARE, writer.LINGER_MAX_S = 100.0, 5.0  # wait for whoever was answered
+    writer.start()
+    try:
+        # four clients, each sending its next request once the last is answered
+        def client() -> None:
+            for _ in range(5):
+                queue.submit(_batch(2)).result(10)
+                time.sleep(0.02)
+
+        threads = [threading.Thread(target=client) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        writer.stop()
+    assert writer.committed_spans == 40
+    # 5 rounds of 4 requests: ~6 commits; without gathering each commit takes whatever is
+    # queued (10-11 commits of 1-2 requests)
+    assert writer.commits <= 8
+    conn.close()
