@@ -298,8 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-overview", dest="overview", action="store_false",
                         help="do not render the Overview page during the stream")  # fmt: skip
     parser.add_argument("--no-embeddings", dest="embeddings", action="store_false",
-                        help="serve without its embedding worker (goal results then score new task "
-                             "statements themselves in every pass, unstored)")  # fmt: skip
+                        help="serve without its embedding worker (the materializer then scores new task "
+                             "statements itself, kept on its own connection, not stored)")  # fmt: skip
     parser.add_argument("--times", choices=["now", "template"], default="now",
                         help="spans sent now (crews running) or at the template's times (late, old spans)")  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
