@@ -59,6 +59,7 @@ class IngestQueue:
         self._cond = threading.Condition()
         self._closed = False
         self._overloaded_since: float | None = None
+        self._lingering = False  # take() is waiting for expected requests, holding what it took
 
     @property
     def queued_bytes(self) -> int:
@@ -76,7 +77,8 @@ class IngestQueue:
                 raise ShuttingDownError("driftscope is shutting down and accepts no new spans")
             # One oversized request still gets in when the queue is empty, so a body under the
             # body limit but over the queue limit is never refused forever.
-            if self._items and self._bytes + size > self.max_bytes:
+            # (While the writer lingers for more requests, what it took is still queued bytes.)
+            if (self._items or self._lingering) and self._bytes + size > self.max_bytes:
                 raise QueueFullError(retry_after=self._retry_after())
             if self._bytes + size <= self.max_bytes // 2:
                 self._overloaded_since = None  # the queue has drained: the overload is over
@@ -142,7 +144,11 @@ class IngestQueue:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return taken
-                self._cond.wait(left)
+                self._lingering = True
+                try:
+                    self._cond.wait(left)
+                finally:
+                    self._lingering = False
 
     def release(self, items: list[tuple[DecodedBatch, Future, int]]) -> None:
         """Give back the bytes of items that were committed or failed."""

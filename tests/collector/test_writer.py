@@ -10,7 +10,7 @@ import pytest
 
 from collector.decode import PROTOBUF, decode_payload
 from collector.store import open_store
-from collector.writer import IngestQueue, ShuttingDownError, SpanWriter
+from collector.writer import IngestQueue, QueueFullError, ShuttingDownError, SpanWriter
 from tests.otlp_builders import make_request
 
 
@@ -132,6 +132,31 @@ def test_take_waits_a_bounded_time_for_the_requests_the_last_commit_answered():
     taken = queue.take(max_rows=1_000, timeout=1.0, expect=1, linger=5.0)  # the expected one
     later.join()
     assert [batch.accepted for batch, _, _ in taken] == [5]  # ... is not waited for twice
+
+
+def test_requests_arriving_while_take_lingers_are_held_to_the_byte_limit():
+    """What a lingering take() holds is still queued: the queue's byte bound (one oversized
+    request at most once nothing is queued) holds while it waits for more."""
+    first = _batch(2)
+    queue = IngestQueue(max(first.payload_bytes, 1) + 10)  # room for one request
+    queue.submit(first)
+    outcomes: list[str] = []
+
+    def arrive() -> None:
+        for _ in range(3):
+            try:
+                queue.submit(_batch(2))
+                outcomes.append("queued")
+            except QueueFullError:
+                outcomes.append("refused")
+            time.sleep(0.02)
+
+    later = threading.Timer(0.05, arrive)
+    later.start()
+    taken = queue.take(max_rows=1_000, timeout=1.0, expect=3, linger=0.5)
+    later.join()
+    assert outcomes == ["refused"] * 3, outcomes  # admitted past the bound before the fix
+    assert queue.queued_bytes == sum(size for _, _, size in taken) <= queue.max_bytes
 
 
 def test_a_busy_writer_gathers_the_requests_of_a_few_connections_into_one_commit(tmp_path):
