@@ -96,7 +96,7 @@ class Fold:
     ``merged`` (old id -> new id) relabelled. ``appended``: groups new calls were appended to."""
 
     rows: pd.DataFrame
-    replace: list[str] | None
+    replace: set[str] | None
     merged: dict[int, int] = dataclasses.field(default_factory=dict)
     appended: int = 0
     next_id: int = 0  # the lowest component id no row has
