@@ -153,6 +153,8 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
     payloads = _payloads(args.template_spans, args.shape, args.per_run)
     with ServeProcess(db, embeddings=args.embeddings) as serve, httpx.Client(timeout=300) as client:
         out["build_s"] = round(_wait_built(client, serve.http_url, args.build_timeout), 1)
+        out["serve_rss_after_build_bytes"] = serve.rss_bytes()
+        out["serve_peak_rss_after_build_bytes"] = serve.peak_rss_bytes()
         out_path.write_text(json.dumps(out, indent=2, default=str))
         warm = {name: [] for name in names}
         for _ in range(3):
@@ -169,6 +171,7 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
         ]  # fmt: skip
         lags: list[float] = []
         duckdb_peak = [0]  # the most DuckDB's buffer manager held at a health sample
+        rss: list[int] = []  # serve's resident memory at each health sample
         working: dict[str, float] = {}
         timings = {name: [] for name in names}
         stop = threading.Event()
@@ -185,6 +188,7 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
                         if current:  # the longest a sample found the materializer on a result
                             name, spent = current["result"], current["seconds"]
                             working[name] = max(working.get(name, 0.0), spent)
+                        rss.append(serve.rss_bytes() or 0)
                         held = health.get("duckdb_memory", {}).get("total_bytes", 0)
                         duckdb_peak[0] = max(duckdb_peak[0], held)
                     except (httpx.HTTPError, KeyError):
@@ -242,6 +246,8 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
             "load_before": load_before,
             "load_after": os.getloadavg(),
             "serve_peak_rss_bytes": serve.peak_rss_bytes(),
+            # resident memory sampled each second of the stream (the peak may be the start's build)
+            "serve_rss_bytes": _summary([float(r) for r in rss if r]),
             "duckdb_peak_bytes": duckdb_peak[0],
             # per result, the longest one pass was seen working on it (health samples, 1 s apart)
             "materializer_longest_s": dict(sorted(working.items(), key=lambda kv: -kv[1])),

@@ -134,6 +134,10 @@ class ServeProcess:
     def health(self) -> dict:
         return httpx.get(f"{self.http_url}/api/v1/health", timeout=60).json()
 
+    def rss_bytes(self) -> int | None:
+        kib = proc_status_kib(self.pid, "VmRSS")
+        return kib * 1024 if kib is not None else None
+
     def peak_rss_bytes(self) -> int | None:
         kib = proc_status_kib(self.pid, "VmHWM")
         return kib * 1024 if kib is not None else None
