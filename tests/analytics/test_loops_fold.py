@@ -3,6 +3,7 @@ the groups recomputed), and the state's components always equal a full recomputa
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from datetime import timedelta
@@ -157,3 +158,34 @@ def test_the_kept_calls_equal_a_full_recomputation_after_every_batch(tmp_path, s
         assert not _pass(conn).failed
         _assert_state_equals_full(conn)
     assert appended > 0
+
+
+def test_a_first_build_in_run_chunks_keeps_every_call_once(tmp_path, monkeypatch):
+    """A first build goes run chunk by run chunk (each part written before the next is
+    computed): the state is a full recomputation's, each call once, component ids unique across
+    the parts; and appending to it afterwards still holds."""
+    rng = random.Random(7)
+    conn = _store(tmp_path)
+    runs = [f"run-{i}" for i in range(6)]
+    _commit(conn, _tool_calls(rng, 0, runs, 80) + _loop_batch(rng, 0, runs) + _random_batch(rng, 0, runs))
+    monkeypatch.setattr(loops_fold, "BUILD_CHUNK_SPANS", 12)
+    assert len(loops_fold._build_chunks(conn)) >= 4
+    parts = []
+    real_build = loops_fold.build
+
+    def counted(cursor):
+        for part in real_build(cursor):
+            parts.append(part.rows.num_rows)
+            yield part
+
+    item = materialize._items[loops_fold.CALLS]
+    monkeypatch.setitem(materialize._items, loops_fold.CALLS, dataclasses.replace(item, build=counted))
+    assert not _pass(conn).failed
+    assert len(parts) >= 4 and all(parts)
+    kept = conn.sql(f"SELECT TraceId, SpanId, comp, run_id FROM {loops_fold.TABLE}").df()
+    assert not kept.duplicated(["TraceId", "SpanId"]).any()
+    assert kept.groupby("comp")["run_id"].nunique().max() == 1  # no id shared by two chunks
+    _assert_state_equals_full(conn)
+    _commit(conn, _tool_calls(rng, 100, runs, 30))
+    assert not _pass(conn).failed
+    _assert_state_equals_full(conn)
