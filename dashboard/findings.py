@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -374,25 +375,41 @@ def gather_findings(
     filters: Filters,
     read: Callable[[str], pd.DataFrame] | None = None,
     metrics: list[dict] | None = None,
+    parallel: int = 1,
 ) -> FindingSet:
     """Run every finding metric once and index the findings.
 
     A detector that fails is reported in ``errors`` (its message) rather than aborting the rest.
     ``read(name)`` replaces ``source.metric(name, window, filters)``: the dashboard passes its
     cached reader, so a detector a page already ran is not run again; ``metrics`` likewise
-    replaces ``source.list_metrics()``.
+    replaces ``source.list_metrics()``. ``parallel``: how many reads at once (a source that
+    answers concurrent requests, a collector's API: the Overview waited on its 15 reads one
+    after another, half of its first render during a live incident).
     """
-    by_metric: dict[str, MetricFindings] = {}
-    errors: dict[str, str] = {}
-    for metric in finding_metrics(metrics if metrics is not None else source.list_metrics()):
-        name = metric["name"]
+    described = finding_metrics(metrics if metrics is not None else source.list_metrics())
+
+    def one(name: str) -> pd.DataFrame | Exception:
         try:
-            frame = read(name) if read is not None else source.metric(name, window, filters)
+            return read(name) if read is not None else source.metric(name, window, filters)
         except Exception as exc:  # one broken detector must not hide the others' findings
             logger.warning("metric %s failed: %s", name, exc)
-            errors[name] = f"{type(exc).__name__}: {exc}"
+            return exc
+
+    names = [metric["name"] for metric in described]
+    if parallel > 1 and len(names) > 1:
+        with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="findings-read") as pool:
+            answers = dict(zip(names, pool.map(one, names), strict=True))
+    else:
+        answers = {name: one(name) for name in names}
+    by_metric: dict[str, MetricFindings] = {}
+    errors: dict[str, str] = {}
+    for metric in described:
+        name = metric["name"]
+        answer = answers[name]
+        if isinstance(answer, Exception):
+            errors[name] = f"{type(answer).__name__}: {answer}"
             continue
-        by_metric[name] = metric_findings(metric, frame)
+        by_metric[name] = metric_findings(metric, answer)
     return FindingSet(by_metric, errors)
 
 

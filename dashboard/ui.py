@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass, replace
 from datetime import datetime
 from datetime import time as dtime
@@ -17,10 +18,11 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 import streamlit as st
+from streamlit.runtime.scriptrunner import add_script_run_ctx, get_script_run_ctx
 
 from analytics.side_effects import configure_side_effect_tools
 from analytics.types import Filters, Window
-from dashboard.datasource import DataSource, SourceUnavailable, is_store_url, open_source
+from dashboard.datasource import DataSource, HttpSource, SourceUnavailable, is_store_url, open_source
 from dashboard.filters import (
     DEFAULT_PRESET,
     WINDOW_PRESETS,
@@ -47,6 +49,8 @@ CACHE_TTL = 600
 # has frames of ~1M rows that st.cache_data would pickle and copy on every rerun. Callers treat
 # them as read-only.
 FRAME_ENTRIES = 64
+# Detector reads a page sends a collector at once (its API answers each on its own cursor).
+PARALLEL_READS = 4
 # Tables longer than this are shown a page at a time.
 PAGE_ROWS = 500
 # Findings tables longer than this read their evidence-span lists only on request (``load_listed``).
@@ -617,13 +621,18 @@ def cached_findings(
     (``counted_columns``; the Overview), so findings cannot be listed from it."""
     metrics = cached_metrics_list(key)
     wanted = {m["name"]: counted_columns(m) if counts_only else None for m in metrics}
-    return gather_findings(
-        get_source(key),
-        window,
-        filters,
-        read=lambda name: cached_metric(key, version, name, window, filters, wanted.get(name)),
-        metrics=metrics,
-    )
+    source = get_source(key)
+    script = get_script_run_ctx()
+
+    def read(name: str) -> pd.DataFrame:
+        if script is not None and get_script_run_ctx() is None:  # a reader thread: the run's
+            add_script_run_ctx(threading.current_thread(), script)  # context, for the cache
+        return cached_metric(key, version, name, window, filters, wanted.get(name))
+
+    # A collector answers reads concurrently (a cursor per request); a file source reads on one
+    # connection, one at a time.
+    parallel = PARALLEL_READS if isinstance(source, HttpSource) else 1
+    return gather_findings(source, window, filters, read=read, metrics=metrics, parallel=parallel)
 
 
 @dataclass(frozen=True)

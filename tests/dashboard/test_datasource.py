@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 
 import pandas as pd
 import pytest
@@ -12,7 +13,7 @@ from streamlit.testing.v1 import AppTest
 from analytics.types import Filters, Window
 from dashboard import app_main
 from dashboard.datasource import DuckDBFileSource, HttpSource, SourceUnavailable, open_source, window_params
-from dashboard.findings import collect_findings, counted_columns
+from dashboard.findings import collect_findings, counted_columns, gather_findings
 from dashboard.launch import SOURCE_ENV, TOKEN_ENV
 from dashboard.report import build_report
 from tests.dashboard.test_dashboard_db import XSS_RUN, build_dashboard_db, expected_findings
@@ -106,6 +107,28 @@ def test_http_and_file_sources_agree_on_runs_spans_thresholds_and_findings(sourc
     assert [(f.metric, f.run_id, f.span_ids) for f in found_http] == [
         (f.metric, f.run_id, f.span_ids) for f in found_file
     ]
+
+
+@pytest.mark.slow
+def test_parallel_reads_gather_what_one_at_a_time_does(sources):
+    """The dashboard reads a collector's detectors several at once: the same findings as one
+    after another, and a detector that fails is still reported alone."""
+    http, _ = sources
+    serial = gather_findings(http, Window(), Filters())
+    threads: set[str] = set()
+
+    def read(name: str) -> pd.DataFrame:
+        threads.add(threading.current_thread().name)
+        if name == "ping_pong":
+            raise RuntimeError("ping_pong broke")
+        return http.metric(name, Window(), Filters())
+
+    together = gather_findings(http, Window(), Filters(), read=read, parallel=4)
+    assert len(threads) > 1  # read at once, not one after another
+    assert together.errors == {"ping_pong": "RuntimeError: ping_pong broke"}
+    expected = [(f.metric, f.run_id, f.span_ids) for f in serial.findings() if f.metric != "ping_pong"]
+    assert [(f.metric, f.run_id, f.span_ids) for f in together.findings()] == expected
+    assert expected  # the store has findings besides ping-pong's
 
 
 @pytest.mark.slow
