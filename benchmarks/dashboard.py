@@ -35,31 +35,34 @@ class DetectorClock:
         self.seconds = 0.0
         self.calls: dict[str, int] = {}
         self.by_detector: dict[str, float] = {}
-        self._original = None
+        self._originals: dict = {}
 
     def __enter__(self) -> DetectorClock:
-        from dashboard.datasource import DuckDBFileSource
+        from dashboard.datasource import DuckDBFileSource, HttpSource
 
-        original = self._original = DuckDBFileSource.metric
+        self._originals = {kind: kind.metric for kind in (DuckDBFileSource, HttpSource)}
         clock = self
 
-        def timed(source, name, window, filters, *columns):  # columns: a projection read
-            start = time.perf_counter()
-            try:
-                return original(source, name, window, filters, *columns)
-            finally:
-                elapsed = time.perf_counter() - start
-                clock.seconds += elapsed
-                clock.calls[name] = clock.calls.get(name, 0) + 1
-                clock.by_detector[name] = round(clock.by_detector.get(name, 0.0) + elapsed, 3)
+        def timing(original):
+            def timed(source, name, window, filters, *columns):  # columns: a projection read
+                start = time.perf_counter()
+                try:
+                    return original(source, name, window, filters, *columns)
+                finally:
+                    elapsed = time.perf_counter() - start
+                    clock.seconds += elapsed
+                    clock.calls[name] = clock.calls.get(name, 0) + 1
+                    clock.by_detector[name] = round(clock.by_detector.get(name, 0.0) + elapsed, 3)
 
-        DuckDBFileSource.metric = timed
+            return timed
+
+        for kind, original in self._originals.items():
+            kind.metric = timing(original)
         return self
 
     def __exit__(self, *exc) -> None:
-        from dashboard.datasource import DuckDBFileSource
-
-        DuckDBFileSource.metric = self._original
+        for kind, original in self._originals.items():
+            kind.metric = original
 
 
 # The data source's reads other than detectors (``ReadClock``).
@@ -86,11 +89,13 @@ class ReadClock:
         self._originals: dict[str, object] = {}
 
     def __enter__(self) -> ReadClock:
-        from dashboard.datasource import DuckDBFileSource
+        from dashboard.datasource import DuckDBFileSource, HttpSource
 
-        for name in SOURCE_READS:
-            original = self._originals[name] = getattr(DuckDBFileSource, name)
-            setattr(DuckDBFileSource, name, self._timed(name, original))
+        for kind in (DuckDBFileSource, HttpSource):
+            for name in SOURCE_READS:
+                if hasattr(kind, name):
+                    original = self._originals[(kind, name)] = getattr(kind, name)
+                    setattr(kind, name, self._timed(name, original))
         return self
 
     def _timed(self, name: str, original):
@@ -107,10 +112,8 @@ class ReadClock:
         return timed
 
     def __exit__(self, *exc) -> None:
-        from dashboard.datasource import DuckDBFileSource
-
-        for name, original in self._originals.items():
-            setattr(DuckDBFileSource, name, original)
+        for (kind, name), original in self._originals.items():
+            setattr(kind, name, original)
 
 
 def report_build(db: Path, window) -> dict:
