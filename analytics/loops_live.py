@@ -79,6 +79,16 @@ def _empty() -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=t) for c, t in loops._EMPTY_LOOP_TYPES.items()})
 
 
-maintain(Maintained(GROUPS, "run_tool", _group_loops, _ORDER, "2", depends=(loops_fold.CALLS,)))
+maintain(
+    Maintained(
+        GROUPS,
+        "run_tool",
+        _group_loops,
+        _ORDER,
+        "3",
+        depends=(loops_fold.CALLS,),
+        touched=loops_fold.loops_changed,
+    )
+)
 PARTS.add(GROUPS)
 maintain_with("repeated_calls", _run_loops, depends=(GROUPS,))

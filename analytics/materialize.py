@@ -142,7 +142,12 @@ class Maintained:
     apply: Callable[[duckdb.DuckDBPyConnection, Any], None] | None = None
     # Such a result's first build in parts, each applied before the next is computed (what a
     # build holds is one part, not the store); without it, ``compute(conn, "span", None)``.
-    build: Callable[[duckdb.DuckDBPyConnection], Iterable[Any]] | None = None
+    # Called as ``build(conn, target)``: the change the build reflects.
+    build: Callable[[duckdb.DuckDBPyConnection, int], Iterable[Any]] | None = None
+    # The partitions changed after change ``after`` up to ``upto``, when a result knows them
+    # better than the change log (a result of another's table: the partitions that table's fold
+    # says it changed): ``touched(conn, after, upto)``; None from it: every partition.
+    touched: Callable[[duckdb.DuckDBPyConnection, int, int], list[str] | None] | None = None
 
     @property
     def table(self) -> str:
@@ -905,7 +910,7 @@ def _bring_up_to_date(
             if item.partition == "span":
                 span_keys = None if full else SpanChanges(state.seq, target)
                 if item.apply is not None and span_keys is None and item.build is not None:
-                    for part in item.build(read):
+                    for part in item.build(read, target):
                         before = writes.waited  # the part before, written: one part held at once
                         problems = writes.wait([name])
                         timed["write"] += writes.waited - before
@@ -927,11 +932,16 @@ def _bring_up_to_date(
                 current.add(name)
                 report.recomputed[name] = -1 if full else int(target - state.seq)
                 continue
-            keys = (
-                _partitions_of(read, item.partition)
-                if full
-                else _touched(read, item.partition, state.seq, target)
-            )
+            keys = None
+            if not full and item.touched is not None:
+                keys = item.touched(read, state.seq, target)
+                full = keys is None
+            if keys is None:
+                keys = (
+                    _partitions_of(read, item.partition)
+                    if full
+                    else _touched(read, item.partition, state.seq, target)
+                )
             if not full and item.extra_keys is not None:
                 keys = list(dict.fromkeys([*keys, *item.extra_keys(read)]))
             if _unscoped(read, keys, item.partition, totals):

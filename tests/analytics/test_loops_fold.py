@@ -173,8 +173,8 @@ def test_a_first_build_in_run_chunks_keeps_every_call_once(tmp_path, monkeypatch
     parts = []
     real_build = loops_fold.build
 
-    def counted(cursor):
-        for part in real_build(cursor):
+    def counted(cursor, upto=None):
+        for part in real_build(cursor, upto):
             parts.append(part.rows.num_rows)
             yield part
 

@@ -372,10 +372,13 @@ def test_repeated_calls_recomputes_only_the_groups_a_commit_changed(tmp_path):
     _commit(conn, calls("run-1", "search", 3) + calls("run-1", "fetch", 2) + calls("run-2", "search", 3))
     _pass(conn)
     assert sorted(run_metric(conn, "repeated_calls")["run_id"]) == ["run-1", "run-2"]
-    # a third fetch in run-1: only (run-1, fetch) and (run-1, worker) are recomputed
+    # a call that links to nothing changes no loop: no group's loops are recomputed
+    _commit(conn, [make_span(9, run="run-2", agent_id="worker", tool_name="lookup", tool_args={"q": "x"})])
+    assert _pass(conn).recomputed[loops_live.GROUPS] == 0
+    # a third fetch in run-1 makes its component a loop: only (run-1, fetch) is recomputed
     _commit(conn, calls("run-1", "fetch", 1, at=10))
     report = _pass(conn)
-    assert report.recomputed[loops_live.GROUPS] == 2
+    assert report.recomputed[loops_live.GROUPS] == 1
     assert report.recomputed["repeated_calls"] == 1  # run-1's rows, from the groups' table
     got = run_metric(conn, "repeated_calls")
     assert sorted(zip(got["run_id"], got["tool_name"], got["calls"], strict=True)) == [
