@@ -227,14 +227,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--detectors", nargs="+", help="only these metrics")
     parser.add_argument("--spans", type=int, help="a generated store of this many spans (else the samples)")
+    parser.add_argument("--reopen", action="store_true", help="grow the generated store an earlier run left")
+    parser.add_argument(
+        "--copy-above",
+        type=int,
+        help="generated spans past this many are copied in ClickHouse from resolved rows",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.spans:
         from benchmarks.chdb import ChdbSpanStore
 
-        grown = ChdbSpanStore(args.workdir / "chdb-generated")
-        grown.grow_to(args.spans)
+        grown = ChdbSpanStore(args.workdir / "chdb-generated", reopen=args.reopen)
+        real_to = args.spans if args.copy_above is None else min(args.spans, args.copy_above)
+        if grown.spans < real_to:  # through the exporter's layout, the view and resolve
+            grown.grow_to(real_to)
+        if grown.spans < args.spans:
+            grown.copy_to(args.spans)
         store = grown.store
     else:
         store = sample_store(args.workdir / "chdb-samples")
@@ -243,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         store.close()
     document = {
-        "spans": args.spans or "sample traces",
+        "spans": grown.spans if args.spans else "sample traces",
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "by_detector": result,
     }
