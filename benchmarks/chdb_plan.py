@@ -61,12 +61,15 @@ class PlanningRecorder:
     """A ClickHouse store that records each statement's planning cost (see the module docstring)
     and otherwise is the store it wraps: analytics runs on it as on the store."""
 
-    def __init__(self, store: Any, explain: bool = True, events: bool = True) -> None:
+    def __init__(self, store: Any, explain: bool = True, events: bool = True, plan_cpu: bool = True) -> None:
+        """``explain``: each SELECT's query tree counted; ``events``: the planning stopwatches
+        read around each statement; ``plan_cpu``: each SELECT's ``EXPLAIN PLAN`` timed (chdb)."""
         self._store = store
         self.engine = store.engine
         self.database = getattr(store, "database", None)
         self.explain = explain
         self.events = events
+        self.plan_cpu = plan_cpu
         self.statements: list[dict] = []
         self._read_cost = self._events_read_cost() if events else {}
 
@@ -110,6 +113,7 @@ class PlanningRecorder:
         entry: dict[str, Any] = {"kind": kind, "sql": sql}
         if self.explain:
             entry["tree_rows"] = self.tree_rows(sql, params)
+        if self.plan_cpu:
             entry["plan_cpu_us"] = self.plan_cpu_us(sql, params)
         before = self._counters() if self.events else None
         start = time.perf_counter()
