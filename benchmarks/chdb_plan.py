@@ -202,18 +202,25 @@ def planning_table(by_detector: dict) -> str:
 
 
 def sample_store(path: Path):
-    """A chdb store at ``path`` holding the sample traces, as a deployment fills one: the
-    exporter's ``otel_traces`` rows, the view, then a resolve pass."""
+    """A chdb store at ``path`` holding the sample traces (``load_samples``)."""
+    from collector.clickhouse_store import ChdbStore
+
+    return load_samples(ChdbStore(str(path)))
+
+
+def load_samples(store: Any) -> Any:
+    """``store`` (chdb or a server) given the sample traces as a deployment fills one: driftscope's
+    objects created, the exporter's ``otel_traces`` rows inserted (the view fills ``spans``), then
+    a resolve pass. Returns ``store``."""
     import pyarrow as pa
 
     from collector.clickhouse_resolve import resolve_spans
-    from collector.clickhouse_store import ChdbStore, init_clickhouse, insert_otel_traces
+    from collector.clickhouse_store import init_clickhouse, insert_otel_traces
     from collector.decode import JSON, decode_payload
     from collector.files import iter_file_requests
 
     samples = Path(__file__).resolve().parents[1] / "sample_traces"
     files = sorted(p for p in samples.glob("*.json") if not p.name.endswith(".truth.json"))
-    store = ChdbStore(str(path))
     init_clickhouse(store)
     tables = [
         decode_payload(payload, JSON).table for file in files for _, payload in iter_file_requests(file)
