@@ -43,7 +43,9 @@ the two engines:
   CPU-seconds of query analysis for context_drift_holders and repeated_calls on 265 spans;
 - every statement runs with the settings in ``SETTINGS``: NULLs from outer joins and grouping
   sets (``join_use_nulls``, ``group_by_use_nulls``), NULL from an aggregate over no rows, named
-  tuples, UTC, and without the query condition cache (wrong answers from a second run).
+  tuples, UTC, without the query condition cache (wrong answers from a second run), and with its
+  query tree bounded to ``MAX_QUERY_TREE`` nodes, so that planning a statement stays short (a
+  statement ClickHouse would expand past it fails at once instead of planning for minutes).
 """
 
 from __future__ import annotations
@@ -59,6 +61,15 @@ from sqlglot import exp
 
 # SQLGlot logs every DuckDB -> ClickHouse list index shift at INFO: noise in a report's log.
 logging.getLogger("sqlglot").setLevel(logging.WARNING)
+
+# The most query-tree nodes ClickHouse's analyzer may build for one statement (its
+# ``max_expanded_ast_elements``, default 500,000), so that no statement takes long to plan: a
+# statement over it fails at once ("Query tree is too big") instead of planning for minutes.
+# Every detector statement, staged, is at most ~1,300 nodes (EXPLAIN QUERY TREE rows on the
+# sample traces; tests/analytics/test_clickhouse_planning.py); context_drift_holders as one
+# statement, its CTEs inlined at every mention, was 137,026 nodes and 23.6 s of planning. A
+# synthetic chain of CTEs read twice each planned 0.6 CPU-s at 3,246 nodes, 1.1 at 6,510.
+MAX_QUERY_TREE = 5_000
 
 # Settings every translated statement runs with (appended as its SETTINGS clause).
 SETTINGS = {
@@ -78,6 +89,8 @@ SETTINGS = {
     # run of a statement on: constraint_ledger on a random span set found 16 rows, then 0 (with
     # join runtime filters: enable_join_runtime_filters = 0 also avoided it)
     "use_query_condition_cache": 0,
+    # planning bounded (see MAX_QUERY_TREE); analytics.engine names the statement that hits it
+    "max_expanded_ast_elements": MAX_QUERY_TREE,
 }
 
 # DuckDB list columns of ``spans`` -> their NULL flag in ClickHouse's ``spans``.
@@ -616,7 +629,9 @@ def _split_stages(tree: exp.Expression) -> tuple[list[tuple[str, exp.Expression]
     read from there. ClickHouse otherwise inlines a CTE at each mention, and a CTE read by CTEs
     that are read more than once is copied once per path: the analyzer resolved ~140,000 query
     tree nodes for the 17 CTEs of context_drift_holders, 20-90 CPU-seconds before any row was read.
-    With the stages, each remaining CTE is inlined once."""
+    With the stages, each remaining CTE is inlined once. (Marking those CTEs ``AS MATERIALIZED``
+    instead, one statement under ``enable_materialized_cte``, does not help: ClickHouse 26.9's
+    analyzer still built 137,026 nodes for context_drift_holders and planned for 23.6 s.)"""
     with_ = tree.args.get("with_")
     if with_ is None:
         return [], tree

@@ -73,8 +73,40 @@ def clickhouse_df(conn: ClickHouseStore, sql: str, params: dict[str, Any]) -> pd
     return _frame(clickhouse_table(conn, sql, params))
 
 
+class PlanTooLarge(RuntimeError):
+    """ClickHouse refused a translated statement whose query tree is past
+    ``analytics.dialect.MAX_QUERY_TREE`` nodes (it would have taken long to plan)."""
+
+
+def _plan_too_large(error: Exception, sql: str) -> PlanTooLarge | None:
+    """``error`` as a ``PlanTooLarge`` naming the statement, if it is ClickHouse's refusal of a
+    query tree past ``max_expanded_ast_elements``; else None."""
+    if "Query tree is too big" not in str(error):
+        return None
+    from analytics.dialect import MAX_QUERY_TREE
+
+    first = " ".join(sql.split())[:160]
+    return PlanTooLarge(
+        f"ClickHouse refused to plan a driftscope statement: its query tree is past "
+        f"{MAX_QUERY_TREE:,} nodes (analytics.dialect.MAX_QUERY_TREE; ClickHouse copies a CTE at "
+        f"every mention, so planning it would take long). This is a driftscope bug, not your data: "
+        f"report it with the statement, which begins {first!r}. ({error})"
+    )
+
+
 def clickhouse_table(conn: ClickHouseStore, sql: str, params: dict[str, Any]) -> pa.Table:
-    """``clickhouse_df``'s answer as an Arrow table (naive UTC timestamps, signed integers)."""
+    """``clickhouse_df``'s answer as an Arrow table (naive UTC timestamps, signed integers).
+    Raises ``PlanTooLarge`` for a statement ClickHouse would take long to plan."""
+    try:
+        return _clickhouse_table(conn, sql, params)
+    except Exception as error:
+        too_large = _plan_too_large(error, sql)
+        if too_large is not None:
+            raise too_large from error
+        raise
+
+
+def _clickhouse_table(conn: ClickHouseStore, sql: str, params: dict[str, Any]) -> pa.Table:
     # SQLGlot: imported only where a ClickHouse store is used
     from analytics.dialect import STAGE_PREFIX, format_param, to_clickhouse_staged
 

@@ -332,15 +332,20 @@ def run_chdb(
     reopen: bool = False,
     traces_per_chunk: int | None = None,
     copy_above: int | None = None,
+    plan: bool = True,
 ) -> dict:
     """Detector timings on chdb and DuckDB at each size in ``sizes`` (ascending), same spans.
 
     ``keep`` leaves both stores in ``workdir``; ``reopen`` times the stores an earlier run kept
     there (grown further if a size asks for more spans). Spans beyond ``copy_above`` are copied
     inside ClickHouse from resolved rows (``ChdbSpanStore.copy_to``) instead of inserted through
-    the exporter's layout and resolved."""
+    the exporter's layout and resolved. With ``plan``, each detector runs once more on chdb with
+    each statement's planning measured (``benchmarks.chdb_plan``)."""
+    import analytics  # noqa: F401 - registers every detector
     from analytics.goals import score_pending_pairs
+    from analytics.registry import METRICS
     from analytics.types import direct_write
+    from benchmarks.chdb_plan import planning_by_detector
     from benchmarks.queries import time_detectors
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -372,6 +377,8 @@ def run_chdb(
                 for name, t in chdb_times.items()
                 if t.get("rows") is not None
             }
+            planned = [name for name in names or sorted(METRICS) if name not in (skip or {})]
+            planning = planning_by_detector(chdb.store, planned) if plan else None
             duck_print, chdb_print = fingerprint(duck.conn), fingerprint(chdb.store)
             by_size[str(size)] = {
                 "spans": chdb.spans,
@@ -384,6 +391,7 @@ def run_chdb(
                 "same_rows": same_rows,
                 "chdb": chdb_times,
                 "duckdb": duck_times,
+                "chdb_planning": planning,
             }
             logger.info("chdb section at %d spans done (same spans: %s)", size, duck_print == chdb_print)
     finally:
@@ -432,6 +440,11 @@ def chdb_table(section: dict) -> str:
                 )
                 + " |"
             )
+        if entry.get("chdb_planning"):
+            from benchmarks.chdb_plan import planning_table
+
+            out.append(f"\nPlanning on chdb at {entry['spans']:,} spans (each statement, stages included):\n")
+            out.append(planning_table(entry["chdb_planning"]))
     return "\n".join(out)
 
 

@@ -86,8 +86,8 @@ SMOKE = {
     "shape_limit_s": 60.0,
     "chdb_sizes": [1024],
     "chdb_repeats": 1,
-    # The three detectors slow to plan on ClickHouse (benchmarks.chdb.SLOW_TO_PLAN: ~2/3 of the
-    # section's time, run_summary recomputing every detector per call) are left out here: the
+    # The three detectors once slow to plan on ClickHouse (benchmarks.chdb.SLOW_TO_PLAN; staged
+    # now, but still the longest: run_summary recomputes every detector per call) are left out: the
     # section's wiring is the same for every detector, and tests/analytics/
     # test_clickhouse_detectors.py holds all of them equal to DuckDB's on chdb.
     "chdb_skip_slow": True,

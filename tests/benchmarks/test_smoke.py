@@ -102,6 +102,7 @@ def test_shape_database_appends_live_batches_to_its_newest_runs(tmp_path):
 @pytest.mark.slow
 def test_smoke_run_writes_results_for_every_section(tmp_path, capsys):
     import analytics
+    from analytics.dialect import MAX_QUERY_TREE
     from analytics.registry import METRICS
     from benchmarks.run import main
 
@@ -162,6 +163,9 @@ def test_smoke_run_writes_results_for_every_section(tmp_path, capsys):
     run_on_chdb = {name for name, t in chdb["chdb"].items() if "skipped" not in t}
     assert run_on_chdb and all(chdb["chdb"][name]["median_s"] is not None for name in run_on_chdb)
     assert chdb["same_rows"] == dict.fromkeys(run_on_chdb, True)
+    # each statement's planning measured apart (benchmarks.chdb_plan), within the bound
+    assert set(chdb["chdb_planning"]) == run_on_chdb
+    assert all(0 < p["max_tree_rows"] <= MAX_QUERY_TREE for p in chdb["chdb_planning"].values())
 
     compare = document["compare"]
     assert compare["spans"] == 20_000 and compare["baseline_runs"] == compare["runs"] - 1 == 199
