@@ -139,7 +139,7 @@ def chdb_serve(tmp_path_factory):
     service = build_service(
         ServeConfig(db=str(root / "unused.duckdb"), store=f"chdb:{root / 'ch'}", embeddings=False)
     )
-    service.writer.resolve_interval = 0.0  # a resolve pass after every insert: the test reads resolved spans
+    service.writer.resolve_interval = 0.0  # passes back to back: the test reads resolved spans
     client = TestClient(service.app, base_url="http://127.0.0.1").__enter__()
     try:
         sent = 0
@@ -151,9 +151,9 @@ def chdb_serve(tmp_path_factory):
                 assert response.status_code == 200, response.text
                 sent += _span_count(payload)
         deadline = time.monotonic() + 60
-        while service.writer.resolve_passes < service.writer.commits and time.monotonic() < deadline:
+        while client.get("/api/v1/health").json()["resolve"]["unresolved_spans"] and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert service.writer.resolve_passes >= service.writer.commits
+        assert client.get("/api/v1/health").json()["resolve"]["unresolved_spans"] == 0
         yield client, sent
     finally:
         client.__exit__(None, None, None)
