@@ -41,7 +41,9 @@ def run_chdb_ingest(
     templates = template_payloads(TEMPLATES * batch_size, seed, batch_size)
     spans_per = [batch_size] * len(templates)
     requests = -(-spans // batch_size)
-    serve = ServeProcess(workdir / "chdb-ingest.duckdb", extra_args=["--store", f"chdb:{path}", "--alert-interval", "1h"]).start(180)
+    serve = ServeProcess(
+        workdir / "chdb-ingest.duckdb", extra_args=["--store", f"chdb:{path}", "--alert-interval", "1h"]
+    ).start(180)
     sampler = RssSampler(serve.pid)
     sampler.start()
     try:
@@ -56,7 +58,9 @@ def run_chdb_ingest(
         while time.perf_counter() < deadline:
             resolve = health.get("resolve")
             if (resolve is None and health["resolve_passes"] > passes) or (
-                resolve is not None and resolve["unresolved_spans"] == 0 and resolve["resolved_to"] is not None
+                resolve is not None
+                and resolve["unresolved_spans"] == 0
+                and resolve["resolved_to"] is not None
             ):
                 caught_up_s = time.perf_counter() - acked_at
                 break

@@ -61,7 +61,8 @@ def direct_ingest_possible(store) -> tuple[bool, str]:
         "AND engine = 'MaterializedView'",
         {"db": db},
     )
-    for name, query in zip(rows.column("name").to_pylist(), rows.column("create_table_query").to_pylist()):
+    names, queries = rows.column("name").to_pylist(), rows.column("create_table_query").to_pylist()
+    for name, query in zip(names, queries, strict=True):
         if f"FROM {db}.{traces}" in query or f"FROM `{db}`.`{traces}`" in query:
             views.add(name)
     known = {schema.SPANS_VIEW, lookup_table(traces) + "_mv"}

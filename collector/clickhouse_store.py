@@ -466,6 +466,18 @@ def _upgrade_spans(store: ClickHouseStore) -> list[str]:
             )
             done.append(f"spans.{name} (column added)")
         previous = name
+    indexes = store.execute(
+        "SELECT name FROM system.data_skipping_indices WHERE database = {db:String} AND table = {t:String}",
+        {"db": db, "t": schema.SPANS_TABLE},
+    )
+    have = set(indexes.column("name").to_pylist()) if indexes.num_rows else set()
+    for name, definition in schema.SPANS_INDEXES.items():
+        if name not in have:
+            # parts written before are read without skipping until merges rebuild them
+            store.command(
+                f"ALTER TABLE {schema.qualified(db, schema.SPANS_TABLE)} ADD INDEX IF NOT EXISTS {name} {definition}"
+            )
+            done.append(f"spans.{name} (index added)")
     views = store.execute(
         "SELECT comment FROM system.tables WHERE database = {db:String} AND name = {t:String}",
         {"db": db, "t": schema.SPANS_VIEW},

@@ -222,7 +222,9 @@ class SpanResolver(threading.Thread):
     def _pass(self) -> bool:
         started = time.perf_counter()
         try:
-            self.rewritten += resolve_spans(self.writer.store, settle_seconds=0.0, inserting=self.writer.inserting)
+            self.rewritten += resolve_spans(
+                self.writer.store, settle_seconds=0.0, inserting=self.writer.inserting
+            )
         except Exception as exc:  # noqa: BLE001 - the spans are stored; the next pass tries again
             self.last_error = f"resolve: {type(exc).__name__}: {exc}"
             logger.error("resolving the span tree failed (retried on the next pass): %s", exc)
