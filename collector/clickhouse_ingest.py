@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from datetime import datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -122,19 +123,16 @@ def _exporter_json(column: pa.ChunkedArray) -> pa.Array:
     return pa.array(out, pa.string())
 
 
-def spans_rows(decoded: pa.Table, ingested_at) -> pa.Table:
-    """A decoded batch (``collector.decode``'s `spans` schema) as rows of ClickHouse's `spans`,
-    stamped ``ingested_at`` (ClickHouse's clock: the resolve pass's watermark is read there)."""
+def spans_rows(rows: pa.Table) -> pa.Table:
+    """Rows of the decoders' `spans` schema as rows of ClickHouse's `spans` (Events and Links as
+    the view writes them)."""
     from collector.clickhouse_resolve import duckdb_to_clickhouse  # noqa: PLC0415
 
-    table = decoded
+    table = rows
     for name in ("Events", "Links"):
         column = table.column(name)
-        if pc.any(pc.not_equal(column, "[]")).as_py():
+        if len(column) and pc.any(pc.not_equal(column, "[]")).as_py():
             table = table.set_column(table.schema.get_field_index(name), name, _exporter_json(column))
-    index = table.schema.get_field_index("ingested_at")
-    stamp = pa.array([ingested_at] * table.num_rows, pa.timestamp("us"))
-    table = table.set_column(index, "ingested_at", stamp)
     return duckdb_to_clickhouse(table)
 
 
@@ -154,21 +152,39 @@ def lookup_rows(decoded: pa.Table) -> pa.Table:
     )
 
 
-def insert_direct(store, decoded: pa.Table, staging: str, lookup: bool) -> None:
-    """Insert a decoded batch: `spans` rows, the exporter's rows staged then attached to
-    `otel_traces` (and its trace-id lookup rows when ``lookup``). Returns after the last step."""
+def insert_direct(
+    store, decoded: pa.Table, staging: str, lookup: bool, resolver=None
+) -> tuple[datetime, int]:
+    """Insert a decoded batch: the exporter's rows staged then attached to `otel_traces` (and
+    its trace-id lookup rows when ``lookup``), and `spans` rows. With ``resolver`` (a
+    ``clickhouse_resolve.scratch_duckdb()``) the batch is resolved against the stored rows of
+    its traces first, as the DuckDB writer does: its rows go in resolved, a span already stored
+    is not stored again, and the stored rows it changes are replaced. Returns the ingest time the
+    rows were stamped with (ClickHouse's clock) and the `spans` rows it added."""
+    from collector import clickhouse_resolve  # noqa: PLC0415
     from collector.clickhouse_store import otel_traces_rows  # noqa: PLC0415
 
     db, traces = store.database, store.traces_table
     staged = schema.qualified(db, staging)
     now = store.execute("SELECT now64(6, 'UTC') AS t").column("t")[0].as_py().replace(tzinfo=None)
+    index = decoded.schema.get_field_index("ingested_at")
+    stamped = decoded.set_column(index, "ingested_at", pa.array([now] * decoded.num_rows, pa.timestamp("us")))
+    changed = None
+    if resolver is not None:
+        rows, changed = clickhouse_resolve.resolve_batch(store, resolver, stamped)
+    else:
+        rows = stamped
     if store.execute(f"SELECT count() AS n FROM {staged}").column("n")[0].as_py():
         store.command(f"TRUNCATE TABLE {staged}")  # a batch that failed part-way: never acknowledged
     store.insert_arrow(staging, otel_traces_rows(decoded))
     if lookup:
         store.insert_arrow(lookup_table(traces), lookup_rows(decoded))
     partitions = store.execute(f"SELECT DISTINCT _partition_id AS p FROM {staged}").column("p").to_pylist()
-    store.insert_arrow(schema.SPANS_TABLE, spans_rows(decoded, now))
+    added = spans_rows(rows)
+    if changed is not None and changed.num_rows:
+        clickhouse_resolve.replace_changed(store, changed)
+        added = pa.concat_tables([added, clickhouse_resolve.duckdb_to_clickhouse(changed)])
+    store.insert_arrow(schema.SPANS_TABLE, added)
     for partition in partitions:
         if not _PARTITION_ID.match(partition):
             raise ValueError(f"unexpected partition id {partition!r} in {staged}")
@@ -177,3 +193,4 @@ def insert_direct(store, decoded: pa.Table, staging: str, lookup: bool) -> None:
             f"ALTER TABLE {schema.qualified(db, traces)} ATTACH PARTITION ID '{partition}' FROM {staged}"
         )
         store.command(f"ALTER TABLE {staged} DROP PARTITION ID '{partition}'")
+    return now, rows.num_rows

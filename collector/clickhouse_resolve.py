@@ -98,6 +98,22 @@ def _naive(value: datetime) -> datetime:
     return value.astimezone(UTC).replace(tzinfo=None) if value.tzinfo is not None else value
 
 
+def resolved_to(store) -> datetime | None:
+    """The resolve watermark (naive UTC): every `spans` row ingested up to it is resolved."""
+    since = _resolved_to(store)
+    return _naive(since) if since is not None else None
+
+
+def spans_since(store, mark: datetime | None) -> int:
+    """How many `spans` rows were ingested after ``mark`` (all of them for None)."""
+    rows = store.execute(
+        f"SELECT count() AS n FROM {schema.qualified(store.database, schema.SPANS_TABLE)} "
+        "WHERE ingested_at > {since:DateTime64(6, 'UTC')}",
+        {"since": _ch_time(mark if mark is not None else datetime(1970, 1, 1))},
+    )
+    return int(rows.column("n")[0].as_py())
+
+
 def _resolved_to(store) -> datetime | None:
     rows = store.execute(
         f"SELECT argMax(resolved_to, at) AS t, count() AS n FROM {schema.qualified(store.database, _STATE)} "
@@ -161,9 +177,8 @@ def resolve_spans(
     rewritten = 0
     # a bounded number of traces per round trip: the rows come into this process, and ids go
     # through a work table rather than as query parameters (an HTTP URL has a length limit)
-    conn = duckdb.connect()  # the DuckDB store's tables, emptied for each chunk
+    conn = scratch_duckdb()  # the DuckDB store's tables, emptied for each chunk
     try:
-        _quiet_migrations(conn)
         for start in range(0, len(trace_ids), traces_per_chunk):
             chunk = trace_ids[start : start + traces_per_chunk]
             rewritten += _resolve_traces(store, conn, chunk, bounds, since)
@@ -236,6 +251,84 @@ def _put_work(store, kind: str, keys: list[str]) -> None:
     store.insert_arrow(WORK_TABLE, pa.table({"kind": pa.array([kind] * len(keys), pa.string()), "key": keys}))
 
 
+def _changed_rows(conn, stored: pa.Table) -> pa.Table:
+    """Rows of the scratch DuckDB's `spans` whose tree columns differ from ``stored`` (rows as
+    they are in ClickHouse), or that are stored more than once: what a pass writes back."""
+    conn.register("_stored", stored.select(["TraceId", "SpanId", *_TREE_COLUMNS]))
+    try:
+        return conn.sql(
+            f"""
+            WITH stored AS (SELECT TraceId, SpanId, count(*) AS copies,
+                                   {", ".join(f"any_value({c}) AS {c}" for c in _TREE_COLUMNS)}
+                            FROM _stored GROUP BY TraceId, SpanId)
+            SELECT s.* FROM spans s JOIN stored c USING (TraceId, SpanId)
+            WHERE c.copies > 1 OR {" OR ".join(f"s.{c} IS DISTINCT FROM c.{c}" for c in _TREE_COLUMNS)}
+            """
+        ).to_arrow_table()
+    finally:
+        conn.unregister("_stored")
+
+
+def scratch_duckdb():
+    """An in-memory DuckDB with the DuckDB store's tables, for resolving trees."""
+    conn = duckdb.connect()
+    _quiet_migrations(conn)
+    return conn
+
+
+def resolve_batch(store, conn, batch: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """Resolve a decoded batch (``collector.decode``'s `spans` schema, stamped with its ingest
+    time) against the rows `spans` holds of its traces, before it is inserted: returns the
+    batch's rows to store, resolved (a span already stored is not stored again), and the stored
+    rows the batch changes (a descendant that arrived before its ancestor) or that are stored
+    twice: these replace their stored copies. ``conn``: a ``scratch_duckdb()``."""
+    trace_ids = pc.unique(batch.column("TraceId")).to_pylist()
+    stored = store.execute(
+        f"SELECT * FROM {schema.qualified(store.database, schema.SPANS_TABLE)} "
+        "WHERE TraceId IN {ids:Array(String)}",
+        {"ids": trace_ids},
+    )
+    old = clickhouse_to_duckdb(stored) if stored.num_rows else SPAN_SCHEMA.empty_table()
+    conn.execute("DELETE FROM spans")
+    conn.register("_old", old)
+    try:
+        conn.execute("INSERT INTO spans SELECT * FROM _old")
+        insert_batches(conn, [DecodedBatch(table=batch)])
+        changed = _changed_rows(conn, old)
+        new = conn.sql("SELECT s.* FROM spans s ANTI JOIN _old o USING (TraceId, SpanId)").to_arrow_table()
+    finally:
+        conn.unregister("_old")
+        conn.execute("DELETE FROM change_partitions; DELETE FROM span_changes; DELETE FROM change_log")
+    return new, changed
+
+
+def replace_changed(store, changed: pa.Table) -> None:
+    """Delete the stored copies of ``changed`` rows (DuckDB schema) before they are inserted again
+    (`run_id` and `agent_id` are the sort key: ClickHouse cannot update them)."""
+    trace_ids = pc.unique(changed.column("TraceId")).to_pylist()
+    keys = pc.binary_join_element_wise(changed.column("TraceId"), changed.column("SpanId"), "").to_pylist()
+    store.command(
+        f"DELETE FROM {schema.qualified(store.database, schema.SPANS_TABLE)} "
+        "WHERE TraceId IN {ids:Array(String)} AND concat(TraceId, SpanId) IN {keys:Array(String)}",
+        {"ids": trace_ids, "keys": keys},
+    )
+
+
+def advance_to(store, until: datetime) -> None:
+    """Record that every `spans` row ingested up to ``until`` is resolved (the watermark)."""
+    now = _naive(store.execute("SELECT now64(6, 'UTC') AS t").column("t")[0].as_py())
+    store.insert_arrow(
+        _STATE,
+        pa.table(
+            {
+                "name": ["spans"],
+                "resolved_to": pa.array([_naive(until)], pa.timestamp("us", "UTC")),
+                "at": pa.array([now], pa.timestamp("us", "UTC")),
+            }
+        ),
+    )
+
+
 def _resolve_traces(store, conn, trace_ids: list[str], bounds: dict, since: datetime) -> int:
     db = store.database
     spans_table = schema.qualified(db, schema.SPANS_TABLE)
@@ -259,19 +352,7 @@ def _resolve_traces(store, conn, trace_ids: list[str], bounds: dict, since: date
     # brought them, so one insert gives what one per arrival gives
     new = new.sort_by([("ingested_at", "ascending")])
     insert_batches(conn, [DecodedBatch(table=new)])
-    conn.register("_stored", stored.select(["TraceId", "SpanId", *_TREE_COLUMNS]))
-    try:
-        changed = conn.sql(
-            f"""
-            WITH stored AS (SELECT TraceId, SpanId, count(*) AS copies,
-                                   {", ".join(f"any_value({c}) AS {c}" for c in _TREE_COLUMNS)}
-                            FROM _stored GROUP BY TraceId, SpanId)
-            SELECT s.* FROM spans s JOIN stored c USING (TraceId, SpanId)
-            WHERE c.copies > 1 OR {" OR ".join(f"s.{c} IS DISTINCT FROM c.{c}" for c in _TREE_COLUMNS)}
-            """
-        ).to_arrow_table()
-    finally:
-        conn.unregister("_stored")
+    changed = _changed_rows(conn, stored)
     conn.execute("DELETE FROM change_partitions; DELETE FROM span_changes; DELETE FROM change_log")
     if changed.num_rows == 0:
         return 0

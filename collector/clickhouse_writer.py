@@ -16,15 +16,17 @@ is under way (``inserting``), so no row stamped below the watermark is still on 
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
 from concurrent.futures import Future
+from datetime import datetime
 
 import pyarrow as pa
 
 from collector import clickhouse_ingest
-from collector.clickhouse_resolve import resolve_spans
+from collector.clickhouse_resolve import advance_to, resolve_spans, resolved_to, scratch_duckdb, spans_since
 from collector.clickhouse_schema import qualified
 from collector.clickhouse_store import ClickHouseStore, insert_otel_traces
 from collector.decode import DecodedBatch
@@ -75,6 +77,10 @@ class ClickHouseWriter(threading.Thread):
         self.lookup = direct and store.table_exists(clickhouse_ingest.lookup_table(store.traces_table))
         if not direct:
             logger.info("inserting through the materialized views: %s", self.direct_reason)
+        # direct inserts are resolved as they go in (against the stored rows of their traces);
+        # the resolver then only moves the watermark past them (``SpanResolver._advance``)
+        self.scratch = scratch_duckdb() if self.staging is not None else None
+        self.own: collections.deque[tuple[datetime, int]] = collections.deque()  # (stamp, rows added)
         self.resolver = SpanResolver(self, resolve_interval)
 
     # the resolver's counters, under the names serve's health has always used
@@ -113,6 +119,8 @@ class ClickHouseWriter(threading.Thread):
                 self._answered = 0  # idle: the clients answered last are not sending at once
                 if self._stop_requested.is_set() and len(self.queue) == 0:
                     self._drop_staging()
+                    if self.scratch is not None:
+                        self.scratch.close()
                     return
                 continue
             started = time.perf_counter()
@@ -151,7 +159,10 @@ class ClickHouseWriter(threading.Thread):
             table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
             with self.inserting:
                 if self.staging is not None:
-                    clickhouse_ingest.insert_direct(self.store, table, self.staging, self.lookup)
+                    stamp, added = clickhouse_ingest.insert_direct(
+                        self.store, table, self.staging, self.lookup, resolver=self.scratch
+                    )
+                    self.own.append((stamp, added))
                 else:
                     insert_otel_traces(self.store, table)
         rejected = sum(batch.rejected for batch in batches)
@@ -192,6 +203,7 @@ class SpanResolver(threading.Thread):
         self.writer = writer
         self.interval = interval
         self.passes = 0
+        self.advances = 0  # watermark moved past resolved direct inserts, no pass needed
         self.rewritten = 0
         self.seconds_total = 0.0
         self.last_seconds = 0.0
@@ -213,11 +225,37 @@ class SpanResolver(threading.Thread):
             if committed != seen and due or (halting and self.last_error is not None):
                 self._wake.clear()
                 last_start = time.monotonic()
-                if self._pass():
+                if self._advance() or self._pass():
                     seen = committed
             if halting:
                 return
             self._wake.wait(0.1 if committed != seen else 0.5)
+
+    def _advance(self) -> bool:
+        """Move the watermark past the writer's direct inserts, resolved as they went in, when
+        they are all the rows `spans` gained since it (no one else's rows to resolve: then a
+        pass runs). Checked while no insert is under way."""
+        writer = self.writer
+        if writer.scratch is None:
+            return False
+        started = time.perf_counter()
+        try:
+            with writer.inserting:
+                mark = resolved_to(writer.store)
+                while writer.own and mark is not None and writer.own[0][0] <= mark:
+                    writer.own.popleft()
+                own = list(writer.own)
+                rows = spans_since(writer.store, mark)
+            if not own or rows != sum(added for _, added in own):
+                return False
+            advance_to(writer.store, own[-1][0])
+        except Exception as exc:  # noqa: BLE001 - a pass runs instead
+            logger.warning("could not move the resolve watermark (a pass runs instead): %s", exc)
+            return False
+        self.last_seconds = time.perf_counter() - started
+        self.seconds_total += self.last_seconds
+        self.advances += 1
+        return True
 
     def _pass(self) -> bool:
         started = time.perf_counter()

@@ -137,6 +137,8 @@ def start_clickhouse_ingest(config, receiver_config: ReceiverConfig) -> tuple:
             "last_resolve_pass_seconds": round(writer.resolver.last_seconds, 3),
             "resolve_pass_seconds_total": round(writer.resolver.seconds_total, 2),
             "resolve_error": writer.resolver.last_error,
+            # direct inserts are resolved as they go in: the watermark moves without a pass
+            "resolve_watermark_advances": writer.resolver.advances,
             "counters": stats.snapshot(),
             "token_required": bool(config.token),
             "alerting": alerting.health() if alerting is not None else {"enabled": False},

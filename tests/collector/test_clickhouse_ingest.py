@@ -103,3 +103,46 @@ def test_serve_inserts_through_the_views_when_otel_traces_feeds_another(chdb_sto
     )
     ok, reason = clickhouse_ingest.direct_ingest_possible(store)
     assert not ok and "by_service_mv" in reason
+
+
+def test_direct_inserts_resolve_children_stored_before_their_agent_and_store_a_resend_once(chdb_store):
+    """serve's writer resolves each batch as it goes in: children stored before their agent
+    ancestor are replaced when it arrives, and a resent request adds nothing, as DuckDB's ingest
+    of the same requests gives."""
+    import duckdb
+
+    from collector.clickhouse_resolve import clickhouse_to_duckdb, scratch_duckdb
+    from collector.migrations_runner import apply_migrations
+    from collector.store import TraceIndex, insert_batches
+    from tests.collector.test_clickhouse_store import NOT_COMPARED, SAMPLES, _children_first, _rows_by_key
+
+    store = _database(chdb_store, "direct_incremental")
+    staging = clickhouse_ingest.prepare_staging(store)
+    captured = list(_payloads(SAMPLES / "frameworks" / "openai-agents" / "otlp.jsonl"))[:3]
+    requests = [half for payload, _ in captured for half in _children_first(payload)]
+    requests.append(requests[1])  # an exporter's retry of a request already stored
+    conn = duckdb.connect()
+    apply_migrations(conn)
+    traces = TraceIndex(conn)
+    scratch = scratch_duckdb()
+    added = []
+    for payload in requests:
+        batch = decode_payload(payload, PROTOBUF)
+        insert_batches(conn, [batch], traces)
+        added.append(clickhouse_ingest.insert_direct(store, batch.table, staging, True, resolver=scratch)[1])
+    scratch.close()
+    assert added[-1] == 0  # the resent spans were stored already
+    expected = conn.sql("SELECT * FROM spans").to_arrow_table()
+    got = clickhouse_to_duckdb(store.execute("SELECT * FROM direct_incremental.spans"))
+    assert got.num_rows == expected.num_rows
+    columns = [name for name in expected.column_names if name not in NOT_COMPARED]
+    assert _rows_by_key(got, columns) == _rows_by_key(expected, columns)
+    children = {
+        span_id
+        for payload in requests[:-1:2]
+        for span_id in decode_payload(payload, PROTOBUF).table.column("SpanId").to_pylist()
+    }
+    inherited_later = [
+        r for r in expected.to_pylist() if r["SpanId"] in children and r["agent_source"] == "ancestor"
+    ]
+    assert len(inherited_later) > 10  # agents taken from an ancestor stored after them
