@@ -9,6 +9,12 @@ durable insert rate. The resolve pass runs beside the inserts (``driftscope serv
 resolves continuously); the run then waits until the health answer says `spans` is resolved up to
 the last acknowledged insert, and reports how long after the last acknowledgement that was and the
 resolve's own rate (rows resolved per second of resolve work).
+
+Beside an exporter (``run_exporter_resolve``, in a child process: chdb opens one data path per
+process): the same requests decoded and inserted into `otel_traces` in the exporter's layout,
+5,120 spans per INSERT (its `sending_queue.batch.min_size` 5000), the view filling `spans`; then
+one resolve pass over all of them (what `driftscope clickhouse resolve --follow` does after an
+outage), and a pass over one more INSERT on top (its steady state), timed apart.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ def run_chdb_ingest(
     sampler = RssSampler(serve.pid)
     sampler.start()
     try:
+        settle_alerting(serve)
         cpu_before = _cpu_seconds(serve.pid)
         client = LoadClient(serve, "http", templates, requests)
         elapsed = client.run(connections, spans_per)
@@ -109,6 +116,99 @@ def run_chdb_ingest(
     return result
 
 
+def run_exporter_resolve(workdir: Path, spans: int, batch_size: int = 512, seed: int = 7) -> dict:
+    """Insert ``spans`` spans through the views and time the resolve pass (see the module doc)."""
+    import pyarrow as pa  # noqa: PLC0415
+
+    from benchmarks.generator import stamp  # noqa: PLC0415
+    from collector.clickhouse_resolve import resolve_spans, resolve_status  # noqa: PLC0415
+    from collector.clickhouse_store import ChdbStore, init_clickhouse, insert_otel_traces  # noqa: PLC0415
+    from collector.decode import PROTOBUF, decode_payload  # noqa: PLC0415
+
+    path = workdir / "chdb-exporter-resolve"
+    shutil.rmtree(path, ignore_errors=True)
+    templates = template_payloads(TEMPLATES * batch_size, seed, batch_size)
+    requests = -(-spans // batch_size)
+    per_insert = 10  # requests per INSERT: 5,120 spans
+
+    def tables(first: int, count: int):
+        for start in range(first, first + count, per_insert):
+            yield pa.concat_tables(
+                [
+                    decode_payload(
+                        stamp(templates[i % len(templates)], 1 + i // len(templates)), PROTOBUF
+                    ).table
+                    for i in range(start, min(start + per_insert, first + count))
+                ]
+            )
+
+    store = ChdbStore(str(path))
+    try:
+        init_clickhouse(store)
+        insert_s = insert_cpu = 0.0
+        for table in tables(0, requests):
+            started, cpu = time.perf_counter(), time.process_time()
+            insert_otel_traces(store, table)
+            insert_s += time.perf_counter() - started
+            insert_cpu += time.process_time() - cpu
+        stored = requests * batch_size
+        started, cpu = time.perf_counter(), time.process_time()
+        rewritten = resolve_spans(store, settle_seconds=0)
+        resolve_s, resolve_cpu = time.perf_counter() - started, time.process_time() - cpu
+        (more,) = list(tables(requests, per_insert))
+        insert_otel_traces(store, more)
+        started, cpu = time.perf_counter(), time.process_time()
+        rewritten_more = resolve_spans(store, settle_seconds=0)
+        step_s, step_cpu = time.perf_counter() - started, time.process_time() - cpu
+        status = resolve_status(store)
+    finally:
+        store.close()
+        shutil.rmtree(path, ignore_errors=True)
+    return {
+        "spans": stored,
+        "spans_per_insert": per_insert * batch_size,
+        "insert_through_views_s": round(insert_s, 2),
+        "insert_through_views_cpu_s": round(insert_cpu, 2),
+        "insert_spans_per_s": round(stored / insert_s, 1),
+        "resolve_all_s": round(resolve_s, 2),
+        "resolve_all_cpu_s": round(resolve_cpu, 2),
+        "resolve_spans_per_s": round(stored / resolve_s, 1),
+        "resolve_rows_rewritten": rewritten,
+        "pass_after_one_insert_spans": more.num_rows,
+        "pass_after_one_insert_s": round(step_s, 3),
+        "pass_after_one_insert_cpu_s": round(step_cpu, 3),
+        "pass_after_one_insert_rows_rewritten": rewritten_more,
+        "unresolved_after": status["unresolved_spans"],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def exporter_resolve_in_child(workdir: Path, spans: int) -> dict:
+    """``run_exporter_resolve`` in a child process (this one may hold another chdb path)."""
+    import subprocess  # noqa: PLC0415
+
+    out = workdir / "chdb-exporter-resolve.json"
+    subprocess.run(
+        [sys.executable, "-m", "benchmarks.chdb_ingest", "--exporter-resolve", "--spans", str(spans),
+         "--workdir", str(workdir), "--out", str(out)],
+        check=True, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    return json.loads(out.read_text())
+
+
+def settle_alerting(serve: ServeProcess, timeout: float = 120.0) -> None:
+    """Wait for the alert evaluator's first evaluation, which runs at start (serve is quiet
+    then); the benchmark's serve evaluates again only an hour later (``--alert-interval 1h``):
+    this measures ingest and resolve, not the detectors."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alerting = serve.health().get("alerting", {})
+        if not alerting.get("enabled") or alerting.get("evaluations", 0) >= 1:
+            return
+        time.sleep(0.5)
+    logger.warning("the alert evaluator had not finished its first evaluation after %.0f s", timeout)
+
+
 def _cpu_seconds(pid: int) -> float | None:
     """User + system CPU seconds of a process so far (its threads included)."""
     try:
@@ -125,9 +225,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=512, help="spans per OTLP request")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/driftscope-bench"))
     parser.add_argument("--out", type=Path, help="write the result as JSON here")
+    parser.add_argument(
+        "--exporter-resolve",
+        action="store_true",
+        help="instead: insert through the views (as behind an exporter) and time the resolve pass",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    result = run_chdb_ingest(args.workdir, args.spans, args.connections, args.batch)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    if args.exporter_resolve:
+        result = run_exporter_resolve(args.workdir, args.spans, args.batch)
+    else:
+        result = run_chdb_ingest(args.workdir, args.spans, args.connections, args.batch)
     text = json.dumps(result, indent=2)
     if args.out:
         args.out.write_text(text + "\n")
