@@ -36,9 +36,15 @@ logger = logging.getLogger(__name__)
 
 
 def run_chdb_ingest(
-    workdir: Path, spans: int, connections: int = 4, batch_size: int = 512, seed: int = 7
+    workdir: Path,
+    spans: int,
+    connections: int = 4,
+    batch_size: int = 512,
+    seed: int = 7,
+    repo: Path | None = None,
 ) -> dict:
-    """Ingest ``spans`` spans into a fresh ``serve --store chdb:PATH``; return the rates."""
+    """Ingest ``spans`` spans into a fresh ``serve --store chdb:PATH`` (of the tree ``repo``, for
+    an A/B run; this one by default); return the rates."""
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "chdb-ingest"
     shutil.rmtree(path, ignore_errors=True)
@@ -48,7 +54,9 @@ def run_chdb_ingest(
     spans_per = [batch_size] * len(templates)
     requests = -(-spans // batch_size)
     serve = ServeProcess(
-        workdir / "chdb-ingest.duckdb", extra_args=["--store", f"chdb:{path}", "--alert-interval", "1h"]
+        workdir / "chdb-ingest.duckdb",
+        extra_args=["--store", f"chdb:{path}", "--alert-interval", "1h"],
+        repo=repo,
     ).start(180)
     sampler = RssSampler(serve.pid)
     sampler.start()
@@ -81,6 +89,7 @@ def run_chdb_ingest(
         raise RuntimeError(f"serve exited with {code}: {serve.log()[-2000:]}")
     resolve = health.get("resolve")
     result = {
+        "tree": str(repo) if repo is not None else "this",
         "transport": "http",
         "connections": connections,
         "batch_spans": batch_size,
@@ -225,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=512, help="spans per OTLP request")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/driftscope-bench"))
     parser.add_argument("--out", type=Path, help="write the result as JSON here")
+    parser.add_argument("--repo", type=Path, help="serve from this tree instead (an A/B run)")
     parser.add_argument(
         "--exporter-resolve",
         action="store_true",
@@ -237,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.exporter_resolve:
         result = run_exporter_resolve(args.workdir, args.spans, args.batch)
     else:
-        result = run_chdb_ingest(args.workdir, args.spans, args.connections, args.batch)
+        result = run_chdb_ingest(args.workdir, args.spans, args.connections, args.batch, repo=args.repo)
     text = json.dumps(result, indent=2)
     if args.out:
         args.out.write_text(text + "\n")
