@@ -50,13 +50,17 @@ def direct_ingest_possible(store) -> tuple[bool, str]:
     driftscope's `spans_mv` and the exporter's trace-id lookup view (what it would skip is done
     here); otherwise the reason, and inserts go through the views."""
     db, traces = store.database, store.traces_table
+    # the views ClickHouse runs on an insert into `otel_traces` (in any database)
     rows = store.execute(
-        "SELECT name FROM system.tables WHERE database = {db:String} AND engine = 'MaterializedView' "
-        "AND has(dependencies_table, {t:String})",
+        "SELECT dependencies_database AS dbs, dependencies_table AS names FROM system.tables "
+        "WHERE database = {db:String} AND name = {t:String}",
         {"db": db, "t": traces},
-    )
-    views = set(rows.column("name").to_pylist()) if rows.num_rows else set()
-    # dependencies_table lists the tables a view reads in older versions only; ask the view too
+    ).to_pylist()
+    views = set()
+    for row in rows:
+        for database, name in zip(row["dbs"], row["names"], strict=True):
+            views.add(name if database == db else f"{database}.{name}")
+    # and any view whose query names it (as a second look)
     rows = store.execute(
         "SELECT name, create_table_query FROM system.tables WHERE database = {db:String} "
         "AND engine = 'MaterializedView'",
