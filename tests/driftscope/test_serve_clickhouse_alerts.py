@@ -94,8 +94,10 @@ def test_alerts_on_a_chdb_store_fire_and_resolve_as_on_duckdb_and_are_delivered_
             )
             assert response.status_code == 200, response.text
         _wait(
-            lambda: service.writer.commits > 0
-            and client.get("/api/v1/health").json()["resolve"]["unresolved_spans"] == 0,
+            lambda: (
+                service.writer.commits > 0
+                and client.get("/api/v1/health").json()["resolve"]["unresolved_spans"] == 0
+            ),
             "resolved spans",
         )
 
