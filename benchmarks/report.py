@@ -39,7 +39,40 @@ def _split(result: dict | None) -> str:
 
 def check_targets(document: dict) -> list[dict]:
     """One row per target: the limit, what was measured (None = not measured) and whether met."""
-    return _base_targets(document) + _live_targets(document)
+    return _base_targets(document) + _live_targets(document) + _chdb_ingest_targets(document)
+
+
+def _chdb_ingest_targets(document: dict) -> list[dict]:
+    """Issue 36: OTLP into serve --store chdb:PATH >= 20k spans/s; the resolve keeps up."""
+    section = document.get("chdb_ingest") or {}
+    rows = []
+    for run in section.get("serve") or []:
+        rate = run.get("acked_spans_per_s")
+        rows.append(
+            _row(
+                f"serve --store chdb: acknowledged spans/s, {run['connections']} connections x "
+                f"{run['batch_spans']} spans",
+                ">= 20,000",
+                rate,
+                None if rate is None else rate >= 20_000,
+                f"{run.get('serve_cpu_s')} CPU-s of serve for {run.get('spans_acknowledged'):,} spans; resolved "
+                f"{run.get('resolved_after_last_ack_s')} s after the last ack; load "
+                + "/".join(f"{x:.1f}" for x in run.get("load_average_after") or ()),
+            )
+        )
+    behind = section.get("exporter_resolve")
+    if behind:
+        rows.append(
+            _row(
+                f"resolve pass behind an exporter, {behind['spans']:,} spans: spans/s",
+                f">= the insert through the views ({behind['insert_spans_per_s']:,.0f})",
+                behind["resolve_spans_per_s"],
+                behind["resolve_spans_per_s"] >= behind["insert_spans_per_s"],
+                f"pass over one more insert of {behind['pass_after_one_insert_spans']:,}: "
+                f"{behind['pass_after_one_insert_s']} s",
+            )
+        )
+    return rows
 
 
 def _live_targets(document: dict) -> list[dict]:

@@ -4,7 +4,9 @@ Sections: ingest (http, grpc, memory/disk run, embedding worker busy vs idle), q
 detector at each size), shapes (every detector on crews of different shapes at the same stored
 spans, with a growth table per dimension), embeddings (texts/s, cache hits on sample_traces),
 dashboard (HTML report, Overview page) and chdb (every detector on a ClickHouse store in process,
-filled through the exporter's `otel_traces` layout, beside DuckDB on the same spans). Results are merged into ``benchmarks/results/<date>.json`` (or --out) and
+filled through the exporter's `otel_traces` layout, beside DuckDB on the same spans),
+chdb_ingest (OTLP into `serve --store chdb:PATH` with its resolve, and the resolve pass behind an
+exporter). Results are merged into ``benchmarks/results/<date>.json`` (or --out) and
 a Markdown table of targets against measurements is printed.
 """
 
@@ -26,7 +28,17 @@ from benchmarks.report import check_targets, detector_table, markdown_table
 logger = logging.getLogger(__name__)
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("ingest", "queries", "shapes", "embeddings", "dashboard", "chdb", "live", "compare")
+SECTIONS = (
+    "ingest",
+    "queries",
+    "shapes",
+    "embeddings",
+    "dashboard",
+    "chdb",
+    "chdb_ingest",
+    "live",
+    "compare",
+)
 FULL = {
     "ingest_spans": 200_000,
     # The issue's sizes: peak RSS across a 10M-span ingest (~15-20 min on 2 cores) and every
@@ -51,6 +63,11 @@ FULL = {
     "chdb_repeats": 3,
     "chdb_skip_slow": False,
     "chdb_copy_above": 1_000_000,
+    # Issue 36: OTLP into serve --store chdb:PATH (4 and 16 client connections) with the resolve
+    # beside it, and the resolve pass behind an exporter (benchmarks.chdb_ingest).
+    "chdb_ingest_spans": 200_000,
+    "chdb_ingest_connections": [4, 16],
+    "chdb_resolve_spans": 200_000,
     # Issue 31: a live incident (benchmarks.live): reads while ~2,000 spans/s stream into the
     # stored runs, at 1M spans of 1,000-call runs and of the other shapes users send.
     "live": [
@@ -92,6 +109,9 @@ SMOKE = {
     # test_clickhouse_detectors.py holds all of them equal to DuckDB's on chdb.
     "chdb_skip_slow": True,
     "chdb_copy_above": None,
+    "chdb_ingest_spans": 2048,
+    "chdb_ingest_connections": [4],
+    "chdb_resolve_spans": 2048,
     "live": [{"spans": 4096, "shape": None}],
     "live_seconds": 3.0,
     "live_rate": 500.0,
@@ -233,6 +253,16 @@ def run_sections(sections: list[str], config: dict, workdir: Path) -> dict:
             skip=SLOW_TO_PLAN if config["chdb_skip_slow"] else {},
             copy_above=config["chdb_copy_above"],
         )
+    if "chdb_ingest" in sections:
+        from benchmarks.chdb_ingest import exporter_resolve_in_child, run_chdb_ingest
+
+        out["chdb_ingest"] = {
+            "serve": [
+                run_chdb_ingest(workdir, config["chdb_ingest_spans"], connections)
+                for connections in config["chdb_ingest_connections"]
+            ],
+            "exporter_resolve": exporter_resolve_in_child(workdir, config["chdb_resolve_spans"]),
+        }
     if "compare" in sections:
         from benchmarks.compare import run_compare_bench
 

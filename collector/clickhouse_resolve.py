@@ -16,6 +16,7 @@ a schedule (``driftscope clickhouse resolve``) next to an OpenTelemetry Collecto
 from __future__ import annotations
 
 import logging
+import threading
 from datetime import UTC, datetime, timedelta
 
 import duckdb
@@ -97,6 +98,22 @@ def _naive(value: datetime) -> datetime:
     return value.astimezone(UTC).replace(tzinfo=None) if value.tzinfo is not None else value
 
 
+def resolved_to(store) -> datetime | None:
+    """The resolve watermark (naive UTC): every `spans` row ingested up to it is resolved."""
+    since = _resolved_to(store)
+    return _naive(since) if since is not None else None
+
+
+def spans_since(store, mark: datetime | None) -> int:
+    """How many `spans` rows were ingested after ``mark`` (all of them for None)."""
+    rows = store.execute(
+        f"SELECT count() AS n FROM {schema.qualified(store.database, schema.SPANS_TABLE)} "
+        "WHERE ingested_at > {since:DateTime64(6, 'UTC')}",
+        {"since": _ch_time(mark if mark is not None else datetime(1970, 1, 1))},
+    )
+    return int(rows.column("n")[0].as_py())
+
+
 def _resolved_to(store) -> datetime | None:
     rows = store.execute(
         f"SELECT argMax(resolved_to, at) AS t, count() AS n FROM {schema.qualified(store.database, _STATE)} "
@@ -107,15 +124,48 @@ def _resolved_to(store) -> datetime | None:
     return rows.column("t")[0].as_py()
 
 
-def resolve_spans(store, settle_seconds: float = 2.0, traces_per_chunk: int = TRACES_PER_CHUNK) -> int:
+def resolve_status(store) -> dict:
+    """How far the resolve pass is behind the rows in `spans`: ``resolved_to`` (every row
+    ingested up to then has been through a pass; naive UTC, None before the first pass),
+    ``unresolved_spans`` (rows ingested since) and ``lag_seconds`` (age of the oldest of them,
+    0 when none), as serve's health and ``driftscope clickhouse resolve --follow`` report it."""
+    since = _resolved_to(store)
+    bound = _naive(since) if since is not None else datetime(1970, 1, 1)
+    rows = store.execute(
+        "SELECT count() AS n, min(ingested_at) AS oldest, now64(6, 'UTC') AS now "
+        f"FROM {schema.qualified(store.database, schema.SPANS_TABLE)} "
+        "WHERE ingested_at > {since:DateTime64(6, 'UTC')}",
+        {"since": _ch_time(bound)},
+    ).to_pylist()[0]
+    unresolved = int(rows["n"])
+    lag = (_naive(rows["now"]) - _naive(rows["oldest"])).total_seconds() if unresolved else 0.0
+    return {
+        "resolved_to": _naive(since).isoformat() if since is not None else None,
+        "unresolved_spans": unresolved,
+        "lag_seconds": round(max(lag, 0.0), 3),
+    }
+
+
+def resolve_spans(
+    store,
+    settle_seconds: float = 2.0,
+    traces_per_chunk: int = TRACES_PER_CHUNK,
+    inserting: threading.Lock | None = None,
+) -> int:
     """Resolve the trees of the traces that gained rows since the last pass; return the number
     of `spans` rows rewritten. Rows younger than ``settle_seconds`` wait for the next pass (an
-    insert still in flight might otherwise land behind the watermark). Traces are resolved
-    ``traces_per_chunk`` at a time (their rows are read into this process)."""
+    insert still in flight might otherwise land behind the watermark); ``inserting``, a lock
+    the one inserting thread of this process holds from stamping rows until they are stored,
+    makes that exact (then ``settle_seconds`` 0). Traces are resolved ``traces_per_chunk`` at a
+    time (their rows are read into this process)."""
     db = store.database
     spans_table = schema.qualified(db, schema.SPANS_TABLE)
     since = _resolved_to(store)
-    now = _naive(store.execute("SELECT now64(6, 'UTC') AS t").column("t")[0].as_py())
+    if inserting is not None:
+        with inserting:
+            now = _naive(store.execute("SELECT now64(6, 'UTC') AS t").column("t")[0].as_py())
+    else:
+        now = _naive(store.execute("SELECT now64(6, 'UTC') AS t").column("t")[0].as_py())
     until = now - timedelta(seconds=settle_seconds)
     since = _naive(since) if since is not None else datetime(1970, 1, 1)
     bounds = {"since": _ch_time(since), "until": _ch_time(until)}
@@ -127,8 +177,13 @@ def resolve_spans(store, settle_seconds: float = 2.0, traces_per_chunk: int = TR
     rewritten = 0
     # a bounded number of traces per round trip: the rows come into this process, and ids go
     # through a work table rather than as query parameters (an HTTP URL has a length limit)
-    for start in range(0, len(trace_ids), traces_per_chunk):
-        rewritten += _resolve_traces(store, trace_ids[start : start + traces_per_chunk], bounds, since)
+    conn = scratch_duckdb()  # the DuckDB store's tables, emptied for each chunk
+    try:
+        for start in range(0, len(trace_ids), traces_per_chunk):
+            chunk = trace_ids[start : start + traces_per_chunk]
+            rewritten += _resolve_traces(store, conn, chunk, bounds, since)
+    finally:
+        conn.close()
     store.insert_arrow(
         _STATE,
         pa.table(
@@ -180,11 +235,101 @@ def open_for_reading(url: str):
     return store
 
 
+def _quiet_migrations(conn) -> None:
+    """The DuckDB store's tables in a scratch in-memory database (not a user's database being
+    migrated: no log lines)."""
+    quiet = logging.getLogger("collector.migrations_runner")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)
+    try:
+        apply_migrations(conn)
+    finally:
+        quiet.setLevel(level)
+
+
 def _put_work(store, kind: str, keys: list[str]) -> None:
     store.insert_arrow(WORK_TABLE, pa.table({"kind": pa.array([kind] * len(keys), pa.string()), "key": keys}))
 
 
-def _resolve_traces(store, trace_ids: list[str], bounds: dict, since: datetime) -> int:
+def _changed_rows(conn, stored: pa.Table) -> pa.Table:
+    """Rows of the scratch DuckDB's `spans` whose tree columns differ from ``stored`` (rows as
+    they are in ClickHouse), or that are stored more than once: what a pass writes back."""
+    conn.register("_stored", stored.select(["TraceId", "SpanId", *_TREE_COLUMNS]))
+    try:
+        return conn.sql(
+            f"""
+            WITH stored AS (SELECT TraceId, SpanId, count(*) AS copies,
+                                   {", ".join(f"any_value({c}) AS {c}" for c in _TREE_COLUMNS)}
+                            FROM _stored GROUP BY TraceId, SpanId)
+            SELECT s.* FROM spans s JOIN stored c USING (TraceId, SpanId)
+            WHERE c.copies > 1 OR {" OR ".join(f"s.{c} IS DISTINCT FROM c.{c}" for c in _TREE_COLUMNS)}
+            """
+        ).to_arrow_table()
+    finally:
+        conn.unregister("_stored")
+
+
+def scratch_duckdb():
+    """An in-memory DuckDB with the DuckDB store's tables, for resolving trees."""
+    conn = duckdb.connect()
+    _quiet_migrations(conn)
+    return conn
+
+
+def resolve_batch(store, conn, batch: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """Resolve a decoded batch (``collector.decode``'s `spans` schema, stamped with its ingest
+    time) against the rows `spans` holds of its traces, before it is inserted: returns the
+    batch's rows to store, resolved (a span already stored is not stored again), and the stored
+    rows the batch changes (a descendant that arrived before its ancestor) or that are stored
+    twice: these replace their stored copies. ``conn``: a ``scratch_duckdb()``."""
+    trace_ids = pc.unique(batch.column("TraceId")).to_pylist()
+    stored = store.execute(
+        f"SELECT * FROM {schema.qualified(store.database, schema.SPANS_TABLE)} "
+        "WHERE TraceId IN {ids:Array(String)}",
+        {"ids": trace_ids},
+    )
+    old = clickhouse_to_duckdb(stored) if stored.num_rows else SPAN_SCHEMA.empty_table()
+    conn.execute("DELETE FROM spans")
+    conn.register("_old", old)
+    try:
+        conn.execute("INSERT INTO spans SELECT * FROM _old")
+        insert_batches(conn, [DecodedBatch(table=batch)])
+        changed = _changed_rows(conn, old)
+        new = conn.sql("SELECT s.* FROM spans s ANTI JOIN _old o USING (TraceId, SpanId)").to_arrow_table()
+    finally:
+        conn.unregister("_old")
+        conn.execute("DELETE FROM change_partitions; DELETE FROM span_changes; DELETE FROM change_log")
+    return new, changed
+
+
+def replace_changed(store, changed: pa.Table) -> None:
+    """Delete the stored copies of ``changed`` rows (DuckDB schema) before they are inserted again
+    (`run_id` and `agent_id` are the sort key: ClickHouse cannot update them)."""
+    trace_ids = pc.unique(changed.column("TraceId")).to_pylist()
+    keys = pc.binary_join_element_wise(changed.column("TraceId"), changed.column("SpanId"), "").to_pylist()
+    store.command(
+        f"DELETE FROM {schema.qualified(store.database, schema.SPANS_TABLE)} "
+        "WHERE TraceId IN {ids:Array(String)} AND concat(TraceId, SpanId) IN {keys:Array(String)}",
+        {"ids": trace_ids, "keys": keys},
+    )
+
+
+def advance_to(store, until: datetime) -> None:
+    """Record that every `spans` row ingested up to ``until`` is resolved (the watermark)."""
+    now = _naive(store.execute("SELECT now64(6, 'UTC') AS t").column("t")[0].as_py())
+    store.insert_arrow(
+        _STATE,
+        pa.table(
+            {
+                "name": ["spans"],
+                "resolved_to": pa.array([_naive(until)], pa.timestamp("us", "UTC")),
+                "at": pa.array([now], pa.timestamp("us", "UTC")),
+            }
+        ),
+    )
+
+
+def _resolve_traces(store, conn, trace_ids: list[str], bounds: dict, since: datetime) -> int:
     db = store.database
     spans_table = schema.qualified(db, schema.SPANS_TABLE)
     work = schema.qualified(db, WORK_TABLE)
@@ -198,30 +343,17 @@ def _resolve_traces(store, trace_ids: list[str], bounds: dict, since: datetime) 
     rows = clickhouse_to_duckdb(stored)
     is_new = pc.greater(rows.column("ingested_at"), pa.scalar(since, pa.timestamp("us")))
     old, new = rows.filter(pc.invert(is_new)), rows.filter(is_new)
-    conn = duckdb.connect()
-    try:
-        apply_migrations(conn)
-        conn.register("_old", old)
-        conn.execute("INSERT INTO spans SELECT * FROM _old")
-        conn.unregister("_old")
-        # one insert per arrival (rows of one insert share ingested_at), in arrival order, as the
-        # DuckDB writer committed them
-        new = new.sort_by([("ingested_at", "ascending")])
-        for at in pc.unique(new.column("ingested_at")).to_pylist():
-            batch = new.filter(pc.equal(new.column("ingested_at"), pa.scalar(at, pa.timestamp("us"))))
-            insert_batches(conn, [DecodedBatch(table=batch)])
-        conn.register("_stored", stored.select(["TraceId", "SpanId", *_TREE_COLUMNS]))
-        changed = conn.sql(
-            f"""
-            WITH stored AS (SELECT TraceId, SpanId, count(*) AS copies,
-                                   {", ".join(f"any_value({c}) AS {c}" for c in _TREE_COLUMNS)}
-                            FROM _stored GROUP BY TraceId, SpanId)
-            SELECT s.* FROM spans s JOIN stored c USING (TraceId, SpanId)
-            WHERE c.copies > 1 OR {" OR ".join(f"s.{c} IS DISTINCT FROM c.{c}" for c in _TREE_COLUMNS)}
-            """
-        ).to_arrow_table()
-    finally:
-        conn.close()
+    conn.execute("DELETE FROM spans")
+    conn.register("_old", old)
+    conn.execute("INSERT INTO spans SELECT * FROM _old")
+    conn.unregister("_old")
+    # the new rows in one insert, in arrival order (the first stored copy of a span wins, as the
+    # DuckDB writer keeps it): the walks resolve ancestors and descendants whatever batch
+    # brought them, so one insert gives what one per arrival gives
+    new = new.sort_by([("ingested_at", "ascending")])
+    insert_batches(conn, [DecodedBatch(table=new)])
+    changed = _changed_rows(conn, stored)
+    conn.execute("DELETE FROM change_partitions; DELETE FROM span_changes; DELETE FROM change_log")
     if changed.num_rows == 0:
         return 0
     keys = pc.binary_join_element_wise(changed.column("TraceId"), changed.column("SpanId"), "").to_pylist()

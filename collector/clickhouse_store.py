@@ -466,6 +466,18 @@ def _upgrade_spans(store: ClickHouseStore) -> list[str]:
             )
             done.append(f"spans.{name} (column added)")
         previous = name
+    indexes = store.execute(
+        "SELECT name FROM system.data_skipping_indices WHERE database = {db:String} AND table = {t:String}",
+        {"db": db, "t": schema.SPANS_TABLE},
+    )
+    have = set(indexes.column("name").to_pylist()) if indexes.num_rows else set()
+    for name, definition in schema.SPANS_INDEXES.items():
+        if name not in have:
+            # parts written before are read without skipping until merges rebuild them
+            store.command(
+                f"ALTER TABLE {schema.qualified(db, schema.SPANS_TABLE)} ADD INDEX IF NOT EXISTS {name} {definition}"
+            )
+            done.append(f"spans.{name} (index added)")
     views = store.execute(
         "SELECT comment FROM system.tables WHERE database = {db:String} AND name = {t:String}",
         {"db": db, "t": schema.SPANS_VIEW},
@@ -512,14 +524,52 @@ def _key_value_list_to_map(column: pa.ChunkedArray | pa.Array) -> pa.Array:
     return pa.MapArray.from_arrays(array.offsets, values.field("key"), values.field("value"), type=_MAP)
 
 
+def _nested_columns(texts: pa.ChunkedArray | pa.Array, fields: dict[str, tuple[str, pa.DataType]]) -> dict:
+    """The decoders' `Events` / `Links` JSON text as the exporter's Nested columns (parallel
+    arrays, one per field). Only rows that have items are parsed: most spans have none."""
+    array = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
+    rows = len(array)
+    has_items = pc.not_equal(array, "[]")
+    if not pc.any(has_items).as_py():
+        offsets = pa.array([0] * (rows + 1), pa.int32())
+        return {
+            name: pa.ListArray.from_arrays(offsets, pa.array([], kind), type=pa.list_(kind))
+            for name, (_, kind) in fields.items()
+        }
+    parsed = [json.loads(text) if text != "[]" else () for text in array.to_pylist()]
+    out = {}
+    for name, (key, kind) in fields.items():
+        if kind == _MAP:
+            values = [[_string_map(item[key]) for item in row] for row in parsed]
+        else:
+            values = [[item[key] for item in row] for row in parsed]
+        out[name] = pa.array(values, pa.list_(kind))
+    return out
+
+
 def otel_traces_rows(spans: pa.Table) -> pa.Table:
     """Rows of driftscope's `spans` schema (a ``collector.decode`` batch table) in the columns the
     OpenTelemetry Collector clickhouse exporter inserts into `otel_traces` (its order, Nested
     Events / Links as parallel arrays)."""
     start_ns = spans.column("start_ns")
-    events = [json.loads(text) for text in spans.column("Events").to_pylist()]
-    links = [json.loads(text) for text in spans.column("Links").to_pylist()]
     ns = pa.timestamp("ns", "UTC")
+    events = _nested_columns(
+        spans.column("Events"),
+        {
+            "Events.Timestamp": ("Timestamp", ns),
+            "Events.Name": ("Name", pa.string()),
+            "Events.Attributes": ("Attributes", _MAP),
+        },
+    )
+    links = _nested_columns(
+        spans.column("Links"),
+        {
+            "Links.TraceId": ("TraceId", pa.string()),
+            "Links.SpanId": ("SpanId", pa.string()),
+            "Links.TraceState": ("TraceState", pa.string()),
+            "Links.Attributes": ("Attributes", _MAP),
+        },
+    )
     columns = {
         "Timestamp": pc.cast(start_ns, ns),
         "TraceId": spans.column("TraceId"),
@@ -536,19 +586,8 @@ def otel_traces_rows(spans: pa.Table) -> pa.Table:
         "Duration": pc.cast(spans.column("Duration"), pa.uint64()),
         "StatusCode": spans.column("StatusCode"),
         "StatusMessage": spans.column("StatusMessage"),
-        "Events.Timestamp": pa.array([[e["Timestamp"] for e in row] for row in events], pa.list_(ns)),
-        "Events.Name": pa.array([[e["Name"] for e in row] for row in events], pa.list_(pa.string())),
-        "Events.Attributes": pa.array(
-            [[_string_map(e["Attributes"]) for e in row] for row in events], pa.list_(_MAP)
-        ),
-        "Links.TraceId": pa.array([[x["TraceId"] for x in row] for row in links], pa.list_(pa.string())),
-        "Links.SpanId": pa.array([[x["SpanId"] for x in row] for row in links], pa.list_(pa.string())),
-        "Links.TraceState": pa.array(
-            [[x["TraceState"] for x in row] for row in links], pa.list_(pa.string())
-        ),
-        "Links.Attributes": pa.array(
-            [[_string_map(x["Attributes"]) for x in row] for row in links], pa.list_(_MAP)
-        ),
+        **events,
+        **links,
     }
     assert tuple(columns) == schema.OTEL_TRACES_INSERT_COLUMNS
     return pa.table(columns)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
+import threading
 from typing import Any
 
 from driftscope.settings import ConfigError
@@ -22,6 +24,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "resolve: resolve agents, runs and hops of the spans stored since the last pass.",
     )
     parser.add_argument(
+        "--follow",
+        action="store_true",
+        help="resolve: keep resolving beside the exporter, a pass every --interval seconds, until "
+        "SIGTERM or Ctrl-C; each pass logs how far behind `spans` is (one resolver per database).",
+    )
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="resolve --follow: seconds from the start of one pass to the next (default 2).",
+    )
+    parser.add_argument(
         "--ttl-days",
         type=int,
         default=0,
@@ -32,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_clickhouse(args: argparse.Namespace, values: dict[str, Any]) -> int:
-    from collector.clickhouse_resolve import resolve_spans
+    from collector.clickhouse_resolve import resolve_spans, resolve_status
     from collector.clickhouse_store import ClickHouseStore, StoreURLError, open_store_url
 
     url = values.get("store")
@@ -40,6 +55,10 @@ def cmd_clickhouse(args: argparse.Namespace, values: dict[str, Any]) -> int:
         raise ConfigError(
             f"Give the ClickHouse store with --store chdb:PATH or --store clickhouse://HOST:8123/DB (or set {STORE_ENV})"
         )
+    if args.interval <= 0:
+        raise ConfigError(f"Expected --interval to be a positive number of seconds, got {args.interval}")
+    if args.follow and args.action != "resolve":
+        raise ConfigError("--follow goes with `driftscope clickhouse resolve`")
     if args.ttl_days < 0:
         raise ConfigError(
             f"Expected --ttl-days to be 0 (no TTL) or a positive number of days, got {args.ttl_days}"
@@ -67,10 +86,52 @@ def cmd_clickhouse(args: argparse.Namespace, values: dict[str, Any]) -> int:
                         f"{store.database} has no driftscope tables yet: run `driftscope clickhouse init "
                         f"--store {url}` first"
                     )
-                rewritten = resolve_spans(store)
-                print(f"resolved: {rewritten} span rows rewritten")
+                if args.follow:
+                    follow(store, args.interval)
+                else:
+                    rewritten = resolve_spans(store)
+                    status = resolve_status(store)
+                    print(
+                        f"resolved: {rewritten} span rows rewritten; resolved to {status['resolved_to']}, "
+                        f"{status['unresolved_spans']} span(s) ingested since (younger than 2 s)"
+                    )
         except StoreURLError as exc:
             raise ConfigError(str(exc)) from None
     finally:
         store.close()
     return 0
+
+
+def follow(store, interval: float) -> None:
+    """Resolve passes every ``interval`` seconds until SIGTERM / SIGINT, logging after each how
+    far behind `spans` is; a failed pass is logged and tried again at the next one."""
+    import time  # noqa: PLC0415
+
+    from collector.clickhouse_resolve import resolve_spans, resolve_status  # noqa: PLC0415
+
+    halt = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: halt.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    logger.info("resolving %s every %.1f s until SIGTERM or Ctrl-C", store.database, interval)
+    try:
+        while not halt.is_set():
+            started = time.monotonic()
+            try:
+                rewritten = resolve_spans(store)
+                status = resolve_status(store)
+            except Exception as exc:  # noqa: BLE001 - the next pass tries again
+                logger.error("resolve pass failed (tried again in %.1f s): %s", interval, exc)
+            else:
+                logger.info(
+                    "resolve pass: %d span rows rewritten in %.2f s; resolved to %s, %d span(s) "
+                    "behind, lag %.1f s",
+                    rewritten,
+                    time.monotonic() - started,
+                    status["resolved_to"],
+                    status["unresolved_spans"],
+                    status["lag_seconds"],
+                )
+            halt.wait(max(0.0, interval - (time.monotonic() - started)))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    logger.info("stopped resolving %s", store.database)

@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from analytics.engine import fetch_rows
+from collector.clickhouse_resolve import resolve_status
 from collector.clickhouse_store import (
     ClickHouseStore,
     StoreURL,
@@ -131,6 +132,13 @@ def start_clickhouse_ingest(config, receiver_config: ReceiverConfig) -> tuple:
             "resolve_passes": writer.resolve_passes,
             "resolved_rows_rewritten": writer.rewritten_spans,
             "writer_busy_seconds": round(writer.busy_seconds, 3),
+            "insert_seconds": round(writer.insert_seconds, 3),
+            "direct_insert": writer.staging is not None,
+            "last_resolve_pass_seconds": round(writer.resolver.last_seconds, 3),
+            "resolve_pass_seconds_total": round(writer.resolver.seconds_total, 2),
+            "resolve_error": writer.resolver.last_error,
+            # direct inserts are resolved as they go in: the watermark moves without a pass
+            "resolve_watermark_advances": writer.resolver.advances,
             "counters": stats.snapshot(),
             "token_required": bool(config.token),
             "alerting": alerting.health() if alerting is not None else {"enabled": False},
@@ -208,8 +216,9 @@ class ReadTurn:
 
 
 def store_health(conn) -> dict[str, Any]:
-    """Span count, newest span and stored embeddings of a ClickHouse store (the health answer's
-    store part; no schema version: ``driftscope clickhouse init`` upgrades in place)."""
+    """Span count, newest span, stored embeddings and the resolve pass's lag of a ClickHouse store
+    (the health answer's store part; no schema version: ``driftscope clickhouse init`` upgrades
+    in place)."""
     ((spans, newest),) = fetch_rows(conn, "SELECT count(*), max(Timestamp) FROM spans")
     ((embedded,),) = fetch_rows(conn, "SELECT count(*) FROM embeddings")
     # ClickHouse's max() of no rows is the epoch, DuckDB's NULL.
@@ -218,4 +227,6 @@ def store_health(conn) -> dict[str, Any]:
         "newest_span": newest if spans else None,
         "schema_version": None,
         "embeddings": embedded,
+        # how far the resolved span tree (runs, agents, hops) is behind the inserts
+        "resolve": resolve_status(conn),
     }

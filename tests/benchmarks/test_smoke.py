@@ -167,6 +167,15 @@ def test_smoke_run_writes_results_for_every_section(tmp_path, capsys):
     assert set(chdb["chdb_planning"]) == run_on_chdb
     assert all(0 < p["max_tree_rows"] <= MAX_QUERY_TREE for p in chdb["chdb_planning"].values())
 
+    ingest = document["chdb_ingest"]  # issue 36: OTLP into serve --store chdb:PATH, and the resolve
+    (serve,) = ingest["serve"]
+    assert serve["error_count"] == 0 and serve["spans_acknowledged"] == serve["stored_spans"] == 2048
+    assert serve["direct_insert"] and serve["resolve"]["unresolved_spans"] == 0
+    behind = ingest["exporter_resolve"]
+    assert (
+        behind["spans"] == 2048 and behind["unresolved_after"] == 0 and behind["resolve_rows_rewritten"] > 0
+    )
+
     compare = document["compare"]
     assert compare["spans"] == 20_000 and compare["baseline_runs"] == compare["runs"] - 1 == 199
     assert compare["departure"] is not None and compare["median_s"] > 0

@@ -70,3 +70,48 @@ def test_report_reads_a_chdb_path_only_the_exporter_wrote(tmp_path):
     assert document["summary"]["runs"] == 1
     found = {row["metric"]: row["findings"] for row in document["summary"]["by_failure_mode"]}
     assert found.get("divergent_reads", 0) >= 1 and found.get("lost_updates", 0) >= 1, found
+
+
+_STATUS = """
+import json, sys
+from collector.clickhouse_resolve import resolve_status
+from collector.clickhouse_store import ChdbStore
+store = ChdbStore(sys.argv[1])
+status = resolve_status(store)
+store.close()
+print(json.dumps(status))
+"""
+
+
+@pytest.mark.slow  # three child processes: ~20 s
+def test_resolve_follow_resolves_beside_the_exporter_and_says_how_far_behind(tmp_path):
+    path = tmp_path / "ch"
+    assert _run("-c", _EXPORTER_ONLY, str(path)).returncode == 0
+    init = _run("-m", "driftscope", "clickhouse", "init", "--store", f"chdb:{path}")
+    assert init.returncode == 0, init.stderr
+    before = json.loads(_run("-c", _STATUS, str(path)).stdout)
+    # init copied the exporter's four spans into `spans`; no pass has run: all four are behind
+    assert before["resolved_to"] is None and before["unresolved_spans"] == 4 and before["lag_seconds"] >= 0
+    log = tmp_path / "follow.log"
+    with log.open("w") as out:
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "driftscope", "clickhouse", "resolve", "--follow", "--interval", "0.5",
+             "--store", f"chdb:{path}"],
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        try:
+            import time
+
+            deadline = time.monotonic() + 120
+            # rows younger than 2 s wait for a later pass (an exporter's insert may be in flight)
+            while "0 span(s) behind, lag 0.0 s" not in log.read_text() and time.monotonic() < deadline:
+                assert follower.poll() is None, log.read_text()
+                time.sleep(0.2)
+            assert "0 span(s) behind, lag 0.0 s" in log.read_text(), log.read_text()
+        finally:
+            follower.send_signal(__import__("signal").SIGTERM)
+            assert follower.wait(60) == 0, log.read_text()
+    assert "stopped resolving otel" in log.read_text()
+    after = json.loads(_run("-c", _STATUS, str(path)).stdout)
+    assert after["unresolved_spans"] == 0 and after["lag_seconds"] == 0.0 and after["resolved_to"] is not None

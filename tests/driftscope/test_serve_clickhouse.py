@@ -139,7 +139,7 @@ def chdb_serve(tmp_path_factory):
     service = build_service(
         ServeConfig(db=str(root / "unused.duckdb"), store=f"chdb:{root / 'ch'}", embeddings=False)
     )
-    service.writer.resolve_interval = 0.0  # a resolve pass after every insert: the test reads resolved spans
+    service.writer.resolve_interval = 0.0  # passes back to back: the test reads resolved spans
     client = TestClient(service.app, base_url="http://127.0.0.1").__enter__()
     try:
         sent = 0
@@ -151,9 +151,11 @@ def chdb_serve(tmp_path_factory):
                 assert response.status_code == 200, response.text
                 sent += _span_count(payload)
         deadline = time.monotonic() + 60
-        while service.writer.resolve_passes < service.writer.commits and time.monotonic() < deadline:
+        while (
+            client.get("/api/v1/health").json()["resolve"]["unresolved_spans"] and time.monotonic() < deadline
+        ):
             time.sleep(0.05)
-        assert service.writer.resolve_passes >= service.writer.commits
+        assert client.get("/api/v1/health").json()["resolve"]["unresolved_spans"] == 0
         yield client, sent
     finally:
         client.__exit__(None, None, None)
@@ -217,3 +219,53 @@ def test_read_api_over_a_store_keeps_its_checks_and_names_what_is_missing(chdb_s
         calibrate.status_code == 501
         and "calibration runs on the DuckDB store only" in calibrate.json()["error"]
     )
+
+
+@pytest.mark.slow
+def test_serve_resolves_sdk_spans_as_they_arrive_and_reports_how_far_behind(tmp_path):
+    """The real serve --store chdb:PATH fed by the OpenTelemetry SDK's HTTP exporter, one span per
+    request (a tool span reaches serve before the agent span it ran under): the health answer
+    says the spans are resolved up to now, and the tool span took its agent from the ancestor."""
+    import time
+
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    serve = new_serve(tmp_path, extra_args=["--store", f"chdb:{tmp_path / 'ch'}"]).start(timeout=180)
+    try:
+        provider = TracerProvider(resource=Resource.create({"service.name": "crew-chdb"}))
+        provider.add_span_processor(
+            SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{serve.http_url}/v1/traces"))
+        )
+        tracer = provider.get_tracer("tests")
+        for run in ("run-a", "run-b"):
+            agent = {
+                "gen_ai.operation.name": "invoke_agent",
+                "gen_ai.agent.id": "planner",
+                "gen_ai.conversation.id": run,
+            }
+            with tracer.start_as_current_span("invoke_agent planner", attributes=agent):
+                with tracer.start_as_current_span(
+                    "execute_tool search", attributes={"gen_ai.tool.name": "search"}
+                ):
+                    pass
+        provider.shutdown()
+        deadline = time.monotonic() + 60
+        while (health := serve.health())["resolve"]["unresolved_spans"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        resolve = health["resolve"]
+        assert health["committed_spans"] == health["spans"] == 4
+        assert resolve["unresolved_spans"] == 0 and resolve["lag_seconds"] == 0.0 and resolve["resolved_to"]
+        # serve resolved each request as it went in: the watermark moved without a pass
+        assert (
+            health["direct_insert"]
+            and health["resolve_watermark_advances"] >= 1
+            and health["resolve_passes"] == 0
+        )
+        rows = httpx.get(f"{serve.http_url}/api/v1/runs/run-a/spans", timeout=60).json()["rows"]
+        tool = next(row for row in rows if row["span_name"] == "execute_tool search")
+        assert (tool["agent_id"], tool["agent_source"]) == ("planner", "ancestor")
+    finally:
+        assert serve.stop() == 0, serve.log()

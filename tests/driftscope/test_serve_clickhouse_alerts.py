@@ -87,13 +87,19 @@ def test_alerts_on_a_chdb_store_fire_and_resolve_as_on_duckdb_and_are_delivered_
 
     service, client, alerting = _start(config)
     try:
-        service.writer.resolve_interval = 0.0  # a resolve pass after every insert
+        service.writer.resolve_interval = 0.0  # passes back to back
         for _, payload in iter_file_requests(SAMPLE):
             response = client.post(
                 "/v1/traces", content=payload, headers={"Content-Type": "application/json"}
             )
             assert response.status_code == 200, response.text
-        _wait(lambda: service.writer.resolve_passes >= service.writer.commits > 0, "resolved spans")
+        _wait(
+            lambda: (
+                service.writer.commits > 0
+                and client.get("/api/v1/health").json()["resolve"]["unresolved_spans"] == 0
+            ),
+            "resolved spans",
+        )
 
         firing = alerting.evaluate_once(fire_at)
         assert firing is not None and firing.errors == {}
