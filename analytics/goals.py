@@ -17,7 +17,9 @@ scores back to the subtasks, so a warm call is one query:
 
 Texts the embedding worker has not embedded yet are embedded on demand by the call itself (that
 call then waits for the model), once per distinct text per process (the vectors stay in this
-process's memory, the scores in the connection's temporary table).
+process's memory, the scores in the connection's temporary table), except on a connection marked
+``goal_refresh.read_stored_scores_only`` (serve's materializer while the worker runs): there the
+unscored pairs are left out, and the worker's stored scores log the runs to recompute.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ import pyarrow as pa
 from analytics._evidence import EVIDENCE, THRESHOLD, TIMES
 from analytics.embeddings import BATCH_SIZE, MODEL_NAME, embed_counting, text_hash
 from analytics.engine import is_clickhouse
+from analytics.goal_refresh import log_rescored, rescored_runs, stored_scores_only
+from analytics.materialize import detector_compute, maintain_with
 from analytics.registry import register
 from analytics.sql_loader import filter_params, load_sql, query_df
 from analytics.tasks import EXTRACTION_VERSION, extract_task
@@ -146,9 +150,10 @@ def _scored_query(
 ) -> pd.DataFrame:
     """Run goal SQL ``name`` (whose rows carry ``pending``, the unscored pairs in the window);
     when pairs are pending, score them first (the distinct text pairs only: ``goal_pending``)
-    and run it again. ``pending`` is dropped; rows without data are left to the caller."""
+    and run it again, unless ``conn`` reads stored scores only (then the unscored pairs stay out
+    of the answer). ``pending`` is dropped; rows without data are left to the caller."""
     frame = _goal_query(conn, name, window, filters, ingested_after, **extra)
-    if len(frame) and frame["pending"].iloc[0] > 0:
+    if len(frame) and frame["pending"].iloc[0] > 0 and not stored_scores_only(conn):
         pending = _goal_query(conn, "goal_pending", window, filters, ingested_after, pending_limit=None)
         score_raw_pairs(conn, pending)
         frame = _goal_query(conn, name, window, filters, ingested_after, **extra)
@@ -194,9 +199,10 @@ def score_raw_pairs(
     """Score distinct raw (``_root_raw``, ``_subtask_raw``) pairs.
 
     With ``write`` (the process's single writer) the scores and new vectors are stored in
-    ``goal_scores`` / ``embeddings``; without it (a read: detector calls never write the
-    database) they go to this connection's temporary ``goal_scores_local`` only. Returns the
-    pairs with ``root_goal``, ``subtask`` (None when the text holds no task statement) and
+    ``goal_scores`` / ``embeddings``, the runs of the scored subtasks logged as a change in the
+    scores' transaction (``goal_refresh.log_rescored``); without it (a read: detector calls never
+    write the database) they go to this connection's temporary ``goal_scores_local`` only. Returns
+    the pairs with ``root_goal``, ``subtask`` (None when the text holds no task statement) and
     ``divergence``, and how many texts the model embedded now. A failed store is logged and the
     scores are still returned, unless ``strict``.
     """
@@ -221,7 +227,8 @@ def score_raw_pairs(
     table = _scores_table(pairs)
     try:
         if write is not None:
-            write(lambda c: _insert_scores(c, table, "goal_scores"))
+            subtasks = pairs["_subtask_raw"].tolist()
+            write(lambda c: (_insert_scores(c, table, "goal_scores"), log_rescored(c, subtasks)))
         else:
             _insert_scores(conn, table, "goal_scores_local")
     except duckdb.Error as error:
@@ -389,6 +396,12 @@ def goal_divergence(conn: duckdb.DuckDBPyConnection, window: Window, filters: Fi
     frame["calibrated"] = info.calibrated
     frame["drifted"] = True
     return frame
+
+
+# Kept per run as registered, and also recomputed for the runs the worker's stored scores name.
+maintain_with(
+    "goal_divergence", detector_compute(goal_divergence), extra_keys=rescored_runs("goal_divergence")
+)
 
 
 @register(

@@ -292,6 +292,26 @@ def log_rebuild(conn: duckdb.DuckDBPyConnection) -> None:
         )
 
 
+def log_change(
+    conn: duckdb.DuckDBPyConnection, kind: str, partition: str, keys_sql: str, params: dict[str, Any]
+) -> None:
+    """In the caller's (writer's) transaction: log a change of ``kind`` that stored no span,
+    touching the ``partition`` keys ``keys_sql`` returns (one column, bound with ``params``).
+    Nothing when the store has no change log. A pass consumes it as any change: results kept
+    whole recompute, partitioned ones recompute the keys of their own partition it lists."""
+    if not _has_change_log(conn):
+        return
+    ((seq,),) = conn.execute(
+        "INSERT INTO change_log SELECT nextval('change_seq'), now()::TIMESTAMP, $kind, 0, NULL RETURNING seq",
+        {"kind": kind},
+    ).fetchall()
+    conn.execute(
+        f"INSERT INTO change_partitions SELECT DISTINCT $seq, $partition, k.key FROM ({keys_sql}) k(key) "
+        "WHERE k.key IS NOT NULL",
+        {**params, "seq": seq, "partition": partition},
+    )
+
+
 def freshness(conn: duckdb.DuckDBPyConnection, names: list[str] | None = None) -> dict[str, Any]:
     """How far behind the newest committed change the findings are.
 

@@ -13,6 +13,7 @@ import pandas as pd
 from analytics.coverage import coverage_text
 from analytics.crew_limits import count_limits
 from analytics.engine import is_clickhouse
+from analytics.goal_refresh import rescored_runs
 from analytics.goals import goal_run_stats
 from analytics.materialize import (
     PARTS,
@@ -330,7 +331,12 @@ def _goal_rows(
 
 
 maintain(Maintained(BASE_PART, "run_id", _base_rows, (("first_seen", False), ("run_id", False)), "2"))
-maintain(Maintained(GOALS_PART, "run_id", _goal_rows, (("run_id", False),), "1"))
+# recomputed for the runs the change log names and those the worker's stored scores name
+maintain(
+    Maintained(
+        GOALS_PART, "run_id", _goal_rows, (("run_id", False),), "1", extra_keys=rescored_runs(GOALS_PART)
+    )
+)
 maintain(
     Maintained(RUN_ACTORS, "run_id", _actor_rows, (("run_id", False), ("kind", False), ("name", False)), "1")
 )
@@ -458,4 +464,10 @@ def _changed_counts(conn: duckdb.DuckDBPyConnection) -> list[str]:
     return [row[0] for row in conn.execute(" UNION ".join(selects)).fetchall() if row[0] is not None]
 
 
-maintain_with(SUMMARY, _summary_rows, depends=_summary_depends, extra_keys=_changed_counts)
+def _summary_extra_keys(conn: duckdb.DuckDBPyConnection) -> list[str]:
+    """Runs whose detector counts changed without their spans, and runs whose goal statistics
+    (run_summary_goals) changed with stored scores."""
+    return list(dict.fromkeys([*_changed_counts(conn), *rescored_runs(SUMMARY)(conn)]))
+
+
+maintain_with(SUMMARY, _summary_rows, depends=_summary_depends, extra_keys=_summary_extra_keys)

@@ -15,6 +15,7 @@ from pathlib import Path
 import uvicorn
 from starlette.applications import Starlette
 
+from analytics.goal_refresh import read_stored_scores_only
 from analytics.materialize import Materializer, freshness
 from analytics.side_effects import configure_side_effect_tools
 from collector import fastdecode
@@ -202,8 +203,14 @@ def build_service(config: ServeConfig) -> Service:
         worker = _start_embedding_worker(conn, writer.execute_write_fn)
     # Every maintained detector's findings table brought up to date from the change log the
     # writer keeps, through the writer; reads are SELECTs over them (analytics.materialize).
+    # With the embedding worker, its pass reads stored goal scores only: the worker embeds new
+    # texts once and its stored scores log the runs to recompute (analytics.goal_refresh).
+    materializer_cursor = conn.cursor if worker is None else lambda: read_stored_scores_only(conn.cursor())
     materializer = Materializer(
-        conn.cursor, writer.execute_write_fn, ingest_backlog=lambda: len(queue), submit=queue.submit_write
+        materializer_cursor,
+        writer.execute_write_fn,
+        ingest_backlog=lambda: len(queue),
+        submit=queue.submit_write,
     )
     materializer.start()
     alerting = start_alerting(config, alert_rules, conn.cursor, writer.execute_write_fn)

@@ -153,6 +153,39 @@ def test_embedding_worker_embeds_goal_texts_in_the_background(serve_factory):
     assert health["embedding_worker"]["enabled"] and health["embedding_worker"]["last_error"] is None
 
 
+def test_findings_take_in_the_goal_texts_the_embedding_worker_scores(serve_factory):
+    """With the worker on, the materializer reads stored scores only: a drifted subtask of new
+    texts reaches the findings tables once the worker has scored it (its write names the run)."""
+    server = serve_factory(extra_args=["--embeddings", "true"]).start()
+    run = "run-goal-refresh"
+    common = {
+        "gen_ai.agent.id": "planner",
+        "driftscope.op": "delegate",
+        "gen_ai.conversation.id": run,
+        "driftscope.goal.root": "Plan a three-day team offsite in Lisbon for 25 people",
+    }
+    body = make_request(
+        [
+            {"attrs": {**common, "driftscope.goal.text": "Find venues in Lisbon for 25 people"}},
+            {"attrs": {**common, "driftscope.goal.text": "Summarise the history of foreign-exchange markets"}},
+        ]
+    ).SerializeToString()  # fmt: skip
+    assert httpx.post(f"{server.http_url}/v1/traces", content=body, headers=PB).status_code == 200
+    deadline = time.monotonic() + 120
+    drifted, summed = [], []
+    while time.monotonic() < deadline:  # a pass brings goal_divergence, then run_summary up to date
+        found = httpx.get(f"{server.http_url}/api/v1/metrics/goal_divergence", timeout=30).json()
+        summary = httpx.get(f"{server.http_url}/api/v1/metrics/run_summary", timeout=30).json()
+        drifted = [row for row in found["rows"] if row["run_id"] == run]
+        summed = [row for row in summary["rows"] if row["run_id"] == run and row["drifted_subtasks"]]
+        if drifted and summed:
+            break
+        time.sleep(0.5)
+    assert found["source"] == summary["source"] == "table"
+    assert [row["subtask"] for row in drifted] == ["Summarise the history of foreign-exchange markets"], found
+    assert summed and summed[0]["drifted_subtasks"] == 1 and summed[0]["worst_divergence"] > 0.45, summary
+
+
 @pytest.mark.parametrize("taken", ["grpc_port", "http_port"])
 def test_a_port_taken_after_the_cli_checked_it_is_a_clean_error_naming_flag_and_variable(tmp_path, taken):
     """The CLI probes both ports first; a process binding one in between (the race) must still get a
