@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import random
 from pathlib import Path
 
@@ -22,6 +21,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
+
+from tests.clickhouse_stores import SERVER_URL, store_params
 
 pytest.importorskip("chdb", reason="chdb is in the dev extra (pip install 'driftscope[clickhouse]')")
 pytest.importorskip("sqlglot", reason="sqlglot is in the clickhouse extra")
@@ -47,18 +48,7 @@ SAMPLE_FILES = sorted(p for p in SAMPLES.glob("*.json") if not p.name.endswith("
 KNOWN_DIFFERENCES: set[str] = set()
 
 
-SERVER_URL = os.environ.get("DRIFTSCOPE_CLICKHOUSE_URL")
-
-
-@pytest.fixture(
-    scope="module",
-    params=[
-        "chdb",
-        pytest.param("server", marks=pytest.mark.skipif(
-            not SERVER_URL, reason="needs a ClickHouse server: set DRIFTSCOPE_CLICKHOUSE_URL="
-            "clickhouse://127.0.0.1:8123/driftscope_test (its driftscope_test_* databases are dropped)")),
-    ],
-)  # fmt: skip
+@pytest.fixture(scope="module", params=store_params("its driftscope_test_* databases are"))
 def chdb_store(request, tmp_path_factory):
     """chdb in process; and a ClickHouse server through clickhouse-connect when
     DRIFTSCOPE_CLICKHOUSE_URL is set (the same tests, the same statements)."""

@@ -11,9 +11,9 @@ the same on any machine and under any load. Planning times are in ``benchmarks.c
 
 from __future__ import annotations
 
-import os
-
 import pytest
+
+from tests.clickhouse_stores import SERVER_URL, store_params
 
 pytest.importorskip("chdb", reason="chdb is in the dev extra (pip install 'driftscope[clickhouse]')")
 pytest.importorskip("sqlglot", reason="sqlglot is in the clickhouse extra")
@@ -30,18 +30,7 @@ from collector.clickhouse_store import open_store_url  # noqa: E402
 TREE_BUDGET = MAX_QUERY_TREE // 2
 
 
-SERVER_URL = os.environ.get("DRIFTSCOPE_CLICKHOUSE_URL")
-
-
-@pytest.fixture(
-    scope="module",
-    params=[
-        "chdb",
-        pytest.param("server", marks=pytest.mark.skipif(
-            not SERVER_URL, reason="needs a ClickHouse server: set DRIFTSCOPE_CLICKHOUSE_URL="
-            "clickhouse://127.0.0.1:8123/driftscope_test (its database driftscope_test_planning is dropped)")),
-    ],
-)  # fmt: skip
+@pytest.fixture(scope="module", params=store_params("its database driftscope_test_planning is"))
 def store(request, tmp_path_factory):
     """The sample traces (exporter rows -> view -> spans -> resolve) in chdb, and on a ClickHouse
     server in database ``<url database>_planning`` when DRIFTSCOPE_CLICKHOUSE_URL is set."""
