@@ -395,6 +395,10 @@ def _tabled_parts(conn: duckdb.DuckDBPyConnection, runs: list[str] | None) -> _P
     goals = read_findings(conn, GOALS_PART, runs=runs)
     if base is None or goals is None:
         return None
+    if "run_id" not in base.columns or "run_id" not in goals.columns:
+        # built with no run, so no table yet (a first pass on an empty store): spans may have
+        # arrived since, and the part cannot say which columns it would have
+        return None
     found: dict[str, pd.DataFrame] = {}
     for metric in _summed_metrics():
         frame = read_findings(conn, metric.name, columns=_counted_columns(metric), runs=runs)

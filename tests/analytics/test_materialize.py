@@ -704,3 +704,17 @@ def test_a_queued_write_that_fails_is_reported_and_the_others_land(tmp_path):
         assert "bump the detector's version" in materialize.read_states(conn)["toy_retyped"].last_error
         assert "lost_updates" not in report.failed
         assert materialize.ready(conn, "lost_updates").seq == materialize.newest_change(conn)
+
+
+def test_run_summary_read_while_its_parts_are_built_on_an_empty_store(tmp_path):
+    """A first pass on an empty store builds run_summary's parts before run_summary itself: a
+    part with no run has no table yet. A read of run_summary in between assembles it from the
+    parts and must answer (from the spans that arrived meanwhile), not fail on the tableless part."""
+    conn = _store(tmp_path)
+    assert not _pass(conn, list(summary._summary_depends())).failed
+    assert materialize.ready(conn, summary.BASE_PART) is not None
+    assert not materialize.table_exists(conn, materialize.TABLE_PREFIX + summary.BASE_PART)
+    assert materialize.ready(conn, summary.SUMMARY) is None
+    _commit(conn, [make_span(1, run="run-1", agent_id="worker", tool_name="search", tool_args={"q": "a"})])
+    got = run_metric(conn, "run_summary")
+    assert list(got["run_id"]) == ["run-1"]
