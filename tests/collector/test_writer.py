@@ -184,3 +184,26 @@ def test_a_busy_writer_gathers_the_requests_of_a_few_connections_into_one_commit
     # queued (10-11 commits of 1-2 requests)
     assert writer.commits <= 8
     conn.close()
+
+
+def test_commits_that_checkpoint_are_counted_apart(tmp_path):
+    """A COMMIT that takes the WAL past the threshold checkpoints inside it: health's split of
+    the writer's time (commits, and of them the checkpoints) counts it; small ones do not."""
+    conn = open_store(tmp_path / "c.duckdb")
+    writer = SpanWriter(conn.cursor(), IngestQueue(64 * 1024 * 1024))
+    writer.start()
+    try:
+        writer.execute_write_fn(lambda c: c.execute("CREATE TABLE notes (x VARCHAR)"))
+        writer.execute_write_fn(lambda c: c.execute("INSERT INTO notes VALUES ('a')"))
+        assert writer.commit_seconds > 0
+        assert writer.auto_checkpoints == 0  # far under the threshold
+        writer.execute_write_fn(lambda c: c.execute("SET checkpoint_threshold = '1MB'"))
+        for _ in range(4):  # 0.7 MB of WAL each: the second and the fourth checkpoint
+            writer.execute_write_fn(
+                lambda c: c.execute("INSERT INTO notes SELECT md5(range::VARCHAR) FROM range(20000)")
+            )
+        assert writer.auto_checkpoints == 2
+        assert 0 < writer.auto_checkpoint_seconds <= writer.commit_seconds <= writer.busy_seconds
+    finally:
+        writer.stop()
+        conn.close()
