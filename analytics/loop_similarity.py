@@ -94,9 +94,11 @@ def _task_words(text: str) -> list[tuple[int, str]]:
     return words
 
 
+@functools.lru_cache(maxsize=16384)
 def task_specifics(text: str) -> frozenset[str]:
     """The numbers and names a task statement asks about: its words that hold a digit, and its
-    capitalised words that do not start a sentence (lower case, a trailing 's dropped)."""
+    capitalised words that do not start a sentence (lower case, a trailing 's dropped). Cached,
+    as ``_named``: a fold compares each new hand-off with its group's last ones."""
     return frozenset(
         word.lower()
         for position, word in _task_words(text)
@@ -110,9 +112,13 @@ def specifics_overlap(first: str, second: str) -> float:
     specifics = task_specifics(first) | task_specifics(second)
     if not specifics:
         return 1.0
-    named_first = {word.lower() for _, word in _task_words(first)}
-    named_second = {word.lower() for _, word in _task_words(second)}
-    return len(specifics & named_first & named_second) / len(specifics)
+    return len(specifics & _named(first) & _named(second)) / len(specifics)
+
+
+@functools.lru_cache(maxsize=16384)
+def _named(text: str) -> frozenset[str]:
+    """Every word a task statement names (lower case)."""
+    return frozenset(word.lower() for _, word in _task_words(text))
 
 
 def task_similarity(first: str, second: str, cosine: float) -> float:

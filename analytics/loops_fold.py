@@ -364,26 +364,46 @@ def _append(conn: duckdb.DuckDBPyConnection, new: pd.DataFrame, replace: set[str
     mine_ids = range(links.first, links.next)
     out = new.assign(comp=[links.find(c) for c in mine_ids], min_similarity=[links.low(c) for c in mine_ids])
     ends = new.drop_duplicates(_GROUP, keep="last")  # each appended group's last call
-    columns = (ends[c].tolist() for c in [*_GROUP, "start_ns", "SpanId"])
-    tails_rows = []
-    for run, agent, tool, start, span in zip(*columns, strict=True):
-        group = (run, agent, tool)
-        kinds = by_group.get(group, (set(), None, []))[0] | new_kinds[group]
-        tail = tails.get(group, [])[-loops.NEIGHBOUR_WINDOW :]
-        tails_rows.append(
-            {
-                "run_id": run, "agent": agent, "tool_name": tool, "sources": sorted(kinds),
-                "last": {"n": start, "s": span},
-                "tail": [{"comp": links.find(c), "args": a, "norm_args": g} for c, g, a in reversed(tail)],
-            }
-        )  # fmt: skip
     return Fold(
         out[COLUMNS],
         replace,
         links.merged(),
         appended=len(ends),
         next_id=links.next,
-        tails=pa.Table.from_pylist(tails_rows, schema=_TAILS_SCHEMA),
+        tails=_new_tails(ends, by_group, new_kinds, tails, links),
+    )
+
+
+def _new_tails(ends: pd.DataFrame, by_group: dict, new_kinds: dict, tails: dict, links: _Links) -> pa.Table:
+    """The appended groups' tails (``_TAILS_SCHEMA``), built column by column: a dict per row
+    and per tail entry took 0.4 s of a 1.2 s fold at 1M."""
+    groups = list(zip(*(ends[c].tolist() for c in _GROUP), strict=True))
+    sources, offsets, comps, args, sigs = [], [0], [], [], []
+    find = links.find
+    for group in groups:
+        sources.append(sorted(by_group.get(group, (set(), None, []))[0] | new_kinds[group]))
+        for comp, sig, text in reversed(tails.get(group, [])[-loops.NEIGHBOUR_WINDOW :]):
+            comps.append(find(comp))
+            args.append(text)
+            sigs.append(sig)
+        offsets.append(len(comps))
+    tail_type = _TAILS_SCHEMA.field("tail").type
+    entries = pa.StructArray.from_arrays(
+        [pa.array(comps, pa.int64()), pa.array(args, pa.string()), pa.array(sigs, pa.string())],
+        fields=list(tail_type.value_type),
+    )
+    last = pa.StructArray.from_arrays(
+        [pa.array(ends["start_ns"].tolist(), pa.int64()), pa.array(ends["SpanId"].tolist(), pa.string())],
+        fields=list(_TAILS_SCHEMA.field("last").type),
+    )
+    return pa.Table.from_arrays(
+        [
+            *(pa.array([g[i] for g in groups], pa.string()) for i in range(3)),
+            pa.array(sources, pa.list_(pa.string())),
+            last,
+            pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), entries, type=tail_type),
+        ],
+        schema=_TAILS_SCHEMA,
     )
 
 
