@@ -86,7 +86,7 @@ def _span_steps(
     """Step columns of every span (``changes`` None) or of the spans committed in ``changes``,
     as Arrow (the first build's million rows took 0.9 GiB more as pandas, at 1M spans)."""
     bounds = (
-        {"after": None, "upto": None} if changes is None else {"after": changes.after, "upto": changes.upto}
+        {"after": None, "upto": None, "since_ingested": None} if changes is None else changes.bounded_params()
     )
     return query_arrow(conn, load_sql(SPAN_STEPS), bounds)
 

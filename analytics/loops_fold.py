@@ -142,19 +142,27 @@ def compute(conn: duckdb.DuckDBPyConnection, partition: str | None, changes: Spa
             params,
         ).fetchall()
     }
-    others = run_sql(conn, "loop_changed_spans", Window(), Filters(), **params)
+    others = run_sql(conn, "loop_changed_spans", Window(), Filters(), **changes.bounded_params())
     replace |= {run + RUN_TOOL_SEP + tool for run, tool in zip(others["run_id"], others["tool"], strict=True)}
     new = run_sql(
-        conn, "loop_new_calls", Window(), Filters(), min_output_words=loops.MIN_OUTPUT_WORDS, **params
+        conn,
+        "loop_new_calls",
+        Window(),
+        Filters(),
+        min_output_words=loops.MIN_OUTPUT_WORDS,
+        **changes.bounded_params(),
     )
     # calls already kept that changed or went: their groups (the groups they have now are
-    # recomputed because they are among the kept: below)
-    kept = conn.execute(
-        f"SELECT k.TraceId, k.SpanId, k.run_id, k.tool_name FROM {TABLE} k "
-        "SEMI JOIN (SELECT DISTINCT TraceId, SpanId FROM span_changes WHERE seq > $after AND seq <= $upto) c "
-        "ON c.TraceId = k.TraceId AND c.SpanId = k.SpanId",
-        params,
-    ).fetchall()
+    # recomputed because they are among the kept: below). None when every listed span is new
+    # (a scan of every kept call: 10M rows at 10M spans).
+    kept = []
+    if not changes.only_new:
+        kept = conn.execute(
+            f"SELECT k.TraceId, k.SpanId, k.run_id, k.tool_name FROM {TABLE} k "
+            "SEMI JOIN (SELECT DISTINCT TraceId, SpanId FROM span_changes WHERE seq > $after AND seq <= $upto) c "
+            "ON c.TraceId = k.TraceId AND c.SpanId = k.SpanId",
+            params,
+        ).fetchall()
     replace |= {run + RUN_TOOL_SEP + tool for _, _, run, tool in kept}
     again = {(trace, span) for trace, span, _, _ in kept}
     if again:

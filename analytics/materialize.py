@@ -73,6 +73,7 @@ SELECT DISTINCT run_id || chr(31) || tool AS key FROM (
                              AND (contains(output_text, '<code>') OR contains(output_text, '```')) THEN '*' END]) AS tool
     FROM spans s
     WHERE run_id IS NOT NULL
+      AND s.ingested_at >= $since_ingested
       AND EXISTS (SELECT 1 FROM span_changes c WHERE c.seq > $after AND c.seq <= $upto
                   AND c.TraceId = s.TraceId AND c.SpanId = s.SpanId)
 )
@@ -85,10 +86,16 @@ WHERE tool IS NOT NULL
 @dataclass(frozen=True)
 class SpanChanges:
     """The spans committed (stored, changed or deleted) after change ``after`` up to ``upto``,
-    as a 'span' result's ``compute`` is given them: its rows for those of them still stored."""
+    as a 'span' result's ``compute`` is given them: its rows for those of them still stored.
+    ``since``: a lower bound on their ``ingested_at`` (the writer's: the change log's
+    ``oldest_ingested``; None: unknown), so a read of them from ``spans`` scans only the newest
+    row groups (``bounded_params``: 9 s of a 15 s loop fold a pass read every span of 10M);
+    ``only_new``: none of them was stored before, so no per-span state holds one yet."""
 
     after: int
     upto: int
+    since: datetime | None = None
+    only_new: bool = False
 
     def sql(self) -> str:
         """A relation of their (TraceId, SpanId), bound with ``params``."""
@@ -96,6 +103,23 @@ class SpanChanges:
 
     def params(self) -> dict[str, int]:
         return {"after": self.after, "upto": self.upto}
+
+    def bounded_params(self) -> dict[str, Any]:
+        """``params`` and ``since_ingested``, for SQL that also filters its spans on
+        ``ingested_at >= $since_ingested``."""
+        return {**self.params(), "since_ingested": self.since or datetime.min}
+
+
+def span_changes(conn: duckdb.DuckDBPyConnection, after: int, upto: int) -> SpanChanges:
+    """``SpanChanges`` of the changes after ``after`` up to ``upto``, with the bounds the change
+    log holds for the changes that list spans (none known when one of them has none)."""
+    ((unknown, oldest, only_new),) = conn.execute(
+        "SELECT count(*) FILTER (WHERE oldest_ingested IS NULL), min(oldest_ingested), "
+        "coalesce(bool_and(coalesce(only_new, false)), true) "
+        "FROM change_log WHERE seq > $after AND seq <= $upto AND kind IN ('spans', 'delete')",
+        {"after": after, "upto": upto},
+    ).fetchall()
+    return SpanChanges(after, upto, None if unknown else oldest, bool(only_new))
 
 
 # Passes that recomputed something between two prunes of the consumed change log.
@@ -288,7 +312,8 @@ def log_rebuild(conn: duckdb.DuckDBPyConnection) -> None:
     threshold changed). Nothing when the store has no change log (a bare in-memory database)."""
     if _has_change_log(conn):
         conn.execute(
-            "INSERT INTO change_log SELECT nextval('change_seq'), now()::TIMESTAMP, 'rebuild', 0, NULL"
+            "INSERT INTO change_log (seq, committed_at, kind, spans) "
+            "SELECT nextval('change_seq'), now()::TIMESTAMP, 'rebuild', 0"
         )
 
 
@@ -302,7 +327,8 @@ def log_change(
     if not _has_change_log(conn):
         return
     ((seq,),) = conn.execute(
-        "INSERT INTO change_log SELECT nextval('change_seq'), now()::TIMESTAMP, $kind, 0, NULL RETURNING seq",
+        "INSERT INTO change_log (seq, committed_at, kind, spans) "
+        "SELECT nextval('change_seq'), now()::TIMESTAMP, $kind, 0 RETURNING seq",
         {"kind": kind},
     ).fetchall()
     conn.execute(
@@ -627,10 +653,12 @@ def _write_rows(
                     )
                 conn.execute(f"ALTER TABLE {table} ALTER {quote_identifier(column)} TYPE {kind}")
         if item.partition == "span":
-            conn.execute(
-                f"DELETE FROM {table} t USING {keys.sql()} c WHERE t.TraceId = c.TraceId AND t.SpanId = c.SpanId",
-                keys.params(),
-            )
+            if not keys.only_new:  # a span first stored by these changes has no row yet
+                conn.execute(
+                    f"DELETE FROM {table} t USING {keys.sql()} c "
+                    "WHERE t.TraceId = c.TraceId AND t.SpanId = c.SpanId",
+                    keys.params(),
+                )
         elif item.partition == "run_tool":
             runs, groups = split_run_tools(keys)
             conn.execute(
@@ -740,7 +768,10 @@ def _touched(conn: duckdb.DuckDBPyConnection, partition: str, after: int, upto: 
     derived: list[str] = []
     if partition == "run_tool":  # the keys the committed spans have now (collector.changes)
         derived = [
-            row[0] for row in conn.execute(RUN_TOOL_KEYS_SQL, {"after": after, "upto": upto}).fetchall()
+            row[0]
+            for row in conn.execute(
+                RUN_TOOL_KEYS_SQL, span_changes(conn, after, upto).bounded_params()
+            ).fetchall()
         ]
     return derived + [
         row[0]
@@ -928,7 +959,7 @@ def _bring_up_to_date(
                 report.recomputed[name] = -1
                 continue
             if item.partition == "span":
-                span_keys = None if full else SpanChanges(state.seq, target)
+                span_keys = None if full else span_changes(read, state.seq, target)
                 if item.apply is not None and span_keys is None and item.build is not None:
                     for part in item.build(read, target):
                         before = writes.waited  # the part before, written: one part held at once

@@ -60,13 +60,27 @@ def record_run_tools(conn: duckdb.DuckDBPyConnection, seq: int, sources: list[st
 
 
 def next_change(
-    conn: duckdb.DuckDBPyConnection, kind: str, spans: int = 0, newest_ingested: object = None
+    conn: duckdb.DuckDBPyConnection,
+    kind: str,
+    spans: int = 0,
+    newest_ingested: object = None,
+    oldest_ingested: object = None,
+    only_new: bool | None = None,
 ) -> int:
-    """Log a change of ``kind`` in the caller's transaction; return its sequence number."""
+    """Log a change of ``kind`` in the caller's transaction; return its sequence number.
+    ``oldest_ingested``: a lower bound on the ``ingested_at`` of every span it lists in
+    ``span_changes`` (None: unknown); ``only_new``: every span it lists was first stored by it."""
     # one statement, not two: the writer pays a fixed cost per statement, whatever its size
     return conn.execute(
-        "INSERT INTO change_log SELECT nextval('change_seq'), now()::TIMESTAMP, $kind, $spans, $newest RETURNING seq",
-        {"kind": kind, "spans": int(spans), "newest": newest_ingested},
+        "INSERT INTO change_log (seq, committed_at, kind, spans, newest_ingested, oldest_ingested, only_new) "
+        "SELECT nextval('change_seq'), now()::TIMESTAMP, $kind, $spans, $newest, $oldest, $only_new RETURNING seq",
+        {
+            "kind": kind,
+            "spans": int(spans),
+            "newest": newest_ingested,
+            "oldest": oldest_ingested,
+            "only_new": only_new,
+        },
     ).fetchall()[0][0]
 
 

@@ -396,7 +396,17 @@ def insert_batches(
         if inserted:
             # The runs and origin tasks of every span of the touched traces, before the walks
             # below move spans between runs (the run a span leaves is touched too), then after.
-            seq = next_change(conn, "spans", inserted, pc.max(table.column("ingested_at")).as_py())
+            # every span this change lists (in span_changes) is of a touched trace, so ingested
+            # at ``since`` or later; with nothing resent, all of them are new so far (a walk
+            # that changes a span stored before says otherwise, below)
+            seq = next_change(
+                conn,
+                "spans",
+                inserted,
+                pc.max(table.column("ingested_at")).as_py(),
+                oldest_ingested=since,
+                only_new=inserted == table.num_rows,
+            )
             record_touched(conn, seq, "_tree")
             conn.execute(_NEW_SPAN_CHANGES_SQL, {"seq": seq})
         agentless, runless, agent_runs, agent_spans, joinable = conn.execute(_TREE_NEEDS_WORK_SQL).fetchone()
@@ -431,6 +441,7 @@ def insert_batches(
             # touched traces, the ones just inserted among them, so without more rows than were
             # inserted there are none)
             if conn.execute(_CHANGED_SQL).fetchone()[0]:
+                conn.execute("UPDATE change_log SET only_new = false WHERE seq = $seq", {"seq": seq})
                 record_run_tools(conn, seq, ["_changed"])
                 conn.execute(
                     "INSERT INTO span_changes SELECT $seq, TraceId, SpanId FROM _changed", {"seq": seq}
@@ -456,13 +467,15 @@ def delete_expired(conn: duckdb.DuckDBPyConnection, cutoff_ns: int, limit: int) 
     logging their runs and origin tasks as touched (a deleted span changes their findings)."""
     conn.execute(
         "CREATE OR REPLACE TEMP TABLE _expired AS "
-        "SELECT rowid AS rid, run_id, origin_task_id, TraceId, SpanId FROM spans WHERE end_ns < $cutoff LIMIT $limit",
+        "SELECT rowid AS rid, run_id, origin_task_id, TraceId, SpanId, ingested_at FROM spans "
+        "WHERE end_ns < $cutoff LIMIT $limit",
         {"cutoff": cutoff_ns, "limit": limit},
     )
     try:
         deleted = conn.execute("DELETE FROM spans WHERE rowid IN (SELECT rid FROM _expired)").fetchall()[0][0]
         if deleted:
-            seq = next_change(conn, "delete", deleted)
+            ((oldest,),) = conn.execute("SELECT min(ingested_at) FROM _expired").fetchall()
+            seq = next_change(conn, "delete", deleted, oldest_ingested=oldest, only_new=False)
             record_touched(conn, seq, "_expired")
             conn.execute("INSERT INTO span_changes SELECT $seq, TraceId, SpanId FROM _expired", {"seq": seq})
             # every (run, tool) group of a run that lost spans: "<run>\x1f*"

@@ -9,7 +9,7 @@ FROM (
     FROM spans s
     WHERE run_id IS NOT NULL
       AND ($after::BIGINT IS NULL
-           OR EXISTS (SELECT 1 FROM span_changes c
+           OR s.ingested_at >= $since_ingested::TIMESTAMP AND EXISTS (SELECT 1 FROM span_changes c
                       WHERE c.seq > $after::BIGINT AND c.seq <= $upto::BIGINT
                         AND c.TraceId = s.TraceId AND c.SpanId = s.SpanId))
 )

@@ -24,6 +24,7 @@ touched AS (
                     false) AS has_code
     FROM spans s
     SEMI JOIN changed c ON c.TraceId = s.TraceId AND c.SpanId = s.SpanId
+    WHERE s.ingested_at >= $since_ingested  -- the changes' bound (materialize.SpanChanges)
 ),
 others AS (
     SELECT run_id,
@@ -49,6 +50,7 @@ earlier_children AS (
     FROM spans c
     JOIN touched t ON c.TraceId = t.TraceId AND c.ParentSpanId = t.SpanId
     WHERE c.run_id IS NOT NULL
+      AND c.ingested_at >= $since_ingested  -- a touched trace's spans are all within the bound
       AND NOT EXISTS (SELECT 1 FROM changed x WHERE x.TraceId = c.TraceId AND x.SpanId = c.SpanId)
 )
 SELECT DISTINCT run_id, tool

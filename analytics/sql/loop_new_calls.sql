@@ -10,6 +10,7 @@ WITH loop_spans AS NOT MATERIALIZED (
     FROM spans s
     SEMI JOIN (SELECT DISTINCT TraceId, SpanId FROM span_changes WHERE seq > $after AND seq <= $upto) c
         ON c.TraceId = s.TraceId AND c.SpanId = s.SpanId
+    WHERE s.ingested_at >= $since_ingested  -- the changes' bound (materialize.SpanChanges): newest row groups only
 )
 SELECT * FROM ({loop_tool_calls})
 UNION ALL

@@ -90,7 +90,7 @@ def _fold_now(conn) -> loops_fold.Fold:
     cursor = conn.cursor()
     try:
         return loops_fold.compute(
-            cursor, "span", materialize.SpanChanges(state.seq, materialize.newest_change(conn))
+            cursor, "span", materialize.span_changes(cursor, state.seq, materialize.newest_change(conn))
         )
     finally:
         cursor.close()

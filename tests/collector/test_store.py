@@ -326,3 +326,55 @@ def test_a_traces_hops_do_not_depend_on_what_shared_its_request():
     reversed_order = _hops_after([flat, nested])
     assert together == apart == reversed_order
     assert together[(b"\x13" * 8).hex()] == 1  # the worker's tool call is one hop down
+
+
+def test_each_change_bounds_the_ingest_time_of_the_spans_it_lists(conn):
+    """The change log's ``oldest_ingested`` is at or before the ``ingested_at`` of every span
+    ``span_changes`` lists under it (a materializer scans only spans ingested since), and
+    ``only_new`` is true only when none of them was stored before (no resend, no walk)."""
+    from datetime import datetime, timedelta
+
+    from collector.store import TraceIndex
+
+    traces = TraceIndex(conn)
+    start = datetime(2026, 1, 1)
+
+    def insert_at(minutes: int, spans) -> int:
+        batch = decode_payload(
+            make_request(spans).SerializeToString(), PROTOBUF, now=start + timedelta(minutes=minutes)
+        )
+        conn.execute("BEGIN")
+        insert_batches(conn, [batch], traces)
+        conn.execute("COMMIT")
+        return conn.execute("SELECT max(seq) FROM change_log").fetchone()[0]
+
+    other = b"\x09" * 16
+    first = insert_at(
+        0, [{"trace_id": TRACE, "span_id": GRANDCHILD, "parent": CHILD, "attrs": {"gen_ai.tool.name": "t"}}]
+    )
+    insert_at(5, [{"trace_id": other, "span_id": ROOT, "attrs": {"agent.name": "a", "session.id": "s2"}}])
+    # the ancestor of the first span arrives 10 minutes later: the walk changes the old span
+    late = insert_at(
+        10, [{"trace_id": TRACE, "span_id": ROOT, "attrs": {"agent.name": "r", "session.id": "s1"}}]
+    )
+    # an exporter's retry: a stored span again, beside a new one
+    resend = insert_at(
+        15,
+        [
+            {"trace_id": other, "span_id": ROOT, "attrs": {"agent.name": "a", "session.id": "s2"}},
+            {"trace_id": other, "span_id": CHILD, "parent": ROOT, "attrs": {"gen_ai.tool.name": "t"}},
+        ],
+    )
+    assert resend > late
+    rows = conn.execute(
+        "SELECT l.seq, l.oldest_ingested, l.only_new, min(s.ingested_at) "
+        "FROM change_log l JOIN span_changes c USING (seq) JOIN spans s USING (TraceId, SpanId) "
+        "GROUP BY ALL ORDER BY l.seq"
+    ).fetchall()
+    for seq, oldest, _, listed in rows:
+        assert oldest is not None and oldest <= listed, seq
+    flags = {seq: only_new for seq, _, only_new, _ in rows}
+    assert flags[first] is True
+    assert flags[late] is False  # it changed the span stored at minute 0
+    assert dict((seq, oldest) for seq, oldest, _, _ in rows)[late] == start
+    assert flags[resend] is False
