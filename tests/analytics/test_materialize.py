@@ -21,7 +21,7 @@ from analytics.thresholds import store_threshold
 from analytics.types import direct_write
 from collector.decode import JSON, PROTOBUF, DecodedBatch, decode_payload
 from collector.files import iter_file_requests
-from collector.store import delete_expired, insert_batches
+from collector.store import TraceIndex, delete_expired, insert_batches
 from driftscope.database import migrate
 from tests import tiers
 from tests.analytics.test_summary import _random_batch
@@ -90,15 +90,32 @@ def _store(tmp_path) -> duckdb.DuckDBPyConnection:
     return conn
 
 
+# Each store's TraceIndex, kept across its commits as the writer keeps it (the change log's
+# ingest bounds come from it: the materializer's reads of the changed spans rely on them). Held by
+# the connection itself, never by its id: a new store must not inherit another's index.
+_TRACES: dict[duckdb.DuckDBPyConnection, TraceIndex] = {}
+
+
+def _traces(conn: duckdb.DuckDBPyConnection) -> TraceIndex:
+    if conn not in _TRACES:
+        _TRACES[conn] = TraceIndex(conn)
+    return _TRACES[conn]
+
+
 def _commit(conn: duckdb.DuckDBPyConnection, rows: list[dict]) -> int:
     """Store ``rows`` as the collector's writer does (``insert_batches`` in one transaction: the
     ancestor walks and the change log with the spans); return the rows stored."""
     scratch = duckdb.connect()
     migrate(scratch)
     insert_spans(scratch, rows)
-    table = scratch.sql("SELECT * FROM spans").to_arrow_table()
+    # each commit's spans ingested a second after the last's, as the writer stamps them
+    commits = conn.execute("SELECT count(*) FROM change_log").fetchone()[0]
+    table = scratch.sql(
+        "SELECT * REPLACE (ingested_at + to_seconds($n::BIGINT) AS ingested_at) FROM spans",
+        params={"n": commits},
+    ).to_arrow_table()
     conn.execute("BEGIN TRANSACTION")
-    stored = insert_batches(conn, [DecodedBatch(table=table, accepted=table.num_rows)])
+    stored = insert_batches(conn, [DecodedBatch(table=table, accepted=table.num_rows)], _traces(conn))
     conn.execute("COMMIT")
     return stored
 
@@ -196,7 +213,7 @@ def _no_progress_run(rng: random.Random) -> list[dict]:
 
 def _commit_table(conn: duckdb.DuckDBPyConnection, table: pa.Table) -> None:
     conn.execute("BEGIN TRANSACTION")
-    insert_batches(conn, [DecodedBatch(table=table, accepted=table.num_rows)])
+    insert_batches(conn, [DecodedBatch(table=table, accepted=table.num_rows)], _traces(conn))
     conn.execute("COMMIT")
 
 
@@ -267,7 +284,7 @@ def test_the_framework_corpus_keeps_every_table_equal_to_a_full_recomputation(tm
         if record.get("content_encoding") == "gzip":
             body = gzip.decompress(body)
         conn.execute("BEGIN TRANSACTION")
-        insert_batches(conn, [decode_payload(body, PROTOBUF)])
+        insert_batches(conn, [decode_payload(body, PROTOBUF)], _traces(conn))
         conn.execute("COMMIT")
         if number % 3 == 2 or number == len(records) - 1:
             assert not _pass(conn).failed
