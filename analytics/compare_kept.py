@@ -29,14 +29,14 @@ run's, are always read from the spans (``compare_steps.sql``): the run may still
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import duckdb
 import pandas as pd
 import pyarrow as pa
 
 import analytics.materialize as materialize
-from analytics.materialize import PARTS, Maintained, SpanChanges, maintain
+from analytics.materialize import PARTS, Maintained, SpanChanges, maintain, run_chunks
 from analytics.sql_loader import _read, expand_fragments, load_sql, query_arrow, query_df, run_sql
 from analytics.types import Filters, Window
 
@@ -88,10 +88,25 @@ def _span_steps(
     bounds = (
         {"after": None, "upto": None, "since_ingested": None} if changes is None else changes.bounded_params()
     )
-    return query_arrow(conn, load_sql(SPAN_STEPS), bounds)
+    return query_arrow(conn, load_sql(SPAN_STEPS), {**bounds, "runs": None})
 
 
-maintain(Maintained(SPAN_STEPS, "span", _span_steps, (("TraceId", False), ("SpanId", False)), "1"))
+# Spans of one part of the first build: every span's steps at once held +5 GiB at 10M spans.
+BUILD_CHUNK_SPANS = 500_000
+
+
+def _build_steps(conn: duckdb.DuckDBPyConnection, target: int) -> Iterator[pa.Table]:
+    """The first build, a chunk of runs at a time (``materialize.run_chunks``)."""
+    for chunk in run_chunks(conn, BUILD_CHUNK_SPANS):
+        params = {"after": None, "upto": None, "since_ingested": None, "runs": chunk or None}
+        yield query_arrow(conn, load_sql(SPAN_STEPS), params)
+
+
+maintain(
+    Maintained(
+        SPAN_STEPS, "span", _span_steps, (("TraceId", False), ("SpanId", False)), "1", build=_build_steps
+    )
+)
 for _name in TABLES:
     maintain(Maintained(_name, "run_id", _from_steps(_name), _ORDER[_name], "1", depends=(SPAN_STEPS,)))
 PARTS.update((*TABLES, SPAN_STEPS))

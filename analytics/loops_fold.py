@@ -47,6 +47,7 @@ from analytics.materialize import (
     _arrow,
     _write_rows,
     maintain,
+    run_chunks,
     split_run_tools,
     table_exists,
 )
@@ -228,18 +229,7 @@ BUILD_CHUNK_SPANS = 250_000
 
 def _build_chunks(conn: duckdb.DuckDBPyConnection) -> list[list[str]]:
     """The stored runs as 'run_tool' keys ("<run>\x1f*"), in chunks of BUILD_CHUNK_SPANS spans."""
-    sizes = conn.execute(
-        "SELECT run_id, count(*) FROM spans WHERE run_id IS NOT NULL GROUP BY run_id ORDER BY run_id"
-    ).fetchall()
-    chunks: list[list[str]] = [[]]
-    held = 0
-    for run, count in sizes:
-        if chunks[-1] and held + count > BUILD_CHUNK_SPANS:
-            chunks.append([])
-            held = 0
-        chunks[-1].append(run + RUN_TOOL_SEP + "*")
-        held += count
-    return chunks
+    return [[run + RUN_TOOL_SEP + "*" for run in chunk] for chunk in run_chunks(conn, BUILD_CHUNK_SPANS)]
 
 
 def build(conn: duckdb.DuckDBPyConnection, upto: int | None = None) -> Iterator[Fold]:

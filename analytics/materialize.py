@@ -164,9 +164,11 @@ class Maintained:
     # A 'span' result that folds changes into its table itself: ``compute`` returns what changes
     # and ``apply(conn, that)`` writes it in the writer's transaction (analytics.loops_fold).
     apply: Callable[[duckdb.DuckDBPyConnection, Any], None] | None = None
-    # Such a result's first build in parts, each applied before the next is computed (what a
+    # A 'span' result's first build in parts, each written before the next is computed (what a
     # build holds is one part, not the store); without it, ``compute(conn, "span", None)``.
-    # Called as ``build(conn, target)``: the change the build reflects.
+    # Called as ``build(conn, target)``: the change the build reflects. Its parts are what
+    # ``apply`` takes, or (without ``apply``) rows: the first part's replace the table, the
+    # others' are added (``run_chunks`` splits the store into runs of a bounded size).
     build: Callable[[duckdb.DuckDBPyConnection, int], Iterable[Any]] | None = None
     # The partitions changed after change ``after`` up to ``upto``, when a result knows them
     # better than the change log (a result of another's table: the partitions that table's fold
@@ -625,16 +627,21 @@ def _column_types(conn: duckdb.DuckDBPyConnection, relation: str) -> dict[str, s
 
 
 def _write_rows(
-    conn: duckdb.DuckDBPyConnection, item: Maintained, rows: pa.Table, keys: list[str] | None
+    conn: duckdb.DuckDBPyConnection,
+    item: Maintained,
+    rows: pa.Table,
+    keys: list[str] | SpanChanges | None,
+    append: bool = False,
 ) -> None:
     """In the writer's transaction: replace ``keys``' rows of ``item``'s table by ``rows`` (all
-    rows when ``keys`` is None). The table is made from the first rows; a column that held no
-    value yet takes the type of the first value it is given."""
+    rows when ``keys`` is None), or add ``rows`` (``append``: a later part of a build). The table
+    is made from the first rows; a column that held no value yet takes the type of the first
+    value it is given."""
     table = quote_identifier(item.table)
     exists = table_exists(conn, item.table)
     conn.register("_findings_rows", rows)
     try:
-        if keys is None and exists:
+        if keys is None and exists and not append:
             conn.execute(f"DROP TABLE {table}")
             exists = False
         if not exists:
@@ -652,7 +659,9 @@ def _write_rows(
                         "detector's version so its table is rebuilt"
                     )
                 conn.execute(f"ALTER TABLE {table} ALTER {quote_identifier(column)} TYPE {kind}")
-        if item.partition == "span":
+        if append:
+            pass
+        elif item.partition == "span":
             if not keys.only_new:  # a span first stored by these changes has no row yet
                 conn.execute(
                     f"DELETE FROM {table} t USING {keys.sql()} c "
@@ -675,6 +684,23 @@ def _write_rows(
         conn.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM _findings_rows")
     finally:
         conn.unregister("_findings_rows")
+
+
+def run_chunks(conn: duckdb.DuckDBPyConnection, max_spans: int) -> list[list[str]]:
+    """The stored runs in chunks of at most ``max_spans`` spans (a larger run alone), in run
+    order: the parts of a first build, so what one part computes is bounded, not the store."""
+    sizes = conn.execute(
+        "SELECT run_id, count(*) FROM spans WHERE run_id IS NOT NULL GROUP BY run_id ORDER BY run_id"
+    ).fetchall()
+    chunks: list[list[str]] = [[]]
+    held = 0
+    for run, count in sizes:
+        if chunks[-1] and held + count > max_spans:
+            chunks.append([])
+            held = 0
+        chunks[-1].append(run)
+        held += count
+    return chunks
 
 
 def split_run_tools(keys: list[str]) -> tuple[list[str], list[str]]:
@@ -960,14 +986,20 @@ def _bring_up_to_date(
                 continue
             if item.partition == "span":
                 span_keys = None if full else span_changes(read, state.seq, target)
-                if item.apply is not None and span_keys is None and item.build is not None:
-                    for part in item.build(read, target):
+                if span_keys is None and item.build is not None:
+                    for number, part in enumerate(item.build(read, target)):
                         before = writes.waited  # the part before, written: one part held at once
                         problems = writes.wait([name])
                         timed["write"] += writes.waited - before
                         if problems:
                             raise RuntimeError(problems[name])
-                        write(lambda c, i=item, f=part: i.apply(c, f))
+                        if item.apply is not None:
+                            write(lambda c, i=item, f=part: i.apply(c, f))
+                        else:
+                            rows = _arrow(part)
+                            write(
+                                lambda c, i=item, r=rows, a=number > 0: _write_rows(c, i, r, None, append=a)
+                            )
                     write(lambda c, i=item: _write_state(c, i, target))
                 elif item.apply is not None:
                     change = item.compute(read, "span", span_keys)

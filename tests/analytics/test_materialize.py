@@ -735,3 +735,48 @@ def test_run_summary_read_while_its_parts_are_built_on_an_empty_store(tmp_path):
     _commit(conn, [make_span(1, run="run-1", agent_id="worker", tool_name="search", tool_args={"q": "a"})])
     got = run_metric(conn, "run_summary")
     assert list(got["run_id"]) == ["run-1"]
+
+
+def test_the_span_steps_first_build_in_run_chunks_equals_one_computation(tmp_path, monkeypatch):
+    """compare_span_steps' first build goes a chunk of runs at a time (every span's steps at
+    once held +5 GiB at 10M spans): the parts together are every span's steps, once each, and
+    folding new spans into them afterwards still holds."""
+    import dataclasses
+
+    rng = random.Random(11)
+    conn = _store(tmp_path)
+    runs = [f"run-{i}" for i in range(6)]
+    for batch in range(4):
+        _commit(conn, _random_batch(rng, batch, runs) + _loop_batch(rng, batch, runs))
+    monkeypatch.setattr(compare_kept, "BUILD_CHUNK_SPANS", 8)
+    parts: list[int] = []
+    item = materialize._items[compare_kept.SPAN_STEPS]
+
+    def counted(cursor, target):
+        for part in item.build(cursor, target):
+            parts.append(part.num_rows)
+            yield part
+
+    monkeypatch.setitem(materialize._items, compare_kept.SPAN_STEPS, dataclasses.replace(item, build=counted))
+    assert not _pass(conn).failed
+    assert len(parts) >= 3 and all(parts)
+
+    def assert_steps_whole() -> None:
+        table = "findings__" + compare_kept.SPAN_STEPS
+        got = conn.sql(f"SELECT * EXCLUDE (_pos) FROM {table} ORDER BY TraceId, SpanId").to_arrow_table()
+        full = compare_kept._span_steps(conn, None, None).sort_by(
+            [("TraceId", "ascending"), ("SpanId", "ascending")]
+        )
+        assert (
+            got.num_rows
+            == full.num_rows
+            == conn.execute("SELECT count(*) FROM spans WHERE run_id IS NOT NULL").fetchone()[0]
+        )
+        assert got.to_pylist() == full.select(got.column_names).to_pylist()
+
+    assert_steps_whole()
+    _assert_tables_equal_full(conn, {})
+    _commit(conn, _random_batch(rng, 4, runs))
+    assert not _pass(conn).failed
+    assert_steps_whole()
+    _assert_tables_equal_full(conn, {})
