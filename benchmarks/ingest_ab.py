@@ -1,6 +1,6 @@
 """Durable ingest of this tree against another commit's, alternating in the same minutes.
 
-`python -m benchmarks.ingest_ab --base 20d8bda --spans 200000 --rounds 3 --out FILE`
+`python -m benchmarks.ingest_ab --base 20d8bda --spans 200000 --rounds 3 [--embeddings] --out FILE`
 
 The machine is shared and noisy: one ingest of each tree says little, so the two serves take
 turns (A B A B ...) on the very same payloads (``benchmarks.ingest``'s templates, stamped into
@@ -39,9 +39,11 @@ def base_tree(commit: str, into: Path) -> Path:
     return into
 
 
-def ingest_once(repo: Path, workdir: Path, templates: list[bytes], spans: int, batch: int) -> dict:
+def ingest_once(
+    repo: Path, workdir: Path, templates: list[bytes], spans: int, batch: int, embeddings: bool = False
+) -> dict:
     db = workdir / f"ab-{repo.name}-{time.monotonic_ns()}.duckdb"
-    serve = ServeProcess(db, repo=repo).start()
+    serve = ServeProcess(db, repo=repo, embeddings=embeddings).start()
     try:
         client = LoadClient(serve, "http", templates, -(-spans // batch))
         elapsed = client.run(4, [batch] * len(templates))
@@ -64,10 +66,12 @@ def ingest_once(repo: Path, workdir: Path, templates: list[bytes], spans: int, b
         "commits": health.get("commits"),
         "materializer_pass_s": health.get("findings", {}).get("pass_seconds_total"),
         "deferred_to_ingest_s": health.get("findings", {}).get("deferred_to_ingest_seconds"),
+        "writer_commit_s": health.get("writer_commit_seconds"),
+        "writer_auto_checkpoint_s": health.get("writer_auto_checkpoint_seconds"),
     }
 
 
-def run_ab(base: str, spans: int, rounds: int, batch: int = 512) -> dict:
+def run_ab(base: str, spans: int, rounds: int, batch: int = 512, embeddings: bool = False) -> dict:
     templates = template_payloads(TEMPLATES * batch, 7, batch)
     with tempfile.TemporaryDirectory(prefix="driftscope-ab-") as tmp:
         workdir = Path(tmp)
@@ -76,7 +80,7 @@ def run_ab(base: str, spans: int, rounds: int, batch: int = 512) -> dict:
             runs: dict[str, list[dict]] = {"base": [], "this": []}
             for _ in range(rounds):
                 for name, repo in (("base", old), ("this", REPO)):
-                    runs[name].append(ingest_once(repo, workdir, templates, spans, batch))
+                    runs[name].append(ingest_once(repo, workdir, templates, spans, batch, embeddings))
                     logger.info("%s: %s", name, runs[name][-1])
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(old)], check=False,
@@ -86,6 +90,7 @@ def run_ab(base: str, spans: int, rounds: int, batch: int = 512) -> dict:
         "base": base,
         "spans_per_run": spans,
         "rounds": rounds,
+        "embeddings": embeddings,
         "runs": runs,
         "median_acked_spans_per_s": medians,
         "this_over_base": round(medians["this"] / medians["base"], 3),
@@ -99,11 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base", default="20d8bda", help="the commit to compare with")
     parser.add_argument("--spans", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--embeddings", action="store_true",
+                        help="both serves with their embedding worker, as serve runs by default")  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    result = run_ab(args.base, args.spans, args.rounds)
+    result = run_ab(args.base, args.spans, args.rounds, embeddings=args.embeddings)
     args.out.write_text(json.dumps(result, indent=2))
     print(json.dumps({k: result[k] for k in ("median_acked_spans_per_s", "this_over_base")}))
     return 0
