@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 import uvicorn
 from starlette.applications import Starlette
 
@@ -237,6 +238,16 @@ def build_service(config: ServeConfig) -> Service:
             cursor.close()
         return {"total_bytes": sum(r[1] for r in rows), "by_tag": {r[0]: r[1] for r in rows}}
 
+    def arrow_memory() -> dict:
+        """What Arrow's allocator holds for this process's tables (pandas frames and DuckDB's
+        results are not counted here), and the most it has held."""
+        pool = pa.default_memory_pool()
+        return {
+            "allocated_bytes": pool.bytes_allocated(),
+            "max_bytes": pool.max_memory(),
+            "backend": pool.backend_name,
+        }
+
     def health_extra() -> dict:
         return {
             "status": "ok" if writer.healthy else "store_unavailable",
@@ -252,6 +263,7 @@ def build_service(config: ServeConfig) -> Service:
             "writer_auto_checkpoints": writer.auto_checkpoints,
             "writer_auto_checkpoint_seconds": round(writer.auto_checkpoint_seconds, 3),
             "duckdb_memory": duckdb_memory(),
+            "arrow_memory": arrow_memory(),
             "writer_writes": writer.writes,
             "writer_failed_writes": writer.failed_writes,
             "fast_decoder": fastdecode.AVAILABLE,
