@@ -122,6 +122,10 @@ def span_changes(conn: duckdb.DuckDBPyConnection, after: int, upto: int) -> Span
     return SpanChanges(after, upto, None if unknown else oldest, bool(only_new))
 
 
+class Stopping(Exception):
+    """Raised before a result's computation once the materializer is asked to stop."""
+
+
 # Passes that recomputed something between two prunes of the consumed change log.
 PRUNE_EVERY = 20
 # Ingest first: while INGEST_BACKLOG or more requests wait for the writer (a burst at the store's
@@ -1054,6 +1058,8 @@ def _bring_up_to_date(
             report.recomputed[name] = len(keys)
             if error:
                 report.failed[name] = error
+        except duckdb.InterruptException:
+            raise  # the materializer is stopping (Materializer.stop): no failure of the result
         except Exception as exc:  # noqa: BLE001 - one detector's failure must not stop the others
             _write_failed(write_fn, report, name, f"{type(exc).__name__}: {exc}")
             current.discard(name)
@@ -1140,6 +1146,8 @@ class Materializer(threading.Thread):
         self.pass_seconds_total = 0.0
         self.write_wait_seconds = 0.0  # of all passes' time, waiting for their writes
         self.working_on: tuple[str, float] | None = None  # (result, since: monotonic) in a pass
+        self._cursor_lock = threading.Lock()
+        self._running_cursor: duckdb.DuckDBPyConnection | None = None  # what stop() interrupts
 
     def notify(self) -> None:
         """New spans were committed (serve's on_commit)."""
@@ -1155,6 +1163,8 @@ class Materializer(threading.Thread):
     def _yield_to_ingest(self, name: str) -> None:
         """Before each result (``name``): while requests queue for the writer (a burst), wait, up
         to ``INGEST_MAX_DEFER_S`` a pass."""
+        if self._stop_event.is_set():
+            raise Stopping(name)
         self.working_on = (name, time.monotonic())
         if self._ingest_backlog is None:
             return
@@ -1189,11 +1199,17 @@ class Materializer(threading.Thread):
 
     def run(self) -> None:
         cursor = self._cursor()
+        with self._cursor_lock:
+            self._running_cursor = cursor
         try:
             while not self._stop_event.is_set():
                 try:
                     report = self.run_once(cursor)
                     self.last_error = None
+                except (Stopping, duckdb.InterruptException):
+                    if self._stop_event.is_set():
+                        break  # what the pass wrote so far stays; the next start resumes from the log
+                    raise
                 except Exception as exc:  # noqa: BLE001 - keep going; health shows the error
                     self.last_error = f"{type(exc).__name__}: {exc}"
                     logger.warning("materializer pass failed (will retry): %s", self.last_error)
@@ -1203,9 +1219,17 @@ class Materializer(threading.Thread):
                 self._wake.wait(self.interval)
                 self._wake.clear()
         finally:
+            with self._cursor_lock:
+                self._running_cursor = None
             cursor.close()
 
     def stop(self, timeout: float = 30.0) -> None:
+        """Stop before the next result, interrupting the query running now (a first build at 10M
+        computes one result for minutes: serve's shutdown must not wait for it, nor close the
+        store under it)."""
         self._stop_event.set()
         self._wake.set()
+        with self._cursor_lock:
+            if self._running_cursor is not None:
+                self._running_cursor.interrupt()
         self.join(timeout)

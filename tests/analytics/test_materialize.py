@@ -780,3 +780,36 @@ def test_the_span_steps_first_build_in_run_chunks_equals_one_computation(tmp_pat
     assert not _pass(conn).failed
     assert_steps_whole()
     _assert_tables_equal_full(conn, {})
+
+
+def test_stopping_interrupts_the_running_computation_and_records_no_failure(tmp_path):
+    """A first build at 10M computes one result for minutes; serve's shutdown stopped the
+    materializer with a 30 s join and then closed the store under its running query (the process
+    aborted). Stop now interrupts that query and ends before the next result."""
+    import threading
+    import time
+
+    conn = _store(tmp_path)
+    _commit(conn, [make_span(0, run="run-1", agent_id="a", tool_name="t", tool_args={"q": 1})])
+    started = threading.Event()
+
+    def slow(cursor, partition, keys):
+        started.set()  # minutes of work unless interrupted
+        return cursor.execute("SELECT sum(hash(range)) AS n FROM range(100000000000)").df()
+
+    materialize.maintain(materialize.Maintained("toy_slow", None, slow, (), "1"))
+    try:
+        worker = materialize.Materializer(conn.cursor, direct_write(conn))
+        worker.start()
+        assert started.wait(120)
+        asked = time.monotonic()
+        worker.stop(timeout=60)
+        assert not worker.is_alive()
+        assert time.monotonic() - asked < 30
+        states = materialize.read_states(conn)
+        assert "toy_slow" not in states  # interrupted: neither built nor failed
+        assert states["repeated_calls"].seq is not None  # what came before it stays built
+        assert worker.last_error is None
+        assert conn.execute("SELECT count(*) FROM spans").fetchone()[0] == 1
+    finally:
+        materialize.forget("toy_slow")
