@@ -28,7 +28,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from analytics import registry
+from analytics import materialize, registry
 from analytics.alert_rules import AlertRule, render
 from analytics.sql_loader import load_sql, query_df
 from analytics.types import Filters, Window
@@ -349,8 +349,14 @@ def evaluate(
     since: datetime | None = None,
     state: duckdb.DuckDBPyConnection | None = None,
     turn: Callable[[], AbstractContextManager] | None = None,
+    wait_for_tables: bool = False,
 ) -> Evaluation:
     """Evaluate every rule on ``conn`` (read only) and plan the state changes.
+
+    ``wait_for_tables`` (serve, beside its materializer): a rule whose detector's findings table
+    is not built yet is not evaluated (reported in ``errors``, its alerts left as they are)
+    instead of computed from every span: at 10M spans its 13 rules every 30 s during the first
+    build took serve from 1.8 to 7.6 GiB.
 
     ``since`` bounds the spans the detectors read (``registry.run_metric``: the runs it holds
     whole read from the findings tables, the runs it cuts computed); a rule whose detector fails is reported in ``errors`` and
@@ -362,7 +368,13 @@ def evaluate(
     state = conn if state is None else state
     now = now or utcnow()
     result = Evaluation()
+    maintained = materialize.maintained() if wait_for_tables else {}
     for rule in rules:
+        if rule.detector in maintained and materialize.ready(conn, rule.detector) is None:
+            result.errors[rule.name] = (
+                f"not evaluated yet: the findings table of {rule.detector} is being built (serve's first pass)"
+            )
+            continue
         try:
             with turn() if turn is not None else nullcontext():
                 rows = finding_frame(conn, rule, since)

@@ -151,7 +151,8 @@ def load_alert_rules(config) -> list[AlertRule]:
 def start_alerting(config, rules, cursor, write, **store_options):
     """The alert evaluator and its receivers (those configured: none keeps the state for the
     dashboard only), started for serve's ``config``. ``cursor``, ``write`` and the
-    ``store_options`` (``state_cursor``, ``commits``, ``turn``) as ``AlertService`` takes them."""
+    ``store_options`` (``state_cursor``, ``commits``, ``turn``, ``wait_for_tables``) as
+    ``AlertService`` takes them."""
     receivers = build_receivers(
         config.alertmanager_url,
         config.alert_webhook_url,
@@ -204,8 +205,10 @@ class AlertService:
         state_cursor: Callable | None = None,
         commits: Callable[[], int] | None = None,
         turn: Callable[[], AbstractContextManager] | None = None,
+        wait_for_tables: bool = False,
     ) -> None:
         self.cursor = cursor
+        self.wait_for_tables = wait_for_tables  # alerts.evaluate: no full computation on a build
         self.turn = turn
         self.state_cursor = state_cursor
         self.commits = commits
@@ -251,6 +254,7 @@ class AlertService:
                 since=self.since,
                 state=state,
                 turn=self._next_turn if self.turn is not None else None,
+                wait_for_tables=self.wait_for_tables,
             )
         finally:
             if state is not conn:

@@ -214,7 +214,7 @@ def build_service(config: ServeConfig) -> Service:
         submit=queue.submit_write,
     )
     materializer.start()
-    alerting = start_alerting(config, alert_rules, conn.cursor, writer.execute_write_fn)
+    alerting = start_alerting(config, alert_rules, conn.cursor, writer.execute_write_fn, wait_for_tables=True)
     retention = None
     if config.retention:
         retention = RetentionWorker(writer.execute_write_fn, config.retention, config.retention_interval)

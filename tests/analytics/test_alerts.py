@@ -226,3 +226,25 @@ def test_notifications_are_due_until_a_receiver_acknowledges_each_state(tmp_path
     assert set(listed["state"]) == {"resolved"} and all(
         "webhook:resolved" in d for d in listed["delivered_to"]
     )
+
+
+def test_beside_a_materializer_rules_wait_for_their_tables_instead_of_computing(tmp_path):
+    """serve evaluates rules beside its materializer: before a detector's findings table is
+    built its rule is not evaluated (computing it from every span during the first build took
+    serve from 1.8 to 7.6 GiB at 10M spans), its alerts are left as they are, and the reason is
+    said; once the tables are built the same rules fire."""
+    from analytics import materialize
+
+    conn = _db(tmp_path, "split_brain_unguarded")
+    now = _newest(conn) + timedelta(seconds=5)
+    waiting = alerts.evaluate(conn, default_rules(), now, wait_for_tables=True)
+    assert waiting.changes == [] and not any(waiting.groups.values())
+    assert waiting.errors["lost_updates"].startswith("not evaluated yet: the findings table of lost_updates")
+    cursor = conn.cursor()
+    try:
+        assert not materialize.bring_up_to_date(cursor, direct_write(conn)).failed
+    finally:
+        cursor.close()
+    built = alerts.evaluate(conn, default_rules(), now, wait_for_tables=True)
+    assert not built.errors
+    assert {change.row["rule"] for change in built.changes} == {"divergent_reads", "lost_updates"}
