@@ -332,7 +332,9 @@ def whole_if_covering(conn: duckdb.DuckDBPyConnection, window: Window) -> Window
     if window == Window():
         return window
     if is_clickhouse(conn):
-        ((count, first, last),) = fetch_rows(conn, "SELECT count(*), min(Timestamp), max(Timestamp) FROM spans")
+        ((count, first, last),) = fetch_rows(
+            conn, "SELECT count(*), min(Timestamp), max(Timestamp) FROM spans"
+        )
         first = None if not count else first  # ClickHouse's min() of no rows is the epoch
     else:
         first, last = conn.execute("SELECT min(Timestamp), max(Timestamp) FROM spans").fetchone()

@@ -32,7 +32,11 @@ from tests.analytics.test_clickhouse_detectors import _cell, _random_payload, _s
 
 @pytest.fixture(scope="module", params=store_params("its driftscope_test_findings_* databases are"))
 def chdb_store(request, tmp_path_factory):
-    store = open_store_url(SERVER_URL) if request.param == "server" else ChdbStore(str(tmp_path_factory.mktemp("chf")))
+    store = (
+        open_store_url(SERVER_URL)
+        if request.param == "server"
+        else ChdbStore(str(tmp_path_factory.mktemp("chf")))
+    )
     yield store
     store.close()
 
@@ -101,7 +105,9 @@ def test_tables_equal_duckdb_full_computation_after_every_batch(chdb_store, seed
         batch = decode_payload(*_random_payload(rng, index))
         insert_batches(duck, [batch], traces)
         if path == "direct":
-            clickhouse_ingest.insert_direct(store, batch.table, staging, False, resolver=scratch, changes=changes)
+            clickhouse_ingest.insert_direct(
+                store, batch.table, staging, False, resolver=scratch, changes=changes
+            )
         else:
             insert_otel_traces(store, batch.table)
             resolve_spans(store, settle_seconds=0, changes=changes)
@@ -158,7 +164,9 @@ def test_a_new_reader_answers_from_the_tables_without_the_spans(chdb_store):
         assert got.attrs.get("source") == "table", name
         assert _rows(got) == _rows(registry.compute_metric(duck, name)), name
         fresh = findings_freshness(reader, got, name)
-        assert fresh["source"] == "table" and fresh["lag_seconds"] == 0.0 and fresh["findings_as_of"] is not None
+        assert (
+            fresh["source"] == "table" and fresh["lag_seconds"] == 0.0 and fresh["findings_as_of"] is not None
+        )
     duck.close()
 
 
