@@ -678,10 +678,10 @@ class ClickHouseMaterializer(threading.Thread):
     def health(self) -> dict[str, Any]:
         """The thread's counters for serve's health answer."""
         return {
-            "passes": self.passes,
+            "materializer_passes": self.passes,
             "last_pass_seconds": round(self.last_pass_seconds, 3),
             "pass_seconds_total": round(self.pass_seconds_total, 2),
-            "error": self.last_error,
+            "last_error": self.last_error,
             "failed": self.last_failed,
         }
 
