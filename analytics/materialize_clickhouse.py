@@ -645,6 +645,10 @@ class ClickHouseMaterializer(threading.Thread):
         self._whole_at[name] = now
         return True
 
+    def versions(self) -> _Versions:
+        """Row versions continuing from the store's (what ``run_once`` takes)."""
+        return _Versions(self.store)
+
     def run_once(self, versions: _Versions) -> PassReport:
         started = time.perf_counter()
         report = bring_up_to_date(self.store, whole_due=self._whole_due, turn=self.turn, versions=versions)
@@ -665,7 +669,7 @@ class ClickHouseMaterializer(threading.Thread):
         while not self._stop_event.is_set():
             report = None
             try:
-                versions = versions or _Versions(self.store)
+                versions = versions or self.versions()
                 report = self.run_once(versions)
                 self.last_error = None
             except Exception as exc:  # noqa: BLE001 - keep going; health shows the error
