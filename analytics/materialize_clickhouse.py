@@ -32,13 +32,11 @@ other processes, e.g. ``driftscope calibrate --store``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -48,25 +46,32 @@ import pyarrow.compute as pc
 
 from analytics import materialize
 from analytics.engine import _naive_utc
-from analytics.materialize import POSITION, Maintained, PassReport, State
+from analytics.findings_clickhouse import (
+    NULL_FLAG,
+    PART,
+    VERSION,
+    ChState,
+    RowVersions,
+    count_of,
+    current_versions,
+    dict_rows,
+    qualified,
+    read_states,
+    table_columns,
+    target_change,
+    touched_keys,
+    write_rows,
+    write_state,
+)
+from analytics.materialize import POSITION, Maintained, PassReport
 from analytics.types import Filters, Window
 
 logger = logging.getLogger(__name__)
 
-PART, VERSION = "_part", "_ver"  # a row's partition key ('' when whole) and its write's version
-NULL_FLAG = "_null_"  # a list column's NULL flag column (ClickHouse arrays are never NULL)
-NULL_PART = "\x00"  # the partition of a row whose key is NULL (only an unscoped write writes it)
 # Past this many touched partitions and this share of all, one unscoped computation (as DuckDB)
 MANY_KEYS, MANY_SHARE, CHUNK_KEYS = materialize.MANY_KEYS, materialize.MANY_SHARE, materialize.CHUNK_KEYS
 WHOLE_INTERVAL_S = materialize.WHOLE_INTERVAL_S
 PRUNE_EVERY = 20  # passes that wrote something between two prunes
-
-
-@dataclass
-class ChState(State):
-    """A ``findings_state`` row on ClickHouse: ``base``, the oldest row version reads take."""
-
-    base: int = 0
 
 
 def maintained() -> dict[str, Maintained]:
@@ -94,272 +99,20 @@ def maintained() -> dict[str, Maintained]:
         out[name] = dataclasses.replace(
             item, version=version, extra_keys=None, touched=None, apply=None, build=None
         )
-    return out
-
-
-# ----------------------------------------------------------------------------------------- store
-
-
-def _t(store, name: str) -> str:
-    return f"`{store.database}`.`{name}`"
-
-
-def _rows(store, sql: str, params: dict[str, Any] | None = None) -> list[dict]:
-    return store.execute(sql, params).to_pylist()
+    read = {first for item in out.values() for first in item.depends}  # a part no result here reads
+    return {name: item for name, item in out.items() if name not in materialize.PARTS or name in read}
 
 
 def inputs(store) -> str:
     """What every table also depends on besides the spans: the thresholds and goal scores stored."""
-    row = _rows(
+    row = dict_rows(
         store,
-        f"SELECT (SELECT count() FROM {_t(store, 'thresholds')} FINAL) AS t, "
-        f"(SELECT toString(max(created_at)) FROM {_t(store, 'thresholds')}) AS tm, "
-        f"(SELECT count() FROM {_t(store, 'goal_scores')} FINAL) AS g, "
-        f"(SELECT toString(max(created_at)) FROM {_t(store, 'goal_scores')}) AS gm",
+        f"SELECT (SELECT count() FROM {qualified(store, 'thresholds')} FINAL) AS t, "
+        f"(SELECT toString(max(created_at)) FROM {qualified(store, 'thresholds')}) AS tm, "
+        f"(SELECT count() FROM {qualified(store, 'goal_scores')} FINAL) AS g, "
+        f"(SELECT toString(max(created_at)) FROM {qualified(store, 'goal_scores')}) AS gm",
     )[0]
     return f"{row['t']}@{row['tm']},{row['g']}@{row['gm']}"
-
-
-def read_states(store) -> dict[str, ChState]:
-    """Every ``findings_state`` row by result (empty when the store has no such table)."""
-    try:
-        rows = _rows(
-            store,
-            "SELECT metric, version, seq, base, rows, failed_keys, last_error "
-            f"FROM {_t(store, 'findings_state')} FINAL",
-        )
-    except Exception:  # noqa: BLE001 - a store created before findings tables: every read computes
-        return {}
-    return {
-        r["metric"]: ChState(
-            r["version"],
-            r["seq"] if r["seq"] >= 0 else None,
-            r["rows"],
-            json.loads(r["failed_keys"]) if r["failed_keys"] else [],
-            r["last_error"] or None,
-            r["base"],
-        )  # fmt: skip
-        for r in rows
-    }
-
-
-def target_change(store) -> int:
-    """The newest committed change below every change begun and not committed (its spans may not
-    all be written yet): what a pass may bring the tables up to."""
-    try:
-        return int(
-            _rows(
-                store,
-                f"SELECT max(seq) AS s FROM {_t(store, 'change_log')} WHERE seq < coalesce(("
-                f"SELECT minOrNull(seq) FROM {_t(store, 'change_partitions')} "
-                f"WHERE seq NOT IN (SELECT seq FROM {_t(store, 'change_log')})), 18446744073709551615)",
-            )[0]["s"]
-            or 0
-        )
-    except Exception:  # noqa: BLE001 - no change log: nothing to bring up to date
-        return 0
-
-
-def _touched(store, partition: str, after: int, upto: int) -> list[str]:
-    rows = store.execute(
-        f"SELECT DISTINCT key FROM {_t(store, 'change_partitions')} WHERE partition = {{p:String}} "
-        "AND seq > {a:UInt64} AND seq <= {u:UInt64}",
-        {"p": partition, "a": after, "u": upto},
-    )
-    return rows.column("key").to_pylist() if rows.num_rows else []
-
-
-def _count(store, sql: str) -> int:
-    return int(_rows(store, sql)[0]["n"])
-
-
-def _columns(store, table: str) -> dict[str, str]:
-    rows = store.execute(
-        "SELECT name, type FROM system.columns WHERE database = {db:String} AND table = {t:String} "
-        "ORDER BY position",
-        {"db": store.database, "t": table},
-    ).to_pylist()
-    return {r["name"]: r["type"] for r in rows}
-
-
-# ---------------------------------------------------------------------------------------- writes
-
-_INTS = {8: "Int8", 16: "Int16", 32: "Int32", 64: "Int64"}
-
-
-def _scalar_type(kind: pa.DataType) -> str:
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind):
-        return "String"
-    if pa.types.is_boolean(kind):
-        return "Bool"
-    if pa.types.is_signed_integer(kind):
-        return _INTS[kind.bit_width]
-    if pa.types.is_unsigned_integer(kind):
-        return "U" + _INTS[kind.bit_width]
-    if pa.types.is_floating(kind) or pa.types.is_decimal(kind):
-        return "Float64"
-    if pa.types.is_timestamp(kind):
-        return "DateTime64(6, 'UTC')"
-    if pa.types.is_date(kind):
-        return "Date32"
-    raise TypeError(f"findings column of Arrow type {kind} has no ClickHouse type here")
-
-
-def _ch_type(kind: pa.DataType) -> str:
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        return f"Array(Nullable({_scalar_type(kind.value_type)}))"
-    return f"Nullable({_scalar_type(kind)})"
-
-
-def _stored(rows: pa.Table, partition: str | None, ver: int) -> pa.Table:
-    """``rows`` (``materialize._arrow``'s) as stored: list NULLs as [] plus a flag, the partition
-    key and the version."""
-    columns, names = [], []
-    for name, column in zip(rows.column_names, rows.columns, strict=True):
-        kind = column.type
-        if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-            null = pc.is_null(column)
-            columns += [pc.if_else(null, pa.scalar([], kind), column), pc.cast(null, pa.uint8())]
-            names += [name, NULL_FLAG + name]
-            continue
-        if pa.types.is_decimal(kind):
-            column = pc.cast(column, pa.float64())
-        columns.append(column)
-        names.append(name)
-    if partition is None:
-        part = pa.array([""] * rows.num_rows, pa.string())
-    else:
-        part = pc.fill_null(pc.cast(rows.column(partition), pa.string()), NULL_PART)
-    columns += [part, pa.array([ver] * rows.num_rows, pa.uint64())]
-    names += [PART, VERSION]
-    return pa.table(columns, names=names)
-
-
-_ARROW = {
-    **{f"Int{b}": getattr(pa, f"int{b}")() for b in (8, 16, 32, 64)},
-    **{f"UInt{b}": getattr(pa, f"uint{b}")() for b in (8, 16, 32, 64)},
-    "Float64": pa.float64(), "Bool": pa.bool_(), "String": pa.string(), "Date32": pa.date32(),
-    "DateTime64(6, 'UTC')": pa.timestamp("us", "UTC"),
-}  # fmt: skip
-
-
-def _arrow_type(kind: str) -> pa.DataType | None:
-    """The Arrow type of a findings table's ClickHouse column type (None: not one of ours)."""
-    inner = kind.removeprefix("Array(")
-    listed = inner != kind
-    inner = inner.removesuffix(")") if listed else inner
-    inner = inner.removeprefix("Nullable(").removesuffix(")") if inner.startswith("Nullable(") else inner
-    scalar = _ARROW.get(inner)
-    return pa.list_(scalar) if listed and scalar is not None else scalar
-
-
-def _ensure_table(store, item: Maintained, rows: pa.Table) -> pa.Table:
-    """Create ``item``'s table from its first rows, or add the columns it lacks; returns ``rows``
-    in the table's types. A computation's column may come in another type than the table's
-    (integers with a NULL come back from ClickHouse as floats): cast when no value changes,
-    else a NULL-only column takes the new type and an integer column widens to Float64."""
-    table = item.table
-    have = _columns(store, table)
-    given = {
-        name: _ch_type(rows.column(name).type)
-        for name in rows.column_names
-        if not name.startswith(NULL_FLAG) and name not in (PART, VERSION, POSITION)
-    }
-    flags = {name: "UInt8" for name in rows.column_names if name.startswith(NULL_FLAG)}
-    if not have:
-        spec = ", ".join(f"`{n}` {k}" for n, k in {**given, **flags}.items())
-        store.command(
-            f"CREATE TABLE IF NOT EXISTS {_t(store, table)} ({spec}, `{PART}` String, `{VERSION}` UInt64, "
-            f"`{POSITION}` Int64) ENGINE = MergeTree ORDER BY (`{PART}`, `{VERSION}`, `{POSITION}`)"
-        )
-        return rows
-    for name, kind in {**given, **flags}.items():
-        if name not in have:
-            store.command(f"ALTER TABLE {_t(store, table)} ADD COLUMN `{name}` {kind}")
-            continue
-        if have[name] == kind or rows.column(name).null_count == rows.num_rows:
-            continue
-        target = _arrow_type(have[name])
-        if target is not None:
-            try:
-                cast = pc.cast(rows.column(name), target, safe=True)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                cast = None
-            column = rows.column(name)
-            if cast is not None and pc.all(pc.equal(pc.cast(cast, column.type), column)).as_py() is not False:
-                rows = rows.set_column(rows.schema.get_field_index(name), name, cast)
-                continue
-        widen = kind == "Nullable(Float64)" and have[name].startswith("Nullable(Int")
-        if widen or not _count(store, f"SELECT count(`{name}`) AS n FROM {_t(store, table)}"):
-            store.command(f"ALTER TABLE {_t(store, table)} MODIFY COLUMN `{name}` {kind}")
-            continue
-        raise TypeError(
-            f"{item.name}: column {name} was {have[name]}, now {kind}; bump the detector's "
-            "version so its table is rebuilt"
-        )
-    return rows
-
-
-def _write_rows(store, item: Maintained, frame, keys: list[str] | None, ver: int) -> int:
-    """Insert ``frame``'s rows as version ``ver`` and make it current for ``keys`` (for the
-    partitions the rows name when None: an unscoped write). Returns the rows written."""
-    rows = materialize._arrow(frame) if frame is not None else None
-    stored = _stored(rows, item.partition, ver) if rows is not None else None
-    if stored is not None and stored.num_rows:
-        stored = _ensure_table(store, item, stored)
-        store.insert_arrow(item.table, stored)
-    if keys is None:
-        keys = [""] if item.partition is None else (
-            pc.unique(stored.column(PART)).to_pylist() if stored is not None else []
-        )  # fmt: skip
-    if keys:
-        store.insert_arrow(
-            "findings_parts",
-            pa.table(
-                {
-                    "metric": [item.name] * len(keys),
-                    "key": keys,
-                    "ver": pa.array([ver] * len(keys), pa.uint64()),
-                }
-            ),
-        )
-    return stored.num_rows if stored is not None else 0
-
-
-def _write_state(store, item: Maintained, version: str, seq: int | None, base: int, ver: int,
-                 rows: int = 0, failed: list[str] | None = None, error: str | None = None) -> None:  # fmt: skip
-    store.insert_arrow(
-        "findings_state",
-        pa.table(
-            {
-                "metric": [item.name],
-                "version": [version],
-                "seq": pa.array([-1 if seq is None else seq], pa.int64()),
-                "base": pa.array([base], pa.uint64()),
-                "rows": pa.array([rows], pa.uint64()),
-                "failed_keys": [json.dumps(sorted(failed)) if failed else ""],
-                "last_error": [error or ""],
-                "updated_at": pa.array([datetime.now(UTC)], pa.timestamp("us", "UTC")),
-                "ver": pa.array([ver], pa.uint64()),
-            }  # fmt: skip
-        ),
-    )
-
-
-class _Versions:
-    """Row versions: increasing, past every version the store holds (a restart continues)."""
-
-    def __init__(self, store) -> None:
-        held = _rows(
-            store,
-            f"SELECT greatest((SELECT max(ver) FROM {_t(store, 'findings_parts')}), "
-            f"(SELECT max(ver) FROM {_t(store, 'findings_state')})) AS v",
-        )[0]["v"]
-        self.last = int(held or 0)
-
-    def next(self) -> int:
-        self.last = max(self.last + 1, time.time_ns())
-        return self.last
 
 
 # ---------------------------------------------------------------------------------------- passes
@@ -370,7 +123,7 @@ def bring_up_to_date(
     names: list[str] | None = None,
     whole_due: Callable[[str], bool] | None = None,
     turn: threading.Lock | None = None,
-    versions: _Versions | None = None,
+    versions: RowVersions | None = None,
 ) -> PassReport:
     """One pass: bring every result (of ``names``, and what they read) up to the newest change a
     pass may take (``target_change``). ``whole_due(name)``: whether a result kept whole may be
@@ -381,7 +134,7 @@ def bring_up_to_date(
     states = read_states(store)
     items = maintained()
     fingerprint = inputs(store)
-    versions = versions or _Versions(store)
+    versions = versions or RowVersions(store)
     if names is not None:
         wanted, names = list(names), set()
         while wanted:
@@ -417,7 +170,7 @@ def bring_up_to_date(
             report.failed[name] = message
             if state is not None:
                 try:
-                    _write_state(store, item, state.version, state.seq, state.base, versions.next(),
+                    write_state(store, item, state.version, state.seq, state.base, versions.next(),
                                  state.rows, state.failed_keys, message)  # fmt: skip
                 except Exception:  # noqa: BLE001 - the store itself is failing: health says so
                     logger.debug("could not record the failure of %s", name, exc_info=True)
@@ -427,22 +180,22 @@ def bring_up_to_date(
 
 
 def _bring_one(store, item: Maintained, version: str, state: ChState | None, target: int,
-               versions: _Versions, totals: dict[str, int]) -> int:  # fmt: skip
+               versions: RowVersions, totals: dict[str, int]) -> int:  # fmt: skip
     """Bring ``item`` from ``state`` (None: not built by this version) to ``target``; returns the
     partitions recomputed (-1: whole)."""
     if item.partition is None:
         ver = versions.next()
-        rows = _write_rows(store, item, item.compute(store, None, None), None, ver)
-        _write_state(store, item, version, target, ver, versions.next(), rows)
+        rows = write_rows(store, item, item.compute(store, None, None), None, ver)
+        write_state(store, item, version, target, ver, versions.next(), rows)
         return -1
-    keys = None if state is None else _touched(store, item.partition, state.seq, target)
+    keys = None if state is None else touched_keys(store, item.partition, state.seq, target)
     if state is None or _unscoped(store, keys, item.partition, totals):
         if state is None:  # another definition's rows: reads compute until the table is rebuilt
-            _write_state(store, item, version, None, 0, versions.next())
-            store.command(f"DROP TABLE IF EXISTS {_t(store, item.table)} SYNC")
+            write_state(store, item, version, None, 0, versions.next())
+            store.command(f"DROP TABLE IF EXISTS {qualified(store, item.table)} SYNC")
         ver = versions.next()
-        rows = _write_rows(store, item, item.compute(store, item.partition, None), None, ver)
-        _write_state(store, item, version, target, ver, versions.next(), rows)
+        rows = write_rows(store, item, item.compute(store, item.partition, None), None, ver)
+        write_state(store, item, version, target, ver, versions.next(), rows)
         return -1 if keys is None else len(keys)
     failed = [key for key in state.failed_keys if key not in set(keys)]
     error = None
@@ -451,8 +204,8 @@ def _bring_one(store, item: Maintained, version: str, state: ChState | None, tar
         frame, bad, message = materialize._compute_keys(store, item, chunk)
         failed += bad
         error = message or error
-        _write_rows(store, item, frame, [key for key in chunk if key not in set(bad)], versions.next())
-    _write_state(store, item, version, target, state.base, versions.next(), state.rows, failed, error)
+        write_rows(store, item, frame, [key for key in chunk if key not in set(bad)], versions.next())
+    write_state(store, item, version, target, state.base, versions.next(), state.rows, failed, error)
     return len(keys)
 
 
@@ -461,19 +214,11 @@ def _unscoped(store, keys: list[str] | None, partition: str, totals: dict[str, i
     if keys is None or len(keys) <= MANY_KEYS:
         return False
     if partition not in totals:
-        totals[partition] = _count(
+        totals[partition] = count_of(
             store,
-            f"SELECT uniqExact(`{partition}`) AS n FROM {_t(store, 'spans')} WHERE `{partition}` IS NOT NULL",
+            f"SELECT uniqExact(`{partition}`) AS n FROM {qualified(store, 'spans')} WHERE `{partition}` IS NOT NULL",
         )
     return len(keys) >= MANY_SHARE * totals[partition]
-
-
-def _current(store, name: str, base: int) -> str:
-    """The (partition, version) pairs a read of ``name`` takes (a subquery)."""
-    return (
-        f"SELECT key, max(ver) FROM {_t(store, 'findings_parts')} WHERE metric = '{name}' "
-        f"GROUP BY key HAVING max(ver) >= {int(base)}"
-    )
 
 
 def prune(store) -> int:
@@ -483,20 +228,20 @@ def prune(store) -> int:
     pruned = 0
     for name, item in maintained().items():
         state = states.get(name)
-        if state is None or state.seq is None or not _columns(store, item.table):
+        if state is None or state.seq is None or not table_columns(store, item.table):
             continue
         store.command(
-            f"DELETE FROM {_t(store, item.table)} WHERE (`{PART}`, `{VERSION}`) NOT IN ({_current(store, name, state.base)})"
+            f"DELETE FROM {qualified(store, item.table)} WHERE (`{PART}`, `{VERSION}`) NOT IN ({current_versions(store, name, state.base)})"
         )
         store.command(
-            f"DELETE FROM {_t(store, 'findings_parts')} WHERE metric = '{name}' AND ver < {int(state.base)}"
+            f"DELETE FROM {qualified(store, 'findings_parts')} WHERE metric = '{name}' AND ver < {int(state.base)}"
         )
         pruned += 1
     seqs = [states[n].seq for n in maintained() if n in states and states[n].seq is not None]
     if seqs and len(seqs) == len(maintained()):
         floor = min(min(seqs), target_change(store) - 1)
         for table in ("change_log", "change_partitions"):
-            store.command(f"DELETE FROM {_t(store, table)} WHERE seq <= {int(floor)}")
+            store.command(f"DELETE FROM {qualified(store, table)} WHERE seq <= {int(floor)}")
     return pruned
 
 
@@ -514,9 +259,9 @@ def ready(store, name: str) -> ChState | None:
 
 def _run_behind(store, state: ChState, run: str) -> bool:
     return bool(
-        _count(
+        count_of(
             store,
-            f"SELECT count() AS n FROM {_t(store, 'change_partitions')} WHERE partition = 'run_id' "
+            f"SELECT count() AS n FROM {qualified(store, 'change_partitions')} WHERE partition = 'run_id' "
             f"AND key = {_quote(run)} AND seq > {int(state.seq)}",
         )
     )
@@ -541,7 +286,7 @@ def read_findings(store, name: str, window: Window = Window(), filters: Filters 
     state = ready(store, name)
     if state is None or (filters.run is not None and _run_behind(store, state, filters.run)):
         return None
-    have = _columns(store, item.table)
+    have = table_columns(store, item.table)
     wanted = list(
         columns or documented or [c for c in have if not c.startswith(("_null_", "_part", "_ver", "_pos"))]
     )
@@ -554,7 +299,7 @@ def read_findings(store, name: str, window: Window = Window(), filters: Filters 
     order = [f"`{c}`{' DESC' if d else ''} NULLS LAST" for c, d in item.order]
     if item.partition is not None:
         order.append(f"`{item.partition}` NULLS LAST")
-    where = f"(`{PART}`, `{VERSION}`) IN ({_current(store, name, state.base)})"
+    where = f"(`{PART}`, `{VERSION}`) IN ({current_versions(store, name, state.base)})"
     params: dict[str, Any] = {}
     if filters.run is not None:
         where += " AND run_id = {run:String}"
@@ -564,7 +309,7 @@ def read_findings(store, name: str, window: Window = Window(), filters: Filters 
         params["runs"] = list(runs)
     table = _naive_utc(
         store.execute(
-            f"SELECT {select} FROM {_t(store, item.table)} WHERE {where} ORDER BY {', '.join([*order, POSITION])}",
+            f"SELECT {select} FROM {qualified(store, item.table)} WHERE {where} ORDER BY {', '.join([*order, POSITION])}",
             params or None,
         )
     )
@@ -600,8 +345,8 @@ def freshness(store, names: list[str] | None = None) -> dict[str, Any]:
     if not wanted or any(s is None for s in seqs):
         return out
     floor = min(seqs)
-    log = _t(store, "change_log")
-    row = _rows(
+    log = qualified(store, "change_log")
+    row = dict_rows(
         store,
         f"SELECT (SELECT max(seq) FROM {log}) AS newest, "
         f"(SELECT anyOrNull(committed_at) FROM {log} WHERE seq = {int(floor)}) AS at, "
@@ -645,11 +390,11 @@ class ClickHouseMaterializer(threading.Thread):
         self._whole_at[name] = now
         return True
 
-    def versions(self) -> _Versions:
+    def versions(self) -> RowVersions:
         """Row versions continuing from the store's (what ``run_once`` takes)."""
-        return _Versions(self.store)
+        return RowVersions(self.store)
 
-    def run_once(self, versions: _Versions) -> PassReport:
+    def run_once(self, versions: RowVersions) -> PassReport:
         started = time.perf_counter()
         report = bring_up_to_date(self.store, whole_due=self._whole_due, turn=self.turn, versions=versions)
         if report.recomputed:
