@@ -248,13 +248,26 @@ def prune(store) -> int:
 # ----------------------------------------------------------------------------------------- reads
 
 
-def ready(store, name: str) -> ChState | None:
-    """The state of ``name``'s table when it can answer reads (built by this definition)."""
-    item = maintained().get(name)
-    state = read_states(store).get(name) if item is not None else None
-    if state is None or state.seq is None or state.version.split("|inputs=")[0] != item.version:
+def ready(store, name: str, item: Maintained | None = None) -> tuple[ChState, list[str]] | None:
+    """The state of ``name``'s table when it can answer reads (built by this definition), and the
+    table's columns (none before its first rows): one round trip."""
+    item = item or maintained().get(name)
+    if item is None:
         return None
-    return state
+    try:
+        (row,) = dict_rows(
+            store,
+            "SELECT count() AS n, argMax(version, ver) AS version, argMax(seq, ver) AS seq, "
+            "argMax(base, ver) AS base, (SELECT groupArray(name) FROM system.columns "
+            "WHERE database = {db:String} AND table = {t:String}) AS columns "
+            f"FROM {qualified(store, 'findings_state')} WHERE metric = {{m:String}}",
+            {"db": store.database, "t": item.table, "m": name},
+        )
+    except Exception:  # noqa: BLE001 - a store created before findings tables: every read computes
+        return None
+    if not row["n"] or row["seq"] < 0 or row["version"].split("|inputs=")[0] != item.version:
+        return None
+    return ChState(row["version"], row["seq"], 0, [], None, row["base"]), list(row["columns"])
 
 
 def _run_behind(store, state: ChState, run: str) -> bool:
@@ -283,10 +296,10 @@ def read_findings(store, name: str, window: Window = Window(), filters: Filters 
         return None
     if filters.run is not None and item.partition != "run_id":
         return None
-    state = ready(store, name)
-    if state is None or (filters.run is not None and _run_behind(store, state, filters.run)):
+    found = ready(store, name, item)
+    if found is None or (filters.run is not None and _run_behind(store, found[0], filters.run)):
         return None
-    have = table_columns(store, item.table)
+    state, have = found
     wanted = list(
         columns or documented or [c for c in have if not c.startswith(("_null_", "_part", "_ver", "_pos"))]
     )

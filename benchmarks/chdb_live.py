@@ -133,6 +133,20 @@ def run_chdb_live(
             shutil.rmtree(chdb.path, ignore_errors=True)
 
 
+def run_chdb_live_in_child(workdir: Path, size: int, repeats: int, copy_above: int, rounds: int) -> dict:
+    """``run_chdb_live`` in a child process (this one may hold another chdb path)."""
+    import subprocess  # noqa: PLC0415
+
+    out = workdir / "chdb-live.json"
+    subprocess.run(
+        [sys.executable, "-m", "benchmarks.chdb_live", "--size", str(size), "--repeats", str(repeats),
+         "--copy-above", str(copy_above), "--rounds", str(rounds), "--workdir", str(workdir / "chdb-live"),
+         "--out", str(out)],
+        check=True, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    return json.loads(out.read_text())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.chdb_live", description=__doc__.splitlines()[0]

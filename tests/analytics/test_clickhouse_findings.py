@@ -10,6 +10,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 
+from tests import tiers
 from tests.clickhouse_stores import SERVER_URL, store_params
 
 pytest.importorskip("chdb", reason="chdb is in the dev extra (pip install 'driftscope[clickhouse]')")
@@ -103,7 +104,7 @@ def test_tables_equal_duckdb_full_computation_after_every_batch(chdb_store, seed
     scratch = scratch_duckdb()
     seen: dict[str, int] = {}
     scoped = []
-    for index in range(rng.randint(3, 5)):
+    for index in range(tiers.batches(full=3, quick=2)):
         batch = decode_payload(*_random_payload(rng, index))
         insert_batches(duck, [batch], traces)
         if path == "direct":
