@@ -1,7 +1,7 @@
 """The findings tables of a ClickHouse store: how rows, versions and state are stored and read.
 
 ``analytics.materialize_clickhouse`` decides what to recompute; this module holds its store
-operations. A result's table ``findings__<name>`` holds its rows with ``_part`` (the partition
+operations. A result's table ``findings__<name>`` holds its rows with ``_key`` (the partition
 key, '' when kept whole), ``_ver`` (the write's version) and ``_pos`` (the row's place in its
 computation); a list column NULL in DuckDB is ``[]`` plus a ``_null_<column>`` flag (ClickHouse
 arrays are never NULL). ``findings_parts`` names, per result and partition, the version of its
@@ -24,7 +24,9 @@ import pyarrow.compute as pc
 from analytics import materialize
 from analytics.materialize import POSITION, Maintained, State
 
-PART, VERSION = "_part", "_ver"  # a row's partition key ('' when whole) and its write's version
+# a row's partition key ('' when whole) and its write's version (not `_part`: MergeTree's
+# virtual column of that name, the data part, shadows it in a DELETE's WHERE)
+PART, VERSION = "_key", "_ver"
 NULL_FLAG = "_null_"  # a list column's NULL flag column (ClickHouse arrays are never NULL)
 NULL_PART = "\x00"  # the partition of a row whose key is NULL (only an unscoped write writes it)
 

@@ -231,7 +231,8 @@ def prune(store) -> int:
         if state is None or state.seq is None or not table_columns(store, item.table):
             continue
         store.command(
-            f"DELETE FROM {qualified(store, item.table)} WHERE (`{PART}`, `{VERSION}`) NOT IN ({current_versions(store, name, state.base)})"
+            f"DELETE FROM {qualified(store, item.table)} WHERE (`{PART}`, `{VERSION}`) "
+            f"NOT IN ({current_versions(store, name, state.base)})"
         )
         store.command(
             f"DELETE FROM {qualified(store, 'findings_parts')} WHERE metric = '{name}' AND ver < {int(state.base)}"
@@ -301,7 +302,9 @@ def read_findings(store, name: str, window: Window = Window(), filters: Filters 
         return None
     state, have = found
     wanted = list(
-        columns or documented or [c for c in have if not c.startswith(("_null_", "_part", "_ver", "_pos"))]
+        columns
+        or documented
+        or [c for c in have if not c.startswith(NULL_FLAG) and c not in (PART, VERSION, POSITION)]
     )
     if not have:
         frame = pd.DataFrame({column: pd.Series(dtype=object) for column in wanted})
