@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -297,6 +298,10 @@ def read_findings(store, name: str, window: Window = Window(), filters: Filters 
         return None
     if filters.run is not None and item.partition != "run_id":
         return None
+    if filters.run is None and (columns or documented):  # the common read: one statement
+        frame = _read_if_ready(store, item, list(columns or documented), runs)
+        if frame is not None:
+            return frame
     found = ready(store, name, item)
     if found is None or (filters.run is not None and _run_behind(store, found[0], filters.run)):
         return None
@@ -311,10 +316,6 @@ def read_findings(store, name: str, window: Window = Window(), filters: Filters 
         frame.attrs["source"] = "table"
         return frame
     flags = [NULL_FLAG + c for c in wanted if NULL_FLAG + c in have]
-    select = ", ".join(f"`{c}`" for c in wanted + flags)
-    order = [f"`{c}`{' DESC' if d else ''} NULLS LAST" for c, d in item.order]
-    if item.partition is not None:
-        order.append(f"`{item.partition}` NULLS LAST")
     where = f"(`{PART}`, `{VERSION}`) IN ({current_versions(store, name, state.base)})"
     params: dict[str, Any] = {}
     if filters.run is not None:
@@ -323,21 +324,64 @@ def read_findings(store, name: str, window: Window = Window(), filters: Filters 
     if runs is not None:
         where += " AND run_id IN {runs:Array(String)}"
         params["runs"] = list(runs)
-    table = _naive_utc(
-        store.execute(
-            f"SELECT {select} FROM {qualified(store, item.table)} WHERE {where} ORDER BY {', '.join([*order, POSITION])}",
-            params or None,
-        )
+    select = ", ".join(f"`{c}`" for c in wanted + flags)
+    table = store.execute(
+        f"SELECT {select} FROM {qualified(store, item.table)} WHERE {where} {_order(item)}", params
     )
-    for flag in flags:  # [] flagged NULL back to NULL
-        name_ = flag[len(NULL_FLAG) :]
-        column = table.column(name_)
-        null = pc.equal(table.column(flag), 1)
-        table = table.set_column(
-            table.schema.get_field_index(name_), name_, pc.if_else(null, pa.scalar(None, column.type), column)
+    return _frame(table, wanted)
+
+
+def _order(item: Maintained) -> str:
+    """DuckDB's read order of ``item``'s rows (``materialize.read_findings``)."""
+    order = [f"`{c}`{' DESC' if d else ''} NULLS LAST" for c, d in item.order]
+    if item.partition is not None:
+        order.append(f"`{item.partition}` NULLS LAST")
+    return f"ORDER BY {', '.join([*order, POSITION])}"
+
+
+def _read_if_ready(store, item: Maintained, wanted: list[str], runs: list[str] | None) -> pd.DataFrame | None:
+    """``item``'s current rows of ``wanted`` columns in one statement that also checks its state
+    (built by this definition) and finds its list columns' NULL flags by name (``COLUMNS``); None
+    when that cannot tell (no rows: not built, or built empty; no table yet): ``ready`` says."""
+    state = f"FROM {qualified(store, 'findings_state')} WHERE metric = {{m:String}}"
+    names = "|".join(re.escape(c) for c in [*wanted, *(NULL_FLAG + c for c in wanted)])
+    where = (
+        f"(`{PART}`, `{VERSION}`) IN (SELECT key, max(ver) FROM {qualified(store, 'findings_parts')} "
+        f"WHERE metric = {{m:String}} GROUP BY key HAVING max(ver) >= (SELECT argMax(base, ver) {state})) "
+        f"AND (SELECT argMax(seq, ver) >= 0 AND startsWith(argMax(version, ver), {{v:String}}) {state})"
+    )
+    params: dict[str, Any] = {"m": item.name, "v": item.version + "|inputs="}
+    if runs is not None:
+        where += " AND run_id IN {runs:Array(String)}"
+        params["runs"] = list(runs)
+    try:
+        table = store.execute(
+            f"SELECT COLUMNS({_quote('^(' + names + ')$')}) FROM {qualified(store, item.table)} "
+            f"WHERE {where} {_order(item)}",
+            params,
         )
-    table = table.select(wanted)
-    frame = table.to_pandas(types_mapper=materialize.pandas_type)
+    except Exception:  # noqa: BLE001 - no table yet (or another failure, which ready's path raises)
+        return None
+    if table.num_rows == 0 or any(c not in table.column_names for c in wanted):
+        return None
+    return _frame(table, wanted)
+
+
+def _frame(table: pa.Table, wanted: list[str]) -> pd.DataFrame:
+    """Rows read from a findings table as DuckDB's read gives them: ``wanted`` columns, a list
+    flagged NULL back to NULL, timestamps naive UTC, nullable integers."""
+    table = _naive_utc(table)
+    for name in wanted:
+        flag = NULL_FLAG + name
+        if flag in table.column_names:
+            column = table.column(name)
+            null = pc.equal(table.column(flag), 1)
+            table = table.set_column(
+                table.schema.get_field_index(name),
+                name,
+                pc.if_else(null, pa.scalar(None, column.type), column),
+            )
+    frame = table.select(wanted).to_pandas(types_mapper=materialize.pandas_type)
     frame.attrs["source"] = "table"
     return frame
 

@@ -105,14 +105,13 @@ def test_tables_equal_duckdb_full_computation_after_every_batch(chdb_store, seed
     seen: dict[str, int] = {}
     scoped = []
     for index in range(tiers.batches(full=3, quick=2)):
-        batch = decode_payload(*_random_payload(rng, index))
-        insert_batches(duck, [batch], traces)
+        pair = [decode_payload(*_random_payload(rng, 2 * index + k)) for k in range(2)]
+        insert_batches(duck, pair, traces)
+        table = pa.concat_tables([b.table for b in pair])
         if path == "direct":
-            clickhouse_ingest.insert_direct(
-                store, batch.table, staging, False, resolver=scratch, changes=changes
-            )
+            clickhouse_ingest.insert_direct(store, table, staging, False, resolver=scratch, changes=changes)
         else:
-            insert_otel_traces(store, batch.table)
+            insert_otel_traces(store, table)
             resolve_spans(store, settle_seconds=0, changes=changes)
         _copy_scores(duck, store)
         report = chm.bring_up_to_date(store)
