@@ -343,20 +343,26 @@ def _read_if_ready(store, item: Maintained, wanted: list[str], runs: list[str] |
     """``item``'s current rows of ``wanted`` columns in one statement that also checks its state
     (built by this definition) and finds its list columns' NULL flags by name (``COLUMNS``); None
     when that cannot tell (no rows: not built, or built empty; no table yet): ``ready`` says."""
-    state = f"FROM {qualified(store, 'findings_state')} WHERE metric = {{m:String}}"
     names = "|".join(re.escape(c) for c in [*wanted, *(NULL_FLAG + c for c in wanted)])
-    where = (
-        f"(`{PART}`, `{VERSION}`) IN (SELECT key, max(ver) FROM {qualified(store, 'findings_parts')} "
-        f"WHERE metric = {{m:String}} GROUP BY key HAVING max(ver) >= (SELECT argMax(base, ver) {state})) "
-        f"AND (SELECT argMax(seq, ver) >= 0 AND startsWith(argMax(version, ver), {{v:String}}) {state})"
+    # the state row: (base, built by this definition); a whole result's rows are its base's
+    state = (
+        "WITH (SELECT tuple(argMax(base, ver), argMax(seq, ver) >= 0 AND startsWith(argMax(version, ver), "
+        f"{{v:String}})) FROM {qualified(store, 'findings_state')} WHERE metric = {{m:String}}) AS st "
     )
+    if item.partition is None:
+        where = f"`{VERSION}` = st.1 AND st.2"
+    else:
+        where = (
+            f"(`{PART}`, `{VERSION}`) IN (SELECT key, max(ver) FROM {qualified(store, 'findings_parts')} "
+            "WHERE metric = {m:String} GROUP BY key HAVING max(ver) >= st.1) AND st.2"
+        )
     params: dict[str, Any] = {"m": item.name, "v": item.version + "|inputs="}
     if runs is not None:
         where += " AND run_id IN {runs:Array(String)}"
         params["runs"] = list(runs)
     try:
         table = store.execute(
-            f"SELECT COLUMNS({_quote('^(' + names + ')$')}) FROM {qualified(store, item.table)} "
+            f"{state}SELECT COLUMNS({_quote('^(' + names + ')$')}) FROM {qualified(store, item.table)} "
             f"WHERE {where} {_order(item)}",
             params,
         )
