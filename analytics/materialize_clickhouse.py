@@ -341,8 +341,9 @@ def _order(item: Maintained) -> str:
 
 def _read_if_ready(store, item: Maintained, wanted: list[str], runs: list[str] | None) -> pd.DataFrame | None:
     """``item``'s current rows of ``wanted`` columns in one statement that also checks its state
-    (built by this definition) and finds its list columns' NULL flags by name (``COLUMNS``); None
-    when that cannot tell (no rows: not built, or built empty; no table yet): ``ready`` says."""
+    (built by this definition) and finds its list columns' NULL flags by name (``COLUMNS``); with
+    no rows, ``ready`` says whether it is built and empty. None when it cannot answer (not built,
+    no table yet: the caller's ``ready`` path says which)."""
     names = "|".join(re.escape(c) for c in [*wanted, *(NULL_FLAG + c for c in wanted)])
     # the state row: (base, built by this definition); a whole result's rows are its base's
     state = (
@@ -368,8 +369,10 @@ def _read_if_ready(store, item: Maintained, wanted: list[str], runs: list[str] |
         )
     except Exception:  # noqa: BLE001 - no table yet (or another failure, which ready's path raises)
         return None
-    if table.num_rows == 0 or any(c not in table.column_names for c in wanted):
+    if any(c not in table.column_names for c in wanted):
         return None
+    if table.num_rows == 0 and ready(store, item.name, item) is None:
+        return None  # no rows because not built (by this definition)
     return _frame(table, wanted)
 
 
