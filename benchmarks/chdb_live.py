@@ -115,9 +115,10 @@ def run_chdb_live(
             for n in names
         }
         same_rows = {n: reads["chdb"][n]["rows"] == reads["duckdb"][n]["rows"] for n in names}
+        spans = {"duckdb": duck.spans, "chdb": chdb.spans}  # what the reads read
         streamed = _stream(chdb, rounds) if rounds else []
         return {
-            "spans": {"duckdb": duck.spans, "chdb": chdb.spans},
+            "spans": spans,
             "build": builds,
             "load_average_before_reads": load_before,
             "reads": reads,
