@@ -45,7 +45,8 @@ def _reads(conn, repeats: int, names: list[str]) -> dict[str, dict]:
 
 def _stream(chdb: ChdbSpanStore, rounds: int) -> list[dict]:
     """``rounds`` copies of the base streamed in: insert, resolve (logged), materializer pass."""
-    from analytics.materialize_clickhouse import ClickHouseMaterializer, freshness
+    from analytics.materialize_clickhouse import ClickHouseMaterializer
+    from analytics.read_clickhouse import freshness
     from collector.clickhouse_changes import ChangeLog
     from collector.clickhouse_resolve import resolve_spans
 
@@ -74,39 +75,56 @@ def _stream(chdb: ChdbSpanStore, rounds: int) -> list[dict]:
     return out
 
 
-def run_chdb_live(
-    workdir: Path, size: int, repeats: int = 3, copy_above: int = 100_000, rounds: int = 3, keep: bool = False
-) -> dict:
-    """Build both stores at ``size`` spans and their findings tables; reads from the tables on
-    both engines; ``rounds`` of streamed spans on chdb."""
-    import analytics  # noqa: F401 - registers every detector
+def _build(duck: SpanDatabase, chdb: ChdbSpanStore, size: int, copy_above: int) -> dict:
+    """Both stores grown to ``size`` spans (the same spans) and their findings tables built."""
     from analytics import materialize, materialize_clickhouse
     from analytics.goals import score_pending_pairs
-    from analytics.registry import METRICS
     from analytics.types import direct_write
 
+    duck.grow_to(size)
+    score_pending_pairs(duck.conn, limit=1_000_000, write=direct_write(duck.conn))
+    chdb.grow_to(min(size, copy_above))
+    if chdb.spans < size:
+        chdb.copy_to(size)
+    chdb.copy_analytics_tables(duck.conn)
+    builds = {}
+    for engine, build in (
+        ("duckdb", lambda: materialize.bring_up_to_date(duck.conn, direct_write(duck.conn))),
+        ("chdb", lambda: materialize_clickhouse.bring_up_to_date(chdb.store)),
+    ):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        report = build()
+        builds[engine] = {
+            "s": round(time.perf_counter() - start, 2), "cpu_s": round(time.process_time() - start_cpu, 2),
+            "failed": report.failed, "slowest": sorted(report.compute_seconds.items(), key=lambda kv: -kv[1])[:6],
+        }  # fmt: skip
+        logger.info("%s findings tables built: %s", engine, builds[engine])
+    return builds
+
+
+def run_chdb_live(
+    workdir: Path,
+    size: int,
+    repeats: int = 3,
+    copy_above: int = 100_000,
+    rounds: int = 3,
+    keep: bool = False,
+    reopen: bool = False,
+) -> dict:
+    """Build both stores at ``size`` spans and their findings tables; reads from the tables on
+    both engines; ``rounds`` of streamed spans on chdb. ``reopen``: the stores (and tables) a
+    ``keep`` run left in ``workdir``, read by this new process (a restarted reader), nothing built."""
+    import analytics  # noqa: F401 - registers every detector
+    from analytics import materialize_clickhouse
+    from analytics.registry import METRICS
+
     workdir.mkdir(parents=True, exist_ok=True)
-    duck = SpanDatabase(workdir / "live-twin.duckdb")
-    chdb = ChdbSpanStore(workdir / "live-store")
+    duck = SpanDatabase(workdir / "live-twin.duckdb", reopen=reopen)
+    chdb = ChdbSpanStore(workdir / "live-store", reopen=reopen)
     try:
-        duck.grow_to(size)
-        score_pending_pairs(duck.conn, limit=1_000_000, write=direct_write(duck.conn))
-        chdb.grow_to(min(size, copy_above))
-        if chdb.spans < size:
-            chdb.copy_to(size)
-        chdb.copy_analytics_tables(duck.conn)
         builds = {}
-        for engine, build in (
-            ("duckdb", lambda: materialize.bring_up_to_date(duck.conn, direct_write(duck.conn))),
-            ("chdb", lambda: materialize_clickhouse.bring_up_to_date(chdb.store)),
-        ):
-            start, start_cpu = time.perf_counter(), time.process_time()
-            report = build()
-            builds[engine] = {
-                "s": round(time.perf_counter() - start, 2), "cpu_s": round(time.process_time() - start_cpu, 2),
-                "failed": report.failed, "slowest": sorted(report.compute_seconds.items(), key=lambda kv: -kv[1])[:6],
-            }  # fmt: skip
-            logger.info("%s findings tables built: %s", engine, builds[engine])
+        if not reopen:
+            builds = _build(duck, chdb, size, copy_above)
         names = [n for n in sorted(METRICS) if n in materialize_clickhouse.maintained()]
         load_before = [round(x, 2) for x in os.getloadavg()]
         reads = {"chdb": _reads(chdb.store, repeats, names), "duckdb": _reads(duck.conn, repeats, names)}
@@ -129,7 +147,7 @@ def run_chdb_live(
     finally:
         chdb.close()
         duck.close()
-        if not keep:
+        if not keep and not reopen:
             duck.path.unlink(missing_ok=True)
             shutil.rmtree(chdb.path, ignore_errors=True)
 
@@ -158,10 +176,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="streamed rounds on chdb (0: none)")
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--keep", action="store_true", help="leave the stores in --workdir")
+    parser.add_argument(
+        "--reopen", action="store_true", help="read the stores a --keep run left (a restarted reader)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    result = run_chdb_live(args.workdir, args.size, args.repeats, args.copy_above, args.rounds, args.keep)
+    result = run_chdb_live(
+        args.workdir, args.size, args.repeats, args.copy_above, args.rounds, args.keep, args.reopen
+    )
     args.out.write_text(json.dumps(result, indent=1, default=str))
     return 0
 

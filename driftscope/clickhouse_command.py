@@ -130,7 +130,8 @@ def follow(store, interval: float) -> None:
     tables are; a failed pass is logged and tried again at the next one."""
     import time  # noqa: PLC0415
 
-    from analytics.materialize_clickhouse import ClickHouseMaterializer, freshness  # noqa: PLC0415
+    from analytics.materialize_clickhouse import ClickHouseMaterializer  # noqa: PLC0415
+    from analytics.read_clickhouse import freshness  # noqa: PLC0415
     from collector.clickhouse_changes import ChangeLog  # noqa: PLC0415
     from collector.clickhouse_resolve import resolve_spans, resolve_status  # noqa: PLC0415
 

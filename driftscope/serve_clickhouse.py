@@ -34,7 +34,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from analytics.engine import fetch_rows
-from analytics.materialize_clickhouse import ClickHouseMaterializer, freshness
+from analytics.materialize_clickhouse import ClickHouseMaterializer
+from analytics.read_clickhouse import freshness
 from collector.clickhouse_resolve import resolve_status
 from collector.clickhouse_store import (
     ClickHouseStore,

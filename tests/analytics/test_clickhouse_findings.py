@@ -16,8 +16,8 @@ from tests.clickhouse_stores import SERVER_URL, store_params
 pytest.importorskip("chdb", reason="chdb is in the dev extra (pip install 'driftscope[clickhouse]')")
 pytest.importorskip("sqlglot", reason="sqlglot is in the clickhouse extra")
 
+from analytics import Filters, read_clickhouse, registry  # noqa: E402
 from analytics import materialize_clickhouse as chm  # noqa: E402
-from analytics import registry  # noqa: E402
 from analytics.goals import score_pending_pairs  # noqa: E402
 from analytics.read import findings_freshness  # noqa: E402
 from analytics.types import direct_write  # noqa: E402
@@ -80,7 +80,7 @@ def _assert_tables_equal_full(duck, store, seen: dict[str, int]) -> None:
     for name in _kept_metrics():
         metric = registry.METRICS[name]
         want = registry.compute_metric(duck, name)
-        got = chm.read_findings(store, name, documented=list(metric.columns))
+        got = read_clickhouse.read_findings(store, name, documented=list(metric.columns))
         assert got is not None, f"{name}: its table cannot answer"
         assert list(got.columns) == list(want.columns), name
         assert _rows(got) == _rows(want), f"{name}: table != DuckDB's full computation"
@@ -164,6 +164,10 @@ def test_a_new_reader_answers_from_the_tables_without_the_spans(chdb_store):
     _copy_scores(duck, store)
     assert not chm.bring_up_to_date(store).failed
     reader = copy.copy(store)
+    (run,) = duck.execute("SELECT run_id FROM spans WHERE op = 'write' ORDER BY Timestamp LIMIT 1").fetchone()
+    one_run = registry.run_metric(reader, "lost_updates", filters=Filters(run=run))
+    assert one_run.attrs.get("source") == "table"  # a run the tables hold as committed
+    assert _rows(one_run) == _rows(registry.compute_metric(duck, "lost_updates", filters=Filters(run=run)))
     reader.command(f"TRUNCATE TABLE `{reader.database}`.`spans`")
     for name in [*_kept_metrics(), "run_summary"]:
         got = registry.run_metric(reader, name)
