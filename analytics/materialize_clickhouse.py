@@ -116,11 +116,13 @@ def bring_up_to_date(
     whole_due: Callable[[str], bool] | None = None,
     turn: threading.Lock | None = None,
     versions: RowVersions | None = None,
+    between: Callable[[str], None] | None = None,
 ) -> PassReport:
     """One pass: bring every result (of ``names``, and what they read) up to the newest change a
     pass may take (``target_change``). ``whole_due(name)``: whether a result kept whole may be
     recomputed now (None: always). ``turn``: held while each result is computed and written (serve
-    shares the store's session with its reads)."""
+    shares the store's session with its reads). ``between(name)`` is called before each result
+    (serve's thread yields to ingest there)."""
     report = PassReport(recomputed={}, failed={})
     target = report.target = target_change(store)
     states = read_states(store)
@@ -149,6 +151,8 @@ def bring_up_to_date(
             continue
         if item.partition is None and fresh and whole_due is not None and not whole_due(name):
             continue
+        if between is not None:
+            between(name)
         started = time.perf_counter()
         try:
             with turn or nullcontext():
@@ -245,9 +249,19 @@ class ClickHouseMaterializer(threading.Thread):
     """``serve --store``'s thread: brings the store's findings tables up to date after the
     writer's changes (its computations take ``turn``, the read API's turns on the store)."""
 
-    def __init__(self, store, turn: threading.Lock | None = None, interval: float = 0.5) -> None:
+    def __init__(
+        self,
+        store,
+        turn: threading.Lock | None = None,
+        interval: float = 0.5,
+        ingest_backlog: Callable[[], int] | None = None,
+    ) -> None:
         super().__init__(name="driftscope-clickhouse-materializer", daemon=True)
         self.store, self.turn, self.interval = store, turn, interval
+        # requests waiting for the writer (``len(IngestQueue)``): ingest first, as on DuckDB
+        self._ingest_backlog = ingest_backlog
+        self._deferred = 0.0  # seconds this pass waited for ingest
+        self.deferred_seconds = 0.0
         self._stop_event = threading.Event()
         self._whole_at: dict[str, float] = {}
         self.passes = 0
@@ -268,9 +282,31 @@ class ClickHouseMaterializer(threading.Thread):
         """Row versions continuing from the store's (what ``run_once`` takes)."""
         return RowVersions(self.store)
 
+    def _yield_to_ingest(self, name: str) -> None:  # noqa: ARG002 - bring_up_to_date's hook
+        """Before each result: while requests queue for the writer (a burst), wait, up to
+        ``materialize.INGEST_MAX_DEFER_S`` a pass (chdb runs one statement at a time: a pass's
+        statements would otherwise sit between the inserts)."""
+        if self._ingest_backlog is None:
+            return
+        while (
+            self._ingest_backlog() >= materialize.INGEST_BACKLOG
+            and self._deferred < materialize.INGEST_MAX_DEFER_S
+        ):
+            if self._stop_event.wait(materialize.INGEST_POLL_S):
+                return
+            self._deferred += materialize.INGEST_POLL_S
+            self.deferred_seconds += materialize.INGEST_POLL_S
+
     def run_once(self, versions: RowVersions) -> PassReport:
         started = time.perf_counter()
-        report = bring_up_to_date(self.store, whole_due=self._whole_due, turn=self.turn, versions=versions)
+        self._deferred = 0.0
+        report = bring_up_to_date(
+            self.store,
+            whole_due=self._whole_due,
+            turn=self.turn,
+            versions=versions,
+            between=self._yield_to_ingest,
+        )
         if report.recomputed:
             self._since_prune += 1
         if self._since_prune >= PRUNE_EVERY:
@@ -303,6 +339,7 @@ class ClickHouseMaterializer(threading.Thread):
         return {
             "materializer_passes": self.passes,
             "last_pass_seconds": round(self.last_pass_seconds, 3),
+            "deferred_to_ingest_seconds": round(self.deferred_seconds, 2),
             "pass_seconds_total": round(self.pass_seconds_total, 2),
             "last_error": self.last_error,
             "failed": self.last_failed,

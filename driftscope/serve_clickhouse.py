@@ -111,7 +111,9 @@ def start_clickhouse_ingest(config, receiver_config: ReceiverConfig) -> tuple:
     writer.start()
     # the findings tables, from the writer's change log; on a server in a session of its own
     materializer = ClickHouseMaterializer(
-        store if store.engine == "chdb" else open_store_url(config.store), turn=read_turns
+        store if store.engine == "chdb" else open_store_url(config.store),
+        turn=read_turns,
+        ingest_backlog=lambda: len(queue),
     )
     materializer.start()
     alerting = None
