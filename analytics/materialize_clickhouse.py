@@ -255,11 +255,15 @@ class ClickHouseMaterializer(threading.Thread):
         turn: threading.Lock | None = None,
         interval: float = 0.5,
         ingest_backlog: Callable[[], int] | None = None,
+        commits: Callable[[], int] | None = None,
     ) -> None:
         super().__init__(name="driftscope-clickhouse-materializer", daemon=True)
         self.store, self.turn, self.interval = store, turn, interval
-        # requests waiting for the writer (``len(IngestQueue)``): ingest first, as on DuckDB
+        # requests waiting for the writer (``len(IngestQueue)``) and the writer's commits so far:
+        # ingest first, as on DuckDB, and here also while the writer keeps committing
         self._ingest_backlog = ingest_backlog
+        self._commits = commits
+        self._seen_commits = -1
         self._deferred = 0.0  # seconds this pass waited for ingest
         self.deferred_seconds = 0.0
         self._stop_event = threading.Event()
@@ -282,16 +286,23 @@ class ClickHouseMaterializer(threading.Thread):
         """Row versions continuing from the store's (what ``run_once`` takes)."""
         return RowVersions(self.store)
 
+    def _ingesting(self) -> bool:
+        """Requests queue for the writer, or it committed since the last look."""
+        if self._ingest_backlog is not None and self._ingest_backlog() >= materialize.INGEST_BACKLOG:
+            return True
+        if self._commits is None:
+            return False
+        commits = self._commits()
+        moved, self._seen_commits = commits != self._seen_commits, commits
+        return moved
+
     def _yield_to_ingest(self, name: str) -> None:  # noqa: ARG002 - bring_up_to_date's hook
-        """Before each result: while requests queue for the writer (a burst), wait, up to
-        ``materialize.INGEST_MAX_DEFER_S`` a pass (chdb runs one statement at a time: a pass's
-        statements would otherwise sit between the inserts)."""
-        if self._ingest_backlog is None:
-            return
-        while (
-            self._ingest_backlog() >= materialize.INGEST_BACKLOG
-            and self._deferred < materialize.INGEST_MAX_DEFER_S
-        ):
+        """Before each result: while ingest goes on (requests queue for the writer, or it
+        committed in the last ``INGEST_POLL_S``), wait, up to ``materialize.INGEST_MAX_DEFER_S`` a
+        pass: chdb runs one statement at a time, so a pass's statements sit between the inserts,
+        and a pass recomputes each touched run from its spans (CPU the inserts need). Under
+        sustained ingest the tables then move about once per ``INGEST_MAX_DEFER_S`` plus a pass."""
+        while self._ingesting() and self._deferred < materialize.INGEST_MAX_DEFER_S:
             if self._stop_event.wait(materialize.INGEST_POLL_S):
                 return
             self._deferred += materialize.INGEST_POLL_S

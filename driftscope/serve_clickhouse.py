@@ -114,6 +114,7 @@ def start_clickhouse_ingest(config, receiver_config: ReceiverConfig) -> tuple:
         store if store.engine == "chdb" else open_store_url(config.store),
         turn=read_turns,
         ingest_backlog=lambda: len(queue),
+        commits=lambda: writer.commits,
     )
     materializer.start()
     alerting = None
