@@ -351,6 +351,10 @@ def freshness(conn: duckdb.DuckDBPyConnection, names: list[str] | None = None) -
     was committed (naive UTC, None when none is built); ``lag_seconds``: age of the oldest
     committed change some result does not reflect yet (0 when none); ``behind_changes``: how many.
     """
+    if is_clickhouse(conn):  # the same tables on ClickHouse's operations
+        from analytics import read_clickhouse
+
+        return read_clickhouse.freshness(conn, names)
     states = read_states(conn)
     items = maintained()
     wanted = [n for n in (names or list(items)) if n in items]
@@ -431,6 +435,10 @@ def read_findings(
     ``runs`` when given), or None when the table cannot answer this read: not built (or built by
     another definition), a window (the caller passes ``Window()`` when it holds every stored
     span), or a filter other than a run on a run-partitioned detector."""
+    if is_clickhouse(conn):  # the same tables on ClickHouse's operations
+        from analytics import read_clickhouse
+
+        return read_clickhouse.read_findings(conn, name, window, filters, columns, documented, runs)
     item = maintained().get(name)
     if item is None or window != Window() or filters.reads_spans():
         return None

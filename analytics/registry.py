@@ -22,7 +22,7 @@ import duckdb
 import pandas as pd
 
 import analytics.materialize as materialize
-from analytics.engine import is_clickhouse
+from analytics.engine import fetch_rows, is_clickhouse
 from analytics.materialize import read_findings, read_window
 from analytics.schema import ensure_readable
 from analytics.types import Filters, Window
@@ -281,9 +281,10 @@ def run_metric(
 
     A maintained detector is read from its findings table (``materialize.read_findings``), or
     for a window that cuts runs from the table plus the cut runs computed alone
-    (``materialize.read_window``). Anything else (a detector kept whole or by origin task under
-    a window or filter, ClickHouse, a store whose tables are not built, ``Filters.from_spans``)
-    is the detector computed over the spans the window and filters select.
+    (``materialize.read_window``; DuckDB only). Anything else (a detector kept whole or by origin
+    task under a window or filter, a window cutting runs on ClickHouse, a store whose tables are
+    not built, ``Filters.from_spans``) is the detector computed over the spans the window and
+    filters select.
 
     Raises ``KeyError`` naming the known metrics when ``name`` is not registered.
     """
@@ -294,7 +295,7 @@ def run_metric(
         raise KeyError(f"Unknown metric {name!r}; known metrics: {known}") from None
     logger.debug("running metric %s window=%s filters=%s", name, window, filters)
     ensure_readable(conn)
-    if not is_clickhouse(conn) and not filters.reads_spans():
+    if not filters.reads_spans():
         # a result laid over the window's own bounds (time buckets) only for the unbounded window
         scope = window if metric.window_bounds else whole_if_covering(conn, window)
         tabled = read_findings(conn, name, scope, filters, columns, list(metric.columns))
@@ -328,9 +329,15 @@ def whole_if_covering(conn: duckdb.DuckDBPyConnection, window: Window) -> Window
     """``Window()`` when ``window`` holds the start of every stored span (a report or page over
     "the last 2 hours" of a store that has nothing older): the same spans, so the same result, and
     it is the scope the findings tables answer. Otherwise ``window`` itself."""
-    if window == Window() or is_clickhouse(conn):  # no findings tables on ClickHouse
+    if window == Window():
         return window
-    first, last = conn.execute("SELECT min(Timestamp), max(Timestamp) FROM spans").fetchone()
+    if is_clickhouse(conn):
+        ((count, first, last),) = fetch_rows(
+            conn, "SELECT count(*), min(Timestamp), max(Timestamp) FROM spans"
+        )
+        first = None if not count else first  # ClickHouse's min() of no rows is the epoch
+    else:
+        first, last = conn.execute("SELECT min(Timestamp), max(Timestamp) FROM spans").fetchone()
     if first is None:
         return window
     if (window.since is None or window.since <= first) and (window.until is None or window.until > last):

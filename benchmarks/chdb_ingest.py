@@ -81,6 +81,13 @@ def run_chdb_ingest(
                 break
             time.sleep(0.2)
             health = serve.health()
+        findings_s = None  # the findings tables holding every change (the materializer's lag)
+        while time.perf_counter() < deadline:
+            if (health.get("findings") or {}).get("behind_changes") == 0:
+                findings_s = time.perf_counter() - acked_at
+                break
+            time.sleep(0.2)
+            health = serve.health()
         cpu_s = _cpu_seconds(serve.pid) - cpu_before
     finally:
         sampler.stop()
@@ -108,6 +115,8 @@ def run_chdb_ingest(
         "resolve_pass_seconds_total": health.get("resolve_pass_seconds_total"),
         "resolved_after_last_ack_s": round(caught_up_s, 2) if caught_up_s is not None else None,
         "resolve": resolve,
+        "findings_after_last_ack_s": round(findings_s, 2) if findings_s is not None else None,
+        "findings": health.get("findings"),
         "resolve_passes": health["resolve_passes"],
         "writer_busy_s": health["writer_busy_seconds"],
         "serve_cpu_s": round(cpu_s, 2) if cpu_s is not None else None,

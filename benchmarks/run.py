@@ -6,7 +6,8 @@ spans, with a growth table per dimension), embeddings (texts/s, cache hits on sa
 dashboard (HTML report, Overview page) and chdb (every detector on a ClickHouse store in process,
 filled through the exporter's `otel_traces` layout, beside DuckDB on the same spans),
 chdb_ingest (OTLP into `serve --store chdb:PATH` with its resolve, and the resolve pass behind an
-exporter). Results are merged into ``benchmarks/results/<date>.json`` (or --out) and
+exporter), chdb_live (every detector read from ClickHouse's findings tables beside DuckDB's, and
+spans streamed in with the tables' lag). Results are merged into ``benchmarks/results/<date>.json`` (or --out) and
 a Markdown table of targets against measurements is printed.
 """
 
@@ -36,6 +37,7 @@ SECTIONS = (
     "dashboard",
     "chdb",
     "chdb_ingest",
+    "chdb_live",
     "live",
     "compare",
 )
@@ -68,6 +70,10 @@ FULL = {
     "chdb_ingest_spans": 200_000,
     "chdb_ingest_connections": [4, 16],
     "chdb_resolve_spans": 200_000,
+    # Issue 36: reads from the findings tables on chdb beside DuckDB's, then streamed rounds
+    # (benchmarks.chdb_live).
+    "chdb_live_spans": 1_000_000,
+    "chdb_live_rounds": 5,
     # Issue 31: a live incident (benchmarks.live): reads while ~2,000 spans/s stream into the
     # stored runs, at 1M spans of 1,000-call runs and of the other shapes users send.
     "live": [
@@ -112,6 +118,8 @@ SMOKE = {
     "chdb_ingest_spans": 2048,
     "chdb_ingest_connections": [4],
     "chdb_resolve_spans": 2048,
+    "chdb_live_spans": 4096,
+    "chdb_live_rounds": 1,
     "live": [{"spans": 4096, "shape": None}],
     "live_seconds": 3.0,
     "live_rate": 500.0,
@@ -263,6 +271,16 @@ def run_sections(sections: list[str], config: dict, workdir: Path) -> dict:
             ],
             "exporter_resolve": exporter_resolve_in_child(workdir, config["chdb_resolve_spans"]),
         }
+    if "chdb_live" in sections:
+        from benchmarks.chdb_live import run_chdb_live_in_child
+
+        out["chdb_live"] = run_chdb_live_in_child(
+            workdir,
+            config["chdb_live_spans"],
+            3,
+            min(100_000, config["chdb_live_spans"]),
+            config["chdb_live_rounds"],
+        )
     if "compare" in sections:
         from benchmarks.compare import run_compare_bench
 

@@ -157,27 +157,44 @@ def lookup_rows(decoded: pa.Table) -> pa.Table:
 
 
 def insert_direct(
-    store, decoded: pa.Table, staging: str, lookup: bool, resolver=None
+    store, decoded: pa.Table, staging: str, lookup: bool, resolver=None, changes=None
 ) -> tuple[datetime, int]:
     """Insert a decoded batch: the exporter's rows staged then attached to `otel_traces` (and
     its trace-id lookup rows when ``lookup``), and `spans` rows. With ``resolver`` (a
     ``clickhouse_resolve.scratch_duckdb()``) the batch is resolved against the stored rows of
     its traces first, as the DuckDB writer does: its rows go in resolved, a span already stored
-    is not stored again, and the stored rows it changes are replaced. Returns the ingest time the
-    rows were stamped with (ClickHouse's clock) and the `spans` rows it added."""
+    is not stored again, and the stored rows it changes are replaced. With ``changes`` (the
+    process's ``clickhouse_changes.ChangeLog``) the batch is a change of the store's log: its
+    runs and origin tasks logged before `spans` is written, the change committed after. Returns
+    the ingest time the rows were stamped with (ClickHouse's clock) and the `spans` rows it added."""
+    from collector import clickhouse_resolve  # noqa: PLC0415
+    from collector.clickhouse_changes import touched_rows  # noqa: PLC0415
+
+    now = store.execute("SELECT now64(6, 'UTC') AS t").column("t")[0].as_py().replace(tzinfo=None)
+    index = decoded.schema.get_field_index("ingested_at")
+    stamped = decoded.set_column(index, "ingested_at", pa.array([now] * decoded.num_rows, pa.timestamp("us")))
+    changed = None
+    touched: list[tuple[str, str]] = []
+    if resolver is not None:
+        rows, changed = clickhouse_resolve.resolve_batch(store, resolver, stamped, touched)
+    else:
+        rows = stamped
+    seq = changes.begin(touched + touched_rows(rows)) if changes is not None else None
+    try:
+        _write_batch(store, decoded, staging, lookup, rows, changed)
+    finally:
+        if seq is not None:
+            changes.commit(seq, "spans", rows.num_rows)
+    return now, rows.num_rows
+
+
+def _write_batch(store, decoded: pa.Table, staging: str, lookup: bool, rows: pa.Table, changed) -> None:
+    """``insert_direct``'s writes: the staged exporter rows, the lookup rows, `spans`."""
     from collector import clickhouse_resolve  # noqa: PLC0415
     from collector.clickhouse_store import otel_traces_rows  # noqa: PLC0415
 
     db, traces = store.database, store.traces_table
     staged = schema.qualified(db, staging)
-    now = store.execute("SELECT now64(6, 'UTC') AS t").column("t")[0].as_py().replace(tzinfo=None)
-    index = decoded.schema.get_field_index("ingested_at")
-    stamped = decoded.set_column(index, "ingested_at", pa.array([now] * decoded.num_rows, pa.timestamp("us")))
-    changed = None
-    if resolver is not None:
-        rows, changed = clickhouse_resolve.resolve_batch(store, resolver, stamped)
-    else:
-        rows = stamped
     if store.execute(f"SELECT count() AS n FROM {staged}").column("n")[0].as_py():
         store.command(f"TRUNCATE TABLE {staged}")  # a batch that failed part-way: never acknowledged
     store.insert_arrow(staging, otel_traces_rows(decoded))
@@ -197,4 +214,3 @@ def insert_direct(
             f"ALTER TABLE {schema.qualified(db, traces)} ATTACH PARTITION ID '{partition}' FROM {staged}"
         )
         store.command(f"ALTER TABLE {staged} DROP PARTITION ID '{partition}'")
-    return now, rows.num_rows

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from collector import clickhouse_schema as schema
+from collector.clickhouse_changes import PARTITIONS, ChangeLog, touched_rows
 from collector.clickhouse_store import ChdbStore, StoreURLError, init_clickhouse, open_store_url
 from collector.decode import SPAN_SCHEMA, DecodedBatch
 from collector.migrations_runner import apply_migrations
@@ -151,13 +152,15 @@ def resolve_spans(
     settle_seconds: float = 2.0,
     traces_per_chunk: int = TRACES_PER_CHUNK,
     inserting: threading.Lock | None = None,
+    changes: ChangeLog | None = None,
 ) -> int:
     """Resolve the trees of the traces that gained rows since the last pass; return the number
     of `spans` rows rewritten. Rows younger than ``settle_seconds`` wait for the next pass (an
     insert still in flight might otherwise land behind the watermark); ``inserting``, a lock
     the one inserting thread of this process holds from stamping rows until they are stored,
     makes that exact (then ``settle_seconds`` 0). Traces are resolved ``traces_per_chunk`` at a
-    time (their rows are read into this process)."""
+    time (their rows are read into this process). Each chunk's rewrite is a change of the store's
+    change log (``changes``: the process's ``ChangeLog``; one is opened when None)."""
     db = store.database
     spans_table = schema.qualified(db, schema.SPANS_TABLE)
     since = _resolved_to(store)
@@ -177,11 +180,13 @@ def resolve_spans(
     rewritten = 0
     # a bounded number of traces per round trip: the rows come into this process, and ids go
     # through a work table rather than as query parameters (an HTTP URL has a length limit)
+    if trace_ids and changes is None:
+        changes = ChangeLog(store)
     conn = scratch_duckdb()  # the DuckDB store's tables, emptied for each chunk
     try:
         for start in range(0, len(trace_ids), traces_per_chunk):
             chunk = trace_ids[start : start + traces_per_chunk]
-            rewritten += _resolve_traces(store, conn, chunk, bounds, since)
+            rewritten += _resolve_traces(store, conn, chunk, bounds, since, changes)
     finally:
         conn.close()
     store.insert_arrow(
@@ -276,12 +281,25 @@ def scratch_duckdb():
     return conn
 
 
-def resolve_batch(store, conn, batch: pa.Table) -> tuple[pa.Table, pa.Table]:
+def logged_partitions(conn) -> list[tuple[str, str]]:
+    """The runs and origin tasks the scratch DuckDB's writer logged as touched (the DuckDB store's
+    own definition, ``collector.changes``: the run a span leaves included)."""
+    rows = conn.execute(
+        "SELECT DISTINCT partition, key FROM change_partitions WHERE partition IN (SELECT unnest($p::VARCHAR[]))",
+        {"p": list(PARTITIONS)},
+    ).fetchall()
+    return [(partition, key) for partition, key in rows]
+
+
+def resolve_batch(
+    store, conn, batch: pa.Table, touched: list[tuple[str, str]] | None = None
+) -> tuple[pa.Table, pa.Table]:
     """Resolve a decoded batch (``collector.decode``'s `spans` schema, stamped with its ingest
     time) against the rows `spans` holds of its traces, before it is inserted: returns the
     batch's rows to store, resolved (a span already stored is not stored again), and the stored
     rows the batch changes (a descendant that arrived before its ancestor) or that are stored
-    twice: these replace their stored copies. ``conn``: a ``scratch_duckdb()``."""
+    twice: these replace their stored copies. ``conn``: a ``scratch_duckdb()``. ``touched``, a
+    list, is extended with the runs and origin tasks the batch touches (new and changed rows)."""
     trace_ids = pc.unique(batch.column("TraceId")).to_pylist()
     stored = store.execute(
         f"SELECT * FROM {schema.qualified(store.database, schema.SPANS_TABLE)} "
@@ -296,6 +314,8 @@ def resolve_batch(store, conn, batch: pa.Table) -> tuple[pa.Table, pa.Table]:
         insert_batches(conn, [DecodedBatch(table=batch)])
         changed = _changed_rows(conn, old)
         new = conn.sql("SELECT s.* FROM spans s ANTI JOIN _old o USING (TraceId, SpanId)").to_arrow_table()
+        if touched is not None:
+            touched += logged_partitions(conn)
     finally:
         conn.unregister("_old")
         conn.execute("DELETE FROM change_partitions; DELETE FROM span_changes; DELETE FROM change_log")
@@ -329,7 +349,9 @@ def advance_to(store, until: datetime) -> None:
     )
 
 
-def _resolve_traces(store, conn, trace_ids: list[str], bounds: dict, since: datetime) -> int:
+def _resolve_traces(
+    store, conn, trace_ids: list[str], bounds: dict, since: datetime, changes: ChangeLog
+) -> int:
     db = store.database
     spans_table = schema.qualified(db, schema.SPANS_TABLE)
     work = schema.qualified(db, WORK_TABLE)
@@ -353,16 +375,25 @@ def _resolve_traces(store, conn, trace_ids: list[str], bounds: dict, since: date
     new = new.sort_by([("ingested_at", "ascending")])
     insert_batches(conn, [DecodedBatch(table=new)])
     changed = _changed_rows(conn, stored)
+    # the new rows' partitions as stored (before their tree was resolved: a run a span leaves)
+    # and as resolved, logged before `spans` is written (collector.clickhouse_changes)
+    touched = touched_rows(new) + logged_partitions(conn)
     conn.execute("DELETE FROM change_partitions; DELETE FROM span_changes; DELETE FROM change_log")
-    if changed.num_rows == 0:
-        return 0
-    keys = pc.binary_join_element_wise(changed.column("TraceId"), changed.column("SpanId"), "").to_pylist()
-    _put_work(store, "span", keys)
-    store.command(
-        f"DELETE FROM {spans_table} WHERE TraceId IN (SELECT key FROM {work} WHERE kind = 'trace') "
-        f"AND concat(TraceId, SpanId) IN (SELECT key FROM {work} WHERE kind = 'span') "
-        "AND ingested_at <= {until:DateTime64(6, 'UTC')}",
-        {"until": bounds["until"]},
-    )
-    store.insert_arrow(schema.SPANS_TABLE, duckdb_to_clickhouse(changed))
-    return changed.num_rows
+    seq = changes.begin(touched)
+    try:
+        if changed.num_rows == 0:
+            return 0
+        keys = pc.binary_join_element_wise(
+            changed.column("TraceId"), changed.column("SpanId"), ""
+        ).to_pylist()
+        _put_work(store, "span", keys)
+        store.command(
+            f"DELETE FROM {spans_table} WHERE TraceId IN (SELECT key FROM {work} WHERE kind = 'trace') "
+            f"AND concat(TraceId, SpanId) IN (SELECT key FROM {work} WHERE kind = 'span') "
+            "AND ingested_at <= {until:DateTime64(6, 'UTC')}",
+            {"until": bounds["until"]},
+        )
+        store.insert_arrow(schema.SPANS_TABLE, duckdb_to_clickhouse(changed))
+        return changed.num_rows
+    finally:
+        changes.commit(seq, "resolve", new.num_rows)

@@ -515,6 +515,37 @@ def spans_view_ddl(
     )
 
 
+# The change log and the findings tables' bookkeeping (analytics.materialize_clickhouse reads
+# them by these names; the findings tables themselves, `findings__<result>`, are created by the
+# materializer from its first rows). A change is logged in two steps around the writes of `spans`
+# (``collector.clickhouse_changes``): its partitions first, its `change_log` row after.
+CHANGE_LOG = "change_log"
+CHANGE_PARTITIONS = "change_partitions"
+FINDINGS_STATE = "findings_state"
+FINDINGS_PARTS = "findings_parts"
+
+
+def findings_ddl(database: str = DEFAULT_DATABASE) -> list[str]:
+    """The change log and the findings tables' state, beside `spans`: ``change_log`` (one row
+    per committed change, monotonic ``seq``), ``change_partitions`` (the runs and origin tasks each
+    change touched), ``findings_state`` (per result: the change its table reflects, its
+    definition's version and ``base``, the oldest row version it still reads) and
+    ``findings_parts`` (per result and partition, the version of its current rows). The last two
+    keep the newest row per key (ReplacingMergeTree: read with FINAL or max)."""
+    return [
+        f"CREATE TABLE IF NOT EXISTS {qualified(database, CHANGE_LOG)} (seq UInt64, "
+        "committed_at DateTime64(6, 'UTC'), kind LowCardinality(String), spans UInt64) "
+        "ENGINE = MergeTree ORDER BY seq",
+        f"CREATE TABLE IF NOT EXISTS {qualified(database, CHANGE_PARTITIONS)} (seq UInt64, "
+        "partition LowCardinality(String), key String) ENGINE = MergeTree ORDER BY (partition, key, seq)",
+        f"CREATE TABLE IF NOT EXISTS {qualified(database, FINDINGS_STATE)} (metric String, version String, "
+        "seq Int64, base UInt64, rows UInt64, failed_keys String, last_error String, "
+        "updated_at DateTime64(6, 'UTC'), ver UInt64) ENGINE = ReplacingMergeTree(ver) ORDER BY metric",
+        f"CREATE TABLE IF NOT EXISTS {qualified(database, FINDINGS_PARTS)} (metric LowCardinality(String), "
+        "key String, ver UInt64) ENGINE = ReplacingMergeTree(ver) ORDER BY (metric, key)",
+    ]
+
+
 def driftscope_ddl(
     database: str = DEFAULT_DATABASE, source: str = DEFAULT_TRACES_TABLE, ttl_days: int = 0
 ) -> list[str]:
@@ -525,4 +556,5 @@ def driftscope_ddl(
         spans_view_ddl(database, source),
         *analytics_tables_ddl(database),
         ingest_counters_ddl(database),
+        *findings_ddl(database),
     ]

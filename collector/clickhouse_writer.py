@@ -26,6 +26,7 @@ from datetime import datetime
 import pyarrow as pa
 
 from collector import clickhouse_ingest
+from collector.clickhouse_changes import ChangeLog
 from collector.clickhouse_resolve import advance_to, resolve_spans, resolved_to, scratch_duckdb, spans_since
 from collector.clickhouse_schema import qualified
 from collector.clickhouse_store import ClickHouseStore, insert_otel_traces
@@ -80,6 +81,8 @@ class ClickHouseWriter(threading.Thread):
         # direct inserts are resolved as they go in (against the stored rows of their traces);
         # the resolver then only moves the watermark past them (``SpanResolver._advance``)
         self.scratch = scratch_duckdb() if self.staging is not None else None
+        # what each insert and resolve pass touched, for the findings tables (one log per process)
+        self.changes = ChangeLog(store)
         self.own: collections.deque[tuple[datetime, int]] = collections.deque()  # (stamp, rows added)
         self.resolver = SpanResolver(self, resolve_interval)
 
@@ -160,7 +163,12 @@ class ClickHouseWriter(threading.Thread):
             with self.inserting:
                 if self.staging is not None:
                     stamp, added = clickhouse_ingest.insert_direct(
-                        self.store, table, self.staging, self.lookup, resolver=self.scratch
+                        self.store,
+                        table,
+                        self.staging,
+                        self.lookup,
+                        resolver=self.scratch,
+                        changes=self.changes,
                     )
                     self.own.append((stamp, added))
                 else:
@@ -261,7 +269,10 @@ class SpanResolver(threading.Thread):
         started = time.perf_counter()
         try:
             self.rewritten += resolve_spans(
-                self.writer.store, settle_seconds=0.0, inserting=self.writer.inserting
+                self.writer.store,
+                settle_seconds=0.0,
+                inserting=self.writer.inserting,
+                changes=self.writer.changes,
             )
         except Exception as exc:  # noqa: BLE001 - the spans are stored; the next pass tries again
             self.last_error = f"resolve: {type(exc).__name__}: {exc}"

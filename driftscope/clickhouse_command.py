@@ -102,12 +102,42 @@ def cmd_clickhouse(args: argparse.Namespace, values: dict[str, Any]) -> int:
     return 0
 
 
+def open_for_reading(url: str):
+    """The store a reading command names (``report``, ``dashboard`` ``--source``), ready to read
+    (``collector.clickhouse_resolve.open_for_reading``); on a ``chdb:`` path (this process's
+    alone) the findings tables are then brought up to its last change by one materializer pass,
+    so the reads are SELECTs over them. A server's tables are kept by its serve or
+    ``clickhouse resolve --follow``."""
+    from analytics.materialize_clickhouse import bring_up_to_date  # noqa: PLC0415
+    from collector import clickhouse_resolve  # noqa: PLC0415
+
+    store = clickhouse_resolve.open_for_reading(url)
+    if store.engine == "chdb":
+        try:
+            report = bring_up_to_date(store)
+        except BaseException:
+            store.close()
+            raise
+        if report.failed:
+            logger.warning("findings tables not brought up to date (computed on read): %s", report.failed)
+        logger.info("findings tables of %s brought up to change %d", url, report.target)
+    return store
+
+
 def follow(store, interval: float) -> None:
-    """Resolve passes every ``interval`` seconds until SIGTERM / SIGINT, logging after each how
-    far behind `spans` is; a failed pass is logged and tried again at the next one."""
+    """Resolve passes every ``interval`` seconds until SIGTERM / SIGINT, each followed by a pass
+    of the findings tables' materializer, logging after each how far behind `spans` and the
+    tables are; a failed pass is logged and tried again at the next one."""
     import time  # noqa: PLC0415
 
+    from analytics.materialize_clickhouse import ClickHouseMaterializer  # noqa: PLC0415
+    from analytics.read_clickhouse import freshness  # noqa: PLC0415
+    from collector.clickhouse_changes import ChangeLog  # noqa: PLC0415
     from collector.clickhouse_resolve import resolve_spans, resolve_status  # noqa: PLC0415
+
+    changes = ChangeLog(store)
+    materializer = ClickHouseMaterializer(store)  # its passes run here, not as a thread
+    versions = None
 
     halt = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: halt.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -116,19 +146,24 @@ def follow(store, interval: float) -> None:
         while not halt.is_set():
             started = time.monotonic()
             try:
-                rewritten = resolve_spans(store)
+                rewritten = resolve_spans(store, changes=changes)
                 status = resolve_status(store)
+                versions = versions or materializer.versions()
+                materializer.run_once(versions)
+                fresh = freshness(store)
             except Exception as exc:  # noqa: BLE001 - the next pass tries again
                 logger.error("resolve pass failed (tried again in %.1f s): %s", interval, exc)
             else:
                 logger.info(
                     "resolve pass: %d span rows rewritten in %.2f s; resolved to %s, %d span(s) "
-                    "behind, lag %.1f s",
+                    "behind, lag %.1f s; findings tables %s change(s) behind, lag %s s",
                     rewritten,
                     time.monotonic() - started,
                     status["resolved_to"],
                     status["unresolved_spans"],
                     status["lag_seconds"],
+                    fresh["behind_changes"],
+                    fresh["lag_seconds"],
                 )
             halt.wait(max(0.0, interval - (time.monotonic() - started)))
     finally:

@@ -31,8 +31,8 @@ def _open_source(source: str, token: str | None):
     if source.startswith(("http://", "https://")):
         return HttpSource(source, token=token)
     if source.startswith(CLICKHOUSE_SOURCES):
-        from collector.clickhouse_resolve import open_for_reading
         from collector.clickhouse_store import StoreURLError
+        from driftscope.clickhouse_command import open_for_reading
 
         try:
             store = open_for_reading(source)

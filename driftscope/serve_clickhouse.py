@@ -9,9 +9,10 @@ The read API (``driftscope.api``) answers over the store: the same read interfac
 (``analytics.read``) runs on it, translated for ClickHouse, one read at a time (analytics keeps a
 temporary table per session). On a server the reads use a session of their own, so inserts do not
 wait behind them; chdb has one connection per process, so there a long detector statement
-delays the writer's next insert. Not here yet: calibration (``/api/v1/calibrate`` is a 501), the
-embedding worker and the materializer (they run on the DuckDB store: every detector read here is
-computed from the spans).
+delays the writer's next insert. Not here yet: calibration (``/api/v1/calibrate`` is a 501) and
+the embedding worker. The findings tables are kept (``analytics.materialize_clickhouse``: a thread
+of its own, its computations taking the read turns) from the change log the writer and resolver
+write, and the read API answers from them when they can.
 
 Alerts (``driftscope.alerting``) run as on DuckDB: the same rules, episodes and receivers, the
 detectors reading the store, one read turn per rule (requests go in between). The alert state
@@ -33,6 +34,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from analytics.engine import fetch_rows
+from analytics.materialize_clickhouse import ClickHouseMaterializer
+from analytics.read_clickhouse import freshness
 from collector.clickhouse_resolve import resolve_status
 from collector.clickhouse_store import (
     ClickHouseStore,
@@ -106,6 +109,14 @@ def start_clickhouse_ingest(config, receiver_config: ReceiverConfig) -> tuple:
     read_turns = threading.Lock()
     writer = ClickHouseWriter(store, queue)
     writer.start()
+    # the findings tables, from the writer's change log; on a server in a session of its own
+    materializer = ClickHouseMaterializer(
+        store if store.engine == "chdb" else open_store_url(config.store),
+        turn=read_turns,
+        ingest_backlog=lambda: len(queue),
+        commits=lambda: writer.commits,
+    )
+    materializer.start()
     alerting = None
     if alert_state is not None:
         # The detectors take read turns like the API's reads, one per rule (requests go in
@@ -142,6 +153,7 @@ def start_clickhouse_ingest(config, receiver_config: ReceiverConfig) -> tuple:
             "counters": stats.snapshot(),
             "token_required": bool(config.token),
             "alerting": alerting.health() if alerting is not None else {"enabled": False},
+            "findings": _findings_health(store, materializer),
         }
 
     async def not_here(request: Request) -> Response:
@@ -171,10 +183,13 @@ def start_clickhouse_ingest(config, receiver_config: ReceiverConfig) -> tuple:
     def stop_writing() -> None:
         if alerting is not None:  # it reads the store and writes the state file: first
             alerting.stop()
+        materializer.stop()
         writer.stop()
         with read_turns:  # a read still running finishes first
             if read_store is not store:
                 read_store.close()
+            if materializer.store is not store:
+                materializer.store.close()
             store.close()
         if alert_state is not None:
             alert_state.close()
@@ -182,6 +197,21 @@ def start_clickhouse_ingest(config, receiver_config: ReceiverConfig) -> tuple:
     app = Starlette(routes=routes)
     app.state.alerting = alerting  # the AlertService (None when off), for in-process tests
     return app, queue, writer, receiver_config, stats, decode_pool, pending, stop_writing
+
+
+def _findings_health(store, materializer: ClickHouseMaterializer) -> dict:
+    """How far the store's findings tables are behind its newest logged change, and the
+    materializer's counters (the DuckDB serve's ``findings`` health fields)."""
+    try:
+        fresh = freshness(store)
+    except Exception as exc:  # noqa: BLE001 - health answers while the store is failing
+        fresh = {"findings_as_of": None, "lag_seconds": None, "behind_changes": None, "error": str(exc)}
+    as_of = fresh["findings_as_of"]
+    return {
+        **fresh,
+        "findings_as_of": as_of.isoformat() if as_of is not None else None,
+        **materializer.health(),
+    }
 
 
 def alert_state_path(url: StoreURL) -> Path:

@@ -176,6 +176,11 @@ def test_smoke_run_writes_results_for_every_section(tmp_path, capsys):
         behind["spans"] == 2048 and behind["unresolved_after"] == 0 and behind["resolve_rows_rewritten"] > 0
     )
 
+    live = document["chdb_live"]  # issue 36: reads from ClickHouse's findings tables beside DuckDB's
+    assert live["spans"]["chdb"] == live["spans"]["duckdb"] == 4096 and not live["build"]["chdb"]["failed"]
+    assert {r["source"] for engine in live["reads"].values() for r in engine.values()} == {"table"}
+    assert set(live["same_rows"].values()) == {True} and len(live["stream"]) == 1
+
     compare = document["compare"]
     assert compare["spans"] == 20_000 and compare["baseline_runs"] == compare["runs"] - 1 == 199
     assert compare["departure"] is not None and compare["median_s"] > 0

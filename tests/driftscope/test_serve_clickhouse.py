@@ -209,6 +209,30 @@ def test_read_api_answers_over_a_chdb_store(chdb_serve):
     ]
 
 
+def test_serve_keeps_findings_tables_and_answers_from_them_with_their_lag(chdb_serve):
+    """serve --store runs the materializer after resolve: health says how far behind the findings
+    tables are, and a metric is answered from its table, saying as of when."""
+    import time
+
+    client, _ = chdb_serve
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        findings = client.get("/api/v1/health").json()["findings"]
+        if findings["lag_seconds"] == 0.0 and findings["behind_changes"] == 0:
+            break
+        time.sleep(0.2)
+    assert findings["lag_seconds"] == 0.0 and findings["findings_as_of"], findings
+    assert findings["materializer_passes"] >= 1 and not findings["failed"] and not findings["last_error"]
+    for name in ("lost_updates", "run_summary"):
+        response = client.get(f"/api/v1/metrics/{name}")
+        assert response.status_code == 200
+        body = response.json()
+        assert response.headers["X-Driftscope-Source"] == "table", name
+        assert body["lag_seconds"] == 0.0 and body["findings_as_of"]
+    rows = client.get("/api/v1/metrics/lost_updates").json()["rows"]
+    assert {row["run_id"] for row in rows} == {SPLIT_BRAIN_RUN} and len(rows) == 2
+
+
 def test_read_api_over_a_store_keeps_its_checks_and_names_what_is_missing(chdb_serve):
     client, _ = chdb_serve
     assert client.get("/api/v1/runs", params={"limit": "0"}).status_code == 400

@@ -100,6 +100,11 @@ def test_alerts_on_a_chdb_store_fire_and_resolve_as_on_duckdb_and_are_delivered_
             ),
             "resolved spans",
         )
+        # the detectors answer from the findings tables: evaluate once they hold every change
+        _wait(
+            lambda: client.get("/api/v1/health").json()["findings"]["behind_changes"] == 0,
+            "findings tables up to date",
+        )
 
         firing = alerting.evaluate_once(fire_at)
         assert firing is not None and firing.errors == {}

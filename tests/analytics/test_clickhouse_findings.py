@@ -1,0 +1,233 @@
+"""Findings tables on ClickHouse (chdb): kept from the store's change log, equal to DuckDB's full
+computation after every batch, and read as tables (no recomputation) by a new reader."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from tests import tiers
+from tests.clickhouse_stores import SERVER_URL, store_params
+
+pytest.importorskip("chdb", reason="chdb is in the dev extra (pip install 'driftscope[clickhouse]')")
+pytest.importorskip("sqlglot", reason="sqlglot is in the clickhouse extra")
+
+from analytics import Filters, read_clickhouse, registry  # noqa: E402
+from analytics import materialize_clickhouse as chm  # noqa: E402
+from analytics.goals import score_pending_pairs  # noqa: E402
+from analytics.read import findings_freshness  # noqa: E402
+from analytics.types import direct_write  # noqa: E402
+from collector import clickhouse_ingest  # noqa: E402
+from collector.clickhouse_changes import ChangeLog  # noqa: E402
+from collector.clickhouse_resolve import resolve_spans, scratch_duckdb  # noqa: E402
+from collector.clickhouse_store import ChdbStore, init_clickhouse, insert_otel_traces, open_store_url  # noqa: E402
+from collector.decode import decode_payload  # noqa: E402
+from collector.store import TraceIndex, insert_batches  # noqa: E402
+from driftscope.database import migrate  # noqa: E402
+from tests.analytics.test_clickhouse_detectors import _cell, _random_payload, _sample_payloads  # noqa: E402
+
+
+@pytest.fixture(scope="module", params=store_params("its driftscope_test_findings_* databases are"))
+def chdb_store(request, tmp_path_factory):
+    store = (
+        open_store_url(SERVER_URL)
+        if request.param == "server"
+        else ChdbStore(str(tmp_path_factory.mktemp("chf")))
+    )
+    yield store
+    store.close()
+
+
+def _rows(frame) -> list[tuple]:
+    """The frame's rows as comparable tuples, sorted. A pandas integer column holding a NULL is
+    float (either engine's computation): a table keeps the type of its first rows, so a number is
+    sorted by its value, 3 and 3.0 alike; the cells are still compared exactly (3 == 3.0)."""
+
+    def key(cell):
+        if isinstance(cell, tuple):
+            return tuple(key(c) for c in cell)
+        return int(cell) if isinstance(cell, float) and cell.is_integer() else cell
+
+    rows = [tuple(_cell(v) for v in row) for row in frame.itertuples(index=False)]
+    return sorted(rows, key=lambda row: repr(key(row)))
+
+
+def _fresh(store, name: str):
+    other = copy.copy(store)
+    other.database = f"{store.database}_findings_{name}"
+    store.command(f"DROP DATABASE IF EXISTS {other.database}")
+    init_clickhouse(other)
+    return other
+
+
+def _copy_scores(duck: duckdb.DuckDBPyConnection, store) -> None:
+    """The goal scores, embeddings and thresholds scored on DuckDB, as the store's own."""
+    score_pending_pairs(duck, limit=1_000_000, write=direct_write(duck))
+    for table in ("goal_scores", "embeddings", "thresholds"):
+        store.command(f"TRUNCATE TABLE `{store.database}`.`{table}`")
+        store.insert_arrow(table, duck.sql(f"SELECT * FROM {table}").to_arrow_table())
+
+
+def _kept_metrics() -> list[str]:
+    return [name for name in chm.maintained() if name in registry.METRICS]
+
+
+def _assert_tables_equal_full(duck, store, seen: dict[str, int]) -> None:
+    for name in _kept_metrics():
+        metric = registry.METRICS[name]
+        want = registry.compute_metric(duck, name)
+        got = read_clickhouse.read_findings(store, name, documented=list(metric.columns))
+        assert got is not None, f"{name}: its table cannot answer"
+        assert list(got.columns) == list(want.columns), name
+        assert _rows(got) == _rows(want), f"{name}: table != DuckDB's full computation"
+        seen[name] = seen.get(name, 0) + len(want)
+
+
+@pytest.mark.parametrize(
+    ("seed", "path"), [(0, "exporter"), (1, "direct"), pytest.param(2, "exporter", marks=pytest.mark.deep)]
+)
+def test_tables_equal_duckdb_full_computation_after_every_batch(chdb_store, seed, path):
+    """Random span sets in batches, through the exporter's path (view + resolve pass) or serve's
+    direct inserts: after each batch and pass every kept table on chdb equals DuckDB's full
+    computation of the same spans, and a later pass recomputes only the touched partitions."""
+    rng = random.Random(seed)
+    store = _fresh(chdb_store, f"random{seed}")
+    duck = duckdb.connect()
+    migrate(duck)
+    traces = TraceIndex(duck)
+    changes = ChangeLog(store)
+    staging = clickhouse_ingest.prepare_staging(store) if path == "direct" else None
+    scratch = scratch_duckdb()
+    seen: dict[str, int] = {}
+    scoped = []
+    for index in range(tiers.batches(full=3, quick=2)):
+        pair = [decode_payload(*_random_payload(rng, 2 * index + k)) for k in range(2)]
+        insert_batches(duck, pair, traces)
+        table = pa.concat_tables([b.table for b in pair])
+        if path == "direct":
+            clickhouse_ingest.insert_direct(store, table, staging, False, resolver=scratch, changes=changes)
+        else:
+            insert_otel_traces(store, table)
+            resolve_spans(store, settle_seconds=0, changes=changes)
+        _copy_scores(duck, store)
+        report = chm.bring_up_to_date(store)
+        assert not report.failed
+        scoped += [n for n, k in report.recomputed.items() if k >= 0]
+        _assert_tables_equal_full(duck, store, seen)
+        if index:  # older row versions and the consumed log deleted: the reads do not change
+            assert chm.prune(store) > 0
+            _assert_tables_equal_full(duck, store, {})
+    found = [name for name, rows in seen.items() if rows and registry.METRICS[name].findings]
+    assert len(found) >= 5, f"too few detectors with rows for the equality to prove much: {found}"
+    assert scoped, "no pass recomputed only the touched partitions"
+    scratch.close()
+    duck.close()
+
+
+@pytest.mark.slow  # ~20 s: the sample traces request by request; make test runs it
+def test_sample_traces_request_by_request_keep_every_table_equal(chdb_store):
+    store = _fresh(chdb_store, "samples")
+    duck = duckdb.connect()
+    migrate(duck)
+    traces = TraceIndex(duck)
+    changes = ChangeLog(store)
+    payloads = _sample_payloads()
+    step = max(1, -(-len(payloads) // 2))
+    for start in range(0, len(payloads), step):
+        batches = [decode_payload(p, t) for p, t in payloads[start : start + step]]
+        insert_batches(duck, batches, traces)
+        insert_otel_traces(store, pa.concat_tables([b.table for b in batches], promote_options="default"))
+        resolve_spans(store, settle_seconds=0, changes=changes)
+        _copy_scores(duck, store)
+        assert not chm.bring_up_to_date(store).failed
+        _assert_tables_equal_full(duck, store, {})
+
+
+def test_a_new_reader_answers_from_the_tables_without_the_spans(chdb_store):
+    """A reader opened after the tables were built (another store object: nothing in process
+    memory) answers every kept metric and run_summary from the tables, as of the last change:
+    with `spans` emptied behind the change log's back, the answers are still the findings."""
+    rng = random.Random(4)
+    store = _fresh(chdb_store, "restart")
+    duck = duckdb.connect()
+    migrate(duck)
+    traces = TraceIndex(duck)
+    for index in range(3):
+        batch = decode_payload(*_random_payload(rng, index))
+        insert_batches(duck, [batch], traces)
+        insert_otel_traces(store, batch.table)
+    resolve_spans(store, settle_seconds=0)
+    _copy_scores(duck, store)
+    assert not chm.bring_up_to_date(store).failed
+    reader = copy.copy(store)
+    (run,) = duck.execute("SELECT run_id FROM spans WHERE op = 'write' ORDER BY Timestamp LIMIT 1").fetchone()
+    one_run = registry.run_metric(reader, "lost_updates", filters=Filters(run=run))
+    assert one_run.attrs.get("source") == "table"  # a run the tables hold as committed
+    assert _rows(one_run) == _rows(registry.compute_metric(duck, "lost_updates", filters=Filters(run=run)))
+    reader.command(f"TRUNCATE TABLE `{reader.database}`.`spans`")
+    for name in [*_kept_metrics(), "run_summary"]:
+        got = registry.run_metric(reader, name)
+        assert got.attrs.get("source") == "table", name
+        assert _rows(got) == _rows(registry.compute_metric(duck, name)), name
+        fresh = findings_freshness(reader, got, name)
+        assert (
+            fresh["source"] == "table" and fresh["lag_seconds"] == 0.0 and fresh["findings_as_of"] is not None
+        )
+    duck.close()
+
+
+def test_a_change_begun_and_not_committed_holds_the_tables_back_until_recovered(chdb_store):
+    """A writer killed between logging a change's partitions and committing it: no pass goes past
+    it (its spans may be half written); the next ChangeLog opened on the store commits it."""
+    store = _fresh(chdb_store, "begun")
+    changes = ChangeLog(store)
+    first = changes.begin([("run_id", "r1")])
+    changes.commit(first, "spans", 1)
+    begun = changes.begin([("run_id", "r2")])
+    later = changes.begin([("run_id", "r3")])
+    changes.commit(later, "spans", 1)
+    assert chm.target_change(store) == first
+    ChangeLog(store)  # a restarted writer
+    assert chm.target_change(store) == later > begun
+
+
+def test_spans_written_by_a_writer_killed_before_it_committed_reach_the_tables(chdb_store):
+    """The order of serve's direct insert, stopped where a kill would stop it: partitions logged,
+    spans written, no commit. The next ChangeLog (a restarted serve) commits the change, and the
+    next pass takes those spans in: the tables equal DuckDB's full computation of every span."""
+    from collector.clickhouse_changes import touched_rows
+    from collector.clickhouse_resolve import resolve_batch
+
+    rng = random.Random(6)
+    store = _fresh(chdb_store, "killed")
+    duck = duckdb.connect()
+    migrate(duck)
+    traces = TraceIndex(duck)
+    staging = clickhouse_ingest.prepare_staging(store)
+    scratch = scratch_duckdb()
+    changes = ChangeLog(store)
+    first = decode_payload(*_random_payload(rng, 0))
+    insert_batches(duck, [first], traces)
+    clickhouse_ingest.insert_direct(store, first.table, staging, False, resolver=scratch, changes=changes)
+    _copy_scores(duck, store)
+    assert not chm.bring_up_to_date(store).failed
+    second = decode_payload(*_random_payload(rng, 1))
+    insert_batches(duck, [second], traces)
+    stamped = second.table  # as insert_direct does, up to the commit it never reached
+    touched: list = []
+    rows, changed = resolve_batch(store, scratch, stamped, touched)
+    changes.begin(touched + touched_rows(rows))
+    clickhouse_ingest._write_batch(store, second.table, staging, False, rows, changed)
+    _copy_scores(duck, store)
+    before = chm.target_change(store)
+    assert not chm.bring_up_to_date(store).failed and chm.target_change(store) == before
+    ChangeLog(store)  # the restarted writer commits what the killed one began
+    assert chm.target_change(store) > before
+    assert not chm.bring_up_to_date(store).failed
+    _assert_tables_equal_full(duck, store, {})
+    scratch.close()
+    duck.close()
