@@ -17,6 +17,7 @@ from analytics import (  # noqa: F401  (registers)
     runaway,
     summary,
     compare_kept,
+    read_clickhouse,  # ClickHouse's reads of the findings tables (materialize.use_clickhouse_reads)
 )
 
 # isort: on

@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analytics import materialize
+import analytics.materialize as materialize
 from analytics.materialize import POSITION, Maintained, State
 
 # a row's partition key ('' when whole) and its write's version (not `_part`: MergeTree's

@@ -344,6 +344,16 @@ def log_change(
     )
 
 
+# ClickHouse's reads of the same tables (``freshness``, ``read_findings``): analytics.read_clickhouse
+# registers them when imported (the package imports it), so this module never imports it back.
+_clickhouse_reads: dict[str, Callable[..., Any]] = {}
+
+
+def use_clickhouse_reads(**reads: Callable[..., Any]) -> None:
+    """Register the ClickHouse store's ``freshness`` and ``read_findings``."""
+    _clickhouse_reads.update(reads)
+
+
 def freshness(conn: duckdb.DuckDBPyConnection, names: list[str] | None = None) -> dict[str, Any]:
     """How far behind the newest committed change the findings are.
 
@@ -352,9 +362,7 @@ def freshness(conn: duckdb.DuckDBPyConnection, names: list[str] | None = None) -
     committed change some result does not reflect yet (0 when none); ``behind_changes``: how many.
     """
     if is_clickhouse(conn):  # the same tables on ClickHouse's operations
-        from analytics import read_clickhouse
-
-        return read_clickhouse.freshness(conn, names)
+        return _clickhouse_reads["freshness"](conn, names)
     states = read_states(conn)
     items = maintained()
     wanted = [n for n in (names or list(items)) if n in items]
@@ -436,9 +444,7 @@ def read_findings(
     another definition), a window (the caller passes ``Window()`` when it holds every stored
     span), or a filter other than a run on a run-partitioned detector."""
     if is_clickhouse(conn):  # the same tables on ClickHouse's operations
-        from analytics import read_clickhouse
-
-        return read_clickhouse.read_findings(conn, name, window, filters, columns, documented, runs)
+        return _clickhouse_reads["read_findings"](conn, name, window, filters, columns, documented, runs)
     item = maintained().get(name)
     if item is None or window != Window() or filters.reads_spans():
         return None
@@ -1237,7 +1243,10 @@ class Materializer(threading.Thread):
         store under it)."""
         self._stop_event.set()
         self._wake.set()
-        with self._cursor_lock:
-            if self._running_cursor is not None:
-                self._running_cursor.interrupt()
-        self.join(timeout)
+        deadline = time.monotonic() + timeout
+        while self.is_alive() and time.monotonic() < deadline:
+            # again until it ends: a query started just after an interrupt is not interrupted
+            with self._cursor_lock:
+                if self._running_cursor is not None:
+                    self._running_cursor.interrupt()
+            self.join(min(0.5, max(0.0, deadline - time.monotonic())))

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
-from analytics import materialize
+import analytics.materialize as materialize
 from analytics.findings_clickhouse import (
     PART,
     VERSION,

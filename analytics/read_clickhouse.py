@@ -18,7 +18,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analytics import materialize
+import analytics.materialize as materialize
 from analytics.engine import _naive_utc
 from analytics.findings_clickhouse import (
     NULL_FLAG,
@@ -218,3 +218,6 @@ def freshness(store, names: list[str] | None = None) -> dict[str, Any]:
         out["lag_seconds"] = 0.0
         out["findings_as_of"] = out["findings_as_of"] or now
     return out
+
+
+materialize.use_clickhouse_reads(freshness=freshness, read_findings=read_findings)
