@@ -122,6 +122,21 @@ def span_changes(conn: duckdb.DuckDBPyConnection, after: int, upto: int) -> Span
     return SpanChanges(after, upto, None if unknown else oldest, bool(only_new))
 
 
+class WholeSchedule:
+    """``whole_due`` of a materializer: a result kept whole is recomputed at most every
+    ``WHOLE_INTERVAL_S`` under ingest (called as it is about to be)."""
+
+    def __init__(self) -> None:
+        self._at: dict[str, float] = {}
+
+    def __call__(self, name: str) -> bool:
+        now = time.monotonic()
+        if now - self._at.get(name, -1e9) < WHOLE_INTERVAL_S:
+            return False
+        self._at[name] = now
+        return True
+
+
 class Stopping(Exception):
     """Raised before a result's computation once the materializer is asked to stop."""
 
@@ -430,6 +445,16 @@ def run_behind(conn: duckdb.DuckDBPyConnection, state: State, run: str) -> bool:
     )
 
 
+def tables_answer(item: Maintained, window: Window, filters: Filters) -> bool:
+    """Whether ``item``'s table can answer a read of ``window`` and ``filters`` (no window, no
+    filter but a run on a run-partitioned result), on either engine."""
+    if window != Window() or filters.reads_spans():
+        return False
+    if filters.service is not None or filters.agent is not None or filters.origin_task is not None:
+        return False
+    return filters.run is None or item.partition == "run_id"
+
+
 def read_findings(
     conn: duckdb.DuckDBPyConnection,
     name: str,
@@ -446,11 +471,7 @@ def read_findings(
     if is_clickhouse(conn):  # the same tables on ClickHouse's operations
         return _clickhouse_reads["read_findings"](conn, name, window, filters, columns, documented, runs)
     item = maintained().get(name)
-    if item is None or window != Window() or filters.reads_spans():
-        return None
-    if filters.service is not None or filters.agent is not None or filters.origin_task is not None:
-        return None
-    if filters.run is not None and item.partition != "run_id":
+    if item is None or not tables_answer(item, window, filters):
         return None
     state = ready(conn, name)
     if state is None:
@@ -941,6 +962,17 @@ def _write_failed(write: WriteFn, report: PassReport, name: str, message: str) -
             logger.debug("materializer: could not record the failure of %s", name, exc_info=True)
 
 
+def with_dependencies(items: dict[str, Maintained], names: Iterable[str]) -> set[str]:
+    """``names`` and every result they read, directly or not (``Maintained.depends``)."""
+    wanted, found = list(names), set()
+    while wanted:
+        name = wanted.pop()
+        if name not in found:
+            found.add(name)
+            wanted += list(items[name].depends) if name in items else []
+    return found
+
+
 def _bring_up_to_date(
     read: duckdb.DuckDBPyConnection,
     write_fn: WriteFn,
@@ -959,12 +991,7 @@ def _bring_up_to_date(
     totals: dict[str, int] = {}
     items = maintained()
     if names is not None:  # and what they read, first
-        wanted, names = list(names), set()
-        while wanted:
-            name = wanted.pop()
-            if name not in names:
-                names.add(name)
-                wanted += list(items[name].depends) if name in items else []
+        names = with_dependencies(items, names)
     current: set[str] = set()  # results at ``target`` or later: what a dependent result may read
     for name, item in items.items():
         if names is not None and name not in names:
@@ -1149,7 +1176,7 @@ class Materializer(threading.Thread):
         self.last_error: str | None = None
         self.last_failed: dict[str, str] = {}
         self.last_pass_seconds = 0.0
-        self._whole_at: dict[str, float] = {}
+        self._whole_due = WholeSchedule()  # results kept whole: at most every WHOLE_INTERVAL_S
         self._since_prune = 0
         # requests waiting for the writer (``len(IngestQueue)``)
         self._ingest_backlog = ingest_backlog
@@ -1166,13 +1193,6 @@ class Materializer(threading.Thread):
     def notify(self) -> None:
         """New spans were committed (serve's on_commit)."""
         self._wake.set()
-
-    def _whole_due(self, name: str) -> bool:
-        now = time.monotonic()
-        if now - self._whole_at.get(name, -1e9) < WHOLE_INTERVAL_S:
-            return False
-        self._whole_at[name] = now
-        return True
 
     def _yield_to_ingest(self, name: str) -> None:
         """Before each result (``name``): while requests queue for the writer (a burst), wait, up

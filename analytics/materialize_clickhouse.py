@@ -62,7 +62,6 @@ logger = logging.getLogger(__name__)
 
 # Past this many touched partitions and this share of all, one unscoped computation (as DuckDB)
 MANY_KEYS, MANY_SHARE, CHUNK_KEYS = materialize.MANY_KEYS, materialize.MANY_SHARE, materialize.CHUNK_KEYS
-WHOLE_INTERVAL_S = materialize.WHOLE_INTERVAL_S
 PRUNE_EVERY = 20  # passes that wrote something between two prunes
 
 
@@ -130,12 +129,7 @@ def bring_up_to_date(
     fingerprint = inputs(store)
     versions = versions or RowVersions(store)
     if names is not None:
-        wanted, names = list(names), set()
-        while wanted:
-            name = wanted.pop()
-            if name not in names:
-                names.add(name)
-                wanted += list(items[name].depends) if name in items else []
+        names = materialize.with_dependencies(items, names)
     current: set[str] = set()
     totals: dict[str, int] = {}
     for name, item in items.items():
@@ -267,20 +261,13 @@ class ClickHouseMaterializer(threading.Thread):
         self._deferred = 0.0  # seconds this pass waited for ingest
         self.deferred_seconds = 0.0
         self._stop_event = threading.Event()
-        self._whole_at: dict[str, float] = {}
+        self._whole_due = materialize.WholeSchedule()  # results kept whole: at most every WHOLE_INTERVAL_S
         self.passes = 0
         self.last_error: str | None = None
         self.last_failed: dict[str, str] = {}
         self.last_pass_seconds = 0.0
         self.pass_seconds_total = 0.0
         self._since_prune = 0
-
-    def _whole_due(self, name: str) -> bool:
-        now = time.monotonic()
-        if now - self._whole_at.get(name, -1e9) < WHOLE_INTERVAL_S:
-            return False
-        self._whole_at[name] = now
-        return True
 
     def versions(self) -> RowVersions:
         """Row versions continuing from the store's (what ``run_once`` takes)."""

@@ -79,11 +79,7 @@ def read_findings(store, name: str, window: Window = Window(), filters: Filters 
     """``materialize.read_findings`` on ClickHouse: ``name``'s current rows (only ``columns``,
     only the rows of ``runs``), in DuckDB's read order; None when the tables cannot answer."""
     item = maintained().get(name)
-    if item is None or window != Window() or filters.reads_spans():
-        return None
-    if filters.service is not None or filters.agent is not None or filters.origin_task is not None:
-        return None
-    if filters.run is not None and item.partition != "run_id":
+    if item is None or not materialize.tables_answer(item, window, filters):
         return None
     if filters.run is None and (columns or documented):  # the common read: one statement
         frame = _read_if_ready(store, item, list(columns or documented), runs)
