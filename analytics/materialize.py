@@ -89,7 +89,8 @@ class SpanChanges:
     as a 'span' result's ``compute`` is given them: its rows for those of them still stored.
     ``since``: a lower bound on their ``ingested_at`` (the writer's: the change log's
     ``oldest_ingested``; None: unknown), so a read of them from ``spans`` scans only the newest
-    row groups (``bounded_params``: 9 s of a 15 s loop fold a pass read every span of 10M);
+    row groups (``bounded_params``: at 10M, a pass of the loop fold after 24k new spans went
+    2.2 -> 1.3 s in process);
     ``only_new``: none of them was stored before, so no per-span state holds one yet."""
 
     after: int
