@@ -865,6 +865,8 @@ def _compute_keys(
     that fails is isolated: (rows, failed keys, last error)."""
     try:
         return item.compute(conn, item.partition, keys), [], None
+    except duckdb.InterruptException:
+        raise  # the materializer is stopping: no partition failed, and the others must not start
     except Exception as exc:  # noqa: BLE001 - isolate the failing partition below
         if len(keys) == 1:
             logger.warning("materializer: %s failed on %s %s: %s", item.name, item.partition, keys[0], exc)
