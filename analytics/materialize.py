@@ -699,31 +699,38 @@ def _write_rows(
                         "detector's version so its table is rebuilt"
                     )
                 conn.execute(f"ALTER TABLE {table} ALTER {quote_identifier(column)} TYPE {kind}")
-        if append:
-            pass
-        elif item.partition == "span":
-            if not keys.only_new:  # a span first stored by these changes has no row yet
-                conn.execute(
-                    f"DELETE FROM {table} t USING {keys.sql()} c "
-                    "WHERE t.TraceId = c.TraceId AND t.SpanId = c.SpanId",
-                    keys.params(),
-                )
-        elif item.partition == "run_tool":
-            runs, groups = split_run_tools(keys)
-            conn.execute(
-                f"DELETE FROM {table} WHERE run_id IN (SELECT unnest($runs::VARCHAR[])) "
-                "OR run_id || chr(31) || tool_name IN (SELECT unnest($groups::VARCHAR[]))",
-                {"runs": runs, "groups": groups},
-            )
-        elif item.partition is not None:
-            conn.execute(
-                f"DELETE FROM {table} WHERE {quote_identifier(item.partition)} IN (SELECT unnest($keys::VARCHAR[]))",
-                {"keys": keys},
-            )
+        if not append:
+            _delete_partitions(conn, item, table, keys)
         names = ", ".join(quote_identifier(c) for c in rows.column_names)
         conn.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM _findings_rows")
     finally:
         conn.unregister("_findings_rows")
+
+
+def _delete_partitions(
+    conn: duckdb.DuckDBPyConnection, item: Maintained, table: str, keys: list[str] | SpanChanges
+) -> None:
+    """In the writer's transaction: delete the rows of ``keys`` (of ``item``'s partition kind)
+    from ``table``, before their new rows go in."""
+    if item.partition == "span":
+        if not keys.only_new:  # a span first stored by these changes has no row yet
+            conn.execute(
+                f"DELETE FROM {table} t USING {keys.sql()} c "
+                "WHERE t.TraceId = c.TraceId AND t.SpanId = c.SpanId",
+                keys.params(),
+            )
+    elif item.partition == "run_tool":
+        runs, groups = split_run_tools(keys)
+        conn.execute(
+            f"DELETE FROM {table} WHERE run_id IN (SELECT unnest($runs::VARCHAR[])) "
+            "OR run_id || chr(31) || tool_name IN (SELECT unnest($groups::VARCHAR[]))",
+            {"runs": runs, "groups": groups},
+        )
+    elif item.partition is not None:
+        conn.execute(
+            f"DELETE FROM {table} WHERE {quote_identifier(item.partition)} IN (SELECT unnest($keys::VARCHAR[]))",
+            {"keys": keys},
+        )
 
 
 def run_chunks(conn: duckdb.DuckDBPyConnection, max_spans: int) -> list[list[str]]:
