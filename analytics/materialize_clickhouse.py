@@ -41,6 +41,7 @@ from typing import Any
 
 import analytics.materialize as materialize
 from analytics.findings_clickhouse import (
+    NULL_PART,
     PART,
     VERSION,
     ChState,
@@ -57,12 +58,16 @@ from analytics.findings_clickhouse import (
     write_state,
 )
 from analytics.materialize import Maintained, PassReport
+from collector import clickhouse_schema as schema
 
 logger = logging.getLogger(__name__)
 
 # Past this many touched partitions and this share of all, one unscoped computation (as DuckDB)
 MANY_KEYS, MANY_SHARE, CHUNK_KEYS = materialize.MANY_KEYS, materialize.MANY_SHARE, materialize.CHUNK_KEYS
 PRUNE_EVERY = 20  # passes that wrote something between two prunes
+# How often a materializer with the store's change log looks for partitions whose spans are gone
+# (``log_expired``): ClickHouse's TTL drops whole days of `spans` and logs nothing.
+EXPIRY_CHECK_S = 300.0
 
 
 def maintained() -> dict[str, Maintained]:
@@ -236,6 +241,87 @@ def prune(store) -> int:
     return pruned
 
 
+def expired_partitions(store) -> list[tuple[str, str]]:
+    """The (partition, key) pairs whose findings count spans the store no longer has.
+
+    ClickHouse's TTL drops whole days of `spans` (``--ttl-days``: `spans` is partitioned by day)
+    and a DELETE by hand drops rows, without a change-log entry. Taken as gone: the keys the tables
+    hold current rows of and no span has any more; the keys with a row first seen before the
+    oldest day `spans` still holds (a run or an origin task that went on past midnight keeps its
+    later spans: its findings are recomputed from them); and the origin tasks the remaining spans
+    of those runs worked on. ``run_summary_base`` holds a row per run with its first span, so
+    every run that lost spans to the TTL is found."""
+    states = read_states(store)
+    spans = schema.qualified(store.database, schema.SPANS_TABLE)
+    oldest = store.execute(
+        "SELECT toString(min(toDate(partition))) AS d, count() AS n FROM system.parts "
+        "WHERE database = {db:String} AND table = {t:String} AND active AND rows > 0",
+        {"db": store.database, "t": schema.SPANS_TABLE},
+    ).to_pylist()[0]
+    cutoff = oldest["d"] if oldest["n"] else None
+    out: dict[str, set[str]] = {"run_id": set(), "origin_task_id": set()}
+    for partition, keys in out.items():
+        held, early = [], []
+        for name, item in maintained().items():
+            if item.partition != partition or name not in states or states[name].seq is None:
+                continue
+            columns = table_columns(store, item.table)
+            if not columns:
+                continue
+            current = (
+                f"FROM {qualified(store, item.table)} "
+                f"WHERE (`{PART}`, `{VERSION}`) IN ({current_versions(store, name, states[name].base)})"
+            )
+            held.append(f"SELECT DISTINCT `{PART}` AS k {current}")
+            if cutoff is not None and "first_seen" in columns:
+                early.append(
+                    f"SELECT DISTINCT `{PART}` AS k {current} AND first_seen < toDateTime64({{cutoff:String}}, 6)"
+                )
+        if not held:
+            continue
+        rows = store.execute(
+            f"SELECT DISTINCT k FROM ({' UNION ALL '.join(held)}) "
+            "WHERE k NOT IN ('', {null_part:String}) "
+            f"AND k NOT IN (SELECT `{partition}` FROM {spans} WHERE `{partition}` IS NOT NULL)",
+            {"null_part": NULL_PART},
+        )
+        keys.update(rows.column("k").to_pylist() if rows.num_rows else [])
+        if early:
+            rows = store.execute(
+                f"SELECT DISTINCT k FROM ({' UNION ALL '.join(early)}) WHERE k NOT IN ('', {{null_part:String}})",
+                {"null_part": NULL_PART, "cutoff": cutoff},
+            )
+            keys.update(rows.column("k").to_pylist() if rows.num_rows else [])
+    if out["run_id"]:
+        rows = store.execute(
+            f"SELECT DISTINCT origin_task_id AS k FROM {spans} "
+            "WHERE origin_task_id IS NOT NULL AND run_id IN {runs:Array(String)}",
+            {"runs": sorted(out["run_id"])},
+        )
+        out["origin_task_id"].update(rows.column("k").to_pylist() if rows.num_rows else [])
+    return [(partition, key) for partition, keys in out.items() for key in sorted(keys)]
+
+
+def log_expired(store, changes) -> int:
+    """Log the partitions whose spans are gone (``expired_partitions``) as one change of
+    ``changes`` (the store's ``ChangeLog``), so the next pass recomputes them, empty: their
+    findings leave the tables, the run summary and the results kept whole. Returns how many."""
+    gone = expired_partitions(store)
+    if not gone:
+        return 0
+    seq = changes.begin(gone)
+    changes.commit(seq, "expired", 0)
+    runs = sum(1 for partition, _ in gone if partition == "run_id")
+    logger.info(
+        "retention: the spans of %d run(s) and %d origin task(s) are gone from the store (TTL); "
+        "their findings are recomputed as change %d",
+        runs,
+        len(gone) - runs,
+        seq,
+    )
+    return len(gone)
+
+
 # ----------------------------------------------------------------------------------------- serve
 
 
@@ -250,9 +336,15 @@ class ClickHouseMaterializer(threading.Thread):
         interval: float = 0.5,
         ingest_backlog: Callable[[], int] | None = None,
         commits: Callable[[], int] | None = None,
+        changes=None,
     ) -> None:
         super().__init__(name="driftscope-clickhouse-materializer", daemon=True)
         self.store, self.turn, self.interval = store, turn, interval
+        # the store's change log (``collector.clickhouse_changes.ChangeLog``): with it, passes
+        # also log the partitions whose spans expired (``log_expired``), every EXPIRY_CHECK_S
+        self.changes = changes
+        self._expiry_checked: float | None = None
+        self.expired_partitions = 0  # logged as expired since start (health)
         # requests waiting for the writer (``len(IngestQueue)``) and the writer's commits so far:
         # ingest first, as on DuckDB, and here also while the writer keeps committing
         self._ingest_backlog = ingest_backlog
@@ -298,6 +390,13 @@ class ClickHouseMaterializer(threading.Thread):
     def run_once(self, versions: RowVersions) -> PassReport:
         started = time.perf_counter()
         self._deferred = 0.0
+        now = time.monotonic()
+        if self.changes is not None and (
+            self._expiry_checked is None or now - self._expiry_checked >= EXPIRY_CHECK_S
+        ):
+            self._expiry_checked = now
+            with self.turn or nullcontext():
+                self.expired_partitions += log_expired(self.store, self.changes)
         report = bring_up_to_date(
             self.store,
             whole_due=self._whole_due,
@@ -339,6 +438,7 @@ class ClickHouseMaterializer(threading.Thread):
             "last_pass_seconds": round(self.last_pass_seconds, 3),
             "deferred_to_ingest_seconds": round(self.deferred_seconds, 2),
             "pass_seconds_total": round(self.pass_seconds_total, 2),
+            "expired_partitions": self.expired_partitions,
             "last_error": self.last_error,
             "failed": self.last_failed,
         }

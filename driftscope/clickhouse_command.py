@@ -136,7 +136,7 @@ def follow(store, interval: float) -> None:
     from collector.clickhouse_resolve import resolve_spans, resolve_status  # noqa: PLC0415
 
     changes = ChangeLog(store)
-    materializer = ClickHouseMaterializer(store)  # its passes run here, not as a thread
+    materializer = ClickHouseMaterializer(store, changes=changes)  # its passes run here, not as a thread
     versions = None
 
     halt = threading.Event()

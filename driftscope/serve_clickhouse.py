@@ -115,6 +115,7 @@ def start_clickhouse_ingest(config, receiver_config: ReceiverConfig) -> tuple:
         turn=read_turns,
         ingest_backlog=lambda: len(queue),
         commits=lambda: writer.commits,
+        changes=writer.changes,
     )
     materializer.start()
     alerting = None

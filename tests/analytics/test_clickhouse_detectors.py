@@ -201,15 +201,17 @@ def test_filters_and_windows_mean_the_same_on_both_engines(sample_traces):
         assert _unexpected(_compare_all(duck, store, window, filters)) == {}
 
 
-def _random_payload(rng: random.Random, index: int) -> tuple[bytes, str]:
+def _random_payload(
+    rng: random.Random, index: int, runs: str = "run-", base_ns: int = BASE_NS
+) -> tuple[bytes, str]:
     """One OTLP request of random coordination spans (reads, writes, sends, delegations, steps,
     tool calls over a few runs and traces; some without run or agent), built with the collector
-    tests' builders."""
+    tests' builders: runs ``<runs>0`` to ``<runs>3``, starting ``index * 10`` s after ``base_ns``."""
     spans = []
     for _ in range(rng.randint(5, 25)):
         run = rng.randint(0, 3)
         kind = rng.choice(["read", "write", "send", "delegate", "step", "call"])
-        attrs: dict = {"gen_ai.conversation.id": f"run-{run}"} if rng.random() > 0.1 else {}
+        attrs: dict = {"gen_ai.conversation.id": f"{runs}{run}"} if rng.random() > 0.1 else {}
         if rng.random() > 0.1:
             attrs["gen_ai.agent.id"] = rng.choice(["a", "b", "c"])
         if kind in ("read", "write"):
@@ -241,10 +243,11 @@ def _random_payload(rng: random.Random, index: int) -> tuple[bytes, str]:
         else:
             attrs.update({"gen_ai.tool.name": rng.choice(["search", "fetch"]),
                           "gen_ai.tool.call.arguments": rng.choice(['{"q": "a"}', '{"q": "b"}'])})  # fmt: skip
-        start = BASE_NS + int((index * 10 + rng.random() * 20) * 1e9)
+        start = base_ns + int((index * 10 + rng.random() * 20) * 1e9)
+        trace = f"{run}/{rng.randint(0, 2)}" if runs == "run-" else f"{runs}{run}/{rng.randint(0, 2)}"
         spans.append({
             "name": kind,
-            "trace_id": hashlib.sha256(f"{run}/{rng.randint(0, 2)}".encode()).digest()[:16],
+            "trace_id": hashlib.sha256(trace.encode()).digest()[:16],
             "start": start,
             "end": start + 500_000_000,
             "attrs": attrs,

@@ -231,3 +231,65 @@ def test_spans_written_by_a_writer_killed_before_it_committed_reach_the_tables(c
     _assert_tables_equal_full(duck, store, {})
     scratch.close()
     duck.close()
+
+
+def test_runs_whose_spans_expired_leave_every_table(chdb_store):
+    """ClickHouse's TTL drops whole days of `spans` and logs nothing: the findings of the runs it
+    dropped stayed in the tables, the run summary and the results kept whole until a rebuild. A
+    materializer with the store's change log logs the partitions whose spans are gone as a
+    change, and its pass leaves every table equal to DuckDB's computation of what is left."""
+    import time
+
+    rng = random.Random(7)
+    store = copy.copy(chdb_store)
+    store.database = f"{chdb_store.database}_findings_expiry"
+    store.command(f"DROP DATABASE IF EXISTS {store.database}")
+    init_clickhouse(store, ttl_days=30)
+    changes = ChangeLog(store)
+    staging = clickhouse_ingest.prepare_staging(store)
+    scratch = scratch_duckdb()
+    now = time.time_ns()
+    days_ago = now - 3 * 86_400 * 1_000_000_000
+    old = [decode_payload(*_random_payload(rng, i, runs="old-", base_ns=days_ago)) for i in range(3)]
+    new = [decode_payload(*_random_payload(rng, i, runs="new-", base_ns=now - 600 * 10**9)) for i in range(3)]
+    for batch in [*old, *new]:
+        clickhouse_ingest.insert_direct(store, batch.table, staging, False, resolver=scratch, changes=changes)
+    materializer = chm.ClickHouseMaterializer(store, changes=changes)
+    versions = materializer.versions()
+    assert not materializer.run_once(versions).failed
+    old_runs = set(
+        store.execute(
+            f"SELECT DISTINCT run_id FROM `{store.database}`.spans "
+            "WHERE Timestamp < now() - INTERVAL 2 DAY AND run_id IS NOT NULL"
+        )
+        .column("run_id")
+        .to_pylist()
+    )
+    assert {f"old-{i}" for i in range(4)} <= old_runs  # and the runs of traces without a run id
+    summary = read_clickhouse.read_findings(store, "run_summary")
+    assert old_runs <= set(summary["run_id"])
+    assert materializer.expired_partitions == 0
+
+    # as if 28 days went by: the TTL drops the day the old runs were in (a new TTL is applied to
+    # the parts at once; the spans of a year ago never land: a TTL applies at insert too)
+    store.command(f"ALTER TABLE `{store.database}`.spans MODIFY TTL toDateTime(Timestamp) + toIntervalDay(2)")
+    store.command(f"OPTIMIZE TABLE `{store.database}`.spans FINAL")
+    left = store.execute(f"SELECT DISTINCT run_id FROM `{store.database}`.spans").column("run_id").to_pylist()
+    assert left and not any(run and run.startswith("old-") for run in left)
+    expired = chm.expired_partitions(store)
+    assert {key for partition, key in expired if partition == "run_id"} == old_runs
+
+    materializer._expiry_checked = None  # due now (every EXPIRY_CHECK_S in serve)
+    assert not materializer.run_once(versions).failed
+    assert materializer.expired_partitions == len(expired)
+    assert chm.expired_partitions(store) == []  # taken in: not logged again
+    duck = duckdb.connect()
+    migrate(duck)
+    insert_batches(duck, new, TraceIndex(duck))
+    _copy_scores(duck, store)
+    assert not chm.bring_up_to_date(store).failed  # the scores copied in rebuild every table
+    seen: dict[str, int] = {}
+    _assert_tables_equal_full(duck, store, seen)
+    assert sum(seen.values()) > 0
+    summary = read_clickhouse.read_findings(store, "run_summary")
+    assert summary["run_id"].tolist() and not old_runs & set(summary["run_id"])
