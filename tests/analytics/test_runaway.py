@@ -145,15 +145,26 @@ def test_crew_limits_equal_their_row_by_row_definition(seed):
 
 
 @pytest.mark.parametrize("seed", [0, *(pytest.param(s, marks=pytest.mark.slow) for s in (1, 2))])
-def test_the_findings_table_after_every_batch_equals_a_full_recomputation(tmp_path, seed):
+def test_the_findings_table_after_every_batch_equals_a_full_recomputation(tmp_path, seed, monkeypatch):
     """Batches grow runs past their crew's limit, start new runs (moving the median), add agents
-    and runs with a budget: after each one, the materializer's table (and a read under a window
-    or filter) equals counting every run again."""
-    from analytics import materialize
+    and runs with a budget, and some bring spans older than a run's evidence (late exporters):
+    after each one, the materializer's table (and a read under a window or filter) equals
+    counting every run again. Evidence the table holds is taken again where no new span of its
+    run starts before its end (it was every flagged run's spans numbered again each time)."""
+    from analytics import materialize, runaway
     from analytics.registry import compute_metric
     from analytics.types import direct_write
     from tests.analytics.test_materialize import _commit
 
+    kept_evidence = runaway._kept_evidence
+    reused: list[int] = []
+
+    def counting(conn):
+        kept = kept_evidence(conn)
+        reused.append(len(kept))
+        return kept
+
+    monkeypatch.setattr(runaway, "_kept_evidence", counting)
     rng = random.Random(seed)
     conn = duckdb.connect(str(tmp_path / "spans.duckdb"))
     migrate(conn)
@@ -162,15 +173,19 @@ def test_the_findings_table_after_every_batch_equals_a_full_recomputation(tmp_pa
     runs = [f"run-{k}" for k in range(6)]
     _commit(conn, [s for k, run in enumerate(runs) for s in _run(run, k * 100, 20)])
     found = 0
-    for batch in range(6):
+    for batch in range(7):
         if rng.random() < 0.3:
             runs.append(f"run-{len(runs)}")
         rows = []
-        for _ in range(rng.randint(1, 3)):
+        if batch == 6:  # last: a new short run after the others: every flagged run's evidence holds
+            rows += _run(f"run-{len(runs)}", 5000, 3)
+        for _ in range(rng.randint(1, 3) if batch < 6 else 0):
             run = rng.choice(runs)
             budget = dict(budget_max_steps=500, step=1) if rng.random() < 0.1 else {}
             agent = rng.choice(["researcher", "coder"])
             t0 = 1000 + batch * 100 + rng.random() * 50
+            if batch and rng.random() < 0.3:  # a late exporter: before the runs' evidence
+                t0 = rng.random() * 600
             rows += _run(run, t0, rng.choice([3, 10, 40, 150]), agent=agent, **budget)
         _commit(conn, rows)
         cursor = conn.cursor()
@@ -186,6 +201,7 @@ def test_the_findings_table_after_every_batch_equals_a_full_recomputation(tmp_pa
             )
             found += len(full)
     assert found  # the batches make runaway runs: equality is about rows, not two empty tables
+    assert reused[-1]  # and the last batch took their evidence from the table
 
 
 def _canonical(frame: pd.DataFrame) -> pd.DataFrame:
