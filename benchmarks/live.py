@@ -170,6 +170,9 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
             for number in range(args.senders)
         ]  # fmt: skip
         lags: list[float] = []
+        # (seconds into the stream, lag, materializer passes so far) per health sample: whether
+        # the lag is the start catching up or the steady state
+        series: list[tuple[float, float, int]] = []
         duckdb_peak = [0]  # the most DuckDB's buffer manager held at a health sample
         rss: list[int] = []  # serve's resident memory at each health sample
         working: dict[str, float] = {}
@@ -184,6 +187,8 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
                         lag = health["findings"]["lag_seconds"]
                         if lag is not None:
                             lags.append(lag)
+                            at = round(time.perf_counter() - started, 1) if started else 0.0
+                            series.append((at, round(lag, 2), health["findings"].get("materializer_passes")))
                         current = health["findings"].get("working_on")
                         if current:  # the longest a sample found the materializer on a result
                             name, spent = current["result"], current["seconds"]
@@ -211,12 +216,12 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
         lag_thread = threading.Thread(target=sample_lag, daemon=True)
         overview_thread = threading.Thread(target=render_overview, daemon=True)
         load_before = os.getloadavg()
+        started = time.perf_counter()
         for sender in senders:
             sender.start()
         lag_thread.start()
         if args.overview:
             overview_thread.start()
-        started = time.perf_counter()
         while time.perf_counter() - started < args.seconds:
             for name in names:
                 start = time.perf_counter()
@@ -241,6 +246,7 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
             "refused_requests": sum(s.refused for s in senders),
             "ingest_request_s": _summary([t for s in senders for t in s.latencies]),
             "lag_s": _summary(lags),
+            "lag_series": series,
             "detectors": {name: _summary(values) for name, values in timings.items()},
             "over_300ms_p95": sorted(n for n, v in timings.items() if (_percentile(v, 0.95) or 0) > 0.3),
             "load_before": load_before,

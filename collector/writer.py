@@ -197,6 +197,10 @@ class SpanWriter(threading.Thread):
         self.last_error: str | None = None
         self.healthy = True
         self.checkpoints = 0
+        # the idle checkpoints' time (not part of busy_seconds), and the longest: ingest and the
+        # materializer's writes wait for one
+        self.checkpoint_seconds = 0.0
+        self.longest_checkpoint_seconds = 0.0
         self.busy_seconds = 0.0  # time spent in successful commits (insert + COMMIT) and writes
         self.span_commit_seconds = 0.0  # of it, committing spans (what ingest waits for)
         # Of the busy time: in COMMIT statements (span commits and writes), and in the COMMITs
@@ -207,6 +211,7 @@ class SpanWriter(threading.Thread):
         self.auto_checkpoint_seconds = 0.0
         self._wal = _wal_path(conn)
         self.writes = 0  # write functions committed (execute_write_fn)
+        self.longest_write: tuple[float, str] = (0.0, "")  # (seconds, the function's name)
         self.failed_writes = 0
         self.traces = TraceIndex(conn)
         self._answered = 0  # requests the last span commit answered (0 once the queue idled)
@@ -286,8 +291,11 @@ class SpanWriter(threading.Thread):
                 self.failed_writes += 1
                 future.set_exception(exc)
                 continue
-            self.busy_seconds += time.perf_counter() - started
+            spent = time.perf_counter() - started
+            self.busy_seconds += spent
             self.writes += 1
+            if spent > self.longest_write[0]:  # what ingest waited for longest, and whose it was
+                self.longest_write = (spent, _write_name(fn))
             future.set_result(result)
 
     # Seconds without work after which committed data is checkpointed into the file, so readers
@@ -295,12 +303,16 @@ class SpanWriter(threading.Thread):
     IDLE_CHECKPOINT_S = 1.0
 
     def _checkpoint(self) -> bool:
+        started = time.perf_counter()
         try:
             self.conn.execute("CHECKPOINT")
         except duckdb.Error as exc:  # e.g. a reader's transaction is open; try again next idle
             logger.debug("idle checkpoint skipped: %s", exc)
             return False
+        spent = time.perf_counter() - started
         self.checkpoints += 1
+        self.checkpoint_seconds += spent
+        self.longest_checkpoint_seconds = max(self.longest_checkpoint_seconds, spent)
         return True
 
     def _commit(self, batches: list[DecodedBatch]) -> int:
@@ -361,3 +373,10 @@ def _size(path: str | None) -> int:
         return os.stat(path).st_size
     except OSError:
         return 0
+
+
+def _write_name(fn: WriteFn) -> str:
+    """A write function's name for health: its qualified name (a lambda names where it was
+    made), or a partial's function's."""
+    target = getattr(fn, "func", fn)
+    return f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', type(target).__name__)}"

@@ -257,6 +257,12 @@ def build_service(config: ServeConfig) -> Service:
             "committed_spans": writer.committed_spans,
             "commits": writer.commits,
             "checkpoints": writer.checkpoints,
+            "checkpoint_seconds": round(writer.checkpoint_seconds, 3),
+            "longest_checkpoint_seconds": round(writer.longest_checkpoint_seconds, 3),
+            "writer_longest_write": {
+                "seconds": round(writer.longest_write[0], 3),
+                "function": writer.longest_write[1] or None,
+            },
             "writer_busy_seconds": round(writer.busy_seconds, 3),
             "writer_span_commit_seconds": round(writer.span_commit_seconds, 3),
             "writer_commit_seconds": round(writer.commit_seconds, 3),
