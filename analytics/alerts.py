@@ -447,11 +447,14 @@ def mark_delivered(
     """The write function recording that ``receiver`` acknowledged (alert_id, state) pairs."""
     sent_at = now or utcnow()
 
+    last = dict(sent)  # an alert's last acknowledged state (one statement for all: store_changes)
+
     def write(conn: duckdb.DuckDBPyConnection) -> int:
-        for alert_id, state in sent:
+        if last:
             conn.execute(
-                "INSERT OR REPLACE INTO alert_deliveries VALUES (?, ?, ?, ?)",
-                [alert_id, receiver, state, sent_at],
+                "INSERT OR REPLACE INTO alert_deliveries "
+                "SELECT unnest($ids::VARCHAR[]), $receiver, unnest($states::VARCHAR[]), $at",
+                {"ids": list(last), "states": list(last.values()), "receiver": receiver, "at": sent_at},
             )
         return len(sent)
 

@@ -295,3 +295,25 @@ def test_stored_changes_equal_them_applied_one_by_one(tmp_path, seed):
         query = "SELECT * FROM alerts ORDER BY alert_id"
         assert got.execute(query).fetchall() == want.execute(query).fetchall()
     assert want.execute("SELECT count(*) FROM alerts").fetchone()[0]  # rows compared, not two empty tables
+
+
+def test_deliveries_marked_at_once_equal_them_marked_one_by_one(tmp_path):
+    """mark_delivered writes every acknowledged (alert, state) in one statement; an alert listed
+    twice keeps its last state, as applying them in order did, and other receivers' rows stay."""
+    from datetime import datetime
+
+    at = datetime(2026, 12, 6, 8, 0, 0, 5)
+    sent = [("a/1", "firing"), ("b/1", "firing"), ("a/1", "resolved"), ("c/2", "resolved")]
+    got, want = (open_database(tmp_path / f"{name}.duckdb") for name in ("at-once", "one-by-one"))
+    for conn in (got, want):
+        direct_write(conn)(alerts.mark_delivered("slack", [("a/1", "firing")], at))
+    direct_write(got)(alerts.mark_delivered("alertmanager", sent, at))
+    direct_write(got)(alerts.mark_delivered("alertmanager", [], at))
+    for alert_id, state in sent:
+        want.execute(
+            "INSERT OR REPLACE INTO alert_deliveries VALUES (?, ?, ?, ?)",
+            [alert_id, "alertmanager", state, at],
+        )
+    query = "SELECT * FROM alert_deliveries ORDER BY receiver, alert_id"
+    assert got.execute(query).fetchall() == want.execute(query).fetchall()
+    assert len(got.execute(query).fetchall()) == 4
