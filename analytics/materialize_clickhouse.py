@@ -58,7 +58,6 @@ from analytics.findings_clickhouse import (
     write_state,
 )
 from analytics.materialize import Maintained, PassReport
-from collector import clickhouse_schema as schema
 
 logger = logging.getLogger(__name__)
 
@@ -252,11 +251,11 @@ def expired_partitions(store) -> list[tuple[str, str]]:
     of those runs worked on. ``run_summary_base`` holds a row per run with its first span, so
     every run that lost spans to the TTL is found."""
     states = read_states(store)
-    spans = schema.qualified(store.database, schema.SPANS_TABLE)
+    spans = qualified(store, "spans")
     oldest = store.execute(
         "SELECT toString(min(toDate(partition))) AS d, count() AS n FROM system.parts "
         "WHERE database = {db:String} AND table = {t:String} AND active AND rows > 0",
-        {"db": store.database, "t": schema.SPANS_TABLE},
+        {"db": store.database, "t": "spans"},
     ).to_pylist()[0]
     cutoff = oldest["d"] if oldest["n"] else None
     out: dict[str, set[str]] = {"run_id": set(), "origin_task_id": set()}
