@@ -325,29 +325,15 @@ def _plain(value):
     return value
 
 
-# ``alerts``' columns as Arrow types (analytics/migrations/0002_alerts.sql): a write's rows go in
-# as one relation.
-_ALERT_TYPES = {
-    **{column: pa.string() for column in ALERT_COLUMNS},
-    **{column: pa.int32() for column in ("episode", "findings")},
-    **{
-        column: pa.timestamp("us")
-        for column in ("active_since", "starts_at", "ends_at", "last_finding_at", "updated_at")
-    },
-}
-
-
 def store_changes(changes: list[Change]) -> Callable[[duckdb.DuckDBPyConnection], int]:
     """The write function storing ``changes`` (hand it to the single writer); returns rows
     written. An alert's last change decides: one DELETE and one INSERT OR REPLACE for all (a
-    statement per change held the single writer 19 s at 1M spans, ingest waiting behind it)."""
-    last: dict[str, Change] = {}
-    for change in changes:
-        last.pop(change.row["alert_id"], None)  # keep the order of the last changes
-        last[change.row["alert_id"]] = change
+    statement per change held the single writer, ingest waiting behind it); the insert casts
+    the rows to the columns of ``alerts``."""
+    last = {change.row["alert_id"]: change for change in changes}
     gone = [alert for alert, change in last.items() if change.delete]
     rows = [change.row for change in last.values() if not change.delete]
-    table = pa.table({c: pa.array([_plain(row[c]) for row in rows], _ALERT_TYPES[c]) for c in ALERT_COLUMNS})
+    table = pa.table({c: [_plain(row[c]) for row in rows] for c in ALERT_COLUMNS})
     columns = ", ".join(ALERT_COLUMNS)
 
     def write(conn: duckdb.DuckDBPyConnection) -> int:

@@ -89,8 +89,7 @@ class SpanChanges:
     as a 'span' result's ``compute`` is given them: its rows for those of them still stored.
     ``since``: a lower bound on their ``ingested_at`` (the writer's: the change log's
     ``oldest_ingested``; None: unknown), so a read of them from ``spans`` scans only the newest
-    row groups (``bounded_params``: at 10M, a pass of the loop fold after 24k new spans went
-    2.2 -> 1.3 s in process);
+    row groups (``bounded_params``; docs/performance.md, Live at 10M);
     ``only_new``: none of them was stored before, so no per-span state holds one yet."""
 
     after: int
@@ -662,7 +661,8 @@ def _arrow(frame: pd.DataFrame | pa.Table, start: int = 0) -> pa.Table:
     return table.append_column(POSITION, pa.array(range(start, start + table.num_rows), pa.int64()))
 
 
-def _column_types(conn: duckdb.DuckDBPyConnection, relation: str) -> dict[str, str]:
+def column_types(conn: duckdb.DuckDBPyConnection, relation: str) -> dict[str, str]:
+    """``relation``'s columns and their DuckDB types."""
     return {row[0]: row[1] for row in conn.execute(f"DESCRIBE {relation}").fetchall()}
 
 
@@ -687,7 +687,7 @@ def _write_rows(
         if not exists:
             conn.execute(f"CREATE TABLE {table} AS SELECT * FROM _findings_rows")
             return
-        have, given = _column_types(conn, table), _column_types(conn, "_findings_rows")
+        have, given = column_types(conn, table), column_types(conn, "_findings_rows")
         for column, kind in given.items():
             if column not in have:
                 conn.execute(f"ALTER TABLE {table} ADD COLUMN {quote_identifier(column)} {kind}")

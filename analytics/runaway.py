@@ -28,6 +28,7 @@ from analytics.materialize import (
     PARTS,
     TABLE_PREFIX,
     Maintained,
+    column_types,
     maintain,
     maintain_with,
     newest_change,
@@ -299,10 +300,10 @@ def _from_counts(
     return _over_limits(conn, counts, Window(), Filters(), kept=_kept_evidence(conn))
 
 
-# The evidence of a run over its limit numbers every span of the run in time order: with a fleet
-# streaming, runs grow past their limits and that was 0.44 s of each recomputation at 1M spans
-# (8.9 s of a 2-minute live run). A row's evidence as its table holds it stays what it is while
-# the run's new spans all start after it: they come later in the numbering.
+# The evidence of a run over its limit numbers every span of the run in time order, and with a
+# fleet streaming, runs grow past their limits (docs/performance.md). A row's evidence as its
+# table holds it stays what it is while the run's new spans all start after it: they come later
+# in the numbering.
 _KEPT_EVIDENCE_SQL = """
 WITH kept AS (
     SELECT run_id, coalesce(agent, '') AS agent, CAST(floor(TRY_CAST("limit" AS DOUBLE)) AS BIGINT) AS lim, span_ids,
@@ -340,19 +341,16 @@ def _kept_evidence(conn: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], tup
     table = TABLE_PREFIX + "runaway_runs"
     if state is None or not table_exists(conn, table):
         return {}
-    types = dict(
-        conn.execute(f"SELECT column_name, column_type FROM (DESCRIBE {quote_identifier(table)})").fetchall()
-    )
-    if not types.get("span_ids", "").endswith("[]"):
+    if not column_types(conn, quote_identifier(table)).get("span_ids", "").endswith("[]"):
         return {}  # made from a computation without rows: its columns are not typed yet
     upto = newest_change(conn)
     others = conn.execute(
         "SELECT count(*) FROM change_log WHERE seq > $after AND seq <= $upto AND kind <> 'spans'",
         {"after": state.seq, "upto": upto},
     ).fetchall()[0][0]
-    changes = span_changes(conn, state.seq, upto)
     if others:
         return {}
+    changes = span_changes(conn, state.seq, upto)
     rows = conn.execute(
         _KEPT_EVIDENCE_SQL.replace("{table}", quote_identifier(table)).replace("{changes}", changes.sql()),
         {**changes.bounded_params(), "evidence_spans": EVIDENCE_SPANS},

@@ -187,7 +187,7 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
                         lag = health["findings"]["lag_seconds"]
                         if lag is not None:
                             lags.append(lag)
-                            at = round(time.perf_counter() - started, 1) if started else 0.0
+                            at = round(time.perf_counter() - started, 1)
                             series.append((at, round(lag, 2), health["findings"].get("materializer_passes")))
                         current = health["findings"].get("working_on")
                         if current:  # the longest a sample found the materializer on a result

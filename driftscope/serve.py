@@ -314,7 +314,7 @@ def build_service(config: ServeConfig) -> Service:
             # Closing the store under its running query aborts the process (C++ terminate):
             # leave the store to the WAL, which replays on the next start.
             logger.error(
-                "the materializer did not stop within 30 s; exiting without the final checkpoint "
+                "the materializer did not stop in time; exiting without the final checkpoint "
                 "(every acknowledged span is committed; the WAL replays on the next start)"
             )
             return
