@@ -92,7 +92,8 @@ FROM spans WHERE ingested_at >= $since AND TraceId IN (SELECT TraceId FROM _inco
 
 # Spans already stored (same TraceId + SpanId, as exporter retries resend) are skipped: the first
 # stored copy wins. Only the touched traces' rows from `$since` on can match (see TraceIndex), so
-# this replaces a PRIMARY KEY index without reading the whole table.
+# this replaces a PRIMARY KEY index without reading the whole table. It returns the ids it
+# stored: a resend changes nothing, so the change log does not list it.
 _INSERT_NEW_SQL = """
 INSERT INTO spans
 SELECT i.* FROM _incoming i
@@ -100,6 +101,7 @@ WHERE NOT EXISTS (
     SELECT 1 FROM spans s
     WHERE s.ingested_at >= $since AND s.TraceId = i.TraceId AND s.SpanId = i.SpanId
 )
+RETURNING TraceId, SpanId
 """
 
 
@@ -344,15 +346,17 @@ _CHANGED_SQL = """
 CREATE OR REPLACE TEMP TABLE _changed AS
 SELECT b.TraceId, b.SpanId, b.has_code, b.run_before AS run_id, b.tool_name, b.delegate_to, b.agent_id,
        b.agent_name, b.SpanName, b.span_family
-FROM (SELECT * FROM _tree ANTI JOIN _incoming i ON i.TraceId = _tree.TraceId AND i.SpanId = _tree.SpanId) b
+FROM (SELECT * FROM _tree
+      ANTI JOIN _stored i
+      ON i.TraceId = _tree.TraceId AND i.SpanId = _tree.SpanId) b
 JOIN spans n ON n.rowid = b.rid
 WHERE b.run_before IS DISTINCT FROM n.run_id OR b.agent_id IS DISTINCT FROM n.agent_id
    OR b.op IS DISTINCT FROM n.op OR b.delegate_to IS DISTINCT FROM n.delegate_to
    OR b.hop IS DISTINCT FROM n.hop OR b.input_hash IS DISTINCT FROM hash(n.input_text)
 """
-# The spans this commit stored (a resend of a stored span is listed too: folding it again changes
-# nothing).
-_NEW_SPAN_CHANGES_SQL = "INSERT INTO span_changes SELECT $seq, TraceId, SpanId FROM _incoming"
+# The spans this commit stored (not the resent ones: folding a resend changes nothing; a walk
+# that changes one lists it in `_changed`).
+_NEW_SPAN_CHANGES_SQL = "INSERT INTO span_changes SELECT $seq, TraceId, SpanId FROM _stored"
 
 
 def _first_copies(batches: list[DecodedBatch], table: pa.Table) -> pa.Table:
@@ -390,14 +394,24 @@ def insert_batches(
     try:
         since = traces.since([batch.table for batch in batches]) if traces is not None else None
         bound = {"since": since if since is not None else datetime.min}
-        inserted = conn.execute(_INSERT_NEW_SQL, bound).fetchone()[0]
+        stored = conn.execute(_INSERT_NEW_SQL, bound).fetchall()
+        inserted = len(stored)
+        # the spans it stored: every incoming one, or (some were resent) the ones it returned
+        if inserted == table.num_rows:
+            conn.register("_stored", table.select(["TraceId", "SpanId"]))
+        else:
+            ids = (
+                pa.array([row[0] for row in stored], pa.string()),
+                pa.array([row[1] for row in stored], pa.string()),
+            )
+            conn.register("_stored", pa.table(dict(zip(("TraceId", "SpanId"), ids, strict=True))))
         tree_rows = conn.execute(_TREE_SQL, bound).fetchone()[0]
         seq = None
         if inserted:
             # The runs and origin tasks of every span of the touched traces, before the walks
             # below move spans between runs (the run a span leaves is touched too), then after.
             # every span this change lists (in span_changes) is of a touched trace, so ingested
-            # at ``since`` or later; with nothing resent, all of them are new so far (a walk
+            # at ``since`` or later; resends are not listed, so all of them are new so far (a walk
             # that changes a span stored before says otherwise, below)
             seq = next_change(
                 conn,
@@ -405,7 +419,7 @@ def insert_batches(
                 inserted,
                 pc.max(table.column("ingested_at")).as_py(),
                 oldest_ingested=since,
-                only_new=inserted == table.num_rows,
+                only_new=True,  # a walk that changes a span stored before says otherwise, below
             )
             record_touched(conn, seq, "_tree")
             conn.execute(_NEW_SPAN_CHANGES_SQL, {"seq": seq})
@@ -450,6 +464,7 @@ def insert_batches(
         conn.execute("DROP TABLE _tree")
     finally:
         conn.unregister("_incoming")
+        conn.unregister("_stored")
     return inserted
 
 

@@ -377,4 +377,28 @@ def test_each_change_bounds_the_ingest_time_of_the_spans_it_lists(conn):
     assert flags[first] is True
     assert flags[late] is False  # it changed the span stored at minute 0
     assert dict((seq, oldest) for seq, oldest, _, _ in rows)[late] == start
-    assert flags[resend] is False
+    # a resend changes nothing: it is not listed (the new span beside it is), and only new spans
+    # are listed then
+    listed = conn.execute("SELECT SpanId FROM span_changes WHERE seq = ?", [resend]).fetchall()
+    assert len(listed) == 1 and flags[resend] is True
+    # a resend whose parent arrives beside it: the walk changes the stored copy, which is listed
+    # as changed, with the keys it had before
+    orphan = b"\x0a" * 16
+    insert_at(
+        20, [{"trace_id": orphan, "span_id": CHILD, "parent": ROOT, "attrs": {"gen_ai.tool.name": "t"}}]
+    )
+    both = insert_at(
+        25,
+        [
+            {"trace_id": orphan, "span_id": CHILD, "parent": ROOT, "attrs": {"gen_ai.tool.name": "t"}},
+            {"trace_id": orphan, "span_id": ROOT, "attrs": {"agent.name": "p", "session.id": "s3"}},
+        ],
+    )
+    ((listed, only_new),) = conn.execute(
+        "SELECT count(*), any_value(l.only_new) FROM span_changes c JOIN change_log l USING (seq) WHERE seq = ?",
+        [both],
+    ).fetchall()
+    assert listed == 2 and only_new is False
+    assert conn.execute(
+        "SELECT count(*) FROM change_partitions WHERE seq = ? AND partition = 'run_tool'", [both]
+    ).fetchone()[0]
