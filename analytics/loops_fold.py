@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from datetime import datetime
 
 import duckdb
 import numpy as np
@@ -108,6 +109,9 @@ class Fold:
     # recorded in CHANGED for repeated_calls_groups (None: a build; every group may change).
     upto: int | None = None
     changed: set[str] = dataclasses.field(default_factory=set)
+    # The newest ``ingested_at`` of any span stored when it was computed (``_read_mark``): every
+    # span its state reflects was ingested at or before it. None: unknown.
+    mark: datetime | None = None
 
 
 def calls_of(conn: duckdb.DuckDBPyConnection, keys: list[str] | None, first_id: int) -> pd.DataFrame:
@@ -135,14 +139,8 @@ def compute(conn: duckdb.DuckDBPyConnection, partition: str | None, changes: Spa
     if changes is None or not table_exists(conn, TABLE_PREFIX + CALLS):
         return _build(conn, None if changes is None else changes.upto)
     params = changes.params()
-    replace = {
-        row[0]
-        for row in conn.execute(
-            "SELECT DISTINCT key FROM change_partitions WHERE seq > $after AND seq <= $upto "
-            "AND partition = 'run_tool'",
-            params,
-        ).fetchall()
-    }
+    kept_mark = _kept_mark(conn)
+    replace = _logged_keys(conn, changes, kept_mark)
     others = run_sql(conn, "loop_changed_spans", Window(), Filters(), **changes.bounded_params())
     replace |= {run + RUN_TOOL_SEP + tool for run, tool in zip(others["run_id"], others["tool"], strict=True)}
     new = run_sql(
@@ -188,7 +186,66 @@ def compute(conn: duckdb.DuckDBPyConnection, partition: str | None, changes: Spa
         frames.append(chunk)
     frames = [f for f in frames if len(f)] or frames[:1]
     fold.rows = pd.concat(frames, ignore_index=True)
+    fold.mark = _read_mark(conn, kept_mark)  # after every read of spans above
     return fold
+
+
+# The mark of the kept calls (``Fold.mark`` of the last fold applied): one row, or none (unknown).
+MARK = quote_identifier(TABLE_PREFIX + "repeated_calls_mark")
+
+# The (run, tool) keys the changes logged for the spans their walks changed (the keys those spans
+# had before: collector.changes), but for the changes of spans every one of which was first
+# stored after the kept calls' mark. Such a span was never folded, so the groups it left hold
+# nothing of it; it is read as it is now with the changes' other spans. An exporter sends a
+# trace's spans as they end, parents after children: the walks mostly change spans stored a few
+# commits before, which the pass folds anyway, and recomputing the groups they left read whole
+# runs (100,000-call runs: most of a pass). Deletions ('delete' changes) always count.
+_LOGGED_KEYS_SQL = """
+WITH firsts AS (
+    SELECT c.seq, min(s.ingested_at) AS first
+    FROM span_changes c JOIN spans s ON s.TraceId = c.TraceId AND s.SpanId = c.SpanId
+    WHERE c.seq > $after AND c.seq <= $upto AND s.ingested_at >= $since_ingested
+    GROUP BY c.seq
+)
+SELECT p.key
+FROM change_partitions p
+LEFT JOIN change_log l ON l.seq = p.seq
+LEFT JOIN firsts f ON f.seq = p.seq
+WHERE p.seq > $after AND p.seq <= $upto AND p.partition = 'run_tool'
+GROUP BY p.key
+HAVING NOT bool_and(coalesce(l.kind = 'spans' AND f.first > $mark::TIMESTAMP, false))
+"""
+
+
+def _logged_keys(conn: duckdb.DuckDBPyConnection, changes: SpanChanges, mark: datetime | None) -> set[str]:
+    if mark is None:  # nothing known of what the kept calls reflect: every logged key counts
+        sql, params = (
+            "SELECT DISTINCT key FROM change_partitions WHERE seq > $after AND seq <= $upto "
+            "AND partition = 'run_tool'",
+            changes.params(),
+        )
+    else:
+        sql, params = _LOGGED_KEYS_SQL, {**changes.bounded_params(), "mark": mark}
+    return {row[0] for row in conn.execute(sql, params).fetchall()}
+
+
+def _kept_mark(conn: duckdb.DuckDBPyConnection) -> datetime | None:
+    if not table_exists(conn, TABLE_PREFIX + "repeated_calls_mark"):
+        return None
+    rows = conn.execute(f"SELECT max(ingested) FROM {MARK}").fetchall()
+    return rows[0][0] if rows else None
+
+
+def _read_mark(conn: duckdb.DuckDBPyConnection, floor: datetime | None) -> datetime | None:
+    """The newest ``ingested_at`` stored now (at least ``floor``): read after a fold's reads, it
+    bounds every span they saw (a span committed later may have been ingested earlier: it is
+    then taken as maybe folded, which only keeps its keys)."""
+    ((newest,),) = conn.execute(
+        "SELECT max(ingested_at) FROM spans WHERE ingested_at >= $floor", {"floor": floor or datetime.min}
+    ).fetchall()
+    if newest is None:
+        return floor
+    return newest if floor is None else max(newest, floor)
 
 
 def _loops_changed(conn: duckdb.DuckDBPyConnection, fold: Fold) -> set[str]:
@@ -245,7 +302,8 @@ def build(conn: duckdb.DuckDBPyConnection, upto: int | None = None) -> Iterator[
         if len(calls):
             first = int(calls["comp"].max()) + 1
         rows = _arrow(calls).drop_columns([POSITION])
-        yield Fold(rows, None if number == 0 else set(chunk), next_id=first, upto=upto)
+        mark = _read_mark(conn, None)  # the last part's bounds every part's reads
+        yield Fold(rows, None if number == 0 else set(chunk), next_id=first, upto=upto, mark=mark)
 
 
 def _build(conn: duckdb.DuckDBPyConnection, upto: int | None = None) -> Fold:
@@ -253,7 +311,7 @@ def _build(conn: duckdb.DuckDBPyConnection, upto: int | None = None) -> Fold:
     parts = list(build(conn, upto))
     tables = [part.rows for part in parts if part.rows.num_rows] or [parts[0].rows]
     rows = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-    return Fold(rows, None, next_id=parts[-1].next_id, upto=upto)
+    return Fold(rows, None, next_id=parts[-1].next_id, upto=upto, mark=parts[-1].mark)
 
 
 def _runs_with_code(conn: duckdb.DuckDBPyConnection, runs: list[str]) -> set[str]:
@@ -449,6 +507,10 @@ def apply(conn: duckdb.DuckDBPyConnection, fold: Fold) -> None:
     )  # the rows of groups, as a run_tool table writes them
     rows = _arrow(fold.rows)
     _record_changed(conn, fold)
+    conn.execute(f"CREATE TABLE IF NOT EXISTS {MARK} (ingested TIMESTAMP)")
+    conn.execute(f"DELETE FROM {MARK}")
+    if fold.mark is not None:
+        conn.execute(f"INSERT INTO {MARK} VALUES ($mark)", {"mark": fold.mark})
     if fold.replace is None or not table_exists(conn, TABLE_PREFIX + CALLS):
         _write_rows(conn, item, rows, None)
         conn.execute(f"CREATE OR REPLACE TABLE {TAILS} AS {_tails_sql()}")

@@ -141,6 +141,53 @@ def test_calls_that_cannot_be_appended_recompute_only_their_groups(tmp_path):
     _assert_state_equals_full(conn)
 
 
+def test_a_walk_recomputes_the_groups_it_moves_a_span_out_of_only_once_that_span_was_folded(tmp_path):
+    """A parent arriving after its children (as exporters send them) changes the children (their
+    agent here): the writer logs the groups they leave. A child stored since the kept calls'
+    mark was never folded, so nothing of it is in those groups: they are not recomputed (whole
+    runs read at 100,000 calls a run). A child folded before counts."""
+    conn = _store(tmp_path)
+    sep = materialize.RUN_TOOL_SEP
+    _commit(conn, _tool_calls(random.Random(5), 0, ["run-1", "run-2"], 20))
+    assert not _pass(conn).failed
+
+    def family(t: float, trace: str) -> tuple[dict, list[dict]]:
+        parent = make_span(
+            t, run="run-1", TraceId=trace_id(trace), agent_id="planner", SpanName="invoke_agent"
+        )
+        children = [
+            make_span(
+                t + 1 + i,
+                run="run-1",
+                TraceId=trace_id(trace),
+                ParentSpanId=parent["SpanId"],
+                tool_name="lookup",
+                tool_args={"q": f"alpha beta {i}"},
+            )  # fmt: skip
+            for i in range(3)
+        ]
+        return parent, children
+
+    parent, children = family(500, "run-1/late")
+    _commit(conn, children)  # not folded yet: no pass between the two commits
+    _commit(conn, [parent])
+    assert conn.execute("SELECT count(*) FROM change_partitions WHERE partition = 'run_tool'").fetchone()[0]
+    fold = _fold_now(conn)
+    assert fold.replace == set(), "the children left groups that never held them"
+    assert not _pass(conn).failed
+    _assert_state_equals_full(conn)
+    kept = conn.execute(f"SELECT agent FROM {loops_fold.TABLE} WHERE tool_name = 'lookup'").fetchall()
+    assert kept == [("planner",)] * 3
+
+    parent, children = family(600, "run-1/folded")
+    _commit(conn, children)
+    assert not _pass(conn).failed  # folded with no agent
+    _commit(conn, [parent])
+    assert f"run-1{sep}lookup" in _fold_now(conn).replace
+    assert not _pass(conn).failed
+    _assert_state_equals_full(conn)
+
+
 @pytest.mark.parametrize("seed", [0, 1, pytest.param(2, marks=pytest.mark.slow)])
 def test_the_kept_calls_equal_a_full_recomputation_after_every_batch(tmp_path, seed):
     """Tool calls in and out of time order, delegations, agent invocations, code actions and
