@@ -10,7 +10,10 @@
 --     task of its own, or its target hands back to the delegator: then the delegator's hand-offs
 --     from the target are no calls either): its target's and its delegator's groups. A delegate
 --     span without both agents is no hand-off yet (its agent is resolved when its parent comes:
---     then it is changed, and appended or its groups recomputed);
+--     then it is changed, and appended or its groups recomputed); not when the two agents
+--     handed off both ways before these changes (what the kept calls hold: a span no change
+--     after $after lists, even one committed after $upto, was folded), as they do at every turn
+--     of a crew whose agents delegate to each other;
 --   * a span stored after children stored before it (an exporter sends a parent when it ends,
 --     after its children): the chain of an agent's spans an invocation climbs may now reach
 --     further, and the entry's parent names the caller: the groups of those children's agents.
@@ -25,6 +28,13 @@ touched AS (
     FROM spans s
     SEMI JOIN changed c ON c.TraceId = s.TraceId AND c.SpanId = s.SpanId
     WHERE s.ingested_at >= $since_ingested  -- the changes' bound (materialize.SpanChanges)
+),
+folded_handoffs AS MATERIALIZED (  -- the hand-offs of the touched runs no change after $after lists
+    SELECT s.run_id, s.agent_id, s.delegate_to
+    FROM spans s
+    WHERE s.op = 'delegate' AND s.run_id IN (SELECT run_id FROM touched WHERE op = 'delegate')
+      AND NOT EXISTS (SELECT 1 FROM span_changes c
+                      WHERE c.seq > $after AND c.TraceId = s.TraceId AND c.SpanId = s.SpanId)
 ),
 others AS (
     SELECT run_id,
@@ -42,6 +52,12 @@ others AS (
            OR EXISTS (SELECT 1 FROM spans b
                       WHERE b.op = 'delegate' AND b.run_id = d.run_id AND b.agent_id = d.delegate_to
                         AND b.delegate_to = d.agent_id))
+      -- a pair of agents whose hand-offs both ways were folded before (bounced: none of them a
+      -- call, nor an invocation of one by the other) stays so whatever it hands off again
+      AND NOT (EXISTS (SELECT 1 FROM folded_handoffs b
+                       WHERE b.run_id = d.run_id AND b.agent_id = d.delegate_to AND b.delegate_to = d.agent_id)
+               AND EXISTS (SELECT 1 FROM folded_handoffs b
+                           WHERE b.run_id = d.run_id AND b.agent_id = d.agent_id AND b.delegate_to = d.delegate_to))
 ),
 earlier_children AS (
     SELECT c.run_id,

@@ -188,6 +188,40 @@ def test_a_walk_recomputes_the_groups_it_moves_a_span_out_of_only_once_that_span
     _assert_state_equals_full(conn)
 
 
+def test_hand_offs_between_agents_that_already_bounced_recompute_nothing(tmp_path):
+    """Agents that delegate to each other: their hand-offs are no calls (a ping-pong's). The
+    first hand-off back turns the other way's calls into none (their groups recomputed); once
+    both ways were folded, more hand-offs either way change no group (in a crew whose agents
+    delegate to each other, every turn of it)."""
+    conn = _store(tmp_path)
+    sep = materialize.RUN_TOOL_SEP
+    _commit(conn, _tool_calls(random.Random(6), 0, ["run-1"], 10))
+
+    def handoff(t: float, source: str, target: str, task: str) -> dict:
+        return make_span(t, run="run-2", TraceId=trace_id(f"run-2/{t}"), agent_id=source, op="delegate",
+                         delegate_to=target, goal_text=task)  # fmt: skip
+
+    _commit(conn, [handoff(10 + i, "m", "w", "compile the report") for i in range(3)])
+    assert not _pass(conn).failed
+    assert len(conn.execute(f"SELECT * FROM {loops_fold.TABLE} WHERE run_id = 'run-2'").fetchall()) == 3
+    _commit(conn, [handoff(20, "w", "m", "check the figures")])  # the first hand-off back
+    assert _fold_now(conn).replace == {f"run-2{sep}m", f"run-2{sep}w"}
+    assert not _pass(conn).failed
+    _assert_state_equals_full(conn)
+    assert not conn.execute(f"SELECT * FROM {loops_fold.TABLE} WHERE run_id = 'run-2'").fetchall()
+    for turn in range(3):  # both ways folded: nothing to recompute
+        _commit(
+            conn,
+            [
+                handoff(30 + 2 * turn, "m", "w", "compile the report"),
+                handoff(31 + 2 * turn, "w", "m", "again"),
+            ],
+        )
+        assert _fold_now(conn).replace == set()
+        assert not _pass(conn).failed
+        _assert_state_equals_full(conn)
+
+
 @pytest.mark.parametrize("seed", [0, 1, pytest.param(2, marks=pytest.mark.slow)])
 def test_the_kept_calls_equal_a_full_recomputation_after_every_batch(tmp_path, seed):
     """Tool calls in and out of time order, delegations, agent invocations, code actions and
