@@ -756,7 +756,7 @@ CONDITIONS: dict[str, str] = {
     "crewai_delegation": "str(get(CREWAI_TOOL_KEY)) in CREWAI_DELEGATION_TOOLS",
     "llm": "out[COLUMN['span_family']] == 'llm'",
     "agent_or_llm": "out[COLUMN['span_family']] in ('agent', 'llm')",
-    "genai_handoff": "get(GENAI_TOOL_NAME_KEY) in GENAI_HANDOFF_TOOLS",
+    "genai_handoff": "str(get(GENAI_TOOL_NAME_KEY)) in GENAI_HANDOFF_TOOLS",  # a list value: no hand-off
     "adk_agent_tool": "get(GENAI_TOOL_TYPE_KEY) == ADK_AGENT_TOOL_TYPE",
     "stable_agent_id": (
         "scope != SCOPE_TRACELOOP_LANGCHAIN and scope != SCOPE_TRACELOOP_CREWAI and scope != SCOPE_AGENT_FRAMEWORK"

@@ -169,6 +169,10 @@ def test_random_json_documents_never_crash(document):
 @given(
     st.dictionaries(attribute_keys, values, max_size=8), st.dictionaries(attribute_keys, values, max_size=3)
 )
+# found by this test in some runs only (Hypothesis draws on the constants of the modules loaded):
+# a hand-off condition looked a list value up in a set
+@example({"gen_ai.tool.name": [], "driftscope.op": []}, {})
+@example({"gen_ai.tool.name": {"name": "transfer_to_agent"}}, {})
 def test_convention_mapping_is_total_and_typed(attrs, resource):
     out = map_coordination(attrs, resource)
     assert set(out) == set(COORDINATION_COLUMNS)
