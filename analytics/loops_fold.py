@@ -199,7 +199,8 @@ MARK = quote_identifier(TABLE_PREFIX + "repeated_calls_mark")
 # nothing of it; it is read as it is now with the changes' other spans. An exporter sends a
 # trace's spans as they end, parents after children: the walks mostly change spans stored a few
 # commits before, which the pass folds anyway, and recomputing the groups they left read whole
-# runs (100,000-call runs: most of a pass). Deletions ('delete' changes) always count.
+# runs (100,000-call runs: most of a pass). Deletions ('delete' changes) always count, and every
+# key counts while the kept calls have no mark ($mark NULL).
 _LOGGED_KEYS_SQL = """
 WITH firsts AS (
     SELECT c.seq, min(s.ingested_at) AS first
@@ -218,22 +219,14 @@ HAVING NOT bool_and(coalesce(l.kind = 'spans' AND f.first > $mark::TIMESTAMP, fa
 
 
 def _logged_keys(conn: duckdb.DuckDBPyConnection, changes: SpanChanges, mark: datetime | None) -> set[str]:
-    if mark is None:  # nothing known of what the kept calls reflect: every logged key counts
-        sql, params = (
-            "SELECT DISTINCT key FROM change_partitions WHERE seq > $after AND seq <= $upto "
-            "AND partition = 'run_tool'",
-            changes.params(),
-        )
-    else:
-        sql, params = _LOGGED_KEYS_SQL, {**changes.bounded_params(), "mark": mark}
-    return {row[0] for row in conn.execute(sql, params).fetchall()}
+    rows = conn.execute(_LOGGED_KEYS_SQL, {**changes.bounded_params(), "mark": mark}).fetchall()
+    return {row[0] for row in rows}
 
 
 def _kept_mark(conn: duckdb.DuckDBPyConnection) -> datetime | None:
     if not table_exists(conn, TABLE_PREFIX + "repeated_calls_mark"):
         return None
-    rows = conn.execute(f"SELECT max(ingested) FROM {MARK}").fetchall()
-    return rows[0][0] if rows else None
+    return conn.execute(f"SELECT max(ingested) FROM {MARK}").fetchall()[0][0]
 
 
 def _read_mark(conn: duckdb.DuckDBPyConnection, floor: datetime | None) -> datetime | None:
@@ -294,7 +287,7 @@ def build(conn: duckdb.DuckDBPyConnection, upto: int | None = None) -> Iterator[
     calls are the calls of all): the first part replaces the table, each later one adds its
     runs' groups. The materializer applies each part before computing the next, so what a build
     holds is bounded by the chunk, not by the store."""
-    first = 0
+    first, mark = 0, None
     for number, chunk in enumerate(_build_chunks(conn)):
         calls = calls_of(conn, chunk, first) if chunk else calls_of(conn, None, first)
         if number and not len(calls):
@@ -302,7 +295,7 @@ def build(conn: duckdb.DuckDBPyConnection, upto: int | None = None) -> Iterator[
         if len(calls):
             first = int(calls["comp"].max()) + 1
         rows = _arrow(calls).drop_columns([POSITION])
-        mark = _read_mark(conn, None)  # the last part's bounds every part's reads
+        mark = _read_mark(conn, mark)  # the last part's bounds every part's reads
         yield Fold(rows, None if number == 0 else set(chunk), next_id=first, upto=upto, mark=mark)
 
 
@@ -507,10 +500,9 @@ def apply(conn: duckdb.DuckDBPyConnection, fold: Fold) -> None:
     )  # the rows of groups, as a run_tool table writes them
     rows = _arrow(fold.rows)
     _record_changed(conn, fold)
-    conn.execute(f"CREATE TABLE IF NOT EXISTS {MARK} (ingested TIMESTAMP)")
-    conn.execute(f"DELETE FROM {MARK}")
-    if fold.mark is not None:
-        conn.execute(f"INSERT INTO {MARK} VALUES ($mark)", {"mark": fold.mark})
+    conn.execute(
+        f"CREATE OR REPLACE TABLE {MARK} AS SELECT $mark::TIMESTAMP AS ingested", {"mark": fold.mark}
+    )
     if fold.replace is None or not table_exists(conn, TABLE_PREFIX + CALLS):
         _write_rows(conn, item, rows, None)
         conn.execute(f"CREATE OR REPLACE TABLE {TAILS} AS {_tails_sql()}")
