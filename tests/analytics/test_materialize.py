@@ -692,6 +692,50 @@ def test_queued_writes_keep_every_table_equal_to_a_full_recomputation(tmp_path):
         _assert_tables_equal_full(conn, seen)
 
 
+def test_each_result_is_brought_up_to_the_newest_change_when_its_turn_comes(tmp_path):
+    """Spans committed during a pass: the results computed after them reflect them (a pass of
+    several seconds under ingest no longer leaves every result as old as the pass's start), each
+    result's state claims no more than its table holds, and none goes past what it reads."""
+    rng = random.Random(11)
+    conn = _store(tmp_path)
+    runs = ["run-1", "run-2", "run-3"]
+    for batch in range(2):
+        _commit(conn, _random_batch(rng, batch, runs) + _loop_batch(rng, batch, runs))
+        assert not _pass(conn).failed
+    _commit(conn, _random_batch(rng, 2, runs) + _loop_batch(rng, 2, runs))
+    before = materialize.newest_change(conn)
+    turns: list[str] = []
+
+    def between(name: str) -> None:  # half way through the pass, more spans commit
+        turns.append(name)
+        if len(turns) == 8:
+            _commit(conn, _random_batch(rng, 3, runs) + _loop_batch(rng, 3, runs))
+
+    cursor = conn.cursor()
+    try:
+        report = materialize.bring_up_to_date(cursor, direct_write(conn), between=between)
+    finally:
+        cursor.close()
+    assert not report.failed and len(turns) > 8
+    newest = materialize.newest_change(conn)
+    assert newest > before
+    states = materialize.read_states(conn)
+    items = materialize.maintained()
+    seqs = {name: states[name].seq for name in items}
+    assert {seqs[name] for name in turns[:7]} == {before}
+    later = [name for name in turns[8:] if seqs[name] == newest]
+    assert later, seqs  # brought up to the change committed during the pass
+    for name, item in items.items():
+        assert all(seqs[name] <= seqs[first] for first in item.depends), name
+    for name in later:  # a state at the newest change: the table holds every span committed
+        if name in METRICS:
+            got, full = run_metric(conn, name), _full(conn, name)
+            pd.testing.assert_frame_equal(_canonical(got), _canonical(full), obj=name)
+    assert materialize.freshness(conn)["behind_changes"] == newest - before
+    assert not _pass(conn).failed
+    _assert_tables_equal_full(conn, {})
+
+
 def test_a_queued_write_that_fails_is_reported_and_the_others_land(tmp_path):
     conn = _store(tmp_path)
     _commit(conn, [make_span(0, run="run-1", agent_id="a")])
