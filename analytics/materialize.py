@@ -5,8 +5,8 @@ touched (``change_log`` / ``change_partitions``). The ``Materializer`` reads tha
 per detector, recomputes only the partitions listed since the change its table reflects: a
 detector registered with a partition key (``run_id`` or ``origin_task_id``: each finding follows
 from that partition's spans alone) gets those partitions' rows deleted and inserted again; one
-without (its answer depends on every run) is recomputed whole, at most every
-``WHOLE_INTERVAL_S``. Every write (rows and the ``findings_state`` row saying which change they
+without (its answer depends on every run) is recomputed whole, under ingest at most once per
+``WHOLE_COST_RATIO`` times its last computation (``WholeSchedule``). Every write (rows and the ``findings_state`` row saying which change they
 reflect) is one transaction of the single writer, so a kill at any point leaves tables and state
 that agree, and the next pass resumes from the log.
 
@@ -53,8 +53,13 @@ CHUNK_KEYS = 2_000
 MANY_KEYS = 200
 MANY_SHARE = 0.5
 UNSCOPED_MAX_SPANS = 2_000_000
-# A detector whose answer depends on every run is recomputed at most this often under ingest.
-WHOLE_INTERVAL_S = 5.0
+# A detector whose answer depends on every run is recomputed whole; under ingest, at most once
+# per WHOLE_COST_RATIO times its last computation took, and never twice within
+# WHOLE_MIN_INTERVAL_S: such results take at most a fifth of the materializer's time, and the
+# cheap ones follow every pass. (A fixed 5 s held them to every other pass at 1M stored spans,
+# where they take 0.1-0.3 s: the findings lag, the oldest result's, doubled with them.)
+WHOLE_COST_RATIO = 5.0
+WHOLE_MIN_INTERVAL_S = 1.0
 PARTITIONS = ("run_id", "origin_task_id", "run_tool", "span")
 # A 'run_tool' key (collector.changes): "<run>\x1f<tool>" names one (run, tool) group of a
 # result with run_id and tool_name columns; "<run>\x1f*" every group of the run.
@@ -123,18 +128,25 @@ def span_changes(conn: duckdb.DuckDBPyConnection, after: int, upto: int) -> Span
 
 
 class WholeSchedule:
-    """``whole_due`` of a materializer: a result kept whole is recomputed at most every
-    ``WHOLE_INTERVAL_S`` under ingest (called as it is about to be)."""
+    """``whole_due`` of a materializer: a result kept whole is recomputed under ingest at most
+    once per ``WHOLE_COST_RATIO`` times its last computation (``took``), and at most every
+    ``WHOLE_MIN_INTERVAL_S`` (called as it is about to be)."""
 
     def __init__(self) -> None:
         self._at: dict[str, float] = {}
+        self._cost: dict[str, float] = {}
 
     def __call__(self, name: str) -> bool:
         now = time.monotonic()
-        if now - self._at.get(name, -1e9) < WHOLE_INTERVAL_S:
+        wait = max(WHOLE_MIN_INTERVAL_S, WHOLE_COST_RATIO * self._cost.get(name, 0.0))
+        if now - self._at.get(name, -1e9) < wait:
             return False
         self._at[name] = now
         return True
+
+    def took(self, seconds: dict[str, float]) -> None:
+        """What a pass's computations took, per result (``PassReport.compute_seconds``)."""
+        self._cost.update(seconds)
 
 
 class Stopping(Exception):
@@ -1195,7 +1207,7 @@ class Materializer(threading.Thread):
         self.last_error: str | None = None
         self.last_failed: dict[str, str] = {}
         self.last_pass_seconds = 0.0
-        self._whole_due = WholeSchedule()  # results kept whole: at most every WHOLE_INTERVAL_S
+        self._whole_due = WholeSchedule()  # results kept whole: as often as they are cheap
         self._since_prune = 0
         # requests waiting for the writer (``len(IngestQueue)``)
         self._ingest_backlog = ingest_backlog
@@ -1233,6 +1245,7 @@ class Materializer(threading.Thread):
         report = bring_up_to_date(
             cursor, self._write, whole_due=self._whole_due, between=self._yield_to_ingest, submit=self._submit
         )
+        self._whole_due.took(report.compute_seconds)
         if report.recomputed:
             self._since_prune += 1
         if self._since_prune >= PRUNE_EVERY:  # idle, it writes nothing at all

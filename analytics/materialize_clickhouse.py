@@ -8,7 +8,7 @@ the same compute functions as on DuckDB (translated by ``analytics.dialect``):
 
 * a result partitioned by ``run_id`` / ``origin_task_id`` recomputes the partitions logged since
   the change its table reflects; one with no partition (its answer depends on every run) is
-  recomputed whole, at most every ``WHOLE_INTERVAL_S`` under ingest. run_summary is one of these
+  recomputed whole, under ingest as often as ``materialize.WholeSchedule`` allows. run_summary is one of these
   here: assembled from the other tables (no span read), whole;
 * DuckDB's per-span and per-(run, tool) folds (``analytics.loops_fold``, the comparison's tables)
   are DuckDB and Python: here repeated_calls and runaway_runs are their detectors' full
@@ -352,7 +352,7 @@ class ClickHouseMaterializer(threading.Thread):
         self._deferred = 0.0  # seconds this pass waited for ingest
         self.deferred_seconds = 0.0
         self._stop_event = threading.Event()
-        self._whole_due = materialize.WholeSchedule()  # results kept whole: at most every WHOLE_INTERVAL_S
+        self._whole_due = materialize.WholeSchedule()  # results kept whole: as often as they are cheap
         self.passes = 0
         self.last_error: str | None = None
         self.last_failed: dict[str, str] = {}
@@ -403,6 +403,7 @@ class ClickHouseMaterializer(threading.Thread):
             versions=versions,
             between=self._yield_to_ingest,
         )
+        self._whole_due.took(report.compute_seconds)
         if report.recomputed:
             self._since_prune += 1
         if self._since_prune >= PRUNE_EVERY:

@@ -736,6 +736,28 @@ def test_each_result_is_brought_up_to_the_newest_change_when_its_turn_comes(tmp_
     _assert_tables_equal_full(conn, {})
 
 
+def test_results_kept_whole_are_recomputed_as_often_as_they_are_cheap(monkeypatch):
+    """Under ingest a result kept whole waits WHOLE_COST_RATIO times its last computation
+    (never less than WHOLE_MIN_INTERVAL_S): a cheap one follows every pass of a few seconds, a
+    costly one takes at most a fifth of the materializer's time."""
+    clock = [100.0]
+    monkeypatch.setattr(materialize.time, "monotonic", lambda: clock[0])
+    due = materialize.WholeSchedule()
+    assert due("cheap") and due("costly")  # never computed: due
+    due.took({"cheap": 0.1, "costly": 2.0})
+    clock[0] += materialize.WHOLE_MIN_INTERVAL_S - 0.01
+    assert not due("cheap") and not due("costly")
+    clock[0] += 0.02
+    assert due("cheap") and not due("costly")
+    clock[0] = 100.0 + materialize.WHOLE_COST_RATIO * 2.0 - 0.01
+    assert not due("costly")
+    clock[0] += 0.02
+    assert due("costly")
+    due.took({"costly": 0.0})  # got cheap: the floor alone
+    clock[0] += materialize.WHOLE_MIN_INTERVAL_S
+    assert due("costly")
+
+
 def test_a_queued_write_that_fails_is_reported_and_the_others_land(tmp_path):
     conn = _store(tmp_path)
     _commit(conn, [make_span(0, run="run-1", agent_id="a")])
