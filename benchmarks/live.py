@@ -8,7 +8,7 @@ its materializer has built every findings table (``build_s``), a sender thread s
 protobuf requests at ``--rate`` spans/s into the stored runs (each request carries spans of
 ``--runs-per-request`` runs, so every run is touched every few seconds), while a client asks every
 detector and run_summary in turn (``GET /api/v1/metrics/{name}``, Arrow, as the dashboard asks)
-for ``--seconds``. ``--times now`` (default) moves each request's spans to the moment it is sent
+for ``--seconds``. ``--times now`` (default) moves each run's spans in a request to the moment it is sent
 (crews still running: every new call comes after its group's stored ones); ``--times template``
 keeps the template's times (old spans arriving late, within the stored runs' time range). Serve
 runs with its embedding worker, as by default (``--no-embeddings``: without).
@@ -98,18 +98,22 @@ class Sender(threading.Thread):
         self._halt = threading.Event()
 
     def run(self) -> None:
-        from benchmarks.generator import shift_to, stamp
+        from benchmarks.generator import stamp
 
         rng = random.Random(11 + self.seed)
         interval = self.per_run * self.runs / self.rate
         next_at = time.perf_counter()
         with httpx.Client(timeout=30) as client:
             while not self._halt.is_set():
+                # each run's spans moved to now on their own: one shift for the whole request put
+                # the other runs' spans as far after now as their template slices lay after the
+                # earliest (hours in a 100,000-call run), so the next request's calls came before
+                # them: out of order, unlike crews still running
+                now = time.time_ns() if self.now else None
                 body = b"".join(
-                    stamp(rng.choice(self.payloads), rng.randint(1, self.copies)) for _ in range(self.runs)
+                    _at(stamp(rng.choice(self.payloads), rng.randint(1, self.copies)), now)
+                    for _ in range(self.runs)
                 )
-                if self.now:
-                    body = shift_to(body, time.time_ns())
                 start = time.perf_counter()
                 try:
                     response = client.post(
@@ -133,6 +137,13 @@ class Sender(threading.Thread):
     def stop(self) -> None:
         self._halt.set()
         self.join(60)
+
+
+def _at(payload: bytes, now: int | None) -> bytes:
+    """``payload`` moved to start at ``now`` (unchanged when None: ``--times template``)."""
+    from benchmarks.generator import shift_to
+
+    return payload if now is None else shift_to(payload, now)
 
 
 def _wait_built(client: httpx.Client, url: str, timeout: float) -> float:
