@@ -377,7 +377,7 @@ _clickhouse_reads: dict[str, Callable[..., Any]] = {}
 
 
 def use_clickhouse_reads(**reads: Callable[..., Any]) -> None:
-    """Register the ClickHouse store's ``freshness`` and ``read_findings``."""
+    """Register the ClickHouse store's ``freshness``, ``read_findings`` and ``read_window``."""
     _clickhouse_reads.update(reads)
 
 
@@ -557,6 +557,8 @@ def read_window(
     when that service sent all its spans. An agent filter keeps the findings that involve the
     agent, which each detector decides: the runs the agent acted or was handed a task in are
     computed with the filter (``RUN_ACTORS``), the others have no such finding."""
+    if is_clickhouse(conn):  # windows only there (analytics.read_clickhouse.read_window)
+        return _clickhouse_reads["read_window"](conn, name, window, filters, columns, documented)
     item = maintained().get(name)
     if item is None or item.partition != "run_id" or item.detector is None or filters.reads_spans():
         return None

@@ -10,6 +10,7 @@ types. A read the tables cannot answer is None (the caller computes it).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from datetime import UTC, datetime
 from typing import Any
@@ -216,4 +217,57 @@ def freshness(store, names: list[str] | None = None) -> dict[str, Any]:
     return out
 
 
-materialize.use_clickhouse_reads(freshness=freshness, read_findings=read_findings)
+def read_window(store, name: str, window: Window, filters: Filters, columns: list[str] | None,
+                documented: list[str]) -> pd.DataFrame | None:  # fmt: skip
+    """``materialize.read_window`` on ClickHouse, for a window (with or without a run filter) on
+    a run-partitioned detector: the table's rows of the runs the window holds whole, plus the runs
+    it cuts computed for the question alone (only those). The runs and their span ranges come
+    from run_summary's base part (``materialize.RANGES``). None when the tables cannot answer:
+    not built, a service, agent or origin-task filter (no table of each run's actors is kept
+    here), a run a change not taken in yet touched."""
+    item = maintained().get(name)
+    if item is None or item.partition != "run_id" or item.detector is None or filters.reads_spans():
+        return None
+    if window == Window() or any(
+        f is not None for f in (filters.service, filters.agent, filters.origin_task)
+    ):
+        return None
+    found = ready(store, name, item)
+    if found is None or (filters.run is not None and _run_behind(store, found[0], filters.run)):
+        return None
+    ranges = read_findings(store, materialize.RANGES, documented=["run_id", "first_seen", "last_seen"])
+    if ranges is None:
+        return None
+    first, last = ranges["first_seen"], ranges["last_seen"]
+    touched = pd.Series(True, index=ranges.index) if filters.run is None else ranges["run_id"] == filters.run
+    whole = touched.copy()
+    if window.since is not None:
+        touched &= last >= pd.Timestamp(window.since)
+        whole &= first >= pd.Timestamp(window.since)
+    if window.until is not None:
+        touched &= first < pd.Timestamp(window.until)
+        whole &= last < pd.Timestamp(window.until)
+    whole &= touched
+    held = ranges["run_id"][whole].tolist()
+    cut = ranges["run_id"][touched & ~whole].tolist()
+    wanted = list(columns or documented)
+    frames = []
+    if held:
+        frame = read_findings(store, name, Window(), Filters(), None, wanted, runs=held)
+        if frame is None:
+            return None
+        frames.append(frame)
+    if cut:
+        frames.append(item.detector(store, window, dataclasses.replace(filters, runs=tuple(cut)))[wanted])
+    frames = [f for f in frames if not f.empty] or frames[:1]
+    if not frames:
+        frame = pd.DataFrame({column: pd.Series(dtype=object) for column in wanted})
+    else:
+        frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+    if item.order and len(frame) > 1 and all(c in frame.columns for c, _ in item.order):
+        frame = materialize._ordered(frame, item.order)
+    frame.attrs["source"] = "table"
+    return frame
+
+
+materialize.use_clickhouse_reads(freshness=freshness, read_findings=read_findings, read_window=read_window)

@@ -281,10 +281,10 @@ def run_metric(
 
     A maintained detector is read from its findings table (``materialize.read_findings``), or
     for a window that cuts runs from the table plus the cut runs computed alone
-    (``materialize.read_window``; DuckDB only). Anything else (a detector kept whole or by origin
-    task under a window or filter, a window cutting runs on ClickHouse, a store whose tables are
-    not built, ``Filters.from_spans``) is the detector computed over the spans the window and
-    filters select.
+    (``materialize.read_window``; on ClickHouse for windows and run filters only). Anything else
+    (a detector kept whole or by origin task under a window or filter, a service, agent or
+    origin-task filter on ClickHouse, a store whose tables are not built, ``Filters.from_spans``)
+    is the detector computed over the spans the window and filters select.
 
     Raises ``KeyError`` naming the known metrics when ``name`` is not registered.
     """

@@ -16,7 +16,7 @@ from tests.clickhouse_stores import SERVER_URL, store_params
 pytest.importorskip("chdb", reason="chdb is in the dev extra (pip install 'driftscope[clickhouse]')")
 pytest.importorskip("sqlglot", reason="sqlglot is in the clickhouse extra")
 
-from analytics import Filters, read_clickhouse, registry  # noqa: E402
+from analytics import Filters, Window, read_clickhouse, registry  # noqa: E402
 from analytics import materialize_clickhouse as chm  # noqa: E402
 from analytics.goals import score_pending_pairs  # noqa: E402
 from analytics.read import findings_freshness  # noqa: E402
@@ -177,6 +177,48 @@ def test_a_new_reader_answers_from_the_tables_without_the_spans(chdb_store):
         assert (
             fresh["source"] == "table" and fresh["lag_seconds"] == 0.0 and fresh["findings_as_of"] is not None
         )
+    duck.close()
+
+
+def test_a_window_cutting_runs_reads_the_runs_it_holds_from_the_tables(chdb_store):
+    """A time window (and a run filter) on ClickHouse, as on DuckDB: the runs the window holds
+    whole are read from the tables and only the runs it cuts are computed; the answer equals
+    DuckDB's full computation of the same window."""
+    rng = random.Random(9)
+    store = _fresh(chdb_store, "windows")
+    duck = duckdb.connect()
+    migrate(duck)
+    traces = TraceIndex(duck)
+    for index in range(4):  # each batch its own runs, 10 s apart: a window holds some, cuts some
+        batch = decode_payload(*_random_payload(rng, 2 * index, runs=f"b{index}-"))
+        insert_batches(duck, [batch], traces)
+        insert_otel_traces(store, batch.table)
+    resolve_spans(store, settle_seconds=0)
+    _copy_scores(duck, store)
+    assert not chm.bring_up_to_date(store).failed
+    first, last = duck.execute("SELECT min(Timestamp), max(Timestamp) FROM spans").fetchone()
+    middle = first + (last - first) / 2
+    (run,) = duck.execute("SELECT run_id FROM spans WHERE Timestamp >= ? LIMIT 1", [middle]).fetchone()
+    runs = duck.execute(
+        "SELECT count(*) FILTER (WHERE min_ts >= $m), count(*) FILTER (WHERE min_ts < $m AND max_ts >= $m) "
+        "FROM (SELECT run_id, min(Timestamp) min_ts, max(Timestamp) max_ts FROM spans GROUP BY run_id)",
+        {"m": middle},
+    ).fetchone()
+    assert runs[0] and runs[1], "the window must hold some runs whole and cut others"
+    cases = [(Window(since=middle), Filters()), (Window(until=middle), Filters()),
+             (Window(since=first, until=middle), Filters()), (Window(since=middle), Filters(run=run))]  # fmt: skip
+    partitioned = [name for name in _kept_metrics() if chm.maintained()[name].partition == "run_id"]
+    assert len(partitioned) >= 8
+    for window, filters in cases:
+        for name in partitioned:
+            got = registry.run_metric(store, name, window, filters)
+            assert got.attrs.get("source") == "table", (name, window, filters)
+            want = registry.compute_metric(duck, name, window, filters)
+            assert list(got.columns) == list(want.columns), name
+            assert _rows(got) == _rows(want), (name, window, filters)
+    # an agent filter is computed as before (no table of each run's actors here)
+    got = registry.run_metric(store, "lost_updates", Window(since=middle), Filters(agent="a"))
+    assert got.attrs.get("source") is None
     duck.close()
 
 
