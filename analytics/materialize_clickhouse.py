@@ -122,19 +122,21 @@ def bring_up_to_date(
     between: Callable[[str], None] | None = None,
 ) -> PassReport:
     """One pass: bring every result (of ``names``, and what they read) up to the newest change a
-    pass may take (``target_change``). ``whole_due(name)``: whether a result kept whole may be
+    pass may take (``target_change``) when its turn comes. ``whole_due(name)``: whether a result kept whole may be
     recomputed now (None: always). ``turn``: held while each result is computed and written (serve
     shares the store's session with its reads). ``between(name)`` is called before each result
     (serve's thread yields to ingest there)."""
     report = PassReport(recomputed={}, failed={})
-    target = report.target = target_change(store)
+    report.target = target_change(store)
     states = read_states(store)
     items = maintained()
     fingerprint = inputs(store)
     versions = versions or RowVersions(store)
     if names is not None:
         names = materialize.with_dependencies(items, names)
-    current: set[str] = set()
+    # by the change each reflects; each result goes up to the newest change when its turn comes,
+    # a result reading others' tables no further than they reflect (as on DuckDB)
+    current: dict[str, int] = {}
     totals: dict[str, int] = {}
     for name, item in items.items():
         if names is not None and name not in names:
@@ -142,10 +144,15 @@ def bring_up_to_date(
         version = f"{item.version}|inputs={fingerprint}"
         state = states.get(name)
         fresh = state is not None and state.version == version and state.seq is not None
+        target = target_change(store)
         if fresh and state.seq >= target:
-            current.add(name)
+            current[name] = state.seq
             continue
         if any(first not in current for first in item.depends):
+            continue
+        target = min([target, *(current[first] for first in item.depends)])
+        if fresh and state.seq >= target:
+            current[name] = state.seq
             continue
         if item.partition is None and fresh and whole_due is not None and not whole_due(name):
             continue
@@ -157,7 +164,7 @@ def bring_up_to_date(
                 report.recomputed[name] = _bring_one(
                     store, item, version, state if fresh else None, target, versions, totals
                 )
-            current.add(name)
+            current[name] = target
         except Exception as exc:  # noqa: BLE001 - one result's failure must not stop the others
             message = f"{type(exc).__name__}: {exc}"
             logger.warning("materializer (ClickHouse): %s not brought up to date: %s", name, message)

@@ -18,6 +18,7 @@ pytest.importorskip("sqlglot", reason="sqlglot is in the clickhouse extra")
 
 from analytics import Filters, Window, read_clickhouse, registry  # noqa: E402
 from analytics import materialize_clickhouse as chm  # noqa: E402
+from analytics.findings_clickhouse import read_states, target_change  # noqa: E402
 from analytics.goals import score_pending_pairs  # noqa: E402
 from analytics.read import findings_freshness  # noqa: E402
 from analytics.types import direct_write  # noqa: E402
@@ -219,6 +220,54 @@ def test_a_window_cutting_runs_reads_the_runs_it_holds_from_the_tables(chdb_stor
     # an agent filter is computed as before (no table of each run's actors here)
     got = registry.run_metric(store, "lost_updates", Window(since=middle), Filters(agent="a"))
     assert got.attrs.get("source") is None
+    duck.close()
+
+
+def test_each_result_goes_up_to_the_newest_change_when_its_turn_comes(chdb_store):
+    """Spans resolved during a pass: the results after them reflect them (equal to DuckDB's full
+    computation of every span), none goes past what it reads, and a next pass brings the rest."""
+    rng = random.Random(12)
+    store = _fresh(chdb_store, "turns")
+    duck = duckdb.connect()
+    migrate(duck)
+    traces = TraceIndex(duck)
+    changes = ChangeLog(store)
+
+    def add(index: int) -> None:
+        batch = decode_payload(*_random_payload(rng, index))
+        insert_batches(duck, [batch], traces)
+        insert_otel_traces(store, batch.table)
+        resolve_spans(store, settle_seconds=0, changes=changes)
+        _copy_scores(duck, store)
+
+    add(0)
+    assert not chm.bring_up_to_date(store).failed
+    add(1)
+    before = target_change(store)
+    turns: list[str] = []
+
+    def between(name: str) -> None:  # half way through the pass, more spans are resolved
+        turns.append(name)
+        if len(turns) == 6:
+            add(2)
+
+    report = chm.bring_up_to_date(store, between=between)
+    assert not report.failed and len(turns) > 6
+    newest = target_change(store)
+    assert newest > before
+    seqs = {name: state.seq for name, state in read_states(store).items()}
+    items = chm.maintained()
+    assert {seqs[name] for name in turns[:5]} == {before}
+    later = [name for name in turns[6:] if seqs[name] == newest]
+    assert later, seqs
+    for name, item in items.items():
+        assert all(seqs[name] <= seqs[first] for first in item.depends), name
+    for name in later:
+        if name in registry.METRICS:
+            got = read_clickhouse.read_findings(store, name, documented=list(registry.METRICS[name].columns))
+            assert _rows(got) == _rows(registry.compute_metric(duck, name)), name
+    assert not chm.bring_up_to_date(store).failed
+    _assert_tables_equal_full(duck, store, {})
     duck.close()
 
 
