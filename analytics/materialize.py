@@ -6,9 +6,10 @@ per detector, recomputes only the partitions listed since the change its table r
 detector registered with a partition key (``run_id`` or ``origin_task_id``: each finding follows
 from that partition's spans alone) gets those partitions' rows deleted and inserted again; one
 without (its answer depends on every run) is recomputed whole, under ingest at most once per
-``WHOLE_COST_RATIO`` times its last computation (``WholeSchedule``). Every write (rows and the ``findings_state`` row saying which change they
-reflect) is one transaction of the single writer, so a kill at any point leaves tables and state
-that agree, and the next pass resumes from the log.
+``WHOLE_COST_RATIO`` times its last computation (``WholeSchedule``). Every write (rows and the
+``findings_state`` row saying which change they reflect) is one transaction of the single
+writer, so a kill at any point leaves tables and state that agree, and the next pass resumes
+from the log.
 
 Reads (``read_findings``) are SELECTs over those tables, with the state's "as of"; a read the
 tables cannot answer (a window that cuts runs, a service or agent filter, a detector not yet
