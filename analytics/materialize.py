@@ -628,6 +628,12 @@ def read_window(
         frames.append(table.to_pandas(types_mapper=pandas_type))
     if partial:
         frames.append(item.detector(conn, window, dataclasses.replace(filters, runs=tuple(partial)))[wanted])
+    return window_answer(item, frames, wanted)
+
+
+def window_answer(item: Maintained, frames: list[pd.DataFrame], wanted: list[str]) -> pd.DataFrame:
+    """A window's answer from its parts (the table's rows of the runs it holds whole, the cut
+    runs computed), in ``item``'s read order, said to come from the table."""
     frames = [f for f in frames if not f.empty] or frames[:1]
     if not frames:
         frame = pd.DataFrame({column: pd.Series(dtype=object) for column in wanted})

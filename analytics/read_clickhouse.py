@@ -259,15 +259,7 @@ def read_window(store, name: str, window: Window, filters: Filters, columns: lis
         frames.append(frame)
     if cut:
         frames.append(item.detector(store, window, dataclasses.replace(filters, runs=tuple(cut)))[wanted])
-    frames = [f for f in frames if not f.empty] or frames[:1]
-    if not frames:
-        frame = pd.DataFrame({column: pd.Series(dtype=object) for column in wanted})
-    else:
-        frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-    if item.order and len(frame) > 1 and all(c in frame.columns for c, _ in item.order):
-        frame = materialize._ordered(frame, item.order)
-    frame.attrs["source"] = "table"
-    return frame
+    return materialize.window_answer(item, frames, wanted)
 
 
 materialize.use_clickhouse_reads(freshness=freshness, read_findings=read_findings, read_window=read_window)
