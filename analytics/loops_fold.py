@@ -11,12 +11,14 @@ are merged. With a fleet of crews streaming, every group is touched every few se
 costs the new calls, recomputing cost every call of every touched group (2.6 s of a 6 s pass at
 1M stored spans).
 
-What a fold cannot append is recomputed per (run, tool) group, exactly as before
-(``calls_of``: repeated_calls.sql over the group's spans, every call kept): groups a delegation,
-an agent span or an LLM output with code touched (their calls depend on other spans: reverse
-hand-offs, agent chains, the run's tools), groups of spans stored before a parent that arrived
-later, of spans that were calls already (changed or deleted), of runs whose LLM outputs hold code,
-groups holding other than tool calls, and calls that do not come after their group's calls.
+A group of tool calls that takes a call before its last one is linked again from its kept
+calls and the new ones (``_relink``: the same rules in time order, no span read). What a fold
+cannot append or relink is recomputed per (run, tool) group, exactly as before (``calls_of``:
+repeated_calls.sql over the group's spans, every call kept): groups a delegation, an agent span
+or an LLM output with code touched (their calls depend on other spans: reverse hand-offs, agent
+chains, the run's tools), groups of spans stored before a parent that arrived later, of spans
+that were calls already (changed or deleted), of runs whose LLM outputs hold code, groups holding
+other than tool calls, and delegations that do not come after their group's calls.
 
 ``analytics.loops_live`` forms the loops from this table. The tests hold the loops to a full
 recomputation after every batch (tests/analytics/test_materialize.py) and the fold to its
@@ -112,6 +114,10 @@ class Fold:
     # The newest ``ingested_at`` of any span stored when it was computed (``_read_mark``): every
     # span its state reflects was ingested at or before it. None: unknown.
     mark: datetime | None = None
+    # Of ``replace``, the groups relinked from their kept calls and new ones (``_relink``) rather
+    # than computed from their spans (``calls_of``), and those new calls.
+    relinked: set[str] = dataclasses.field(default_factory=set)
+    to_relink: pd.DataFrame | None = None
 
 
 def calls_of(conn: duckdb.DuckDBPyConnection, keys: list[str] | None, first_id: int) -> pd.DataFrame:
@@ -176,8 +182,12 @@ def compute(conn: duckdb.DuckDBPyConnection, partition: str | None, changes: Spa
         new = new[~new["run_id"].isin(coded)]
     fold = _append(conn, new.reset_index(drop=True), replace)
     fold.upto = changes.upto
+    if fold.relinked:
+        fold.rows = pd.concat(
+            [f for f in (fold.rows, _relink(conn, fold)) if len(f)] or [fold.rows], ignore_index=True
+        )
     fold.changed = _loops_changed(conn, fold)
-    keys = sorted(fold.replace)
+    keys = sorted(fold.replace - fold.relinked)
     first = fold.next_id
     frames = [fold.rows]
     for start in range(0, len(keys), CHUNK_KEYS):
@@ -360,13 +370,20 @@ def _append(conn: duckdb.DuckDBPyConnection, new: pd.DataFrame, replace: set[str
         new_kinds.setdefault((run, agent, tool), set()).add(source)
     starts = new.drop_duplicates(_GROUP)  # each group's earliest new call
     columns = (starts[c].tolist() for c in [*_GROUP, "start_ns", "SpanId"])
+    relink: set[str] = set()  # groups of tool calls taking a call before their last: relinked
     for run, agent, tool, start, span in zip(*columns, strict=True):
         kinds, last, _ = by_group.get((run, agent, tool), (set(), None, []))
-        if len(kinds | new_kinds[(run, agent, tool)]) > 1 or (
-            last is not None and (last["n"], last["s"]) >= (start, span)
+        kinds = kinds | new_kinds[(run, agent, tool)]
+        if len(kinds) > 1 or (
+            last is not None and (last["n"], last["s"]) >= (start, span) and kinds != {"tool"}
         ):
             replace.add(run + RUN_TOOL_SEP + tool)
-    new = new[~(new["run_id"] + RUN_TOOL_SEP + new["tool_name"]).isin(replace)].reset_index(drop=True)
+        elif last is not None and (last["n"], last["s"]) >= (start, span):
+            relink.add(run + RUN_TOOL_SEP + tool)
+    keys = new["run_id"] + RUN_TOOL_SEP + new["tool_name"]
+    relink -= replace  # a (run, tool) key is relinked whole, every agent's group of it
+    to_relink = new[keys.isin(relink)].reset_index(drop=True)
+    new = new[~keys.isin(replace | relink)].reset_index(drop=True)
     links = _Links(next_id)
     tokens = similarity_tokens
     tails = {
@@ -415,12 +432,78 @@ def _append(conn: duckdb.DuckDBPyConnection, new: pd.DataFrame, replace: set[str
     ends = new.drop_duplicates(_GROUP, keep="last")  # each appended group's last call
     return Fold(
         out[COLUMNS],
-        replace,
+        replace | relink,
         links.merged(),
         appended=len(ends),
         next_id=links.next,
         tails=_new_tails(ends, by_group, new_kinds, tails, links),
+        relinked=relink,
+        to_relink=to_relink,
     )
+
+
+def _relink(conn: duckdb.DuckDBPyConnection, fold: Fold) -> pd.DataFrame:
+    """The calls of ``fold.relinked``'s groups (their kept calls and ``fold.to_relink``) linked
+    again from the first: a group of tool calls that takes a call before its last cannot append
+    it (the four calls after it change their links, and a component may split), but its calls
+    are all kept here with their arguments, so the group is linked anew in the order of its
+    calls, as ``_append`` links each call (the same rules: identical signatures, and the last
+    NEIGHBOUR_WINDOW calls with arguments by their token sets), instead of computed from the
+    spans of its run (``calls_of``: a (run, tool) group of a 100,000-call run is ~12k calls).
+    New component ids from ``fold.next_id``, which moves past them."""
+    conn.register("_relink_keys", pa.table({"key": sorted(fold.relinked)}))
+    try:
+        kept = query_df(
+            conn,
+            f"SELECT * EXCLUDE (_pos) FROM {TABLE} "
+            "WHERE run_id || chr(31) || tool_name IN (SELECT key FROM _relink_keys)",
+            {},
+        )
+    finally:
+        conn.unregister("_relink_keys")
+    new = fold.to_relink if fold.to_relink is not None else pd.DataFrame(columns=COLUMNS)
+    # a key with another agent's group of delegations (a hand-off target named like the tool):
+    # those link on their tasks' embeddings, so the key is computed from its spans after all
+    others = kept.loc[kept["source"] != "tool", ["run_id", "tool_name"]].drop_duplicates()
+    if len(others):
+        fold.relinked -= set(others["run_id"] + RUN_TOOL_SEP + others["tool_name"])
+        kept = kept[(kept["run_id"] + RUN_TOOL_SEP + kept["tool_name"]).isin(fold.relinked)]
+        new = new[(new["run_id"] + RUN_TOOL_SEP + new["tool_name"]).isin(fold.relinked)]
+    calls = pd.concat([kept[COLUMNS[:-2]], new[COLUMNS[:-2]]], ignore_index=True)
+    calls = calls.drop_duplicates(["TraceId", "SpanId"], keep="last")
+    calls = calls.sort_values([*_GROUP, "start_ns", "SpanId"], kind="stable").reset_index(drop=True)
+    threshold = current_threshold(conn, "near_duplicate_similarity").value
+    links = _Links(fold.next_id)
+    tokens = similarity_tokens
+    firsts: dict[tuple, int] = {}
+    tails: dict[tuple, list[tuple[int, str, str]]] = {}
+    ids = []
+    rows = zip(*(calls[c].tolist() for c in [*_GROUP, "basis", "norm_args", "args"]), strict=True)
+    for run, agent, tool, basis, sig, args in rows:
+        mine = links.add()
+        ids.append(mine)
+        same_key = (run, agent, tool, basis, sig)
+        if same_key in firsts:
+            links.join(mine, firsts[same_key], 1.0)
+        else:
+            firsts[same_key] = mine
+        if basis != "arguments":
+            continue
+        tail = tails.setdefault((run, agent, tool), [])
+        for comp, their_sig, their_args in tail[-loops.NEIGHBOUR_WINDOW :]:
+            if their_sig == sig:
+                continue
+            mine_tokens, theirs = tokens(args), tokens(their_args)
+            if mine_tokens and theirs:
+                common = len(mine_tokens & theirs)
+                score = common / (len(mine_tokens) + len(theirs) - common)
+                if score >= threshold:
+                    links.join(mine, comp, score)
+        tail.append((mine, sig, args))
+    fold.next_id = links.next
+    return calls.assign(comp=[links.find(c) for c in ids], min_similarity=[links.low(c) for c in ids])[
+        COLUMNS
+    ]
 
 
 def _new_tails(ends: pd.DataFrame, by_group: dict, new_kinds: dict, tails: dict, links: _Links) -> pa.Table:

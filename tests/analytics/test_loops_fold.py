@@ -11,7 +11,7 @@ from datetime import timedelta
 import pandas as pd
 import pytest
 
-from analytics import loops_fold, materialize, run_metric
+from analytics import loops, loops_fold, materialize, run_metric
 from analytics.registry import compute_metric
 from tests import tiers
 from tests.analytics.test_materialize import _canonical, _commit, _loop_batch, _pass, _store
@@ -137,7 +137,43 @@ def test_calls_that_cannot_be_appended_recompute_only_their_groups(tmp_path):
     sep = materialize.RUN_TOOL_SEP
     assert fold.replace == {f"run-1{sep}search", f"run-3{sep}a", f"run-3{sep}b"}
     assert fold.appended == 2 and {handoff["SpanId"], after["SpanId"]} <= set(fold.rows["SpanId"])
+    # the late call's group holds tool calls alone: relinked from its kept calls, not its spans
+    assert fold.relinked == {f"run-1{sep}search"}
+    relinked = fold.rows[fold.rows["run_id"] + sep + fold.rows["tool_name"] == f"run-1{sep}search"]
+    assert late["SpanId"] in set(relinked["SpanId"])
+    assert (
+        len(relinked)
+        == conn.execute(
+            "SELECT count(*) FROM spans WHERE run_id = 'run-1' AND tool_name = 'search'"
+        ).fetchone()[0]
+    )
     assert not _pass(conn).failed
+    _assert_state_equals_full(conn)
+
+
+def test_a_call_before_its_groups_last_relinks_the_group_in_time_order(tmp_path):
+    """A late call pushes the call NEIGHBOUR_WINDOW places before each of the calls after it out
+    of their windows: two similar calls four calls apart are linked, and one more call between
+    them (arriving late) splits them, as a full recomputation does."""
+    conn = _store(tmp_path)
+    sep = materialize.RUN_TOOL_SEP
+
+    def call(at: float, query: str) -> dict:
+        return make_span(at, run="run-1", TraceId=trace_id("run-1/0"), agent_id="a", tool_name="search",
+                         tool_args={"q": query})  # fmt: skip
+
+    first, last = call(1, "alpha beta gamma delta"), call(5, "alpha beta gamma delta epsilon")
+    between = [call(2, "weather in paris"), call(3, "zeta eta"), call(4, "theta iota kappa")]
+    assert loops.NEIGHBOUR_WINDOW == 4
+    _commit(conn, [first, *between, last])
+    assert not _pass(conn).failed
+    comps = lambda: dict(conn.execute(f"SELECT SpanId, comp FROM {loops_fold.TABLE}").fetchall())  # noqa: E731
+    assert comps()[first["SpanId"]] == comps()[last["SpanId"]]  # within the last call's window
+    _commit(conn, [call(4.5, "lambda mu")])
+    fold = _fold_now(conn)
+    assert fold.relinked == {f"run-1{sep}search"}
+    assert not _pass(conn).failed
+    assert comps()[first["SpanId"]] != comps()[last["SpanId"]]  # four calls between them now
     _assert_state_equals_full(conn)
 
 
@@ -226,19 +262,20 @@ def test_hand_offs_between_agents_that_already_bounced_recompute_nothing(tmp_pat
 def test_the_kept_calls_equal_a_full_recomputation_after_every_batch(tmp_path, seed):
     """Tool calls in and out of time order, delegations, agent invocations, code actions and
     the detectors' other spans, in random batches: after each pass the components are a full
-    recomputation's, and some passes appended."""
+    recomputation's, and some passes appended calls and some relinked groups."""
     rng = random.Random(seed)
     conn = _store(tmp_path)
     runs = [f"run-{i}" for i in range(3)]
-    appended = 0
+    appended = relinked = 0
     for batch in range(tiers.batches(full=8, quick=4)):
         rows = _tool_calls(rng, 60 * batch + rng.choice([0, 0, -90]), runs, rng.randint(5, 25))
         _commit(conn, rows + _loop_batch(rng, batch, runs) + _random_batch(rng, batch, runs))
         if materialize.ready(conn, loops_fold.CALLS) is not None:
-            appended += _fold_now(conn).appended
+            fold = _fold_now(conn)
+            appended, relinked = appended + fold.appended, relinked + len(fold.relinked)
         assert not _pass(conn).failed
         _assert_state_equals_full(conn)
-    assert appended > 0
+    assert appended > 0 and relinked > 0
 
 
 def test_a_first_build_in_run_chunks_keeps_every_call_once(tmp_path, monkeypatch):
