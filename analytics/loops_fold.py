@@ -451,13 +451,13 @@ def _relink(conn: duckdb.DuckDBPyConnection, fold: Fold) -> pd.DataFrame:
     NEIGHBOUR_WINDOW calls with arguments by their token sets), instead of computed from the
     spans of its run (``calls_of``: a (run, tool) group of a 100,000-call run is ~12k calls).
     New component ids from ``fold.next_id``, which moves past them."""
-    conn.register("_relink_keys", pa.table({"key": sorted(fold.relinked)}))
-    try:
+    pairs = [key.split(RUN_TOOL_SEP, 1) for key in sorted(fold.relinked)]
+    conn.register(
+        "_relink_keys", pa.table({"run_id": [p[0] for p in pairs], "tool_name": [p[1] for p in pairs]})
+    )
+    try:  # a join on the two columns, not a key built from them for every kept call
         kept = query_df(
-            conn,
-            f"SELECT * EXCLUDE (_pos) FROM {TABLE} "
-            "WHERE run_id || chr(31) || tool_name IN (SELECT key FROM _relink_keys)",
-            {},
+            conn, f"SELECT * EXCLUDE (_pos) FROM {TABLE} SEMI JOIN _relink_keys USING (run_id, tool_name)", {}
         )
     finally:
         conn.unregister("_relink_keys")
