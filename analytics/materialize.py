@@ -341,6 +341,12 @@ def newest_change(conn: duckdb.DuckDBPyConnection) -> int:
     return conn.execute("SELECT coalesce(max(seq), 0) FROM change_log").fetchall()[0][0]
 
 
+def _newest(conn: duckdb.DuckDBPyConnection) -> int:
+    """``newest_change`` of a store known to have a change log (a pass asks before each result:
+    the catalog lookup cost more than the seq)."""
+    return conn.execute("SELECT coalesce(max(seq), 0) FROM change_log").fetchall()[0][0]
+
+
 def log_rebuild(conn: duckdb.DuckDBPyConnection) -> None:
     """In the caller's (writer's) transaction: log that every maintained result is stale (a
     threshold changed). Nothing when the store has no change log (a bare in-memory database)."""
@@ -1033,7 +1039,7 @@ def _bring_up_to_date(
             continue
         state = states.get(name)
         fresh = state is not None and state.version == item.version and state.seq is not None
-        target = newest_change(read)  # read before its computation: it sees at least this much
+        target = _newest(read)  # read before its computation: it sees at least this much
         if fresh and state.seq >= target:
             current[name] = state.seq
             continue
@@ -1047,7 +1053,7 @@ def _bring_up_to_date(
             current.pop(first, None)
         if any(first not in current for first in item.depends):
             continue
-        target = min([newest_change(read), *(current[first] for first in item.depends)])
+        target = min([_newest(read), *(current[first] for first in item.depends)])
         if fresh and state.seq >= target:
             current[name] = state.seq
             continue
