@@ -385,38 +385,12 @@ def _append(conn: duckdb.DuckDBPyConnection, new: pd.DataFrame, replace: set[str
     to_relink = new[keys.isin(relink)].reset_index(drop=True)
     new = new[~keys.isin(replace | relink)].reset_index(drop=True)
     links = _Links(next_id)
-    tokens = similarity_tokens
     tails = {
         group: [(t["comp"], t["norm_args"], t["args"]) for t in reversed(tail)]
         for group, (_, _, tail) in by_group.items()
     }
     threshold = current_threshold(conn, "near_duplicate_similarity").value
-    asks: list[tuple[int, int, str, str]] = []  # (new call, other's comp, its task, the other's)
-    rows = zip(*(new[c].tolist() for c in [*_GROUP, "basis", "norm_args", "args", "source"]), strict=True)
-    for run, agent, tool, basis, sig, args, source in rows:
-        group = (run, agent, tool)
-        mine = links.add()
-        same_key = (*group, basis, sig)
-        if same_key in firsts:  # identical calls link (repeated_calls.sql's `firsts`)
-            links.join(mine, firsts[same_key], 1.0)
-        else:
-            firsts[same_key] = mine
-        if basis != "arguments":
-            continue  # errors and outputs link only when identical
-        tail = tails.setdefault(group, [])
-        for comp, their_sig, their_args in tail[-loops.NEIGHBOUR_WINDOW :]:
-            if their_sig == sig:
-                continue
-            if source == "delegation":  # re-worded hand-offs: on their task similarity, below
-                asks.append((mine, comp, args, their_args))
-                continue
-            mine_tokens, theirs = tokens(args), tokens(their_args)
-            if mine_tokens and theirs:  # repeated_calls.sql's `near`: the token-set Jaccard
-                common = len(mine_tokens & theirs)
-                score = common / (len(mine_tokens) + len(theirs) - common)
-                if score >= threshold:
-                    links.join(mine, comp, score)
-        tail.append((mine, sig, args))
+    asks = _link(links, new, firsts, tails, threshold)
     task_threshold = current_threshold(conn, "near_duplicate_task_similarity").value
     asks = [ask for ask in asks if could_link(ask[2], ask[3], task_threshold)]
     if asks:  # as loops.task_links scores them
@@ -442,14 +416,51 @@ def _append(conn: duckdb.DuckDBPyConnection, new: pd.DataFrame, replace: set[str
     )
 
 
+def _link(
+    links: _Links, calls: pd.DataFrame, firsts: dict[tuple, int], tails: dict[tuple, list], threshold: float
+) -> list[tuple[int, int, str, str]]:
+    """Link ``calls`` (in time order) one by one, each a new id of ``links``: to the first call of
+    its signature (``firsts``: (group, basis, signature) -> id) and, with arguments, to the last
+    NEIGHBOUR_WINDOW calls with arguments of its group (``tails``: group -> [(id, signature,
+    arguments)]) whose token sets are similar enough; both are updated. Returns the hand-offs to
+    score on their tasks: (new call, other's id, its task, the other's)."""
+    tokens = similarity_tokens
+    asks: list[tuple[int, int, str, str]] = []
+    rows = zip(*(calls[c].tolist() for c in [*_GROUP, "basis", "norm_args", "args", "source"]), strict=True)
+    for run, agent, tool, basis, sig, args, source in rows:
+        group = (run, agent, tool)
+        mine = links.add()
+        same_key = (*group, basis, sig)
+        if same_key in firsts:  # identical calls link (repeated_calls.sql's `firsts`)
+            links.join(mine, firsts[same_key], 1.0)
+        else:
+            firsts[same_key] = mine
+        if basis != "arguments":
+            continue  # errors and outputs link only when identical
+        tail = tails.setdefault(group, [])
+        for comp, their_sig, their_args in tail[-loops.NEIGHBOUR_WINDOW :]:
+            if their_sig == sig:
+                continue
+            if source == "delegation":  # re-worded hand-offs: on their task similarity
+                asks.append((mine, comp, args, their_args))
+                continue
+            mine_tokens, theirs = tokens(args), tokens(their_args)
+            if mine_tokens and theirs:  # repeated_calls.sql's `near`: the token-set Jaccard
+                common = len(mine_tokens & theirs)
+                score = common / (len(mine_tokens) + len(theirs) - common)
+                if score >= threshold:
+                    links.join(mine, comp, score)
+        tail.append((mine, sig, args))
+    return asks
+
+
 def _relink(conn: duckdb.DuckDBPyConnection, fold: Fold) -> pd.DataFrame:
     """The calls of ``fold.relinked``'s groups (their kept calls and ``fold.to_relink``) linked
     again from the first: a group of tool calls that takes a call before its last cannot append
     it (the four calls after it change their links, and a component may split), but its calls
     are all kept here with their arguments, so the group is linked anew in the order of its
-    calls, as ``_append`` links each call (the same rules: identical signatures, and the last
-    NEIGHBOUR_WINDOW calls with arguments by their token sets), instead of computed from the
-    spans of its run (``calls_of``: a (run, tool) group of a 100,000-call run is ~12k calls).
+    calls by the append's own rules (``_link``), instead of computed from the spans of its run
+    (``calls_of``: a (run, tool) group of a 100,000-call run is ~12k calls).
     New component ids from ``fold.next_id``, which moves past them."""
     pairs = [key.split(RUN_TOOL_SEP, 1) for key in sorted(fold.relinked)]
     conn.register(
@@ -472,34 +483,9 @@ def _relink(conn: duckdb.DuckDBPyConnection, fold: Fold) -> pd.DataFrame:
     calls = pd.concat([kept[COLUMNS[:-2]], new[COLUMNS[:-2]]], ignore_index=True)
     calls = calls.drop_duplicates(["TraceId", "SpanId"], keep="last")
     calls = calls.sort_values([*_GROUP, "start_ns", "SpanId"], kind="stable").reset_index(drop=True)
-    threshold = current_threshold(conn, "near_duplicate_similarity").value
     links = _Links(fold.next_id)
-    tokens = similarity_tokens
-    firsts: dict[tuple, int] = {}
-    tails: dict[tuple, list[tuple[int, str, str]]] = {}
-    ids = []
-    rows = zip(*(calls[c].tolist() for c in [*_GROUP, "basis", "norm_args", "args"]), strict=True)
-    for run, agent, tool, basis, sig, args in rows:
-        mine = links.add()
-        ids.append(mine)
-        same_key = (run, agent, tool, basis, sig)
-        if same_key in firsts:
-            links.join(mine, firsts[same_key], 1.0)
-        else:
-            firsts[same_key] = mine
-        if basis != "arguments":
-            continue
-        tail = tails.setdefault((run, agent, tool), [])
-        for comp, their_sig, their_args in tail[-loops.NEIGHBOUR_WINDOW :]:
-            if their_sig == sig:
-                continue
-            mine_tokens, theirs = tokens(args), tokens(their_args)
-            if mine_tokens and theirs:
-                common = len(mine_tokens & theirs)
-                score = common / (len(mine_tokens) + len(theirs) - common)
-                if score >= threshold:
-                    links.join(mine, comp, score)
-        tail.append((mine, sig, args))
+    _link(links, calls, {}, {}, current_threshold(conn, "near_duplicate_similarity").value)
+    ids = range(links.first, links.next)
     fold.next_id = links.next
     return calls.assign(comp=[links.find(c) for c in ids], min_similarity=[links.low(c) for c in ids])[
         COLUMNS

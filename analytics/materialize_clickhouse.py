@@ -8,8 +8,8 @@ the same compute functions as on DuckDB (translated by ``analytics.dialect``):
 
 * a result partitioned by ``run_id`` / ``origin_task_id`` recomputes the partitions logged since
   the change its table reflects; one with no partition (its answer depends on every run) is
-  recomputed whole, under ingest as often as ``materialize.WholeSchedule`` allows. run_summary is one of these
-  here: assembled from the other tables (no span read), whole;
+  recomputed whole, under ingest as often as ``materialize.WholeSchedule`` allows. run_summary
+  is one of these here: assembled from the other tables (no span read), whole;
 * DuckDB's per-span and per-(run, tool) folds (``analytics.loops_fold``, the comparison's tables)
   are DuckDB and Python: here repeated_calls and runaway_runs are their detectors' full
   computations scoped to the touched runs (and whole), and the comparison keeps no tables.
@@ -122,8 +122,8 @@ def bring_up_to_date(
     between: Callable[[str], None] | None = None,
 ) -> PassReport:
     """One pass: bring every result (of ``names``, and what they read) up to the newest change a
-    pass may take (``target_change``) when its turn comes. ``whole_due(name)``: whether a result kept whole may be
-    recomputed now (None: always). ``turn``: held while each result is computed and written (serve
+    pass may take (``target_change``) when its turn comes. ``whole_due(name)``: whether a result
+    kept whole may be recomputed now (None: always). ``turn``: held while each result is computed and written (serve
     shares the store's session with its reads). ``between(name)`` is called before each result
     (serve's thread yields to ingest there)."""
     report = PassReport(recomputed={}, failed={})
