@@ -86,15 +86,28 @@ class Evaluation:
     errors: dict[str, str] = field(default_factory=dict)
 
 
-def _agents(row: pd.Series) -> list[str]:
-    agents: list[str] = []
-    for column in ("agent", "agents", "clobbered_agent", "delegate_to"):
-        value = row.get(column)
-        if value is None or (isinstance(value, float) and np.isnan(value)):
+AGENT_COLUMNS = ("agent", "agents", "clobbered_agent", "delegate_to")
+
+
+def _agents_by_group(rows: pd.DataFrame, keys: pd.Series) -> dict[str, str]:
+    """Each group's agents (of ``AGENT_COLUMNS``: a name or a list of names per row), sorted and
+    joined by commas, by group key (``keys``, aligned with ``rows``). Column-wise: a per-row walk
+    held the GIL for seconds at 10M spans, beside ingest and the materializer."""
+    longs = []
+    for column in AGENT_COLUMNS:
+        if column not in rows.columns:
             continue
-        values = [value] if isinstance(value, str) else list(value)
-        agents += [str(v) for v in values if v is not None and str(v)]
-    return sorted(set(agents))
+        values = rows[column].to_numpy(dtype=object, na_value=None)
+        longs.append(pd.Series(values, index=keys.to_numpy(), dtype=object).explode())
+    if not longs:
+        return {}
+    agents = pd.concat(longs)
+    agents = agents[agents.notna().to_numpy()]
+    if agents.empty:
+        return {}
+    pairs = pd.DataFrame({"key": agents.index, "agent": agents.astype(str).to_numpy()})
+    pairs = pairs[pairs["agent"] != ""].drop_duplicates().sort_values(["key", "agent"])
+    return {key: ",".join(part) for key, part in pairs.groupby("key", sort=False)["agent"]}
 
 
 def _first_span(value) -> str | None:
@@ -152,29 +165,39 @@ def group_findings(
     cutoff = now - timedelta(seconds=rule.window_s)
     recent = rows[(times >= cutoff).fillna(False).to_numpy()]
     times = times[(times >= cutoff).fillna(False).to_numpy()]
+    keys = recent[column].astype(str)
+    named = ~keys.isin(["", "None"]).to_numpy()
+    recent, times, keys = recent[named], times[named], keys[named]
+    if recent.empty:
+        return {}
+    counts = keys.value_counts()
+    rates = (
+        recent["rejection_rate"].astype(float).groupby(keys).max()
+        if "rejection_rate" in recent.columns
+        else None
+    )
+    newest = times.groupby(keys).idxmax()  # the row of each group's newest finding
+    agents = _agents_by_group(recent, keys) if column != "agent" else {}
+    spans = recent["span_ids"] if "span_ids" in recent.columns else None
     groups: dict[str, Group] = {}
-    for key, part in recent.groupby(recent[column].astype(str), sort=True):
-        if not key or key == "None":
-            continue
-        count = len(part)
-        rate = float(part["rejection_rate"].astype(float).max()) if "rejection_rate" in part.columns else None
+    for key in sorted(counts.index):
+        count = int(counts[key])
         if rule.rate is None and count < rule.threshold:
             continue
-        newest = times.loc[part.index].idxmax()
-        agents = sorted({a for _, row in part.iterrows() for a in _agents(row)})
         run_id = key if column == "run_id" else None
         service = None
         if run_id is not None and run_id in context.index:
             service = context.loc[run_id, "service"]
+        at = newest[key]
         groups[key] = Group(
             key=key,
             run_id=run_id,
-            agent=key if column == "agent" else (",".join(agents) or None),
+            agent=key if column == "agent" else (agents.get(key) or None),
             service=service if isinstance(service, str) else rule.service,
             count=count,
-            rate=rate,
-            last_at=times.loc[newest].to_pydatetime(),
-            evidence_span=_first_span(part.loc[newest].get("span_ids")),
+            rate=float(rates[key]) if rates is not None else None,
+            last_at=times.loc[at].to_pydatetime(),
+            evidence_span=_first_span(spans.loc[at]) if spans is not None else None,
         )
     return groups
 

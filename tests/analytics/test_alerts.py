@@ -7,6 +7,7 @@ import json
 from datetime import timedelta
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from analytics import alerts, registry
@@ -188,6 +189,37 @@ def test_a_group_under_the_threshold_or_outside_the_run_pattern_does_not_alert(t
     assert alerts.evaluate(conn, other, now).changes == []
     old = alerts.evaluate(conn, default_rules(), now + timedelta(hours=1))  # findings older than 15m
     assert old.changes == []
+
+
+def test_a_groups_agents_count_newest_finding_and_evidence_come_from_its_own_rows(tmp_path):
+    conn = _db(tmp_path, "split_brain_unguarded")
+    run = conn.execute("SELECT DISTINCT run_id FROM spans WHERE run_id IS NOT NULL").fetchone()[0]
+    now = _newest(conn) + timedelta(seconds=5)
+    (rule,) = parse_rules('defaults = false\n[[rule]]\ndetector = "lost_updates"\nthreshold = 2\n')
+    at = [now - timedelta(seconds=s) for s in (50, 10, 30, 20, 40, 3600)]
+    rows = pd.DataFrame(
+        {
+            "run_id": [run, run, "other", "other", "lonely", run],
+            "last_seen": at,
+            # a name, lists with gaps, nothing: the agents of a group are its rows' names, once
+            "agent": ["writer-b", None, "", "writer-a", "solo", "old-agent"],
+            "clobbered_agent": [["writer-a", None], ["writer-c", ""], None, [], None, ["old"]],
+            "span_ids": [["s-run-50"], ["s-run-10", "x"], ["s-other-30"], [], ["s-lonely"], ["s-old"]],
+        }
+    )
+    groups = alerts.group_findings(conn, rule, rows, now)
+    # "lonely" is under the threshold; the row an hour old is outside the window
+    assert sorted(groups) == ["other", run]
+    mine, other = groups[run], groups["other"]
+    assert (mine.count, mine.agent, mine.service, mine.evidence_span) == (
+        2,
+        "writer-a,writer-b,writer-c",
+        "crew-sim",
+        "s-run-10",
+    )
+    assert mine.last_at == at[1]
+    assert (other.count, other.agent, other.evidence_span, other.last_at) == (2, "writer-a", None, at[3])
+    assert other.service is None and other.run_id == "other"
 
 
 def test_rejection_rates_alert_per_agent_over_a_rate(tmp_path):
