@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import shlex
 import shutil
 import tempfile
 import threading
@@ -162,7 +163,11 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
 
     names = read.metric_names()
     payloads = _payloads(args.template_spans, args.shape, args.per_run)
-    with ServeProcess(db, embeddings=args.embeddings) as serve, httpx.Client(timeout=300) as client:
+    serve_args = shlex.split(args.serve_args or "")
+    with (
+        ServeProcess(db, embeddings=args.embeddings, extra_args=serve_args) as serve,
+        httpx.Client(timeout=300) as client,
+    ):
         out["build_s"] = round(_wait_built(client, serve.http_url, args.build_timeout), 1)
         out["serve_rss_after_build_bytes"] = serve.rss_bytes()
         out["serve_peak_rss_after_build_bytes"] = serve.peak_rss_bytes()
@@ -325,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
                              "statements itself, kept on its own connection, not stored)")  # fmt: skip
     parser.add_argument("--times", choices=["now", "template"], default="now",
                         help="spans sent now (crews running) or at the template's times (late, old spans)")  # fmt: skip
+    parser.add_argument(
+        "--serve-args", default="", help="more arguments for serve, one string (e.g. '--memory-limit 512MiB')"
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="driftscope-live-"))
