@@ -163,7 +163,7 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
 
     names = read.metric_names()
     payloads = _payloads(args.template_spans, args.shape, args.per_run)
-    serve_args = shlex.split(args.serve_args or "")
+    serve_args = shlex.split(args.serve_args)
     with (
         ServeProcess(db, embeddings=args.embeddings, extra_args=serve_args) as serve,
         httpx.Client(timeout=300) as client,
@@ -294,7 +294,7 @@ def run_live(
         spans=spans, shape=shape, rate=rate, seconds=seconds, per_run=20, runs_per_request=10,
         senders=senders, template_spans=40_000, build_timeout=3600.0,
         overview=seconds >= 30,  # the page's render takes seconds: not in a smoke run
-        read_pause=0.0, times="now", embeddings=True,
+        read_pause=0.0, times="now", embeddings=True, serve_args="",
     )  # fmt: skip
     db = workdir / f"live-{spans}.duckdb"
     out: dict = {"args": {k: v for k, v in vars(args).items()}}
