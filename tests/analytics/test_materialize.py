@@ -636,30 +636,29 @@ def test_windows_and_filters_read_whole_runs_from_tables_and_compute_only_the_re
         Filters(agent=pick("SELECT min(delegate_to) FROM spans WHERE delegate_to IS NOT NULL")),
         Filters(origin_task=pick("SELECT min(origin_task_id) FROM spans WHERE origin_task_id IS NOT NULL")),
     ]
+    # Every window with no filter and with a run filter (read_window's cases); each other filter
+    # unwindowed and under the window cutting runs at both ends (a filter's rows of whole runs
+    # read from the tables, of cut runs computed): the filters' since-only and until-only cases
+    # took 9 of this test's 23 s and cut runs no differently.
+    cases = [(window, scope) for window in windows[1:] for scope in filters[:2]]
+    cases += [(window, scope) for scope in filters[2:] for window in (windows[0], windows[3])]
     compared = 0
-    for window in windows:
-        for scope in filters:
-            if window == Window() and scope in (Filters(), Filters(run=scope.run)):
-                continue  # read_findings' own case
-            for name, item in materialize.maintained().items():
-                # run_summary's parts and the comparison's tables are not detectors: no window reads
-                if item.partition != "run_id" or name in materialize.PARTS:
-                    continue
-                got = run_metric(conn, name, window, scope)
-                assert got.attrs.get("source") == "table", (name, window, scope)
-                full = compute_metric(conn, name, window, scope)
-                assert list(got.columns) == list(full.columns)
-                pd.testing.assert_frame_equal(
-                    _canonical(got), _canonical(full), obj=f"{name} {window} {scope}"
-                )
-                compared += len(full)
-            # run_summary over the window and filters: its counts read from the tables where
-            # they answer (run_metric), equal to counting every detector computed from the spans
-            got = run_metric(conn, "run_summary", window, scope)
-            full = compute_metric(conn, "run_summary", window, scope)
-            pd.testing.assert_frame_equal(
-                _canonical(got), _canonical(full), obj=f"run_summary {window} {scope}"
-            )
+    for window, scope in cases:
+        for name, item in materialize.maintained().items():
+            # run_summary's parts and the comparison's tables are not detectors: no window reads
+            if item.partition != "run_id" or name in materialize.PARTS:
+                continue
+            got = run_metric(conn, name, window, scope)
+            assert got.attrs.get("source") == "table", (name, window, scope)
+            full = compute_metric(conn, name, window, scope)
+            assert list(got.columns) == list(full.columns)
+            pd.testing.assert_frame_equal(_canonical(got), _canonical(full), obj=f"{name} {window} {scope}")
+            compared += len(full)
+        # run_summary over the window and filters: its counts read from the tables where
+        # they answer (run_metric), equal to counting every detector computed from the spans
+        got = run_metric(conn, "run_summary", window, scope)
+        full = compute_metric(conn, "run_summary", window, scope)
+        pd.testing.assert_frame_equal(_canonical(got), _canonical(full), obj=f"run_summary {window} {scope}")
     assert compared > 0
 
 
