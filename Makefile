@@ -57,7 +57,7 @@ format: dev
 
 # Every test, as CI runs it (docs/testing.md): one pytest-xdist worker per core; a file's tests stay
 # on one worker (--dist loadfile), so a module fixture (one shared serve) is built once.
-PYTEST_PARALLEL ?= -n auto --dist loadfile --no-loadscope-reorder
+PYTEST_PARALLEL ?= -n auto --dist loadfile
 
 # The decoder fuzz tests run a fifth of their examples here (~20,000 inputs, unsanitized); CI runs
 # the full count under AddressSanitizer + UBSan afterwards (.ci/run: make fuzz-sanitize).

@@ -1,4 +1,3 @@
-import collections
 import os
 
 import pytest
@@ -77,15 +76,3 @@ def in_process_factory(tmp_path):
 def in_process(in_process_factory):
     """``in_process_factory()`` with the default settings."""
     return in_process_factory()
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config, items):
-    """Files with the most tests marked slow first, the others after in their order. With one
-    worker per core and a file's tests on one worker (the Makefile's ``--dist loadfile
-    --no-loadscope-reorder``, which keeps this order), the long files start at once instead of
-    leaving one worker running the last of them alone while the other has nothing left."""
-    slow = collections.Counter(
-        item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")
-    )
-    items.sort(key=lambda item: -slow[item.nodeid.split("::")[0]])
