@@ -847,6 +847,36 @@ def test_the_span_steps_first_build_in_run_chunks_equals_one_computation(tmp_pat
     _assert_tables_equal_full(conn, {})
 
 
+def test_between_results_a_pass_yields_to_queued_ingest_while_it_lasts_and_up_to_its_cap(
+    tmp_path, monkeypatch
+):
+    """Requests queued for the writer (INGEST_BACKLOG or more): the materializer waits, polling
+    every INGEST_POLL_S, and goes on at the first poll that finds the backlog gone; a backlog
+    that never clears holds a pass INGEST_MAX_DEFER_S at most (the findings still move)."""
+    conn = _store(tmp_path)
+    monkeypatch.setattr(materialize, "INGEST_POLL_S", 0.01)
+    seen: list[int] = []
+    backlog = iter([1, materialize.INGEST_BACKLOG, 5, materialize.INGEST_BACKLOG, 0, 9])
+
+    def queued() -> int:
+        seen.append(next(backlog))
+        return seen[-1]
+
+    worker = materialize.Materializer(conn.cursor, direct_write(conn), ingest_backlog=queued)
+    worker._yield_to_ingest("first")  # one request queued: no wait
+    assert seen == [1] and worker.deferred_seconds == 0
+    worker._yield_to_ingest("second")  # three polls while it lasted, the fourth found it gone
+    assert seen == [1, materialize.INGEST_BACKLOG, 5, materialize.INGEST_BACKLOG, 0]
+    assert worker.deferred_seconds == pytest.approx(0.03)
+    monkeypatch.setattr(materialize, "INGEST_MAX_DEFER_S", 0.05)
+    stuck = materialize.Materializer(conn.cursor, direct_write(conn), ingest_backlog=lambda: 9)
+    stuck._yield_to_ingest("a")
+    stuck._yield_to_ingest("b")  # the pass's allowance is spent: no more waiting
+    assert stuck.deferred_seconds == pytest.approx(0.05)
+    stuck.run_once(conn.cursor())  # a new pass: a new allowance (spent before its first result)
+    assert stuck.deferred_seconds == pytest.approx(0.10)
+
+
 @pytest.mark.parametrize("partition", [None, "run_id"])
 def test_stopping_interrupts_the_running_computation_and_records_no_failure(tmp_path, partition):
     """A first build at 10M computes one result for minutes; serve's shutdown stopped the
