@@ -119,6 +119,18 @@ class Fold:
     relinked: set[str] = dataclasses.field(default_factory=set)
     to_relink: pd.DataFrame | None = None
 
+    def counts(self) -> dict[str, int]:
+        """What the fold did, for health: groups new calls were appended to, groups relinked from
+        their kept calls, groups computed from their runs' spans (each such computation scans
+        the spans for its runs: at 10M the dearest part of a pass), and call rows written."""
+        replaced = set() if self.replace is None else self.replace
+        return {
+            "groups_appended": int(self.appended),
+            "groups_relinked": len(self.relinked),
+            "groups_from_spans": len(replaced - self.relinked),
+            "calls_written": len(self.rows) if isinstance(self.rows, pd.DataFrame) else self.rows.num_rows,
+        }
+
 
 def calls_of(conn: duckdb.DuckDBPyConnection, keys: list[str] | None, first_id: int) -> pd.DataFrame:
     """Every call of the (run, tool) groups ``keys`` ('run_tool' keys; None: every group), linked

@@ -834,6 +834,8 @@ class PassReport:
     compute_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     write_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     waited_seconds: float = 0.0
+    # what a result's own change reported doing (a state fold's ``counts()``), per result
+    counts: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
 
 def _partitions_of(conn: duckdb.DuckDBPyConnection, partition: str) -> list[str]:
@@ -1094,6 +1096,8 @@ def _bring_up_to_date(
                     write(lambda c, i=item, t=target: _write_state(c, i, t))
                 elif item.apply is not None:
                     change = item.compute(read, "span", span_keys)
+                    if callable(getattr(change, "counts", None)):
+                        report.counts[name] = change.counts()
                     write(lambda c, i=item, f=change, t=target: (i.apply(c, f), _write_state(c, i, t)))
                 else:
                     rows = _arrow(item.compute(read, "span", span_keys))
@@ -1230,6 +1234,7 @@ class Materializer(threading.Thread):
         self.deferred_seconds = 0.0  # in all passes (health)
         # since start, per result: [seconds computing, seconds in its writes]; and all passes'
         self.seconds_by_result: dict[str, list[float]] = {}
+        self.counts_by_result: dict[str, dict[str, int]] = {}  # PassReport.counts, summed
         self.pass_seconds_total = 0.0
         self.write_wait_seconds = 0.0  # of all passes' time, waiting for their writes
         self.working_on: tuple[str, float] | None = None  # (result, since: monotonic) in a pass
@@ -1276,6 +1281,10 @@ class Materializer(threading.Thread):
             spent = self.seconds_by_result.setdefault(name, [0.0, 0.0])
             spent[0] += seconds
             spent[1] += report.write_seconds.get(name, 0.0)
+        for name, counts in report.counts.items():
+            total = self.counts_by_result.setdefault(name, {})
+            for key, value in counts.items():
+                total[key] = total.get(key, 0) + value
         return report
 
     def run(self) -> None:

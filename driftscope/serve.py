@@ -444,6 +444,11 @@ def _findings_health(conn, materializer: Materializer) -> dict:
                 materializer.seconds_by_result.items(), key=lambda kv: -(kv[1][0] + kv[1][1])
             )
         },
+        # what state folds reported doing since start (the loop fold: groups appended to,
+        # relinked, and computed from their runs' spans)
+        "counts_by_result": {
+            name: dict(counts) for name, counts in list(materializer.counts_by_result.items())
+        },
         "last_error": materializer.last_error,
         "failed": materializer.last_failed,
     }

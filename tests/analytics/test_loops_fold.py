@@ -147,7 +147,15 @@ def test_calls_that_cannot_be_appended_recompute_only_their_groups(tmp_path):
             "SELECT count(*) FROM spans WHERE run_id = 'run-1' AND tool_name = 'search'"
         ).fetchone()[0]
     )
-    assert not _pass(conn).failed
+    report = _pass(conn)
+    assert not report.failed
+    # the pass says what its fold did (serve's health sums it: findings.counts_by_result)
+    assert report.counts[loops_fold.CALLS] == {
+        "groups_appended": 2,
+        "groups_relinked": 1,
+        "groups_from_spans": 2,
+        "calls_written": len(fold.rows),
+    }
     _assert_state_equals_full(conn)
 
 
