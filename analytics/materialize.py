@@ -336,9 +336,7 @@ def _has_change_log(conn: duckdb.DuckDBPyConnection) -> bool:
 
 def newest_change(conn: duckdb.DuckDBPyConnection) -> int:
     """The newest change log seq (0 when nothing was logged)."""
-    if not _has_change_log(conn):
-        return 0
-    return conn.execute("SELECT coalesce(max(seq), 0) FROM change_log").fetchall()[0][0]
+    return _newest(conn) if _has_change_log(conn) else 0
 
 
 def _newest(conn: duckdb.DuckDBPyConnection) -> int:
