@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from analytics import materialize, registry
 from analytics.alert_rules import AlertRule, render
+from analytics.engine import has_tables
 from analytics.sql_loader import load_sql, query_df
 from analytics.types import Filters, Window
 
@@ -471,10 +472,7 @@ def mark_delivered(
 
 
 def _has_tables(conn: duckdb.DuckDBPyConnection) -> bool:
-    (count,) = conn.execute(
-        "SELECT count(*) FROM duckdb_tables() WHERE table_name IN ('alerts', 'alert_deliveries')"
-    ).fetchone()
-    return count == 2
+    return has_tables(conn, "alerts", "alert_deliveries")
 
 
 def list_alerts(conn: duckdb.DuckDBPyConnection, window: Window = Window(), limit: int = 500) -> pd.DataFrame:

@@ -43,6 +43,19 @@ def is_clickhouse(conn: Any) -> bool:
     )
 
 
+def has_tables(conn: duckdb.DuckDBPyConnection, *names: str) -> bool:
+    """Whether every one of the tables (or views) ``names`` resolves on the DuckDB connection
+    ``conn``: a catalog lookup by name (binding a relation), not a scan of ``duckdb_tables()``,
+    which sizes every table of the store and, under ingest, waits for the writer. A name that
+    does not resolve leaves an open transaction usable (the error is the binder's)."""
+    for name in names:
+        try:
+            conn.table(name)
+        except duckdb.CatalogException:
+            return False
+    return True
+
+
 def _naive_utc(table: pa.Table) -> pa.Table:
     """Timestamps as DuckDB gives them (naive UTC, microseconds), unsigned integers signed."""
     columns = []

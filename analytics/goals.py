@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from analytics._evidence import EVIDENCE, THRESHOLD, TIMES
 from analytics.embeddings import BATCH_SIZE, MODEL_NAME, embed_counting, text_hash
-from analytics.engine import is_clickhouse
+from analytics.engine import has_tables, is_clickhouse
 from analytics.goal_refresh import log_rescored, rescored_runs, stored_scores_only
 from analytics.materialize import detector_compute, maintain_with
 from analytics.registry import register
@@ -83,10 +83,7 @@ def ensure_scores_table(conn: duckdb.DuckDBPyConnection) -> None:
     if is_clickhouse(conn):  # goal_scores comes from `driftscope clickhouse init`
         conn.execute(_CH_LOCAL_SCORES_DDL)
         return
-    ((found,),) = conn.execute(
-        "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'goal_scores'"
-    ).fetchall()
-    if not found:
+    if not has_tables(conn, "goal_scores"):
         conn.execute(_SCORES_DDL)
     conn.execute(_LOCAL_SCORES_DDL)
 

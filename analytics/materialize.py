@@ -35,7 +35,7 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 
-from analytics.engine import is_clickhouse
+from analytics.engine import has_tables, is_clickhouse
 from analytics.side_effects import current_side_effect_tools
 from analytics.sql_loader import memory_cursor, quote_identifier
 from analytics.types import Filters, Window, WriteFn
@@ -324,14 +324,7 @@ def read_states(conn: duckdb.DuckDBPyConnection) -> dict[str, State]:
 
 
 def _has_change_log(conn: duckdb.DuckDBPyConnection) -> bool:
-    if is_clickhouse(conn):
-        return False
-    return bool(
-        conn.execute(
-            "SELECT count(*) FROM duckdb_tables() WHERE table_name IN ('change_log', 'change_partitions')"
-        ).fetchall()[0][0]
-        == 2
-    )
+    return not is_clickhouse(conn) and has_tables(conn, "change_log", "change_partitions")
 
 
 def newest_change(conn: duckdb.DuckDBPyConnection) -> int:
@@ -386,6 +379,14 @@ def use_clickhouse_reads(**reads: Callable[..., Any]) -> None:
     _clickhouse_reads.update(reads)
 
 
+# freshness' figures from the change log: the newest change, when change $floor was committed,
+# and when the oldest change after it was.
+_FRESHNESS_SQL = (
+    "SELECT coalesce(max(seq), 0), max(committed_at) FILTER (WHERE seq = $floor), "
+    "min(committed_at) FILTER (WHERE seq > $floor) FROM change_log"
+)
+
+
 def freshness(conn: duckdb.DuckDBPyConnection, names: list[str] | None = None) -> dict[str, Any]:
     """How far behind the newest committed change the findings are.
 
@@ -395,29 +396,25 @@ def freshness(conn: duckdb.DuckDBPyConnection, names: list[str] | None = None) -
     """
     if is_clickhouse(conn):  # the same tables on ClickHouse's operations
         return _clickhouse_reads["freshness"](conn, names)
-    states = read_states(conn)
     items = maintained()
     wanted = [n for n in (names or list(items)) if n in items]
-    newest = newest_change(conn)
-    seqs = []
-    for name in wanted:
-        state = states.get(name)
-        ok = state is not None and state.version == items[name].version and state.seq is not None
-        seqs.append(state.seq if ok else None)
-    built = [s for s in seqs if s is not None]
     out: dict[str, Any] = {"findings_as_of": None, "lag_seconds": None, "behind_changes": None}
     if not wanted:
         return out
-    floor = min(built) if len(built) == len(seqs) else None
+    states = read_states(conn)
+    seqs = [
+        state.seq if state is not None and state.version == items[n].version else None
+        for n, state in ((n, states.get(n)) for n in wanted)
+    ]
+    floor = min(seqs) if None not in seqs else None  # type: ignore[type-var]
+    newest, floor_at, oldest = 0, None, None
+    if floor is not None and _has_change_log(conn):  # one statement: asked beside every answer
+        ((newest, floor_at, oldest),) = conn.execute(_FRESHNESS_SQL, {"floor": floor}).fetchall()
     if floor is not None:
         out["behind_changes"] = int(newest - floor)
-        if floor and _has_change_log(conn):
-            at = conn.execute("SELECT committed_at FROM change_log WHERE seq = ?", [floor]).fetchall()
-            out["findings_as_of"] = at[0][0] if at else None
+        if floor:
+            out["findings_as_of"] = floor_at
         if newest > floor:
-            ((oldest,),) = conn.execute(
-                "SELECT min(committed_at) FROM change_log WHERE seq > ?", [floor]
-            ).fetchall()
             now = datetime.now(UTC).replace(tzinfo=None)
             out["lag_seconds"] = max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0
         else:
@@ -443,9 +440,7 @@ def ready(conn: duckdb.DuckDBPyConnection, name: str) -> State | None:
 
 def table_exists(conn: duckdb.DuckDBPyConnection, table: str) -> bool:
     """Whether ``table`` exists (a findings table is created by its first rows)."""
-    return bool(
-        conn.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [table]).fetchall()[0][0]
-    )
+    return has_tables(conn, table)
 
 
 def run_behind(conn: duckdb.DuckDBPyConnection, state: State, run: str) -> bool:

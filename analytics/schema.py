@@ -15,7 +15,7 @@ import weakref
 
 import duckdb
 
-from analytics.engine import is_clickhouse
+from analytics.engine import has_tables, is_clickhouse
 
 TABLES = ("embeddings", "thresholds", "goal_scores", "findings_state")
 # Connections (cursors) found readable: the tables stay (none is dropped), so the catalog is not
@@ -44,20 +44,14 @@ def ensure_readable(conn: duckdb.DuckDBPyConnection) -> None:
     """
     if is_clickhouse(conn) or conn in _readable:
         return
-    present = {
-        row[0]
-        for row in conn.execute(
-            "SELECT table_name FROM duckdb_tables() WHERE table_name IN (SELECT unnest(?))", [list(TABLES)]
-        ).fetchall()
-    }
-    if present.issuperset(TABLES):
+    if has_tables(conn, *TABLES):
         _remember(conn)
         return
     (read_only,) = conn.execute(
         "SELECT readonly FROM duckdb_databases() WHERE database_name = current_database()"
     ).fetchone()
     if not read_only:
-        missing = ", ".join(sorted(set(TABLES) - present))
+        missing = ", ".join(name for name in TABLES if not has_tables(conn, name))
         raise SchemaError(
             f"the database has no analytics tables ({missing}): open it with "
             "driftscope.database.open_database or apply the analytics migrations first"
