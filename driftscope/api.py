@@ -254,18 +254,25 @@ def build_api_routes(
             columns = read.metric_columns(name, params.get("columns"))
         except ValueError as exc:
             raise BadParameterError(str(exc)) from None
-        frame = await run(read.metric, name, *window_and_filters(params), columns)
-        fresh = await run(read.findings_freshness, frame, name)
-        as_of = fresh["findings_as_of"]
-        fresh["findings_as_of"] = as_of.isoformat() if as_of is not None else None
-        response = frame_response(request, frame, {"metric": name, **fresh})
-        # the Arrow answer carries no JSON envelope: how current it is travels in headers
-        response.headers["X-Driftscope-Source"] = fresh["source"]
-        if fresh["findings_as_of"] is not None:
-            response.headers["X-Driftscope-Findings-As-Of"] = fresh["findings_as_of"]
-        if fresh["lag_seconds"] is not None:
-            response.headers["X-Driftscope-Findings-Lag"] = f"{fresh['lag_seconds']:.3f}"
-        return response
+        window, filters = window_and_filters(params)
+
+        def answer(cursor) -> Response:
+            # one worker thread and cursor for the read, how current it is and the encoding: the
+            # event loop, which also takes ingest, only sends the bytes
+            frame = read.metric(cursor, name, window, filters, columns)
+            fresh = read.findings_freshness(cursor, frame, name)
+            as_of = fresh["findings_as_of"]
+            fresh["findings_as_of"] = as_of.isoformat() if as_of is not None else None
+            response = frame_response(request, frame, {"metric": name, **fresh})
+            # the Arrow answer carries no JSON envelope: how current it is travels in headers
+            response.headers["X-Driftscope-Source"] = fresh["source"]
+            if fresh["findings_as_of"] is not None:
+                response.headers["X-Driftscope-Findings-As-Of"] = fresh["findings_as_of"]
+            if fresh["lag_seconds"] is not None:
+                response.headers["X-Driftscope-Findings-Lag"] = f"{fresh['lag_seconds']:.3f}"
+            return response
+
+        return await run(answer)
 
     async def runs(request: Request) -> Response:
         params = parse_query(request, WINDOW_PARAMS + FILTER_PARAMS + ("limit",))
