@@ -735,6 +735,60 @@ def test_each_result_is_brought_up_to_the_newest_change_when_its_turn_comes(tmp_
     _assert_tables_equal_full(conn, {})
 
 
+def test_run_summary_is_visited_midway_and_takes_in_what_its_inputs_reflect_then(tmp_path):
+    """run_summary reads results spread over the whole pass: visited only after the last, it
+    reflected the pass's first result (up to two passes behind). Visited midway too, it takes
+    in what every input reflects at that point, the inputs later in the pass at the change their
+    previous visit reached."""
+    order = materialize.visit_order(materialize.maintained())
+    assert order.count(summary.SUMMARY) == 2 and order[-1] != summary.SUMMARY
+    middle = order.index(summary.SUMMARY)
+    assert any(n in summary._summary_depends() for n in order[middle + 1 :])  # inputs after it
+    rng = random.Random(5)
+    conn = _store(tmp_path)
+    runs = ["run-1", "run-2", "run-3"]
+    _commit(conn, _random_batch(rng, 0, runs) + _loop_batch(rng, 0, runs))
+    assert not _pass(conn).failed
+    _commit(conn, _random_batch(rng, 1, runs) + _loop_batch(rng, 1, runs))
+    first = materialize.newest_change(conn)
+    seen: dict[str, int] = {}
+
+    def commit_at(turn: str, key: str):
+        def between(name: str) -> None:
+            if name == turn and key not in seen:
+                _commit(conn, _random_batch(rng, len(seen) + 2, runs) + _loop_batch(rng, len(seen) + 2, runs))
+                seen[key] = materialize.newest_change(conn)
+            if name == order[middle + 1] and "second" in seen and "midway" not in seen:
+                seen["midway"] = materialize.read_states(conn)[summary.SUMMARY].seq
+
+        return between
+
+    # spans commit as the pass reaches its second result: the rest of the pass reflects them
+    cursor = conn.cursor()
+    try:
+        assert not materialize.bring_up_to_date(
+            cursor, direct_write(conn), between=commit_at(order[1], "first")
+        ).failed
+    finally:
+        cursor.close()
+    states = materialize.read_states(conn)
+    assert states[order[0]].seq == first and states[order[1]].seq == seen["first"]
+    assert states[summary.SUMMARY].seq == first  # what its first input reflects
+    # the next pass, spans committing at its start: midway, run_summary reflects what its inputs
+    # did then (the later ones as the last pass left them), not what its first input did
+    cursor = conn.cursor()
+    try:
+        assert not materialize.bring_up_to_date(
+            cursor, direct_write(conn), between=commit_at(order[0], "second")
+        ).failed
+    finally:
+        cursor.close()
+    assert seen["midway"] == seen["first"]
+    assert materialize.read_states(conn)[summary.SUMMARY].seq == seen["second"]
+    assert not _pass(conn).failed
+    _assert_tables_equal_full(conn, {})
+
+
 def test_results_kept_whole_are_recomputed_as_often_as_they_are_cheap(monkeypatch):
     """Under ingest a result kept whole waits WHOLE_COST_RATIO times its last computation
     (never less than WHOLE_MIN_INTERVAL_S): a cheap one follows every pass of a few seconds, a
