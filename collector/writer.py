@@ -216,6 +216,15 @@ class SpanWriter(threading.Thread):
         self.traces = TraceIndex(conn)
         self._answered = 0  # requests the last span commit answered (0 once the queue idled)
         self._last_commit_s = 0.0
+        # (monotonic end, seconds) of the recent span commits: span_commit_share
+        self._recent_commits: deque[tuple[float, float]] = deque(maxlen=4096)
+
+    def span_commit_share(self, window_s: float) -> float:
+        """The share of the last ``window_s`` seconds this writer spent committing spans (what
+        ingest waits for; not the other writes it runs): near 1 when ingest saturates it."""
+        since = time.monotonic() - window_s
+        recent = tuple(self._recent_commits)  # one copy under the GIL while the writer appends
+        return sum(seconds for end, seconds in recent if end >= since) / window_s
 
     def run(self) -> None:
         backoff = 0.05
@@ -258,6 +267,7 @@ class SpanWriter(threading.Thread):
             self._answered = len(items)
             self.busy_seconds += self._last_commit_s
             self.span_commit_seconds += self._last_commit_s
+            self._recent_commits.append((time.monotonic(), self._last_commit_s))
             backoff = 0.05
             self.healthy = True
             self.last_error = None

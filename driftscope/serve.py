@@ -212,6 +212,7 @@ def build_service(config: ServeConfig) -> Service:
         writer.execute_write_fn,
         ingest_backlog=lambda: len(queue),
         submit=queue.submit_write,
+        ingest_share=writer.span_commit_share,
     )
     materializer.start()
     alerting = start_alerting(config, alert_rules, conn.cursor, writer.execute_write_fn, wait_for_tables=True)

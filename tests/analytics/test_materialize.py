@@ -929,6 +929,23 @@ def test_between_results_a_pass_yields_to_queued_ingest_while_it_lasts_and_up_to
     assert stuck.deferred_seconds == pytest.approx(0.05)
     stuck.run_once(conn.cursor())  # a new pass: a new allowance (spent before its first result)
     assert stuck.deferred_seconds == pytest.approx(0.10)
+    # requests queued behind a writer that spent little of its recent time committing spans (a
+    # stream below the store's capacity, queued behind one commit): no wait; at capacity, waits
+    shares = iter([0.1, materialize.INGEST_SHARE, materialize.INGEST_SHARE, 0.2])
+    windows: list[float] = []
+
+    def share(window: float) -> float:
+        windows.append(window)
+        return next(shares)
+
+    steady = materialize.Materializer(
+        conn.cursor, direct_write(conn), ingest_backlog=lambda: 9, ingest_share=share
+    )
+    steady._yield_to_ingest("below")
+    assert steady.deferred_seconds == 0
+    steady._yield_to_ingest("at capacity")  # two polls at capacity, the third found it below
+    assert steady.deferred_seconds == pytest.approx(0.02)
+    assert windows == [materialize.INGEST_SHARE_WINDOW_S] * 4
 
 
 @pytest.mark.parametrize("partition", [None, "run_id"])

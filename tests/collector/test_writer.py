@@ -86,6 +86,20 @@ def test_span_batches_and_writes_interleave_without_losing_either(writer):
     assert counts == (20, 100)
 
 
+def test_the_share_of_recent_time_spent_committing_spans_counts_span_commits_only(writer):
+    """span_commit_share: the seconds of the span commits that ended within the window, over the
+    window; the writer's other writes (the materializer's) are not ingest and do not count."""
+    writer.execute_write_fn(lambda c: c.execute("SELECT 1"))  # a write: not a span commit
+    assert writer.span_commit_share(60.0) == 0.0
+    for _ in range(3):
+        assert writer.queue.submit(_batch(50)).result(10) == 50
+    assert writer.span_commit_seconds > 0
+    # every span commit so far ended within the last minute, none within the next instant's past
+    assert writer.span_commit_share(60.0) == pytest.approx(writer.span_commit_seconds / 60.0)
+    time.sleep(0.05)
+    assert writer.span_commit_share(0.01) == 0.0
+
+
 def test_writes_after_stop_are_refused_and_queued_ones_drain(tmp_path):
     conn = open_store(tmp_path / "w.duckdb")
     writer = SpanWriter(conn.cursor(), IngestQueue(1024 * 1024))
