@@ -25,6 +25,7 @@ import json
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ UNSCOPED_MAX_SPANS = 2_000_000
 # where they take 0.1-0.3 s: the findings lag, the oldest result's, doubled with them.)
 WHOLE_COST_RATIO = 5.0
 WHOLE_MIN_INTERVAL_S = 1.0
+WHOLE_COST_SAMPLES = 3
 PARTITIONS = ("run_id", "origin_task_id", "run_tool", "span")
 # A 'run_tool' key (collector.changes): "<run>\x1f<tool>" names one (run, tool) group of a
 # result with run_id and tool_name columns; "<run>\x1f*" every group of the run.
@@ -130,16 +132,19 @@ def span_changes(conn: duckdb.DuckDBPyConnection, after: int, upto: int) -> Span
 
 class WholeSchedule:
     """``whole_due`` of a materializer: a result kept whole is recomputed under ingest at most
-    once per ``WHOLE_COST_RATIO`` times its last computation (``took``), and at most every
-    ``WHOLE_MIN_INTERVAL_S`` (called as it is about to be)."""
+    once per ``WHOLE_COST_RATIO`` times what it costs (the least of its last
+    ``WHOLE_COST_SAMPLES`` computations: ``took``), and at most every ``WHOLE_MIN_INTERVAL_S``
+    (called as it is about to be). One computation held up by a checkpoint or a burst does not
+    hold the result (and the findings lag, the oldest result's) for five times the stall."""
 
     def __init__(self) -> None:
         self._at: dict[str, float] = {}
-        self._cost: dict[str, float] = {}
+        self._costs: dict[str, deque[float]] = {}
 
     def __call__(self, name: str) -> bool:
         now = time.monotonic()
-        wait = max(WHOLE_MIN_INTERVAL_S, WHOLE_COST_RATIO * self._cost.get(name, 0.0))
+        costs = self._costs.get(name)
+        wait = max(WHOLE_MIN_INTERVAL_S, WHOLE_COST_RATIO * (min(costs) if costs else 0.0))
         if now - self._at.get(name, -1e9) < wait:
             return False
         self._at[name] = now
@@ -147,7 +152,8 @@ class WholeSchedule:
 
     def took(self, seconds: dict[str, float]) -> None:
         """What a pass's computations took, per result (``PassReport.compute_seconds``)."""
-        self._cost.update(seconds)
+        for name, spent in seconds.items():
+            self._costs.setdefault(name, deque(maxlen=WHOLE_COST_SAMPLES)).append(spent)
 
 
 class Stopping(Exception):

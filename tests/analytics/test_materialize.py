@@ -790,9 +790,10 @@ def test_run_summary_is_visited_midway_and_takes_in_what_its_inputs_reflect_then
 
 
 def test_results_kept_whole_are_recomputed_as_often_as_they_are_cheap(monkeypatch):
-    """Under ingest a result kept whole waits WHOLE_COST_RATIO times its last computation
-    (never less than WHOLE_MIN_INTERVAL_S): a cheap one follows every pass of a few seconds, a
-    costly one takes at most a fifth of the materializer's time."""
+    """Under ingest a result kept whole waits WHOLE_COST_RATIO times its cost, the least of its
+    last WHOLE_COST_SAMPLES computations (never less than WHOLE_MIN_INTERVAL_S): a cheap one
+    follows every pass of a few seconds, a costly one takes at most a fifth of the
+    materializer's time, one stalled computation does not hold it."""
     clock = [100.0]
     monkeypatch.setattr(materialize.time, "monotonic", lambda: clock[0])
     due = materialize.WholeSchedule()
@@ -809,6 +810,18 @@ def test_results_kept_whole_are_recomputed_as_often_as_they_are_cheap(monkeypatc
     due.took({"costly": 0.0})  # got cheap: the floor alone
     clock[0] += materialize.WHOLE_MIN_INTERVAL_S
     assert due("costly")
+    # one computation stalled (a checkpoint) among cheap ones: not held for five times the stall
+    due.took({"cheap": 0.1})
+    due.took({"cheap": 3.0})
+    clock[0] += materialize.WHOLE_MIN_INTERVAL_S + 0.01
+    assert due("cheap")
+    # costly in each of its last computations: held again
+    for _ in range(materialize.WHOLE_COST_SAMPLES):
+        due.took({"cheap": 1.0})
+    clock[0] += materialize.WHOLE_COST_RATIO * 1.0 - 0.02
+    assert not due("cheap")
+    clock[0] += 0.03
+    assert due("cheap")
 
 
 def test_a_queued_write_that_fails_is_reported_and_the_others_land(tmp_path):
