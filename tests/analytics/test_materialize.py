@@ -120,10 +120,12 @@ def _commit(conn: duckdb.DuckDBPyConnection, rows: list[dict]) -> int:
     return stored
 
 
-def _pass(conn: duckdb.DuckDBPyConnection, names: list[str] | None = None) -> materialize.PassReport:
+def _pass(
+    conn: duckdb.DuckDBPyConnection, names: list[str] | None = None, between=None
+) -> materialize.PassReport:
     cursor = conn.cursor()
     try:
-        return materialize.bring_up_to_date(cursor, direct_write(conn), names)
+        return materialize.bring_up_to_date(cursor, direct_write(conn), names, between=between)
     finally:
         cursor.close()
 
@@ -764,25 +766,13 @@ def test_run_summary_is_visited_midway_and_takes_in_what_its_inputs_reflect_then
         return between
 
     # spans commit as the pass reaches its second result: the rest of the pass reflects them
-    cursor = conn.cursor()
-    try:
-        assert not materialize.bring_up_to_date(
-            cursor, direct_write(conn), between=commit_at(order[1], "first")
-        ).failed
-    finally:
-        cursor.close()
+    assert not _pass(conn, between=commit_at(order[1], "first")).failed
     states = materialize.read_states(conn)
     assert states[order[0]].seq == first and states[order[1]].seq == seen["first"]
     assert states[summary.SUMMARY].seq == first  # what its first input reflects
     # the next pass, spans committing at its start: midway, run_summary reflects what its inputs
     # did then (the later ones as the last pass left them), not what its first input did
-    cursor = conn.cursor()
-    try:
-        assert not materialize.bring_up_to_date(
-            cursor, direct_write(conn), between=commit_at(order[0], "second")
-        ).failed
-    finally:
-        cursor.close()
+    assert not _pass(conn, between=commit_at(order[0], "second")).failed
     assert seen["midway"] == seen["first"]
     assert materialize.read_states(conn)[summary.SUMMARY].seq == seen["second"]
     assert not _pass(conn).failed
