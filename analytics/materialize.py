@@ -168,8 +168,8 @@ PRUNE_EVERY = 20
 # instead of taking the cores ingest needs, but never more than INGEST_MAX_DEFER_S in one pass:
 # under sustained saturation the findings still move, only later (the lag says so). A steady
 # stream below capacity shows brief backlogs too (queued behind one commit or one of the
-# materializer's writes): at 2,000 spans/s into 1M stored spans the writer committed spans 0.42
-# of 3-s windows at the median, 0.60 at the 90th percentile; 200k-span bursts 0.64-0.74.
+# materializer's writes) with the writer committing spans well under INGEST_SHARE of the time;
+# the measured shares of both are in docs/performance.md ("Live incident").
 INGEST_BACKLOG = 2
 INGEST_SHARE = 0.6
 INGEST_SHARE_WINDOW_S = 3.0

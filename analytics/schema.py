@@ -8,19 +8,14 @@ version) gets empty temporary ones, so every detector reads defaults instead of 
 
 from __future__ import annotations
 
-import contextlib
 import importlib.resources
 import re
-import weakref
 
 import duckdb
 
 from analytics.engine import has_tables, is_clickhouse
 
 TABLES = ("embeddings", "thresholds", "goal_scores", "findings_state")
-# Connections (cursors) found readable: the tables stay (none is dropped), so the catalog is not
-# asked again on every detector read (5 ms each, a dozen per run_summary, at 10M spans under load).
-_readable: weakref.WeakSet = weakref.WeakSet()
 _CREATE = re.compile(r"CREATE TABLE IF NOT EXISTS", re.IGNORECASE)
 
 
@@ -42,10 +37,7 @@ def ensure_readable(conn: duckdb.DuckDBPyConnection) -> None:
     raises ``SchemaError`` (silently using temporary tables there would lose what it stores).
     A ClickHouse store has them from its own migrations (``driftscope clickhouse init``).
     """
-    if is_clickhouse(conn) or conn in _readable:
-        return
-    if has_tables(conn, *TABLES):
-        _remember(conn)
+    if is_clickhouse(conn) or has_tables(conn, *TABLES):  # a lookup by name: cheap on every read
         return
     (read_only,) = conn.execute(
         "SELECT readonly FROM duckdb_databases() WHERE database_name = current_database()"
@@ -57,10 +49,3 @@ def ensure_readable(conn: duckdb.DuckDBPyConnection) -> None:
             "driftscope.database.open_database or apply the analytics migrations first"
         )
     conn.execute(_CREATE.sub("CREATE TEMP TABLE IF NOT EXISTS", migration_sql()))
-    _remember(conn)
-
-
-def _remember(conn: duckdb.DuckDBPyConnection) -> None:
-    """Keep ``conn`` as readable (unless it takes no weak reference: then it is checked again)."""
-    with contextlib.suppress(TypeError):
-        _readable.add(conn)
