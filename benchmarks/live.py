@@ -344,9 +344,14 @@ def main(argv: list[str] | None = None) -> int:
             import duckdb
 
             conn = duckdb.connect(str(db), read_only=True)
-            spans, runs = conn.execute("SELECT count(*), count(DISTINCT run_id) FROM spans").fetchone()
+            # the copies (namespaces 1..N, the trace id's second half) as stored: the stream
+            # stamps its requests into them, so every sent run continues a stored one
+            spans, runs, copies = conn.execute(
+                "SELECT count(*), count(DISTINCT run_id),"
+                " max(TRY_CAST('0x' || substr(TraceId, 17, 16) AS UBIGINT)) FROM spans"
+            ).fetchone()
             conn.close()
-            info = {"spans": spans, "runs": runs, "copies": spans // 4096}
+            info = {"spans": spans, "runs": runs, "copies": int(copies or 1)}
         else:
             info = build(db, args.spans, args.shape)
         out["store"] = info
