@@ -39,7 +39,7 @@ import pyarrow as pa
 from analytics.engine import has_tables, is_clickhouse
 from analytics.side_effects import current_side_effect_tools
 from analytics.sql_loader import memory_cursor, quote_identifier
-from analytics.types import Filters, Window, WriteFn
+from analytics.types import Filters, Page, Window, WriteFn
 
 logger = logging.getLogger(__name__)
 
@@ -485,13 +485,16 @@ def read_findings(
     columns: list[str] | None = None,
     documented: list[str] | None = None,
     runs: list[str] | None = None,
+    page: Page | None = None,
 ) -> pd.DataFrame | None:
     """``name``'s rows from its findings table (only ``columns`` when given; only the rows of
-    ``runs`` when given), or None when the table cannot answer this read: not built (or built by
-    another definition), a window (the caller passes ``Window()`` when it holds every stored
-    span), or a filter other than a run on a run-partitioned detector."""
-    if is_clickhouse(conn):  # the same tables on ClickHouse's operations
-        return _clickhouse_reads["read_findings"](conn, name, window, filters, columns, documented, runs)
+    ``runs`` when given; only ``page``'s rows when given, with ``attrs["total_rows"]``), or None
+    when the table cannot answer this read: not built (or built by another definition), a window
+    (the caller passes ``Window()`` when it holds every stored span), or a filter other than a
+    run on a run-partitioned detector."""
+    if is_clickhouse(conn):  # the same tables on ClickHouse's operations; pages cut after the read
+        frame = _clickhouse_reads["read_findings"](conn, name, window, filters, columns, documented, runs)
+        return frame if frame is None or page is None else page.cut(frame)
     item = maintained().get(name)
     if item is None or not tables_answer(item, window, filters):
         return None
@@ -504,6 +507,8 @@ def read_findings(
     if not table_exists(conn, item.table):
         frame = pd.DataFrame({column: pd.Series(dtype=object) for column in wanted})
         frame.attrs["source"] = "table"
+        if page is not None:
+            frame.attrs["total_rows"] = 0
         return frame
     select = ", ".join(quote_identifier(c) for c in wanted) if wanted else "* EXCLUDE (_pos)"
     order = [f"{quote_identifier(c)}{' DESC' if d else ''} NULLS LAST" for c, d in item.order]
@@ -516,11 +521,35 @@ def read_findings(
     if runs is not None:
         where = f"{where} {'AND' if where else 'WHERE'} run_id IN (SELECT unnest($runs::VARCHAR[]))"
         params["runs"] = list(runs)
-    sql = f"SELECT {select} FROM {quote_identifier(item.table)} {where} ORDER BY {', '.join(order)}"
+    source = f"FROM {quote_identifier(item.table)} {where}"
+    if page is None:
+        sql = f"SELECT {select} {source} ORDER BY {', '.join(order)}"
+        frame = conn.sql(sql, params=params).to_arrow_table().to_pandas(types_mapper=pandas_type)
+        frame.attrs["source"] = "table"
+        return frame
+    # the page and the whole answer's length in one statement (one snapshot of the table)
+    count = f"(SELECT count(*) {source})"
+    sql = f"SELECT {select}, {count} AS {quote_identifier(_TOTAL)} {source} ORDER BY {', '.join(order)}"
+    if page.limit is not None:
+        sql += " LIMIT $limit"
+        params["limit"] = page.limit
+    if page.offset:
+        sql += " OFFSET $offset"
+        params["offset"] = page.offset
     table = conn.sql(sql, params=params).to_arrow_table()
-    frame = table.to_pandas(types_mapper=pandas_type)
+    if table.num_rows:
+        total = table.column(_TOTAL)[0].as_py()
+    else:  # a page past the end (or an empty one) has no row to carry the count
+        scope = {k: v for k, v in params.items() if k not in ("limit", "offset")}
+        total = conn.execute(f"SELECT count(*) {source}", scope).fetchone()[0]
+    frame = table.drop_columns([_TOTAL]).to_pandas(types_mapper=pandas_type)
     frame.attrs["source"] = "table"
+    frame.attrs["total_rows"] = int(total)
     return frame
+
+
+# The page's column carrying the whole answer's row count (dropped before the answer leaves).
+_TOTAL = "__driftscope_total_rows"
 
 
 # Lists as Arrow lists (as the detectors give them: ``analytics.text_lists``); integers and

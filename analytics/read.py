@@ -19,7 +19,7 @@ from analytics import alerts as alert_state
 from analytics import browse, compare, materialize, registry, search, thresholds
 from analytics.engine import fetch_rows
 from analytics.registry import Metric
-from analytics.types import Filters, Window
+from analytics.types import Filters, Page, Window
 
 # Query parameters every metric accepts (the window, then the filters).
 METRIC_PARAMS = ("since", "until", "service", "agent", "run", "origin_task")
@@ -89,11 +89,13 @@ def metric(
     window: Window = Window(),
     filters: Filters = Filters(),
     columns: list[str] | str | None = None,
+    page: Page | None = None,
 ) -> pd.DataFrame:
     """One metric's rows over ``window`` and ``filters`` (``KeyError`` for an unknown name); only
     ``columns`` when given (``metric_columns``: a projection, so a caller that shows counts never
-    has the evidence lists built), equal to those columns of the whole frame."""
-    return registry.run_metric(conn, name, window, filters, metric_columns(name, columns))
+    has the evidence lists built), equal to those columns of the whole frame; only ``page``'s
+    rows when given (``attrs["total_rows"]``: the whole answer's length)."""
+    return registry.run_metric(conn, name, window, filters, metric_columns(name, columns), page)
 
 
 def findings_freshness(conn: duckdb.DuckDBPyConnection, frame: pd.DataFrame, name: str) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import analytics.materialize as materialize
 from analytics.engine import fetch_rows, is_clickhouse
 from analytics.materialize import read_findings, read_window
 from analytics.schema import ensure_readable
-from analytics.types import Filters, Window
+from analytics.types import Filters, Page, Window
 
 logger = logging.getLogger(__name__)
 
@@ -275,9 +275,12 @@ def run_metric(
     window: Window = Window(),
     filters: Filters = Filters(),
     columns: list[str] | None = None,
+    page: Page | None = None,
 ) -> pd.DataFrame:
     """Run the metric ``name`` over ``window`` and ``filters``; only ``columns`` of its result
-    when given (in that order; the caller checks them against the documented columns).
+    when given (in that order; the caller checks them against the documented columns); only
+    ``page``'s rows when given, the whole answer's length in ``attrs["total_rows"]`` (a findings
+    table gives just the page; an answer computed for the question is computed whole, then cut).
 
     A maintained detector is read from its findings table (``materialize.read_findings``), or
     for a window that cuts runs from the table plus the cut runs computed alone
@@ -298,12 +301,15 @@ def run_metric(
     if not filters.reads_spans():
         # a result laid over the window's own bounds (time buckets) only for the unbounded window
         scope = window if metric.window_bounds else whole_if_covering(conn, window)
-        tabled = read_findings(conn, name, scope, filters, columns, list(metric.columns))
+        tabled = read_findings(conn, name, scope, filters, columns, list(metric.columns), page=page)
         if tabled is None and not metric.window_bounds:  # the runs a window cuts, computed alone
             tabled = read_window(conn, name, scope, filters, columns, list(metric.columns))
+            if tabled is not None and page is not None:
+                tabled = page.cut(tabled)
         if tabled is not None:  # maintained as spans commit: a SELECT (analytics.materialize)
             return tabled
-    return _project(metric.func(conn, window, filters), columns)
+    frame = _project(metric.func(conn, window, filters), columns)
+    return frame if page is None else page.cut(frame)
 
 
 def compute_metric(

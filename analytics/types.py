@@ -52,6 +52,36 @@ class Window:
 
 
 @dataclass(frozen=True)
+class Page:
+    """Rows ``offset`` to ``offset + limit`` of an answer in its documented read order (the read
+    API's ``?limit=&offset=``). A findings table gives just those rows (``LIMIT`` / ``OFFSET`` in
+    its SELECT); an answer computed for the question is computed whole and then cut. Either way
+    the answer's ``attrs["total_rows"]`` says how many rows the whole answer has."""
+
+    limit: int | None = None
+    offset: int = 0
+
+    def __post_init__(self) -> None:
+        if self.limit is not None and self.limit < 0:
+            raise ValueError(f"a page's limit must be at least 0, got {self.limit}")
+        if self.offset < 0:
+            raise ValueError(f"a page's offset must be at least 0, got {self.offset}")
+
+    def cut(self, frame):
+        """``frame``'s rows of this page (a pandas DataFrame), its whole length as ``total_rows``."""
+        total = len(frame)
+        end = None if self.limit is None else self.offset + self.limit
+        page = (
+            frame.iloc[self.offset : end].reset_index(drop=True)
+            if (self.offset or end is not None)
+            else frame
+        )
+        page.attrs.update(frame.attrs)
+        page.attrs["total_rows"] = total
+        return page
+
+
+@dataclass(frozen=True)
 class Filters:
     """Optional equality filters; ``None`` means no filter on that field.
 

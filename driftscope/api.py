@@ -26,7 +26,7 @@ from starlette.routing import Route
 from analytics import read
 from analytics.compare import AUTO, RunNotFoundError, UnsupportedStoreError
 from analytics.search import DEFAULT_SEARCH_LIMIT
-from analytics.types import Filters, Window
+from analytics.types import Filters, Page, Window
 from collector.auth import token_matches
 from driftscope.timeparse import parse_instant
 
@@ -147,6 +147,12 @@ def parse_query(request: Request, allowed: tuple[str, ...]) -> dict[str, Any]:
             if not (raw.isascii() and raw.isdigit() and len(raw) <= 6) or not 1 <= int(raw) <= 100_000:
                 raise BadParameterError(f"limit must be an integer between 1 and 100000, got {raw[:20]!r}")
             params[name] = int(raw)
+        elif name == "offset":
+            if not (raw.isascii() and raw.isdigit() and len(raw) <= 12):
+                raise BadParameterError(
+                    f"offset must be an integer between 0 and 999999999999, got {raw[:20]!r}"
+                )
+            params[name] = int(raw)
         else:
             params[name] = _text_param(name, raw)
     if params.get("since") and params.get("until") and params["since"] > params["until"]:
@@ -249,21 +255,33 @@ def build_api_routes(
             return JSONResponse(
                 {"error": f"unknown metric {name[:60]!r}; known: {', '.join(sorted(known))}"}, status_code=404
             )
-        params = parse_query(request, WINDOW_PARAMS + FILTER_PARAMS + ("columns",))
+        params = parse_query(request, WINDOW_PARAMS + FILTER_PARAMS + ("columns", "limit", "offset"))
         try:  # ?columns=a,b: only those documented columns (the Overview needs no evidence lists)
             columns = read.metric_columns(name, params.get("columns"))
         except ValueError as exc:
             raise BadParameterError(str(exc)) from None
         window, filters = window_and_filters(params)
+        # ?limit=&offset=: one page of the rows in their documented order (a findings table
+        # gives just those rows); without them, every row
+        paged = "limit" in params or "offset" in params
+        page = Page(params.get("limit"), params.get("offset", 0)) if paged else None
 
         def answer(cursor) -> Response:
             # one worker thread and cursor for the read, how current it is and the encoding: the
             # event loop, which also takes ingest, only sends the bytes
-            frame = read.metric(cursor, name, window, filters, columns)
+            frame = read.metric(cursor, name, window, filters, columns, page)
             fresh = read.findings_freshness(cursor, frame, name)
             as_of = fresh["findings_as_of"]
             fresh["findings_as_of"] = as_of.isoformat() if as_of is not None else None
-            response = frame_response(request, frame, {"metric": name, **fresh})
+            total = int(frame.attrs.get("total_rows", len(frame)))
+            envelope = {"metric": name, **fresh, "total_rows": total}
+            if page is not None:
+                end = page.offset + len(frame)
+                envelope.update(
+                    offset=page.offset, limit=page.limit, next_offset=end if end < total else None
+                )
+            response = frame_response(request, frame, envelope)
+            response.headers["X-Driftscope-Total-Rows"] = str(total)
             # the Arrow answer carries no JSON envelope: how current it is travels in headers
             response.headers["X-Driftscope-Source"] = fresh["source"]
             if fresh["findings_as_of"] is not None:

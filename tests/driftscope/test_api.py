@@ -57,3 +57,46 @@ def test_a_metric_answers_only_the_columns_asked_for_and_names_the_documented_on
     assert bad.status_code == 400
     assert "documented columns" in bad.json()["error"] and "'span_ids'" in bad.json()["error"]
     assert in_process.get("/api/v1/metrics/run_summary", params={"columns": ""}).status_code == 400
+
+
+def test_a_metric_answers_a_page_of_its_rows_with_their_total(in_process):
+    spans = [
+        {
+            "attrs": {
+                "gen_ai.agent.id": "worker",
+                "gen_ai.conversation.id": f"run-page-{i}",
+                "driftscope.op": "write",
+            }
+        }
+        for i in range(7)
+    ]
+    assert (
+        in_process.post("/v1/traces", content=make_request(spans).SerializeToString(), headers=PB).status_code
+        == 200
+    )
+    whole = in_process.get("/api/v1/metrics/run_summary").json()
+    assert whole["total_rows"] == len(whole["rows"]) == 7
+    pages, offset = [], 0
+    while offset is not None:
+        answer = in_process.get("/api/v1/metrics/run_summary", params={"limit": "3", "offset": str(offset)})
+        assert answer.status_code == 200 and answer.headers["x-driftscope-total-rows"] == "7"
+        body = answer.json()
+        assert body["total_rows"] == 7 and body["limit"] == 3 and body["offset"] == offset
+        pages.append(body["rows"])
+        offset = body["next_offset"]
+    assert [len(p) for p in pages] == [3, 3, 1] and sum(pages, []) == whole["rows"]
+    past = in_process.get("/api/v1/metrics/run_summary", params={"offset": "50", "columns": "run_id"}).json()
+    assert past["rows"] == [] and past["total_rows"] == 7 and past["next_offset"] is None
+    arrow = in_process.get(
+        "/api/v1/metrics/run_summary",
+        params={"limit": "2", "offset": "5"},
+        headers={"Accept": "application/vnd.apache.arrow.stream"},
+    )
+    assert arrow.headers["x-driftscope-total-rows"] == "7"
+    assert pa.ipc.open_stream(arrow.content).read_all().column("run_id").to_pylist() == [
+        row["run_id"] for row in whole["rows"][5:]
+    ]
+    for bad, words in [({"limit": "0"}, "limit must be"), ({"offset": "-3"}, "offset must be"),
+                       ({"offset": "2.5"}, "offset must be"), ({"limit": "100001"}, "limit must be")]:  # fmt: skip
+        answer = in_process.get("/api/v1/metrics/run_summary", params=bad)
+        assert answer.status_code == 400 and words in answer.json()["error"], bad
