@@ -495,6 +495,33 @@ def read_findings(
     if is_clickhouse(conn):  # the same tables on ClickHouse's operations; pages cut after the read
         frame = _clickhouse_reads["read_findings"](conn, name, window, filters, columns, documented, runs)
         return frame if frame is None or page is None else page.cut(frame)
+    found = read_findings_arrow(conn, name, window, filters, columns, documented, runs, page)
+    if found is None:
+        return None
+    table, total = found
+    frame = table.to_pandas(types_mapper=pandas_type)
+    frame.attrs["source"] = "table"
+    if page is not None:
+        frame.attrs["total_rows"] = total
+    return frame
+
+
+def read_findings_arrow(
+    conn: duckdb.DuckDBPyConnection,
+    name: str,
+    window: Window = Window(),
+    filters: Filters = Filters(),
+    columns: list[str] | None = None,
+    documented: list[str] | None = None,
+    runs: list[str] | None = None,
+    page: Page | None = None,
+) -> tuple[pa.Table, int] | None:
+    """``read_findings``' rows as DuckDB's Arrow answer (no pandas on the way: what the read API
+    sends an Arrow client), with the whole answer's row count; None when the table cannot answer
+    (as ``read_findings``) or on ClickHouse. A table not made yet answers no rows, every column
+    of Arrow's null type."""
+    if is_clickhouse(conn):
+        return None
     item = maintained().get(name)
     if item is None or not tables_answer(item, window, filters):
         return None
@@ -505,11 +532,7 @@ def read_findings(
         return None  # one run the table does not hold as committed yet: computed, it is current
     wanted = list(columns or documented or [])
     if not table_exists(conn, item.table):
-        frame = pd.DataFrame({column: pd.Series(dtype=object) for column in wanted})
-        frame.attrs["source"] = "table"
-        if page is not None:
-            frame.attrs["total_rows"] = 0
-        return frame
+        return pa.table({column: pa.nulls(0) for column in wanted}), 0
     select = ", ".join(quote_identifier(c) for c in wanted) if wanted else "* EXCLUDE (_pos)"
     order = [f"{quote_identifier(c)}{' DESC' if d else ''} NULLS LAST" for c, d in item.order]
     if item.partition is not None:
@@ -523,10 +546,10 @@ def read_findings(
         params["runs"] = list(runs)
     source = f"FROM {quote_identifier(item.table)} {where}"
     if page is None:
-        sql = f"SELECT {select} {source} ORDER BY {', '.join(order)}"
-        frame = conn.sql(sql, params=params).to_arrow_table().to_pandas(types_mapper=pandas_type)
-        frame.attrs["source"] = "table"
-        return frame
+        table = conn.sql(
+            f"SELECT {select} {source} ORDER BY {', '.join(order)}", params=params
+        ).to_arrow_table()
+        return table, table.num_rows
     # the page and the whole answer's length in one statement (one snapshot of the table)
     count = f"(SELECT count(*) {source})"
     sql = f"SELECT {select}, {count} AS {quote_identifier(_TOTAL)} {source} ORDER BY {', '.join(order)}"
@@ -542,10 +565,7 @@ def read_findings(
     else:  # a page past the end (or an empty one) has no row to carry the count
         scope = {k: v for k, v in params.items() if k not in ("limit", "offset")}
         total = conn.execute(f"SELECT count(*) {source}", scope).fetchone()[0]
-    frame = table.drop_columns([_TOTAL]).to_pandas(types_mapper=pandas_type)
-    frame.attrs["source"] = "table"
-    frame.attrs["total_rows"] = int(total)
-    return frame
+    return table.drop_columns([_TOTAL]), int(total)
 
 
 # The page's column carrying the whole answer's row count (dropped before the answer leaves).

@@ -98,11 +98,25 @@ def metric(
     return registry.run_metric(conn, name, window, filters, metric_columns(name, columns), page)
 
 
+def metric_arrow(
+    conn: duckdb.DuckDBPyConnection,
+    name: str,
+    window: Window = Window(),
+    filters: Filters = Filters(),
+    columns: list[str] | str | None = None,
+    page: Page | None = None,
+) -> tuple[pa.Table, int] | None:
+    """``metric``'s answer as its findings table's Arrow rows and the whole answer's row count,
+    when the table alone answers it (``registry.run_metric_arrow``); None: ask ``metric``."""
+    return registry.run_metric_arrow(conn, name, window, filters, metric_columns(name, columns), page)
+
+
 def findings_freshness(conn: duckdb.DuckDBPyConnection, frame: pd.DataFrame, name: str) -> dict[str, Any]:
-    """How current ``frame`` (an answer of ``metric`` for ``name``) is: ``source`` "table" (read
+    """How current ``frame`` (an answer of ``metric`` for ``name``; None: one of ``metric_arrow``,
+    read from the table) is: ``source`` "table" (read
     from the findings tables, ``findings_as_of`` the change they reflect, ``lag_seconds`` how far
     behind the newest commit) or "computed" (computed for this request from the spans stored)."""
-    if frame.attrs.get("source") != "table":
+    if frame is not None and frame.attrs.get("source") != "table":
         return {"source": "computed", "findings_as_of": None, "lag_seconds": 0.0}
     names = [name] if name in materialize.maintained() else None  # run_summary: every table
     fresh = materialize.freshness(conn, names)

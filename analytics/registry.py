@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import duckdb
 import pandas as pd
+import pyarrow as pa
 
 import analytics.materialize as materialize
 from analytics.engine import fetch_rows, is_clickhouse
@@ -291,16 +292,11 @@ def run_metric(
 
     Raises ``KeyError`` naming the known metrics when ``name`` is not registered.
     """
-    try:
-        metric = METRICS[name]
-    except KeyError:
-        known = ", ".join(sorted(METRICS))
-        raise KeyError(f"Unknown metric {name!r}; known metrics: {known}") from None
+    metric = _metric(name)
     logger.debug("running metric %s window=%s filters=%s", name, window, filters)
     ensure_readable(conn)
     if not filters.reads_spans():
-        # a result laid over the window's own bounds (time buckets) only for the unbounded window
-        scope = window if metric.window_bounds else whole_if_covering(conn, window)
+        scope = _table_scope(conn, metric, window)
         tabled = read_findings(conn, name, scope, filters, columns, list(metric.columns), page=page)
         if tabled is None and not metric.window_bounds:  # the runs a window cuts, computed alone
             tabled = read_window(conn, name, scope, filters, columns, list(metric.columns))
@@ -310,6 +306,44 @@ def run_metric(
             return tabled
     frame = _project(metric.func(conn, window, filters), columns)
     return frame if page is None else page.cut(frame)
+
+
+def run_metric_arrow(
+    conn: duckdb.DuckDBPyConnection,
+    name: str,
+    window: Window = Window(),
+    filters: Filters = Filters(),
+    columns: list[str] | None = None,
+    page: Page | None = None,
+) -> tuple[pa.Table, int] | None:
+    """``run_metric``'s answer as the findings table's own Arrow rows and the whole answer's row
+    count, when its table alone answers (``materialize.read_findings_arrow``: no run cut by the
+    window, nothing computed; DuckDB only); None otherwise, for ``run_metric`` to answer. What
+    the read API sends an Arrow client: read back with ``to_pandas(types_mapper=
+    materialize.pandas_type)`` it is ``run_metric``'s frame."""
+    metric = _metric(name)
+    ensure_readable(conn)
+    if filters.reads_spans():
+        return None
+    scope = _table_scope(conn, metric, window)
+    return materialize.read_findings_arrow(
+        conn, name, scope, filters, columns, list(metric.columns), page=page
+    )
+
+
+def _metric(name: str) -> Metric:
+    try:
+        return METRICS[name]
+    except KeyError:
+        known = ", ".join(sorted(METRICS))
+        raise KeyError(f"Unknown metric {name!r}; known metrics: {known}") from None
+
+
+def _table_scope(conn: duckdb.DuckDBPyConnection, metric: Metric, window: Window) -> Window:
+    """The window a findings table is asked for: a result laid over the window's own bounds
+    (time buckets) answers only the unbounded window; any other answers a window holding every
+    stored span as the unbounded one."""
+    return window if metric.window_bounds else whole_if_covering(conn, window)
 
 
 def compute_metric(

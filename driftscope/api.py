@@ -85,14 +85,22 @@ def dumps(payload: Any) -> bytes:
     return json.dumps(payload, default=_json_default, ensure_ascii=False, allow_nan=False).encode()
 
 
+def wants_arrow(request: Request) -> bool:
+    return ARROW in request.headers.get("accept", "")
+
+
+def arrow_response(table: pa.Table) -> Response:
+    """``table`` as an Arrow IPC stream (sent from Arrow's buffer, not a copy of it)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return Response(memoryview(sink.getvalue()), media_type=ARROW)
+
+
 def frame_response(request: Request, frame: pd.DataFrame, extra: dict | None = None) -> Response:
     """Arrow IPC stream when the client asks for it, else JSON."""
-    if ARROW in request.headers.get("accept", ""):
-        table = read.arrow_table(frame)  # Arrow list columns read back as Python-list ones do
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
-        return Response(sink.getvalue().to_pybytes(), media_type=ARROW)
+    if wants_arrow(request):
+        return arrow_response(read.arrow_table(frame))  # list columns read back as Python lists
     payload = dict(extra or {})
     payload.update(frame_payload(frame))
     return Response(dumps(payload), media_type="application/json")
@@ -269,18 +277,33 @@ def build_api_routes(
         def answer(cursor) -> Response:
             # one worker thread and cursor for the read, how current it is and the encoding: the
             # event loop, which also takes ingest, only sends the bytes
-            frame = read.metric(cursor, name, window, filters, columns, page)
-            fresh = read.findings_freshness(cursor, frame, name)
+            arrow = (
+                read.metric_arrow(cursor, name, window, filters, columns, page)
+                if wants_arrow(request)
+                else None
+            )
+            if arrow is not None:
+                # the table's own Arrow rows, no pandas on the way (a client reads them back
+                # with to_pandas(types_mapper=materialize.pandas_type): run_metric's frame)
+                table, total = arrow
+                fresh = read.findings_freshness(cursor, None, name)
+                rows = table.num_rows
+            else:
+                frame = read.metric(cursor, name, window, filters, columns, page)
+                fresh = read.findings_freshness(cursor, frame, name)
+                total, rows = int(frame.attrs.get("total_rows", len(frame))), len(frame)
             as_of = fresh["findings_as_of"]
             fresh["findings_as_of"] = as_of.isoformat() if as_of is not None else None
-            total = int(frame.attrs.get("total_rows", len(frame)))
             envelope = {"metric": name, **fresh, "total_rows": total}
             if page is not None:
-                end = page.offset + len(frame)
+                end = page.offset + rows
                 envelope.update(
                     offset=page.offset, limit=page.limit, next_offset=end if end < total else None
                 )
-            response = frame_response(request, frame, envelope)
+            if arrow is not None:
+                response = arrow_response(table)
+            else:
+                response = frame_response(request, frame, envelope)
             response.headers["X-Driftscope-Total-Rows"] = str(total)
             # the Arrow answer carries no JSON envelope: how current it is travels in headers
             response.headers["X-Driftscope-Source"] = fresh["source"]

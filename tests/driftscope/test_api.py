@@ -3,8 +3,24 @@
 Serve's composition behind an ASGI client (``in_process``); the same routes over a real socket
 with the SDK exporters are in tests/driftscope/test_serve.py."""
 
+import random
+
+import pandas as pd
 import pyarrow as pa
 
+from analytics import materialize, read, run_metric
+from analytics.types import Filters, Page, Window
+from dashboard.datasource import HttpSource
+from tests.analytics.test_materialize import (
+    SCENARIOS,
+    _commit,
+    _commit_table,
+    _no_progress_run,
+    _pass,
+    _runaway_crew,
+    _sample_spans,
+    _store,
+)  # fmt: skip
 from tests.otlp_builders import make_request
 
 PB = {"Content-Type": "application/x-protobuf"}
@@ -100,3 +116,36 @@ def test_a_metric_answers_a_page_of_its_rows_with_their_total(in_process):
                        ({"offset": "2.5"}, "offset must be"), ({"limit": "100001"}, "limit must be")]:  # fmt: skip
         answer = in_process.get("/api/v1/metrics/run_summary", params=bad)
         assert answer.status_code == 400 and words in answer.json()["error"], bad
+
+
+def test_an_arrow_answer_from_a_findings_table_reads_back_as_the_files_frame(tmp_path, in_process_factory):
+    """The metric read sends a findings table's own Arrow rows (no pandas on the way); the
+    dashboard's HTTP source reads them back as exactly the frame a file read gives."""
+    conn = _store(tmp_path)
+    _commit_table(conn, _sample_spans(SCENARIOS))
+    _commit(conn, _runaway_crew(random.Random(3)) + _no_progress_run(random.Random(3)))
+    _pass(conn)
+    names = [n for n in materialize.maintained() if n in read.metric_names()]
+    expected = {name: run_metric(conn, name) for name in names}
+    paged = {name: run_metric(conn, name, page=Page(2, 1)) for name in names}
+    conn.close()
+    http = HttpSource("http://127.0.0.1")
+    http._client = in_process_factory(db=str(tmp_path / "spans.duckdb"))
+    rows = 0
+    for name in names:
+        assert expected[name].attrs["source"] == "table", name
+        arrow = http._client.get(
+            f"/api/v1/metrics/{name}", headers={"Accept": "application/vnd.apache.arrow.stream"}
+        )
+        assert arrow.headers["x-driftscope-source"] == "table", name
+        assert pa.ipc.open_stream(arrow.content).schema.pandas_metadata is None  # not through pandas
+        pd.testing.assert_frame_equal(http.metric(name, Window(), Filters()), expected[name], obj=name)
+        page = http._client.get(
+            f"/api/v1/metrics/{name}",
+            params={"limit": "2", "offset": "1"},
+            headers={"Accept": "application/vnd.apache.arrow.stream"},
+        )
+        assert page.headers["x-driftscope-total-rows"] == str(len(expected[name])), name
+        pd.testing.assert_frame_equal(http._frame(page), paged[name], obj=f"{name} page")
+        rows += len(expected[name])
+    assert rows > 0
