@@ -246,6 +246,18 @@ def build_api_routes(
 
         return run_in_threadpool(call)
 
+    def framed(request: Request, fn, *args, extra: dict | None = None, missing=None):
+        """``fn``'s frame answered (JSON or Arrow) from the worker thread that read it: the event
+        loop, which also takes ingest, only sends the bytes. ``missing(frame)``: a Response to
+        send instead (a 404), or None."""
+
+        def call(cursor) -> Response:
+            frame = fn(cursor, *args)
+            instead = missing(frame) if missing is not None else None
+            return instead if instead is not None else frame_response(request, frame, extra)
+
+        return run(call)
+
     async def health(request: Request) -> Response:
         parse_query(request, ())
         payload = await run(store_health)
@@ -317,8 +329,7 @@ def build_api_routes(
 
     async def runs(request: Request) -> Response:
         params = parse_query(request, WINDOW_PARAMS + FILTER_PARAMS + ("limit",))
-        frame = await run(read.runs, *window_and_filters(params), params.get("limit", 500))
-        return frame_response(request, frame)
+        return await framed(request, read.runs, *window_and_filters(params), params.get("limit", 500))
 
     async def run_spans(request: Request) -> Response:
         run_id = _text_param("run id", request.path_params["run_id"])
@@ -327,10 +338,16 @@ def build_api_routes(
             containing = read.containing_texts(params.get("containing"))
         except ValueError as exc:
             raise BadParameterError(str(exc)) from None
-        frame = await run(read.run_spans, run_id, params.get("limit", read.RUN_SPAN_LIMIT), containing)
-        if frame.empty and containing is None:  # with a text filter, no span may contain it
-            return JSONResponse({"error": f"no spans for run {run_id[:80]!r}"}, status_code=404)
-        return frame_response(request, frame, {"run": run_id})
+
+        def missing(frame: pd.DataFrame) -> Response | None:
+            if frame.empty and containing is None:  # with a text filter, no span may contain it
+                return JSONResponse({"error": f"no spans for run {run_id[:80]!r}"}, status_code=404)
+            return None
+
+        limit = params.get("limit", read.RUN_SPAN_LIMIT)
+        return await framed(
+            request, read.run_spans, run_id, limit, containing, extra={"run": run_id}, missing=missing
+        )
 
     async def run_compare(request: Request) -> Response:
         # What changed (issue 35): the run beside its crew's healthy runs, or beside ?baseline=RUN.
@@ -347,14 +364,12 @@ def build_api_routes(
 
     async def run_totals(request: Request) -> Response:
         params = parse_query(request, WINDOW_PARAMS + FILTER_PARAMS)
-        frame = await run(read.run_totals, *window_and_filters(params))
-        return frame_response(request, frame)
+        return await framed(request, read.run_totals, *window_and_filters(params))
 
     async def run_details(request: Request) -> Response:
         params = parse_query(request, WINDOW_PARAMS + FILTER_PARAMS)
         run_ids = _text_items("run_ids", await read_json_list(request, "run_ids"), read.MAX_LOOKUP_ITEMS)
-        frame = await run(read.run_details, *window_and_filters(params), run_ids)
-        return frame_response(request, frame)
+        return await framed(request, read.run_details, *window_and_filters(params), run_ids)
 
     async def filter_options(request: Request) -> Response:
         params = parse_query(request, WINDOW_PARAMS + ("limit",))
@@ -369,20 +384,17 @@ def build_api_routes(
         if not all(isinstance(k, list) and len(k) == 2 and all(isinstance(v, str) for v in k) for k in keys):
             raise BadParameterError('keys must be [run_id, span_id] pairs of strings, e.g. [["r1", "ab12"]]')
         pairs = [(_text_param("run_id", r), _text_param("span_id", s)) for r, s in keys]
-        frame = await run(read.evidence_spans, pairs)
-        return frame_response(request, frame)
+        return await framed(request, read.evidence_spans, pairs)
 
     async def thresholds(request: Request) -> Response:
         parse_query(request, ())
-        frame = await run(read.thresholds_in_force)
-        return frame_response(request, frame)
+        return await framed(request, read.thresholds_in_force)
 
     async def alerts(request: Request) -> Response:
         # Firing and recent alerts (issue 18): the dashboard's Alerts page and the report.
         params = parse_query(request, ("limit",) + WINDOW_PARAMS)
         window, _ = window_and_filters(params)
-        frame = await run(read.alerts, window, params.get("limit", 500))
-        return frame_response(request, frame)
+        return await framed(request, read.alerts, window, params.get("limit", 500))
 
     async def search(request: Request) -> Response:
         # Trace search across runs (issue 16): what the run explorer's "Search all runs" asks.
@@ -393,10 +405,16 @@ def build_api_routes(
             raise BadParameterError(f"limit must be at most {MAX_SEARCH_RESULTS} for a search")
         limit = params.get("limit", DEFAULT_SEARCH_LIMIT)
         try:
-            frame = await run(read.search_spans, params["q"], *window_and_filters(params), limit)
+            return await framed(
+                request,
+                read.search_spans,
+                params["q"],
+                *window_and_filters(params),
+                limit,
+                extra={"q": params["q"]},
+            )
         except ValueError as exc:
             raise BadParameterError(str(exc)) from None
-        return frame_response(request, frame, {"q": params["q"]})
 
     return [
         Route("/api/v1/health", guarded(health), methods=["GET"]),
