@@ -51,6 +51,7 @@ from analytics.materialize import (
     _write_rows,
     maintain,
     run_chunks,
+    run_tool_where,
     split_run_tools,
     table_exists,
 )
@@ -600,12 +601,7 @@ def apply(conn: duckdb.DuckDBPyConnection, fold: Fold) -> None:
     if not table_exists(conn, TABLE_PREFIX + "repeated_calls_tails"):
         conn.execute(f"CREATE TABLE {TAILS} AS {_tails_sql()}")
         return
-    runs, groups = split_run_tools(keys)
-    replaced = (
-        "(run_id IN (SELECT unnest($runs::VARCHAR[])) "
-        "OR run_id || chr(31) || tool_name IN (SELECT unnest($groups::VARCHAR[])))"
-    )
-    params = {"runs": runs, "groups": groups}
+    replaced, params = run_tool_where(keys)
     appended = fold.tails if fold.tails is not None and fold.tails.num_rows else None
     if appended is not None:
         conn.register("_tails", appended)
@@ -671,12 +667,8 @@ def kept_calls(conn: duckdb.DuckDBPyConnection, keys: list[str] | None) -> pd.Da
     enough calls to be a loop."""
     where, params = "", {}
     if keys is not None:
-        runs, groups = split_run_tools(keys)
-        where = (
-            "WHERE run_id IN (SELECT unnest($runs::VARCHAR[])) "
-            "OR run_id || chr(31) || tool_name IN (SELECT unnest($groups::VARCHAR[]))"
-        )
-        params = {"runs": runs, "groups": groups}
+        condition, params = run_tool_where(keys)
+        where = f"WHERE {condition}"
     return query_df(
         conn,
         f"WITH g AS (SELECT * EXCLUDE (_pos) FROM {TABLE} {where}) "

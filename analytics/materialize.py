@@ -799,12 +799,8 @@ def _delete_partitions(
                 keys.params(),
             )
     elif item.partition == "run_tool":
-        runs, groups = split_run_tools(keys)
-        conn.execute(
-            f"DELETE FROM {table} WHERE run_id IN (SELECT unnest($runs::VARCHAR[])) "
-            "OR run_id || chr(31) || tool_name IN (SELECT unnest($groups::VARCHAR[]))",
-            {"runs": runs, "groups": groups},
-        )
+        where, params = run_tool_where(keys)
+        conn.execute(f"DELETE FROM {table} WHERE {where}", params)
     elif item.partition is not None:
         conn.execute(
             f"DELETE FROM {table} WHERE {quote_identifier(item.partition)} IN (SELECT unnest($keys::VARCHAR[]))",
@@ -842,6 +838,20 @@ def split_run_tools(keys: list[str]) -> tuple[list[str], list[str]]:
         }
     )
     return runs, groups
+
+
+def run_tool_where(keys: list[str]) -> tuple[str, dict[str, list[str]]]:
+    """The condition selecting the rows of 'run_tool' ``keys`` from a table with run_id and
+    tool_name, and its parameters. The keys' runs are joined first, so a group key is built
+    only for the rows of those runs, not for every row of the table (the per-pass deletes of the
+    loop tables scanned all of them)."""
+    runs, groups = split_run_tools(keys)
+    key_runs = sorted({*runs, *(group.split(RUN_TOOL_SEP, 1)[0] for group in groups)})
+    sql = (
+        "(run_id IN (SELECT unnest($key_runs::VARCHAR[])) AND (run_id IN (SELECT unnest($runs::VARCHAR[])) "
+        "OR run_id || chr(31) || tool_name IN (SELECT unnest($groups::VARCHAR[]))))"
+    )
+    return sql, {"key_runs": key_runs, "runs": runs, "groups": groups}
 
 
 def _write_state(
