@@ -40,13 +40,20 @@ def code_blocks(output: str) -> list[str]:
     return [first if first is not None and first != "" else second for first, second in _BLOCKS.findall(text)]
 
 
+# Invalid escapes in the model's strings warn while a block is parsed (DeprecationWarning before
+# Python 3.12, SyntaxWarning since): ignored for the blocks parsed here only, by the file name
+# they are parsed under. A filter set once, not catch_warnings around each parse, which swaps the
+# process's filters and is not safe beside other threads (the materializer parses while reads run).
+_BLOCK_FILE = "<driftscope-code-action>"
+for _category in (SyntaxWarning, DeprecationWarning):
+    warnings.filterwarnings("ignore", category=_category, module=re.escape(_BLOCK_FILE))
+
+
 def _parse(block: str) -> ast.Module | None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SyntaxWarning)  # invalid escapes in the model's strings
-        try:
-            return ast.parse(block)
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
-            return None
+    try:
+        return ast.parse(block, filename=_BLOCK_FILE)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
 
 
 def _bound_names(tree: ast.Module) -> set[str]:

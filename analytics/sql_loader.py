@@ -232,10 +232,13 @@ def query_arrow(conn: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any
     if is_clickhouse(conn):
         return clickhouse_table(conn, sql, bound)
     # execute, not conn.sql: a connection with a result not fetched to its end (a fetchone)
-    # refuses a relation. DuckDB warns that this copies the rows once: they are few.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Arrow output on a DB-API result", category=UserWarning)
-        return conn.execute(sql, bound).to_arrow_table()
+    # refuses a relation. DuckDB warns that this copies the rows once: they are few (the filter,
+    # set once at import, is below: catch_warnings here swapped the process's filters per call,
+    # which is not safe beside other threads).
+    return conn.execute(sql, bound).to_arrow_table()
+
+
+warnings.filterwarnings("ignore", message="Arrow output on a DB-API result", category=UserWarning)
 
 
 _memory: duckdb.DuckDBPyConnection | None = None
