@@ -562,7 +562,7 @@ def read_findings_arrow(
     table = conn.sql(sql, params=params).to_arrow_table()
     if table.num_rows:
         total = table.column(_TOTAL)[0].as_py()
-    else:  # a page past the end (or an empty one) has no row to carry the count
+    else:  # a page past the end has no row to carry the count: asked again (a commit later, maybe)
         scope = {k: v for k, v in params.items() if k not in ("limit", "offset")}
         total = conn.execute(f"SELECT count(*) {source}", scope).fetchone()[0]
     return table.drop_columns([_TOTAL]), int(total)
