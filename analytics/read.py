@@ -148,6 +148,15 @@ def arrow_table(frame: pd.DataFrame) -> pa.Table:
     return table.replace_schema_metadata({**table.schema.metadata, b"pandas": json.dumps(metadata).encode()})
 
 
+def arrow_frame(table: pa.Table) -> pd.DataFrame:
+    """An Arrow answer of the read API as this interface's frame: a findings table's own rows
+    (``metric_arrow``: no pandas metadata) with the tables' types, an ``arrow_table`` answer by
+    the pandas metadata it carries."""
+    if table.schema.pandas_metadata is None:
+        return table.to_pandas(types_mapper=materialize.pandas_type)
+    return table.to_pandas()
+
+
 def runs(
     conn: duckdb.DuckDBPyConnection, window: Window = Window(), filters: Filters = Filters(), limit: int = 500
 ) -> pd.DataFrame:

@@ -319,8 +319,8 @@ def run_metric_arrow(
     """``run_metric``'s answer as the findings table's own Arrow rows and the whole answer's row
     count, when its table alone answers (``materialize.read_findings_arrow``: no run cut by the
     window, nothing computed; DuckDB only); None otherwise, for ``run_metric`` to answer. What
-    the read API sends an Arrow client: read back with ``to_pandas(types_mapper=
-    materialize.pandas_type)`` it is ``run_metric``'s frame."""
+    the read API sends an Arrow client: read back with ``read.arrow_frame`` it is
+    ``run_metric``'s frame."""
     metric = _metric(name)
     if is_clickhouse(conn) or filters.reads_spans():
         return None  # ClickHouse's tables answer through run_metric only

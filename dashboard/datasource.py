@@ -23,7 +23,7 @@ import httpx
 import pandas as pd
 import pyarrow as pa
 
-from analytics import materialize, read
+from analytics import read
 from analytics.compare import RunNotFoundError
 from analytics.types import Filters, Window
 
@@ -180,10 +180,7 @@ class HttpSource:
         """A frame answer: Arrow IPC when the server sent it, else the JSON rows."""
         if response.headers.get("content-type", "").startswith(ARROW_STREAM):
             with pa.ipc.open_stream(response.content) as reader:
-                table = reader.read_all()
-            if table.schema.pandas_metadata is None:  # a findings table's own Arrow rows
-                return table.to_pandas(types_mapper=materialize.pandas_type)
-            return table.to_pandas()
+                return read.arrow_frame(reader.read_all())
         body = response.json()
         return pd.DataFrame(body.get("rows", []), columns=body.get("columns"))
 

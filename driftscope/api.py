@@ -295,8 +295,8 @@ def build_api_routes(
                 else None
             )
             if arrow is not None:
-                # the table's own Arrow rows, no pandas on the way (a client reads them back
-                # with to_pandas(types_mapper=materialize.pandas_type): run_metric's frame)
+                # the table's own Arrow rows, no pandas on the way (read.arrow_frame reads
+                # them back as run_metric's frame)
                 table, total = arrow
                 fresh = read.findings_freshness(cursor, None, name)
                 rows = table.num_rows
