@@ -5,8 +5,9 @@
 A database of ``--spans`` stored spans (``benchmarks.dbbuild``, runs of ``--shape``; default: runs
 of 1,000 calls, so ~1,000 runs at 1M) is served by a real ``driftscope serve`` on 127.0.0.1. Once
 its materializer has built every findings table (``build_s``), a sender thread streams OTLP/HTTP
-protobuf requests at ``--rate`` spans/s into the stored runs (each request carries spans of
-``--runs-per-request`` runs, so every run is touched every few seconds), while a client asks every
+protobuf requests at ``--rate`` spans/s into ``--active-runs`` stored runs, those of the newest copies
+(default 1,000, the issue's fleet; 0: every stored run), each request carrying spans of
+``--runs-per-request`` runs, so every active run is touched every few seconds, while a client asks every
 detector and run_summary in turn (``GET /api/v1/metrics/{name}``, Arrow, as the dashboard asks)
 for ``--seconds``. ``--times now`` (default) moves each run's spans in a request to the moment it is sent
 (crews still running: every new call comes after its group's stored ones); ``--times template``
@@ -68,11 +69,28 @@ def build(path: Path, spans: int, shape_text: str | None) -> dict:
 
 def _payloads(count: int, shape_text: str | None, per_run: int) -> list[bytes]:
     """Template requests of ``per_run`` spans each (one run's spans: the generator emits runs in
-    order), new trace and span ids under the stored run ids once stamped into a copy."""
+    order), new trace and span ids under the stored run ids once stamped into a copy. ``count``
+    is a copy's spans, so the template's runs are a copy's runs (``run-<copy>-000000`` on): a
+    longer template would add runs no copy stores, each request starting new small runs."""
     from benchmarks.generator import Shape, template_payloads
 
     shape = Shape.parse(shape_text) if shape_text else Shape(calls_per_session=1000)
     return template_payloads(count, seed=1009, batch_size=per_run, shape=shape)
+
+
+def _template_runs(payloads: list[bytes]) -> int:
+    """How many runs (``gen_ai.conversation.id``) the template requests carry."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    runs = set()
+    for payload in payloads:
+        for rs in ExportTraceServiceRequest.FromString(payload).resource_spans:
+            for ss in rs.scope_spans:
+                for span in ss.spans:
+                    runs.update(
+                        a.value.string_value for a in span.attributes if a.key == "gen_ai.conversation.id"
+                    )
+    return len(runs)
 
 
 class Sender(threading.Thread):
@@ -85,7 +103,7 @@ class Sender(threading.Thread):
         payloads: list[bytes],
         per_run: int,
         runs: int,
-        copies: int,
+        copies: tuple[int, int],
         rate: float,
         seed: int = 0,
         now: bool = True,
@@ -93,7 +111,7 @@ class Sender(threading.Thread):
         super().__init__(daemon=True)
         self.seed, self.now = seed, now
         self.url, self.payloads, self.per_run, self.runs = url, payloads, per_run, runs
-        self.copies, self.rate = copies, rate
+        self.copies, self.rate = copies, rate  # the first and last copy streamed into
         self.sent = self.refused = 0
         self.latencies: list[float] = []
         self._halt = threading.Event()
@@ -112,7 +130,7 @@ class Sender(threading.Thread):
                 # them: out of order, unlike crews still running
                 now = time.time_ns() if self.now else None
                 body = b"".join(
-                    _at(stamp(rng.choice(self.payloads), rng.randint(1, self.copies)), now)
+                    _at(stamp(rng.choice(self.payloads), rng.randint(*self.copies)), now)
                     for _ in range(self.runs)
                 )
                 start = time.perf_counter()
@@ -162,7 +180,14 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
     from benchmarks.serve_proc import ServeProcess
 
     names = read.metric_names()
-    payloads = _payloads(args.template_spans, args.shape, args.per_run)
+    copy_spans = args.template_spans or max(1, info["spans"] // info["copies"])
+    payloads = _payloads(copy_spans, args.shape, args.per_run)
+    per_copy = _template_runs(payloads)
+    # the newest copies (last in time and in the table), as a fleet's running crews are recent
+    active = info["copies"] if not args.active_runs else max(1, min(info["copies"], -(-args.active_runs // per_copy)))
+    copies = (info["copies"] - active + 1, info["copies"])
+    out["stream"] = {"template_spans": copy_spans, "runs_per_copy": per_copy, "active_copies": copies,
+                     "active_runs": active * per_copy}  # fmt: skip
     serve_args = shlex.split(args.serve_args)
     with (
         ServeProcess(db, embeddings=args.embeddings, extra_args=serve_args) as serve,
@@ -181,7 +206,7 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
         out["at_rest"] = {name: _summary(values) for name, values in warm.items()}
         # Several senders, as a fleet's exporters send at once (one waits for each answer)
         senders = [
-            Sender(serve.http_url, payloads, args.per_run, args.runs_per_request, info["copies"],
+            Sender(serve.http_url, payloads, args.per_run, args.runs_per_request, copies,
                    args.rate / args.senders, seed=number, now=args.times == "now")
             for number in range(args.senders)
         ]  # fmt: skip
@@ -292,7 +317,7 @@ def run_live(
     """The live incident at ``spans`` stored spans of ``shape``: build, serve, stream, ask."""
     args = argparse.Namespace(
         spans=spans, shape=shape, rate=rate, seconds=seconds, per_run=20, runs_per_request=10,
-        senders=senders, template_spans=40_000, build_timeout=3600.0,
+        senders=senders, template_spans=0, active_runs=1000, build_timeout=3600.0,
         overview=seconds >= 30,  # the page's render takes seconds: not in a smoke run
         read_pause=0.0, times="now", embeddings=True, serve_args="",
     )  # fmt: skip
@@ -318,7 +343,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-run", type=int, default=20, help="spans of one run in a request")
     parser.add_argument("--runs-per-request", type=int, default=10)
     parser.add_argument("--senders", type=int, default=4, help="concurrent exporters")
-    parser.add_argument("--template-spans", type=int, default=40_000)
+    parser.add_argument("--template-spans", type=int, default=0,
+                        help="spans of the template runs (0: a copy's, so the stream continues stored runs)")  # fmt: skip
+    parser.add_argument("--active-runs", type=int, default=1000,
+                        help="runs streamed into, the newest copies' (0: every stored run)")  # fmt: skip
     parser.add_argument("--build-timeout", type=float, default=3600.0)
     parser.add_argument("--db", type=Path, help="a database built before (copied; else built)")
     parser.add_argument("--read-pause", type=float, default=0.0,
