@@ -51,6 +51,7 @@ from analytics.materialize import (
     _write_rows,
     maintain,
     run_chunks,
+    run_scope,
     run_tool_where,
     split_run_tools,
     table_exists,
@@ -146,7 +147,7 @@ def calls_of(conn: duckdb.DuckDBPyConnection, keys: list[str] | None, first_id: 
         runs = sorted({*whole, *(run for run, _ in pairs)})
         groups_of = loops.group_params(pairs, whole)
         calls = loops.linked_calls(
-            conn, Window(), Filters(runs=tuple(runs)), info.value, groups=groups_of, all_calls=True
+            conn, Window(), run_scope(conn, runs), info.value, groups=groups_of, all_calls=True
         )
     calls = loops.task_links(conn, calls, tasks.value, min_calls=1).reset_index(drop=True)
     comp = loops.component_labels(calls).astype(np.int64) + first_id

@@ -28,11 +28,12 @@ from analytics.materialize import (
     maintain_with,
     pandas_type,
     ready,
+    run_scope,
     table_exists,
 )
 from analytics.sql_loader import quote_identifier
 from analytics.thresholds import current_threshold
-from analytics.types import Filters, Window
+from analytics.types import Window
 
 GROUPS = "repeated_calls_groups"
 _ORDER = (("first_seen", False), ("run_id", False), ("tool_name", False))
@@ -54,7 +55,7 @@ def _run_loops(
     computation when that table cannot say (not built, or a group failed)."""
     state = ready(conn, GROUPS)
     if state is None or state.failed_keys:
-        scope = Filters(from_spans=True) if runs is None else Filters(runs=tuple(runs))
+        scope = run_scope(conn, runs)
         return loops.repeated_calls(conn, Window(), scope)
     table = quote_identifier(TABLE_PREFIX + GROUPS)
     if not table_exists(conn, TABLE_PREFIX + GROUPS):
@@ -69,7 +70,7 @@ def _run_loops(
             .to_arrow_table()
             .to_pandas(types_mapper=pandas_type)
         )
-    scope = Filters(from_spans=True) if runs is None else Filters(runs=tuple(runs))
+    scope = run_scope(conn, runs)
     bounces = loops.ping_pong(conn, Window(), scope)
     info = current_threshold(conn, "near_duplicate_similarity")
     return loops._with_threshold(loops.drop_bounced(found.reset_index(drop=True), bounces), info)

@@ -33,6 +33,7 @@ from analytics.materialize import (
     maintain_with,
     newest_change,
     ready,
+    run_scope,
     span_changes,
     table_exists,
 )
@@ -280,7 +281,7 @@ COUNTS = "runaway_counts"
 def _count_rows(
     conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
 ) -> pd.DataFrame:
-    scope = Filters(from_spans=True) if keys is None else Filters(runs=tuple(keys))
+    scope = run_scope(conn, keys)
     return _counts(conn, Window(), scope).to_pandas()
 
 

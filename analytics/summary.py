@@ -24,6 +24,7 @@ from analytics.materialize import (
     maintain_with,
     read_findings,
     ready,
+    run_scope,
     table_exists,
 )
 from analytics.registry import (
@@ -306,28 +307,23 @@ BASE_PART = "run_summary_base"
 GOALS_PART = "run_summary_goals"
 
 
-def _runs(keys: list[str] | None) -> Filters:
-    """The filters of a part's computation: the runs ``keys`` (every run when None)."""
-    return Filters(from_spans=True) if keys is None else Filters(runs=tuple(keys))
-
-
 def _base_rows(
     conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
 ) -> pd.DataFrame:
-    return run_sql(conn, "run_summary", Window(), _runs(keys))
+    return run_sql(conn, "run_summary", Window(), run_scope(conn, keys))
 
 
 def _actor_rows(
     conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
 ) -> pd.DataFrame:
-    return run_sql(conn, "run_actors", Window(), _runs(keys))
+    return run_sql(conn, "run_actors", Window(), run_scope(conn, keys))
 
 
 def _goal_rows(
     conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
 ) -> pd.DataFrame:
     threshold = current_threshold(conn, "goal_divergence").value
-    return goal_run_stats(conn, Window(), _runs(keys), threshold).reset_index()
+    return goal_run_stats(conn, Window(), run_scope(conn, keys), threshold).reset_index()
 
 
 maintain(Maintained(BASE_PART, "run_id", _base_rows, (("first_seen", False), ("run_id", False)), "2"))
@@ -383,7 +379,7 @@ def _summary_rows(
     threshold = current_threshold(conn, "goal_divergence")
     parts = _tabled_parts(conn, keys)
     if parts is None:
-        scope = Filters(from_spans=True) if keys is None else Filters(runs=tuple(keys))
+        scope = run_scope(conn, keys)
         parts = _compute_parts(conn, Window(), scope, threshold.value)
     return _assemble(conn, parts, threshold)
 

@@ -14,3 +14,4 @@
   AND ($origin_task::VARCHAR IS NULL
        OR run_id IN (SELECT run_id FROM spans WHERE origin_task_id = $origin_task::VARCHAR))
   AND ($ingested_after::TIMESTAMP IS NULL OR ingested_at >= $ingested_after::TIMESTAMP)
+  AND ($runs_from::TIMESTAMP IS NULL OR ingested_at >= $runs_from::TIMESTAMP)

@@ -14,7 +14,17 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from analytics import METRICS, Filters, Window, compare_kept, loops_live, materialize, run_metric, summary
+from analytics import (
+    METRICS,
+    Filters,
+    Window,
+    compare_kept,
+    loops_live,
+    materialize,
+    run_metric,
+    runaway,
+    summary,
+)
 from analytics.registry import compute_metric, register, scratch_registry
 from analytics.sql_loader import filter_params
 from analytics.thresholds import store_threshold
@@ -311,6 +321,43 @@ def test_the_change_log_lists_every_run_a_commit_touched_and_the_run_a_span_left
     assert conn.execute("SELECT DISTINCT run_id FROM spans").fetchall() == [("run-42",)]
     kinds = conn.execute("SELECT kind, spans FROM change_log ORDER BY seq").fetchall()
     assert kinds == [("spans", 1), ("spans", 1)]
+
+
+def test_a_run_scope_reaches_back_to_a_span_a_late_parent_moved_into_the_run(tmp_path):
+    """A scoped computation reads only spans ingested since its runs' first (``run_scope``): a
+    span stored long before its run's others (here under its trace id, until its parent came)
+    is inside the bound, so the scoped rows equal the whole computation's rows of the run."""
+    conn = _store(tmp_path)
+    trace = trace_id("t")
+    child = make_span(1, run="x", TraceId=trace, agent_id="a", tool_name="search", SpanId="c" * 16,
+                      ParentSpanId="p" * 16, tool_args={"q": "alpha"})  # fmt: skip
+    child["run_id"] = trace
+    _commit(conn, [child])
+    for number in range(5):  # other runs' history between the child and its run's other spans
+        _commit(conn, [make_span(2 + number, run=f"other-{number}", agent_id="b", tool_name="search")])
+    root = make_span(0, run="run-42", TraceId=trace, agent_id="a", SpanId="p" * 16)
+    later = make_span(
+        8, run="run-42", TraceId=trace, agent_id="a", tool_name="search", tool_args={"q": "alpha"}
+    )
+    _commit(conn, [root, later])
+    first, last = conn.execute(
+        "SELECT min(ingested_at), max(ingested_at) FROM spans WHERE run_id = 'run-42'"
+    ).fetchone()
+    assert first < last  # the moved child keeps its own, older ingest time
+    scope = materialize.run_scope(conn, ["run-42"])
+    assert scope.runs == ("run-42",) and scope.runs_from == first
+    assert materialize.run_scope(conn, None) == Filters(from_spans=True)
+    counts = materialize.maintained()["runaway_counts"]
+    whole = counts.compute(conn, "run_id", None)
+    expected = whole[whole["run_id"] == "run-42"].reset_index(drop=True)
+    scoped = counts.compute(conn, "run_id", ["run-42"])
+    pd.testing.assert_frame_equal(_canonical(scoped), _canonical(expected))
+    # the bound is applied: from the run's last ingest on, the detector's scan leaves the child out
+    params = filter_params(Window(), Filters(runs=("run-42",), runs_from=last))
+    assert params["runs_from"] == last
+    narrow = runaway._counts(conn, Window(), Filters(runs=("run-42",), runs_from=last)).to_pandas()
+    assert list(narrow["spans"]) == [n - 1 for n in expected["spans"]]
+    assert filter_params(Window(), Filters(runs_from=last))["runs_from"] is None  # only with runs
 
 
 def _run_tools(conn, seq: int) -> list[str]:
