@@ -260,24 +260,26 @@ def _settings_version() -> str:
     return repr(current_side_effect_tools())
 
 
-def run_scope(conn: duckdb.DuckDBPyConnection, runs: list[str] | None) -> Filters:
-    """The filters of a computation over the spans of ``runs`` (every run when None: from the
-    spans), with ``runs_from``, the least ``ingested_at`` of those runs' spans, so its scans read
-    only the row groups since then: the findings of runs still arriving follow the runs, not the
-    history stored before them (with 1,000 active runs among 10,000, a scoped statement read
-    every stored span's run id and columns).
+def run_scope(conn: duckdb.DuckDBPyConnection, keys: list[str] | None, partition: str = "run_id") -> Filters:
+    """The filters of a computation over the spans of the runs (origin tasks) ``keys`` (every
+    span when None), with ``scope_from``, the least ``ingested_at`` of those partitions' spans,
+    so its scans read only the row groups since then: the findings of runs still arriving follow
+    the runs, not the history stored before them (with 1,000 active runs among 10,000, a scoped
+    statement read every stored span's run id and columns).
 
-    Exact: every span of ``runs`` is at or after the bound when it is read. Read after the
+    Exact: every span of ``keys`` is at or after the bound when it is read. Read after the
     caller's target: a commit after it that moves older spans into one of the runs (a late
-    parent's walk) is a change past the target, whose runs the next pass computes again."""
-    if runs is None:
+    parent's walk) is a change past the target, whose partitions the next pass computes again."""
+    if keys is None:
         return Filters(from_spans=True)
-    if not runs or is_clickhouse(conn):
-        return Filters(runs=tuple(runs))
+    scope = Filters(runs=tuple(keys)) if partition == "run_id" else Filters(origin_tasks=tuple(keys))
+    if not keys or is_clickhouse(conn):
+        return scope
+    column = quote_identifier(partition)
     ((first,),) = conn.execute(
-        "SELECT min(ingested_at) FROM spans WHERE run_id = ANY($runs::VARCHAR[])", {"runs": list(runs)}
+        f"SELECT min(ingested_at) FROM spans WHERE {column} = ANY($keys::VARCHAR[])", {"keys": list(keys)}
     ).fetchall()
-    return Filters(runs=tuple(runs), runs_from=first)
+    return dataclasses.replace(scope, scope_from=first)
 
 
 def detector_compute(func: Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame]) -> Compute:
@@ -289,8 +291,7 @@ def detector_compute(func: Callable[[duckdb.DuckDBPyConnection, Window, Filters]
     ) -> pd.DataFrame:
         if keys is None:
             return func(conn, Window(), Filters(from_spans=True))
-        scope = run_scope(conn, keys) if partition == "run_id" else Filters(origin_tasks=tuple(keys))
-        return func(conn, Window(), scope)
+        return func(conn, Window(), run_scope(conn, keys, partition))
 
     return compute
 

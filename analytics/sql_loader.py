@@ -103,9 +103,9 @@ def filter_params(window: Window, filters: Filters) -> dict[str, Any]:
         # partitions new spans touched, a read only the runs its window cuts.
         "runs": None if filters.runs is None else list(filters.runs),
         "origin_tasks": None if filters.origin_tasks is None else list(filters.origin_tasks),
-        # Internal, only with ``runs``: the least ``ingested_at`` of those runs' spans
-        # (``materialize.run_scope``): a bound the scan prunes row groups by.
-        "runs_from": filters.runs_from if filters.runs is not None else None,
+        # Internal, only with ``runs`` / ``origin_tasks``: the least ``ingested_at`` of those
+        # partitions' spans (``materialize.run_scope``): a bound the scan prunes row groups by.
+        "scope_from": None if filters.runs is None and filters.origin_tasks is None else filters.scope_from,
     }
 
 

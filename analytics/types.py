@@ -99,9 +99,9 @@ class Filters:
     runs: tuple[str, ...] | None = None
     origin_tasks: tuple[str, ...] | None = None
     from_spans: bool = False
-    # Internal, with ``runs``: no span of those runs was ingested before this
-    # (``materialize.run_scope``), so the scan skips the row groups of older history.
-    runs_from: datetime | None = None
+    # Internal, with ``runs`` or ``origin_tasks``: no span of those partitions was ingested
+    # before this (``materialize.run_scope``), so the scan skips the row groups of older history.
+    scope_from: datetime | None = None
 
     def __post_init__(self) -> None:
         for name in ("runs", "origin_tasks"):

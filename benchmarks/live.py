@@ -165,6 +165,20 @@ def _at(payload: bytes, now: int | None) -> bytes:
     return payload if now is None else shift_to(payload, now)
 
 
+def _stream_seconds(before: dict, after: dict) -> dict:
+    """The materializer's passes during the stream: how many, their seconds, and per result its
+    compute and write seconds (health's totals since serve started, less those before)."""
+    spent = {}
+    for name, seconds in after.get("seconds_by_result", {}).items():
+        first = before.get("seconds_by_result", {}).get(name, {})
+        spent[name] = {kind: round(value - first.get(kind, 0.0), 2) for kind, value in seconds.items()}
+    return {
+        "passes": after.get("materializer_passes", 0) - before.get("materializer_passes", 0),
+        "pass_s": round(after.get("pass_seconds_total", 0.0) - before.get("pass_seconds_total", 0.0), 1),
+        "by_result": dict(sorted(spent.items(), key=lambda kv: -sum(kv[1].values()))),
+    }
+
+
 def _wait_built(client: httpx.Client, url: str, timeout: float) -> float:
     start = time.perf_counter()
     while time.perf_counter() - start < timeout:
@@ -184,7 +198,11 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
     payloads = _payloads(copy_spans, args.shape, args.per_run)
     per_copy = _template_runs(payloads)
     # the newest copies (last in time and in the table), as a fleet's running crews are recent
-    active = info["copies"] if not args.active_runs else max(1, min(info["copies"], -(-args.active_runs // per_copy)))
+    active = (
+        info["copies"]
+        if not args.active_runs
+        else max(1, min(info["copies"], -(-args.active_runs // per_copy)))
+    )
     copies = (info["copies"] - active + 1, info["copies"])
     out["stream"] = {"template_spans": copy_spans, "runs_per_copy": per_copy, "active_copies": copies,
                      "active_runs": active * per_copy}  # fmt: skip
@@ -257,6 +275,8 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
         lag_thread = threading.Thread(target=sample_lag, daemon=True)
         overview_thread = threading.Thread(target=render_overview, daemon=True)
         load_before = os.getloadavg()
+        # the materializer's seconds per result so far (the first build's): subtracted at the end
+        before = client.get(f"{serve.http_url}/api/v1/health").json()["findings"]
         started = time.perf_counter()
         for sender in senders:
             sender.start()
@@ -302,6 +322,7 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
             "overview": {k: v for k, v in overview.items() if k != "detector_seconds"},
         }
         out["health"] = serve.health()
+        out["live"]["materializer_s"] = _stream_seconds(before, out["health"]["findings"])
     out_path.write_text(json.dumps(out, indent=2, default=str))
 
 

@@ -6,6 +6,9 @@
 -- materializer recomputes only the runs new spans touched and a read only the runs its window
 -- cuts. Detectors select only the columns they need from
 -- `spans` with this condition and their own pre-filter, so no MAP/list column is carried.
+-- $scope_from (internal, with $runs or $origin_tasks: materialize.run_scope) is the least
+-- ingested_at of those partitions' spans: a statement that sets it reads through this filter
+-- only spans of its runs (origin tasks), so DuckDB skips older row groups by their zone maps.
 ($since::TIMESTAMP IS NULL OR Timestamp >= $since::TIMESTAMP)
   AND ($until::TIMESTAMP IS NULL OR Timestamp < $until::TIMESTAMP)
   AND ($service::VARCHAR IS NULL OR ServiceName = $service::VARCHAR)
@@ -14,4 +17,4 @@
   AND ($origin_task::VARCHAR IS NULL
        OR run_id IN (SELECT run_id FROM spans WHERE origin_task_id = $origin_task::VARCHAR))
   AND ($ingested_after::TIMESTAMP IS NULL OR ingested_at >= $ingested_after::TIMESTAMP)
-  AND ($runs_from::TIMESTAMP IS NULL OR ingested_at >= $runs_from::TIMESTAMP)
+  AND ($scope_from::TIMESTAMP IS NULL OR ingested_at >= $scope_from::TIMESTAMP)

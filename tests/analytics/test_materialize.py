@@ -345,7 +345,7 @@ def test_a_run_scope_reaches_back_to_a_span_a_late_parent_moved_into_the_run(tmp
     ).fetchone()
     assert first < last  # the moved child keeps its own, older ingest time
     scope = materialize.run_scope(conn, ["run-42"])
-    assert scope.runs == ("run-42",) and scope.runs_from == first
+    assert scope.runs == ("run-42",) and scope.scope_from == first
     assert materialize.run_scope(conn, None) == Filters(from_spans=True)
     counts = materialize.maintained()["runaway_counts"]
     whole = counts.compute(conn, "run_id", None)
@@ -353,11 +353,38 @@ def test_a_run_scope_reaches_back_to_a_span_a_late_parent_moved_into_the_run(tmp
     scoped = counts.compute(conn, "run_id", ["run-42"])
     pd.testing.assert_frame_equal(_canonical(scoped), _canonical(expected))
     # the bound is applied: from the run's last ingest on, the detector's scan leaves the child out
-    params = filter_params(Window(), Filters(runs=("run-42",), runs_from=last))
-    assert params["runs_from"] == last
-    narrow = runaway._counts(conn, Window(), Filters(runs=("run-42",), runs_from=last)).to_pandas()
+    params = filter_params(Window(), Filters(runs=("run-42",), scope_from=last))
+    assert params["scope_from"] == last
+    narrow = runaway._counts(conn, Window(), Filters(runs=("run-42",), scope_from=last)).to_pandas()
     assert list(narrow["spans"]) == [n - 1 for n in expected["spans"]]
-    assert filter_params(Window(), Filters(runs_from=last))["runs_from"] is None  # only with runs
+    assert filter_params(Window(), Filters(scope_from=last))["scope_from"] is None  # only with runs
+
+
+def test_an_origin_task_scope_reaches_back_to_its_first_delegation(tmp_path):
+    """The constraint ledger, kept per origin task, scoped to a task whose first delegation was
+    stored before other tasks' history: the bound is that delegation's ingest time and the scoped
+    rows are the whole computation's rows of the task."""
+    conn = _store(tmp_path)
+    fields = dict(op="delegate", origin_task_id="task-1", goal_text="compile the report")
+    _commit(conn, [make_span(0, run="r1", agent_id="a", delegate_to="b", hop=1,
+                             constraints_ledger=["C1", "C2"], constraints_carried=["C1", "C2"], **fields)])  # fmt: skip
+    for number in range(4):
+        _commit(conn, [make_span(1 + number, run=f"o{number}", agent_id="x", op="delegate", delegate_to="y",
+                                 hop=1, origin_task_id=f"other-{number}", constraints_carried=["C9"])])  # fmt: skip
+    _commit(
+        conn,
+        [make_span(6, run="r1", agent_id="b", delegate_to="c", hop=2, constraints_carried=["C1"], **fields)],
+    )
+    first = conn.execute("SELECT min(ingested_at) FROM spans WHERE origin_task_id = 'task-1'").fetchone()[0]
+    scope = materialize.run_scope(conn, ["task-1"], "origin_task_id")
+    assert scope.origin_tasks == ("task-1",) and scope.runs is None and scope.scope_from == first
+    assert filter_params(Window(), scope)["scope_from"] == first
+    ledger = materialize.maintained()["constraint_ledger"]
+    whole = ledger.compute(conn, "origin_task_id", None)
+    expected = whole[whole["origin_task_id"] == "task-1"].reset_index(drop=True)
+    assert set(expected["status"]) >= {"carried", "missing"}
+    scoped = ledger.compute(conn, "origin_task_id", ["task-1"])
+    pd.testing.assert_frame_equal(_canonical(scoped), _canonical(expected))
 
 
 def _run_tools(conn, seq: int) -> list[str]:
@@ -660,7 +687,7 @@ def test_every_registered_detector_with_a_partition_is_maintained():
     assert BASE_TIME  # the fixtures' clock is the one the random batches use
 
 
-def test_windows_and_filters_read_whole_runs_from_tables_and_compute_only_the_rest(tmp_path):
+def test_windows_and_filters_read_whole_scope_from_tables_and_compute_only_the_rest(tmp_path):
     rng = random.Random(5)
     conn = _store(tmp_path)
     _commit_table(conn, _sample_spans(SCENARIOS))
