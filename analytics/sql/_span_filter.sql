@@ -6,7 +6,7 @@
 -- materializer recomputes only the runs new spans touched and a read only the runs its window
 -- cuts. Detectors select only the columns they need from
 -- `spans` with this condition and their own pre-filter, so no MAP/list column is carried.
--- $scope_from (internal, with $runs or $origin_tasks: materialize.run_scope) is the least
+-- $scope_from (internal, with $runs or an origin-task scope: materialize.run_scope) is the least
 -- ingested_at of those partitions' spans: a statement that sets it reads through this filter
 -- only spans of its runs (origin tasks), so DuckDB skips older row groups by their zone maps.
 ($since::TIMESTAMP IS NULL OR Timestamp >= $since::TIMESTAMP)
