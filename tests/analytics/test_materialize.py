@@ -687,7 +687,7 @@ def test_every_registered_detector_with_a_partition_is_maintained():
     assert BASE_TIME  # the fixtures' clock is the one the random batches use
 
 
-def test_windows_and_filters_read_whole_scope_from_tables_and_compute_only_the_rest(tmp_path):
+def test_windows_and_filters_read_whole_runs_from_tables_and_compute_only_the_rest(tmp_path):
     rng = random.Random(5)
     conn = _store(tmp_path)
     _commit_table(conn, _sample_spans(SCENARIOS))
