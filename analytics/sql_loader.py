@@ -66,6 +66,7 @@ def expand_fragments(text: str) -> str:
         "compare_spans",
         "goal_subtasks",
         "constraint_cells",
+        "constraint_spans",
         "held_versions",
         "filtered_spans",
         "span_filter",
