@@ -66,7 +66,6 @@ def expand_fragments(text: str) -> str:
         "compare_spans",
         "goal_subtasks",
         "constraint_cells",
-        "constraint_spans",
         "held_versions",
         "filtered_spans",
         "span_filter",

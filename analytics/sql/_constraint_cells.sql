@@ -5,26 +5,39 @@
 -- guard refused did not happen and are left out. A delegation without structured constraint
 -- fields (an unguarded free-text hand-off) carries the constraint ids its arguments cite as
 -- "[C1]" - the convention of driftscope's free-text context.
--- The delegations and ledgers come from _constraint_spans.sql (the spans, under the shared filter
--- and the internal origin-task scope), or from the materializer's table of those rows
--- (findings__constraint_spans: analytics.constraints), the same rows either way.
+-- $origin_tasks (internal, None for detectors) limits the cells to a list of origin tasks, so
+-- run_summary can recompute only the origin tasks new spans touched.
+-- Only the columns used are read from spans (the regex runs only on delegations without
+-- structured constraint fields).
 SELECT * FROM (
-    WITH src AS ({constraint_spans}),
-    deleg AS (
+    WITH deleg AS (
         SELECT TraceId, SpanId, run_id, agent_id, delegate_to, Timestamp, origin_task_id, hop,
-               constraints_waived, waiver_reasons, constraints_carried
-        FROM src
-        WHERE is_delegation AND ($origin_task::VARCHAR IS NULL OR origin_task_id = $origin_task::VARCHAR)
+               constraints_waived, waiver_reasons,
+               coalesce(constraints_carried,
+                        CASE WHEN constraints_waived IS NULL THEN
+                            list_distinct(regexp_extract_all(coalesce(tool_args, input_text, ''),
+                                                             '\[([A-Za-z][A-Za-z0-9_.-]*)\]', 1))
+                        END) AS constraints_carried
+        FROM spans
+        WHERE {span_filter}
+          AND op = 'delegate' AND origin_task_id IS NOT NULL AND hop IS NOT NULL
+          AND coalesce(outcome, 'ok') <> 'rejected'
+          AND ($origin_task::VARCHAR IS NULL OR origin_task_id = $origin_task::VARCHAR)
+          AND ($origin_tasks::VARCHAR[] IS NULL OR origin_task_id = ANY($origin_tasks::VARCHAR[]))
     ),
     ledger AS (
         SELECT DISTINCT origin_task_id, constraint_id FROM (
             SELECT origin_task_id, unnest(constraints_ledger) AS constraint_id
-            FROM src WHERE constraints_ledger IS NOT NULL
-            UNION ALL  -- what each delegation carried or waived (one read of them)
-            SELECT origin_task_id,
-                   unnest(list_concat(coalesce(constraints_carried, []), coalesce(constraints_waived, [])))
-            FROM deleg
-            WHERE constraints_carried IS NOT NULL OR constraints_waived IS NOT NULL)
+            FROM spans
+            WHERE {span_filter} AND origin_task_id IS NOT NULL AND constraints_ledger IS NOT NULL
+              AND ($origin_tasks::VARCHAR[] IS NULL
+                   OR origin_task_id = ANY($origin_tasks::VARCHAR[]))
+            UNION ALL
+            SELECT origin_task_id, unnest(constraints_carried) FROM deleg
+            WHERE constraints_carried IS NOT NULL
+            UNION ALL
+            SELECT origin_task_id, unnest(constraints_waived) FROM deleg
+            WHERE constraints_waived IS NOT NULL)
     ),
     cells AS (
         SELECT l.origin_task_id, l.constraint_id, d.hop, d.TraceId, d.SpanId, d.run_id,

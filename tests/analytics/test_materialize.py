@@ -387,42 +387,6 @@ def test_an_origin_task_scope_reaches_back_to_its_first_delegation(tmp_path):
     pd.testing.assert_frame_equal(_canonical(scoped), _canonical(expected))
 
 
-def test_the_constraint_results_follow_their_spans_table_not_the_spans(tmp_path, monkeypatch):
-    """constraint_ledger and constraint_drops are computed, pass after pass, from the
-    ``constraint_spans`` table the materializer folds each change into: with their detectors'
-    own statements over the spans made to fail, the tables still follow new delegations (a
-    free-text hand-off's cited ids included) and equal the full computation."""
-    from analytics import constraints
-
-    conn = _store(tmp_path)
-    fields = dict(op="delegate", origin_task_id="task-1", goal_text="compile the report")
-    _commit(conn, [make_span(0, run="r1", agent_id="a", delegate_to="b", hop=1,
-                             constraints_ledger=["C1", "C2"], constraints_carried=["C1", "C2"], **fields)])  # fmt: skip
-    _pass(conn)
-    assert conn.execute("SELECT count(*) FROM findings__constraint_spans").fetchone()[0] == 1
-
-    def from_spans(*args, **kwargs):
-        raise AssertionError("computed from the spans")
-
-    monkeypatch.setattr(constraints, "run_sql", from_spans)
-    _commit(conn, [make_span(3, run="r1", agent_id="b", delegate_to="c", hop=2, constraints_carried=["C1"], **fields),
-                   make_span(5, run="r1", agent_id="c", delegate_to="d", hop=3,
-                             tool_args={"task": "go on, keeping [C1]"}, **fields)])  # fmt: skip
-    report = _pass(conn)
-    assert not report.failed, report.failed
-    assert {"constraint_ledger", "constraint_drops"} <= set(report.recomputed)
-    monkeypatch.undo()
-    for name in ("constraint_ledger", "constraint_drops"):
-        pd.testing.assert_frame_equal(
-            _canonical(run_metric(conn, name)), _canonical(_full(conn, name)), obj=name
-        )
-    drops = run_metric(conn, "constraint_drops")
-    assert list(zip(drops["constraint_id"], drops["hop"], strict=True)) == [("C2", 2)]
-    ledger = run_metric(conn, "constraint_ledger")
-    third = dict(zip(*(ledger[ledger["hop"] == 3][c] for c in ("constraint_id", "status")), strict=True))
-    assert third == {"C1": "carried", "C2": "missing"}  # C1 cited in the free-text hand-off
-
-
 def _run_tools(conn, seq: int) -> list[str]:
     """The (run, tool) keys change ``seq`` touched: logged by the writer (what changed spans had
     before) and read from the spans it lists (what they have now), as the materializer reads them."""
