@@ -260,7 +260,9 @@ def _settings_version() -> str:
     return repr(current_side_effect_tools())
 
 
-def run_scope(conn: duckdb.DuckDBPyConnection, keys: list[str] | None, partition: str = "run_id") -> Filters:
+def run_scope(
+    conn: duckdb.DuckDBPyConnection, keys: list[str] | None, partition: str | None = "run_id"
+) -> Filters:
     """The filters of a computation over the spans of the runs (origin tasks) ``keys`` (every
     span when None), with ``scope_from``, the least ``ingested_at`` of those partitions' spans,
     so its scans read only the row groups since then: the findings of runs still arriving follow
@@ -289,8 +291,6 @@ def detector_compute(func: Callable[[duckdb.DuckDBPyConnection, Window, Filters]
     def compute(
         conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
     ) -> pd.DataFrame:
-        if keys is None:
-            return func(conn, Window(), Filters(from_spans=True))
         return func(conn, Window(), run_scope(conn, keys, partition))
 
     return compute
