@@ -11,6 +11,7 @@ from analytics import (  # noqa: F401  (registers)
     constraints,
     goals,
     context,
+    context_fold,
     loops,
     loops_live,
     progress,

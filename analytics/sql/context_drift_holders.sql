@@ -13,9 +13,13 @@
 -- version (about a quarter of the observations), the agent filter applies to them up front, and
 -- the holder's own writes are looked up only for holdings already held past the moment their
 -- version went stale (about 40% of them).
+-- Ties are broken by the ids: a version's first span, a holding's first read and its end (by
+-- start, version, span id: the islands' order) and the current version are the same whichever
+-- way the spans were stored (analytics.context_fold keeps them from state and must agree).
 WITH obs AS NOT MATERIALIZED ({held_versions}),
 version_first AS (
-    SELECT run_id, subject, version, min(start_ns) AS first_ns, arg_min(SpanId, start_ns) AS first_span,
+    SELECT run_id, subject, version, min(start_ns) AS first_ns,
+           arg_min(SpanId, {'n': start_ns, 's': SpanId}) AS first_span,
            bool_or(flagged) AS any_flagged
     FROM obs GROUP BY ALL
 ),
@@ -46,7 +50,7 @@ open_versions AS (  -- superseded or flagged versions: the only ones a holding c
 candidates AS (  -- holdings of a version that was superseded or flagged
     SELECT o.run_id, o.agent_id, o.subject, o.version,
            min(o.start_ns) AS hold_start_ns,
-           arg_min(o.SpanId, o.start_ns) AS read_span_id,
+           arg_min(o.SpanId, {'n': o.start_ns, 's': o.SpanId}) AS read_span_id,
            min(o.start_ns) FILTER (WHERE o.flagged) AS flagged_ns,
            any_value(v.newer_ns) AS newer_ns, any_value(v.superseded_by) AS superseded_by,
            any_value(v.supersede_span_id) AS supersede_span_id
@@ -90,7 +94,8 @@ ended AS (  -- the holder's next observation of the subject with another version
     FROM next_island WHERE next_ns > hold_start_ns
     UNION ALL
     SELECT c.run_id, c.agent_id, c.subject, c.version,
-           arg_min(o.SpanId, o.start_ns) AS end_span_id, min(o.start_ns) AS end_ns
+           arg_min(o.SpanId, {'n': o.start_ns, 'v': o.version, 's': o.SpanId}) AS end_span_id,
+           min(o.start_ns) AS end_ns
     FROM (SELECT run_id, agent_id, subject, version, hold_start_ns
           FROM next_island WHERE next_ns = hold_start_ns
           UNION ALL
@@ -131,7 +136,7 @@ held AS (
             AND w.start_ns > stale.hold_start_ns AND w.start_ns <= stale.hold_end_ns)
 ),
 current AS (  -- newest version first seen when the holding ended
-    SELECT f.run_id, f.agent_id, f.subject, f.version, arg_max(v.version, v.first_ns) AS current_version
+    SELECT f.run_id, f.agent_id, f.subject, f.version, arg_max(v.version, {'n': v.first_ns, 'v': v.version}) AS current_version
     FROM held f
     JOIN version_first v ON v.run_id = f.run_id AND v.subject = f.subject AND v.first_ns <= f.hold_end_ns
     GROUP BY ALL
@@ -141,7 +146,7 @@ found AS (
 ),
 evidence AS (  -- every read of the held version by the holder, in time order
     SELECT f.run_id, f.agent_id, f.subject, f.version,
-           list(o.SpanId ORDER BY o.start_ns) AS span_ids, min(o.TraceId) AS trace_id
+           list(o.SpanId ORDER BY o.start_ns, o.SpanId) AS span_ids, min(o.TraceId) AS trace_id
     FROM found f
     JOIN obs o USING (run_id, agent_id, subject, version)
     WHERE NOT o.is_write
