@@ -22,9 +22,11 @@ The state, partitioned by run:
 Merging is exact when a (run, agent, subject)'s new observations all start after the latest one
 the state holds (in order: the first read, the end and the first write of a kept holding can
 then only be filled, never moved); a key whose new spans start earlier is computed again from
-its spans, and a run whose spans a walk changed after they were folded (a late parent, a
-delete) is computed again whole, as ``analytics.loops_fold`` decides it (the state's mark: the
-newest ``ingested_at`` its reads could have seen). context_drift_holders is then a few joins of
+its spans. A span a walk changed after it was folded is merged as a new one when the walk only
+gave it an agent or a run it had none of (a parent arriving after its children:
+``change_log.walks_add_only``); a run whose folded spans a walk took something from (their run
+or agent) or a delete changed is computed again whole (the state's mark, as in
+``analytics.loops_fold``: the newest ``ingested_at`` its reads could have seen). context_drift_holders is then a few joins of
 the touched runs' state (``context_drift_holders_kept.sql``): its full computation
 (``context_drift_holders.sql``) stays what cut windows and filters compute and what the tests
 hold the table to (tests/analytics/test_materialize.py, tests/analytics/test_context_fold.py).
@@ -310,7 +312,9 @@ WHERE m.changed OR e.nxt IS NOT NULL OR w.first_write_ns IS NOT NULL
 )
 
 # The runs to compute again whole: those of the changes that deleted spans or changed a span the
-# state may have folded already (stored at or before its mark; every run while it has none).
+# state may have folded already (stored at or before its mark; every run while it has none) in
+# a way that takes back what it said (its run, agent or operation: not a walk that only gave it
+# an agent or a run where it had none, whose spans are merged as new ones).
 _REDO_RUNS_SQL = """
 WITH firsts AS (
     SELECT c.seq, min(s.ingested_at) AS first
@@ -324,7 +328,7 @@ LEFT JOIN change_log l ON l.seq = p.seq
 LEFT JOIN firsts f ON f.seq = p.seq
 WHERE p.seq > $after AND p.seq <= $upto AND p.partition = 'run_id'
 GROUP BY p.key
-HAVING NOT bool_and(coalesce(l.kind = 'spans' AND f.first > $mark::TIMESTAMP, false))
+HAVING NOT bool_and(coalesce(l.kind = 'spans' AND (f.first > $mark::TIMESTAMP OR l.walks_add_only), false))
 """
 
 

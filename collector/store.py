@@ -341,11 +341,14 @@ _TOUCHED_TRACES = "WHERE ingested_at >= $since AND TraceId IN (SELECT DISTINCT T
 # The spans stored before this commit that the walks changed (a span whose run, agent, hop,
 # hand-off or task changed; the new spans are listed anyway), with the
 # (run, tool) key columns they had before (collector.changes.record_run_tools: the keys a span
-# leaves; the keys it has now are read from the spans `span_changes` lists).
+# leaves; the keys it has now are read from the spans `span_changes` lists), and whether the
+# walk only added to it (a run or an agent where it had none: `change_log.walks_add_only`).
 _CHANGED_SQL = """
 CREATE OR REPLACE TEMP TABLE _changed AS
 SELECT b.TraceId, b.SpanId, b.has_code, b.run_before AS run_id, b.tool_name, b.delegate_to, b.agent_id,
-       b.agent_name, b.SpanName, b.span_family
+       b.agent_name, b.SpanName, b.span_family,
+       coalesce(b.run_before, n.run_id) IS NOT DISTINCT FROM n.run_id AND b.op IS NOT DISTINCT FROM n.op
+           AND coalesce(b.agent_id, n.agent_id) IS NOT DISTINCT FROM n.agent_id AS added_only
 FROM (SELECT * FROM _tree
       ANTI JOIN _stored i
       ON i.TraceId = _tree.TraceId AND i.SpanId = _tree.SpanId) b
@@ -455,7 +458,11 @@ def insert_batches(
             # touched traces, the ones just inserted among them, so without more rows than were
             # inserted there are none)
             if conn.execute(_CHANGED_SQL).fetchone()[0]:
-                conn.execute("UPDATE change_log SET only_new = false WHERE seq = $seq", {"seq": seq})
+                conn.execute(
+                    "UPDATE change_log SET only_new = false, "
+                    "walks_add_only = (SELECT bool_and(added_only) FROM _changed) WHERE seq = $seq",
+                    {"seq": seq},
+                )
                 record_run_tools(conn, seq, ["_changed"])
                 conn.execute(
                     "INSERT INTO span_changes SELECT $seq, TraceId, SpanId FROM _changed", {"seq": seq}

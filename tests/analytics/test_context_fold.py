@@ -134,11 +134,12 @@ def test_a_key_whose_new_spans_start_before_its_latest_is_computed_again_alone(t
     _assert_state_equals_full(conn)
 
 
-def test_a_walk_recomputes_a_run_only_once_its_changed_spans_were_folded(tmp_path):
-    """A parent arriving after its children gives them their agent (the exporter's order). A
-    child stored since the state's mark was never folded: merged as it is now. A child folded
-    before (without an agent) changes what the state holds of its run: the run is computed
-    again from its spans."""
+def test_a_walk_recomputes_a_run_only_when_it_takes_back_what_folded_spans_said(tmp_path):
+    """A parent arriving after its children gives them their agent (the exporter's order): they
+    become observations. Whether the children were folded before (without an agent) or not,
+    that only adds to the state: they are merged as new spans. A child folded under its trace
+    id's run that a late root moves into its conversation's run takes back what the state held
+    of the trace's run: both runs are computed again from their spans."""
     conn = _store(tmp_path)
     _commit(conn, _activity(random.Random(3), 0, ["run-1", "run-2"], 40, {}))
     assert not _pass(conn, NAMES).failed
@@ -164,8 +165,7 @@ def test_a_walk_recomputes_a_run_only_once_its_changed_spans_were_folded(tmp_pat
     parent, children = family(500, "run-1/late")
     _commit(conn, children)  # not folded yet: no pass between the two commits
     _commit(conn, [parent])
-    fold = _fold_now(conn)
-    assert fold.redo == [], "the children were never folded"
+    assert _fold_now(conn).redo == [], "the children were never folded"
     assert not _pass(conn, NAMES).failed
     _assert_state_equals_full(conn)
 
@@ -173,9 +173,29 @@ def test_a_walk_recomputes_a_run_only_once_its_changed_spans_were_folded(tmp_pat
     _commit(conn, children)
     assert not _pass(conn, NAMES).failed  # folded with no agent: no observation
     _commit(conn, [parent])
-    assert _fold_now(conn).redo == ["run-1"]
+    fold = _fold_now(conn)
+    assert fold.redo == [] and fold.counts()["keys_merged"] == 1, "given an agent: merged"
     assert not _pass(conn, NAMES).failed
     _assert_state_equals_full(conn)
+    last = conn.execute(
+        f"SELECT last_ns FROM {context_fold.KEYS} WHERE run_id = 'run-1' AND agent_id = 'checker' "
+        "AND subject = 'policy'"
+    ).fetchone()[0]
+    assert last == children[-1]["start_ns"]  # the children are the checker's observations now
+
+    trace = trace_id("moved")
+    child = make_span(700, run="x", TraceId=trace, agent_id="writer", ParentSpanId="p" * 16,
+                      op="read", state_key="plan", state_version="v1")  # fmt: skip
+    child["run_id"] = trace  # no conversation id yet: its run is its trace id
+    _commit(conn, [child])
+    assert not _pass(conn, NAMES).failed  # folded into the trace id's run
+    _commit(conn, [make_span(699, run="run-2", TraceId=trace, agent_id="writer", SpanId="p" * 16)])
+    assert sorted(_fold_now(conn).redo) == sorted([trace, "run-2"])
+    assert not _pass(conn, NAMES).failed
+    _assert_state_equals_full(conn)
+    assert not conn.execute(
+        f"SELECT count(*) FROM {context_fold.KEYS} WHERE run_id = $t", {"t": trace}
+    ).fetchone()[0]
 
 
 @pytest.mark.parametrize("seed", range(4))
