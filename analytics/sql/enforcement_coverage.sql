@@ -2,52 +2,9 @@
 -- (versioned writes, structured delegation, policy version on sends, idempotency keys on side
 -- effects) and how many match the unguarded anti-patterns.
 -- Counted in two steps: calls are first grouped by the few fields the counts depend on (tens
--- of combinations), then each count is a sum over those groups, so the per-call work is one
--- hash and one count instead of a dozen filtered aggregates and two distinct lists.
-WITH cells AS (  -- one row per combination of the fields counted below
-    SELECT ServiceName AS service, tool_name, op, agent_id, reject_reason, outcome,
-           guard IS NOT NULL AS has_guard,
-           state_expected_version IS NOT NULL AS has_expected_version,
-           task_id IS NOT NULL AND origin_task_id IS NOT NULL AND constraints_carried IS NOT NULL AS structured,
-           policy_version IS NOT NULL AS has_policy,
-           side_effect,
-           idempotency_key IS NOT NULL AS has_key,
-           count(*) AS n, min(Timestamp) AS first_seen, max(Timestamp) AS last_seen
-    FROM spans
-    WHERE {span_filter}
-      AND (tool_name IS NOT NULL OR op IS NOT NULL)
-      AND ($agent::VARCHAR IS NULL OR agent_id = $agent::VARCHAR)
-    GROUP BY ALL
-),
-per_tool AS (
-    SELECT service,
-           coalesce(tool_name, CASE WHEN op IS NOT NULL THEN 'op:' || op END) AS tool_name,
-           sum(n)::BIGINT AS calls,
-           coalesce(sum(n) FILTER (WHERE outcome IS NOT NULL OR has_guard), 0)::BIGINT AS guarded_calls,
-           coalesce(sum(n) FILTER (WHERE outcome = 'rejected'), 0)::BIGINT AS prevented,
-           coalesce(sum(n) FILTER (WHERE op = 'write'), 0)::BIGINT AS writes,
-           coalesce(sum(n) FILTER (WHERE op = 'write' AND has_expected_version), 0)::BIGINT AS versioned_writes,
-           coalesce(sum(n) FILTER (WHERE op = 'delegate'), 0)::BIGINT AS delegations,
-           coalesce(sum(n) FILTER (WHERE op = 'delegate' AND structured), 0)::BIGINT AS structured_delegations,
-           coalesce(sum(n) FILTER (WHERE op = 'send'), 0)::BIGINT AS sends,
-           coalesce(sum(n) FILTER (WHERE op = 'send' AND has_policy), 0)::BIGINT AS sends_with_policy,
-           coalesce(sum(n) FILTER (WHERE side_effect), 0)::BIGINT AS side_effects,
-           coalesce(sum(n) FILTER (WHERE side_effect AND has_key), 0)::BIGINT AS side_effects_with_key,
-           coalesce(list_sort(list(DISTINCT agent_id) FILTER (WHERE agent_id IS NOT NULL)), []::VARCHAR[]) AS agents,
-           coalesce(list_sort(list(DISTINCT reject_reason) FILTER (WHERE reject_reason IS NOT NULL)), []::VARCHAR[])
-               AS prevented_reasons,
-           min(first_seen) AS first_seen, max(last_seen) AS last_seen
-    FROM cells
-    GROUP BY 1, 2
-)
-SELECT *,
-       (writes - versioned_writes) + (delegations - structured_delegations)
-           + (sends - sends_with_policy) + (side_effects - side_effects_with_key) AS anti_patterns,
-       CASE WHEN guarded_calls = 0 THEN 'watch_only'
-            WHEN guarded_calls = calls
-                 AND (writes - versioned_writes) + (delegations - structured_delegations)
-                     + (sends - sends_with_policy) + (side_effects - side_effects_with_key) = 0
-                THEN 'enforced'
-            ELSE 'partial' END AS coverage
-FROM per_tool
-ORDER BY service, tool_name
+-- of combinations a run: _enforcement_cells.sql), then each count is a sum over those groups,
+-- so the per-call work is one hash and one count instead of a dozen filtered aggregates and two
+-- distinct lists (_enforcement_per_tool.sql). The materializer keeps the first step per run and
+-- sums it (analytics.summary).
+WITH run_cells AS ({enforcement_cells}),
+{enforcement_per_tool}

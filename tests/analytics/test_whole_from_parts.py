@@ -1,0 +1,85 @@
+"""Results that depend on every run (rejection_rates' buckets over the whole time range,
+enforcement_coverage's totals per tool) are kept whole, summed from per-run parts the
+materializer keeps by run: after every pass they equal a full computation, spans of no run
+included, when a later batch widens the buckets, and after a delete."""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime, timedelta
+
+import pandas as pd
+import pytest
+
+from analytics import materialize, run_metric, state, summary
+from analytics.registry import compute_metric
+from collector.store import delete_expired
+from tests.analytics.test_materialize import _canonical, _commit, _pass, _store
+from tests.fixtures_analytics import BASE_TIME, make_span
+
+WHOLE = {"rejection_rates": state.REJECTION_RUNS, "enforcement_coverage": summary.COVERAGE_RUNS}
+
+
+def _guarded(rng: random.Random, start: float, seconds: float, runs: list, count: int) -> list[dict]:
+    """``count`` calls from ``start`` over ``seconds`` (seconds after BASE_TIME) in ``runs`` (a
+    None among them: spans of no run), guarded or not, refused, failed or through."""
+    rows = []
+    for _ in range(count):
+        run = rng.choice(runs)
+        fields = {
+            "agent_id": rng.choice(["a", "b"]),
+            "tool_name": rng.choice(["write_state", "send_email", None]),
+            "op": rng.choice(["write", "send", "delegate", None]),
+            "state_key": rng.choice(["plan", None]),
+            "outcome": rng.choice(["ok", "rejected", "error", None]),
+            "reject_reason": rng.choice(["stale version", None]),
+            "side_effect": rng.choice([True, False, None]),
+            "idempotency_key": rng.choice(["k1", None]),
+            "policy_version": rng.choice(["p2", None]),
+            "state_expected_version": rng.choice(["v1", None]),
+        }
+        if fields["tool_name"] is None and fields["op"] is None:
+            fields["op"] = "read"
+        span = make_span(start + rng.random() * seconds, run=run or "none", **fields)
+        if run is None:
+            span["run_id"] = None
+        rows.append(span)
+    return rows
+
+
+def _assert_whole_from_parts(conn) -> None:
+    for name, part in WHOLE.items():
+        assert materialize.ready(conn, part) is not None, part
+        assert materialize.table_exists(conn, materialize.TABLE_PREFIX + part), part
+        got, full = run_metric(conn, name), compute_metric(conn, name)
+        assert got.attrs.get("source") == "table", name
+        assert list(got.columns) == list(full.columns), name
+        assert len(full) > 0, name
+        pd.testing.assert_frame_equal(_canonical(got), _canonical(full), obj=name)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_whole_results_summed_from_run_parts_equal_a_full_computation(tmp_path, seed):
+    rng = random.Random(seed)
+    conn = _store(tmp_path)
+    runs = ["run-1", "run-2", "run-3", None]
+    names = list(WHOLE)
+    _commit(conn, _guarded(rng, 0, 600, runs, 80))  # ten minutes: one-minute buckets
+    assert not _pass(conn, names).failed
+    _assert_whole_from_parts(conn)
+    assert set(run_metric(conn, "rejection_rates")["bucket_seconds"]) == {60}
+    report = None
+    for hours in (1, 30):  # later batches: the buckets widen (five minutes, then an hour)
+        _commit(conn, _guarded(rng, hours * 3600, 600, runs[:2] + [None], 40))
+        report = _pass(conn, names)
+        assert not report.failed
+        _assert_whole_from_parts(conn)
+        assert report.recomputed[state.REJECTION_RUNS] == 2  # the touched runs' parts alone
+    assert set(run_metric(conn, "rejection_rates")["bucket_seconds"]) == {3600}
+    # retention: the first batch's spans go, with their runs' parts
+    cutoff = int((BASE_TIME + timedelta(seconds=1800) - datetime(1970, 1, 1)).total_seconds()) * 10**9
+    conn.execute("BEGIN TRANSACTION")
+    assert delete_expired(conn, cutoff, 10_000) > 0
+    conn.execute("COMMIT")
+    assert not _pass(conn, names).failed
+    _assert_whole_from_parts(conn)
