@@ -67,7 +67,6 @@ def expand_fragments(text: str) -> str:
         "goal_subtasks",
         "constraint_cells",
         "enforcement_per_tool",
-        "rejection_buckets",
         "enforcement_cells",
         "held_versions",
         "filtered_spans",

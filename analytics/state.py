@@ -8,23 +8,11 @@ import duckdb
 import pandas as pd
 
 from analytics._evidence import EVIDENCE, THRESHOLD, TIMES
-from analytics.materialize import (
-    PARTS,
-    TABLE_PREFIX,
-    Maintained,
-    maintain,
-    maintain_with,
-    ready,
-    run_scope,
-    table_exists,
-)
 from analytics.registry import register
 from analytics.sql_loader import (
-    expand_fragments,
     filter_params,
     load_sql,
     query_df,
-    quote_identifier,
     run_sql,
 )
 from analytics.thresholds import current_threshold
@@ -178,78 +166,6 @@ def rejection_rates(conn: duckdb.DuckDBPyConnection, window: Window, filters: Fi
         bucket_seconds=bucket_seconds,
     )
     return _with_threshold(conn, frame, bucket_seconds)
-
-
-# rejection_rates depends on every run (its buckets are laid over the whole time range), so it
-# is kept whole; each run's guarded calls per minute are kept per run, and the whole answer
-# sums that table into the chosen buckets (with the spans of no run, if any: read at once, by
-# their NULL run) instead of reading every guarded span each time it is due (5.0 s of the 10M
-# live stream's passes).
-REJECTION_RUNS = "rejection_rates_runs"
-_REJECTIONS_FROM_RUNS_SQL = """
-WITH parts AS (
-    SELECT * EXCLUDE (_pos) FROM {table}
-    UNION ALL BY NAME
-    -- the spans of no run (the fragment's ``spans``: these alone), with their own part
-    SELECT * FROM (WITH spans AS (SELECT * FROM main.spans WHERE run_id IS NULL)
-                   SELECT * FROM ({rejection_rates_runs}))
-),
-at_width AS (
-    SELECT *, (minute * 60) // $bucket_seconds::BIGINT
-                - CASE WHEN (minute * 60) % $bucket_seconds::BIGINT < 0 THEN 1 ELSE 0 END AS bucket
-    FROM parts
-),
-counts AS (
-    SELECT bucket, tool_name, state_key, agent,
-           sum(attempts)::BIGINT AS attempts, sum(rejections)::BIGINT AS rejections,
-           sum(errors)::BIGINT AS errors, min(first_seen) AS first_seen, max(last_seen) AS last_seen
-    FROM at_width
-    GROUP BY ALL
-),
-refused AS (
-    SELECT bucket, tool_name, state_key, agent,
-           list_sort(flatten(list(span_ids))) AS span_ids,
-           list_sort(list(DISTINCT run_id)) AS run_ids
-    FROM at_width
-    WHERE rejections > 0
-    GROUP BY ALL
-),
-{rejection_buckets}
-"""
-
-
-def _rejection_runs(
-    conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
-) -> pd.DataFrame:
-    return run_sql(conn, REJECTION_RUNS, Window(), run_scope(conn, keys))
-
-
-def _rejections_from_runs(
-    conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
-) -> pd.DataFrame:
-    """rejection_rates over every stored span from ``REJECTION_RUNS``' table (computed from the
-    spans when that table cannot answer)."""
-    table = TABLE_PREFIX + REJECTION_RUNS
-    if ready(conn, REJECTION_RUNS) is None or not table_exists(conn, table):
-        return rejection_rates(conn, Window(), Filters(from_spans=True))
-    quoted = quote_identifier(table)
-    first, last = conn.execute(
-        f"SELECT min(first_seen), max(last_seen) FROM (SELECT first_seen, last_seen FROM {quoted} "
-        "UNION ALL SELECT Timestamp, Timestamp FROM spans WHERE run_id IS NULL AND outcome IS NOT NULL)"
-    ).fetchone()
-    bucket_seconds = _bucket_seconds_over(Window(), first, last)
-    sql = expand_fragments(
-        _REJECTIONS_FROM_RUNS_SQL.replace("{table}", quoted).replace(
-            "{rejection_rates_runs}", load_sql(REJECTION_RUNS)
-        )
-    )
-    frame = query_df(conn, sql, {**filter_params(Window(), Filters()), "bucket_seconds": bucket_seconds})
-    return _with_threshold(conn, frame, bucket_seconds)
-
-
-maintain(Maintained(REJECTION_RUNS, "run_id", _rejection_runs, (("run_id", False),), "1"))
-PARTS.add(REJECTION_RUNS)
-maintain_with("rejection_rates", _rejections_from_runs, depends=(REJECTION_RUNS,))
 
 
 def _with_threshold(

@@ -1,7 +1,6 @@
-"""Results that depend on every run (rejection_rates' buckets over the whole time range,
-enforcement_coverage's totals per tool) are kept whole, summed from per-run parts the
-materializer keeps by run: after every pass they equal a full computation, spans of no run
-included, when a later batch widens the buckets, and after a delete."""
+"""A result that depends on every run (enforcement_coverage's totals per tool) is kept whole,
+summed from per-run parts the materializer keeps by run: after every pass it equals a full
+computation, spans of no run included, after later batches and after a delete."""
 
 from __future__ import annotations
 
@@ -11,13 +10,13 @@ from datetime import datetime, timedelta
 import pandas as pd
 import pytest
 
-from analytics import materialize, run_metric, state, summary
+from analytics import materialize, run_metric, summary
 from analytics.registry import compute_metric
 from collector.store import delete_expired
 from tests.analytics.test_materialize import _canonical, _commit, _pass, _store
 from tests.fixtures_analytics import BASE_TIME, make_span
 
-WHOLE = {"rejection_rates": state.REJECTION_RUNS, "enforcement_coverage": summary.COVERAGE_RUNS}
+WHOLE = {"enforcement_coverage": summary.COVERAGE_RUNS}
 
 
 def _guarded(rng: random.Random, start: float, seconds: float, runs: list, count: int) -> list[dict]:
@@ -64,18 +63,15 @@ def test_whole_results_summed_from_run_parts_equal_a_full_computation(tmp_path, 
     conn = _store(tmp_path)
     runs = ["run-1", "run-2", "run-3", None]
     names = list(WHOLE)
-    _commit(conn, _guarded(rng, 0, 600, runs, 80))  # ten minutes: one-minute buckets
+    _commit(conn, _guarded(rng, 0, 600, runs, 80))
     assert not _pass(conn, names).failed
     _assert_whole_from_parts(conn)
-    assert set(run_metric(conn, "rejection_rates")["bucket_seconds"]) == {60}
-    report = None
-    for hours in (1, 30):  # later batches: the buckets widen (five minutes, then an hour)
+    for hours in (1, 30):  # later batches, of two of the runs and of no run
         _commit(conn, _guarded(rng, hours * 3600, 600, runs[:2] + [None], 40))
         report = _pass(conn, names)
         assert not report.failed
         _assert_whole_from_parts(conn)
-        assert report.recomputed[state.REJECTION_RUNS] == 2  # the touched runs' parts alone
-    assert set(run_metric(conn, "rejection_rates")["bucket_seconds"]) == {3600}
+        assert report.recomputed[summary.COVERAGE_RUNS] == 2  # the touched runs' parts alone
     # retention: the first batch's spans go, with their runs' parts
     cutoff = int((BASE_TIME + timedelta(seconds=1800) - datetime(1970, 1, 1)).total_seconds()) * 10**9
     conn.execute("BEGIN TRANSACTION")
