@@ -48,6 +48,7 @@ from analytics.materialize import (
     TABLE_PREFIX,
     Maintained,
     SpanChanges,
+    keys_of_folded_changes,
     maintain,
     maintain_with,
     ready,
@@ -311,26 +312,6 @@ WHERE m.changed OR e.nxt IS NOT NULL OR w.first_write_ns IS NOT NULL
 """
 )
 
-# The runs to compute again whole: those of the changes that deleted spans or changed a span the
-# state may have folded already (stored at or before its mark; every run while it has none) in
-# a way that takes back what it said (its run, agent or operation: not a walk that only gave it
-# an agent or a run where it had none, whose spans are merged as new ones).
-_REDO_RUNS_SQL = """
-WITH firsts AS (
-    SELECT c.seq, min(s.ingested_at) AS first
-    FROM span_changes c JOIN spans s ON s.TraceId = c.TraceId AND s.SpanId = c.SpanId
-    WHERE c.seq > $after AND c.seq <= $upto AND s.ingested_at >= $since_ingested
-    GROUP BY c.seq
-)
-SELECT p.key
-FROM change_partitions p
-LEFT JOIN change_log l ON l.seq = p.seq
-LEFT JOIN firsts f ON f.seq = p.seq
-WHERE p.seq > $after AND p.seq <= $upto AND p.partition = 'run_id'
-GROUP BY p.key
-HAVING NOT bool_and(coalesce(l.kind = 'spans' AND (f.first > $mark::TIMESTAMP OR l.walks_add_only), false))
-"""
-
 
 @dataclasses.dataclass
 class Fold:
@@ -381,7 +362,10 @@ def compute(conn: duckdb.DuckDBPyConnection, partition: str | None, changes: Spa
     bounded = changes.bounded_params()
     redo: list[str] = []
     if not changes.only_new or mark is None:
-        redo = [row[0] for row in conn.execute(_REDO_RUNS_SQL, {**bounded, "mark": mark}).fetchall()]
+        # the runs to compute again whole: those of the changes that deleted spans or changed one
+        # the state may hold already in a way that takes back what it said (its run, agent or
+        # operation; a walk that only gave it an agent or run is merged as new spans are)
+        redo = keys_of_folded_changes(conn, "run_id", changes, mark, adds_only=True)
     params = {**bounded, "redo": redo, **{k: None for k in filter_params(Window(), Filters())}}
     keys = query_arrow(conn, expand_fragments(_NEW_KEYS_SQL.replace("{only_keys}", "")), params)
     in_order = keys.filter(keys.column("in_order")).select(["run_id", "agent_id", "subject"])
@@ -479,78 +463,31 @@ WITH version_first AS (
     SELECT * FROM {quote_identifier(VERSIONS)}
     WHERE ($runs::VARCHAR[] IS NULL OR run_id = ANY($runs::VARCHAR[]))
 ),
-instants AS (
-    SELECT run_id, subject, first_ns,
-           lead(first_ns) OVER w AS newer_ns,
-           lead(version) OVER w AS superseded_by,
-           lead(first_span) OVER w AS supersede_span_id
-    FROM (SELECT run_id, subject, first_ns, min(version) AS version, min(first_span) AS first_span
-          FROM version_first GROUP BY ALL)
-    WINDOW w AS (PARTITION BY run_id, subject ORDER BY first_ns)
-),
-versions AS (
-    SELECT f.run_id, f.subject, f.version, i.newer_ns, i.superseded_by, i.supersede_span_id
-    FROM version_first f JOIN instants i USING (run_id, subject, first_ns)
-    WHERE i.newer_ns IS NOT NULL
-),
-open_versions AS (
-    SELECT * FROM versions
-    UNION ALL
-    SELECT f.run_id, f.subject, f.version, NULL, NULL, NULL
-    FROM version_first f ANTI JOIN versions v USING (run_id, subject, version)
-    WHERE f.any_flagged
-),
-superseding AS (
-    SELECT h.*, v.newer_ns, v.superseded_by, v.supersede_span_id,
-           coalesce(h.end_ns, a.last_ns) AS hold_end_ns,
-           greatest(h.hold_start_ns, coalesce(least(v.newer_ns, h.flagged_ns), v.newer_ns, h.flagged_ns))
-               AS stale_from_ns
-    FROM {quote_identifier(HOLDINGS)} h
-    JOIN open_versions v USING (run_id, subject, version)
-    LEFT JOIN {quote_identifier(AGENTS)} a USING (run_id, agent_id)
-    WHERE ($runs::VARCHAR[] IS NULL OR h.run_id = ANY($runs::VARCHAR[]))
-      AND coalesce(v.newer_ns, h.flagged_ns) IS NOT NULL
-),
+{{context_versions}},
 held AS (
-    SELECT * FROM superseding
-    WHERE (stale_from_ns < hold_end_ns OR flagged_ns IS NOT NULL)
-      AND NOT coalesce(first_write_ns <= hold_end_ns, false)
+    SELECT * FROM (
+        SELECT h.*, v.newer_ns, v.superseded_by, v.supersede_span_id,
+               coalesce(h.end_ns, a.last_ns) AS hold_end_ns,
+               greatest(h.hold_start_ns, coalesce(least(v.newer_ns, h.flagged_ns), v.newer_ns, h.flagged_ns))
+                   AS stale_from_ns
+        FROM {quote_identifier(HOLDINGS)} h
+        JOIN open_versions v USING (run_id, subject, version)
+        LEFT JOIN {quote_identifier(AGENTS)} a USING (run_id, agent_id)
+        WHERE ($runs::VARCHAR[] IS NULL OR h.run_id = ANY($runs::VARCHAR[]))
+          AND coalesce(v.newer_ns, h.flagged_ns) IS NOT NULL)
+    WHERE (stale_from_ns < hold_end_ns OR flagged_ns IS NOT NULL)  -- held past going stale
+      AND NOT coalesce(first_write_ns <= hold_end_ns, false)       -- not a write conflict
 ),
-current AS (
-    SELECT f.run_id, f.agent_id, f.subject, f.version,
-           arg_max(v.version, {{'n': v.first_ns, 'v': v.version}}) AS current_version
-    FROM held f
-    JOIN version_first v ON v.run_id = f.run_id AND v.subject = f.subject AND v.first_ns <= f.hold_end_ns
-    GROUP BY ALL
-)
-SELECT f.*, c.current_version FROM held f LEFT JOIN current c USING (run_id, agent_id, subject, version)
+{{context_found}}
+SELECT * FROM found
 """
 
 # The found holdings (_context_found) with their evidence, every read of the held version by the
-# holder, from the spans of their runs: context_drift_holders.sql's columns and order.
+# holder, from the spans of their runs: context_drift_holders.sql's rows.
 _EVIDENCE_SQL = """
 WITH obs AS NOT MATERIALIZED ({held_versions}),
-evidence AS (
-    SELECT f.run_id, f.agent_id, f.subject, f.version,
-           list(o.SpanId ORDER BY o.start_ns, o.SpanId) AS span_ids, min(o.TraceId) AS trace_id
-    FROM _context_found f
-    JOIN obs o USING (run_id, agent_id, subject, version)
-    WHERE NOT o.is_write
-    GROUP BY ALL
-)
-SELECT ev.trace_id, ev.span_ids, f.run_id, f.agent_id AS agent, f.subject AS objective_id,
-       f.version AS held_version, f.superseded_by, f.current_version,
-       f.read_span_id, f.supersede_span_id,
-       f.end_span_id IS NOT NULL AS refreshed,
-       f.end_span_id AS refresh_span_id,
-       make_timestamp(f.stale_from_ns // 1000) AS held_from,
-       make_timestamp(f.hold_end_ns // 1000) AS held_until,
-       (f.hold_end_ns - f.stale_from_ns) / 1e9 AS held_s,
-       make_timestamp(f.hold_start_ns // 1000) AS first_seen,
-       make_timestamp(f.hold_end_ns // 1000) AS last_seen
-FROM _context_found f
-JOIN evidence ev USING (run_id, agent_id, subject, version)
-ORDER BY first_seen, agent
+found AS (SELECT * FROM _context_found),
+{context_evidence}
 """
 
 
@@ -560,7 +497,7 @@ def _holders(conn: duckdb.DuckDBPyConnection, partition: str | None, runs: list[
     state = ready(conn, STATE)
     if state is None or state.failed_keys:
         return run_sql(conn, "context_drift_holders", Window(), run_scope(conn, runs))
-    found = query_arrow(conn, _FOUND_SQL, {"runs": runs})
+    found = query_arrow(conn, expand_fragments(_FOUND_SQL), {"runs": runs})
     found_runs = sorted(set(found.column("run_id").to_pylist()))
     conn.register("_context_found", found)
     try:

@@ -49,6 +49,7 @@ from analytics.materialize import (
     SpanChanges,
     _arrow,
     _write_rows,
+    keys_of_folded_changes,
     maintain,
     run_chunks,
     run_scope,
@@ -217,34 +218,15 @@ def compute(conn: duckdb.DuckDBPyConnection, partition: str | None, changes: Spa
 # The mark of the kept calls (``Fold.mark`` of the last fold applied): one row, or none (unknown).
 MARK = quote_identifier(TABLE_PREFIX + "repeated_calls_mark")
 
+
 # The (run, tool) keys the changes logged for the spans their walks changed (the keys those spans
 # had before: collector.changes), but for the changes of spans every one of which was first
-# stored after the kept calls' mark. Such a span was never folded, so the groups it left hold
-# nothing of it; it is read as it is now with the changes' other spans. An exporter sends a
+# stored after the kept calls' mark (``materialize.keys_of_folded_changes``). An exporter sends a
 # trace's spans as they end, parents after children: the walks mostly change spans stored a few
 # commits before, which the pass folds anyway, and recomputing the groups they left read whole
-# runs (100,000-call runs: most of a pass). Deletions ('delete' changes) always count, and every
-# key counts while the kept calls have no mark ($mark NULL).
-_LOGGED_KEYS_SQL = """
-WITH firsts AS (
-    SELECT c.seq, min(s.ingested_at) AS first
-    FROM span_changes c JOIN spans s ON s.TraceId = c.TraceId AND s.SpanId = c.SpanId
-    WHERE c.seq > $after AND c.seq <= $upto AND s.ingested_at >= $since_ingested
-    GROUP BY c.seq
-)
-SELECT p.key
-FROM change_partitions p
-LEFT JOIN change_log l ON l.seq = p.seq
-LEFT JOIN firsts f ON f.seq = p.seq
-WHERE p.seq > $after AND p.seq <= $upto AND p.partition = 'run_tool'
-GROUP BY p.key
-HAVING NOT bool_and(coalesce(l.kind = 'spans' AND f.first > $mark::TIMESTAMP, false))
-"""
-
-
+# runs (100,000-call runs: most of a pass).
 def _logged_keys(conn: duckdb.DuckDBPyConnection, changes: SpanChanges, mark: datetime | None) -> set[str]:
-    rows = conn.execute(_LOGGED_KEYS_SQL, {**changes.bounded_params(), "mark": mark}).fetchall()
-    return {row[0] for row in rows}
+    return set(keys_of_folded_changes(conn, "run_tool", changes, mark))
 
 
 def _kept_mark(conn: duckdb.DuckDBPyConnection) -> datetime | None:

@@ -130,6 +130,43 @@ def span_changes(conn: duckdb.DuckDBPyConnection, after: int, upto: int) -> Span
     return SpanChanges(after, upto, None if unknown else oldest, bool(only_new))
 
 
+# The keys of a partition the changes after $after up to $upto logged, but those of the changes
+# of spans every one of which was first stored after a fold's mark ($mark: the newest
+# ``ingested_at`` its reads could have seen), which the fold never folded, so nothing of them is
+# in the keys they left; with $adds_only, nor those of the changes whose walks only gave spans an
+# agent or run they had none of (``change_log.walks_add_only``). Deletions always count, and
+# every key counts while the fold has no mark.
+_FOLDED_KEYS_SQL = """
+WITH firsts AS (
+    SELECT c.seq, min(s.ingested_at) AS first
+    FROM span_changes c JOIN spans s ON s.TraceId = c.TraceId AND s.SpanId = c.SpanId
+    WHERE c.seq > $after AND c.seq <= $upto AND s.ingested_at >= $since_ingested
+    GROUP BY c.seq
+)
+SELECT p.key
+FROM change_partitions p
+LEFT JOIN change_log l ON l.seq = p.seq
+LEFT JOIN firsts f ON f.seq = p.seq
+WHERE p.seq > $after AND p.seq <= $upto AND p.partition = $partition
+GROUP BY p.key
+HAVING NOT bool_and(coalesce(l.kind = 'spans' AND (f.first > $mark::TIMESTAMP OR ($adds_only AND l.walks_add_only)),
+                             false))
+"""
+
+
+def keys_of_folded_changes(
+    conn: duckdb.DuckDBPyConnection,
+    partition: str,
+    changes: SpanChanges,
+    mark: datetime | None,
+    adds_only: bool = False,
+) -> list[str]:
+    """The ``partition`` keys of ``changes`` that a fold with ``mark`` must compute again from
+    their spans (``_FOLDED_KEYS_SQL``): the others' spans it takes in as new ones."""
+    params = {**changes.bounded_params(), "mark": mark, "partition": partition, "adds_only": adds_only}
+    return [row[0] for row in conn.execute(_FOLDED_KEYS_SQL, params).fetchall()]
+
+
 class WholeSchedule:
     """``whole_due`` of a materializer: a result kept whole is recomputed under ingest at most
     once per ``WHOLE_COST_RATIO`` times what it costs (the least of its last

@@ -23,30 +23,7 @@ version_first AS (
            bool_or(flagged) AS any_flagged
     FROM obs GROUP BY ALL
 ),
-instants AS (  -- the distinct moments a subject got a new version, each with the next moment
-               -- (versions first seen at the same moment: the lowest version and span stand for
-               -- them, one of the tied ones either way)
-    SELECT run_id, subject, first_ns,
-           lead(first_ns) OVER w AS newer_ns,
-           lead(version) OVER w AS superseded_by,
-           lead(first_span) OVER w AS supersede_span_id
-    FROM (SELECT run_id, subject, first_ns, min(version) AS version, min(first_span) AS first_span
-          FROM version_first GROUP BY ALL)
-    WINDOW w AS (PARTITION BY run_id, subject ORDER BY first_ns)
-),
-versions AS (  -- each version with the earliest version first seen strictly after it: one
-               -- window over a subject's moments (a self-join grew with the square of them)
-    SELECT f.run_id, f.subject, f.version, i.newer_ns, i.superseded_by, i.supersede_span_id
-    FROM version_first f JOIN instants i USING (run_id, subject, first_ns)
-    WHERE i.newer_ns IS NOT NULL
-),
-open_versions AS (  -- superseded or flagged versions: the only ones a holding can be stale on
-    SELECT * FROM versions
-    UNION ALL
-    SELECT f.run_id, f.subject, f.version, NULL, NULL, NULL
-    FROM version_first f ANTI JOIN versions v USING (run_id, subject, version)
-    WHERE f.any_flagged
-),
+{context_versions},
 candidates AS (  -- holdings of a version that was superseded or flagged
     SELECT o.run_id, o.agent_id, o.subject, o.version,
            min(o.start_ns) AS hold_start_ns,
@@ -135,33 +112,5 @@ held AS (
             AND w.state_key = stale.subject
             AND w.start_ns > stale.hold_start_ns AND w.start_ns <= stale.hold_end_ns)
 ),
-current AS (  -- newest version first seen when the holding ended
-    SELECT f.run_id, f.agent_id, f.subject, f.version, arg_max(v.version, {'n': v.first_ns, 'v': v.version}) AS current_version
-    FROM held f
-    JOIN version_first v ON v.run_id = f.run_id AND v.subject = f.subject AND v.first_ns <= f.hold_end_ns
-    GROUP BY ALL
-),
-found AS (
-    SELECT f.*, c.current_version FROM held f LEFT JOIN current c USING (run_id, agent_id, subject, version)
-),
-evidence AS (  -- every read of the held version by the holder, in time order
-    SELECT f.run_id, f.agent_id, f.subject, f.version,
-           list(o.SpanId ORDER BY o.start_ns, o.SpanId) AS span_ids, min(o.TraceId) AS trace_id
-    FROM found f
-    JOIN obs o USING (run_id, agent_id, subject, version)
-    WHERE NOT o.is_write
-    GROUP BY ALL
-)
-SELECT ev.trace_id, ev.span_ids, f.run_id, f.agent_id AS agent, f.subject AS objective_id,
-       f.version AS held_version, f.superseded_by, f.current_version,
-       f.read_span_id, f.supersede_span_id,
-       f.end_span_id IS NOT NULL AS refreshed,
-       f.end_span_id AS refresh_span_id,
-       make_timestamp(f.stale_from_ns // 1000) AS held_from,
-       make_timestamp(f.hold_end_ns // 1000) AS held_until,
-       (f.hold_end_ns - f.stale_from_ns) / 1e9 AS held_s,
-       make_timestamp(f.hold_start_ns // 1000) AS first_seen,
-       make_timestamp(f.hold_end_ns // 1000) AS last_seen
-FROM found f
-JOIN evidence ev USING (run_id, agent_id, subject, version)
-ORDER BY first_seen, agent
+{context_found},
+{context_evidence}
