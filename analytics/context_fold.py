@@ -187,15 +187,19 @@ _FROM_SPANS = {HOLDINGS: _HOLDINGS_SQL, VERSIONS: _VERSIONS_SQL, KEYS: _KEYS_SQL
 
 # ----------------------------------------------------------------------------- the new spans
 
-# The spans the changes $after < seq <= $upto stored or changed (newest row groups only: the
-# changes' ingest bound), but those of the runs $redo (computed again from their spans). Named
-# ``spans`` so the shared fragments read them as they read the table.
-_NEW_SPANS = """spans AS (
-    SELECT s.* FROM main.spans s
-    SEMI JOIN (SELECT DISTINCT TraceId, SpanId FROM span_changes WHERE seq > $after AND seq <= $upto) c
-        ON c.TraceId = s.TraceId AND c.SpanId = s.SpanId
-    WHERE s.ingested_at >= $since_ingested AND NOT (s.run_id = ANY($redo::VARCHAR[]))
-)"""
+# The columns of the spans the changes $after < seq <= $upto stored or changed (newest row groups
+# only: the changes' ingest bound) that the state is made of, but those of the runs $redo
+# (computed again from their spans): read once a pass (``_context_new``), then named ``spans``
+# in each statement so the shared fragments read them as they read the table.
+_NEW_SPANS_READ = """
+SELECT s.TraceId, s.SpanId, s.run_id, s.agent_id, s.op, s.outcome, s.start_ns, s.end_ns, s.state_key,
+       s.state_version, s.objective_id, s.objective_version, s.objective_superseded
+FROM spans s
+SEMI JOIN (SELECT DISTINCT TraceId, SpanId FROM span_changes WHERE seq > $after AND seq <= $upto) c
+    ON c.TraceId = s.TraceId AND c.SpanId = s.SpanId
+WHERE s.ingested_at >= $since_ingested AND NOT (s.run_id = ANY($redo::VARCHAR[]))
+"""
+_NEW_SPANS = "spans AS (SELECT * FROM _context_new)"
 
 # The kept rows of the keys the new spans touch, merged with them: least and greatest values.
 _MERGE_SQL = {
@@ -366,18 +370,24 @@ def compute(conn: duckdb.DuckDBPyConnection, partition: str | None, changes: Spa
         # the state may hold already in a way that takes back what it said (its run, agent or
         # operation; a walk that only gave it an agent or run is merged as new spans are)
         redo = keys_of_folded_changes(conn, "run_id", changes, mark, adds_only=True)
-    params = {**bounded, "redo": redo, **{k: None for k in filter_params(Window(), Filters())}}
-    keys = query_arrow(conn, expand_fragments(_NEW_KEYS_SQL.replace("{only_keys}", "")), params)
-    in_order = keys.filter(keys.column("in_order")).select(["run_id", "agent_id", "subject"])
-    late = keys.filter(pa.compute.invert(keys.column("in_order"))).select(["run_id", "agent_id", "subject"])
-    rows: dict[str, list[pa.Table]] = {table: [] for table in TABLES}
-    for table, sql in _MERGE_SQL.items():
-        rows[table].append(query_arrow(conn, expand_fragments(sql.replace("{only_keys}", "")), params))
-    conn.register("_context_in_order", in_order)
+    params = {k: None for k in filter_params(Window(), Filters())}
+    conn.register("_context_new", conn.execute(_NEW_SPANS_READ, {**bounded, "redo": redo}).to_arrow_table())
     try:
-        rows[HOLDINGS].append(query_arrow(conn, expand_fragments(_MERGE_HOLDINGS_SQL), params))
+        keys = query_arrow(conn, expand_fragments(_NEW_KEYS_SQL.replace("{only_keys}", "")), params)
+        in_order = keys.filter(keys.column("in_order")).select(["run_id", "agent_id", "subject"])
+        late = keys.filter(pa.compute.invert(keys.column("in_order"))).select(
+            ["run_id", "agent_id", "subject"]
+        )
+        rows: dict[str, list[pa.Table]] = {table: [] for table in TABLES}
+        for table, sql in _MERGE_SQL.items():
+            rows[table].append(query_arrow(conn, expand_fragments(sql.replace("{only_keys}", "")), params))
+        conn.register("_context_in_order", in_order)
+        try:
+            rows[HOLDINGS].append(query_arrow(conn, expand_fragments(_MERGE_HOLDINGS_SQL), params))
+        finally:
+            conn.unregister("_context_in_order")
     finally:
-        conn.unregister("_context_in_order")
+        conn.unregister("_context_new")
     if late.num_rows:
         late_runs = sorted(set(late.column("run_id").to_pylist()))
         rows[HOLDINGS].append(_state_of(conn, late_runs, late)[HOLDINGS])
