@@ -5,9 +5,8 @@ policy) and what makes it a finding are facts of few spans each: when the agent 
 version, its next observation of the subject with another version (the holding's end), its
 first write of the subject after that first read, when a version was first seen, an agent's
 last span. Each is a least or greatest value over the spans, so the state keeps them per key
-and a pass merges the new spans in (``fold``) instead of reading every span of every touched run
-again (with a fleet of crews streaming, every run is touched every few seconds: recomputing
-them was context_drift_holders' 12 s of the live benchmark's ~110 s of passes at 1M spans).
+and a pass merges the new spans in (``compute``) instead of reading every span of every touched
+run again (with a fleet of crews streaming, every run is touched every few seconds).
 
 The state, partitioned by run:
 
@@ -25,11 +24,12 @@ then only be filled, never moved); a key whose new spans start earlier is comput
 its spans. A span a walk changed after it was folded is merged as a new one when the walk only
 gave it an agent or a run it had none of (a parent arriving after its children:
 ``change_log.walks_add_only``); a run whose folded spans a walk took something from (their run
-or agent) or a delete changed is computed again whole (the state's mark, as in
-``analytics.loops_fold``: the newest ``ingested_at`` its reads could have seen). context_drift_holders is then a few joins of
-the touched runs' state (``context_drift_holders_kept.sql``): its full computation
-(``context_drift_holders.sql``) stays what cut windows and filters compute and what the tests
-hold the table to (tests/analytics/test_materialize.py, tests/analytics/test_context_fold.py).
+or agent) or a delete changed is computed again whole (``materialize.keys_of_folded_changes``
+with the state's mark, as in ``analytics.loops_fold``). context_drift_holders is then a few
+joins of the touched runs' state (``_FOUND_SQL``; the rules shared with the detector's SQL as
+fragments); its full computation (``context_drift_holders.sql``) stays what cut windows and
+filters compute and what the tests hold the table to (tests/analytics/test_materialize.py,
+tests/analytics/test_context_fold.py). Where this gains little: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -42,19 +42,23 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 
-from analytics.loops_fold import _read_mark
+from analytics.context import context_drift_holders
 from analytics.materialize import (
     PARTS,
     TABLE_PREFIX,
     Maintained,
     SpanChanges,
+    detector_compute,
+    kept_mark,
     keys_of_folded_changes,
     maintain,
     maintain_with,
+    read_mark,
     ready,
     run_chunks,
     run_scope,
     table_exists,
+    write_mark,
 )
 from analytics.sql_loader import (
     expand_fragments,
@@ -62,7 +66,6 @@ from analytics.sql_loader import (
     query_arrow,
     query_df,
     quote_identifier,
-    run_sql,
 )
 from analytics.types import Filters, Window
 
@@ -72,7 +75,7 @@ VERSIONS = TABLE_PREFIX + "context_versions"
 KEYS = TABLE_PREFIX + "context_keys"
 AGENTS = TABLE_PREFIX + "context_agents"
 MARK = TABLE_PREFIX + "context_mark"
-# Each table's key columns (its rows are replaced by key) and its columns.
+# Each table's key columns: its rows are replaced by key.
 _KEY = {
     HOLDINGS: ("run_id", "agent_id", "subject", "version"),
     VERSIONS: ("run_id", "subject", "version"),
@@ -362,7 +365,7 @@ def compute(conn: duckdb.DuckDBPyConnection, partition: str | None, changes: Spa
     """The state's change for the spans ``changes`` lists (every span when None)."""
     if changes is None or not table_exists(conn, HOLDINGS):
         return _build(conn)
-    mark = _kept_mark(conn)
+    mark = kept_mark(conn, MARK)
     bounded = changes.bounded_params()
     redo: list[str] = []
     if not changes.only_new or mark is None:
@@ -401,7 +404,7 @@ def compute(conn: duckdb.DuckDBPyConnection, partition: str | None, changes: Spa
         "runs_from_spans": len(redo),
         "holdings_written": merged[HOLDINGS].num_rows,
     }
-    return Fold(merged, redo, late if late.num_rows else None, _read_mark(conn, mark), counts)
+    return Fold(merged, redo, late if late.num_rows else None, read_mark(conn, mark), counts)
 
 
 def build(conn: duckdb.DuckDBPyConnection, upto: int | None = None) -> Iterator[Fold]:
@@ -410,7 +413,7 @@ def build(conn: duckdb.DuckDBPyConnection, upto: int | None = None) -> Iterator[
     mark = None
     for number, chunk in enumerate(run_chunks(conn, BUILD_CHUNK_SPANS)):
         rows = _state_of(conn, chunk or None)
-        mark = _read_mark(conn, mark)  # the last part's bounds every part's reads
+        mark = read_mark(conn, mark)  # the last part's bounds every part's reads
         yield Fold(rows, None if number == 0 else chunk, None, mark)
 
 
@@ -424,19 +427,10 @@ def _build(conn: duckdb.DuckDBPyConnection) -> Fold:
     return Fold(rows, None, None, parts[-1].mark)
 
 
-def _kept_mark(conn: duckdb.DuckDBPyConnection) -> datetime | None:
-    if not table_exists(conn, MARK):
-        return None
-    return conn.execute(f"SELECT max(ingested) FROM {quote_identifier(MARK)}").fetchall()[0][0]
-
-
 def apply(conn: duckdb.DuckDBPyConnection, fold: Fold) -> None:
     """In the writer's transaction: the rows of ``fold`` replace those of their keys, after the
     rows of its runs computed again (and of its keys' holdings) are removed."""
-    conn.execute(
-        f"CREATE OR REPLACE TABLE {quote_identifier(MARK)} AS SELECT $mark::TIMESTAMP AS ingested",
-        {"mark": fold.mark},
-    )
+    write_mark(conn, MARK, fold.mark)
     for table in TABLES:
         name = quote_identifier(table)
         rows = fold.rows[table]
@@ -506,7 +500,7 @@ def _holders(conn: duckdb.DuckDBPyConnection, partition: str | None, runs: list[
     computation when the state cannot say (not built by this definition, or failed)."""
     state = ready(conn, STATE)
     if state is None or state.failed_keys:
-        return run_sql(conn, "context_drift_holders", Window(), run_scope(conn, runs))
+        return _computed(conn, partition, runs)
     found = query_arrow(conn, expand_fragments(_FOUND_SQL), {"runs": runs})
     found_runs = sorted(set(found.column("run_id").to_pylist()))
     conn.register("_context_found", found)
@@ -517,6 +511,7 @@ def _holders(conn: duckdb.DuckDBPyConnection, partition: str | None, runs: list[
         conn.unregister("_context_found")
 
 
+_computed = detector_compute(context_drift_holders)
 maintain(Maintained(STATE, "span", compute, (), "1", apply=apply, build=build))
 PARTS.add(STATE)
 maintain_with("context_drift_holders", _holders, depends=(STATE,))

@@ -49,13 +49,16 @@ from analytics.materialize import (
     SpanChanges,
     _arrow,
     _write_rows,
+    kept_mark,
     keys_of_folded_changes,
     maintain,
+    read_mark,
     run_chunks,
     run_scope,
     run_tool_where,
     split_run_tools,
     table_exists,
+    write_mark,
 )
 from analytics.sql_loader import query_df, quote_identifier, run_sql
 from analytics.thresholds import current_threshold
@@ -114,7 +117,7 @@ class Fold:
     # recorded in CHANGED for repeated_calls_groups (None: a build; every group may change).
     upto: int | None = None
     changed: set[str] = dataclasses.field(default_factory=set)
-    # The newest ``ingested_at`` of any span stored when it was computed (``_read_mark``): every
+    # The newest ``ingested_at`` of any span stored when it was computed (``materialize.read_mark``): every
     # span its state reflects was ingested at or before it. None: unknown.
     mark: datetime | None = None
     # Of ``replace``, the groups relinked from their kept calls and new ones (``_relink``) rather
@@ -160,8 +163,8 @@ def compute(conn: duckdb.DuckDBPyConnection, partition: str | None, changes: Spa
     if changes is None or not table_exists(conn, TABLE_PREFIX + CALLS):
         return _build(conn, None if changes is None else changes.upto)
     params = changes.params()
-    kept_mark = _kept_mark(conn)
-    replace = _logged_keys(conn, changes, kept_mark)
+    mark = kept_mark(conn, MARK)
+    replace = _logged_keys(conn, changes, mark)
     others = run_sql(conn, "loop_changed_spans", Window(), Filters(), **changes.bounded_params())
     replace |= {run + RUN_TOOL_SEP + tool for run, tool in zip(others["run_id"], others["tool"], strict=True)}
     new = run_sql(
@@ -211,12 +214,12 @@ def compute(conn: duckdb.DuckDBPyConnection, partition: str | None, changes: Spa
         frames.append(chunk)
     frames = [f for f in frames if len(f)] or frames[:1]
     fold.rows = pd.concat(frames, ignore_index=True)
-    fold.mark = _read_mark(conn, kept_mark)  # after every read of spans above
+    fold.mark = read_mark(conn, mark)  # after every read of spans above
     return fold
 
 
 # The mark of the kept calls (``Fold.mark`` of the last fold applied): one row, or none (unknown).
-MARK = quote_identifier(TABLE_PREFIX + "repeated_calls_mark")
+MARK = TABLE_PREFIX + "repeated_calls_mark"
 
 
 # The (run, tool) keys the changes logged for the spans their walks changed (the keys those spans
@@ -227,24 +230,6 @@ MARK = quote_identifier(TABLE_PREFIX + "repeated_calls_mark")
 # runs (100,000-call runs: most of a pass).
 def _logged_keys(conn: duckdb.DuckDBPyConnection, changes: SpanChanges, mark: datetime | None) -> set[str]:
     return set(keys_of_folded_changes(conn, "run_tool", changes, mark))
-
-
-def _kept_mark(conn: duckdb.DuckDBPyConnection) -> datetime | None:
-    if not table_exists(conn, TABLE_PREFIX + "repeated_calls_mark"):
-        return None
-    return conn.execute(f"SELECT max(ingested) FROM {MARK}").fetchall()[0][0]
-
-
-def _read_mark(conn: duckdb.DuckDBPyConnection, floor: datetime | None) -> datetime | None:
-    """The newest ``ingested_at`` stored now (at least ``floor``): read after a fold's reads, it
-    bounds every span they saw (a span committed later may have been ingested earlier: it is
-    then taken as maybe folded, which only keeps its keys)."""
-    ((newest,),) = conn.execute(
-        "SELECT max(ingested_at) FROM spans WHERE ingested_at >= $floor", {"floor": floor or datetime.min}
-    ).fetchall()
-    if newest is None:
-        return floor
-    return newest if floor is None else max(newest, floor)
 
 
 def _loops_changed(conn: duckdb.DuckDBPyConnection, fold: Fold) -> set[str]:
@@ -301,7 +286,7 @@ def build(conn: duckdb.DuckDBPyConnection, upto: int | None = None) -> Iterator[
         if len(calls):
             first = int(calls["comp"].max()) + 1
         rows = _arrow(calls).drop_columns([POSITION])
-        mark = _read_mark(conn, mark)  # the last part's bounds every part's reads
+        mark = read_mark(conn, mark)  # the last part's bounds every part's reads
         yield Fold(rows, None if number == 0 else set(chunk), next_id=first, upto=upto, mark=mark)
 
 
@@ -565,9 +550,7 @@ def apply(conn: duckdb.DuckDBPyConnection, fold: Fold) -> None:
     )  # the rows of groups, as a run_tool table writes them
     rows = _arrow(fold.rows)
     _record_changed(conn, fold)
-    conn.execute(
-        f"CREATE OR REPLACE TABLE {MARK} AS SELECT $mark::TIMESTAMP AS ingested", {"mark": fold.mark}
-    )
+    write_mark(conn, MARK, fold.mark)
     if fold.replace is None or not table_exists(conn, TABLE_PREFIX + CALLS):
         _write_rows(conn, item, rows, None)
         conn.execute(f"CREATE OR REPLACE TABLE {TAILS} AS {_tails_sql()}")

@@ -167,6 +167,35 @@ def keys_of_folded_changes(
     return [row[0] for row in conn.execute(_FOLDED_KEYS_SQL, params).fetchall()]
 
 
+# A fold's mark: the newest ``ingested_at`` its reads could have seen (a span stored at or
+# before it may be in its state already), kept in a one-row table of its own.
+def read_mark(conn: duckdb.DuckDBPyConnection, floor: datetime | None) -> datetime | None:
+    """The newest ``ingested_at`` stored now (at least ``floor``): read after a fold's reads, it
+    bounds every span they saw (a span committed later may have been ingested earlier: it is
+    then taken as maybe folded, which only keeps its keys)."""
+    ((newest,),) = conn.execute(
+        "SELECT max(ingested_at) FROM spans WHERE ingested_at >= $floor", {"floor": floor or datetime.min}
+    ).fetchall()
+    if newest is None:
+        return floor
+    return newest if floor is None else max(newest, floor)
+
+
+def kept_mark(conn: duckdb.DuckDBPyConnection, table: str) -> datetime | None:
+    """The mark a fold last wrote to ``table`` (None: none yet, unknown)."""
+    if not table_exists(conn, table):
+        return None
+    return conn.execute(f"SELECT max(ingested) FROM {quote_identifier(table)}").fetchall()[0][0]
+
+
+def write_mark(conn: duckdb.DuckDBPyConnection, table: str, mark: datetime | None) -> None:
+    """In the writer's transaction, with the fold's rows: its new mark."""
+    conn.execute(
+        f"CREATE OR REPLACE TABLE {quote_identifier(table)} AS SELECT $mark::TIMESTAMP AS ingested",
+        {"mark": mark},
+    )
+
+
 class WholeSchedule:
     """``whole_due`` of a materializer: a result kept whole is recomputed under ingest at most
     once per ``WHOLE_COST_RATIO`` times what it costs (the least of its last

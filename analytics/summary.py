@@ -93,8 +93,7 @@ def enforcement_coverage(conn: duckdb.DuckDBPyConnection, window: Window, filter
 # enforcement_coverage depends on every run, so it is kept whole; its first step (each run's
 # calls grouped by the fields it counts: tens of rows a run) is kept per run, and the whole
 # answer sums that table (with the spans of no run, if any: read at once, by their NULL run)
-# instead of grouping every stored span each time it is due (3.6 s of the 10M live stream's
-# passes).
+# instead of grouping every stored span each time it is due.
 COVERAGE_RUNS = "enforcement_coverage_runs"
 _COVERAGE_FROM_RUNS_SQL = """
 WITH run_cells AS (
