@@ -4,8 +4,9 @@ A detector file may contain the placeholder ``{filtered_spans}``; it is replaced
 fragment ``_filtered_spans.sql`` (every column of the spans passing the window/service/run/
 origin-task filter), so every detector filters the same way. ``{span_filter}`` expands to that
 filter's WHERE condition alone (``_span_filter.sql``), for detectors that select only the columns
-they need; ``{constraint_cells}``, ``{held_versions}`` and ``{declared_tool_key}`` (the attributes
-that declare an agent's tool list) expand their fragments likewise.
+they need; ``{constraint_cells}``, ``{constraint_delegations}``, ``{held_versions}`` and
+``{declared_tool_key}`` (the attributes that declare an agent's tool list) expand their fragments
+likewise.
 
 Values never enter SQL text: they are bound as DuckDB named parameters (``$since``, ``$agent``,
 ...), and only the parameters a statement mentions are passed. Optional filters are written as
@@ -66,6 +67,7 @@ def expand_fragments(text: str) -> str:
         "compare_spans",
         "goal_subtasks",
         "constraint_cells",
+        "constraint_delegations",
         "context_versions",
         "context_found",
         "context_evidence",

@@ -1,29 +1,15 @@
 -- Shared fragment: one cell per (origin task, constraint, delegation span). The ledger of an
 -- origin task is every constraint id it declares (driftscope.constraints.ledger) or that any of
--- its delegations carried or waived. A cell is carried / waived / missing; a missing cell is an
--- unwaived drop unless the constraint was waived at the same or an earlier hop. Delegations a
--- guard refused did not happen and are left out. A delegation without structured constraint
--- fields (an unguarded free-text hand-off) carries the constraint ids its arguments cite as
--- "[C1]" - the convention of driftscope's free-text context.
+-- its delegations (_constraint_delegations.sql) carried or waived. A cell is carried / waived /
+-- missing; a missing cell is an unwaived drop unless the constraint was waived at the same or an
+-- earlier hop. Every constraint of a task has a cell at each of its delegations.
 -- $origin_tasks (internal, None for detectors) limits the cells to a list of origin tasks, so
 -- run_summary can recompute only the origin tasks new spans touched.
 -- Only the columns used are read from spans (the regex runs only on delegations without
 -- structured constraint fields).
 SELECT * FROM (
     WITH deleg AS (
-        SELECT TraceId, SpanId, run_id, agent_id, delegate_to, Timestamp, origin_task_id, hop,
-               constraints_waived, waiver_reasons,
-               coalesce(constraints_carried,
-                        CASE WHEN constraints_waived IS NULL THEN
-                            list_distinct(regexp_extract_all(coalesce(tool_args, input_text, ''),
-                                                             '\[([A-Za-z][A-Za-z0-9_.-]*)\]', 1))
-                        END) AS constraints_carried
-        FROM spans
-        WHERE {span_filter}
-          AND op = 'delegate' AND origin_task_id IS NOT NULL AND hop IS NOT NULL
-          AND coalesce(outcome, 'ok') <> 'rejected'
-          AND ($origin_task::VARCHAR IS NULL OR origin_task_id = $origin_task::VARCHAR)
-          AND ($origin_tasks::VARCHAR[] IS NULL OR origin_task_id = ANY($origin_tasks::VARCHAR[]))
+        {constraint_delegations}
     ),
     ledger AS (
         SELECT DISTINCT origin_task_id, constraint_id FROM (

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from analytics import Filters, Window, run_metric
-from analytics.sql_loader import filter_params, load_sql, query_df
+from analytics.sql_loader import expand_fragments, filter_params, load_sql, query_df
 from tests.fixtures_analytics import insert_spans, make_span, new_db, trace_id
 
 REFERENCE = pathlib.Path(__file__).resolve().parents[1] / "reference_sql"
@@ -24,6 +24,7 @@ def _reference_sql(name: str) -> str:
     """``tests/reference_sql/<name>.sql`` with today's shared fragments expanded."""
     text = (REFERENCE / f"{name}.sql").read_text()
     text = text.replace("{held_versions}", load_sql("_held_versions"))
+    text = text.replace("{constraint_cells}", expand_fragments("{constraint_cells}"))
     return text.replace("{span_filter}", "(\n" + load_sql("_span_filter").strip() + "\n)")
 
 
@@ -121,3 +122,62 @@ def test_holding_ended_by_another_version_seen_at_the_same_instant_as_its_first_
     pd.testing.assert_frame_equal(_sorted(new, keys), _sorted(old[list(new.columns)], keys))
     held_v1 = new[(new.agent == "a") & (new.held_version == "v1")].iloc[0]
     assert held_v1.refreshed and held_v1.held_until > held_v1.first_seen
+
+
+def _delegations(rng: random.Random, tasks: int) -> list[dict]:
+    """Delegation chains of a few origin tasks over several runs: several delegations per hop by
+    different agents, each constraint carried, waived (with a reason), or dropped, free-text
+    hand-offs citing constraints as "[C1]", refused delegations, ledgers declared late."""
+    rows, constraints = [], ["C1", "C2", "C3", "C4"]
+    for task in range(tasks):
+        origin = f"task-{task}"
+        for _ in range(rng.randint(1, 25)):
+            hop = rng.randint(1, 4)
+            fields = dict(run=f"run-{rng.randint(0, 2)}", TraceId=trace_id(f"{origin}/{rng.randint(0, 3)}"),
+                          op="delegate", origin_task_id=origin, hop=hop, agent_id=rng.choice(["a", "b", "c", None]),
+                          delegate_to=rng.choice(["b", "c", "d", None]),
+                          outcome=rng.choice(["ok", "ok", "ok", "rejected", None]))  # fmt: skip
+            if rng.random() < 0.2:  # an unguarded hand-off: the constraints its text cites
+                fields["tool_args"] = {"task": " ".join(f"[{c}]" for c in rng.sample(constraints, 2))}
+            else:
+                kept = [c for c in constraints if rng.random() < 0.6]
+                waived = [c for c in constraints if c not in kept and rng.random() < 0.2]
+                fields["constraints_carried"] = kept
+                if waived:
+                    fields.update(constraints_waived=waived, waiver_reasons=[f"r-{rng.randint(0, 2)}" for _ in waived])
+            rows.append(make_span(rng.random() * 100, **fields))
+        if rng.random() < 0.7:
+            rows.append(make_span(rng.random() * 100, run="run-0", origin_task_id=origin, op="step",
+                                  constraints_ledger=rng.sample([*constraints, "C5"], 3)))  # fmt: skip
+    return rows
+
+
+def _sorted_reasons(reasons: str | None) -> str | None:
+    return None if pd.isna(reasons) else "; ".join(sorted(reasons.split("; ")))
+
+
+@pytest.mark.parametrize("seed", [*range(3), *(pytest.param(s, marks=pytest.mark.deep) for s in range(3, 40))])
+def test_constraint_ledger_equals_the_old_sql_on_random_span_sets(seed):
+    """A hop's evidence aggregated once from its delegations equals the aggregates over every
+    (constraint, delegation) cell the ledger took before."""
+    rng = random.Random(seed)
+    conn = new_db()
+    insert_spans(conn, _delegations(rng, rng.randint(1, 6)))
+    statuses = set()
+    for filters in (Filters(), Filters(agent="b"), Filters(origin_task="task-0")):
+        params = filter_params(Window(), filters)
+        old = query_df(conn, _reference_sql("constraint_ledger_v1"), params)
+        new = run_metric(conn, "constraint_ledger", Window(), filters)
+        assert len(old) or filters != Filters(), "no ledger cell: the equality would prove nothing"
+        keys = ["origin_task_id", "constraint_id", "hop"]
+        new_rows = _sorted(new, keys)
+        old_rows = _sorted(old[list(new.columns)], keys)
+        for column in ("span_ids", "agents", "delegate_to"):  # Arrow lists (text_lists) vs Python ones
+            new_rows[column] = new_rows[column].map(list)
+            old_rows[column] = old_rows[column].map(list)
+        # the old SQL joined a hop's waiver reasons in no set order; the ledger sorts them now
+        old_rows["waiver_reason"] = old_rows["waiver_reason"].map(_sorted_reasons)
+        assert new_rows["waiver_reason"].map(_sorted_reasons).equals(new_rows["waiver_reason"])
+        pd.testing.assert_frame_equal(new_rows, old_rows, check_dtype=False)
+        statuses |= set(new["status"])
+    assert {"carried", "missing"} <= statuses
