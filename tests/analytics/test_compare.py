@@ -157,7 +157,7 @@ def random_run(draw):
     return steps
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_run())
 def test_a_run_compared_with_itself_has_no_differences(steps):
     conn = new_db()

@@ -266,7 +266,7 @@ def test_hand_offs_between_agents_that_already_bounced_recompute_nothing(tmp_pat
         _assert_state_equals_full(conn)
 
 
-@pytest.mark.parametrize("seed", [0, 1, pytest.param(2, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("seed", [0, 1, pytest.param(2, marks=pytest.mark.deep)])
 def test_the_kept_calls_equal_a_full_recomputation_after_every_batch(tmp_path, seed):
     """Tool calls in and out of time order, delegations, agent invocations, code actions and
     the detectors' other spans, in random batches: after each pass the components are a full
