@@ -144,7 +144,9 @@ def _delegations(rng: random.Random, tasks: int) -> list[dict]:
                 waived = [c for c in constraints if c not in kept and rng.random() < 0.2]
                 fields["constraints_carried"] = kept
                 if waived:
-                    fields.update(constraints_waived=waived, waiver_reasons=[f"r-{rng.randint(0, 2)}" for _ in waived])
+                    fields.update(
+                        constraints_waived=waived, waiver_reasons=[f"r-{rng.randint(0, 2)}" for _ in waived]
+                    )
             rows.append(make_span(rng.random() * 100, **fields))
         if rng.random() < 0.7:
             rows.append(make_span(rng.random() * 100, run="run-0", origin_task_id=origin, op="step",
@@ -156,7 +158,9 @@ def _sorted_reasons(reasons: str | None) -> str | None:
     return None if pd.isna(reasons) else "; ".join(sorted(reasons.split("; ")))
 
 
-@pytest.mark.parametrize("seed", [*range(3), *(pytest.param(s, marks=pytest.mark.deep) for s in range(3, 40))])
+@pytest.mark.parametrize(
+    "seed", [*range(3), *(pytest.param(s, marks=pytest.mark.deep) for s in range(3, 40))]
+)
 def test_constraint_ledger_equals_the_old_sql_on_random_span_sets(seed):
     """A hop's evidence aggregated once from its delegations equals the aggregates over every
     (constraint, delegation) cell the ledger took before."""
