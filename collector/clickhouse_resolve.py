@@ -329,7 +329,8 @@ def replace_changed(store, changed: pa.Table) -> None:
     keys = pc.binary_join_element_wise(changed.column("TraceId"), changed.column("SpanId"), "").to_pylist()
     store.command(
         f"DELETE FROM {schema.qualified(store.database, schema.SPANS_TABLE)} "
-        "WHERE TraceId IN {ids:Array(String)} AND concat(TraceId, SpanId) IN {keys:Array(String)}",
+        "WHERE TraceId IN {ids:Array(String)} AND concat(TraceId, SpanId) IN {keys:Array(String)}"
+        + store.delete_settings(),
         {"ids": trace_ids, "keys": keys},
     )
 
@@ -390,7 +391,7 @@ def _resolve_traces(
         store.command(
             f"DELETE FROM {spans_table} WHERE TraceId IN (SELECT key FROM {work} WHERE kind = 'trace') "
             f"AND concat(TraceId, SpanId) IN (SELECT key FROM {work} WHERE kind = 'span') "
-            "AND ingested_at <= {until:DateTime64(6, 'UTC')}",
+            "AND ingested_at <= {until:DateTime64(6, 'UTC')}" + store.delete_settings(),
             {"until": bounds["until"]},
         )
         store.insert_arrow(schema.SPANS_TABLE, duckdb_to_clickhouse(changed))

@@ -303,9 +303,11 @@ SPANS_INDEXES = {
 }
 
 
-def spans_table_ddl(database: str = DEFAULT_DATABASE, ttl_days: int = 0) -> str:
+def spans_table_ddl(database: str = DEFAULT_DATABASE, ttl_days: int = 0, patch_deletes: bool = False) -> str:
     """driftscope's `spans` table (the materialized view's target); ``ttl_days`` drops whole days
-    as the exporter's TTL does for `otel_traces`."""
+    as the exporter's TTL does for `otel_traces`. ``patch_deletes`` (servers that have lightweight
+    updates) stores each row's block number and offset, which lets a DELETE write a patch part
+    instead of a mutation over every part of the table (``PATCH_DELETE_SETTINGS``)."""
     columns = ",\n".join(
         [f"    {ident(name)} {kind}" for name, kind in spans_clickhouse_types().items()]
         + [f"    INDEX {name} {definition}" for name, definition in SPANS_INDEXES.items()]
@@ -316,7 +318,13 @@ def spans_table_ddl(database: str = DEFAULT_DATABASE, ttl_days: int = 0) -> str:
 PARTITION BY toDate(Timestamp)
 ORDER BY (run_id, agent_id, Timestamp)
 {_ttl("toDateTime(Timestamp)", ttl_days)}
-SETTINGS index_granularity = 8192, allow_nullable_key = 1, ttl_only_drop_parts = 1"""
+SETTINGS index_granularity = 8192, allow_nullable_key = 1, ttl_only_drop_parts = 1{", " + PATCH_TABLE_SETTINGS if patch_deletes else ""}"""
+
+
+# What lets a DELETE on `spans` be a patch part: the table stores block numbers and offsets, and
+# the DELETE asks for a lightweight update (it falls back to a mutation where one is not possible).
+PATCH_TABLE_SETTINGS = "enable_block_number_column = 1, enable_block_offset_column = 1"
+PATCH_DELETE_SETTINGS = " SETTINGS lightweight_delete_mode = 'lightweight_update'"
 
 
 def analytics_tables_ddl(database: str = DEFAULT_DATABASE) -> list[str]:
@@ -547,12 +555,15 @@ def findings_ddl(database: str = DEFAULT_DATABASE) -> list[str]:
 
 
 def driftscope_ddl(
-    database: str = DEFAULT_DATABASE, source: str = DEFAULT_TRACES_TABLE, ttl_days: int = 0
+    database: str = DEFAULT_DATABASE,
+    source: str = DEFAULT_TRACES_TABLE,
+    ttl_days: int = 0,
+    patch_deletes: bool = False,
 ) -> list[str]:
     """Every object driftscope adds beside the exporter's table, in creation order (all
     ``IF NOT EXISTS``: running them again changes nothing)."""
     return [
-        spans_table_ddl(database, ttl_days),
+        spans_table_ddl(database, ttl_days, patch_deletes),
         spans_view_ddl(database, source),
         *analytics_tables_ddl(database),
         ingest_counters_ddl(database),

@@ -14,6 +14,7 @@ URLs (``--store``): a DuckDB file path or ``duckdb:PATH``; ``chdb:PATH`` (option
 from __future__ import annotations
 
 import abc
+import functools
 import json
 import logging
 import threading
@@ -191,6 +192,22 @@ class ClickHouseStore(abc.ABC):
         text = self.execute("SELECT version() AS v").column("v")[0].as_py()
         major, minor, *_ = (int(part) for part in text.split(".")[:2])
         return major, minor
+
+    @functools.cached_property
+    def patch_deletes(self) -> bool:
+        """Whether this server writes a DELETE as a patch part (lightweight updates: the
+        `lightweight_delete_mode` setting and block-number columns). Without them each DELETE on
+        `spans` is a mutation whose cost grows with the table's parts, not the rows deleted."""
+        rows = self.execute(
+            "SELECT (SELECT count() FROM system.settings WHERE name = 'lightweight_delete_mode') "
+            "+ (SELECT count() FROM system.merge_tree_settings WHERE name IN "
+            "('enable_block_number_column', 'enable_block_offset_column')) AS n"
+        )
+        return rows.column("n")[0].as_py() == 3
+
+    def delete_settings(self) -> str:
+        """The SETTINGS clause of a DELETE on `spans` (empty where the server has no patch parts)."""
+        return schema.PATCH_DELETE_SETTINGS if self.patch_deletes else ""
 
     def table_exists(self, table: str) -> bool:
         rows = self.execute(
@@ -421,7 +438,8 @@ def init_clickhouse(store: ClickHouseStore, ttl_days: int = 0) -> list[str]:
         upgraded = _upgrade_spans(store)
     else:
         upgraded = []
-    for statement in [*schema.driftscope_ddl(db, store.traces_table, ttl_days), *_resolve_state_ddl(db)]:
+    ddl = schema.driftscope_ddl(db, store.traces_table, ttl_days, patch_deletes=store.patch_deletes)
+    for statement in [*ddl, *_resolve_state_ddl(db)]:
         store.command(statement)
     if schema.SPANS_VIEW not in before:
         # Spans the exporter stored before the view existed; a span that also reached the view
@@ -478,6 +496,18 @@ def _upgrade_spans(store: ClickHouseStore) -> list[str]:
                 f"ALTER TABLE {schema.qualified(db, schema.SPANS_TABLE)} ADD INDEX IF NOT EXISTS {name} {definition}"
             )
             done.append(f"spans.{name} (index added)")
+    if store.patch_deletes:
+        engine = store.execute(
+            "SELECT engine_full FROM system.tables WHERE database = {db:String} AND name = {t:String}",
+            {"db": db, "t": schema.SPANS_TABLE},
+        )
+        if "enable_block_offset_column = 1" not in engine.column("engine_full")[0].as_py():
+            # parts written before get their block numbers from their names; deletes after this
+            # are patch parts instead of mutations over every part
+            store.command(
+                f"ALTER TABLE {schema.qualified(db, schema.SPANS_TABLE)} MODIFY SETTING {schema.PATCH_TABLE_SETTINGS}"
+            )
+            done.append("spans (deletes as patch parts)")
     views = store.execute(
         "SELECT comment FROM system.tables WHERE database = {db:String} AND name = {t:String}",
         {"db": db, "t": schema.SPANS_VIEW},

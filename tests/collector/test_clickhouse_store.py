@@ -445,6 +445,57 @@ def test_a_retried_export_is_stored_once_after_resolve(chdb_store):
     assert store.execute("SELECT count() AS n FROM retry.spans").column("n")[0].as_py() == 1
 
 
+def _mutations(store, database: str) -> int:
+    rows = store.execute(
+        "SELECT count() AS n FROM system.mutations WHERE database = {db:String} AND table = 'spans'",
+        {"db": database},
+    )
+    return rows.column("n")[0].as_py()
+
+
+def test_resolve_deletes_are_patch_parts_also_on_a_spans_made_before(chdb_store):
+    """A DELETE as a mutation costs every part of `spans` (tens of seconds on a large store
+    whatever it matches); as a patch part it costs the rows. A `spans` created before gets the
+    block-number settings at init; its rows are kept and deletes after that are patch parts."""
+    assert chdb_store.patch_deletes
+    store = _database(chdb_store, "patches")
+    store.command("CREATE DATABASE patches")
+    for statement in schema.otel_traces_ddl("patches", full_text_search=False):
+        store.command(statement)
+    store.command(schema.spans_table_ddl("patches"))  # as an older driftscope created it
+    assert (
+        "enable_block_number_column"
+        not in store.execute(
+            "SELECT engine_full FROM system.tables WHERE database = 'patches' AND name = 'spans'"
+        )
+        .column("engine_full")[0]
+        .as_py()
+    )
+    first = decode_payload(
+        make_request([{"name": "one", "span_id": b"\x01" * 8}]).SerializeToString(), PROTOBUF
+    )
+    insert_otel_traces(store, first.table)
+    created = init_clickhouse(store)
+    assert "spans (deletes as patch parts)" in created
+    assert init_clickhouse(store) == []
+    batch = decode_payload(
+        make_request([{"name": "call", "span_id": b"\x07" * 8}]).SerializeToString(), PROTOBUF
+    )
+    insert_otel_traces(store, batch.table)
+    insert_otel_traces(store, batch.table)  # a retried export: resolve deletes one copy
+    resolve_spans(store, settle_seconds=0)
+    names = (
+        store.execute("SELECT SpanName FROM patches.spans ORDER BY SpanName").column("SpanName").to_pylist()
+    )
+    assert names == ["call", "one"]
+    assert _mutations(store, "patches") == 0
+    patches = store.execute(
+        "SELECT count() AS n FROM system.parts WHERE database = 'patches' AND table = 'spans' "
+        "AND active AND startsWith(name, 'patch-')"
+    )
+    assert patches.column("n")[0].as_py() >= 1
+
+
 # --- URLs and engines ----------------------------------------------------------------------------
 
 
