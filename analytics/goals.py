@@ -36,9 +36,17 @@ from analytics._evidence import EVIDENCE, THRESHOLD, TIMES
 from analytics.embeddings import BATCH_SIZE, MODEL_NAME, embed_counting, text_hash
 from analytics.engine import has_tables, is_clickhouse
 from analytics.goal_refresh import log_rescored, rescored_runs, stored_scores_only
-from analytics.materialize import detector_compute, maintain_with
+from analytics.materialize import (
+    PARTS,
+    Maintained,
+    detector_compute,
+    maintain,
+    maintain_with,
+    read_findings,
+    run_scope,
+)
 from analytics.registry import register
-from analytics.sql_loader import filter_params, load_sql, query_df
+from analytics.sql_loader import expand_fragments, filter_params, load_sql, query_df, quote_identifier
 from analytics.tasks import EXTRACTION_VERSION, extract_task
 from analytics.thresholds import current_threshold
 from analytics.types import Filters, Window, WriteFn
@@ -94,12 +102,14 @@ def _goal_query(
     window: Window,
     filters: Filters,
     ingested_after: datetime | None = None,
+    span_condition: str | None = None,
     **extra,
 ) -> pd.DataFrame:
+    """Goal SQL ``name`` (``span_condition`` as in ``sql_loader.expand_fragments``)."""
     ensure_scores_table(conn)
     params = filter_params(window, filters)
     params.update(ingested_after=ingested_after, scorer=SCORER, **extra)
-    return query_df(conn, load_sql(name), params)
+    return query_df(conn, load_sql(name, span_condition), params)
 
 
 def _subtask_rows(
@@ -143,17 +153,21 @@ def _scored_query(
     window: Window,
     filters: Filters,
     ingested_after: datetime | None = None,
+    span_condition: str | None = None,
     **extra,
 ) -> pd.DataFrame:
     """Run goal SQL ``name`` (whose rows carry ``pending``, the unscored pairs in the window);
-    when pairs are pending, score them first (the distinct text pairs only: ``goal_pending``)
-    and run it again, unless ``conn`` reads stored scores only (then the unscored pairs stay out
-    of the answer). ``pending`` is dropped; rows without data are left to the caller."""
-    frame = _goal_query(conn, name, window, filters, ingested_after, **extra)
+    when pairs are pending, score them first (the distinct text pairs only: ``goal_pending``,
+    under the same ``span_condition``) and run it again, unless ``conn`` reads stored scores
+    only (then the unscored pairs stay out of the answer). ``pending`` is dropped; rows without
+    data are left to the caller."""
+    frame = _goal_query(conn, name, window, filters, ingested_after, span_condition, **extra)
     if len(frame) and frame["pending"].iloc[0] > 0 and not stored_scores_only(conn):
-        pending = _goal_query(conn, "goal_pending", window, filters, ingested_after, pending_limit=None)
+        pending = _goal_query(
+            conn, "goal_pending", window, filters, ingested_after, span_condition, pending_limit=None
+        )
         score_raw_pairs(conn, pending)
-        frame = _goal_query(conn, name, window, filters, ingested_after, **extra)
+        frame = _goal_query(conn, name, window, filters, ingested_after, span_condition, **extra)
     return frame.drop(columns="pending")
 
 
@@ -431,9 +445,90 @@ def goal_divergence_distribution(
     without a row per subtask. Its ``subtasks`` summed over ``drifted`` rows equal the rows of
     ``goal_divergence``."""
     frame = _scored_query(conn, "goal_divergence_distribution", window, filters, max_chains=MAX_CHART_CHAINS)
+    return _spread_frame(conn, frame)
+
+
+def _spread_frame(conn: duckdb.DuckDBPyConnection, frame: pd.DataFrame) -> pd.DataFrame:
+    """The distribution's rows from its statement's (without the row that only carries
+    ``pending``), with the threshold and whether each divergence is over it."""
     frame = frame[frame["subtasks"].notna()].reset_index(drop=True)
     frame["subtasks"] = frame["subtasks"].astype("int64")
     frame["chains"] = frame["chains"].astype("int64")
     frame, threshold = _with_threshold(conn, frame)
     frame["drifted"] = frame["divergence"].to_numpy(dtype=np.float64) > threshold
     return frame
+
+
+# goal_divergence_distribution depends on every run, so it is kept whole; its first step (each
+# run's scored subtasks counted per chain, hop, divergence and statement: a few rows a run) is
+# kept per run, and the whole answer sums that table with the subtasks of no run (counted at
+# once) instead of resolving every stored statement to its root and score each time it is due.
+# The sum runs in a DuckDB of its own over the part's rows read through ``read_findings``, so
+# a ClickHouse store keeps it the same way.
+RUNS_PART = "goal_divergence_runs"
+_NO_RUN = "run_id IS NULL"
+_COUNT_COLUMNS = {
+    "run_id": "VARCHAR",
+    "chain": "VARCHAR",
+    "hop": "INTEGER",
+    "divergence": "DOUBLE",
+    "subtask": "VARCHAR",
+    "subtasks": "BIGINT",
+}
+_SPREAD_SQL = """
+WITH spread_counts AS (SELECT {columns} FROM _counts),
+{goal_spread}
+SELECT s.chain, s.hop, s.divergence, s.subtask, s.subtasks, s.chains
+FROM (SELECT 1) n
+LEFT JOIN spread s ON true
+ORDER BY s.chain NULLS FIRST, s.hop NULLS FIRST, s.divergence, s.subtask
+"""
+
+
+def _run_counts(
+    conn: duckdb.DuckDBPyConnection, filters: Filters, span_condition: str | None = None
+) -> pd.DataFrame:
+    """``RUNS_PART``'s statement: the subtask counts of ``filters``' spans."""
+    frame = _scored_query(conn, RUNS_PART, Window(), filters, span_condition=span_condition)
+    return _without_empty_row(frame, "subtasks")
+
+
+def _runs_rows(
+    conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
+) -> pd.DataFrame:
+    """The part's rows of runs ``keys`` (every run when None; the subtasks of no run are counted
+    where they are summed: no change names them)."""
+    frame = _run_counts(conn, run_scope(conn, keys))
+    return frame[frame["run_id"].notna()].reset_index(drop=True)
+
+
+def _spread_from_runs(
+    conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
+) -> pd.DataFrame:
+    """goal_divergence_distribution over every stored span: ``RUNS_PART``'s rows summed with the
+    subtasks of no run (computed from the spans when that table cannot answer)."""
+    runs = read_findings(conn, RUNS_PART, columns=list(_COUNT_COLUMNS))
+    if runs is None:
+        return goal_divergence_distribution(conn, Window(), run_scope(conn, None))
+    counts = pd.concat([runs, _run_counts(conn, run_scope(conn, None), span_condition=_NO_RUN)])
+    columns = ", ".join(
+        f"{quote_identifier(c)}::{kind} AS {quote_identifier(c)}" for c, kind in _COUNT_COLUMNS.items()
+    )
+    local = duckdb.connect()
+    try:
+        local.register("_counts", counts[list(_COUNT_COLUMNS)])
+        sql = expand_fragments(_SPREAD_SQL.replace("{columns}", columns))
+        frame = local.execute(sql, {"max_chains": MAX_CHART_CHAINS}).df()
+    finally:
+        local.close()
+    return _spread_frame(conn, frame)
+
+
+# recomputed for the runs the change log names and those the worker's stored scores name
+maintain(
+    Maintained(
+        RUNS_PART, "run_id", _runs_rows, (("run_id", False),), "1", extra_keys=rescored_runs(RUNS_PART)
+    )
+)
+PARTS.add(RUNS_PART)
+maintain_with("goal_divergence_distribution", _spread_from_runs, depends=(RUNS_PART,), portable=True)

@@ -282,6 +282,10 @@ class Maintained:
     # better than the change log (a result of another's table: the partitions that table's fold
     # says it changed): ``touched(conn, after, upto)``; None from it: every partition.
     touched: Callable[[duckdb.DuckDBPyConnection, int, int], list[str] | None] | None = None
+    # Whether a result reading ``depends`` reads them only through ``read_findings`` (either
+    # engine's tables), so ClickHouse keeps it as here; otherwise ClickHouse computes it from
+    # the spans (its ``compute`` reads DuckDB's tables directly).
+    portable: bool = False
 
     @property
     def table(self) -> str:
@@ -298,7 +302,7 @@ PARTS: set[str] = set()
 
 # How a registered detector is maintained when not by its own full computation scoped to the
 # touched partitions: name -> (compute, depends), set by the detector's module.
-_overrides: dict[str, tuple[Compute, Depends, ExtraKeys | None]] = {}
+_overrides: dict[str, tuple[Compute, Depends, ExtraKeys | None, bool]] = {}
 
 
 def maintain(item: Maintained) -> None:
@@ -307,13 +311,18 @@ def maintain(item: Maintained) -> None:
 
 
 def maintain_with(
-    name: str, compute: Compute, depends: Depends = (), extra_keys: ExtraKeys | None = None
+    name: str,
+    compute: Compute,
+    depends: Depends = (),
+    extra_keys: ExtraKeys | None = None,
+    portable: bool = False,
 ) -> None:
     """Maintain the detector ``name`` with ``compute`` (reading the tables of ``depends``, which
     are brought up to date first; a function when they follow other registrations) instead of
-    its full computation scoped to the touched partitions; ``extra_keys`` as in ``Maintained``.
-    Its full computation stays what reads of cut runs use and what tests hold the table to."""
-    _overrides[name] = (compute, depends if callable(depends) else tuple(depends), extra_keys)
+    its full computation scoped to the touched partitions; ``extra_keys`` and ``portable`` as in
+    ``Maintained``. Its full computation stays what reads of cut runs use and what tests hold
+    the table to."""
+    _overrides[name] = (compute, depends if callable(depends) else tuple(depends), extra_keys, portable)
 
 
 def forget(name: str) -> None:
@@ -368,12 +377,14 @@ def maintained() -> dict[str, Maintained]:
     settings = _settings_version()
     out: dict[str, Maintained] = {}
     for name, item in _items.items():
-        compute, depends, extra = _overrides.get(name, (item.compute, item.depends, item.extra_keys))
+        compute, depends, extra, portable = _overrides.get(
+            name, (item.compute, item.depends, item.extra_keys, item.portable)
+        )
         depends = tuple(d for d in (depends() if callable(depends) else depends) if d in _items)
         # what a result reads is part of its definition: another set of inputs rebuilds it
         version = f"{item.version}|{settings}" + (f"|{','.join(depends)}" if depends else "")
         out[name] = dataclasses.replace(
-            item, compute=compute, version=version, depends=depends, extra_keys=extra
+            item, compute=compute, version=version, depends=depends, extra_keys=extra, portable=portable
         )
     ordered: dict[str, Maintained] = {}
 

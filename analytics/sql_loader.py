@@ -49,15 +49,18 @@ def _read(name: str) -> str:
     return resource.read_text(encoding="utf-8")
 
 
-def load_sql(name: str) -> str:
-    """Return the SQL text of ``analytics/sql/<name>.sql`` with shared fragments expanded."""
+def load_sql(name: str, span_condition: str | None = None) -> str:
+    """Return the SQL text of ``analytics/sql/<name>.sql`` with shared fragments expanded;
+    ``span_condition`` as in ``expand_fragments``."""
     if not re.fullmatch(r"_?[a-z0-9_]+", name):
         raise ValueError(f"Expected a metric SQL name like 'lost_updates', got {name!r}")
-    return expand_fragments(_read(name))
+    return expand_fragments(_read(name), span_condition)
 
 
-def expand_fragments(text: str) -> str:
-    """``text`` with the shared fragments (``{filtered_spans}``, ``{span_filter}``, ...) expanded."""
+def expand_fragments(text: str, span_condition: str | None = None) -> str:
+    """``text`` with the shared fragments (``{filtered_spans}``, ``{span_filter}``, ...) expanded.
+    ``span_condition`` (SQL of ours, never a user's text): a condition every ``{span_filter}``
+    also requires, e.g. ``run_id IS NULL`` for a statement over the spans of no run."""
     # Fragments may include fragments; expand until none is left (fragments never recurse).
     for fragment in (
         "compare_baseline_parts",
@@ -66,6 +69,8 @@ def expand_fragments(text: str) -> str:
         "compare_subjects_of",
         "compare_spans",
         "goal_subtasks",
+        "goal_subtask_counts",
+        "goal_spread",
         "constraint_cells",
         "constraint_delegations",
         "context_versions",
@@ -87,6 +92,8 @@ def expand_fragments(text: str) -> str:
             # a condition: parenthesised, on its own lines
             if fragment in ("span_filter", "run_scope", "declared_tool_key"):
                 body = "(\n" + body.strip() + "\n)"
+            if fragment == "span_filter" and span_condition is not None:
+                body = f"({body} AND {span_condition})"
             text = text.replace(placeholder, body)
     return text
 

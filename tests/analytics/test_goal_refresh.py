@@ -20,7 +20,7 @@ from tests.analytics.test_materialize import _assert_tables_equal_full, _commit,
 from tests.analytics.test_summary import _random_batch
 from tests.fixtures_analytics import BASE_TIME, make_span
 
-GOAL_RESULTS = {"goal_divergence", "run_summary_goals", "run_summary"}
+GOAL_RESULTS = {"goal_divergence", "goal_divergence_runs", "run_summary_goals", "run_summary"}
 
 
 def _count(conn, sql: str) -> int:
