@@ -43,10 +43,11 @@ from analytics.materialize import (
     maintain,
     maintain_with,
     read_findings,
+    read_findings_arrow,
     run_scope,
 )
 from analytics.registry import register
-from analytics.sql_loader import expand_fragments, filter_params, load_sql, query_df, quote_identifier
+from analytics.sql_loader import filter_params, load_sql, query_df, query_tables
 from analytics.tasks import EXTRACTION_VERSION, extract_task
 from analytics.thresholds import current_threshold
 from analytics.types import Filters, Window, WriteFn
@@ -463,26 +464,10 @@ def _spread_frame(conn: duckdb.DuckDBPyConnection, frame: pd.DataFrame) -> pd.Da
 # run's scored subtasks counted per chain, hop, divergence and statement: a few rows a run) is
 # kept per run, and the whole answer sums that table with the subtasks of no run (counted at
 # once) instead of resolving every stored statement to its root and score each time it is due.
-# The sum runs in a DuckDB of its own over the part's rows read through ``read_findings``, so
-# a ClickHouse store keeps it the same way.
+# The sum runs in process over the part's rows read through ``read_findings``, so a ClickHouse
+# store keeps it the same way.
 RUNS_PART = "goal_divergence_runs"
 _NO_RUN = "run_id IS NULL"
-_COUNT_COLUMNS = {
-    "run_id": "VARCHAR",
-    "chain": "VARCHAR",
-    "hop": "INTEGER",
-    "divergence": "DOUBLE",
-    "subtask": "VARCHAR",
-    "subtasks": "BIGINT",
-}
-_SPREAD_SQL = """
-WITH spread_counts AS (SELECT {columns} FROM _counts),
-{goal_spread}
-SELECT s.chain, s.hop, s.divergence, s.subtask, s.subtasks, s.chains
-FROM (SELECT 1) n
-LEFT JOIN spread s ON true
-ORDER BY s.chain NULLS FIRST, s.hop NULLS FIRST, s.divergence, s.subtask
-"""
 
 
 def _run_counts(
@@ -507,20 +492,21 @@ def _spread_from_runs(
 ) -> pd.DataFrame:
     """goal_divergence_distribution over every stored span: ``RUNS_PART``'s rows summed with the
     subtasks of no run (computed from the spans when that table cannot answer)."""
-    runs = read_findings(conn, RUNS_PART, columns=list(_COUNT_COLUMNS))
+    columns = ["run_id", "chain", "hop", "divergence", "subtask", "subtasks"]
+    if is_clickhouse(conn):
+        found = read_findings(conn, RUNS_PART, columns=columns)
+        runs = None if found is None else pa.Table.from_pandas(found, preserve_index=False)
+    else:  # Arrow straight from DuckDB: the part of many small runs is millions of rows
+        arrow = read_findings_arrow(conn, RUNS_PART, columns=columns)
+        runs = None if arrow is None else arrow[0]
     if runs is None:
         return goal_divergence_distribution(conn, Window(), run_scope(conn, None))
-    counts = pd.concat([runs, _run_counts(conn, run_scope(conn, None), span_condition=_NO_RUN)])
-    columns = ", ".join(
-        f"{quote_identifier(c)}::{kind} AS {quote_identifier(c)}" for c, kind in _COUNT_COLUMNS.items()
+    loose = pa.Table.from_pandas(
+        _run_counts(conn, run_scope(conn, None), span_condition=_NO_RUN)[columns], preserve_index=False
     )
-    local = duckdb.connect()
-    try:
-        local.register("_counts", counts[list(_COUNT_COLUMNS)])
-        sql = expand_fragments(_SPREAD_SQL.replace("{columns}", columns))
-        frame = local.execute(sql, {"max_chains": MAX_CHART_CHAINS}).df()
-    finally:
-        local.close()
+    frame = query_tables(
+        "goal_divergence_spread", {"_counts": runs, "_loose": loose}, {"max_chains": MAX_CHART_CHAINS}
+    )
     return _spread_frame(conn, frame)
 
 

@@ -113,30 +113,6 @@ def test_distribution_of_many_chains_is_per_hop():
     assert f"{MAX_CHART_CHAINS + 1} chains" in fig.layout.title.text
 
 
-def test_the_kept_distribution_sums_each_runs_counts_and_the_subtasks_of_no_run():
-    """The materializer keeps goal_divergence_distribution as the sum of a per-run part (each
-    run's subtasks counted) and the subtasks of spans of no run, which no change names: counted
-    where they are summed. The table equals the full computation."""
-    from analytics import materialize, materialize_clickhouse
-
-    conn = new_db()
-    loose = [dict(span, SpanId=f"{i:016x}", TraceId="e" * 32, run_id=None, origin_task_id="T9")
-             for i, span in enumerate(_delegations(), 70)]  # fmt: skip
-    insert_spans(conn, _delegations() + loose)
-    materialize.bring_up_to_date(conn, direct_write(conn))
-    parts = materialize.read_findings(conn, "goal_divergence_runs")
-    assert parts["run_id"].tolist() == ["run-1", "run-1"] and parts["subtasks"].sum() == 2
-    table = materialize.read_findings(conn, "goal_divergence_distribution")
-    assert table.attrs["source"] == "table"
-    full = compute_metric(conn, "goal_divergence_distribution")
-    pd.testing.assert_frame_equal(table, full, check_dtype=False)  # a table read: nullable ints
-    assert table["subtasks"].sum() == 4 and set(table["chain"]) == {"T1", "T9"}
-    # ClickHouse keeps it from the same part (read through read_findings), not from the spans
-    assert materialize_clickhouse.maintained()["goal_divergence_distribution"].depends == (
-        "goal_divergence_runs",
-    )
-
-
 def test_embeddings_cached_by_sha256_and_reused():
     conn = new_db()
     vectors = embed_texts(["alpha task", "beta task", "alpha task"], conn, write=direct_write(conn))

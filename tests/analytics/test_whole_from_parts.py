@@ -1,6 +1,7 @@
-"""A result that depends on every run (enforcement_coverage's totals per tool) is kept whole,
-summed from per-run parts the materializer keeps by run: after every pass it equals a full
-computation, spans of no run included, after later batches and after a delete."""
+"""A result that depends on every run (enforcement_coverage's totals per tool, the goal
+divergence distribution) is kept whole, summed from per-run parts the materializer keeps by run:
+after every pass it equals a full computation, spans of no run included, after later batches and
+after a delete."""
 
 from __future__ import annotations
 
@@ -10,13 +11,19 @@ from datetime import datetime, timedelta
 import pandas as pd
 import pytest
 
-from analytics import materialize, run_metric, summary
+from analytics import goals, materialize, materialize_clickhouse, run_metric, summary
 from analytics.registry import compute_metric
 from collector.store import delete_expired
 from tests.analytics.test_materialize import _canonical, _commit, _pass, _store
 from tests.fixtures_analytics import BASE_TIME, make_span
 
-WHOLE = {"enforcement_coverage": summary.COVERAGE_RUNS}
+WHOLE = {"enforcement_coverage": summary.COVERAGE_RUNS, "goal_divergence_distribution": goals.RUNS_PART}
+_ROOT = "Plan a three-day team offsite in Lisbon for 25 people under a 20,000 EUR budget"
+_SUBTASKS = [
+    "Find venues in Lisbon that can host 25 people for three days",
+    "Book flights to Lisbon for 25 people within the budget",
+    "Write a blog post about the history of Portuguese tiles",
+]
 
 
 def _guarded(rng: random.Random, start: float, seconds: float, runs: list, count: int) -> list[dict]:
@@ -46,6 +53,30 @@ def _guarded(rng: random.Random, start: float, seconds: float, runs: list, count
     return rows
 
 
+def _goals(rng: random.Random, start: float, seconds: float, runs: list, count: int) -> list[dict]:
+    """``count`` delegations with subtask statements in ``runs`` (None: of no run), each run's
+    origin task holding the root goal on an objective span (some runs' statements carry it
+    themselves), at hops 1-2: several subtasks per run, the same statement in several runs."""
+    rows = []
+    for _ in range(count):
+        run = rng.choice(runs)
+        task = f"T-{run or 'loose'}-{rng.randint(1, 2)}"
+        at = start + rng.random() * seconds
+        spans = [
+            make_span(at, run=run or "none", agent_id="planner", op="objective", origin_task_id=task,
+                      goal_root=_ROOT, hop=0),
+            make_span(at + 1, run=run or "none", agent_id=rng.choice(["planner", "venues"]), op="delegate",
+                      delegate_to=rng.choice(["venues", "writer"]), origin_task_id=task, hop=rng.choice([1, 2]),
+                      goal_text=rng.choice(_SUBTASKS), goal_root=rng.choice([None, _ROOT]),
+                      outcome=rng.choice(["ok", "ok", "rejected"])),
+        ]  # fmt: skip
+        for span in spans:
+            if run is None:
+                span["run_id"] = None
+        rows += spans
+    return rows
+
+
 def _assert_whole_from_parts(conn) -> None:
     for name, part in WHOLE.items():
         assert materialize.ready(conn, part) is not None, part
@@ -63,15 +94,17 @@ def test_whole_results_summed_from_run_parts_equal_a_full_computation(tmp_path, 
     conn = _store(tmp_path)
     runs = ["run-1", "run-2", "run-3", None]
     names = list(WHOLE)
-    _commit(conn, _guarded(rng, 0, 600, runs, 80))
+    _commit(conn, _guarded(rng, 0, 600, runs, 80) + _goals(rng, 0, 600, runs, 20))
     assert not _pass(conn, names).failed
     _assert_whole_from_parts(conn)
     for hours in (1, 30):  # later batches, of two of the runs and of no run
-        _commit(conn, _guarded(rng, hours * 3600, 600, runs[:2] + [None], 40))
+        later = runs[:2] + [None]
+        _commit(conn, _guarded(rng, hours * 3600, 600, later, 40) + _goals(rng, hours * 3600, 600, later, 10))
         report = _pass(conn, names)
         assert not report.failed
         _assert_whole_from_parts(conn)
-        assert report.recomputed[summary.COVERAGE_RUNS] == 2  # the touched runs' parts alone
+        for part in WHOLE.values():  # the touched runs' parts alone
+            assert report.recomputed[part] == 2, part
     # retention: the first batch's spans go, with their runs' parts
     cutoff = int((BASE_TIME + timedelta(seconds=1800) - datetime(1970, 1, 1)).total_seconds()) * 10**9
     conn.execute("BEGIN TRANSACTION")
@@ -79,3 +112,13 @@ def test_whole_results_summed_from_run_parts_equal_a_full_computation(tmp_path, 
     conn.execute("COMMIT")
     assert not _pass(conn, names).failed
     _assert_whole_from_parts(conn)
+
+
+def test_clickhouse_keeps_the_goal_distribution_from_the_same_part():
+    """Its sum reads the part through read_findings (either engine's tables): ClickHouse keeps
+    it from the part too, not from every span (enforcement_coverage's sum reads DuckDB's table
+    in place; tests/analytics/test_clickhouse_findings.py holds ClickHouse's tables to DuckDB's
+    full computation)."""
+    kept = materialize_clickhouse.maintained()
+    assert goals.RUNS_PART in kept and kept["goal_divergence_distribution"].depends == (goals.RUNS_PART,)
+    assert summary.COVERAGE_RUNS not in kept and kept["enforcement_coverage"].depends == ()
