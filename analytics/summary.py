@@ -12,7 +12,7 @@ import pandas as pd
 
 from analytics.coverage import coverage_text
 from analytics.crew_limits import count_limits
-from analytics.engine import is_clickhouse
+from analytics.engine import fetch_rows, is_clickhouse
 from analytics.goal_refresh import rescored_runs
 from analytics.goals import goal_run_stats
 from analytics.materialize import (
@@ -113,11 +113,20 @@ def _coverage_runs(
     return run_sql(conn, COVERAGE_RUNS, Window(), run_scope(conn, keys))
 
 
+_CELL_COLUMNS = (
+    "run_id", "service", "tool_name", "op", "agent_id", "reject_reason", "outcome", "has_guard",
+    "has_expected_version", "structured", "has_policy", "side_effect", "has_key", "n", "first_seen",
+    "last_seen",
+)  # fmt: skip
+
+
 def _coverage_from_runs(
     conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
 ) -> pd.DataFrame:
     """enforcement_coverage over every stored span from ``COVERAGE_RUNS``' table (computed from
     the spans when that table cannot answer)."""
+    if is_clickhouse(conn):
+        return _coverage_summed_in_clickhouse(conn)
     table = TABLE_PREFIX + COVERAGE_RUNS
     if ready(conn, COVERAGE_RUNS) is None or not table_exists(conn, table):
         return enforcement_coverage(conn, Window(), Filters(from_spans=True))
@@ -125,9 +134,34 @@ def _coverage_from_runs(
     return query_df(conn, sql, filter_params(Window(), Filters()))
 
 
+def _coverage_summed_in_clickhouse(store) -> pd.DataFrame:
+    """On ClickHouse: ``COVERAGE_RUNS``' current rows summed where they are (read out, the part
+    of a store of many small runs is millions of rows: slower than a full computation). Computed
+    from the spans when the table cannot answer, or when spans of no run exist (no part holds
+    them; the collector gives every span a run)."""
+    from analytics.read_clickhouse import ready as table_ready  # noqa: PLC0415 - ClickHouse's reads
+
+    found = table_ready(store, COVERAGE_RUNS)
+    ((loose,),) = fetch_rows(store, "SELECT count(*) FROM spans WHERE run_id IS NULL")
+    if found is None or not found[1] or loose:
+        return enforcement_coverage(store, Window(), run_scope(store, None))
+    state, _ = found
+    database = quote_identifier(store.database)
+    cells = ", ".join(quote_identifier(column) for column in _CELL_COLUMNS)
+    # a partition's current rows: those of its newest version at or above the state's base
+    # (analytics.findings_clickhouse; the names and numbers are ours, not a user's)
+    sql = (
+        f"WITH run_cells AS (SELECT {cells} FROM {database}.{quote_identifier(TABLE_PREFIX + COVERAGE_RUNS)} "
+        f"WHERE (_key, _ver) IN (SELECT key, max(ver) FROM {database}.findings_parts "
+        f"WHERE metric = '{COVERAGE_RUNS}' GROUP BY key HAVING max(ver) >= {int(state.base)})),\n"
+        "{enforcement_per_tool}"
+    )
+    return query_df(store, expand_fragments(sql), {})
+
+
 maintain(Maintained(COVERAGE_RUNS, "run_id", _coverage_runs, (("run_id", False),), "1"))
 PARTS.add(COVERAGE_RUNS)
-maintain_with("enforcement_coverage", _coverage_from_runs, depends=(COVERAGE_RUNS,))
+maintain_with("enforcement_coverage", _coverage_from_runs, depends=(COVERAGE_RUNS,), portable=True)
 
 
 def _summed_metrics() -> list:

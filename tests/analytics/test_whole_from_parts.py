@@ -114,11 +114,11 @@ def test_whole_results_summed_from_run_parts_equal_a_full_computation(tmp_path, 
     _assert_whole_from_parts(conn)
 
 
-def test_clickhouse_keeps_the_goal_distribution_from_the_same_part():
-    """Its sum reads the part through read_findings (either engine's tables): ClickHouse keeps
-    it from the part too, not from every span (enforcement_coverage's sum reads DuckDB's table
-    in place; tests/analytics/test_clickhouse_findings.py holds ClickHouse's tables to DuckDB's
-    full computation)."""
+def test_clickhouse_keeps_the_same_parts_and_sums_them():
+    """ClickHouse keeps the sums from the same parts too, not from every span (the goal
+    distribution reads its part through read_findings, enforcement_coverage sums its part where
+    it is; tests/analytics/test_clickhouse_findings.py holds their tables to DuckDB's full
+    computation after every batch)."""
     kept = materialize_clickhouse.maintained()
-    assert goals.RUNS_PART in kept and kept["goal_divergence_distribution"].depends == (goals.RUNS_PART,)
-    assert summary.COVERAGE_RUNS not in kept and kept["enforcement_coverage"].depends == ()
+    for name, part in WHOLE.items():
+        assert part in kept and kept[name].depends == (part,), name
