@@ -282,9 +282,10 @@ class Maintained:
     # better than the change log (a result of another's table: the partitions that table's fold
     # says it changed): ``touched(conn, after, upto)``; None from it: every partition.
     touched: Callable[[duckdb.DuckDBPyConnection, int, int], list[str] | None] | None = None
-    # Whether a result reading ``depends`` reads them only through ``read_findings`` (either
-    # engine's tables), so ClickHouse keeps it as here; otherwise ClickHouse computes it from
-    # the spans (its ``compute`` reads DuckDB's tables directly).
+    # Whether a result reading ``depends`` reads them in a way either engine's tables answer
+    # (``read_findings``, or on ClickHouse SQL over their current versions), so ClickHouse keeps
+    # it as here; otherwise ClickHouse computes it from the spans (its ``compute`` reads DuckDB's
+    # tables directly).
     portable: bool = False
 
     @property
