@@ -291,9 +291,11 @@ class RowVersions:
         return self.last
 
 
-def current_versions(store, name: str, base: int) -> str:
-    """The (partition, version) pairs a read of ``name`` takes (a subquery)."""
+def current_versions(store, name: str, base: int, parts: str | None = None) -> str:
+    """The (partition, version) pairs a read of ``name`` takes (a subquery). ``parts``: the
+    `findings_parts` table as the statement names it (a DuckDB-dialect statement that is
+    translated quotes it its own way; ClickHouse's own by default)."""
     return (
-        f"SELECT key, max(ver) FROM {qualified(store, 'findings_parts')} WHERE metric = '{name}' "
+        f"SELECT key, max(ver) FROM {parts or qualified(store, 'findings_parts')} WHERE metric = '{name}' "
         f"GROUP BY key HAVING max(ver) >= {int(base)}"
     )

@@ -45,6 +45,7 @@ from analytics.materialize import (
     read_findings,
     read_findings_arrow,
     run_scope,
+    spans_of_no_run,
 )
 from analytics.registry import register
 from analytics.sql_loader import filter_params, load_sql, query_df, query_tables
@@ -501,9 +502,10 @@ def _spread_from_runs(
         runs = None if arrow is None else arrow[0]
     if runs is None:
         return goal_divergence_distribution(conn, Window(), run_scope(conn, None))
-    loose = pa.Table.from_pandas(
-        _run_counts(conn, run_scope(conn, None), span_condition=_NO_RUN)[columns], preserve_index=False
-    )
+    loose = runs.schema.empty_table()  # the subtasks of no run, if any span has none
+    if spans_of_no_run(conn):
+        counted = _run_counts(conn, run_scope(conn, None), span_condition=_NO_RUN)
+        loose = pa.Table.from_pandas(counted[columns], preserve_index=False)
     frame = query_tables(
         "goal_divergence_spread", {"_counts": runs, "_loose": loose}, {"max_chains": MAX_CHART_CHAINS}
     )

@@ -36,7 +36,7 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 
-from analytics.engine import has_tables, is_clickhouse
+from analytics.engine import fetch_rows, has_tables, is_clickhouse
 from analytics.side_effects import current_side_effect_tools
 from analytics.sql_loader import memory_cursor, quote_identifier
 from analytics.types import Filters, Page, Window, WriteFn
@@ -358,6 +358,14 @@ def run_scope(
         f"SELECT min(ingested_at) FROM spans WHERE {column} = ANY($keys::VARCHAR[])", {"keys": list(keys)}
     ).fetchall()
     return dataclasses.replace(scope, scope_from=first)
+
+
+def spans_of_no_run(conn: duckdb.DuckDBPyConnection) -> bool:
+    """Whether any stored span has no run (either engine). No run-partitioned part holds such
+    spans (no change names a NULL partition), so a sum of parts counts them apart; the collector
+    gives every span a run, so this is a store written otherwise."""
+    ((count,),) = fetch_rows(conn, "SELECT count(*) FROM spans WHERE run_id IS NULL")
+    return count > 0
 
 
 def detector_compute(func: Callable[[duckdb.DuckDBPyConnection, Window, Filters], pd.DataFrame]) -> Compute:

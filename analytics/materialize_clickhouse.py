@@ -82,9 +82,8 @@ def maintained() -> dict[str, Maintained]:
             or item.partition in ("span", "run_tool")
         ):
             continue
-        if (
-            item.depends and item.extra_keys is None and not item.portable
-        ):  # a fold's reader: its own computation
+        if item.depends and item.extra_keys is None and not item.portable:
+            # a fold's reader (its compute reads DuckDB's tables): its own computation
             if item.detector is None:
                 continue
             item = dataclasses.replace(item, compute=materialize.detector_compute(item.detector), depends=())

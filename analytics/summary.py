@@ -12,7 +12,7 @@ import pandas as pd
 
 from analytics.coverage import coverage_text
 from analytics.crew_limits import count_limits
-from analytics.engine import fetch_rows, is_clickhouse
+from analytics.engine import is_clickhouse
 from analytics.goal_refresh import rescored_runs
 from analytics.goals import goal_run_stats
 from analytics.materialize import (
@@ -25,6 +25,7 @@ from analytics.materialize import (
     read_findings,
     ready,
     run_scope,
+    spans_of_no_run,
     table_exists,
 )
 from analytics.registry import (
@@ -139,21 +140,18 @@ def _coverage_summed_in_clickhouse(store) -> pd.DataFrame:
     of a store of many small runs is millions of rows: slower than a full computation). Computed
     from the spans when the table cannot answer, or when spans of no run exist (no part holds
     them; the collector gives every span a run)."""
-    from analytics.read_clickhouse import ready as table_ready  # noqa: PLC0415 - ClickHouse's reads
+    from analytics.findings_clickhouse import current_versions  # noqa: PLC0415 - ClickHouse's tables
+    from analytics.read_clickhouse import ready as table_ready  # noqa: PLC0415
 
     found = table_ready(store, COVERAGE_RUNS)
-    ((loose,),) = fetch_rows(store, "SELECT count(*) FROM spans WHERE run_id IS NULL")
-    if found is None or not found[1] or loose:
+    if found is None or not found[1] or spans_of_no_run(store):
         return enforcement_coverage(store, Window(), run_scope(store, None))
-    state, _ = found
     database = quote_identifier(store.database)
     cells = ", ".join(quote_identifier(column) for column in _CELL_COLUMNS)
-    # a partition's current rows: those of its newest version at or above the state's base
-    # (analytics.findings_clickhouse; the names and numbers are ours, not a user's)
+    current = current_versions(store, COVERAGE_RUNS, found[0].base, parts=f"{database}.findings_parts")
     sql = (
         f"WITH run_cells AS (SELECT {cells} FROM {database}.{quote_identifier(TABLE_PREFIX + COVERAGE_RUNS)} "
-        f"WHERE (_key, _ver) IN (SELECT key, max(ver) FROM {database}.findings_parts "
-        f"WHERE metric = '{COVERAGE_RUNS}' GROUP BY key HAVING max(ver) >= {int(state.base)})),\n"
+        f"WHERE (_key, _ver) IN ({current})),\n"
         "{enforcement_per_tool}"
     )
     return query_df(store, expand_fragments(sql), {})
