@@ -11,8 +11,9 @@ protobuf requests at ``--rate`` spans/s into ``--active-runs`` stored runs, thos
 detector and run_summary in turn (``GET /api/v1/metrics/{name}``, Arrow, as the dashboard asks)
 for ``--seconds``. ``--times now`` (default) moves each run's spans in a request to the moment it is sent
 (crews still running: every new call comes after its group's stored ones); ``--times template``
-keeps the template's times (old spans arriving late, within the stored runs' time range). Serve
-runs with its embedding worker, as by default (``--no-embeddings``: without).
+keeps the template's times (old spans arriving late, within the stored runs' time range). A
+template request drawn again for a copy is sent into new runs of the crew (``Resends``), so every
+request stores new spans, whatever the shape. Serve runs with its embedding worker, as by default (``--no-embeddings``: without).
 Reported: p50/p95/max per detector, the findings lag (``/api/v1/health``,
 sampled every second) p50/p95/max, spans/s actually accepted, serve's peak RSS, and the load.
 The JSON file is rewritten at the end of each phase.
@@ -107,9 +108,11 @@ class Sender(threading.Thread):
         rate: float,
         seed: int = 0,
         now: bool = True,
+        resends: Resends | None = None,
     ):
         super().__init__(daemon=True)
         self.seed, self.now = seed, now
+        self.resends = resends if resends is not None else Resends()
         self.url, self.payloads, self.per_run, self.runs = url, payloads, per_run, runs
         self.copies, self.rate = copies, rate  # the first and last copy streamed into
         self.sent = self.refused = 0
@@ -129,10 +132,12 @@ class Sender(threading.Thread):
                 # earliest (hours in a 100,000-call run), so the next request's calls came before
                 # them: out of order, unlike crews still running
                 now = time.time_ns() if self.now else None
-                body = b"".join(
-                    _at(stamp(rng.choice(self.payloads), rng.randint(*self.copies)), now)
-                    for _ in range(self.runs)
-                )
+                parts = []
+                for _ in range(self.runs):
+                    index, copy = rng.randrange(len(self.payloads)), rng.randint(*self.copies)
+                    namespace = Resends.namespace(copy, self.resends.next(index, copy), self.copies[1])
+                    parts.append(_at(stamp(self.payloads[index], namespace), now))
+                body = b"".join(parts)
                 start = time.perf_counter()
                 try:
                     response = client.post(
@@ -156,6 +161,36 @@ class Sender(threading.Thread):
     def stop(self) -> None:
         self._halt.set()
         self.join(60)
+
+
+class Resends:
+    """How often each (template request, copy) was drawn, shared by the senders. Stamping one
+    into a copy always gives the same trace and span ids: a second draw was an exporter's retry,
+    stored once, so a stream of few distinct requests (10-call runs: ~200 template requests into
+    4 copies) stopped storing anything new within its first seconds. The k-th draw of one is
+    stamped into namespace ``copy + k * stride`` (``namespace``), past every stored copy: the
+    same requests as new runs of the crew (a 10-call run is done within seconds and the crew
+    starts another), a trace's requests drawn for the k-th time each still one trace."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._drawn: dict[tuple[int, int], int] = {}
+
+    def draws(self) -> dict[str, int]:
+        with self._lock:
+            total = sum(self._drawn.values())
+            return {"total": total, "again": total - len(self._drawn)}
+
+    @staticmethod
+    def namespace(copy: int, epoch: int, stride: int) -> int:
+        """The namespace the ``epoch``-th draw of a request for ``copy`` is stamped into."""
+        return copy + epoch * stride
+
+    def next(self, index: int, copy: int) -> int:
+        with self._lock:
+            epoch = self._drawn.get((index, copy), 0)
+            self._drawn[(index, copy)] = epoch + 1
+            return epoch
 
 
 def _at(payload: bytes, now: int | None) -> bytes:
@@ -223,9 +258,10 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
                 warm[name].append(time.perf_counter() - start)
         out["at_rest"] = {name: _summary(values) for name, values in warm.items()}
         # Several senders, as a fleet's exporters send at once (one waits for each answer)
+        resends = Resends()
         senders = [
             Sender(serve.http_url, payloads, args.per_run, args.runs_per_request, copies,
-                   args.rate / args.senders, seed=number, now=args.times == "now")
+                   args.rate / args.senders, seed=number, now=args.times == "now", resends=resends)
             for number in range(args.senders)
         ]  # fmt: skip
         lags: list[float] = []
@@ -305,6 +341,8 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
             "spans_sent": sum(s.sent for s in senders),
             "spans_per_s": round(sum(s.sent for s in senders) / elapsed, 1),
             "refused_requests": sum(s.refused for s in senders),
+            # template requests drawn, and of them drawn before: sent into new runs
+            "draws": resends.draws(),
             "ingest_request_s": _summary([t for s in senders for t in s.latencies]),
             "lag_s": _summary(lags),
             "lag_series": series,
