@@ -17,6 +17,7 @@ from analytics.goal_refresh import rescored_runs
 from analytics.goals import goal_run_stats
 from analytics.materialize import (
     PARTS,
+    POSITION,
     RUN_ACTORS,
     TABLE_PREFIX,
     Maintained,
@@ -114,13 +115,6 @@ def _coverage_runs(
     return run_sql(conn, COVERAGE_RUNS, Window(), run_scope(conn, keys))
 
 
-_CELL_COLUMNS = (
-    "run_id", "service", "tool_name", "op", "agent_id", "reject_reason", "outcome", "has_guard",
-    "has_expected_version", "structured", "has_policy", "side_effect", "has_key", "n", "first_seen",
-    "last_seen",
-)  # fmt: skip
-
-
 def _coverage_from_runs(
     conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
 ) -> pd.DataFrame:
@@ -140,18 +134,29 @@ def _coverage_summed_in_clickhouse(store) -> pd.DataFrame:
     of a store of many small runs is millions of rows: slower than a full computation). Computed
     from the spans when the table cannot answer, or when spans of no run exist (no part holds
     them; the collector gives every span a run)."""
-    from analytics.findings_clickhouse import current_versions  # noqa: PLC0415 - ClickHouse's tables
+    from analytics.findings_clickhouse import (  # noqa: PLC0415 - ClickHouse's tables
+        NULL_FLAG,
+        PART,
+        VERSION,
+        current_versions,
+    )
     from analytics.read_clickhouse import ready as table_ready  # noqa: PLC0415
 
     found = table_ready(store, COVERAGE_RUNS)
     if found is None or not found[1] or spans_of_no_run(store):
         return enforcement_coverage(store, Window(), run_scope(store, None))
+    state, have = found
+    # the part's cells: its columns but the versioning ones (as a read of it takes them)
+    cells = ", ".join(
+        quote_identifier(c)
+        for c in have
+        if c not in (PART, VERSION, POSITION) and not c.startswith(NULL_FLAG)
+    )
     database = quote_identifier(store.database)
-    cells = ", ".join(quote_identifier(column) for column in _CELL_COLUMNS)
-    current = current_versions(store, COVERAGE_RUNS, found[0].base, parts=f"{database}.findings_parts")
+    current = current_versions(store, COVERAGE_RUNS, state.base, parts=f"{database}.findings_parts")
     sql = (
         f"WITH run_cells AS (SELECT {cells} FROM {database}.{quote_identifier(TABLE_PREFIX + COVERAGE_RUNS)} "
-        f"WHERE (_key, _ver) IN ({current})),\n"
+        f"WHERE ({quote_identifier(PART)}, {quote_identifier(VERSION)}) IN ({current})),\n"
         "{enforcement_per_tool}"
     )
     return query_df(store, expand_fragments(sql), {})

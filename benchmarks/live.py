@@ -13,7 +13,8 @@ for ``--seconds``. ``--times now`` (default) moves each run's spans in a request
 (crews still running: every new call comes after its group's stored ones); ``--times template``
 keeps the template's times (old spans arriving late, within the stored runs' time range). A
 template request drawn again for a copy is sent into new runs of the crew (``Resends``), so every
-request stores new spans, whatever the shape. Serve runs with its embedding worker, as by default (``--no-embeddings``: without).
+request stores new spans, whatever the shape. Serve runs with its embedding worker, as by default
+(``--no-embeddings``: without).
 Reported: p50/p95/max per detector, the findings lag (``/api/v1/health``,
 sampled every second) p50/p95/max, spans/s actually accepted, serve's peak RSS, and the load.
 The JSON file is rewritten at the end of each phase.
@@ -96,7 +97,8 @@ def _template_runs(payloads: list[bytes]) -> int:
 
 class Sender(threading.Thread):
     """Streams requests at ``rate`` spans/s; each one concatenates ``runs`` template requests
-    stamped into random copies (protobuf concatenation appends their resource spans)."""
+    stamped into random copies (protobuf concatenation appends their resource spans). The
+    senders of a stream share one ``Resends``, so no two of them send the same spans."""
 
     def __init__(
         self,
@@ -106,13 +108,12 @@ class Sender(threading.Thread):
         runs: int,
         copies: tuple[int, int],
         rate: float,
+        resends: Resends,
         seed: int = 0,
         now: bool = True,
-        resends: Resends | None = None,
     ):
         super().__init__(daemon=True)
-        self.seed, self.now = seed, now
-        self.resends = resends if resends is not None else Resends()
+        self.seed, self.now, self.resends = seed, now, resends
         self.url, self.payloads, self.per_run, self.runs = url, payloads, per_run, runs
         self.copies, self.rate = copies, rate  # the first and last copy streamed into
         self.sent = self.refused = 0
@@ -261,7 +262,7 @@ def measure(db: Path, info: dict, args, out: dict, out_path: Path) -> None:
         resends = Resends()
         senders = [
             Sender(serve.http_url, payloads, args.per_run, args.runs_per_request, copies,
-                   args.rate / args.senders, seed=number, now=args.times == "now", resends=resends)
+                   args.rate / args.senders, resends, seed=number, now=args.times == "now")
             for number in range(args.senders)
         ]  # fmt: skip
         lags: list[float] = []
