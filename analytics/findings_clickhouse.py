@@ -28,6 +28,14 @@ from analytics.materialize import POSITION, Maintained, State
 # virtual column of that name, the data part, shadows it in a DELETE's WHERE)
 PART, VERSION = "_key", "_ver"
 NULL_FLAG = "_null_"  # a list column's NULL flag column (ClickHouse arrays are never NULL)
+
+
+def cell_columns(names: list[str]) -> list[str]:
+    """Of a findings table's column ``names``, the result's own: not the partition, version,
+    position or NULL flag columns the table keeps beside them."""
+    return [n for n in names if not n.startswith(NULL_FLAG) and n not in (PART, VERSION, POSITION)]
+
+
 NULL_PART = "\x00"  # the partition of a row whose key is NULL (only an unscoped write writes it)
 
 
@@ -189,11 +197,7 @@ def _ensure_table(store, item: Maintained, rows: pa.Table) -> pa.Table:
     else a NULL-only column takes the new type and an integer column widens to Float64."""
     table = item.table
     have = table_columns(store, table)
-    given = {
-        name: _ch_type(rows.column(name).type)
-        for name in rows.column_names
-        if not name.startswith(NULL_FLAG) and name not in (PART, VERSION, POSITION)
-    }
+    given = {name: _ch_type(rows.column(name).type) for name in cell_columns(rows.column_names)}
     flags = {name: "UInt8" for name in rows.column_names if name.startswith(NULL_FLAG)}
     if not have:
         spec = ", ".join(f"`{n}` {k}" for n, k in {**given, **flags}.items())

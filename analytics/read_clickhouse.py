@@ -26,6 +26,7 @@ from analytics.findings_clickhouse import (
     PART,
     VERSION,
     ChState,
+    cell_columns,
     current_versions,
     dict_rows,
     qualified,
@@ -90,11 +91,7 @@ def read_findings(store, name: str, window: Window = Window(), filters: Filters 
     if found is None or (filters.run is not None and _run_behind(store, found[0], filters.run)):
         return None
     state, have = found
-    wanted = list(
-        columns
-        or documented
-        or [c for c in have if not c.startswith(NULL_FLAG) and c not in (PART, VERSION, POSITION)]
-    )
+    wanted = list(columns or documented or cell_columns(list(have)))
     if not have:
         frame = pd.DataFrame({column: pd.Series(dtype=object) for column in wanted})
         frame.attrs["source"] = "table"

@@ -17,7 +17,6 @@ from analytics.goal_refresh import rescored_runs
 from analytics.goals import goal_run_stats
 from analytics.materialize import (
     PARTS,
-    POSITION,
     RUN_ACTORS,
     TABLE_PREFIX,
     Maintained,
@@ -135,9 +134,9 @@ def _coverage_summed_in_clickhouse(store) -> pd.DataFrame:
     from the spans when the table cannot answer, or when spans of no run exist (no part holds
     them; the collector gives every span a run)."""
     from analytics.findings_clickhouse import (  # noqa: PLC0415 - ClickHouse's tables
-        NULL_FLAG,
         PART,
         VERSION,
+        cell_columns,
         current_versions,
     )
     from analytics.read_clickhouse import ready as table_ready  # noqa: PLC0415
@@ -147,11 +146,7 @@ def _coverage_summed_in_clickhouse(store) -> pd.DataFrame:
         return enforcement_coverage(store, Window(), run_scope(store, None))
     state, have = found
     # the part's cells: its columns but the versioning ones (as a read of it takes them)
-    cells = ", ".join(
-        quote_identifier(c)
-        for c in have
-        if c not in (PART, VERSION, POSITION) and not c.startswith(NULL_FLAG)
-    )
+    cells = ", ".join(quote_identifier(c) for c in cell_columns(list(have)))
     database = quote_identifier(store.database)
     current = current_versions(store, COVERAGE_RUNS, state.base, parts=f"{database}.findings_parts")
     sql = (
