@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import duckdb
@@ -229,14 +230,22 @@ class _Parts:
 
 
 def _compute_parts(
-    conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters, goal_threshold: float
+    conn: duckdb.DuckDBPyConnection,
+    window: Window,
+    filters: Filters,
+    goal_threshold: float,
+    computed: Mapping[str, pd.DataFrame] | None = None,
 ) -> _Parts:
-    """Every piece, for all runs the window and filters select."""
+    """Every piece, for all runs the window and filters select; a detector's counts from its
+    result in ``computed`` when given there (computed for the same window and filters)."""
     base = run_sql(conn, "run_summary", window, filters)
     base = base.set_index("run_id", drop=False)
     found: dict[str, pd.DataFrame] = {}
     for name in (m.name for m in _summed_metrics()):
-        found[name] = _findings_per_run(conn, name, window, filters)
+        if computed is not None and name in computed:
+            found[name] = _counts_per_run(name, computed[name])
+        else:
+            found[name] = _findings_per_run(conn, name, window, filters)
     goals = goal_run_stats(conn, window, filters, goal_threshold)
     return _Parts(base, found, goals)
 
@@ -370,6 +379,24 @@ def run_summary(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filter
         return tabled
     goal_threshold = current_threshold(conn, "goal_divergence")
     return _assemble(conn, _compute_parts(conn, window, filters, goal_threshold.value), goal_threshold)
+
+
+def run_summary_of(
+    conn: duckdb.DuckDBPyConnection,
+    computed: Mapping[str, pd.DataFrame],
+    window: Window = Window(),
+    filters: Filters = Filters(),
+) -> pd.DataFrame:
+    """run_summary computed from the spans (as ``compute_metric`` does), taking each counted
+    detector's findings from ``computed`` (its full computation for the same ``window`` and
+    ``filters``) instead of computing it again; the others are computed. What a caller that
+    already computed every detector (the tables' reference in the tests, a benchmark's
+    ``identical_to_full``) asks, at half the cost of asking each detector twice."""
+    filters = dataclasses.replace(filters, from_spans=True)
+    goal_threshold = current_threshold(conn, "goal_divergence")
+    parts = _compute_parts(conn, window, filters, goal_threshold.value, computed)
+    frame = _assemble(conn, parts, goal_threshold)
+    return frame.loc[:, list(METRICS[SUMMARY].columns)].reset_index(drop=True)
 
 
 # run_summary's per-run parts, maintained as spans commit (analytics.materialize): the

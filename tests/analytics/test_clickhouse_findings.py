@@ -7,6 +7,7 @@ import copy
 import random
 
 import duckdb
+import pandas as pd
 import pyarrow as pa
 import pytest
 
@@ -16,7 +17,7 @@ from tests.clickhouse_stores import SERVER_URL, store_params
 pytest.importorskip("chdb", reason="chdb is in the dev extra (pip install 'driftscope[clickhouse]')")
 pytest.importorskip("sqlglot", reason="sqlglot is in the clickhouse extra")
 
-from analytics import Filters, Window, read_clickhouse, registry  # noqa: E402
+from analytics import Filters, Window, read_clickhouse, registry, summary  # noqa: E402
 from analytics import materialize_clickhouse as chm  # noqa: E402
 from analytics.findings_clickhouse import read_states, target_change  # noqa: E402
 from analytics.goals import score_pending_pairs  # noqa: E402
@@ -78,9 +79,14 @@ def _kept_metrics() -> list[str]:
 
 
 def _assert_tables_equal_full(duck, store, seen: dict[str, int]) -> None:
-    for name in _kept_metrics():
+    fulls: dict[str, pd.DataFrame] = {}  # run_summary's reference counts these findings
+    names = _kept_metrics()
+    for name in sorted(names, key=lambda name: name == "run_summary"):  # run_summary last
         metric = registry.METRICS[name]
-        want = registry.compute_metric(duck, name)
+        if name == "run_summary":
+            want = summary.run_summary_of(duck, fulls)
+        else:
+            want = fulls[name] = registry.compute_metric(duck, name)
         got = read_clickhouse.read_findings(store, name, documented=list(metric.columns))
         assert got is not None, f"{name}: its table cannot answer"
         assert list(got.columns) == list(want.columns), name

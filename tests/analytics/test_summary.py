@@ -6,8 +6,11 @@ import random
 from datetime import timedelta
 
 import pandas as pd
+import pytest
 
-from analytics import run_metric
+from analytics import Filters, Window, run_metric
+from analytics.registry import compute_metric, counted_metrics
+from analytics.summary import run_summary_of
 from tests.fixtures_analytics import BASE_TIME, insert_spans, make_span, new_db, trace_id
 
 
@@ -108,6 +111,24 @@ def _random_batch(rng: random.Random, batch: int, runs: list[str]) -> list[dict]
             fields.update(tool_name=rng.choice(["search", "fetch"]), tool_args={"q": rng.choice(["a", "b"])})
         rows.append(make_span(batch * 5 + rng.random() * 20, **fields))
     return rows
+
+
+@pytest.mark.parametrize("scoped", [False, True])
+def test_run_summary_of_the_detectors_full_results_is_its_full_computation(scoped):
+    """``summary.run_summary_of`` (the counts taken from detector results already computed for
+    the question) equals run_summary computed from the spans, whole and under a window and a
+    service filter; a detector left out of the results given is computed."""
+    rng = random.Random(7)
+    conn = new_db()
+    runs = ["run-1", "run-2", "run-3"]
+    insert_spans(conn, [row for batch in range(4) for row in _random_batch(rng, batch, runs)])
+    window = Window(since=BASE_TIME + timedelta(seconds=6)) if scoped else Window()
+    filters = Filters(agent="a") if scoped else Filters()
+    counted = [m.name for m in counted_metrics()]
+    fulls = {name: compute_metric(conn, name, window, filters) for name in counted[1:]}
+    want = compute_metric(conn, "run_summary", window, filters)
+    assert len(want) and (want.filter(like="_count").to_numpy().sum() > 0)  # findings were counted
+    pd.testing.assert_frame_equal(run_summary_of(conn, fulls, window, filters), want)
 
 
 def test_a_run_whose_framework_recorded_no_arguments_or_tasks_says_so_in_coverage():
