@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analytics._evidence import EVIDENCE, TIMES
-from analytics.engine import fetch_rows
+from analytics.engine import fetch_rows, is_clickhouse
 from analytics.materialize import (
     PARTS,
     TABLE_PREFIX,
@@ -32,6 +32,7 @@ from analytics.materialize import (
     maintain,
     maintain_with,
     newest_change,
+    read_findings,
     ready,
     run_scope,
     span_changes,
@@ -276,6 +277,14 @@ def _counts(conn: duckdb.DuckDBPyConnection, window: Window, filters: Filters) -
 # limits over one row per run and agent) plus the evidence of the runs over their limit, instead
 # of counting every stored span again.
 COUNTS = "runaway_counts"
+# runaway_runs.sql's columns, typed as DuckDB gives them (a ClickHouse read of the table is a frame)
+_COUNT_COLUMNS = pa.schema(
+    [
+        ("run_id", pa.string()), ("service", pa.string()), ("agent", pa.string()), ("spans", pa.int64()),
+        ("calls", pa.int64()), ("trace_id", pa.string()), ("first_seen", pa.timestamp("us")),
+        ("last_seen", pa.timestamp("us")), ("whole_run", pa.bool_()),
+    ]
+)  # fmt: skip
 
 
 def _count_rows(
@@ -289,7 +298,14 @@ def _from_counts(
     conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
 ) -> pd.DataFrame:
     """runaway_runs over every stored span, from ``COUNTS``' table (computed from the spans
-    when that table cannot answer)."""
+    when that table cannot answer). On ClickHouse the evidence of every run over its limit is
+    read again (the evidence kept from the last pass is DuckDB's, ``_kept_evidence``)."""
+    if is_clickhouse(conn):
+        found = read_findings(conn, COUNTS, columns=_COUNT_COLUMNS.names)
+        if found is None:
+            return runaway_runs(conn, Window(), Filters(from_spans=True))
+        counts = pa.Table.from_pandas(found, schema=_COUNT_COLUMNS, preserve_index=False, safe=False)
+        return _over_limits(conn, counts, Window(), Filters())
     if ready(conn, COUNTS) is None:
         return runaway_runs(conn, Window(), Filters(from_spans=True))
     table = TABLE_PREFIX + COUNTS
@@ -361,4 +377,4 @@ def _kept_evidence(conn: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], tup
 
 maintain(Maintained(COUNTS, "run_id", _count_rows, (("run_id", False), ("agent", False)), "1"))
 PARTS.add(COUNTS)
-maintain_with("runaway_runs", _from_counts, depends=(COUNTS,))
+maintain_with("runaway_runs", _from_counts, depends=(COUNTS,), portable=True)

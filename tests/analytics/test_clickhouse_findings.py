@@ -4,6 +4,7 @@ computation after every batch, and read as tables (no recomputation) by a new re
 from __future__ import annotations
 
 import copy
+import hashlib
 import random
 
 import duckdb
@@ -27,10 +28,11 @@ from collector import clickhouse_ingest  # noqa: E402
 from collector.clickhouse_changes import ChangeLog  # noqa: E402
 from collector.clickhouse_resolve import resolve_spans, scratch_duckdb  # noqa: E402
 from collector.clickhouse_store import ChdbStore, init_clickhouse, insert_otel_traces, open_store_url  # noqa: E402
-from collector.decode import decode_payload  # noqa: E402
+from collector.decode import PROTOBUF, decode_payload  # noqa: E402
 from collector.store import TraceIndex, insert_batches  # noqa: E402
 from driftscope.database import migrate  # noqa: E402
 from tests.analytics.test_clickhouse_detectors import _cell, _random_payload, _sample_payloads  # noqa: E402
+from tests.otlp_builders import BASE_NS, make_request  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=store_params("its driftscope_test_findings_* databases are"))
@@ -136,6 +138,56 @@ def test_tables_equal_duckdb_full_computation_after_every_batch(chdb_store, seed
 
 
 @pytest.mark.slow  # ~20 s: the sample traces request by request; make test runs it
+def _crew_payload(rng: random.Random, index: int, runaway_calls: int) -> tuple[bytes, str]:
+    """One request of a crew (service crew-r): in the first, five usual runs of 5 tool calls;
+    in each, ``runaway_calls`` calls of run 5, which grows batch by batch past the crew's limit
+    (4 x the median run, at least 25); each run's batch one trace, ``index * 30`` s after BASE_NS."""
+    spans = []
+    for run in range(6) if index == 0 else [5]:
+        for call in range(runaway_calls if run == 5 else 5):
+            start = BASE_NS + int((index * 30 + call * 0.2 + rng.random() * 0.1) * 1e9)
+            spans.append({
+                "name": "search",
+                "trace_id": hashlib.sha256(f"crew-r-{run}/{index}".encode()).digest()[:16],
+                "start": start,
+                "end": start + 100_000_000,
+                "attrs": {"gen_ai.conversation.id": f"crew-r-{run}", "gen_ai.agent.id": rng.choice(["w1", "w2"]),
+                          "gen_ai.tool.name": "search", "gen_ai.tool.call.arguments": f'{{"q": "{run}-{index}-{call}"}}'},
+                "status": 0,
+            })  # fmt: skip
+    return make_request(spans, service="crew-r").SerializeToString(), PROTOBUF
+
+
+def test_runaway_runs_is_summed_from_its_per_run_counts_and_equals_duckdb(chdb_store):
+    """runaway_runs on ClickHouse is the crew limits over its per-run counts part (as on DuckDB),
+    not a recomputation of every run: batch after batch, while one run of a crew grows past its
+    limit (and its evidence with it), its table and the part's equal DuckDB's full computation and
+    each pass recomputes only the touched runs' counts."""
+    rng = random.Random(12)
+    store = _fresh(chdb_store, "runaway")
+    assert chm.maintained()["runaway_runs"].depends == ("runaway_counts",)
+    duck = duckdb.connect()
+    migrate(duck)
+    traces = TraceIndex(duck)
+    changes = ChangeLog(store)
+    found = []
+    for index, calls in enumerate([5, 12, 30, 20]):
+        batch = decode_payload(*_crew_payload(rng, index, calls))
+        insert_batches(duck, [batch], traces)
+        insert_otel_traces(store, batch.table)
+        resolve_spans(store, settle_seconds=0, changes=changes)
+        report = chm.bring_up_to_date(store)
+        assert not report.failed
+        if index:
+            assert report.recomputed["runaway_counts"] == 1  # the run touched, not every run
+        want = registry.compute_metric(duck, "runaway_runs")
+        got = read_clickhouse.read_findings(store, "runaway_runs", documented=list(want.columns))
+        assert _rows(got) == _rows(want), index
+        found.append(len(want))
+    assert found[0] == 0 and found[-1] >= 1  # the run went past its crew's limit
+    duck.close()
+
+
 def test_sample_traces_request_by_request_keep_every_table_equal(chdb_store):
     store = _fresh(chdb_store, "samples")
     duck = duckdb.connect()
