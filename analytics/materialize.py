@@ -287,6 +287,11 @@ class Maintained:
     # it as here; otherwise ClickHouse computes it from the spans (its ``compute`` reads DuckDB's
     # tables directly).
     portable: bool = False
+    # Whether a run's rows come from that run's spans alone, so that a window holding the run
+    # whole reads them from the table (``read_window``). Not so for a result assembled from
+    # results keyed otherwise: run_summary counts constraint drops per origin task (other runs'
+    # spans) and runaway runs against the crew's median in the window.
+    run_local: bool = True
 
     @property
     def table(self) -> str:
@@ -303,7 +308,7 @@ PARTS: set[str] = set()
 
 # How a registered detector is maintained when not by its own full computation scoped to the
 # touched partitions: name -> (compute, depends), set by the detector's module.
-_overrides: dict[str, tuple[Compute, Depends, ExtraKeys | None, bool]] = {}
+_overrides: dict[str, tuple[Compute, Depends, ExtraKeys | None, bool, bool]] = {}
 
 
 def maintain(item: Maintained) -> None:
@@ -317,13 +322,15 @@ def maintain_with(
     depends: Depends = (),
     extra_keys: ExtraKeys | None = None,
     portable: bool = False,
+    run_local: bool = True,
 ) -> None:
     """Maintain the detector ``name`` with ``compute`` (reading the tables of ``depends``, which
     are brought up to date first; a function when they follow other registrations) instead of
-    its full computation scoped to the touched partitions; ``extra_keys`` and ``portable`` as in
-    ``Maintained``. Its full computation stays what reads of cut runs use and what tests hold
-    the table to."""
-    _overrides[name] = (compute, depends if callable(depends) else tuple(depends), extra_keys, portable)
+    its full computation scoped to the touched partitions; ``extra_keys``, ``portable`` and
+    ``run_local`` as in ``Maintained``. Its full computation stays what reads of cut runs use and
+    what tests hold the table to."""
+    depends = depends if callable(depends) else tuple(depends)
+    _overrides[name] = (compute, depends, extra_keys, portable, run_local)
 
 
 def forget(name: str) -> None:
@@ -386,15 +393,16 @@ def maintained() -> dict[str, Maintained]:
     settings = _settings_version()
     out: dict[str, Maintained] = {}
     for name, item in _items.items():
-        compute, depends, extra, portable = _overrides.get(
-            name, (item.compute, item.depends, item.extra_keys, item.portable)
+        compute, depends, extra, portable, run_local = _overrides.get(
+            name, (item.compute, item.depends, item.extra_keys, item.portable, item.run_local)
         )
         depends = tuple(d for d in (depends() if callable(depends) else depends) if d in _items)
         # what a result reads is part of its definition: another set of inputs rebuilds it
         version = f"{item.version}|{settings}" + (f"|{','.join(depends)}" if depends else "")
         out[name] = dataclasses.replace(
-            item, compute=compute, version=version, depends=depends, extra_keys=extra, portable=portable
-        )
+            item, compute=compute, version=version, depends=depends, extra_keys=extra, portable=portable,
+            run_local=run_local,
+        )  # fmt: skip
     ordered: dict[str, Maintained] = {}
 
     def place(name: str, seen: tuple[str, ...] = ()) -> None:
@@ -726,7 +734,13 @@ def read_window(
     if is_clickhouse(conn):  # windows only there (analytics.read_clickhouse.read_window)
         return _clickhouse_reads["read_window"](conn, name, window, filters, columns, documented)
     item = maintained().get(name)
-    if item is None or item.partition != "run_id" or item.detector is None or filters.reads_spans():
+    if (
+        item is None
+        or item.partition != "run_id"
+        or item.detector is None
+        or not item.run_local
+        or filters.reads_spans()
+    ):
         return None
     if (
         window == Window()

@@ -569,4 +569,6 @@ def _summary_extra_keys(conn: duckdb.DuckDBPyConnection) -> list[str]:
     return list(dict.fromkeys([*_changed_counts(conn), *rescored_runs(SUMMARY)(conn)]))
 
 
-maintain_with(SUMMARY, _summary_rows, depends=_summary_depends, extra_keys=_summary_extra_keys)
+maintain_with(
+    SUMMARY, _summary_rows, depends=_summary_depends, extra_keys=_summary_extra_keys, run_local=False
+)

@@ -727,10 +727,33 @@ def test_windows_and_filters_read_whole_runs_from_tables_and_compute_only_the_re
         # run_summary over the window and filters: its counts read from the tables where
         # they answer (run_metric), equal to counting every detector computed from the spans
         got = run_metric(conn, "run_summary", window, scope)
-        assert got.attrs.get("source") == "table", ("run_summary", window, scope)
         full = summary.run_summary_of(conn, fulls, window, scope)
         pd.testing.assert_frame_equal(_canonical(got), _canonical(full), obj=f"run_summary {window} {scope}")
     assert compared > 0
+
+
+def test_a_window_holding_a_run_whole_still_counts_its_findings_from_the_window(tmp_path):
+    """run_summary over a window is not its table's rows of the runs the window holds whole: a
+    run's counts there may come from spans outside the window (a constraint drop is found per
+    origin task, whose ledger another run carried earlier), so they are counted from the
+    detectors' answers for the window, as its full computation counts them."""
+    conn = _store(tmp_path)
+    task = dict(op="delegate", origin_task_id="task-x", ServiceName="crew-x")
+    _commit(conn, [
+        make_span(0, run="run-x-a", agent_id="planner", hop=1, delegate_to="researcher",
+                  constraints_ledger=["C1", "C2"], constraints_carried=["C1", "C2"], **task),
+        make_span(100, run="run-x-b", agent_id="researcher", hop=2, delegate_to="writer",
+                  constraints_carried=["C1"], **task),
+    ])  # fmt: skip
+    _pass(conn)
+    whole = run_metric(conn, "run_summary").set_index("run_id")
+    assert whole.loc["run-x-b", "constraint_drops_count"] == 1  # C2 dropped at hop 2
+    window = Window(since=BASE_TIME + timedelta(seconds=50))  # holds run-x-b whole, not its ledger
+    got = run_metric(conn, "run_summary", window)
+    full = compute_metric(conn, "run_summary", window)
+    pd.testing.assert_frame_equal(_canonical(got), _canonical(full))
+    drops = run_metric(conn, "constraint_drops", window)
+    assert got.set_index("run_id").loc["run-x-b", "constraint_drops_count"] == len(drops)
 
 
 def test_a_page_is_those_rows_of_the_whole_answer_read_from_the_table(tmp_path):
