@@ -72,7 +72,8 @@ EXPIRY_CHECK_S = 300.0
 def maintained() -> dict[str, Maintained]:
     """What is kept on ClickHouse: DuckDB's registry (``materialize.maintained``) without the
     per-span and per-(run, tool) folds and the comparison's tables; a result reading those is its
-    detector's full computation, and run_summary (assembled from the other tables) is whole."""
+    detector's full computation. run_summary is kept by run as on DuckDB (assembled from the
+    other tables): the runs the log names and those whose counts the other tables changed."""
     items = materialize.maintained()
     out: dict[str, Maintained] = {}
     for name, item in items.items():
@@ -87,13 +88,16 @@ def maintained() -> dict[str, Maintained]:
             if item.detector is None:
                 continue
             item = dataclasses.replace(item, compute=materialize.detector_compute(item.detector), depends=())
-        elif item.depends:  # run_summary: its runs changed by other tables are not logged here
-            item = dataclasses.replace(
-                item, partition=None, depends=tuple(d for d in item.depends if d in out)
-            )
-        version = item.version.split("|")[0] + "|" + materialize._settings_version() + "|ch1"
+        extra_keys = None
+        if item.depends and item.extra_keys is not None:
+            # run_summary: by run, the runs whose counts other tables changed its extra keys
+            item = dataclasses.replace(item, depends=tuple(d for d in item.depends if d in out))
+            extra_keys = item.extra_keys
+        # ch2: run_summary's table, whole before, is by run (its earlier rows are not read)
+        suffix = "|ch2" if extra_keys is not None else "|ch1"
+        version = item.version.split("|")[0] + "|" + materialize._settings_version() + suffix
         out[name] = dataclasses.replace(
-            item, version=version, extra_keys=None, touched=None, apply=None, build=None
+            item, version=version, extra_keys=extra_keys, touched=None, apply=None, build=None
         )
     read = {first for item in out.values() for first in item.depends}  # a part no result here reads
     return {name: item for name, item in out.items() if name not in materialize.PARTS or name in read}
@@ -191,6 +195,8 @@ def _bring_one(store, item: Maintained, version: str, state: ChState | None, tar
         write_state(store, item, version, target, ver, versions.next(), rows)
         return -1
     keys = None if state is None else touched_keys(store, item.partition, state.seq, target)
+    if keys is not None and item.extra_keys is not None:  # run_summary: runs other tables changed
+        keys = list(dict.fromkeys([*keys, *item.extra_keys(store)]))
     if state is None or _unscoped(store, keys, item.partition, totals):
         if state is None:  # another definition's rows: reads compute until the table is rebuilt
             write_state(store, item, version, None, 0, versions.next())

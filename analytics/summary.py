@@ -477,10 +477,12 @@ def _summary_rows(
     runs computed from their spans when a table cannot answer."""
     threshold = current_threshold(conn, "goal_divergence")
     parts = _tabled_parts(conn, keys)
-    if parts is None:
-        scope = run_scope(conn, keys)
-        parts = _compute_parts(conn, Window(), scope, threshold.value)
-    return _assemble(conn, parts, threshold)
+    if parts is not None:
+        return _assemble(conn, parts, threshold)
+    # computed for every run, then cut: a run's counts may come from other runs' spans (a
+    # constraint drop is found per origin task), so the runs' own spans would not do
+    frame = _assemble(conn, _compute_parts(conn, Window(), run_scope(conn, None), threshold.value), threshold)
+    return frame if keys is None else frame[frame["run_id"].isin(keys)].reset_index(drop=True)
 
 
 def _tabled_parts(conn: duckdb.DuckDBPyConnection, runs: list[str] | None) -> _Parts | None:
@@ -490,10 +492,12 @@ def _tabled_parts(conn: duckdb.DuckDBPyConnection, runs: list[str] | None) -> _P
     goals = read_findings(conn, GOALS_PART, runs=runs)
     if base is None or goals is None:
         return None
-    if "run_id" not in base.columns or "run_id" not in goals.columns:
+    if "run_id" not in base.columns:
         # built with no run, so no table yet (a first pass on an empty store): spans may have
         # arrived since, and the part cannot say which columns it would have
         return None
+    if "run_id" not in goals.columns:  # built, no subtask in any run (ClickHouse: no columns)
+        goals = pd.DataFrame({"run_id": [], "drifted_subtasks": [], "worst_divergence": []})
     found: dict[str, pd.DataFrame] = {}
     for metric in _summed_metrics():
         frame = read_findings(conn, metric.name, columns=_counted_columns(metric), runs=runs)
@@ -563,9 +567,68 @@ def _changed_counts(conn: duckdb.DuckDBPyConnection) -> list[str]:
     return [row[0] for row in conn.execute(" UNION ".join(selects)).fetchall() if row[0] is not None]
 
 
+def _changed_counts_in_clickhouse(store) -> list[str]:
+    """``_changed_counts`` on ClickHouse, inside it: per run and count column, each summed
+    detector's current rows counted minus the run_summary table's count (only its runs with one
+    not 0); a run with a difference not 0 changed. Every run of the table when a detector's
+    table is not built."""
+    from analytics.findings_clickhouse import PART, VERSION, current_versions, qualified  # noqa: PLC0415
+    from analytics.read_clickhouse import ready as table_ready  # noqa: PLC0415
+
+    found = table_ready(store, SUMMARY)
+    if found is None or not found[1]:
+        return []  # built from nothing this pass, or no run yet: every run is a touched one
+    summary_state, _ = found
+    summary = qualified(store, TABLE_PREFIX + SUMMARY)
+
+    def current(name: str, base: int) -> str:
+        return f"(`{PART}`, `{VERSION}`) IN ({current_versions(store, name, base)})"
+
+    in_summary = current(SUMMARY, summary_state.base)
+    branches, columns = [], []
+    for metric in _summed_metrics():
+        got = table_ready(store, metric.name)
+        if got is None:
+            rows = store.execute(
+                f"SELECT DISTINCT run_id FROM {summary} WHERE {in_summary} AND run_id IS NOT NULL"
+            )
+            return [run for run in rows.column("run_id").to_pylist() if run is not None]
+        counts = {f"{metric.name}_count": "count()"}
+        if metric.failing_unless:
+            counts[f"{metric.name}_unrecovered"] = f"countIf(NOT ifNull(`{metric.failing_unless}`, false))"
+        if metric.failing and metric.flag_column:
+            counts[f"{metric.name}_flagged"] = f"countIf(ifNull(`{metric.flag_column}`, false))"
+        columns += counts
+        state, have = got
+        if have:  # a table with rows (without: built, no finding)
+            named = ", ".join(f"toInt64({expr}) AS `{column}`" for column, expr in counts.items())
+            pairs = ", ".join(f"('{column}', `{column}`)" for column in counts)
+            branches.append(
+                f"SELECT run_id, kv.1 AS c, kv.2 AS n FROM (SELECT run_id, {named} "
+                f"FROM {qualified(store, TABLE_PREFIX + metric.name)} "
+                f"WHERE {current(metric.name, state.base)} AND run_id IS NOT NULL GROUP BY run_id) "
+                f"ARRAY JOIN [{pairs}] AS kv"
+            )
+    # the table's counts not 0, each run's row read once
+    pairs = ", ".join(f"('{column}', -toInt64(ifNull(`{column}`, 0)))" for column in columns)
+    branches.append(
+        f"SELECT run_id, kv.1 AS c, kv.2 AS n FROM {summary} "
+        f"ARRAY JOIN arrayFilter(x -> x.2 != 0, [{pairs}]) AS kv WHERE {in_summary}"
+    )
+    rows = store.execute(
+        "SELECT DISTINCT run_id FROM (SELECT run_id, c, sum(n) AS d FROM ("
+        + " UNION ALL ".join(branches)
+        + ") GROUP BY run_id, c HAVING d != 0)"
+    )
+    return [run for run in rows.column("run_id").to_pylist() if run is not None]
+
+
 def _summary_extra_keys(conn: duckdb.DuckDBPyConnection) -> list[str]:
     """Runs whose detector counts changed without their spans, and runs whose goal statistics
-    (run_summary_goals) changed with stored scores."""
+    (run_summary_goals) changed with stored scores (on ClickHouse a change of the scores
+    rebuilds every table: the counts alone)."""
+    if is_clickhouse(conn):
+        return _changed_counts_in_clickhouse(conn)
     return list(dict.fromkeys([*_changed_counts(conn), *rescored_runs(SUMMARY)(conn)]))
 
 

@@ -138,13 +138,17 @@ def test_tables_equal_duckdb_full_computation_after_every_batch(chdb_store, seed
 
 
 @pytest.mark.slow  # ~20 s: the sample traces request by request; make test runs it
-def _crew_payload(rng: random.Random, index: int, runaway_calls: int) -> tuple[bytes, str]:
+def _crew_payload(
+    rng: random.Random, index: int, runaway_calls: int, long_runs: int = 0
+) -> tuple[bytes, str]:
     """One request of a crew (service crew-r): in the first, five usual runs of 5 tool calls;
     in each, ``runaway_calls`` calls of run 5, which grows batch by batch past the crew's limit
-    (4 x the median run, at least 25); each run's batch one trace, ``index * 30`` s after BASE_NS."""
+    (4 x the median run, at least 25); ``long_runs`` new runs of 40 calls; each run's batch one
+    trace, ``index * 30`` s after BASE_NS."""
     spans = []
-    for run in range(6) if index == 0 else [5]:
-        for call in range(runaway_calls if run == 5 else 5):
+    runs = [*(range(6) if index == 0 else [5] if runaway_calls else []), *range(6, 6 + long_runs)]
+    for run in runs:
+        for call in range(runaway_calls if run == 5 else 40 if run > 5 else 5):
             start = BASE_NS + int((index * 30 + call * 0.2 + rng.random() * 0.1) * 1e9)
             spans.append({
                 "name": "search",
@@ -161,8 +165,9 @@ def _crew_payload(rng: random.Random, index: int, runaway_calls: int) -> tuple[b
 def test_runaway_runs_is_summed_from_its_per_run_counts_and_equals_duckdb(chdb_store):
     """runaway_runs on ClickHouse is the crew limits over its per-run counts part (as on DuckDB),
     not a recomputation of every run: batch after batch, while one run of a crew grows past its
-    limit (and its evidence with it), its table and the part's equal DuckDB's full computation and
-    each pass recomputes only the touched runs' counts."""
+    limit (and its evidence with it), its table equals DuckDB's full computation and each pass
+    recomputes only the touched runs' counts. Then long new runs raise the crew's limit past the
+    run, untouched: run_summary (by run) takes in the count the table changed for it."""
     rng = random.Random(12)
     store = _fresh(chdb_store, "runaway")
     assert chm.maintained()["runaway_runs"].depends == ("runaway_counts",)
@@ -171,20 +176,29 @@ def test_runaway_runs_is_summed_from_its_per_run_counts_and_equals_duckdb(chdb_s
     traces = TraceIndex(duck)
     changes = ChangeLog(store)
     found = []
-    for index, calls in enumerate([5, 12, 30, 20]):
-        batch = decode_payload(*_crew_payload(rng, index, calls))
+    for index, (calls, long_runs) in enumerate([(5, 0), (12, 0), (30, 0), (20, 0), (0, 10)]):
+        batch = decode_payload(*_crew_payload(rng, index, calls, long_runs))
         insert_batches(duck, [batch], traces)
         insert_otel_traces(store, batch.table)
         resolve_spans(store, settle_seconds=0, changes=changes)
         report = chm.bring_up_to_date(store)
         assert not report.failed
         if index:
-            assert report.recomputed["runaway_counts"] == 1  # the run touched, not every run
-        want = registry.compute_metric(duck, "runaway_runs")
-        got = read_clickhouse.read_findings(store, "runaway_runs", documented=list(want.columns))
-        assert _rows(got) == _rows(want), index
-        found.append(len(want))
-    assert found[0] == 0 and found[-1] >= 1  # the run went past its crew's limit
+            assert report.recomputed["runaway_counts"] == (long_runs or 1)  # the runs touched
+        fulls = {}
+        for name in ("runaway_runs", "run_summary"):
+            metric = registry.METRICS[name]
+            want = (
+                summary.run_summary_of(duck, fulls)
+                if name == "run_summary"
+                else registry.compute_metric(duck, name)
+            )
+            fulls[name] = want
+            got = read_clickhouse.read_findings(store, name, documented=list(metric.columns))
+            assert _rows(got) == _rows(want), (index, name)
+        found.append(len(fulls["runaway_runs"]))
+    assert found[0] == 0 and found[-2] >= 1 and found[-1] == 0  # past its crew's limit, then not
+    assert report.recomputed["run_summary"] == 11  # the ten new runs and the runaway one
     duck.close()
 
 
@@ -266,7 +280,10 @@ def test_a_window_cutting_runs_reads_the_runs_it_holds_from_the_tables(chdb_stor
     assert runs[0] and runs[1], "the window must hold some runs whole and cut others"
     cases = [(Window(since=middle), Filters()), (Window(since=first, until=middle), Filters()),
              (Window(since=middle), Filters(run=run))]  # fmt: skip
-    partitioned = [name for name in _kept_metrics() if chm.maintained()[name].partition == "run_id"]
+    items = chm.maintained()
+    partitioned = [
+        name for name in _kept_metrics() if items[name].partition == "run_id" and items[name].run_local
+    ]
     assert len(partitioned) >= 8
     for window, filters in cases:
         for name in partitioned:
@@ -275,6 +292,10 @@ def test_a_window_cutting_runs_reads_the_runs_it_holds_from_the_tables(chdb_stor
             want = registry.compute_metric(duck, name, window, filters)
             assert list(got.columns) == list(want.columns), name
             assert _rows(got) == _rows(want), (name, window, filters)
+        # run_summary (by run, not run-local: constraint drops per origin task) is assembled from
+        # each detector's answer for the window
+        got = registry.run_metric(store, "run_summary", window, filters)
+        assert _rows(got) == _rows(registry.compute_metric(duck, "run_summary", window, filters))
     # an agent filter is computed as before (no table of each run's actors here)
     got = registry.run_metric(store, "lost_updates", Window(since=middle), Filters(agent="a"))
     assert got.attrs.get("source") is None
