@@ -14,13 +14,20 @@ import pytest
 from analytics import loops, loops_fold, materialize, run_metric
 from analytics.registry import compute_metric
 from tests import tiers
-from tests.analytics.test_materialize import _canonical, _commit, _loop_batch, _pass, _store
+from tests.analytics.test_materialize import _canonical, _commit, _loop_batch, _store
+from tests.analytics.test_materialize import _pass as _pass_of
 from tests.analytics.test_summary import _random_batch
 from tests.fixtures_analytics import BASE_TIME, make_span, trace_id
 
 TASKS = ["Find the Contoso employee count for 2023", "Contoso employee count 2023",
          "Summarise the Fabrikam annual report"]  # fmt: skip
 QUERIES = ["alpha beta gamma", "alpha  beta gamma", "alpha beta gamma delta", "weather in paris", "zeta"]
+
+
+def _pass(conn) -> materialize.PassReport:
+    """A pass over repeated_calls and what it reads (the loop groups, the kept calls): what these
+    tests hold; the other results' tables are held by tests/analytics/test_materialize.py."""
+    return _pass_of(conn, ["repeated_calls"])
 
 
 def _tool_calls(rng: random.Random, start: float, runs: list[str], count: int) -> list[dict]:
