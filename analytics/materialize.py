@@ -713,6 +713,19 @@ RANGES = "run_summary_base"
 RUN_ACTORS = "run_actors"
 
 
+def reads_whole_runs(item: Maintained | None, filters: Filters) -> bool:
+    """Whether a read of ``item`` under a window may take the runs it holds whole from the table
+    (``read_window``, either engine): a run-partitioned detector whose rows of a run come from
+    that run's spans alone (``run_local``), asked without ``Filters.from_spans``."""
+    return (
+        item is not None
+        and item.partition == "run_id"
+        and item.detector is not None
+        and item.run_local
+        and not filters.reads_spans()
+    )
+
+
 def read_window(
     conn: duckdb.DuckDBPyConnection,
     name: str,
@@ -734,13 +747,7 @@ def read_window(
     if is_clickhouse(conn):  # windows only there (analytics.read_clickhouse.read_window)
         return _clickhouse_reads["read_window"](conn, name, window, filters, columns, documented)
     item = maintained().get(name)
-    if (
-        item is None
-        or item.partition != "run_id"
-        or item.detector is None
-        or not item.run_local
-        or filters.reads_spans()
-    ):
+    if not reads_whole_runs(item, filters):
         return None
     if (
         window == Window()

@@ -223,13 +223,7 @@ def read_window(store, name: str, window: Window, filters: Filters, columns: lis
     not built, a service, agent or origin-task filter (no table of each run's actors is kept
     here), a run a change not taken in yet touched."""
     item = maintained().get(name)
-    if (
-        item is None
-        or item.partition != "run_id"
-        or item.detector is None
-        or not item.run_local
-        or filters.reads_spans()
-    ):
+    if not materialize.reads_whole_runs(item, filters):
         return None
     if window == Window() or any(
         f is not None for f in (filters.service, filters.agent, filters.origin_task)
