@@ -18,7 +18,7 @@ from tests.clickhouse_stores import SERVER_URL, store_params
 pytest.importorskip("chdb", reason="chdb is in the dev extra (pip install 'driftscope[clickhouse]')")
 pytest.importorskip("sqlglot", reason="sqlglot is in the clickhouse extra")
 
-from analytics import Filters, Window, read_clickhouse, registry, summary  # noqa: E402
+from analytics import Filters, Window, goals, read_clickhouse, registry, summary  # noqa: E402
 from analytics import materialize_clickhouse as chm  # noqa: E402
 from analytics.findings_clickhouse import read_states, target_change  # noqa: E402
 from analytics.goals import score_pending_pairs  # noqa: E402
@@ -202,7 +202,7 @@ def test_runaway_runs_is_summed_from_its_per_run_counts_and_equals_duckdb(chdb_s
     duck.close()
 
 
-def test_sample_traces_request_by_request_keep_every_table_equal(chdb_store):
+def test_sample_traces_request_by_request_keep_every_table_equal(chdb_store, monkeypatch):
     store = _fresh(chdb_store, "samples")
     duck = duckdb.connect()
     migrate(duck)
@@ -218,6 +218,18 @@ def test_sample_traces_request_by_request_keep_every_table_equal(chdb_store):
         _copy_scores(duck, store)
         assert not chm.bring_up_to_date(store).failed
         _assert_tables_equal_full(duck, store, {})
+    # the goal distribution is summed inside ClickHouse: the frame the sum in process gives, per
+    # chain and statement, and over more chains than a chart shows (those columns NULL)
+    summed_inside = goals._spread_summed_in_clickhouse
+    for max_chains in (goals.MAX_CHART_CHAINS, 0):
+        monkeypatch.setattr(goals, "MAX_CHART_CHAINS", max_chains)
+        inside = summed_inside(store)
+        assert inside is not None and len(inside) > 0
+        assert inside["chain"].isna().all() == (max_chains == 0)
+        monkeypatch.setattr(goals, "_spread_summed_in_clickhouse", lambda store: None)
+        in_process = goals._spread_from_runs(store, None, None)
+        monkeypatch.setattr(goals, "_spread_summed_in_clickhouse", summed_inside)
+        pd.testing.assert_frame_equal(goals._spread_frame(store, inside), in_process)
 
 
 def test_a_new_reader_answers_from_the_tables_without_the_spans(chdb_store):
