@@ -179,14 +179,25 @@ def _true(frame: pd.DataFrame, column: str) -> pd.Series:
     return frame[column].eq(True).fillna(False).astype(bool)
 
 
+def _counted_flags(metric) -> dict[str, tuple[str, bool]]:
+    """What is counted for ``metric`` beside its rows (``n``), by label: the boolean column and
+    whether its rows that are true (else those not true: false or NULL) are counted. The one
+    statement of it: pandas (``_row_counts``) and each engine's SQL (``_changed_counts``,
+    ``_changed_counts_in_clickhouse``) count by it."""
+    counts: dict[str, tuple[str, bool]] = {}
+    if metric.failing_unless:
+        counts["unrecovered"] = (metric.failing_unless, False)
+    if metric.failing and metric.flag_column:
+        counts["flagged"] = (metric.flag_column, True)
+    return counts
+
+
 def _row_counts(metric) -> dict[str, Callable[[pd.DataFrame], pd.Series]]:
     """The per-row conditions counted for ``metric`` beside its rows (``n``), by label."""
-    counts: dict[str, Callable[[pd.DataFrame], pd.Series]] = {}
-    if metric.failing_unless:
-        counts["unrecovered"] = lambda f, c=metric.failing_unless: ~_true(f, c)
-    if metric.failing and metric.flag_column:
-        counts["flagged"] = lambda f, c=metric.flag_column: _true(f, c)
-    return counts
+    return {
+        label: (lambda f, c=column, t=when: _true(f, c) if t else ~_true(f, c))
+        for label, (column, when) in _counted_flags(metric).items()
+    }
 
 
 # Detectors whose findings are keyed by something other than the run: run_summary recomputes
@@ -537,13 +548,9 @@ def _changed_counts(conn: duckdb.DuckDBPyConnection) -> list[str]:
                 row[0] for row in conn.execute(f"SELECT run_id FROM {quote_identifier(summary)}").fetchall()
             ]
         counts = {f"{metric.name}_count": "count(*)"}
-        if metric.failing_unless:
-            counts[f"{metric.name}_unrecovered"] = (
-                f"count(*) FILTER (WHERE {quote_identifier(metric.failing_unless)} IS NOT TRUE)"
-            )
-        if metric.failing and metric.flag_column:
-            counts[f"{metric.name}_flagged"] = (
-                f"count(*) FILTER (WHERE {quote_identifier(metric.flag_column)} IS TRUE)"
+        for label, (column, when) in _counted_flags(metric).items():
+            counts[f"{metric.name}_{label}"] = (
+                f"count(*) FILTER (WHERE {quote_identifier(column)} IS {'' if when else 'NOT '}TRUE)"
             )
         table = TABLE_PREFIX + metric.name
         if table in tables:
@@ -594,10 +601,8 @@ def _changed_counts_in_clickhouse(store) -> list[str]:
             )
             return [run for run in rows.column("run_id").to_pylist() if run is not None]
         counts = {f"{metric.name}_count": "count()"}
-        if metric.failing_unless:
-            counts[f"{metric.name}_unrecovered"] = f"countIf(NOT ifNull(`{metric.failing_unless}`, false))"
-        if metric.failing and metric.flag_column:
-            counts[f"{metric.name}_flagged"] = f"countIf(ifNull(`{metric.flag_column}`, false))"
+        for label, (column, when) in _counted_flags(metric).items():
+            counts[f"{metric.name}_{label}"] = f"countIf({'' if when else 'NOT '}ifNull(`{column}`, false))"
         columns += counts
         state, have = got
         if have:  # a table with rows (without: built, no finding)
