@@ -76,6 +76,24 @@ def _copy_scores(duck: duckdb.DuckDBPyConnection, store) -> None:
         store.insert_arrow(table, duck.sql(f"SELECT * FROM {table}").to_arrow_table())
 
 
+def _scored_up_front(store, payloads: list[tuple[bytes, str]]) -> duckdb.DuckDBPyConnection:
+    """A DuckDB store holding the goal scores, embeddings and thresholds of every pair of
+    ``payloads``, which ``store`` holds too, and no span yet: the stored scores then stay as
+    they are while the spans arrive, so a pass recomputes only what its batch touched (a new
+    score rebuilds every table on ClickHouse: ``materialize_clickhouse.inputs``)."""
+    everything = duckdb.connect()
+    migrate(everything)
+    insert_batches(everything, [decode_payload(p, t) for p, t in payloads], TraceIndex(everything))
+    _copy_scores(everything, store)
+    duck = duckdb.connect()
+    migrate(duck)
+    for table in ("goal_scores", "embeddings", "thresholds"):
+        rows = everything.sql(f"SELECT * FROM {table}").to_arrow_table()  # noqa: F841 - read by name
+        duck.execute(f"INSERT INTO {table} SELECT * FROM rows")
+    everything.close()
+    return duck
+
+
 def _kept_metrics() -> list[str]:
     return [name for name in chm.maintained() if name in registry.METRICS]
 
@@ -204,20 +222,23 @@ def test_runaway_runs_is_summed_from_its_per_run_counts_and_equals_duckdb(chdb_s
 
 def test_sample_traces_request_by_request_keep_every_table_equal(chdb_store, monkeypatch):
     store = _fresh(chdb_store, "samples")
-    duck = duckdb.connect()
-    migrate(duck)
+    payloads = _sample_payloads()
+    duck = _scored_up_front(store, payloads)
     traces = TraceIndex(duck)
     changes = ChangeLog(store)
-    payloads = _sample_payloads()
     step = max(1, -(-len(payloads) // 2))
+    scoped: set[str] = set()
     for start in range(0, len(payloads), step):
         batches = [decode_payload(p, t) for p, t in payloads[start : start + step]]
         insert_batches(duck, batches, traces)
         insert_otel_traces(store, pa.concat_tables([b.table for b in batches], promote_options="default"))
         resolve_spans(store, settle_seconds=0, changes=changes)
-        _copy_scores(duck, store)
-        assert not chm.bring_up_to_date(store).failed
+        report = chm.bring_up_to_date(store)
+        assert not report.failed
+        if start:
+            scoped |= {name for name, keys in report.recomputed.items() if keys >= 0}
         _assert_tables_equal_full(duck, store, {})
+    assert {"repeated_calls", "run_summary", "constraint_drops"} <= scoped, scoped
     # the goal distribution is summed inside ClickHouse: the frame the sum in process gives, per
     # chain and statement, and over more chains than a chart shows (those columns NULL)
     summed_inside = goals._spread_summed_in_clickhouse
@@ -475,3 +496,39 @@ def test_runs_whose_spans_expired_leave_every_table(chdb_store):
     assert sum(seen.values()) > 0
     summary = read_clickhouse.read_findings(store, "run_summary")
     assert summary["run_id"].tolist() and not old_runs & set(summary["run_id"])
+
+
+def test_the_framework_corpus_batch_by_batch_keeps_every_table_equal(chdb_store):
+    """What frameworks' own exporters sent (hand-offs, agents invoked by no agent, ping-pongs,
+    code actions), three run sets interleaved request by request and resolved in three batches:
+    after each pass every table equals DuckDB's full computation, as on DuckDB
+    (tests/analytics/test_materialize.py). Every goal pair is scored before the first batch, so
+    the stored scores stay as they are and the later passes recompute only what the batch touched
+    (new scores rebuild every table on ClickHouse: ``materialize_clickhouse.inputs``)."""
+    from tests.analytics.test_clickhouse_detectors import _captured
+
+    store = _fresh(chdb_store, "frameworks")
+    sets = [_captured(name) for name in ("openai-agents", "adk-content", "langgraph-openinference")]
+    payloads = [p for group in zip(*sets, strict=False) for p in group]
+    payloads += [p for group in sets for p in group[min(len(s) for s in sets) :]]
+    assert len(payloads) == sum(len(s) for s in sets)
+    duck = _scored_up_front(store, payloads)
+    traces = TraceIndex(duck)
+    changes = ChangeLog(store)
+    step = -(-len(payloads) // 3)
+    scoped: set[str] = set()
+    for start in range(0, len(payloads), step):
+        batches = [decode_payload(p, t) for p, t in payloads[start : start + step]]
+        insert_batches(duck, batches, traces)
+        insert_otel_traces(store, pa.concat_tables([b.table for b in batches], promote_options="default"))
+        resolve_spans(store, settle_seconds=0, changes=changes)
+        report = chm.bring_up_to_date(store)
+        assert not report.failed
+        if start:
+            scoped |= {name for name, keys in report.recomputed.items() if keys >= 0}
+        seen: dict[str, int] = {}
+        _assert_tables_equal_full(duck, store, seen)
+    found = {name for name, rows in seen.items() if rows}
+    assert {"repeated_calls", "ping_pong", "goal_divergence", "no_progress", "run_summary"} <= found, found
+    assert {"repeated_calls", "ping_pong", "run_summary"} <= scoped, scoped
+    duck.close()
