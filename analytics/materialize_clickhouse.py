@@ -39,6 +39,8 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
+import pyarrow as pa
+
 import analytics.materialize as materialize
 from analytics.findings_clickhouse import (
     NULL_PART,
@@ -58,6 +60,7 @@ from analytics.findings_clickhouse import (
     write_state,
 )
 from analytics.materialize import Maintained, PassReport
+from collector.clickhouse_schema import findings_ddl
 
 logger = logging.getLogger(__name__)
 
@@ -204,6 +207,7 @@ def _bring_one(store, item: Maintained, version: str, state: ChState | None, tar
         ver = versions.next()
         rows = write_rows(store, item, item.compute(store, item.partition, None), None, ver)
         write_state(store, item, version, target, ver, versions.next(), rows)
+        _record_pruned(store, item.name, ver)  # one version per partition, as after a prune
         return -1 if keys is None else len(keys)
     failed = [key for key in state.failed_keys if key not in set(keys)]
     error = None
@@ -238,13 +242,21 @@ def prune(store) -> int:
         state = states.get(name)
         if state is None or state.seq is None or not table_columns(store, item.table):
             continue
+        # the newest version written before the DELETE: every row at or below it that the DELETE
+        # leaves is its partition's only one (a version written meanwhile is above it)
+        (seen,) = dict_rows(
+            store,
+            f"SELECT count() AS n, max(ver) AS ver FROM {qualified(store, 'findings_parts')} WHERE metric = '{name}'",
+        )
         store.command(
             f"DELETE FROM {qualified(store, item.table)} WHERE (`{PART}`, `{VERSION}`) "
-            f"NOT IN ({current_versions(store, name, state.base)})"
+            f"NOT IN ({current_versions(store, name, state.base)}) SETTINGS lightweight_deletes_sync = 2"
         )
         store.command(
             f"DELETE FROM {qualified(store, 'findings_parts')} WHERE metric = '{name}' AND ver < {int(state.base)}"
         )
+        if seen["n"]:  # after the DELETE returned (synchronous): reads rely on it
+            _record_pruned(store, name, int(seen["ver"]))
         pruned += 1
     seqs = [states[n].seq for n in maintained() if n in states and states[n].seq is not None]
     if seqs and len(seqs) == len(maintained()):
@@ -252,6 +264,15 @@ def prune(store) -> int:
         for table in ("change_log", "change_partitions"):
             store.command(f"DELETE FROM {qualified(store, table)} WHERE seq <= {int(floor)}")
     return pruned
+
+
+def _record_pruned(store, name: str, ver: int) -> None:
+    """Record that every row of ``name``'s table at or below version ``ver`` is its partition's
+    only version (read_clickhouse sorts out only the partitions written after it): after a prune's
+    synchronous DELETE, or after an unscoped write (``ver`` its rows' one version, the state's
+    new base). The newest record counts (ReplacingMergeTree by result)."""
+    store.command(findings_ddl(store.database)[-1])  # a store made before the table had none
+    store.insert_arrow("findings_pruned", pa.table({"metric": [name], "ver": pa.array([ver], pa.uint64())}))
 
 
 def expired_partitions(store) -> list[tuple[str, str]]:

@@ -134,9 +134,14 @@ def _read_if_ready(store, item: Maintained, wanted: list[str], runs: list[str] |
     if item.partition is None:
         where = f"`{VERSION}` = st.1 AND st.2"
     else:
+        # A row is current when its version is its partition's newest (findings_parts). At or below
+        # the version the last prune saw (``pruned``), the prune left one version per partition,
+        # so only the partitions written since are sorted out, not every partition of the table.
+        state += f", (SELECT coalesce(max(ver), 0) FROM {qualified(store, 'findings_pruned')} WHERE metric = {{m:String}}) AS pruned "
+        since = f"FROM {qualified(store, 'findings_parts')} WHERE metric = {{m:String}} AND ver > pruned"
         where = (
-            f"(`{PART}`, `{VERSION}`) IN (SELECT key, max(ver) FROM {qualified(store, 'findings_parts')} "
-            "WHERE metric = {m:String} GROUP BY key HAVING max(ver) >= st.1) AND st.2"
+            f"`{VERSION}` >= st.1 AND st.2 AND ((`{PART}`, `{VERSION}`) IN (SELECT key, max(ver) {since} GROUP BY key) "
+            f"OR (`{VERSION}` <= pruned AND `{PART}` NOT IN (SELECT key {since})))"
         )
     params: dict[str, Any] = {"m": item.name, "v": item.version + "|inputs="}
     if runs is not None:

@@ -531,6 +531,7 @@ CHANGE_LOG = "change_log"
 CHANGE_PARTITIONS = "change_partitions"
 FINDINGS_STATE = "findings_state"
 FINDINGS_PARTS = "findings_parts"
+FINDINGS_PRUNED = "findings_pruned"
 
 
 def findings_ddl(database: str = DEFAULT_DATABASE) -> list[str]:
@@ -539,7 +540,10 @@ def findings_ddl(database: str = DEFAULT_DATABASE) -> list[str]:
     change touched), ``findings_state`` (per result: the change its table reflects, its
     definition's version and ``base``, the oldest row version it still reads) and
     ``findings_parts`` (per result and partition, the version of its current rows). The last two
-    keep the newest row per key (ReplacingMergeTree: read with FINAL or max)."""
+    keep the newest row per key (ReplacingMergeTree: read with FINAL or max). ``findings_pruned``
+    (per result, the newest row version its last prune saw: every row at or below it that is
+    still there is its partition's only one, so a read sorts out only the partitions written
+    since)."""
     return [
         f"CREATE TABLE IF NOT EXISTS {qualified(database, CHANGE_LOG)} (seq UInt64, "
         "committed_at DateTime64(6, 'UTC'), kind LowCardinality(String), spans UInt64) "
@@ -551,6 +555,8 @@ def findings_ddl(database: str = DEFAULT_DATABASE) -> list[str]:
         "updated_at DateTime64(6, 'UTC'), ver UInt64) ENGINE = ReplacingMergeTree(ver) ORDER BY metric",
         f"CREATE TABLE IF NOT EXISTS {qualified(database, FINDINGS_PARTS)} (metric LowCardinality(String), "
         "key String, ver UInt64) ENGINE = ReplacingMergeTree(ver) ORDER BY (metric, key)",
+        f"CREATE TABLE IF NOT EXISTS {qualified(database, FINDINGS_PRUNED)} (metric LowCardinality(String), "
+        "ver UInt64) ENGINE = ReplacingMergeTree(ver) ORDER BY metric",
     ]
 
 
