@@ -60,7 +60,6 @@ from analytics.findings_clickhouse import (
     write_state,
 )
 from analytics.materialize import Maintained, PassReport
-from collector.clickhouse_schema import findings_ddl
 
 logger = logging.getLogger(__name__)
 
@@ -270,8 +269,9 @@ def _record_pruned(store, name: str, ver: int) -> None:
     """Record that every row of ``name``'s table at or below version ``ver`` is its partition's
     only version (read_clickhouse sorts out only the partitions written after it): after a prune's
     synchronous DELETE, or after an unscoped write (``ver`` its rows' one version, the state's
-    new base). The newest record counts (ReplacingMergeTree by result)."""
-    store.command(findings_ddl(store.database)[-1])  # a store made before the table had none
+    new base). The newest record counts (ReplacingMergeTree by result). The table is init's
+    (``collector.clickhouse_schema.findings_ddl``), as ``findings_parts`` is: every process that
+    writes the findings tables runs init first."""
     store.insert_arrow("findings_pruned", pa.table({"metric": [name], "ver": pa.array([ver], pa.uint64())}))
 
 
