@@ -94,6 +94,32 @@ def _scored_up_front(store, payloads: list[tuple[bytes, str]]) -> duckdb.DuckDBP
     return duck
 
 
+def _in_batches_tables_equal_full(
+    duck: duckdb.DuckDBPyConnection, store, payloads: list[tuple[bytes, str]], batches: int
+) -> tuple[set[str], dict[str, int]]:
+    """``payloads`` in ``batches`` batches into both engines (on ClickHouse through the exporter's
+    path, a logged resolve pass), a pass after each, then every table equal to DuckDB's full
+    computation. Returns the results a later pass recomputed only touched partitions of, and the
+    rows each detector had after the last batch."""
+    traces = TraceIndex(duck)
+    changes = ChangeLog(store)
+    step = max(1, -(-len(payloads) // batches))
+    scoped: set[str] = set()
+    seen: dict[str, int] = {}
+    for start in range(0, len(payloads), step):
+        decoded = [decode_payload(p, t) for p, t in payloads[start : start + step]]
+        insert_batches(duck, decoded, traces)
+        insert_otel_traces(store, pa.concat_tables([b.table for b in decoded], promote_options="default"))
+        resolve_spans(store, settle_seconds=0, changes=changes)
+        report = chm.bring_up_to_date(store)
+        assert not report.failed
+        if start:
+            scoped |= {name for name, keys in report.recomputed.items() if keys >= 0}
+        seen = {}
+        _assert_tables_equal_full(duck, store, seen)
+    return scoped, seen
+
+
 def _kept_metrics() -> list[str]:
     return [name for name in chm.maintained() if name in registry.METRICS]
 
@@ -224,20 +250,7 @@ def test_sample_traces_request_by_request_keep_every_table_equal(chdb_store, mon
     store = _fresh(chdb_store, "samples")
     payloads = _sample_payloads()
     duck = _scored_up_front(store, payloads)
-    traces = TraceIndex(duck)
-    changes = ChangeLog(store)
-    step = max(1, -(-len(payloads) // 2))
-    scoped: set[str] = set()
-    for start in range(0, len(payloads), step):
-        batches = [decode_payload(p, t) for p, t in payloads[start : start + step]]
-        insert_batches(duck, batches, traces)
-        insert_otel_traces(store, pa.concat_tables([b.table for b in batches], promote_options="default"))
-        resolve_spans(store, settle_seconds=0, changes=changes)
-        report = chm.bring_up_to_date(store)
-        assert not report.failed
-        if start:
-            scoped |= {name for name, keys in report.recomputed.items() if keys >= 0}
-        _assert_tables_equal_full(duck, store, {})
+    scoped, _ = _in_batches_tables_equal_full(duck, store, payloads, 2)
     assert {"repeated_calls", "run_summary", "constraint_drops"} <= scoped, scoped
     # the goal distribution is summed inside ClickHouse: the frame the sum in process gives, per
     # chain and statement, and over more chains than a chart shows (those columns NULL)
@@ -513,21 +526,7 @@ def test_the_framework_corpus_batch_by_batch_keeps_every_table_equal(chdb_store)
     payloads += [p for group in sets for p in group[min(len(s) for s in sets) :]]
     assert len(payloads) == sum(len(s) for s in sets)
     duck = _scored_up_front(store, payloads)
-    traces = TraceIndex(duck)
-    changes = ChangeLog(store)
-    step = -(-len(payloads) // 3)
-    scoped: set[str] = set()
-    for start in range(0, len(payloads), step):
-        batches = [decode_payload(p, t) for p, t in payloads[start : start + step]]
-        insert_batches(duck, batches, traces)
-        insert_otel_traces(store, pa.concat_tables([b.table for b in batches], promote_options="default"))
-        resolve_spans(store, settle_seconds=0, changes=changes)
-        report = chm.bring_up_to_date(store)
-        assert not report.failed
-        if start:
-            scoped |= {name for name, keys in report.recomputed.items() if keys >= 0}
-        seen: dict[str, int] = {}
-        _assert_tables_equal_full(duck, store, seen)
+    scoped, seen = _in_batches_tables_equal_full(duck, store, payloads, 3)
     found = {name for name, rows in seen.items() if rows}
     assert {"repeated_calls", "ping_pong", "goal_divergence", "no_progress", "run_summary"} <= found, found
     assert {"repeated_calls", "ping_pong", "run_summary"} <= scoped, scoped
