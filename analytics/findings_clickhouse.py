@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 import analytics.materialize as materialize
 from analytics.materialize import POSITION, Maintained, State
+from analytics.sql_loader import quote_identifier
 
 # a row's partition key ('' when whole) and its write's version (not `_part`: MergeTree's
 # virtual column of that name, the data part, shadows it in a DELETE's WHERE)
@@ -295,11 +296,45 @@ class RowVersions:
         return self.last
 
 
-def current_versions(store, name: str, base: int, parts: str | None = None) -> str:
-    """The (partition, version) pairs a read of ``name`` takes (a subquery). ``parts``: the
-    `findings_parts` table as the statement names it (a DuckDB-dialect statement that is
-    translated quotes it its own way; ClickHouse's own by default)."""
+def current_versions(store, name: str, base: int) -> str:
+    """The (partition, version) pairs current in ``name``'s table (a subquery): each partition's
+    newest version in `findings_parts`, from ``base`` on. What a prune keeps; reads take
+    ``current_rows``, which sorts out only the partitions written since the last prune."""
     return (
-        f"SELECT key, max(ver) FROM {parts or qualified(store, 'findings_parts')} WHERE metric = '{name}' "
+        f"SELECT key, max(ver) FROM {qualified(store, 'findings_parts')} WHERE metric = {_string(name)} "
         f"GROUP BY key HAVING max(ver) >= {int(base)}"
     )
+
+
+def current_rows(store, name: str, base: int | str, dialect: str = "clickhouse") -> str:
+    """The condition a row of ``name``'s partitioned table is current by (a WHERE clause on its
+    `_part` and `_ver` columns; every reader of a findings table takes its rows by it): its
+    version from ``base`` on (an integer, or an SQL expression of the statement), and either its
+    partition's newest in `findings_parts` since the version the last prune recorded
+    (`findings_pruned`), or at or below that version in a partition not written since: a prune's
+    synchronous DELETE (and an unscoped build) leaves one version per partition, so only the
+    partitions written after it are sorted out, not every partition of the table (a GROUP BY
+    over all of them and a tuple IN as large, per read). ``dialect``: "duckdb" for a statement
+    written in DuckDB's SQL and translated (identifiers quoted its way)."""
+    if dialect == "duckdb":
+        database = quote_identifier(store.database)
+        parts, pruned_table = f"{database}.findings_parts", f"{database}.findings_pruned"
+        part, version = quote_identifier(PART), quote_identifier(VERSION)
+    else:
+        parts, pruned_table = qualified(store, "findings_parts"), qualified(store, "findings_pruned")
+        part, version = f"`{PART}`", f"`{VERSION}`"
+    metric = _string(name)
+    pruned = f"(SELECT coalesce(max(ver), 0) FROM {pruned_table} WHERE metric = {metric})"
+    since = f"FROM {parts} WHERE metric = {metric} AND ver > {pruned}"
+    return (
+        f"{version} >= {base} AND (({part}, {version}) IN (SELECT key, max(ver) {since} GROUP BY key) "
+        f"OR ({version} <= {pruned} AND {part} NOT IN (SELECT key {since})))"
+    )
+
+
+def _string(name: str) -> str:
+    """A result's name (an identifier, as the registry takes it) as an SQL string literal that
+    reads the same in both dialects."""
+    if "'" in name or "\\" in name:
+        raise ValueError(f"not a result name: {name!r}")
+    return f"'{name}'"

@@ -529,7 +529,7 @@ _SPREAD_IN_CLICKHOUSE = """
 WITH spread_counts AS (
     SELECT run_id::VARCHAR AS run_id, chain::VARCHAR AS chain, hop::INTEGER AS hop,
            divergence::DOUBLE AS divergence, subtask::VARCHAR AS subtask, subtasks::BIGINT AS subtasks
-    FROM {table} WHERE ({part}, {version}) IN ({current})
+    FROM {table} WHERE {current}
 ),
 {{goal_spread}}
 SELECT s.chain, s.hop, s.divergence, s.subtask, s.subtasks, s.chains
@@ -544,7 +544,7 @@ def _spread_summed_in_clickhouse(store) -> pd.DataFrame | None:
     over the part's rows, translated; read out, the part of 10M spans was 1.8M rows). None when
     the part cannot answer (not built, no subtask yet) or spans of no run exist (no part holds
     their subtasks): then they are summed in process."""
-    from analytics.findings_clickhouse import PART, VERSION, current_versions  # noqa: PLC0415
+    from analytics.findings_clickhouse import current_rows  # noqa: PLC0415
     from analytics.read_clickhouse import ready as table_ready  # noqa: PLC0415
 
     found = table_ready(store, RUNS_PART)
@@ -554,9 +554,7 @@ def _spread_summed_in_clickhouse(store) -> pd.DataFrame | None:
     database = quote_identifier(store.database)
     sql = _SPREAD_IN_CLICKHOUSE.format(
         table=f"{database}.{quote_identifier(TABLE_PREFIX + RUNS_PART)}",
-        part=quote_identifier(PART),
-        version=quote_identifier(VERSION),
-        current=current_versions(store, RUNS_PART, state.base, parts=f"{database}.findings_parts"),
+        current=current_rows(store, RUNS_PART, state.base, dialect="duckdb"),
     )
     table = query_arrow(store, expand_fragments(sql), {"max_chains": MAX_CHART_CHAINS})
     with memory_cursor() as mem:  # its few rows typed as the in-process sum gives them

@@ -49,6 +49,7 @@ from analytics.findings_clickhouse import (
     ChState,
     RowVersions,
     count_of,
+    current_rows,
     current_versions,
     dict_rows,
     qualified,
@@ -303,8 +304,7 @@ def expired_partitions(store) -> list[tuple[str, str]]:
             if not columns:
                 continue
             current = (
-                f"FROM {qualified(store, item.table)} "
-                f"WHERE (`{PART}`, `{VERSION}`) IN ({current_versions(store, name, states[name].base)})"
+                f"FROM {qualified(store, item.table)} WHERE {current_rows(store, name, states[name].base)}"
             )
             held.append(f"SELECT DISTINCT `{PART}` AS k {current}")
             if cutoff is not None and "first_seen" in columns:

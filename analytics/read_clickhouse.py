@@ -23,11 +23,10 @@ import analytics.materialize as materialize
 from analytics.engine import _naive_utc
 from analytics.findings_clickhouse import (
     NULL_FLAG,
-    PART,
     VERSION,
     ChState,
     cell_columns,
-    current_versions,
+    current_rows,
     dict_rows,
     qualified,
     read_states,
@@ -97,7 +96,7 @@ def read_findings(store, name: str, window: Window = Window(), filters: Filters 
         frame.attrs["source"] = "table"
         return frame
     flags = [NULL_FLAG + c for c in wanted if NULL_FLAG + c in have]
-    where = f"(`{PART}`, `{VERSION}`) IN ({current_versions(store, name, state.base)})"
+    where = current_rows(store, name, state.base)
     params: dict[str, Any] = {}
     if filters.run is not None:
         where += " AND run_id = {run:String}"
@@ -134,15 +133,7 @@ def _read_if_ready(store, item: Maintained, wanted: list[str], runs: list[str] |
     if item.partition is None:
         where = f"`{VERSION}` = st.1 AND st.2"
     else:
-        # A row is current when its version is its partition's newest (findings_parts). At or below
-        # the version the last prune saw (``pruned``), the prune left one version per partition,
-        # so only the partitions written since are sorted out, not every partition of the table.
-        state += f", (SELECT coalesce(max(ver), 0) FROM {qualified(store, 'findings_pruned')} WHERE metric = {{m:String}}) AS pruned "
-        since = f"FROM {qualified(store, 'findings_parts')} WHERE metric = {{m:String}} AND ver > pruned"
-        where = (
-            f"`{VERSION}` >= st.1 AND st.2 AND ((`{PART}`, `{VERSION}`) IN (SELECT key, max(ver) {since} GROUP BY key) "
-            f"OR (`{VERSION}` <= pruned AND `{PART}` NOT IN (SELECT key {since})))"
-        )
+        where = f"st.2 AND {current_rows(store, item.name, 'st.1')}"
     params: dict[str, Any] = {"m": item.name, "v": item.version + "|inputs="}
     if runs is not None:
         where += " AND run_id IN {runs:Array(String)}"

@@ -135,10 +135,8 @@ def _coverage_summed_in_clickhouse(store) -> pd.DataFrame:
     from the spans when the table cannot answer, or when spans of no run exist (no part holds
     them; the collector gives every span a run)."""
     from analytics.findings_clickhouse import (  # noqa: PLC0415 - ClickHouse's tables
-        PART,
-        VERSION,
         cell_columns,
-        current_versions,
+        current_rows,
     )
     from analytics.read_clickhouse import ready as table_ready  # noqa: PLC0415
 
@@ -149,10 +147,10 @@ def _coverage_summed_in_clickhouse(store) -> pd.DataFrame:
     # the part's cells: its columns but the versioning ones (as a read of it takes them)
     cells = ", ".join(quote_identifier(c) for c in cell_columns(list(have)))
     database = quote_identifier(store.database)
-    current = current_versions(store, COVERAGE_RUNS, state.base, parts=f"{database}.findings_parts")
+    current = current_rows(store, COVERAGE_RUNS, state.base, dialect="duckdb")
     sql = (
         f"WITH run_cells AS (SELECT {cells} FROM {database}.{quote_identifier(TABLE_PREFIX + COVERAGE_RUNS)} "
-        f"WHERE ({quote_identifier(PART)}, {quote_identifier(VERSION)}) IN ({current})),\n"
+        f"WHERE {current}),\n"
         "{enforcement_per_tool}"
     )
     return query_df(store, expand_fragments(sql), {})
@@ -579,7 +577,7 @@ def _changed_counts_in_clickhouse(store) -> list[str]:
     detector's current rows counted minus the run_summary table's count (only its runs with one
     not 0); a run with a difference not 0 changed. Every run of the table when a detector's
     table is not built."""
-    from analytics.findings_clickhouse import PART, VERSION, current_versions, qualified  # noqa: PLC0415
+    from analytics.findings_clickhouse import current_rows, qualified  # noqa: PLC0415
     from analytics.read_clickhouse import ready as table_ready  # noqa: PLC0415
 
     found = table_ready(store, SUMMARY)
@@ -588,10 +586,7 @@ def _changed_counts_in_clickhouse(store) -> list[str]:
     summary_state, _ = found
     summary = qualified(store, TABLE_PREFIX + SUMMARY)
 
-    def current(name: str, base: int) -> str:
-        return f"(`{PART}`, `{VERSION}`) IN ({current_versions(store, name, base)})"
-
-    in_summary = current(SUMMARY, summary_state.base)
+    in_summary = current_rows(store, SUMMARY, summary_state.base)
     branches, columns = [], []
     for metric in _summed_metrics():
         got = table_ready(store, metric.name)
@@ -611,7 +606,7 @@ def _changed_counts_in_clickhouse(store) -> list[str]:
             branches.append(
                 f"SELECT run_id, kv.1 AS c, kv.2 AS n FROM (SELECT run_id, {named} "
                 f"FROM {qualified(store, TABLE_PREFIX + metric.name)} "
-                f"WHERE {current(metric.name, state.base)} AND run_id IS NOT NULL GROUP BY run_id) "
+                f"WHERE {current_rows(store, metric.name, state.base)} AND run_id IS NOT NULL GROUP BY run_id) "
                 f"ARRAY JOIN [{pairs}] AS kv"
             )
     # the table's counts not 0, each run's row read once
