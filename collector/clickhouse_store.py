@@ -264,6 +264,41 @@ def _chdb_params(params: dict[str, Any] | None) -> dict[str, str] | None:
     return {name: _chdb_value(value) for name, value in params.items()}
 
 
+def chdb_path_holder(path: Path) -> str | None:
+    """Who holds the chdb data path ``path`` (its ``status`` file, which the embedded server
+    locks while a process has the path open), as "process PID (command line)"; None when no
+    other process holds it."""
+    import fcntl  # noqa: PLC0415 - POSIX only, as chdb is
+
+    status = path / "status"
+    try:
+        handle = status.open("rb")
+    except OSError:
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            pass  # locked: held by another process
+        else:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            return None
+        text = handle.read(4096).decode("utf-8", "replace")
+    pid = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("PID:")), "")
+    if not pid.isdigit():
+        return "process unknown"
+    try:
+        command = (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        )
+    except OSError:
+        command = ""
+    command = " ".join(command.split())  # one line, however it was started
+    if len(command) > 160:
+        command = command[:157] + "..."
+    return f"process {pid}" + (f": {command}" if command else "")
+
+
 class ChdbStore(ClickHouseStore):
     """ClickHouse in process (chdb) on a local data path."""
 
@@ -285,6 +320,14 @@ class ChdbStore(ClickHouseStore):
         try:
             self._session = session.Session(str(path))
         except Exception as exc:
+            holder = chdb_path_holder(Path(path))
+            if holder is not None:
+                raise StoreURLError(
+                    f"chdb:{path} is open in another process ({holder}): a chdb path is one process's "
+                    "at a time. Stop that process first, or read the store through the serve that "
+                    "holds it (`--source http://HOST:PORT`, its read API), or keep the spans "
+                    "on a ClickHouse server (clickhouse://HOST:8123/DB), which many processes share."
+                ) from exc
             if "already initialized" not in str(exc):
                 raise
             raise StoreURLError(

@@ -117,3 +117,43 @@ def test_resolve_follow_resolves_beside_the_exporter_and_says_how_far_behind(tmp
     assert "stopped resolving otel" in log.read_text()
     after = json.loads(_run("-c", _STATUS, str(path)).stdout)
     assert after["unresolved_spans"] == 0 and after["lag_seconds"] == 0.0 and after["resolved_to"] is not None
+
+
+# Opens a chdb path and holds it until its stdin closes (a serve, dashboard or report on it).
+_HOLDER = """
+import sys
+from collector.clickhouse_store import ChdbStore
+
+store = ChdbStore(sys.argv[1])
+print("open", flush=True)
+sys.stdin.read()
+store.close()
+"""
+
+
+def test_a_chdb_path_another_process_holds_gets_a_clear_error_naming_it(tmp_path):
+    """chdb takes a data path for one process; a second one got the embedded server's
+    "Error initializing EmbeddedServer: . (BAD_ARGUMENTS)" as a traceback. It now says which
+    process holds the path and what to do, and exits 2 as other bad input does."""
+    path = tmp_path / "ch"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(path)], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        for args in (
+            ("report", "--source", f"chdb:{path}", "--out", str(tmp_path / "r.html")),
+            ("clickhouse", "resolve", "--store", f"chdb:{path}"),
+        ):
+            done = _run("-m", "driftscope", *args, timeout=120)
+            assert done.returncode == 2, done.stderr
+            message = done.stderr.strip().splitlines()[-1]
+            assert f"chdb:{path} is open in another process (process {holder.pid}: " in message
+            assert "Traceback" not in done.stderr and "clickhouse://HOST:8123/DB" in message
+    finally:
+        holder.stdin.close()
+        holder.wait(30)
+    # once the holder is gone the path opens again
+    done = _run("-m", "driftscope", "clickhouse", "resolve", "--store", f"chdb:{path}", timeout=120)
+    assert "open in another process" not in done.stderr
