@@ -501,8 +501,8 @@ class StoreSource(DuckDBFileSource):
                 hint = (
                     " chdb lets one process open a data path: while `driftscope serve --store` holds it, "
                     "use that serve's URL as the source (--source http://HOST:4318) or read a copy."
-                    if "chdb:" in self.description
-                    else ""
+                    if "chdb:" in self.description and "open in another process" not in str(exc)
+                    else ""  # the store's own message names the holder and what to do
                 )
                 raise SourceUnavailable(f"Cannot open the {self.description} ({exc}).{hint}") from exc
         return self._conn

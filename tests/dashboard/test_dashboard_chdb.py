@@ -8,6 +8,7 @@ run_summary on chdb, ~8 s here) is marked slow.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -114,9 +115,13 @@ def test_a_chdb_path_another_process_holds_is_a_banner_not_a_traceback(chdb_sour
     import streamlit as st
 
     from dashboard import ui
+    from driftscope.clickhouse_command import open_for_reading
 
     source = chdb_source[0]
-    ui.get_source(source).health()  # this process holds the path now
+    # as `driftscope dashboard` sets it (not left to an earlier test's app run: the test before
+    # this one clears it)
+    datasource.set_store_opener(open_for_reading)
+    assert ui.get_source(source).health().ok  # this process holds the path now
     code = (
         "from functools import partial\n"
         "from collector.clickhouse_store import open_store_url\n"
@@ -126,8 +131,13 @@ def test_a_chdb_path_another_process_holds_is_a_banner_not_a_traceback(chdb_sour
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert run.returncode == 0, run.stderr
-    assert f"Cannot open the ClickHouse store {source}" in run.stdout
-    assert "use that serve's URL as the source" in run.stdout
+    assert (
+        f"Cannot open the ClickHouse store {source} ({source} is open in another process (process "
+        in run.stdout
+    )
+    assert f"process {os.getpid()}: " in run.stdout  # this test process holds it
+    assert "read the store through the serve that holds it (`--source http://HOST:PORT`" in run.stdout
+    assert run.stdout.count("one process") == 1  # said once
     st.cache_data.clear()
 
 
