@@ -560,6 +560,20 @@ def findings_ddl(database: str = DEFAULT_DATABASE) -> list[str]:
     ]
 
 
+# One writer per database (collector.clickhouse_lease): the newest claim by version holds it.
+WRITER_LEASE = "driftscope_writer"
+
+
+def writer_lease_ddl(database: str = DEFAULT_DATABASE) -> str:
+    """The writer lease's table: a row per claim (holder '' releases it), times and versions
+    from the server's clock."""
+    return (
+        f"CREATE TABLE IF NOT EXISTS {qualified(database, WRITER_LEASE)} (holder String, role String, "
+        "host String, pid UInt32, claimed_at DateTime64(3, 'UTC'), ver UInt64) "
+        "ENGINE = ReplacingMergeTree(ver) ORDER BY tuple()"
+    )
+
+
 def driftscope_ddl(
     database: str = DEFAULT_DATABASE,
     source: str = DEFAULT_TRACES_TABLE,
@@ -574,4 +588,5 @@ def driftscope_ddl(
         *analytics_tables_ddl(database),
         ingest_counters_ddl(database),
         *findings_ddl(database),
+        writer_lease_ddl(database),
     ]

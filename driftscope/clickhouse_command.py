@@ -47,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_clickhouse(args: argparse.Namespace, values: dict[str, Any]) -> int:
+    from collector.clickhouse_lease import WriterLease, WriterLeaseTaken
     from collector.clickhouse_resolve import resolve_spans, resolve_status
     from collector.clickhouse_store import ClickHouseStore, StoreURLError, open_store_url
 
@@ -86,15 +87,27 @@ def cmd_clickhouse(args: argparse.Namespace, values: dict[str, Any]) -> int:
                         f"{store.database} has no driftscope tables yet: run `driftscope clickhouse init "
                         f"--store {url}` first"
                     )
-                if args.follow:
-                    follow(store, args.interval)
-                else:
+                # one writer per database: refused while a serve or a follower writes it
+                lease_store = store if store.engine == "chdb" else open_store_url(url)
+                lease = WriterLease(lease_store, "clickhouse resolve" + (" --follow" if args.follow else ""))
+                try:
+                    try:
+                        lease.acquire(take_over=store.engine == "chdb")  # a chdb path is ours alone
+                    except WriterLeaseTaken as exc:
+                        raise ConfigError(str(exc)) from None
+                    if args.follow:
+                        return follow(store, args.interval, lease)
+                    lease.start_renewing(lambda claim: None)  # a long pass keeps it; the loss is logged
                     rewritten = resolve_spans(store)
                     status = resolve_status(store)
                     print(
                         f"resolved: {rewritten} span rows rewritten; resolved to {status['resolved_to']}, "
                         f"{status['unresolved_spans']} span(s) ingested since (younger than 2 s)"
                     )
+                finally:
+                    lease.release()
+                    if lease_store is not store:
+                        lease_store.close()
         except StoreURLError as exc:
             raise ConfigError(str(exc)) from None
     finally:
@@ -124,10 +137,12 @@ def open_for_reading(url: str):
     return store
 
 
-def follow(store, interval: float) -> None:
+def follow(store, interval: float, lease) -> int:
     """Resolve passes every ``interval`` seconds until SIGTERM / SIGINT, each followed by a pass
     of the findings tables' materializer, logging after each how far behind `spans` and the
-    tables are; a failed pass is logged and tried again at the next one."""
+    tables are; a failed pass is logged and tried again at the next one. ``lease``: the writer
+    lease this process holds (``collector.clickhouse_lease``), renewed meanwhile; lost to another
+    writer, it stops after the pass under way and returns 1 (0 when stopped by a signal)."""
     import time  # noqa: PLC0415
 
     from analytics.materialize_clickhouse import ClickHouseMaterializer  # noqa: PLC0415
@@ -140,6 +155,8 @@ def follow(store, interval: float) -> None:
     versions = None
 
     halt = threading.Event()
+    lost = []
+    lease.start_renewing(lambda claim: (lost.append(claim), halt.set()))
     previous = {sig: signal.signal(sig, lambda *_: halt.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     logger.info("resolving %s every %.1f s until SIGTERM or Ctrl-C", store.database, interval)
     try:
@@ -169,4 +186,8 @@ def follow(store, interval: float) -> None:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if lost:
+        logger.error("stopped resolving %s: %s took its writer lease", store.database, lost[0].describe())
+        return 1
     logger.info("stopped resolving %s", store.database)
+    return 0

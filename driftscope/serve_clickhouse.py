@@ -24,6 +24,8 @@ single-row update; so one serve per store evaluates alerts. ``GET /api/v1/alerts
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ from starlette.routing import Route
 from analytics.engine import fetch_rows
 from analytics.materialize_clickhouse import ClickHouseMaterializer
 from analytics.read_clickhouse import freshness
+from collector.clickhouse_lease import Claim, WriterLease, WriterLeaseTaken
 from collector.clickhouse_resolve import resolve_status
 from collector.clickhouse_store import (
     ClickHouseStore,
@@ -100,6 +103,18 @@ def start_clickhouse_ingest(config, receiver_config: ReceiverConfig) -> tuple:
                 "serve evaluating alerts on this store? One serve per store may (the others drop the "
                 "alert settings)"
             ) from None
+    # one writer per database: a second serve (or `clickhouse resolve --follow`) is refused
+    lease_store = store if store.engine == "chdb" else open_store_url(config.store)
+    lease = WriterLease(lease_store, "serve --store")
+    try:
+        lease.acquire(take_over=store.engine == "chdb")  # a chdb path is this process's alone
+    except WriterLeaseTaken as exc:
+        if lease_store is not store:
+            lease_store.close()
+        store.close()
+        if alert_state is not None:
+            alert_state.close()
+        raise ConfigError(str(exc)) from None
     stats = IngestStats()
     queue = IngestQueue(config.queue_max_bytes)
     decode_pool = DecodePool(config.decode_workers)
@@ -118,6 +133,7 @@ def start_clickhouse_ingest(config, receiver_config: ReceiverConfig) -> tuple:
         changes=writer.changes,
     )
     materializer.start()
+    lease.start_renewing(_stop_on_lost_lease)
     alerting = None
     if alert_state is not None:
         # The detectors take read turns like the API's reads, one per rule (requests go in
@@ -155,6 +171,7 @@ def start_clickhouse_ingest(config, receiver_config: ReceiverConfig) -> tuple:
             "token_required": bool(config.token),
             "alerting": alerting.health() if alerting is not None else {"enabled": False},
             "findings": _findings_health(store, materializer),
+            "writer_lease": "lost to " + lease.lost.describe() if lease.lost is not None else "held",
         }
 
     async def not_here(request: Request) -> Response:
@@ -186,7 +203,10 @@ def start_clickhouse_ingest(config, receiver_config: ReceiverConfig) -> tuple:
             alerting.stop()
         materializer.stop()
         writer.stop()
+        lease.release()
         with read_turns:  # a read still running finishes first
+            if lease_store is not store:
+                lease_store.close()
             if read_store is not store:
                 read_store.close()
             if materializer.store is not store:
@@ -198,6 +218,14 @@ def start_clickhouse_ingest(config, receiver_config: ReceiverConfig) -> tuple:
     app = Starlette(routes=routes)
     app.state.alerting = alerting  # the AlertService (None when off), for in-process tests
     return app, queue, writer, receiver_config, stats, decode_pool, pending, stop_writing
+
+
+def _stop_on_lost_lease(claim: Claim) -> None:
+    """Another process took the writer lease (this one was stopped past it): writing on would
+    interleave two change logs, so serve stops as on SIGTERM (a supervisor that starts it again
+    gets the refusal naming the holder)."""
+    logger.error("stopping: %s now writes this database", claim.describe())
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _findings_health(store, materializer: ClickHouseMaterializer) -> dict:

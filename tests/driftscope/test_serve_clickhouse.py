@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("chdb", reason="chdb is in the dev extra (pip install 'driftscope[clickhouse]')")
 
+from collector.clickhouse_lease import WriterLease  # noqa: E402
 from collector.clickhouse_resolve import clickhouse_to_duckdb  # noqa: E402
 from collector.clickhouse_store import ChdbStore  # noqa: E402
 from collector.decode import PROTOBUF, decode_payload  # noqa: E402
@@ -42,6 +43,7 @@ def test_serve_writes_otlp_into_clickhouse_in_the_exporters_layout(tmp_path):
     sent = 0
     try:
         assert serve.health()["store"] == {"engine": "chdb", "database": "otel", "table": "otel_traces"}
+        assert serve.health()["writer_lease"] == "held"  # one writer per database
         for record, body in _recorded_requests():
             headers = {"Content-Type": record["content_type"]}
             if record.get("content_encoding"):
@@ -60,6 +62,9 @@ def test_serve_writes_otlp_into_clickhouse_in_the_exporters_layout(tmp_path):
     try:
         got = clickhouse_to_duckdb(store.execute("SELECT * FROM otel.spans"))
         assert store.execute("SELECT count() AS n FROM otel.otel_traces").column("n")[0].as_py() == sent
+        # it gave the writer lease up on stopping: the next writer need not wait for it to lapse
+        assert WriterLease(store, "test").current() is None
+        assert store.execute("SELECT count() AS n FROM otel.driftscope_writer").column("n")[0].as_py() >= 2
     finally:
         store.close()
     expected = conn.sql("SELECT * FROM spans").to_arrow_table()
