@@ -358,7 +358,7 @@ def _kept_evidence(conn: duckdb.DuckDBPyConnection) -> dict[tuple[str, str], tup
     table = TABLE_PREFIX + "runaway_runs"
     if state is None or not table_exists(conn, table):
         return {}
-    if not column_types(conn, quote_identifier(table)).get("span_ids", "").endswith("[]"):
+    if not column_types(conn, table).get("span_ids", "").endswith("[]"):
         return {}  # made from a computation without rows: its columns are not typed yet
     upto = newest_change(conn)
     others = conn.execute(
