@@ -26,7 +26,8 @@ the two engines:
   returns the type's default, '' or 0, otherwise);
 - several ``unnest`` in one SELECT are zipped (``arrayJoin(arrayZip(...))``: ClickHouse would
   multiply them);
-- ``x IN (col, col)`` is an OR of equalities (ClickHouse wants a constant set);
+- ``x IN (col, col)`` is an OR of equalities (ClickHouse wants a constant set); ``x = ANY($list)``
+  is ``x IN {list}`` (one set; SQLGlot's ``has(list, x)`` searched the list per row);
 - ``SEMI``/``ANTI JOIN`` are ``LEFT SEMI``/``LEFT ANTI``; ``UNION ALL BY NAME`` is ``UNION ALL``
   (refused unless both sides name the same columns in the same order);
   ``AS NOT MATERIALIZED`` hints are dropped, ``AS MATERIALIZED`` CTEs are materialized;
@@ -373,6 +374,13 @@ def _rewrite(node: exp.Expression, params: dict[str, str]) -> exp.Expression:  #
         args[0] = _fn("toNullable", args[0])
         node.this.set("expressions", args)
         return node
+    if isinstance(node, exp.EQ) and isinstance(node.expression, exp.Any):
+        values = node.expression.this.unnest()
+        if isinstance(values, exp.Cast) and isinstance(values.this, exp.Placeholder):
+            # ``x = ANY($list)`` -> ``x IN {list}``: SQLGlot's ``has(list, x)`` searches the list
+            # per row (1.7 s against 0.16 on 10M spans with 125 origin tasks) and skips no
+            # granule by an index; IN builds one set and, like DuckDB, leaves a NULL x out
+            return exp.In(this=node.this, field=values)
     if (
         isinstance(node, exp.In)
         and node.expressions
