@@ -10,11 +10,13 @@ from dataclasses import dataclass
 import duckdb
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from analytics.coverage import coverage_text
 from analytics.crew_limits import count_limits
 from analytics.engine import is_clickhouse
 from analytics.goal_refresh import rescored_runs
+from analytics.goals import RUNS_PART as GOAL_COUNTS
 from analytics.goals import goal_run_stats
 from analytics.materialize import (
     PARTS,
@@ -37,7 +39,14 @@ from analytics.registry import (
     run_metric,
     whole_if_covering,
 )
-from analytics.sql_loader import expand_fragments, filter_params, query_df, quote_identifier, run_sql
+from analytics.sql_loader import (
+    expand_fragments,
+    filter_params,
+    memory_cursor,
+    query_df,
+    quote_identifier,
+    run_sql,
+)
 from analytics.thresholds import ThresholdInfo, current_threshold
 from analytics.types import Filters, Window
 
@@ -427,20 +436,50 @@ def _actor_rows(
     return run_sql(conn, "run_actors", Window(), run_scope(conn, keys))
 
 
+# goal_run_stats per run from goal_divergence_runs' rows (the run's scored subtasks counted by
+# rounded divergence): a subtask above the threshold is drifted, the highest is the worst; runs
+# without a scored subtask have no row there, as in goal_run_stats.
+_GOAL_ROWS_FROM_COUNTS = """
+SELECT run_id::VARCHAR AS run_id,
+       coalesce(sum(subtasks) FILTER (WHERE divergence > $threshold::DOUBLE), 0)::BIGINT AS drifted_subtasks,
+       max(divergence)::DOUBLE AS worst_divergence
+FROM _counts
+WHERE run_id IS NOT NULL AND divergence IS NOT NULL
+GROUP BY run_id
+ORDER BY run_id
+"""
+
+
+_GOAL_COUNTS_SCHEMA = pa.schema(
+    [("run_id", pa.string()), ("divergence", pa.float64()), ("subtasks", pa.int64())]
+)
+
+
 def _goal_rows(
     conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
 ) -> pd.DataFrame:
+    """The part's rows of runs ``keys``: summed from goal_divergence_runs' table (brought up to
+    date first in a pass), which counts the same subtasks, so a pass matches subtasks to their
+    scores once, not once per result; computed from the spans when that table cannot answer."""
     threshold = current_threshold(conn, "goal_divergence").value
-    return goal_run_stats(conn, Window(), run_scope(conn, keys), threshold).reset_index()
+    counts = read_findings(conn, GOAL_COUNTS, columns=["run_id", "divergence", "subtasks"], runs=keys)
+    if counts is None:
+        return goal_run_stats(conn, Window(), run_scope(conn, keys), threshold).reset_index()
+    with memory_cursor() as mem:
+        mem.register(
+            "_counts", pa.Table.from_pandas(counts, schema=_GOAL_COUNTS_SCHEMA, preserve_index=False)
+        )
+        return mem.execute(_GOAL_ROWS_FROM_COUNTS, {"threshold": threshold}).df()
 
 
 maintain(Maintained(BASE_PART, "run_id", _base_rows, (("first_seen", False), ("run_id", False)), "2"))
 # recomputed for the runs the change log names and those the worker's stored scores name
 maintain(
     Maintained(
-        GOALS_PART, "run_id", _goal_rows, (("run_id", False),), "1", extra_keys=rescored_runs(GOALS_PART)
+        GOALS_PART, "run_id", _goal_rows, (("run_id", False),), "2", depends=(GOAL_COUNTS,),
+        extra_keys=rescored_runs(GOALS_PART), portable=True,
     )
-)
+)  # fmt: skip
 maintain(
     Maintained(RUN_ACTORS, "run_id", _actor_rows, (("run_id", False), ("kind", False), ("name", False)), "1")
 )
