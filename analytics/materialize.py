@@ -870,7 +870,7 @@ def _arrow(frame: pd.DataFrame | pa.Table, start: int = 0) -> pa.Table:
 
 def column_types(conn: duckdb.DuckDBPyConnection, name: str) -> dict[str, str]:
     """The columns of the table (or registered relation) ``name`` (unquoted) and their DuckDB
-    types, as DESCRIBE gives them: from binding the name, not a statement (a third of the cost,
+    types, as DESCRIBE gives them: from binding the name, not a statement (cheaper than DESCRIBE,
     and a name that does not resolve raises ``CatalogException`` without aborting the
     transaction)."""
     relation = conn.table(name)
@@ -998,7 +998,7 @@ def _write_state(
 ) -> None:
     """In the writer's transaction: ``item``'s state row (the change its table reflects, its
     rows). An UPDATE of the row a result has after its first write (an upsert on the primary
-    key cost twice as much, once per result and pass); an INSERT for its first."""
+    key cost more, once per result and pass); an INSERT for its first."""
     rows = 0
     if table_exists(conn, item.table):  # (a statement naming no table would abort the transaction)
         ((rows,),) = conn.execute(f"SELECT count(*) FROM {quote_identifier(item.table)}").fetchall()

@@ -278,12 +278,11 @@ def chdb_path_holder(path: Path) -> str | None:
     with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            pass  # locked: held by another process
+        except OSError:  # locked: another process holds the path
+            text = handle.read(4096).decode("utf-8", "replace")
         else:
             fcntl.flock(handle, fcntl.LOCK_UN)
             return None
-        text = handle.read(4096).decode("utf-8", "replace")
     pid = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("PID:")), "")
     if not pid.isdigit():
         return "process unknown"

@@ -343,7 +343,7 @@ def test_a_rounded_negative_zero_groups_with_zero_as_in_duckdb(chdb_store):
 def test_a_value_in_a_list_parameter_is_a_set_lookup_that_leaves_null_out_as_in_duckdb(chdb_store):
     """``x = ANY($list)`` (how the materializer scopes a computation to its touched runs and
     origin tasks) is ``x IN {list}`` on ClickHouse: one set, not SQLGlot's ``has(list, x)``,
-    which searched the list per row (10x slower on origin tasks, which no index orders) and took
+    which searched the list per row (slow on origin tasks, which no index orders) and took
     a NULL x for a match under NOT, where DuckDB leaves it out."""
     sql = """
         SELECT count(*) FILTER (WHERE x = ANY($keys::VARCHAR[])) AS hit,

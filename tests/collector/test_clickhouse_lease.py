@@ -156,16 +156,20 @@ def test_a_chdb_path_is_taken_over_from_a_writer_that_died_holding_it(tmp_path):
     assert done.stdout.startswith("resolved: ")
 
 
-@pytest.mark.skipif(not SERVER_URL, reason="needs a ClickHouse server (DRIFTSCOPE_CLICKHOUSE_URL)")
-def test_clickhouse_resolve_is_refused_while_another_process_writes_the_server_database(store):
+@pytest.mark.skipif(
+    not SERVER_URL,
+    reason="needs a ClickHouse server (DRIFTSCOPE_CLICKHOUSE_URL; database driftscope_test_lease_cli dropped): "
+    "a chdb path cannot be open in two processes",
+)
+def test_clickhouse_resolve_is_refused_while_another_process_writes_the_server_database():
     """The CLI side of the refusal (serve --store takes the same path): exit 2, the holder named."""
-    if store.engine == "chdb":
-        pytest.skip("a chdb path cannot be open in two processes: the server variant")
+    url = SERVER_URL.rsplit("/", 1)[0] + "/driftscope_test_lease_cli"
+    store = open_store_url(url)
+    store.command(f"DROP DATABASE IF EXISTS `{store.database}`")
     store.migrate()
     holder = _lease(store, "serve --store")
     holder.acquire()
     holder.start_renewing(lambda claim: None)
-    url = SERVER_URL.rsplit("/", 1)[0] + "/" + store.database
     try:
         for args in (
             ("clickhouse", "resolve", "--store", url),
@@ -178,3 +182,4 @@ def test_clickhouse_resolve_is_refused_while_another_process_writes_the_server_d
         holder.release()
     done = _driftscope("clickhouse", "resolve", "--store", url)
     assert done.returncode == 0, done.stderr
+    store.close()
