@@ -276,14 +276,37 @@ def test_hand_offs_between_agents_that_already_bounced_recompute_nothing(tmp_pat
 @pytest.mark.parametrize("seed", [0, 1, pytest.param(2, marks=pytest.mark.deep)])
 def test_the_kept_calls_equal_a_full_recomputation_after_every_batch(tmp_path, seed):
     """Tool calls in and out of time order, delegations, agent invocations, code actions and
-    the detectors' other spans, in random batches: after each pass the components are a full
-    recomputation's, and some passes appended calls and some relinked groups."""
+    the detectors' other spans, in random batches, and tool calls without an agent whose agent's
+    span comes a batch or two later (as exporters send parents after children): after each pass
+    the components are a full recomputation's, and some passes appended calls and some relinked
+    groups."""
     rng = random.Random(seed)
     conn = _store(tmp_path)
     runs = [f"run-{i}" for i in range(3)]
     appended = relinked = 0
+    waiting: list[tuple[int, dict]] = []  # (batch it comes in, parent span)
     for batch in range(tiers.batches(full=8, quick=4)):
         rows = _tool_calls(rng, 60 * batch + rng.choice([0, 0, -90]), runs, rng.randint(5, 25))
+        rows += [parent for due, parent in waiting if due == batch]
+        waiting = [(due, parent) for due, parent in waiting if due != batch]
+        for _ in range(rng.randint(1, 2)):  # an agent's tool calls now, its own span later
+            run, at = rng.choice(runs), 60 * batch + rng.random() * 30
+            trace = trace_id(f"{run}/late-{batch}-{len(waiting)}")
+            parent = make_span(at, run=run, TraceId=trace, agent_id=rng.choice(["a", "b", "p"]),
+                               SpanName="invoke_agent", ingested_at=BASE_TIME + timedelta(seconds=60 * batch))  # fmt: skip
+            rows += [
+                make_span(
+                    at + 0.1 + i,
+                    run=run,
+                    TraceId=trace,
+                    ParentSpanId=parent["SpanId"],
+                    tool_name=rng.choice(["search", "fetch"]),
+                    tool_args={"q": rng.choice(QUERIES)},
+                    ingested_at=BASE_TIME + timedelta(seconds=60 * batch),
+                )  # fmt: skip
+                for i in range(rng.randint(1, 3))
+            ]
+            waiting.append((batch + rng.choice([1, 2]), parent))
         _commit(conn, rows + _loop_batch(rng, batch, runs) + _random_batch(rng, batch, runs))
         if materialize.ready(conn, loops_fold.CALLS) is not None:
             fold = _fold_now(conn)
