@@ -628,20 +628,5 @@ def loops_changed(conn: duckdb.DuckDBPyConnection, after: int, upto: int) -> lis
     return None if "*" in keys else keys
 
 
-def kept_calls(conn: duckdb.DuckDBPyConnection, keys: list[str] | None) -> pd.DataFrame:
-    """The kept calls of the groups ``keys`` names (every group when None) in components with
-    enough calls to be a loop."""
-    where, params = "", {}
-    if keys is not None:
-        condition, params = run_tool_where(keys)
-        where = f"WHERE {condition}"
-    return query_df(
-        conn,
-        f"WITH g AS (SELECT * EXCLUDE (_pos) FROM {TABLE} {where}) "
-        "SELECT * FROM g WHERE comp IN (SELECT comp FROM g GROUP BY comp HAVING count(*) >= $min_calls)",
-        {**params, "min_calls": loops.MIN_REPEATS},
-    )
-
-
 maintain(Maintained(CALLS, "span", compute, (), "1", apply=apply, build=build))
 PARTS.add(CALLS)

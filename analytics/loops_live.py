@@ -15,7 +15,6 @@ window that cuts runs computes and what the tests hold both tables to.
 from __future__ import annotations
 
 import duckdb
-import numpy as np
 import pandas as pd
 
 import analytics.loops as loops
@@ -29,9 +28,10 @@ from analytics.materialize import (
     pandas_type,
     ready,
     run_scope,
+    run_tool_where,
     table_exists,
 )
-from analytics.sql_loader import quote_identifier
+from analytics.sql_loader import load_sql, query_arrow, quote_identifier
 from analytics.thresholds import current_threshold
 from analytics.types import Window
 
@@ -43,9 +43,12 @@ def _group_loops(
     conn: duckdb.DuckDBPyConnection, partition: str | None, keys: list[str] | None
 ) -> pd.DataFrame:
     """The loops of the (run, tool) groups ``keys`` name (every group when None), before
-    ping-pongs drop any: the components of their kept calls (``analytics.loops_fold``)."""
-    calls = loops_fold.kept_calls(conn, keys)
-    return loops.loop_rows(calls, calls["comp"].to_numpy(dtype=np.int64))
+    ping-pongs drop any: the components of their kept calls (``analytics.loops_fold``), formed
+    where they are (loop_groups.sql, ``loops.loop_rows``' twin)."""
+    where, params = run_tool_where(keys) if keys is not None else ("true", {})
+    sql = load_sql("loop_groups").replace("{kept_calls}", loops_fold.TABLE).replace("{keys}", where)
+    table = query_arrow(conn, sql, {**params, "min_calls": loops.MIN_REPEATS})
+    return table.to_pandas(types_mapper=pandas_type)
 
 
 def _run_loops(
@@ -86,7 +89,7 @@ maintain(
         "run_tool",
         _group_loops,
         _ORDER,
-        "3",
+        "4",
         depends=(loops_fold.CALLS,),
         touched=loops_fold.loops_changed,
     )
