@@ -35,6 +35,8 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+from scipy import sparse
+from scipy.sparse import csgraph
 
 import analytics.loops as loops
 from analytics.embeddings import embed_texts
@@ -60,7 +62,7 @@ from analytics.materialize import (
     table_exists,
     write_mark,
 )
-from analytics.sql_loader import query_df, quote_identifier, run_sql
+from analytics.sql_loader import query_arrow, quote_identifier, run_sql
 from analytics.thresholds import current_threshold
 from analytics.types import Filters, Window
 
@@ -200,11 +202,12 @@ def compute(conn: duckdb.DuckDBPyConnection, partition: str | None, changes: Spa
         new = new[~new["run_id"].isin(coded)]
     fold = _append(conn, new.reset_index(drop=True), replace)
     fold.upto = changes.upto
+    # (before the relinked calls join the rows: every relinked group is among those it changes)
+    fold.changed = _loops_changed(conn, fold)
     if fold.relinked:
         fold.rows = pd.concat(
             [f for f in (fold.rows, _relink(conn, fold)) if len(f)] or [fold.rows], ignore_index=True
         )
-    fold.changed = _loops_changed(conn, fold)
     keys = sorted(fold.replace - fold.relinked)
     first = fold.next_id
     frames = [fold.rows]
@@ -448,9 +451,11 @@ def _relink(conn: duckdb.DuckDBPyConnection, fold: Fold) -> pd.DataFrame:
         "_relink_keys", pa.table({"run_id": [p[0] for p in pairs], "tool_name": [p[1] for p in pairs]})
     )
     try:  # a join on the two columns, not a key built from them for every kept call
-        kept = query_df(
+        # through Arrow: a relink of large groups reads ~10^6 kept calls, which DuckDB's own
+        # DataFrame conversion turned into pandas' strings 4x slower (the same dtypes)
+        kept = query_arrow(
             conn, f"SELECT * EXCLUDE (_pos) FROM {TABLE} SEMI JOIN _relink_keys USING (run_id, tool_name)", {}
-        )
+        ).to_pandas()
     finally:
         conn.unregister("_relink_keys")
     new = fold.to_relink if fold.to_relink is not None else pd.DataFrame(columns=COLUMNS)
@@ -464,13 +469,84 @@ def _relink(conn: duckdb.DuckDBPyConnection, fold: Fold) -> pd.DataFrame:
     calls = pd.concat([kept[COLUMNS[:-2]], new[COLUMNS[:-2]]], ignore_index=True)
     calls = calls.drop_duplicates(["TraceId", "SpanId"], keep="last")
     calls = calls.sort_values([*_GROUP, "start_ns", "SpanId"], kind="stable").reset_index(drop=True)
-    links = _Links(fold.next_id)
-    _link(links, calls, {}, {}, current_threshold(conn, "near_duplicate_similarity").value)
+    threshold = current_threshold(conn, "near_duplicate_similarity").value
+    first = fold.next_id
+    fold.next_id = first + len(calls)
+    if (calls["source"] == "tool").all():
+        roots, lows = link_tool_calls(calls, threshold)
+        return calls.assign(comp=roots + first, min_similarity=lows)[COLUMNS]
+    links = _Links(first)  # hand-offs among them (their tasks are scored): one by one
+    _link(links, calls, {}, {}, threshold)
     ids = range(links.first, links.next)
-    fold.next_id = links.next
     return calls.assign(comp=[links.find(c) for c in ids], min_similarity=[links.low(c) for c in ids])[
         COLUMNS
     ]
+
+
+def link_tool_calls(calls: pd.DataFrame, threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    """``_link`` over tool calls in group and time order with no kept state (``_relink``), as
+    arrays: each call's component, as the index of its first call, and the lowest similarity of
+    its links (NaN: none). The same links, found column-wise rather than call by call (a relink
+    of a 100,000-call run's (run, tool) key links ~12k calls): a call to the first call of its
+    group's (basis, signature) at 1.0; a call with arguments to each of its group's last
+    NEIGHBOUR_WINDOW calls with arguments of another signature, at their token sets' Jaccard
+    when that is at least ``threshold`` and neither set is empty."""
+    n = len(calls)
+    index = np.arange(n)
+    if not n:
+        return index, np.zeros(0)
+    group = calls.groupby(_GROUP, sort=False, dropna=False).ngroup().to_numpy()
+    keyed = calls[[*_GROUP, "basis", "norm_args"]].assign(i=index)
+    firsts = keyed.groupby([*_GROUP, "basis", "norm_args"], sort=False, dropna=False)["i"].transform("min")
+    firsts = firsts.to_numpy()
+    mine, other, score = (
+        [index[firsts != index]],
+        [firsts[firsts != index]],
+        [np.ones(int((firsts != index).sum()))],
+    )
+    with_args = index[calls["basis"].to_numpy(dtype=object) == "arguments"]
+    if len(with_args) > 1:
+        signatures = calls["norm_args"].to_numpy(dtype=object)[with_args]
+        # each distinct argument text tokenized once (calls repeat their arguments: that is
+        # what a loop is), its token set a row of a sparse matrix; a call's row is its text's
+        codes, texts = pd.factorize(calls["args"].to_numpy(dtype=object)[with_args], use_na_sentinel=False)
+        vocabulary: dict[str, int] = {}
+        columns: list[int] = []
+        text_sizes = np.zeros(len(texts), dtype=np.int64)
+        for row, text in enumerate(texts):
+            tokens = similarity_tokens(text)
+            text_sizes[row] = len(tokens)
+            columns.extend(vocabulary.setdefault(token, len(vocabulary)) for token in tokens)
+        by_text = sparse.csr_matrix(
+            (np.ones(len(columns)), np.array(columns, dtype=np.int64), np.r_[0, np.cumsum(text_sizes)]),
+            shape=(len(texts), max(len(vocabulary), 1)),
+        )
+        matrix, sizes = by_text[codes], text_sizes[codes]
+        arg_group = group[with_args]
+        for lag in range(1, min(loops.NEIGHBOUR_WINDOW, len(with_args) - 1) + 1):
+            later, earlier = np.arange(lag, len(with_args)), np.arange(0, len(with_args) - lag)
+            common = np.asarray(matrix[later].multiply(matrix[earlier]).sum(axis=1)).ravel()
+            union = sizes[later] + sizes[earlier] - common
+            candidate = (
+                (arg_group[later] == arg_group[earlier])
+                & (signatures[later] != signatures[earlier])
+                & (sizes[later] > 0)
+                & (sizes[earlier] > 0)
+            )
+            jaccard = np.divide(common, union, out=np.zeros(len(later)), where=union > 0)
+            linked = candidate & (jaccard >= threshold)
+            mine.append(with_args[later[linked]])
+            other.append(with_args[earlier[linked]])
+            score.append(jaccard[linked])
+    mine_all, other_all, score_all = np.concatenate(mine), np.concatenate(other), np.concatenate(score)
+    lows = np.full(n, np.inf)
+    np.minimum.at(lows, mine_all, score_all)
+    lows[np.isinf(lows)] = np.nan
+    graph = sparse.coo_matrix((np.ones(len(mine_all)), (mine_all, other_all)), shape=(n, n))
+    _, labels = csgraph.connected_components(graph, directed=False)
+    roots = np.full(labels.max() + 1, n)
+    np.minimum.at(roots, labels, index)  # a component's id is its first call's (``_Links``)
+    return roots[labels], lows
 
 
 def _new_tails(ends: pd.DataFrame, by_group: dict, new_kinds: dict, tails: dict, links: _Links) -> pa.Table:

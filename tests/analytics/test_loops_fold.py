@@ -192,6 +192,43 @@ def test_a_call_before_its_groups_last_relinks_the_group_in_time_order(tmp_path)
     _assert_state_equals_full(conn)
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_linking_a_groups_calls_column_wise_equals_linking_them_one_by_one(seed):
+    """A relink (``_relink``) links a key's calls column-wise (``link_tool_calls``): the same
+    components and lowest link similarities as the fold's call-by-call ``_link``, over groups of
+    several agents and tools, calls matched on errors and outputs, repeated, re-worded and
+    unrelated arguments, and arguments with no token to compare (stop words only)."""
+    from analytics.loop_similarity import signature
+
+    rng = random.Random(seed)
+    words = ["alpha", "beta", "gamma", "delta", "paris", "weather", "report", "2023", "the", "of"]
+    rows = []
+    for number in range(rng.randint(0, 300)):
+        basis = rng.choice(["arguments"] * 6 + ["error", "output"])
+        if basis == "arguments":
+            args = " ".join(rng.choice(words) for _ in range(rng.randint(0, 5)))
+            args = rng.choice([args, args, "the of", ""]) if rng.random() < 0.1 else args
+        else:
+            args = rng.choice(["TimeoutError: timed out", "no such file", "done done done done done"])
+        rows.append({
+            "run_id": rng.choice(["r1", "r2"]), "agent": rng.choice(["", "a", "b"]),
+            "tool_name": rng.choice(["search", "fetch"]), "start_ns": number, "SpanId": f"{number:016x}",
+            "basis": basis, "args": args, "norm_args": signature(args), "source": "tool",
+        })  # fmt: skip
+    calls = pd.DataFrame(rows, columns=["run_id", "agent", "tool_name", "start_ns", "SpanId", "basis",
+                                        "args", "norm_args", "source"])  # fmt: skip
+    calls = calls.sort_values(["run_id", "agent", "tool_name", "start_ns", "SpanId"]).reset_index(drop=True)
+    threshold = rng.choice([0.5, 0.6, 0.75])
+    links = loops_fold._Links(0)
+    loops_fold._link(links, calls, {}, {}, threshold)
+    roots, lows = loops_fold.link_tool_calls(calls, threshold)
+    assert roots.tolist() == [links.find(c) for c in range(len(calls))]
+    expected = [links.low(c) for c in range(len(calls))]
+    assert [None if math.isnan(x) else x for x in lows.tolist()] == [
+        None if math.isnan(x) else x for x in expected
+    ]
+
+
 def test_a_walk_recomputes_the_groups_it_moves_a_span_out_of_only_once_that_span_was_folded(tmp_path):
     """A parent arriving after its children (as exporters send them) changes the children (their
     agent here): the writer logs the groups they leave. A child stored since the kept calls'
