@@ -506,7 +506,10 @@ def link_tool_calls(calls: pd.DataFrame, threshold: float) -> tuple[np.ndarray, 
     )
     with_args = index[calls["basis"].to_numpy(dtype=object) == "arguments"]
     if len(with_args) > 1:
-        signatures = calls["norm_args"].to_numpy(dtype=object)[with_args]
+        # (signatures as codes: compared as integers, not as Python strings)
+        signatures = pd.factorize(
+            calls["norm_args"].to_numpy(dtype=object)[with_args], use_na_sentinel=False
+        )[0]
         # each distinct argument text tokenized once (calls repeat their arguments: that is
         # what a loop is), its token set a row of a sparse matrix; a call's row is its text's
         codes, texts = pd.factorize(calls["args"].to_numpy(dtype=object)[with_args], use_na_sentinel=False)
@@ -521,20 +524,25 @@ def link_tool_calls(calls: pd.DataFrame, threshold: float) -> tuple[np.ndarray, 
             (np.ones(len(columns)), np.array(columns, dtype=np.int64), np.r_[0, np.cumsum(text_sizes)]),
             shape=(len(texts), max(len(vocabulary), 1)),
         )
-        matrix, sizes = by_text[codes], text_sizes[codes]
+        sizes = text_sizes[codes]
         arg_group = group[with_args]
         for lag in range(1, min(loops.NEIGHBOUR_WINDOW, len(with_args) - 1) + 1):
-            later, earlier = np.arange(lag, len(with_args)), np.arange(0, len(with_args) - lag)
-            common = np.asarray(matrix[later].multiply(matrix[earlier]).sum(axis=1)).ravel()
-            union = sizes[later] + sizes[earlier] - common
-            candidate = (
+            later = np.arange(lag, len(with_args))
+            earlier = later - lag
+            candidate = np.flatnonzero(
                 (arg_group[later] == arg_group[earlier])
                 & (signatures[later] != signatures[earlier])
                 & (sizes[later] > 0)
                 & (sizes[earlier] > 0)
             )
-            jaccard = np.divide(common, union, out=np.zeros(len(later)), where=union > 0)
-            linked = candidate & (jaccard >= threshold)
+            later, earlier = later[candidate], earlier[candidate]
+            # the shared tokens of each distinct pair of texts once (loops repeat their pairs)
+            pairs = codes[later].astype(np.int64) * len(texts) + codes[earlier]
+            distinct, inverse = np.unique(pairs, return_inverse=True)
+            shared = by_text[distinct // len(texts)].multiply(by_text[distinct % len(texts)]).sum(axis=1)
+            common = np.asarray(shared).ravel()[inverse]
+            jaccard = common / (sizes[later] + sizes[earlier] - common)
+            linked = jaccard >= threshold
             mine.append(with_args[later[linked]])
             other.append(with_args[earlier[linked]])
             score.append(jaccard[linked])
