@@ -446,29 +446,38 @@ def _relink(conn: duckdb.DuckDBPyConnection, fold: Fold) -> pd.DataFrame:
     calls by the append's own rules (``_link``), instead of computed from the spans of its run
     (``calls_of``: a (run, tool) group of a 100,000-call run is ~12k calls).
     New component ids from ``fold.next_id``, which moves past them."""
-    pairs = [key.split(RUN_TOOL_SEP, 1) for key in sorted(fold.relinked)]
-    conn.register(
-        "_relink_keys", pa.table({"run_id": [p[0] for p in pairs], "tool_name": [p[1] for p in pairs]})
-    )
+    new = fold.to_relink if fold.to_relink is not None else pd.DataFrame(columns=COLUMNS)
+    conn.register("_relink_keys", _key_table(fold.relinked))
     try:  # a join on the two columns, not a key built from them for every kept call
-        # through Arrow: a relink of large groups reads ~10^6 kept calls, which DuckDB's own
-        # DataFrame conversion turned into pandas' strings 4x slower (the same dtypes)
-        kept = query_arrow(
-            conn, f"SELECT * EXCLUDE (_pos) FROM {TABLE} SEMI JOIN _relink_keys USING (run_id, tool_name)", {}
+        # a key with another agent's group of delegations (a hand-off target named like the
+        # tool): those link on their tasks' embeddings, so the key is computed from its spans
+        others = conn.execute(
+            f"SELECT DISTINCT run_id, tool_name FROM {TABLE} SEMI JOIN _relink_keys USING (run_id, tool_name) "
+            "WHERE source <> 'tool'"
+        ).fetchall()
+        if others:
+            fold.relinked -= {run + RUN_TOOL_SEP + tool for run, tool in others}
+            conn.unregister("_relink_keys")
+            conn.register("_relink_keys", _key_table(fold.relinked))
+        # the kept calls and the new ones (a new call replaces its kept row), in group and time
+        # order, merged and sorted where they are: a relink of large groups reads ~10^6 kept
+        # calls (through Arrow: DuckDB's own DataFrame conversion made pandas' strings 4x slower)
+        columns = ", ".join(quote_identifier(c) for c in COLUMNS[:-2])
+        kept = f"SELECT {columns} FROM {TABLE} k SEMI JOIN _relink_keys USING (run_id, tool_name)"
+        if len(new):
+            conn.register("_relink_new", pa.Table.from_pandas(new[COLUMNS[:-2]], preserve_index=False))
+            fresh = "(SELECT * FROM _relink_new SEMI JOIN _relink_keys USING (run_id, tool_name))"
+            kept = (
+                f"{kept} WHERE NOT EXISTS (SELECT 1 FROM {fresh} n "
+                f"WHERE n.TraceId = k.TraceId AND n.SpanId = k.SpanId) UNION ALL SELECT {columns} FROM {fresh}"
+            )
+        calls = query_arrow(
+            conn, f"SELECT * FROM ({kept}) ORDER BY run_id, agent, tool_name, start_ns, SpanId, TraceId", {}
         ).to_pandas()
     finally:
         conn.unregister("_relink_keys")
-    new = fold.to_relink if fold.to_relink is not None else pd.DataFrame(columns=COLUMNS)
-    # a key with another agent's group of delegations (a hand-off target named like the tool):
-    # those link on their tasks' embeddings, so the key is computed from its spans after all
-    others = kept.loc[kept["source"] != "tool", ["run_id", "tool_name"]].drop_duplicates()
-    if len(others):
-        fold.relinked -= set(others["run_id"] + RUN_TOOL_SEP + others["tool_name"])
-        kept = kept[(kept["run_id"] + RUN_TOOL_SEP + kept["tool_name"]).isin(fold.relinked)]
-        new = new[(new["run_id"] + RUN_TOOL_SEP + new["tool_name"]).isin(fold.relinked)]
-    calls = pd.concat([kept[COLUMNS[:-2]], new[COLUMNS[:-2]]], ignore_index=True)
-    calls = calls.drop_duplicates(["TraceId", "SpanId"], keep="last")
-    calls = calls.sort_values([*_GROUP, "start_ns", "SpanId"], kind="stable").reset_index(drop=True)
+        if len(new):
+            conn.unregister("_relink_new")
     threshold = current_threshold(conn, "near_duplicate_similarity").value
     first = fold.next_id
     fold.next_id = first + len(calls)
@@ -481,6 +490,17 @@ def _relink(conn: duckdb.DuckDBPyConnection, fold: Fold) -> pd.DataFrame:
     return calls.assign(comp=[links.find(c) for c in ids], min_similarity=[links.low(c) for c in ids])[
         COLUMNS
     ]
+
+
+def _key_table(keys: set[str]) -> pa.Table:
+    """'run_tool' keys as a (run_id, tool_name) table to join on."""
+    pairs = [key.split(RUN_TOOL_SEP, 1) for key in sorted(keys)]
+    return pa.table(
+        {
+            "run_id": pa.array([p[0] for p in pairs], pa.string()),
+            "tool_name": pa.array([p[1] for p in pairs], pa.string()),
+        }
+    )
 
 
 def link_tool_calls(calls: pd.DataFrame, threshold: float) -> tuple[np.ndarray, np.ndarray]:
