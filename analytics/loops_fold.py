@@ -443,9 +443,9 @@ def _relink(conn: duckdb.DuckDBPyConnection, fold: Fold) -> pd.DataFrame:
     again from the first: a group of tool calls that takes a call before its last cannot append
     it (the four calls after it change their links, and a component may split), but its calls
     are all kept here with their arguments, so the group is linked anew in the order of its
-    calls by the append's own rules (``_link``), instead of computed from the spans of its run
-    (``calls_of``: a (run, tool) group of a 100,000-call run is ~12k calls).
-    New component ids from ``fold.next_id``, which moves past them."""
+    calls by the append's own rules (``link_tool_calls``, ``_link`` column-wise), instead of
+    computed from the spans of its run (``calls_of``: a (run, tool) group of a 100,000-call run
+    is ~12k calls). New component ids from ``fold.next_id``, which moves past them."""
     new = fold.to_relink if fold.to_relink is not None else pd.DataFrame(columns=COLUMNS)
     conn.register("_relink_keys", _key_table(fold.relinked))
     try:  # a join on the two columns, not a key built from them for every kept call
@@ -460,8 +460,9 @@ def _relink(conn: duckdb.DuckDBPyConnection, fold: Fold) -> pd.DataFrame:
             conn.unregister("_relink_keys")
             conn.register("_relink_keys", _key_table(fold.relinked))
         # the kept calls and the new ones (a new call replaces its kept row), in group and time
-        # order, merged and sorted where they are: a relink of large groups reads ~10^6 kept
-        # calls (through Arrow: DuckDB's own DataFrame conversion made pandas' strings 4x slower)
+        # order, merged and sorted where they are: a relink of large groups reads a million
+        # kept calls or more (read through Arrow: DuckDB's own DataFrame conversion of their
+        # strings is slower, with the same dtypes)
         columns = ", ".join(quote_identifier(c) for c in COLUMNS[:-2])
         kept = f"SELECT {columns} FROM {TABLE} k SEMI JOIN _relink_keys USING (run_id, tool_name)"
         if len(new):

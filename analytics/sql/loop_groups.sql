@@ -5,8 +5,8 @@
 -- the two equal): a component of one (run, agent, tool) group (a 64-bit hash collision that
 -- merged two groups is split by the group) with $min_calls+ executed, or $min_calls+ refused,
 -- calls; its members in time order (start, then span id), "first" meaning the first of them.
--- Grouped here, not in pandas: a pass over a 100,000-call run's changed groups reads ~340k kept
--- calls, and only the loops' rows leave the database.
+-- Grouped here, not in pandas: the changed groups of long runs hold hundreds of thousands of
+-- kept calls, and only the loops' rows leave the database.
 WITH groups AS (
     SELECT TraceId, SpanId, run_id, agent, tool_name, Timestamp, start_ns, failing, rejected, source, args,
            norm_args, basis, min_similarity, comp
