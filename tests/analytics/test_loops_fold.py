@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from analytics import loops, loops_fold, materialize, run_metric
+from analytics.loop_similarity import signature
 from analytics.registry import compute_metric
 from tests import tiers
 from tests.analytics.test_materialize import _canonical, _commit, _loop_batch, _store
@@ -198,8 +199,6 @@ def test_linking_a_groups_calls_column_wise_equals_linking_them_one_by_one(seed)
     components and lowest link similarities as the fold's call-by-call ``_link``, over groups of
     several agents and tools, calls matched on errors and outputs, repeated, re-worded and
     unrelated arguments, and arguments with no token to compare (stop words only)."""
-    from analytics.loop_similarity import signature
-
     rng = random.Random(seed)
     words = ["alpha", "beta", "gamma", "delta", "paris", "weather", "report", "2023", "the", "of"]
     rows = []
